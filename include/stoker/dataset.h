@@ -1,0 +1,88 @@
+// The dataset interface: a map-style source that writes sample i straight into its slot of a
+// batch slab. There is no per-sample allocation and no collate copy: the loader hands the
+// dataset one writable span per field, already at the sample's final place in the batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace stoker {
+
+enum class DType : std::uint8_t { u8, i8, i16, i32, i64, f16, bf16, f32, f64 };
+
+std::size_t dtype_size(DType dtype);
+std::string_view dtype_name(DType dtype);
+
+// One field of a sample: a fixed-shape array. Scalars have an empty shape.
+struct FieldSpec {
+  std::string name;
+  DType dtype = DType::u8;
+  std::vector<std::int64_t> shape;
+
+  std::size_t elements() const;  // product of shape (1 for a scalar)
+  std::size_t bytes() const;     // elements() * dtype_size(dtype)
+};
+
+// Where one sample is to be written: field f of this sample is bytes(f), exactly
+// fields()[f].bytes() long, inside the batch slab. Cheap to copy; valid only during read().
+class SampleOut {
+ public:
+  // Built by the loader: field f of row `row` starts at field_bases[f] + row * field_bytes[f].
+  SampleOut(std::span<const std::size_t> field_bytes, std::byte* const* field_bases,
+            std::size_t row, std::uint64_t seed) noexcept
+      : field_bytes_(field_bytes), bases_(field_bases), row_(row), seed_(seed) {}
+
+  std::size_t num_fields() const noexcept { return field_bytes_.size(); }
+
+  // Throws std::out_of_range for a field the dataset did not declare.
+  std::span<std::byte> bytes(std::size_t field) const {
+    if (field >= field_bytes_.size()) throw_bad_field(field);
+    return {bases_[field] + row_ * field_bytes_[field], field_bytes_[field]};
+  }
+
+  // The field viewed as elements of T. Throws std::invalid_argument if the field's size is not
+  // a multiple of sizeof(T).
+  template <class T>
+  std::span<T> as(std::size_t field) const {
+    auto b = bytes(field);
+    if (b.size() % sizeof(T) != 0) throw_bad_element_size(field, sizeof(T));
+    return {reinterpret_cast<T*>(b.data()), b.size() / sizeof(T)};
+  }
+
+  // Seed for this sample's random choices (augmentation), a pure function of the loader's
+  // seed, the epoch and the sample index: results do not depend on workers or timing.
+  std::uint64_t seed() const noexcept { return seed_; }
+  std::size_t row() const noexcept { return row_; }  // position in the batch
+
+ private:
+  [[noreturn]] void throw_bad_element_size(std::size_t field, std::size_t size) const;
+  [[noreturn]] void throw_bad_field(std::size_t field) const;
+
+  std::span<const std::size_t> field_bytes_;
+  std::byte* const* bases_;
+  std::size_t row_;
+  std::uint64_t seed_;
+};
+
+// A map-style data set.
+//
+// Thread safety: read() is called concurrently from several worker threads (each call with
+// its own SampleOut) and must be safe for that; size() and fields() must be constant for the
+// dataset's lifetime.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+
+  virtual std::size_t size() const = 0;
+  virtual std::vector<FieldSpec> fields() const = 0;
+
+  // Writes sample `index` (< size()) into `out`. Throws on failure; the loader reports the
+  // exception, with its type kept, together with the sample index (see SampleError).
+  virtual void read(std::size_t index, const SampleOut& out) const = 0;
+};
+
+}  // namespace stoker

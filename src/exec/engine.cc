@@ -1,0 +1,354 @@
+#include "exec/engine.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace stoker::detail {
+namespace {
+
+// A failed sample is replaced by another at most this many times in a row before the row
+// counts as failed (a data set where most samples fail should not spin).
+constexpr std::size_t kMaxReplacements = 16;
+constexpr std::uint64_t kReplacementSalt = 0x5bd1e9955bd1e995ULL;
+
+std::string describe(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+std::int64_t ns_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+
+}  // namespace
+
+Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
+    : config_(std::move(config)),
+      pool_(std::move(pool)),
+      samples_per_epoch_(samples_per_rank(config_.order)),
+      batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)) {
+  {
+    MutexLock lock(mu_);
+    depth_ = config_.depth;
+  }
+  pool_->reserve(config_.depth + 1);
+  set_workers(config_.workers);
+}
+
+Engine::~Engine() {
+  {
+    MutexLock lock(mu_);
+    stop_ = true;
+    cancel_in_flight();
+    wake_all();
+  }
+  MutexLock threads_lock(threads_mu_);
+  for (auto& w : threads_) w->thread.join();
+}
+
+void Engine::wake_all() {
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+}
+
+void Engine::set_workers(std::size_t workers) {
+  MutexLock threads_lock(threads_mu_);
+  std::size_t spawn = 0;
+  {
+    MutexLock lock(mu_);
+    target_workers_ = workers;
+    if (workers > running_workers_) spawn = workers - running_workers_;
+    running_workers_ += spawn;
+    wake_all();  // surplus workers retire; an inline consumer may take over
+  }
+  std::erase_if(threads_, [](const std::unique_ptr<Worker>& w) {
+    if (!w->done.load(std::memory_order_acquire)) return false;
+    w->thread.join();
+    return true;
+  });
+  for (std::size_t i = 0; i < spawn; ++i) {
+    auto worker = std::make_unique<Worker>();
+    worker->thread = std::thread(&Engine::worker_main, this, worker.get());
+    threads_.push_back(std::move(worker));
+  }
+}
+
+void Engine::set_depth(std::size_t depth) {
+  depth = std::max<std::size_t>(depth, 1);
+  {
+    MutexLock lock(mu_);
+    depth_ = depth;
+    work_cv_.notify_all();
+  }
+  // One slab beyond the window covers the batch the consumer holds; more are made on demand.
+  pool_->reserve(depth + 1);
+  pool_->trim(depth + 1);
+}
+
+void Engine::worker_main(Worker* self) {
+  {
+    MutexLock lock(mu_);
+    while (!stop_ && running_workers_ <= target_workers_) {
+      Slab* slab = claimable(/*head_only=*/false);
+      if (slab == nullptr && can_open()) {
+        if (!order_ready()) {
+          // One thread computes the epoch's order; the others wait for its wake-up.
+          if (order_busy_) {
+            lock.wait(work_cv_);
+          } else {
+            compute_order(lock);
+          }
+          continue;  // the lock was released: look again
+        }
+        slab = open_next();
+      }
+      if (slab == nullptr) {
+        lock.wait(work_cv_);
+        continue;
+      }
+      run_chunk(lock, slab, worker_busy_ns_);
+    }
+    --running_workers_;
+  }
+  self->done.store(true, std::memory_order_release);
+}
+
+Slab* Engine::claimable(bool head_only) const {
+  for (Slab* s = head_; s != nullptr; s = s->next) {
+    if (s->next_chunk < s->chunks) return s;
+    if (head_only) break;
+  }
+  return nullptr;
+}
+
+bool Engine::can_open() const {
+  return !stop_ && batches_per_epoch_ > 0 && in_flight_ < depth_ && open_epoch_ <= epoch_ + 1;
+}
+
+bool Engine::order_ready() const { return has_order_ && order_epoch_ == open_epoch_; }
+
+void Engine::compute_order(MutexLock& lock) {
+  order_busy_ = true;
+  const std::uint64_t epoch = open_epoch_;
+  lock.unlock();
+  epoch_order(config_.order, epoch, order_scratch_);
+  lock.lock();
+  order_busy_ = false;
+  std::swap(order_, order_scratch_);
+  order_epoch_ = epoch;
+  has_order_ = true;
+  wake_all();
+}
+
+Slab* Engine::open_next() {
+  Slab* slab = pool_->acquire();
+  const std::size_t first = open_batch_ * config_.batch_size;
+  const std::size_t size = std::min(config_.batch_size, samples_per_epoch_ - first);
+  slab->reset(open_epoch_, open_batch_, size);
+  std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size, slab->indices.begin());
+  slab->chunk_rows = (size + std::max<std::size_t>(target_workers_, 1) - 1) /
+                     std::max<std::size_t>(target_workers_, 1);
+  slab->chunks = (size + slab->chunk_rows - 1) / slab->chunk_rows;
+
+  if (tail_ != nullptr) {
+    tail_->next = slab;
+  } else {
+    head_ = slab;
+  }
+  tail_ = slab;
+  ++in_flight_;
+  if (++open_batch_ == batches_per_epoch_) {
+    ++open_epoch_;
+    open_batch_ = 0;
+  }
+  if (slab->chunks > 1) work_cv_.notify_all();
+  return slab;
+}
+
+void Engine::run_chunk(MutexLock& lock, Slab* slab, std::atomic<std::int64_t>& busy_ns) {
+  const std::size_t begin = slab->next_chunk++ * slab->chunk_rows;
+  const std::size_t end = std::min(begin + slab->chunk_rows, slab->size);
+  lock.unlock();
+  const auto start = Clock::now();
+  for (std::size_t row = begin; row < end; ++row) {
+    // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
+    if (slab->cancelled.load(std::memory_order_relaxed)) break;
+    read_row(slab, row);
+  }
+  busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
+  lock.lock();
+  ++slab->chunks_done;
+  if (slab->cancelled.load(std::memory_order_relaxed)) {
+    // Already out of the queue; the last chunk in progress returns the slab.
+    if (slab->chunks_done == slab->next_chunk) pool_->release(slab);
+    return;
+  }
+  if (slab->ready()) {
+    ++ready_;
+    if (slab == head_) ready_cv_.notify_one();
+  }
+}
+
+void Engine::read_row(Slab* slab, std::size_t row) {
+  std::size_t index = slab->indices[row];
+  for (std::size_t attempt = 0;; ++attempt) {
+    try {
+      const std::uint64_t seed = mix(config_.order.seed, slab->epoch, index);
+      config_.dataset->read(index, SampleOut(pool_->field_bytes(), slab->field_bases.data(), row,
+                                             seed));
+      slab->indices[row] = index;
+      return;
+    } catch (...) {
+      if (!on_failure(slab, row, index, attempt)) return;
+    }
+    index = mix(config_.order.seed ^ kReplacementSalt, slab->epoch, index + attempt) %
+            config_.order.samples;
+  }
+}
+
+bool Engine::on_failure(Slab* slab, std::size_t row, std::size_t index, std::size_t attempt) {
+  std::exception_ptr cause = std::current_exception();
+  std::string reason = describe(cause);
+  if (config_.on_error == ErrorPolicy::skip) {
+    const std::uint64_t used = skip_budget_used_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (used <= config_.max_skipped && attempt < kMaxReplacements) {
+      std::lock_guard guard(slab->failure_mu);
+      slab->skipped.push_back({index, std::move(reason)});
+      return true;
+    }
+    skip_budget_used_.fetch_sub(1, std::memory_order_relaxed);  // raised, not skipped
+    reason += attempt < kMaxReplacements
+                  ? " (skip budget of " + std::to_string(config_.max_skipped) + " used up)"
+                  : " (and " + std::to_string(kMaxReplacements) + " replacements failed too)";
+  }
+  std::lock_guard guard(slab->failure_mu);
+  if (!slab->failure || row < slab->failure->row) {
+    slab->failure = SampleFailure{row, index, std::move(cause), std::move(reason)};
+  }
+  return false;
+}
+
+void Engine::cancel_in_flight() {
+  for (Slab* s = head_; s != nullptr;) {
+    Slab* next = s->next;
+    s->cancelled.store(true, std::memory_order_relaxed);
+    if (s->ready()) --ready_;
+    if (s->chunks_done == s->next_chunk) pool_->release(s);  // nobody is reading it
+    s = next;
+  }
+  head_ = tail_ = nullptr;
+  in_flight_ = 0;
+}
+
+std::optional<Batch> Engine::next() {
+  MutexLock lock(mu_);
+  if (!started_set_) {
+    started_ = Clock::now();
+    started_set_ = true;
+  }
+  if (delivered_ == batches_per_epoch_) {
+    ++epoch_;
+    delivered_ = 0;
+    work_cv_.notify_all();  // workers may now run one more epoch ahead
+    return std::nullopt;
+  }
+  ready_seen_sum_.fetch_add(ready_, std::memory_order_relaxed);
+  while (head_ == nullptr || !head_->ready()) {
+    if (target_workers_ == 0) {
+      // Inline: the consumer reads the batch itself.
+      Slab* slab = claimable(/*head_only=*/true);
+      if (slab == nullptr && head_ == nullptr && can_open()) {
+        if (!order_ready() && !order_busy_) {
+          compute_order(lock);
+          continue;
+        }
+        if (order_ready()) slab = open_next();
+      }
+      if (slab != nullptr) {
+        run_chunk(lock, slab, inline_busy_ns_);
+        continue;
+      }
+    }
+    const auto start = Clock::now();
+    lock.wait(ready_cv_);
+    wait_ns_.fetch_add(ns_since(start), std::memory_order_relaxed);
+  }
+
+  Slab* slab = head_;
+  head_ = slab->next;
+  if (head_ == nullptr) tail_ = nullptr;
+  slab->next = nullptr;
+  --in_flight_;
+  --ready_;
+  ++delivered_;
+  work_cv_.notify_one();
+  lock.unlock();
+
+  if (slab->failure) {
+    SampleFailure failure = std::move(*slab->failure);
+    pool_->release(slab);
+    throw SampleError(failure.index, failure.cause, failure.reason);
+  }
+  std::size_t bytes = 0;
+  for (std::size_t b : pool_->field_bytes()) bytes += b * slab->size;
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  samples_.fetch_add(slab->size, std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  skipped_.fetch_add(slab->skipped.size(), std::memory_order_relaxed);
+  return Batch(pool_, slab);
+}
+
+void Engine::restart(Position position) {
+  MutexLock lock(mu_);
+  if (position.epoch == epoch_ && position.batch == delivered_) return;
+  cancel_in_flight();
+  epoch_ = position.epoch;
+  delivered_ = position.batch;
+  open_epoch_ = epoch_;
+  open_batch_ = delivered_;
+  if (open_batch_ == batches_per_epoch_) {
+    ++open_epoch_;
+    open_batch_ = 0;
+  }
+  wake_all();
+}
+
+Position Engine::position() const {
+  MutexLock lock(mu_);
+  return {epoch_, delivered_};
+}
+
+Stats Engine::stats() const {
+  Stats s;
+  {
+    MutexLock lock(mu_);
+    if (started_set_) s.elapsed = Clock::now() - started_;
+    s.workers = target_workers_;
+    s.depth = depth_;
+    s.in_flight = in_flight_;
+    s.ready = ready_;
+  }
+  s.batches = batches_.load(std::memory_order_relaxed);
+  s.samples = samples_.load(std::memory_order_relaxed);
+  s.bytes = bytes_.load(std::memory_order_relaxed);
+  s.consumer_wait = std::chrono::nanoseconds(wait_ns_.load(std::memory_order_relaxed));
+  s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
+  s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
+  s.skipped = skipped_.load(std::memory_order_relaxed);
+  const std::uint64_t calls = s.batches;
+  s.mean_ready_at_next =
+      calls ? static_cast<double>(ready_seen_sum_.load(std::memory_order_relaxed)) / calls : 0.0;
+  s.slabs = pool_->slabs();
+  s.slab_bytes = s.slabs * pool_->slab_bytes();
+  return s;
+}
+
+}  // namespace stoker::detail

@@ -1,0 +1,142 @@
+// The scheduler behind Loader: worker threads fill slabs, chunk by chunk, for a bounded window
+// of batches in sample order, and the consumer takes them from the head in order.
+//
+// How work is split: a batch is opened (given a slab and its sample indices) when fewer than
+// `depth` batches are in flight; its rows are cut into chunks, about one per worker, and idle
+// workers claim chunks from the oldest open batch first. So the first batch is read by all
+// workers at once (low first-batch latency) and later batches pipeline behind it. A batch is
+// ready when its last chunk finishes; the consumer only ever takes the oldest batch, so
+// delivery is in order whatever the timing.
+//
+// Epochs: batches are numbered (epoch, number). Workers may run one epoch ahead of the
+// consumer, which hides the epoch boundary; set_epoch/restore to anything other than the
+// current position cancels what is in flight (workers stop at the next row) and reopens from
+// the new position. Nothing is ever reordered, because opening follows the sample order.
+//
+// Thread safety: as Loader's (loader.h). All scheduling state is guarded by mu_; a slab's
+// rows are written only by the worker that claimed their chunk, outside the lock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "memory/slab_pool.h"
+#include "sampler/sampler.h"
+#include "stoker/loader.h"
+#include "util/mutex.h"
+
+namespace stoker::detail {
+
+struct EngineConfig {
+  std::shared_ptr<const Dataset> dataset;
+  OrderSpec order;
+  std::size_t batch_size = 1;
+  bool drop_last = false;
+  std::size_t workers = 0;
+  std::size_t depth = 1;
+  ErrorPolicy on_error = ErrorPolicy::raise;
+  std::size_t max_skipped = 0;
+};
+
+class Engine {
+ public:
+  Engine(EngineConfig config, std::shared_ptr<SlabPool> pool);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  std::optional<Batch> next() STOKER_EXCLUDES(mu_);
+  void restart(Position position) STOKER_EXCLUDES(mu_);
+  Position position() const STOKER_EXCLUDES(mu_);
+  void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
+  void set_depth(std::size_t depth) STOKER_EXCLUDES(mu_);
+  Stats stats() const STOKER_EXCLUDES(mu_);
+
+  std::size_t batches_per_epoch() const { return batches_per_epoch_; }
+  std::size_t samples_per_epoch() const { return samples_per_epoch_; }
+  std::span<const FieldSpec> fields() const { return pool_->fields(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Worker {
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  void worker_main(Worker* self) STOKER_EXCLUDES(mu_);
+  // A slab with an unclaimed chunk: the head only, or the oldest in the queue.
+  Slab* claimable(bool head_only) const STOKER_REQUIRES(mu_);
+  bool can_open() const STOKER_REQUIRES(mu_);
+  // Whether order_ holds the order of the epoch the next batch to open belongs to.
+  bool order_ready() const STOKER_REQUIRES(mu_);
+  // Computes that order with mu_ released (callers look at the state again afterwards).
+  void compute_order(MutexLock& lock) STOKER_REQUIRES(mu_);
+  // Opens the next batch in sample order; requires can_open() and order_ready().
+  Slab* open_next() STOKER_REQUIRES(mu_);
+  // Claims one chunk of `slab`, reads its rows with mu_ released, and marks it done.
+  void run_chunk(MutexLock& lock, Slab* slab, std::atomic<std::int64_t>& busy_ns)
+      STOKER_REQUIRES(mu_);
+  void read_row(Slab* slab, std::size_t row);
+  // Records a failed read. Returns true if the row should be retried with another sample.
+  bool on_failure(Slab* slab, std::size_t row, std::size_t index, std::size_t attempt);
+  void cancel_in_flight() STOKER_REQUIRES(mu_);
+  void wake_all() STOKER_REQUIRES(mu_);
+
+  const EngineConfig config_;
+  const std::shared_ptr<SlabPool> pool_;
+  const std::size_t samples_per_epoch_;
+  const std::size_t batches_per_epoch_;
+
+  mutable Mutex mu_;
+  std::condition_variable work_cv_;   // workers: a chunk may be claimable, or stop
+  std::condition_variable ready_cv_;  // consumer: the head may be ready
+  bool stop_ STOKER_GUARDED_BY(mu_) = false;
+  std::size_t target_workers_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t running_workers_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t depth_ STOKER_GUARDED_BY(mu_) = 1;
+
+  // The consumer's position: `delivered_` batches of `epoch_` handed out.
+  std::uint64_t epoch_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t delivered_ STOKER_GUARDED_BY(mu_) = 0;
+  // The next batch to open.
+  std::uint64_t open_epoch_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t open_batch_ STOKER_GUARDED_BY(mu_) = 0;
+  // Batches in flight, oldest (the consumer's next) first.
+  Slab* head_ STOKER_GUARDED_BY(mu_) = nullptr;
+  Slab* tail_ STOKER_GUARDED_BY(mu_) = nullptr;
+  std::size_t in_flight_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t ready_ STOKER_GUARDED_BY(mu_) = 0;
+
+  // The sample order of epoch order_epoch_ (valid when has_order_).
+  std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);
+  std::uint64_t order_epoch_ STOKER_GUARDED_BY(mu_) = 0;
+  bool has_order_ STOKER_GUARDED_BY(mu_) = false;
+  bool order_busy_ STOKER_GUARDED_BY(mu_) = false;
+  // Written only by the thread that set order_busy_, with mu_ released; swapped under mu_.
+  std::vector<std::size_t> order_scratch_;
+
+  Clock::time_point started_ STOKER_GUARDED_BY(mu_){};
+  bool started_set_ STOKER_GUARDED_BY(mu_) = false;
+
+  std::atomic<std::uint64_t> batches_{0};
+  std::atomic<std::uint64_t> samples_{0};
+  std::atomic<std::uint64_t> bytes_{0};
+  std::atomic<std::int64_t> wait_ns_{0};
+  std::atomic<std::int64_t> worker_busy_ns_{0};
+  std::atomic<std::int64_t> inline_busy_ns_{0};
+  std::atomic<std::uint64_t> skipped_{0};           // in batches handed out
+  std::atomic<std::uint64_t> skip_budget_used_{0};  // at read time, prefetch included
+  std::atomic<std::uint64_t> ready_seen_sum_{0};
+
+  Mutex threads_mu_;  // serializes set_workers and shutdown
+  std::vector<std::unique_ptr<Worker>> threads_ STOKER_GUARDED_BY(threads_mu_);
+};
+
+}  // namespace stoker::detail

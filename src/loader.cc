@@ -1,0 +1,156 @@
+// The one place that wires sampler, slab pool and worker engine into a Loader.
+#include "stoker/loader.h"
+
+#include <set>
+#include <string>
+#include <utility>
+
+#include "exec/engine.h"
+#include "memory/slab_pool.h"
+#include "sampler/sampler.h"
+
+namespace stoker {
+namespace {
+
+// Generous: more threads than this is a configuration mistake, not a tuning choice.
+constexpr std::size_t kMaxWorkers = 1024;
+
+[[noreturn]] void invalid(const std::string& what) {
+  throw std::invalid_argument("stoker::LoaderOptions: " + what);
+}
+
+void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
+  if (!o.dataset) invalid("dataset is null");
+  if (o.batch_size == 0) invalid("batch_size must be at least 1");
+  if (o.depth == 0) invalid("depth must be at least 1");
+  if (o.workers > kMaxWorkers) {
+    invalid("workers = " + std::to_string(o.workers) + " is more than " +
+            std::to_string(kMaxWorkers));
+  }
+  if (o.shard.world_size == 0) invalid("shard.world_size must be at least 1");
+  if (o.shard.rank >= o.shard.world_size) {
+    invalid("shard.rank = " + std::to_string(o.shard.rank) + " is not below world_size = " +
+            std::to_string(o.shard.world_size));
+  }
+  if (fields.empty()) invalid("the dataset declares no fields");
+  std::set<std::string> names;
+  for (const auto& f : fields) {
+    if (!names.insert(f.name).second) invalid("the dataset declares field '" + f.name + "' twice");
+    for (auto d : f.shape) {
+      if (d < 0) invalid("field '" + f.name + "' has a negative dimension");
+    }
+  }
+}
+
+}  // namespace
+
+Loader::Loader(LoaderOptions options) {
+  const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
+  validate(options, fields);
+  detail::EngineConfig config;
+  config.order = {options.dataset->size(), options.shuffle, options.seed, options.shard};
+  config.dataset = std::move(options.dataset);
+  config.batch_size = options.batch_size;
+  config.drop_last = options.drop_last;
+  config.workers = options.workers;
+  config.depth = options.depth;
+  config.on_error = options.on_error;
+  config.max_skipped = options.max_skipped;
+  auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
+                                                 detail::pageable_allocator());
+  engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
+}
+
+Loader::~Loader() = default;
+
+std::optional<Batch> Loader::next() { return engine_->next(); }
+void Loader::set_epoch(std::uint64_t epoch) { engine_->restart({epoch, 0}); }
+Position Loader::position() const { return engine_->position(); }
+
+void Loader::restore(const Position& position) {
+  if (position.batch > engine_->batches_per_epoch()) {
+    throw std::invalid_argument("stoker::Loader::restore: batch " +
+                                std::to_string(position.batch) + " is past the " +
+                                std::to_string(engine_->batches_per_epoch()) +
+                                " batches of an epoch");
+  }
+  engine_->restart(position);
+}
+
+std::size_t Loader::batches_per_epoch() const { return engine_->batches_per_epoch(); }
+std::size_t Loader::samples_per_epoch() const { return engine_->samples_per_epoch(); }
+std::span<const FieldSpec> Loader::fields() const { return engine_->fields(); }
+void Loader::set_workers(std::size_t workers) {
+  if (workers > kMaxWorkers) {
+    throw std::invalid_argument("stoker::Loader::set_workers: " + std::to_string(workers) +
+                                " is more than " + std::to_string(kMaxWorkers));
+  }
+  engine_->set_workers(workers);
+}
+void Loader::set_depth(std::size_t depth) { engine_->set_depth(depth); }
+Stats Loader::stats() const { return engine_->stats(); }
+
+// --- Batch ---------------------------------------------------------------------------------
+
+Batch::Batch(Batch&& other) noexcept
+    : pool_(std::move(other.pool_)), slab_(std::exchange(other.slab_, nullptr)) {}
+
+Batch& Batch::operator=(Batch&& other) noexcept {
+  if (this != &other) {
+    release();
+    pool_ = std::move(other.pool_);
+    slab_ = std::exchange(other.slab_, nullptr);
+  }
+  return *this;
+}
+
+void Batch::release() noexcept {
+  if (slab_ != nullptr) pool_->release(std::exchange(slab_, nullptr));
+  pool_.reset();
+}
+
+std::uint64_t Batch::epoch() const noexcept { return slab_->epoch; }
+std::size_t Batch::number() const noexcept { return slab_->number; }
+std::size_t Batch::size() const noexcept { return slab_->size; }
+std::span<const FieldSpec> Batch::fields() const noexcept { return pool_->fields(); }
+
+std::size_t Batch::field_index(std::string_view name) const {
+  const auto f = fields();
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    if (f[i].name == name) return i;
+  }
+  throw std::out_of_range("stoker::Batch: no field named '" + std::string(name) + "'");
+}
+
+std::span<std::byte> Batch::bytes(std::size_t field) const noexcept {
+  return {slab_->field_bases[field], slab_->size * pool_->field_bytes()[field]};
+}
+
+std::span<const std::size_t> Batch::indices() const noexcept {
+  return {slab_->indices.data(), slab_->size};
+}
+
+std::span<const SkippedSample> Batch::skipped() const noexcept { return slab_->skipped; }
+
+// --- errors and stats ----------------------------------------------------------------------
+
+SampleError::SampleError(std::size_t index, std::exception_ptr cause, const std::string& reason)
+    : std::runtime_error("sample " + std::to_string(index) + ": " + reason),
+      index_(index),
+      cause_(std::move(cause)) {}
+
+namespace {
+double seconds(std::chrono::nanoseconds ns) { return std::chrono::duration<double>(ns).count(); }
+}  // namespace
+
+double Stats::samples_per_second() const {
+  return elapsed.count() > 0 ? static_cast<double>(samples) / seconds(elapsed) : 0.0;
+}
+double Stats::bytes_per_second() const {
+  return elapsed.count() > 0 ? static_cast<double>(bytes) / seconds(elapsed) : 0.0;
+}
+double Stats::wait_fraction() const {
+  return elapsed.count() > 0 ? seconds(consumer_wait) / seconds(elapsed) : 0.0;
+}
+
+}  // namespace stoker

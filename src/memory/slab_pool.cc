@@ -1,0 +1,131 @@
+#include "memory/slab_pool.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <new>
+
+namespace stoker::detail {
+namespace {
+
+// Each field's array starts on a cache line, so rows written by different workers at a
+// field boundary never share one, and vector loads in consumers are aligned.
+constexpr std::size_t kFieldAlignment = 64;
+
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kHugePage = 2u << 20;
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+
+class PageableAllocator final : public HostAllocator {
+ public:
+  std::byte* allocate(std::size_t bytes) override {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    auto* memory = static_cast<std::byte*>(p);
+    if (bytes >= kHugePage) madvise(memory, bytes, MADV_HUGEPAGE);
+    // Fault the pages in now, at allocation, instead of in the workers' first fill.
+    for (std::size_t off = 0; off < bytes; off += kPage) memory[off] = std::byte{0};
+    return memory;
+  }
+  void deallocate(std::byte* memory, std::size_t bytes) noexcept override {
+    munmap(memory, bytes);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<HostAllocator> pageable_allocator() {
+  static const auto allocator = std::make_shared<PageableAllocator>();
+  return allocator;
+}
+
+void Slab::reset(std::uint64_t new_epoch, std::size_t new_number, std::size_t new_size) {
+  epoch = new_epoch;
+  number = new_number;
+  size = new_size;
+  chunk_rows = 0;
+  chunks = 0;
+  next_chunk = 0;
+  chunks_done = 0;
+  cancelled.store(false, std::memory_order_relaxed);
+  next = nullptr;
+  failure.reset();
+  skipped.clear();
+}
+
+SlabPool::SlabPool(std::vector<FieldSpec> fields, std::size_t batch_size,
+                   std::shared_ptr<HostAllocator> allocator)
+    : fields_(std::move(fields)), batch_size_(batch_size), allocator_(std::move(allocator)) {
+  std::size_t offset = 0;
+  for (const auto& f : fields_) {
+    field_bytes_.push_back(f.bytes());
+    field_offsets_.push_back(offset);
+    offset = round_up(offset + f.bytes() * batch_size_, kFieldAlignment);
+  }
+  slab_bytes_ = std::max<std::size_t>(offset, kFieldAlignment);
+}
+
+SlabPool::~SlabPool() {
+  MutexLock lock(mu_);
+  for (auto& slab : all_) destroy(std::move(slab));
+}
+
+std::unique_ptr<Slab> SlabPool::make_slab() {
+  auto slab = std::make_unique<Slab>();
+  slab->memory = allocator_->allocate(slab_bytes_);
+  slab->memory_bytes = slab_bytes_;
+  for (std::size_t off : field_offsets_) slab->field_bases.push_back(slab->memory + off);
+  slab->indices.resize(batch_size_);
+  return slab;
+}
+
+void SlabPool::destroy(std::unique_ptr<Slab> slab) noexcept {
+  if (slab) allocator_->deallocate(slab->memory, slab->memory_bytes);
+}
+
+Slab* SlabPool::acquire() {
+  {
+    MutexLock lock(mu_);
+    if (free_ != nullptr) {
+      Slab* slab = free_;
+      free_ = slab->next;
+      slab->next = nullptr;
+      return slab;
+    }
+  }
+  auto slab = make_slab();  // outside the lock: allocation and page faults take a while
+  MutexLock lock(mu_);
+  all_.push_back(std::move(slab));
+  return all_.back().get();
+}
+
+void SlabPool::release(Slab* slab) noexcept {
+  MutexLock lock(mu_);
+  slab->next = free_;
+  free_ = slab;
+}
+
+void SlabPool::reserve(std::size_t slabs) {
+  std::vector<Slab*> taken;
+  while (this->slabs() < slabs) taken.push_back(acquire());
+  for (Slab* s : taken) release(s);
+}
+
+void SlabPool::trim(std::size_t keep) {
+  MutexLock lock(mu_);
+  while (all_.size() > keep && free_ != nullptr) {
+    Slab* victim = free_;
+    free_ = victim->next;
+    auto it = std::find_if(all_.begin(), all_.end(), [&](auto& s) { return s.get() == victim; });
+    destroy(std::move(*it));
+    all_.erase(it);
+  }
+}
+
+std::size_t SlabPool::slabs() const {
+  MutexLock lock(mu_);
+  return all_.size();
+}
+
+}  // namespace stoker::detail

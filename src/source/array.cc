@@ -1,0 +1,59 @@
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "stoker/sources.h"
+
+namespace stoker {
+
+ArrayDataset::ArrayDataset(std::vector<FieldSpec> fields,
+                           std::vector<std::span<const std::byte>> data, std::size_t samples,
+                           std::shared_ptr<const void> keep_alive)
+    : fields_(std::move(fields)),
+      data_(std::move(data)),
+      samples_(samples),
+      keep_alive_(std::move(keep_alive)) {
+  if (data_.size() != fields_.size()) {
+    throw std::invalid_argument("stoker::ArrayDataset: " + std::to_string(fields_.size()) +
+                                " fields but " + std::to_string(data_.size()) + " arrays");
+  }
+  for (std::size_t f = 0; f < fields_.size(); ++f) {
+    const std::size_t expected = samples_ * fields_[f].bytes();
+    if (data_[f].size() != expected) {
+      throw std::invalid_argument("stoker::ArrayDataset: field '" + fields_[f].name + "' has " +
+                                  std::to_string(data_[f].size()) + " bytes, expected " +
+                                  std::to_string(expected));
+    }
+  }
+}
+
+std::shared_ptr<ArrayDataset> ArrayDataset::materialize(const Dataset& source) {
+  auto fields = source.fields();
+  const std::size_t n = source.size();
+  auto storage = std::make_shared<std::vector<std::vector<std::byte>>>();
+  std::vector<std::size_t> field_bytes;
+  std::vector<std::byte*> bases;
+  for (const auto& f : fields) {
+    storage->emplace_back(n * f.bytes());
+    field_bytes.push_back(f.bytes());
+    bases.push_back(storage->back().data());
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    source.read(i, SampleOut(field_bytes, bases.data(), i, 0));
+  }
+  std::vector<std::span<const std::byte>> data(storage->begin(), storage->end());
+  return std::make_shared<ArrayDataset>(std::move(fields), std::move(data), n, storage);
+}
+
+void ArrayDataset::read(std::size_t index, const SampleOut& out) const {
+  if (index >= samples_) {
+    throw std::out_of_range("stoker::ArrayDataset: index " + std::to_string(index) +
+                            " out of range for " + std::to_string(samples_) + " samples");
+  }
+  for (std::size_t f = 0; f < data_.size(); ++f) {
+    const std::size_t n = fields_[f].bytes();
+    std::memcpy(out.bytes(f).data(), data_[f].data() + index * n, n);
+  }
+}
+
+}  // namespace stoker

@@ -1,0 +1,59 @@
+// A mutex and scoped lock that clang's -Wthread-safety can check (std::mutex in libstdc++ is
+// not annotated). With other compilers the annotations compile to nothing.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#if defined(__clang__)
+#define STOKER_TSA(x) __attribute__((x))
+#else
+#define STOKER_TSA(x)
+#endif
+
+#define STOKER_CAPABILITY(x) STOKER_TSA(capability(x))
+#define STOKER_SCOPED_CAPABILITY STOKER_TSA(scoped_lockable)
+#define STOKER_GUARDED_BY(x) STOKER_TSA(guarded_by(x))
+#define STOKER_REQUIRES(...) STOKER_TSA(requires_capability(__VA_ARGS__))
+#define STOKER_ACQUIRE(...) STOKER_TSA(acquire_capability(__VA_ARGS__))
+#define STOKER_RELEASE(...) STOKER_TSA(release_capability(__VA_ARGS__))
+#define STOKER_EXCLUDES(...) STOKER_TSA(locks_excluded(__VA_ARGS__))
+
+namespace stoker::detail {
+
+class STOKER_CAPABILITY("mutex") Mutex {
+ public:
+  void lock() STOKER_ACQUIRE() { mu_.lock(); }
+  void unlock() STOKER_RELEASE() { mu_.unlock(); }
+
+ private:
+  friend class MutexLock;
+  std::mutex mu_;
+};
+
+// Holds a Mutex for its scope; can be released and re-taken inside it (to run work unlocked)
+// and waits on condition variables.
+class STOKER_SCOPED_CAPABILITY MutexLock {
+ public:
+  explicit MutexLock(Mutex& mu) STOKER_ACQUIRE(mu) : lock_(mu.mu_) {}
+  ~MutexLock() STOKER_RELEASE() = default;
+  MutexLock(const MutexLock&) = delete;
+  MutexLock& operator=(const MutexLock&) = delete;
+
+  void lock() STOKER_ACQUIRE() { lock_.lock(); }
+  void unlock() STOKER_RELEASE() { lock_.unlock(); }
+
+  // Callers loop on their own condition (predicates would hide guarded reads from the analysis).
+  void wait(std::condition_variable& cv) { cv.wait(lock_); }
+  template <class Clock, class Duration>
+  void wait_until(std::condition_variable& cv,
+                  const std::chrono::time_point<Clock, Duration>& deadline) {
+    cv.wait_until(lock_, deadline);
+  }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+}  // namespace stoker::detail

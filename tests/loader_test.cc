@@ -1,0 +1,388 @@
+#include "stoker/loader.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "sampler/sampler.h"
+#include "test_datasets.h"
+
+namespace stoker {
+namespace {
+
+using testing::IndexDataset;
+
+// The indices of every batch until the end of the epoch, checking each row's content.
+std::vector<std::vector<std::size_t>> drain(Loader& loader) {
+  std::vector<std::vector<std::size_t>> out;
+  std::size_t first = 0;
+  while (auto batch = loader.next()) {
+    std::vector<std::size_t> rows;
+    auto index = batch->as<const std::int64_t>(0);
+    auto data = batch->bytes(1);
+    const std::size_t payload = data.size() / batch->size();
+    for (std::size_t r = 0; r < batch->size(); ++r) {
+      EXPECT_EQ(static_cast<std::size_t>(index[r]), batch->indices()[r]);
+      EXPECT_EQ(data[r * payload], static_cast<std::byte>(index[r] & 255));
+      EXPECT_EQ(data[(r + 1) * payload - 1], static_cast<std::byte>(index[r] & 255));
+      rows.push_back(static_cast<std::size_t>(index[r]));
+    }
+    if (out.empty()) first = batch->number();
+    EXPECT_EQ(batch->number(), first + out.size());
+    out.push_back(rows);
+  }
+  return out;
+}
+
+std::vector<std::size_t> flat(const std::vector<std::vector<std::size_t>>& batches) {
+  std::vector<std::size_t> out;
+  for (const auto& b : batches) out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t batch, std::size_t workers) {
+  LoaderOptions o;
+  o.dataset = std::move(ds);
+  o.batch_size = batch;
+  o.workers = workers;
+  return o;
+}
+
+TEST(Loader, SequentialEpochInOrderWithShortLastBatch) {
+  for (std::size_t workers : {0, 1, 3}) {
+    Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, workers));
+    EXPECT_EQ(loader.batches_per_epoch(), 3u);
+    auto batches = drain(loader);
+    ASSERT_EQ(batches.size(), 3u) << "workers " << workers;
+    EXPECT_EQ(batches[0], (std::vector<std::size_t>{0, 1, 2, 3}));
+    EXPECT_EQ(batches[2], (std::vector<std::size_t>{8, 9}));
+  }
+}
+
+TEST(Loader, DropLastDropsTheShortBatch) {
+  auto o = options(std::make_shared<IndexDataset<>>(10), 4, 2);
+  o.drop_last = true;
+  Loader loader(o);
+  EXPECT_EQ(loader.batches_per_epoch(), 2u);
+  EXPECT_EQ(flat(drain(loader)), (std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6, 7}));
+}
+
+TEST(Loader, ShuffledEpochIsAPermutationAndDoesNotDependOnWorkers) {
+  std::vector<std::size_t> reference;
+  for (std::size_t workers : {0, 1, 2, 5}) {
+    for (std::size_t depth : {1, 3, 8}) {
+      auto o = options(std::make_shared<IndexDataset<>>(1000), 32, workers);
+      o.shuffle = true;
+      o.seed = 11;
+      o.depth = depth;
+      Loader loader(o);
+      auto order = flat(drain(loader));
+      if (reference.empty()) {
+        reference = order;
+        auto sorted = order;
+        std::sort(sorted.begin(), sorted.end());
+        std::vector<std::size_t> all(1000);
+        std::iota(all.begin(), all.end(), 0);
+        EXPECT_EQ(sorted, all);
+      }
+      EXPECT_EQ(order, reference) << "workers " << workers << " depth " << depth;
+    }
+  }
+}
+
+TEST(Loader, EpochsFollowOneAnotherWithNewOrders) {
+  auto o = options(std::make_shared<IndexDataset<>>(100), 10, 2);
+  o.shuffle = true;
+  Loader loader(o);
+  auto e0 = flat(drain(loader));
+  EXPECT_EQ(loader.position().epoch, 1u);
+  auto e1 = flat(drain(loader));
+  EXPECT_NE(e0, e1);
+  std::vector<std::size_t> expected;
+  detail::permutation(100, 0 + 1, expected);
+  EXPECT_EQ(e1, expected);
+}
+
+TEST(Loader, SetEpochRestartsAnywhereAndKeepsPrefetchWhenAlreadyThere) {
+  auto ds = std::make_shared<IndexDataset<>>(60);
+  auto o = options(ds, 6, 2);
+  o.shuffle = true;
+  Loader loader(o);
+  loader.set_epoch(5);
+  auto e5 = flat(drain(loader));
+  std::vector<std::size_t> expected;
+  detail::permutation(60, 5, expected);
+  EXPECT_EQ(e5, expected);
+  // Mid-epoch jump: in-flight batches are discarded, the new epoch starts from its beginning.
+  loader.set_epoch(9);
+  ASSERT_TRUE(loader.next());
+  loader.set_epoch(2);
+  detail::permutation(60, 2, expected);
+  EXPECT_EQ(flat(drain(loader)), expected);
+  // Now at the start of epoch 3, prefetched: set_epoch(3) keeps it.
+  loader.set_epoch(3);
+  detail::permutation(60, 3, expected);
+  EXPECT_EQ(flat(drain(loader)), expected);
+}
+
+TEST(Loader, RestoredPositionYieldsExactlyTheRemainingBatches) {
+  for (std::size_t workers : {0, 2}) {
+    auto make = [&] {
+      auto o = options(std::make_shared<IndexDataset<>>(203), 8, workers);
+      o.shuffle = true;
+      o.seed = 3;
+      o.depth = 5;
+      return o;
+    };
+    Loader original(make());
+    original.set_epoch(4);
+    auto full = drain(original);
+
+    Loader first(make());
+    first.set_epoch(4);
+    for (int i = 0; i < 7; ++i) ASSERT_TRUE(first.next());
+    const Position saved = first.position();
+    EXPECT_EQ(saved.epoch, 4u);
+    EXPECT_EQ(saved.batch, 7u);
+
+    Loader resumed(make());
+    resumed.restore(saved);
+    auto rest = drain(resumed);
+    ASSERT_EQ(rest.size(), full.size() - 7);
+    for (std::size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], full[i + 7]);
+  }
+}
+
+TEST(Loader, RestoreRejectsAPositionPastTheEpoch) {
+  Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, 1));
+  EXPECT_THROW(loader.restore({0, 4}), std::invalid_argument);
+  loader.restore({0, 3});  // the end of the epoch: next() ends it
+  EXPECT_FALSE(loader.next());
+  EXPECT_EQ(loader.position().epoch, 1u);
+}
+
+TEST(Loader, DistributedRanksSplitTheEpoch) {
+  const std::size_t n = 103, world = 4;
+  std::vector<std::size_t> all;
+  std::vector<std::size_t> batches;
+  for (std::size_t r = 0; r < world; ++r) {
+    auto o = options(std::make_shared<IndexDataset<>>(n), 5, 2);
+    o.shuffle = true;
+    o.seed = 9;
+    o.shard = {r, world, false};
+    Loader loader(o);
+    EXPECT_EQ(loader.samples_per_epoch(), 26u);
+    auto b = drain(loader);
+    batches.push_back(b.size());
+    auto f = flat(b);
+    all.insert(all.end(), f.begin(), f.end());
+  }
+  EXPECT_EQ(std::set<std::size_t>(all.begin(), all.end()).size(), n);
+  EXPECT_EQ(all.size(), 104u);
+  for (auto b : batches) EXPECT_EQ(b, batches[0]);  // equal step counts on every rank
+}
+
+TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
+  auto o = options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{}, std::chrono::microseconds(20)),
+                   16, 2);
+  o.shuffle = true;
+  Loader reference_loader(o);
+  auto reference = flat(drain(reference_loader));
+
+  Loader loader(o);
+  std::vector<std::size_t> seen;
+  std::size_t step = 0;
+  const std::size_t workers[] = {4, 0, 1, 3, 0, 2, 6};
+  const std::size_t depths[] = {1, 7, 2, 4, 1, 3, 9};
+  while (auto batch = loader.next()) {
+    auto idx = batch->indices();
+    seen.insert(seen.end(), idx.begin(), idx.end());
+    if (++step % 10 == 0) {
+      loader.set_workers(workers[(step / 10) % 7]);
+      loader.set_depth(depths[(step / 10) % 7]);
+    }
+  }
+  EXPECT_EQ(seen, reference);
+}
+
+TEST(Loader, TuningFromAnotherThreadWhileConsuming) {
+  auto o = options(std::make_shared<IndexDataset<>>(4000, 8, std::set<std::size_t>{}, std::chrono::microseconds(5)),
+                   8, 2);
+  Loader loader(o);
+  std::atomic<bool> done{false};
+  std::thread tuner([&] {
+    std::size_t i = 0;
+    while (!done.load()) {
+      loader.set_workers(i % 4);
+      loader.set_depth(1 + i % 5);
+      (void)loader.stats();
+      ++i;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  });
+  auto order = flat(drain(loader));
+  done = true;
+  tuner.join();
+  std::vector<std::size_t> expected(4000);
+  std::iota(expected.begin(), expected.end(), 0);
+  EXPECT_EQ(order, expected);
+}
+
+TEST(Loader, RaisePolicyNamesTheSampleKeepsTheTypeAndGoesOn) {
+  for (std::size_t workers : {0, 2}) {
+    auto o = options(std::make_shared<IndexDataset<std::domain_error>>(20, 4, std::set<size_t>{6}),
+                     4, workers);
+    Loader loader(o);
+    ASSERT_TRUE(loader.next());  // rows 0..3
+    try {
+      loader.next();  // rows 4..7 hold sample 6
+      FAIL() << "expected SampleError";
+    } catch (const SampleError& e) {
+      EXPECT_EQ(e.index(), 6u);
+      EXPECT_NE(std::string(e.what()).find("sample 6"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("cannot read sample 6"), std::string::npos);
+      EXPECT_THROW(e.rethrow_cause(), std::domain_error);
+    }
+    auto rest = drain(loader);  // nothing else is lost
+    ASSERT_EQ(rest.size(), 3u);
+    EXPECT_EQ(rest[0].front(), 8u);
+  }
+}
+
+TEST(Loader, SkipPolicyReplacesAndReportsFailedSamples) {
+  auto o = options(std::make_shared<IndexDataset<>>(50, 4, std::set<size_t>{3, 17, 18}), 10, 2);
+  o.on_error = ErrorPolicy::skip;
+  Loader loader(o);
+  std::vector<std::size_t> skipped;
+  std::size_t rows = 0;
+  while (auto batch = loader.next()) {
+    EXPECT_EQ(batch->size(), 10u);  // the batch keeps its shape
+    for (const auto& s : batch->skipped()) {
+      skipped.push_back(s.index);
+      EXPECT_NE(s.reason.find("cannot read"), std::string::npos);
+    }
+    for (std::size_t r = 0; r < batch->size(); ++r) {
+      const auto idx = batch->indices()[r];
+      EXPECT_EQ(static_cast<std::size_t>(batch->as<const std::int64_t>(0)[r]), idx);
+      EXPECT_TRUE(idx != 3 && idx != 17 && idx != 18);
+    }
+    rows += batch->size();
+  }
+  EXPECT_EQ(rows, 50u);
+  std::sort(skipped.begin(), skipped.end());
+  // A replacement may itself be a failing sample, so it may be skipped more than once.
+  EXPECT_GE(skipped.size(), 3u);
+  EXPECT_EQ(std::set<std::size_t>(skipped.begin(), skipped.end()),
+            (std::set<std::size_t>{3, 17, 18}));
+  EXPECT_EQ(loader.stats().skipped, skipped.size());
+}
+
+TEST(Loader, SkipBudgetRunsOut) {
+  auto o = options(std::make_shared<IndexDataset<>>(4000, 4, std::set<size_t>{1, 35}), 10, 1);
+  o.on_error = ErrorPolicy::skip;
+  o.max_skipped = 1;
+  Loader loader(o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next());  // sample 1 skipped: budget used
+  try {
+    loader.next();
+    FAIL() << "expected SampleError";
+  } catch (const SampleError& e) {
+    EXPECT_EQ(e.index(), 35u);
+    EXPECT_NE(std::string(e.what()).find("skip budget of 1"), std::string::npos);
+  }
+  EXPECT_TRUE(loader.next());
+}
+
+TEST(Loader, DestroyMidEpochWithBatchesInFlight) {
+  // Slow samples, many workers, deep window: destruction must not wait for the epoch.
+  auto ds = std::make_shared<IndexDataset<>>(100000, 64, std::set<std::size_t>{},
+                                             std::chrono::microseconds(2000));
+  for (int round = 0; round < 3; ++round) {
+    auto o = options(ds, 64, 4);
+    o.depth = 8;
+    auto loader = std::make_unique<Loader>(o);
+    ASSERT_TRUE(loader->next());
+    loader.reset();
+  }
+  // Every worker stopped at the next row: far fewer reads than the batches in flight hold.
+  EXPECT_LT(ds->reads.load(), 3u * 64u * 8u);
+}
+
+TEST(Loader, DestroyBeforeTheFirstBatchAndWhileStartingUp) {
+  auto ds = std::make_shared<IndexDataset<>>(1000, 8, std::set<std::size_t>{},
+                                             std::chrono::microseconds(100));
+  for (std::size_t w : {0, 1, 8}) Loader loader(options(ds, 16, w));
+}
+
+TEST(Loader, BatchMayOutliveTheLoader) {
+  std::optional<Batch> kept;
+  {
+    Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, 2));
+    kept = loader.next();
+  }
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->as<const std::int64_t>(0)[3], 3);
+  kept.reset();
+}
+
+TEST(Loader, SlabsAreRecycled) {
+  auto o = options(std::make_shared<IndexDataset<>>(1000), 10, 2);
+  o.depth = 3;
+  Loader loader(o);
+  drain(loader);
+  drain(loader);
+  // depth + the one the consumer holds, plus at most one more while a batch is released.
+  EXPECT_LE(loader.stats().slabs, 5u);
+}
+
+TEST(Loader, EmptyDataSetAndTooFewSamplesForOneBatch) {
+  Loader empty(options(std::make_shared<IndexDataset<>>(0), 4, 2));
+  EXPECT_FALSE(empty.next());
+  EXPECT_FALSE(empty.next());
+  auto o = options(std::make_shared<IndexDataset<>>(3), 4, 2);
+  o.drop_last = true;
+  Loader dropped(o);
+  EXPECT_FALSE(dropped.next());
+}
+
+TEST(Loader, StatsCountWhatWasDelivered) {
+  Loader loader(options(std::make_shared<IndexDataset<>>(100, 16), 10, 2));
+  drain(loader);
+  const Stats s = loader.stats();
+  EXPECT_EQ(s.batches, 10u);
+  EXPECT_EQ(s.samples, 100u);
+  EXPECT_EQ(s.bytes, 100u * (8 + 16));
+  EXPECT_EQ(s.workers, 2u);
+  EXPECT_GT(s.worker_busy.count(), 0);
+  EXPECT_GT(s.elapsed.count(), 0);
+  EXPECT_LE(s.in_flight, s.depth);
+}
+
+TEST(Loader, ImpossibleOptionsAreNamed) {
+  auto ds = std::make_shared<IndexDataset<>>(10);
+  auto expect_error = [](LoaderOptions o, const std::string& words) {
+    try {
+      Loader loader(std::move(o));
+      FAIL() << "expected an error about " << words;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  expect_error(options(nullptr, 4, 1), "dataset is null");
+  expect_error(options(ds, 0, 1), "batch_size");
+  auto o = options(ds, 4, 1);
+  o.depth = 0;
+  expect_error(o, "depth");
+  o = options(ds, 4, 1);
+  o.shard = {3, 3, false};
+  expect_error(o, "shard.rank = 3");
+  o.shard = {0, 0, false};
+  expect_error(o, "world_size");
+  expect_error(options(ds, 4, 100000), "workers");
+}
+
+}  // namespace
+}  // namespace stoker
