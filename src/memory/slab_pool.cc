@@ -12,7 +12,6 @@ namespace {
 // field boundary never share one, and vector loads in consumers are aligned.
 constexpr std::size_t kFieldAlignment = 64;
 
-constexpr std::size_t kPage = 4096;
 constexpr std::size_t kHugePage = 2u << 20;
 
 std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
@@ -22,11 +21,10 @@ class PageableAllocator final : public HostAllocator {
   std::byte* allocate(std::size_t bytes) override {
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
-    auto* memory = static_cast<std::byte*>(p);
-    if (bytes >= kHugePage) madvise(memory, bytes, MADV_HUGEPAGE);
-    // Fault the pages in now, at allocation, instead of in the workers' first fill.
-    for (std::size_t off = 0; off < bytes; off += kPage) memory[off] = std::byte{0};
-    return memory;
+    // Pages are faulted in by the workers' first fill of each slab, in parallel and outside
+    // any lock; prefaulting here would put every slab's faults before the first batch.
+    if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);
+    return static_cast<std::byte*>(p);
   }
   void deallocate(std::byte* memory, std::size_t bytes) noexcept override {
     munmap(memory, bytes);

@@ -30,8 +30,7 @@ class HostAllocator {
   virtual void deallocate(std::byte* memory, std::size_t bytes) noexcept = 0;
 };
 
-// Page-aligned anonymous memory (mmap), faulted in at allocation so that the first fill does
-// not pay for page faults; large slabs ask for transparent huge pages.
+// Page-aligned anonymous memory (mmap); large slabs ask for transparent huge pages.
 std::shared_ptr<HostAllocator> pageable_allocator();
 
 // A failed sample under ErrorPolicy::raise (or past the skip budget).

@@ -1,0 +1,329 @@
+#include "bench.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include "stoker/loader.h"
+#include "stoker/sources.h"
+
+#ifndef STOKER_SOURCE_DIR
+#define STOKER_SOURCE_DIR "."
+#endif
+
+namespace stoker::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void spin_for(double ms) {
+  const auto until = Clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (Clock::now() < until) {
+  }
+}
+
+struct Workload {
+  std::string name;
+  std::string description;
+  std::size_t samples = 0;
+  std::size_t batch_size = 0;
+  std::vector<FieldSpec> fields;
+  double latency_ms = 0;   // slept per sample (heavy)
+  double consumer_ms = 0;  // spun per batch by the training loop (heavy)
+  bool in_memory = true;   // samples materialized as arrays first (tensor, tiny)
+  std::size_t epochs = 5;
+  std::size_t workers = 2;
+  std::size_t depth = 4;
+  bool torch_baseline = true;
+};
+
+Workload make_workload(const std::string& name, const BenchOptions& o) {
+  Workload w;
+  w.name = name;
+  const FieldSpec label{"label", DType::i64, {}};
+  if (name == "tensor") {
+    w.description = "uint8 3x224x224 in memory, batch 64, shuffled";
+    w.samples = o.smoke ? 256 : 4096;
+    w.batch_size = 64;
+    w.fields = {{"image", DType::u8, {3, 224, 224}}, label};
+  } else if (name == "tiny") {
+    w.description = "float32 784 in memory (MNIST-like), batch 256, shuffled";
+    w.samples = o.smoke ? 6000 : 60000;
+    w.batch_size = 256;
+    w.fields = {{"x", DType::f32, {784}}, label};
+  } else if (name == "heavy") {
+    w.description = "float32 3x224x224, 5 ms latency per sample, batch 64, shuffled, "
+                    "consumer computes 50 ms per batch";
+    w.samples = o.smoke ? 128 : 1024;
+    w.batch_size = 64;
+    w.fields = {{"x", DType::f32, {3, 224, 224}}, label};
+    w.latency_ms = o.smoke ? 1 : 5;
+    w.consumer_ms = o.smoke ? 2 : 50;
+    w.in_memory = false;
+    w.epochs = 3;
+    // Latency-bound samples sleep, so threads beyond the core count still overlap them.
+    w.workers = 8;
+    w.depth = 4;
+  } else if (name == "overhead") {
+    w.description = "1-byte samples, batch 64: the loader's own cost per batch";
+    w.samples = o.smoke ? 6400 : 640000;
+    w.batch_size = 64;
+    w.fields = {{"x", DType::u8, {1}}};
+    w.workers = 1;
+    w.torch_baseline = false;
+  } else {
+    throw std::invalid_argument("unknown workload '" + name +
+                                "' (choose from tensor, tiny, heavy, overhead)");
+  }
+  if (o.smoke) w.epochs = 2;
+  if (o.epochs) w.epochs = o.epochs;
+  if (o.workers) w.workers = o.workers;
+  if (o.depth) w.depth = o.depth;
+  if (o.consumer_ms >= 0 && name == "heavy") w.consumer_ms = o.consumer_ms;
+  return w;
+}
+
+struct Measurement {
+  std::size_t workers = 0;
+  std::size_t depth = 0;
+  double samples_per_s = 0;
+  double gb_per_s = 0;
+  double first_batch_ms = 0;
+  double wait_pct = 0;
+  double epoch_s = 0;
+  std::vector<double> epoch_times;
+};
+
+json to_json(const Measurement& m) {
+  return {{"workers", m.workers},         {"depth", m.depth},     {"samples_per_s", m.samples_per_s},
+          {"gb_per_s", m.gb_per_s},       {"first_batch_ms", m.first_batch_ms},
+          {"wait_pct", m.wait_pct},       {"epoch_s", m.epoch_s}, {"epoch_times_s", m.epoch_times}};
+}
+
+Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset) {
+  LoaderOptions o;
+  o.dataset = std::move(dataset);
+  o.batch_size = w.batch_size;
+  o.shuffle = true;
+  o.workers = w.workers;
+  o.depth = w.depth;
+
+  Measurement m;
+  m.workers = w.workers;
+  m.depth = w.depth;
+  std::vector<double> waits;
+  const auto created = Clock::now();
+  Loader loader(o);
+  std::size_t samples_per_epoch = 0;
+  std::size_t bytes_per_epoch = 0;
+  for (std::size_t e = 0; e < w.epochs; ++e) {
+    const auto start = Clock::now();
+    const auto wait_before = loader.stats().consumer_wait;
+    samples_per_epoch = bytes_per_epoch = 0;
+    while (auto batch = loader.next()) {
+      if (e == 0 && samples_per_epoch == 0) {
+        m.first_batch_ms = 1e3 * std::chrono::duration<double>(Clock::now() - created).count();
+      }
+      samples_per_epoch += batch->size();
+      for (std::size_t f = 0; f < batch->fields().size(); ++f) {
+        bytes_per_epoch += batch->bytes(f).size();
+      }
+      if (w.consumer_ms > 0) spin_for(w.consumer_ms);
+    }
+    const double t = seconds_since(start);
+    m.epoch_times.push_back(t);
+    waits.push_back(100.0 *
+                    std::chrono::duration<double>(loader.stats().consumer_wait - wait_before).count() /
+                    t);
+  }
+  // Steady state: the first epoch (thread and pool start-up) is reported as first_batch_ms.
+  std::vector<double> steady(m.epoch_times.begin() + (m.epoch_times.size() > 1 ? 1 : 0),
+                             m.epoch_times.end());
+  std::vector<double> steady_waits(waits.begin() + (waits.size() > 1 ? 1 : 0), waits.end());
+  m.epoch_s = median(steady);
+  m.wait_pct = median(steady_waits);
+  m.samples_per_s = samples_per_epoch / m.epoch_s;
+  m.gb_per_s = bytes_per_epoch / m.epoch_s / 1e9;
+  return m;
+}
+
+// memcpy bandwidth in GB/s (bytes copied per second) on `threads` threads, best of 5.
+double memcpy_gbps(std::size_t threads, std::size_t bytes) {
+  std::vector<std::byte> src(bytes, std::byte{1}), dst(bytes, std::byte{2});
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    const std::size_t part = bytes / threads;
+    for (std::size_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] { std::memcpy(dst.data() + t * part, src.data() + t * part, part); });
+    }
+    for (auto& th : pool) th.join();
+    best = std::max(best, static_cast<double>(part * threads) / seconds_since(start) / 1e9);
+  }
+  return best;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// Runs the PyTorch side; returns its JSON, or an error message.
+std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::string& error) {
+  const std::string script = o.baseline_script.empty()
+                                 ? std::string(STOKER_SOURCE_DIR) + "/bench/torch_dataloader.py"
+                                 : o.baseline_script;
+  const std::string cmd =
+      fmt::format("{} {} --workload {} --samples {} --epochs {} --batch-size {} --latency-ms {} "
+                  "--consumer-ms {}",
+                  shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs,
+                  w.batch_size, w.latency_ms, w.consumer_ms);
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  if (!pipe) {
+    error = "cannot start " + cmd;
+    return std::nullopt;
+  }
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
+  const int status = pclose(pipe.release());
+  if (status != 0) {
+    error = fmt::format("`{}` failed (status {}); is torch installed for {}?", cmd, status,
+                        o.python);
+    return std::nullopt;
+  }
+  try {
+    return json::parse(out);
+  } catch (const json::exception& e) {
+    error = std::string("unreadable output from the PyTorch baseline: ") + e.what();
+    return std::nullopt;
+  }
+}
+
+std::shared_ptr<const Dataset> make_dataset(const Workload& w) {
+  SyntheticDataset::Options so;
+  so.samples = w.samples;
+  so.fields = w.fields;
+  so.latency = std::chrono::microseconds(static_cast<std::int64_t>(w.latency_ms * 1000));
+  auto synthetic = std::make_shared<SyntheticDataset>(so);
+  if (!w.in_memory) return synthetic;
+  return ArrayDataset::materialize(*synthetic);
+}
+
+void print_row(const std::string& who, double sps, double gbps, double first_ms, double wait) {
+  fmt::print("  {:<26} {:>12.0f} {:>9.2f} {:>13.1f} {:>8.1f}\n", who, sps, gbps, first_ms, wait);
+}
+
+json run_workload(const Workload& w, const BenchOptions& o) {
+  json result = {{"workload", w.name}, {"description", w.description}, {"samples", w.samples},
+                 {"batch_size", w.batch_size}, {"epochs", w.epochs}};
+  if (!o.json) {
+    fmt::print("\n{}: {} samples, {}\n", w.name, w.samples, w.description);
+    std::fflush(stdout);
+  }
+  const Measurement m = run_stoker(w, make_dataset(w));
+  result["stoker"] = to_json(m);
+
+  std::optional<json> torch;
+  if (o.baseline && w.torch_baseline) {
+    std::string error;
+    torch = run_torch(w, o, error);
+    if (torch) {
+      result["torch"] = (*torch)["best"];
+      result["torch_runs"] = (*torch)["runs"];
+      result["torch_version"] = (*torch)["torch_version"];
+      result["ratio"] = m.samples_per_s / (*torch)["best"]["samples_per_s"].get<double>();
+    } else {
+      result["torch_error"] = error;
+    }
+  }
+  if (w.name == "tensor") {
+    const std::size_t bytes = o.smoke ? (32u << 20) : (512u << 20);
+    const double one = memcpy_gbps(1, bytes), two = memcpy_gbps(2, bytes);
+    result["memcpy_gb_per_s"] = {{"1", one}, {"2", two}};
+    result["fraction_of_memcpy_2t"] = m.gb_per_s / two;
+  }
+  if (w.name == "heavy") {
+    const double batches = std::ceil(static_cast<double>(w.samples) / w.batch_size);
+    const double compute_s = batches * w.consumer_ms / 1e3;
+    const double latency_s = w.samples * w.latency_ms / 1e3 / w.workers;
+    result["bound_s"] = std::max(compute_s, latency_s);
+    result["compute_s"] = compute_s;
+    result["latency_per_worker_s"] = latency_s;
+    result["epoch_over_bound"] = m.epoch_s / std::max(compute_s, latency_s);
+  }
+  if (w.name == "overhead") {
+    result["us_per_batch"] = 1e6 * m.epoch_s / std::ceil(double(w.samples) / w.batch_size);
+  }
+
+  if (!o.json) {
+    fmt::print("  {:<26} {:>12} {:>9} {:>13} {:>8}\n", "", "samples/s", "GB/s", "first batch ms",
+               "wait %");
+    print_row(fmt::format("stoker (workers {})", m.workers), m.samples_per_s, m.gb_per_s,
+              m.first_batch_ms, m.wait_pct);
+    if (torch) {
+      const json& b = (*torch)["best"];
+      print_row(fmt::format("torch {} (best: workers {})", (*torch)["torch_version"].get<std::string>(),
+                            b["num_workers"].get<int>()),
+                b["samples_per_s"], b["gb_per_s"], b["first_batch_ms"], b["wait_pct"]);
+      fmt::print("  stoker / torch: {:.2f}x\n", result["ratio"].get<double>());
+    } else if (result.contains("torch_error")) {
+      fmt::print("  torch: not measured: {}\n", result["torch_error"].get<std::string>());
+    }
+    if (result.contains("memcpy_gb_per_s")) {
+      fmt::print("  memcpy: {:.2f} GB/s on 1 thread, {:.2f} GB/s on 2; stoker at {:.0f}% of 2-thread "
+                 "memcpy\n",
+                 result["memcpy_gb_per_s"]["1"].get<double>(),
+                 result["memcpy_gb_per_s"]["2"].get<double>(),
+                 100 * result["fraction_of_memcpy_2t"].get<double>());
+    }
+    if (result.contains("bound_s")) {
+      fmt::print("  epoch {:.3f} s; bound max(compute {:.3f} s, latency/workers {:.3f} s); "
+                 "epoch / bound = {:.3f}\n",
+                 m.epoch_s, result["compute_s"].get<double>(),
+                 result["latency_per_worker_s"].get<double>(),
+                 result["epoch_over_bound"].get<double>());
+    }
+    if (result.contains("us_per_batch")) {
+      fmt::print("  loader overhead: {:.2f} us per batch\n", result["us_per_batch"].get<double>());
+    }
+    std::fflush(stdout);
+  }
+  return result;
+}
+
+}  // namespace
+
+int run(const BenchOptions& options) {
+  json all = json::array();
+  for (const auto& name : options.workloads) {
+    all.push_back(run_workload(make_workload(name, options), options));
+  }
+  if (options.json) fmt::print("{}\n", json{{"smoke", options.smoke}, {"workloads", all}}.dump(2));
+  return 0;
+}
+
+}  // namespace stoker::bench

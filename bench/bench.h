@@ -1,0 +1,28 @@
+// `stoker bench`: stoker against the PyTorch DataLoader (bench/torch_dataloader.py, run as a
+// subprocess in the same invocation) and against this machine's memcpy bandwidth.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace stoker::bench {
+
+struct BenchOptions {
+  std::vector<std::string> workloads{"tensor", "tiny", "heavy", "overhead"};
+  bool json = false;
+  bool smoke = false;          // small sizes: checks the harness, measures nothing
+  bool baseline = true;        // run the PyTorch side
+  std::string python = "python3";
+  std::string baseline_script;  // default: bench/torch_dataloader.py in the source tree
+  std::size_t workers = 0;      // 0: the workload's default
+  std::size_t depth = 0;        // 0: the workload's default
+  std::size_t epochs = 0;       // 0: the workload's default
+  double consumer_ms = -1;      // < 0: the workload's default (heavy only)
+};
+
+// Runs the benchmark and prints it (a table, or one JSON object with --json). Returns the
+// process exit code.
+int run(const BenchOptions& options);
+
+}  // namespace stoker::bench

@@ -1,0 +1,36 @@
+// The stoker command line.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+
+#include "bench.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"stoker: keeps accelerators fed with training data"};
+  app.require_subcommand(1);
+
+  stoker::bench::BenchOptions bench;
+  auto* cmd = app.add_subcommand(
+      "bench", "Benchmark stoker against the PyTorch DataLoader on generated data");
+  cmd->add_option("-w,--workload", bench.workloads, "tensor, tiny, heavy, overhead (default: all)")
+      ->check(CLI::IsMember({"tensor", "tiny", "heavy", "overhead"}));
+  cmd->add_flag("--json", bench.json, "Print one JSON object instead of tables");
+  cmd->add_flag("--smoke", bench.smoke, "Tiny sizes: check that everything runs");
+  cmd->add_flag("!--no-baseline", bench.baseline, "Skip the PyTorch DataLoader side");
+  cmd->add_option("--python", bench.python, "Python with torch for the baseline");
+  cmd->add_option("--baseline-script", bench.baseline_script, "Path to torch_dataloader.py");
+  cmd->add_option("--workers", bench.workers, "stoker worker threads (default per workload)");
+  cmd->add_option("--depth", bench.depth, "Batches in flight (default per workload)");
+  cmd->add_option("--epochs", bench.epochs, "Epochs per run (default per workload)");
+  cmd->add_option("--consumer-ms", bench.consumer_ms, "heavy: consumer compute per batch");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (cmd->parsed()) return stoker::bench::run(bench);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "stoker: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
