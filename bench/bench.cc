@@ -73,8 +73,9 @@ Workload make_workload(const std::string& name, const BenchOptions& o) {
     w.batch_size = 256;
     w.fields = {{"x", DType::f32, {784}}, label};
   } else if (name == "heavy") {
-    w.description = "float32 3x224x224, 5 ms latency per sample, batch 64, shuffled, "
-                    "consumer computes 50 ms per batch";
+    w.description =
+        "float32 3x224x224, 5 ms latency per sample, batch 64, shuffled, "
+        "consumer computes 50 ms per batch";
     w.samples = o.smoke ? 128 : 1024;
     w.batch_size = 64;
     w.fields = {{"x", DType::f32, {3, 224, 224}}, label};
@@ -116,9 +117,14 @@ struct Measurement {
 };
 
 json to_json(const Measurement& m) {
-  return {{"workers", m.workers},         {"depth", m.depth},     {"samples_per_s", m.samples_per_s},
-          {"gb_per_s", m.gb_per_s},       {"first_batch_ms", m.first_batch_ms},
-          {"wait_pct", m.wait_pct},       {"epoch_s", m.epoch_s}, {"epoch_times_s", m.epoch_times}};
+  return {{"workers", m.workers},
+          {"depth", m.depth},
+          {"samples_per_s", m.samples_per_s},
+          {"gb_per_s", m.gb_per_s},
+          {"first_batch_ms", m.first_batch_ms},
+          {"wait_pct", m.wait_pct},
+          {"epoch_s", m.epoch_s},
+          {"epoch_times_s", m.epoch_times}};
 }
 
 Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset) {
@@ -153,9 +159,9 @@ Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset
     }
     const double t = seconds_since(start);
     m.epoch_times.push_back(t);
-    waits.push_back(100.0 *
-                    std::chrono::duration<double>(loader.stats().consumer_wait - wait_before).count() /
-                    t);
+    waits.push_back(
+        100.0 * std::chrono::duration<double>(loader.stats().consumer_wait - wait_before).count() /
+        t);
   }
   // Steady state: the first epoch (thread and pool start-up) is reported as first_batch_ms.
   std::vector<double> steady(m.epoch_times.begin() + (m.epoch_times.size() > 1 ? 1 : 0),
@@ -177,7 +183,8 @@ double memcpy_gbps(std::size_t threads, std::size_t bytes) {
     std::vector<std::thread> pool;
     const std::size_t part = bytes / threads;
     for (std::size_t t = 0; t < threads; ++t) {
-      pool.emplace_back([&, t] { std::memcpy(dst.data() + t * part, src.data() + t * part, part); });
+      pool.emplace_back(
+          [&, t] { std::memcpy(dst.data() + t * part, src.data() + t * part, part); });
     }
     for (auto& th : pool) th.join();
     best = std::max(best, static_cast<double>(part * threads) / seconds_since(start) / 1e9);
@@ -196,11 +203,11 @@ std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::str
   const std::string script = o.baseline_script.empty()
                                  ? std::string(STOKER_SOURCE_DIR) + "/bench/torch_dataloader.py"
                                  : o.baseline_script;
-  const std::string cmd =
-      fmt::format("{} {} --workload {} --samples {} --epochs {} --batch-size {} --latency-ms {} "
-                  "--consumer-ms {}",
-                  shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs,
-                  w.batch_size, w.latency_ms, w.consumer_ms);
+  const std::string cmd = fmt::format(
+      "{} {} --workload {} --samples {} --epochs {} --batch-size {} --latency-ms {} "
+      "--consumer-ms {}",
+      shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs, w.batch_size,
+      w.latency_ms, w.consumer_ms);
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   if (!pipe) {
     error = "cannot start " + cmd;
@@ -211,8 +218,8 @@ std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::str
   while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
   const int status = pclose(pipe.release());
   if (status != 0) {
-    error = fmt::format("`{}` failed (status {}); is torch installed for {}?", cmd, status,
-                        o.python);
+    error =
+        fmt::format("`{}` failed (status {}); is torch installed for {}?", cmd, status, o.python);
     return std::nullopt;
   }
   try {
@@ -238,8 +245,11 @@ void print_row(const std::string& who, double sps, double gbps, double first_ms,
 }
 
 json run_workload(const Workload& w, const BenchOptions& o) {
-  json result = {{"workload", w.name}, {"description", w.description}, {"samples", w.samples},
-                 {"batch_size", w.batch_size}, {"epochs", w.epochs}};
+  json result = {{"workload", w.name},
+                 {"description", w.description},
+                 {"samples", w.samples},
+                 {"batch_size", w.batch_size},
+                 {"epochs", w.epochs}};
   if (!o.json) {
     fmt::print("\n{}: {} samples, {}\n", w.name, w.samples, w.description);
     std::fflush(stdout);
@@ -286,26 +296,28 @@ json run_workload(const Workload& w, const BenchOptions& o) {
               m.first_batch_ms, m.wait_pct);
     if (torch) {
       const json& b = (*torch)["best"];
-      print_row(fmt::format("torch {} (best: workers {})", (*torch)["torch_version"].get<std::string>(),
-                            b["num_workers"].get<int>()),
-                b["samples_per_s"], b["gb_per_s"], b["first_batch_ms"], b["wait_pct"]);
+      print_row(
+          fmt::format("torch {} (best: workers {})", (*torch)["torch_version"].get<std::string>(),
+                      b["num_workers"].get<int>()),
+          b["samples_per_s"], b["gb_per_s"], b["first_batch_ms"], b["wait_pct"]);
       fmt::print("  stoker / torch: {:.2f}x\n", result["ratio"].get<double>());
     } else if (result.contains("torch_error")) {
       fmt::print("  torch: not measured: {}\n", result["torch_error"].get<std::string>());
     }
     if (result.contains("memcpy_gb_per_s")) {
-      fmt::print("  memcpy: {:.2f} GB/s on 1 thread, {:.2f} GB/s on 2; stoker at {:.0f}% of 2-thread "
-                 "memcpy\n",
-                 result["memcpy_gb_per_s"]["1"].get<double>(),
-                 result["memcpy_gb_per_s"]["2"].get<double>(),
-                 100 * result["fraction_of_memcpy_2t"].get<double>());
+      fmt::print(
+          "  memcpy: {:.2f} GB/s on 1 thread, {:.2f} GB/s on 2; stoker at {:.0f}% of 2-thread "
+          "memcpy\n",
+          result["memcpy_gb_per_s"]["1"].get<double>(),
+          result["memcpy_gb_per_s"]["2"].get<double>(),
+          100 * result["fraction_of_memcpy_2t"].get<double>());
     }
     if (result.contains("bound_s")) {
-      fmt::print("  epoch {:.3f} s; bound max(compute {:.3f} s, latency/workers {:.3f} s); "
-                 "epoch / bound = {:.3f}\n",
-                 m.epoch_s, result["compute_s"].get<double>(),
-                 result["latency_per_worker_s"].get<double>(),
-                 result["epoch_over_bound"].get<double>());
+      fmt::print(
+          "  epoch {:.3f} s; bound max(compute {:.3f} s, latency/workers {:.3f} s); "
+          "epoch / bound = {:.3f}\n",
+          m.epoch_s, result["compute_s"].get<double>(),
+          result["latency_per_worker_s"].get<double>(), result["epoch_over_bound"].get<double>());
     }
     if (result.contains("us_per_batch")) {
       fmt::print("  loader overhead: {:.2f} us per batch\n", result["us_per_batch"].get<double>());

@@ -11,8 +11,8 @@ namespace stoker::bench {
 struct BenchOptions {
   std::vector<std::string> workloads{"tensor", "tiny", "heavy", "overhead"};
   bool json = false;
-  bool smoke = false;          // small sizes: checks the harness, measures nothing
-  bool baseline = true;        // run the PyTorch side
+  bool smoke = false;    // small sizes: checks the harness, measures nothing
+  bool baseline = true;  // run the PyTorch side
   std::string python = "python3";
   std::string baseline_script;  // default: bench/torch_dataloader.py in the source tree
   std::size_t workers = 0;      // 0: the workload's default

@@ -26,15 +26,24 @@ std::size_t dtype_size(DType dtype) {
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::u8: return "uint8";
-    case DType::i8: return "int8";
-    case DType::i16: return "int16";
-    case DType::i32: return "int32";
-    case DType::i64: return "int64";
-    case DType::f16: return "float16";
-    case DType::bf16: return "bfloat16";
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
+    case DType::u8:
+      return "uint8";
+    case DType::i8:
+      return "int8";
+    case DType::i16:
+      return "int16";
+    case DType::i32:
+      return "int32";
+    case DType::i64:
+      return "int64";
+    case DType::f16:
+      return "float16";
+    case DType::bf16:
+      return "bfloat16";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
   }
   return "unknown";
 }

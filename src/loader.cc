@@ -29,8 +29,8 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
   }
   if (o.shard.world_size == 0) invalid("shard.world_size must be at least 1");
   if (o.shard.rank >= o.shard.world_size) {
-    invalid("shard.rank = " + std::to_string(o.shard.rank) + " is not below world_size = " +
-            std::to_string(o.shard.world_size));
+    invalid("shard.rank = " + std::to_string(o.shard.rank) +
+            " is not below world_size = " + std::to_string(o.shard.world_size));
   }
   if (fields.empty()) invalid("the dataset declares no fields");
   std::set<std::string> names;
@@ -56,8 +56,8 @@ Loader::Loader(LoaderOptions options) {
   config.depth = options.depth;
   config.on_error = options.on_error;
   config.max_skipped = options.max_skipped;
-  auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
-                                                 detail::pageable_allocator());
+  auto pool =
+      std::make_shared<detail::SlabPool>(fields, options.batch_size, detail::pageable_allocator());
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
 }
 
@@ -69,9 +69,8 @@ Position Loader::position() const { return engine_->position(); }
 
 void Loader::restore(const Position& position) {
   if (position.batch > engine_->batches_per_epoch()) {
-    throw std::invalid_argument("stoker::Loader::restore: batch " +
-                                std::to_string(position.batch) + " is past the " +
-                                std::to_string(engine_->batches_per_epoch()) +
+    throw std::invalid_argument("stoker::Loader::restore: batch " + std::to_string(position.batch) +
+                                " is past the " + std::to_string(engine_->batches_per_epoch()) +
                                 " batches of an epoch");
   }
   engine_->restart(position);

@@ -186,7 +186,8 @@ TEST(Loader, DistributedRanksSplitTheEpoch) {
 }
 
 TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
-  auto o = options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{}, std::chrono::microseconds(20)),
+  auto o = options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{},
+                                                    std::chrono::microseconds(20)),
                    16, 2);
   o.shuffle = true;
   Loader reference_loader(o);
@@ -209,7 +210,8 @@ TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
 }
 
 TEST(Loader, TuningFromAnotherThreadWhileConsuming) {
-  auto o = options(std::make_shared<IndexDataset<>>(4000, 8, std::set<std::size_t>{}, std::chrono::microseconds(5)),
+  auto o = options(std::make_shared<IndexDataset<>>(4000, 8, std::set<std::size_t>{},
+                                                    std::chrono::microseconds(5)),
                    8, 2);
   Loader loader(o);
   std::atomic<bool> done{false};

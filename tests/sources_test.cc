@@ -1,10 +1,11 @@
+#include "stoker/sources.h"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
 
 #include "stoker/loader.h"
-#include "stoker/sources.h"
 
 namespace stoker {
 namespace {
@@ -82,9 +83,9 @@ TEST(ArrayDataset, MaterializedCopyReadsTheSameBytes) {
 
 TEST(ArrayDataset, RejectsArraysOfTheWrongSize) {
   std::vector<std::byte> data(10);
-  EXPECT_THROW(ArrayDataset({{"a", DType::f32, {2}}}, {std::span<const std::byte>(data)}, 2,
-                            nullptr),
-               std::invalid_argument);
+  EXPECT_THROW(
+      ArrayDataset({{"a", DType::f32, {2}}}, {std::span<const std::byte>(data)}, 2, nullptr),
+      std::invalid_argument);
   EXPECT_THROW(ArrayDataset({{"a", DType::u8, {5}}}, {}, 2, nullptr), std::invalid_argument);
 }
 

@@ -24,8 +24,7 @@ class IndexDataset : public Dataset {
 
   std::size_t size() const override { return n_; }
   std::vector<FieldSpec> fields() const override {
-    return {{"index", DType::i64, {}},
-            {"data", DType::u8, {static_cast<std::int64_t>(payload_)}}};
+    return {{"index", DType::i64, {}}, {"data", DType::u8, {static_cast<std::int64_t>(payload_)}}};
   }
   void read(std::size_t index, const SampleOut& out) const override {
     reads.fetch_add(1, std::memory_order_relaxed);

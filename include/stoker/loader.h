@@ -106,7 +106,7 @@ class Batch {
     return {reinterpret_cast<T*>(b.data()), b.size() / sizeof(T)};
   }
 
-  std::span<const std::size_t> indices() const noexcept;  // data set index of each row
+  std::span<const std::size_t> indices() const noexcept;    // data set index of each row
   std::span<const SkippedSample> skipped() const noexcept;  // replaced rows (skip policy)
 
  private:
@@ -126,8 +126,8 @@ struct Position {
 };
 
 struct Stats {
-  std::chrono::nanoseconds elapsed{0};        // since the first next()
-  std::uint64_t batches = 0;                  // handed out
+  std::chrono::nanoseconds elapsed{0};  // since the first next()
+  std::uint64_t batches = 0;            // handed out
   std::uint64_t samples = 0;
   std::uint64_t bytes = 0;                    // batch bytes handed out
   std::chrono::nanoseconds consumer_wait{0};  // time next() blocked waiting for data

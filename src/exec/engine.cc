@@ -104,7 +104,7 @@ void Engine::worker_main(Worker* self) {
           if (order_busy_) {
             lock.wait(work_cv_);
           } else {
-            compute_order(lock);
+            compute_order();
           }
           continue;  // the lock was released: look again
         }
@@ -114,7 +114,7 @@ void Engine::worker_main(Worker* self) {
         lock.wait(work_cv_);
         continue;
       }
-      run_chunk(lock, slab, worker_busy_ns_);
+      run_chunk(slab, worker_busy_ns_);
     }
     --running_workers_;
   }
@@ -135,12 +135,13 @@ bool Engine::can_open() const {
 
 bool Engine::order_ready() const { return has_order_ && order_epoch_ == open_epoch_; }
 
-void Engine::compute_order(MutexLock& lock) {
+void Engine::compute_order() {
   order_busy_ = true;
   const std::uint64_t epoch = open_epoch_;
-  lock.unlock();
-  epoch_order(config_.order, epoch, order_scratch_);
-  lock.lock();
+  {
+    MutexUnlock unlocked(mu_);
+    epoch_order(config_.order, epoch, order_scratch_);
+  }
   order_busy_ = false;
   std::swap(order_, order_scratch_);
   order_epoch_ = epoch;
@@ -173,18 +174,19 @@ Slab* Engine::open_next() {
   return slab;
 }
 
-void Engine::run_chunk(MutexLock& lock, Slab* slab, std::atomic<std::int64_t>& busy_ns) {
+void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
   const std::size_t begin = slab->next_chunk++ * slab->chunk_rows;
   const std::size_t end = std::min(begin + slab->chunk_rows, slab->size);
-  lock.unlock();
-  const auto start = Clock::now();
-  for (std::size_t row = begin; row < end; ++row) {
-    // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
-    if (slab->cancelled.load(std::memory_order_relaxed)) break;
-    read_row(slab, row);
+  {
+    MutexUnlock unlocked(mu_);
+    const auto start = Clock::now();
+    for (std::size_t row = begin; row < end; ++row) {
+      // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
+      if (slab->cancelled.load(std::memory_order_relaxed)) break;
+      read_row(slab, row);
+    }
+    busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
   }
-  busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
-  lock.lock();
   ++slab->chunks_done;
   if (slab->cancelled.load(std::memory_order_relaxed)) {
     // Already out of the queue; the last chunk in progress returns the slab.
@@ -202,8 +204,8 @@ void Engine::read_row(Slab* slab, std::size_t row) {
   for (std::size_t attempt = 0;; ++attempt) {
     try {
       const std::uint64_t seed = mix(config_.order.seed, slab->epoch, index);
-      config_.dataset->read(index, SampleOut(pool_->field_bytes(), slab->field_bases.data(), row,
-                                             seed));
+      config_.dataset->read(index,
+                            SampleOut(pool_->field_bytes(), slab->field_bases.data(), row, seed));
       slab->indices[row] = index;
       return;
     } catch (...) {
@@ -249,6 +251,23 @@ void Engine::cancel_in_flight() {
 }
 
 std::optional<Batch> Engine::next() {
+  Slab* slab = take_head();
+  if (slab == nullptr) return std::nullopt;
+  if (slab->failure) {
+    SampleFailure failure = std::move(*slab->failure);
+    pool_->release(slab);
+    throw SampleError(failure.index, failure.cause, failure.reason);
+  }
+  std::size_t bytes = 0;
+  for (std::size_t b : pool_->field_bytes()) bytes += b * slab->size;
+  batches_.fetch_add(1, std::memory_order_relaxed);
+  samples_.fetch_add(slab->size, std::memory_order_relaxed);
+  bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  skipped_.fetch_add(slab->skipped.size(), std::memory_order_relaxed);
+  return Batch(pool_, slab);
+}
+
+Slab* Engine::take_head() {
   MutexLock lock(mu_);
   if (!started_set_) {
     started_ = Clock::now();
@@ -258,7 +277,7 @@ std::optional<Batch> Engine::next() {
     ++epoch_;
     delivered_ = 0;
     work_cv_.notify_all();  // workers may now run one more epoch ahead
-    return std::nullopt;
+    return nullptr;
   }
   ready_seen_sum_.fetch_add(ready_, std::memory_order_relaxed);
   while (head_ == nullptr || !head_->ready()) {
@@ -267,13 +286,13 @@ std::optional<Batch> Engine::next() {
       Slab* slab = claimable(/*head_only=*/true);
       if (slab == nullptr && head_ == nullptr && can_open()) {
         if (!order_ready() && !order_busy_) {
-          compute_order(lock);
+          compute_order();
           continue;
         }
         if (order_ready()) slab = open_next();
       }
       if (slab != nullptr) {
-        run_chunk(lock, slab, inline_busy_ns_);
+        run_chunk(slab, inline_busy_ns_);
         continue;
       }
     }
@@ -290,20 +309,7 @@ std::optional<Batch> Engine::next() {
   --ready_;
   ++delivered_;
   work_cv_.notify_one();
-  lock.unlock();
-
-  if (slab->failure) {
-    SampleFailure failure = std::move(*slab->failure);
-    pool_->release(slab);
-    throw SampleError(failure.index, failure.cause, failure.reason);
-  }
-  std::size_t bytes = 0;
-  for (std::size_t b : pool_->field_bytes()) bytes += b * slab->size;
-  batches_.fetch_add(1, std::memory_order_relaxed);
-  samples_.fetch_add(slab->size, std::memory_order_relaxed);
-  bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  skipped_.fetch_add(slab->skipped.size(), std::memory_order_relaxed);
-  return Batch(pool_, slab);
+  return slab;
 }
 
 void Engine::restart(Position position) {

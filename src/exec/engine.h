@@ -71,18 +71,20 @@ class Engine {
   };
 
   void worker_main(Worker* self) STOKER_EXCLUDES(mu_);
+  // Waits for the head batch (reading it inline when there are no workers) and takes it out
+  // of the queue; null at the end of the epoch, which it also steps past.
+  Slab* take_head() STOKER_EXCLUDES(mu_);
   // A slab with an unclaimed chunk: the head only, or the oldest in the queue.
   Slab* claimable(bool head_only) const STOKER_REQUIRES(mu_);
   bool can_open() const STOKER_REQUIRES(mu_);
   // Whether order_ holds the order of the epoch the next batch to open belongs to.
   bool order_ready() const STOKER_REQUIRES(mu_);
   // Computes that order with mu_ released (callers look at the state again afterwards).
-  void compute_order(MutexLock& lock) STOKER_REQUIRES(mu_);
+  void compute_order() STOKER_REQUIRES(mu_);
   // Opens the next batch in sample order; requires can_open() and order_ready().
   Slab* open_next() STOKER_REQUIRES(mu_);
   // Claims one chunk of `slab`, reads its rows with mu_ released, and marks it done.
-  void run_chunk(MutexLock& lock, Slab* slab, std::atomic<std::int64_t>& busy_ns)
-      STOKER_REQUIRES(mu_);
+  void run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) STOKER_REQUIRES(mu_);
   void read_row(Slab* slab, std::size_t row);
   // Records a failed read. Returns true if the row should be retried with another sample.
   bool on_failure(Slab* slab, std::size_t row, std::size_t index, std::size_t attempt);

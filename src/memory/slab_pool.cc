@@ -26,9 +26,7 @@ class PageableAllocator final : public HostAllocator {
     if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);
     return static_cast<std::byte*>(p);
   }
-  void deallocate(std::byte* memory, std::size_t bytes) noexcept override {
-    munmap(memory, bytes);
-  }
+  void deallocate(std::byte* memory, std::size_t bytes) noexcept override { munmap(memory, bytes); }
 };
 
 }  // namespace

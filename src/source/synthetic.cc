@@ -60,22 +60,36 @@ SyntheticDataset::SyntheticDataset(Options options) : options_(std::move(options
 void SyntheticDataset::read(std::size_t index, const SampleOut& out) const {
   if (index >= options_.samples) {
     throw std::out_of_range("stoker::SyntheticDataset: index " + std::to_string(index) +
-                            " out of range for " + std::to_string(options_.samples) +
-                            " samples");
+                            " out of range for " + std::to_string(options_.samples) + " samples");
   }
   if (options_.latency.count() > 0) std::this_thread::sleep_for(options_.latency);
   if (options_.cpu_work.count() > 0) spin_for(options_.cpu_work);
   for (std::size_t f = 0; f < options_.fields.size(); ++f) {
     switch (options_.fields[f].dtype) {
-      case DType::u8: fill_u8(out.as<std::uint8_t>(f), index); break;
-      case DType::i8: fill_int(out.as<std::int8_t>(f), index, options_.classes); break;
-      case DType::i16: fill_int(out.as<std::int16_t>(f), index, options_.classes); break;
-      case DType::i32: fill_int(out.as<std::int32_t>(f), index, options_.classes); break;
-      case DType::i64: fill_int(out.as<std::int64_t>(f), index, options_.classes); break;
-      case DType::f32: fill_float(out.as<float>(f), index); break;
-      case DType::f64: fill_float(out.as<double>(f), index); break;
+      case DType::u8:
+        fill_u8(out.as<std::uint8_t>(f), index);
+        break;
+      case DType::i8:
+        fill_int(out.as<std::int8_t>(f), index, options_.classes);
+        break;
+      case DType::i16:
+        fill_int(out.as<std::int16_t>(f), index, options_.classes);
+        break;
+      case DType::i32:
+        fill_int(out.as<std::int32_t>(f), index, options_.classes);
+        break;
+      case DType::i64:
+        fill_int(out.as<std::int64_t>(f), index, options_.classes);
+        break;
+      case DType::f32:
+        fill_float(out.as<float>(f), index);
+        break;
+      case DType::f64:
+        fill_float(out.as<double>(f), index);
+        break;
       case DType::f16:
-      case DType::bf16: break;  // refused by the constructor
+      case DType::bf16:
+        break;  // refused by the constructor
     }
   }
 }

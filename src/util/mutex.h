@@ -29,20 +29,17 @@ class STOKER_CAPABILITY("mutex") Mutex {
 
  private:
   friend class MutexLock;
+  friend class MutexUnlock;
   std::mutex mu_;
 };
 
-// Holds a Mutex for its scope; can be released and re-taken inside it (to run work unlocked)
-// and waits on condition variables.
+// Holds a Mutex for its scope and waits on condition variables.
 class STOKER_SCOPED_CAPABILITY MutexLock {
  public:
   explicit MutexLock(Mutex& mu) STOKER_ACQUIRE(mu) : lock_(mu.mu_) {}
   ~MutexLock() STOKER_RELEASE() = default;
   MutexLock(const MutexLock&) = delete;
   MutexLock& operator=(const MutexLock&) = delete;
-
-  void lock() STOKER_ACQUIRE() { lock_.lock(); }
-  void unlock() STOKER_RELEASE() { lock_.unlock(); }
 
   // Callers loop on their own condition (predicates would hide guarded reads from the analysis).
   void wait(std::condition_variable& cv) { cv.wait(lock_); }
@@ -54,6 +51,18 @@ class STOKER_SCOPED_CAPABILITY MutexLock {
 
  private:
   std::unique_lock<std::mutex> lock_;
+};
+
+// Releases a held Mutex for its scope (to run work unlocked) and takes it back at the end.
+class STOKER_SCOPED_CAPABILITY MutexUnlock {
+ public:
+  explicit MutexUnlock(Mutex& mu) STOKER_RELEASE(mu) : mu_(mu) { mu_.mu_.unlock(); }
+  ~MutexUnlock() STOKER_RELEASE() { mu_.mu_.lock(); }
+  MutexUnlock(const MutexUnlock&) = delete;
+  MutexUnlock& operator=(const MutexUnlock&) = delete;
+
+ private:
+  Mutex& mu_;
 };
 
 }  // namespace stoker::detail

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds stoker and runs every test: formatting, the release build, ASan+UBSan and TSan
+# builds (TSan with clang, which also checks the lock annotations), and a benchmark smoke run.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+apt_install "${BUILD_PACKAGES[@]}" clang clang-format
+
+echo "== format"
+git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
+
+echo "== release build and tests"
+build build -DCMAKE_BUILD_TYPE=Release
+ctest --test-dir build --output-on-failure -j "$JOBS"
+
+echo "== ASan + UBSan"
+build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=address,undefined \
+  -DSTOKER_BUILD_TOOLS=OFF
+ctest --test-dir build-asan --output-on-failure -j "$JOBS"
+
+echo "== TSan (clang, -Wthread-safety)"
+build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
+  -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
+ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
+
+echo "== benchmark smoke run (checks the harness; measures nothing)"
+./build/stoker bench --smoke --no-baseline --json >/dev/null
+python3 -m py_compile bench/torch_dataloader.py
+
+echo "== all tests passed"
