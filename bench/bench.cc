@@ -1,6 +1,7 @@
 #include "bench.h"
 
 #include <fmt/core.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -198,28 +199,46 @@ std::string shell_quote(const std::string& s) {
   return out + "'";
 }
 
-// Runs the PyTorch side; returns its JSON, or an error message.
+std::string read_file(const std::string& path) {
+  std::string text;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
+    std::fclose(f);
+  }
+  return text;
+}
+
+// Runs the PyTorch side; returns its JSON, or an error message. Its progress on stderr is kept
+// in a temporary file and shown only if it fails (or with --verbose).
 std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::string& error) {
   const std::string script = o.baseline_script.empty()
                                  ? std::string(STOKER_SOURCE_DIR) + "/bench/torch_dataloader.py"
                                  : o.baseline_script;
-  const std::string cmd = fmt::format(
-      "{} {} --workload {} --samples {} --epochs {} --batch-size {} --latency-ms {} "
-      "--consumer-ms {}",
-      shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs, w.batch_size,
-      w.latency_ms, w.consumer_ms);
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-  if (!pipe) {
-    error = "cannot start " + cmd;
+  char log_path[] = "/tmp/stoker-baseline-XXXXXX";
+  const int log_fd = mkstemp(log_path);
+  if (log_fd < 0) {
+    error = "cannot create a temporary file for the baseline's log";
     return std::nullopt;
   }
+  close(log_fd);
+  const std::string cmd = fmt::format(
+      "{} {} --workload {} --samples {} --epochs {} --batch-size {} --latency-ms {} "
+      "--consumer-ms {} 2>{}",
+      shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs, w.batch_size,
+      w.latency_ms, w.consumer_ms, o.verbose ? "&2" : log_path);
   std::string out;
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe.get())) out.append(buf, n);
-  const int status = pclose(pipe.release());
+  int status = -1;
+  if (FILE* pipe = popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
+    status = pclose(pipe);
+  }
+  const std::string log = read_file(log_path);
+  std::remove(log_path);
   if (status != 0) {
     error =
-        fmt::format("`{}` failed (status {}); is torch installed for {}?", cmd, status, o.python);
+        fmt::format("the PyTorch baseline failed (is torch installed for {}?):\n{}", o.python, log);
     return std::nullopt;
   }
   try {
@@ -241,7 +260,7 @@ std::shared_ptr<const Dataset> make_dataset(const Workload& w) {
 }
 
 void print_row(const std::string& who, double sps, double gbps, double first_ms, double wait) {
-  fmt::print("  {:<26} {:>12.0f} {:>9.2f} {:>13.1f} {:>8.1f}\n", who, sps, gbps, first_ms, wait);
+  fmt::print("  {:<34} {:>12.0f} {:>9.2f} {:>15.1f} {:>8.1f}\n", who, sps, gbps, first_ms, wait);
 }
 
 json run_workload(const Workload& w, const BenchOptions& o) {
@@ -290,7 +309,7 @@ json run_workload(const Workload& w, const BenchOptions& o) {
   }
 
   if (!o.json) {
-    fmt::print("  {:<26} {:>12} {:>9} {:>13} {:>8}\n", "", "samples/s", "GB/s", "first batch ms",
+    fmt::print("  {:<34} {:>12} {:>9} {:>15} {:>8}\n", "", "samples/s", "GB/s", "first batch ms",
                "wait %");
     print_row(fmt::format("stoker (workers {})", m.workers), m.samples_per_s, m.gb_per_s,
               m.first_batch_ms, m.wait_pct);

@@ -13,6 +13,7 @@ struct BenchOptions {
   bool json = false;
   bool smoke = false;    // small sizes: checks the harness, measures nothing
   bool baseline = true;  // run the PyTorch side
+  bool verbose = false;  // show the PyTorch side's progress
   std::string python = "python3";
   std::string baseline_script;  // default: bench/torch_dataloader.py in the source tree
   std::size_t workers = 0;      // 0: the workload's default

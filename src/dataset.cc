@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "memory/stream_copy.h"
+
 namespace stoker {
 
 std::size_t dtype_size(DType dtype) {
@@ -55,6 +57,16 @@ std::size_t FieldSpec::elements() const {
 }
 
 std::size_t FieldSpec::bytes() const { return elements() * dtype_size(dtype); }
+
+void SampleOut::copy_from(std::size_t field, std::span<const std::byte> src) const {
+  const auto dst = bytes(field);
+  if (dst.size() != src.size()) {
+    throw std::invalid_argument("stoker::SampleOut::copy_from: field " + std::to_string(field) +
+                                " has " + std::to_string(dst.size()) + " bytes, the source " +
+                                std::to_string(src.size()));
+  }
+  detail::stream_copy(dst.data(), src.data(), src.size());
+}
 
 void SampleOut::throw_bad_field(std::size_t field) const {
   throw std::out_of_range("stoker::SampleOut: field " + std::to_string(field) +

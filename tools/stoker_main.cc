@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   cmd->add_flag("--json", bench.json, "Print one JSON object instead of tables");
   cmd->add_flag("--smoke", bench.smoke, "Tiny sizes: check that everything runs");
   cmd->add_flag("!--no-baseline", bench.baseline, "Skip the PyTorch DataLoader side");
+  cmd->add_flag("-v,--verbose", bench.verbose, "Show the PyTorch side's progress");
   cmd->add_option("--python", bench.python, "Python with torch for the baseline");
   cmd->add_option("--baseline-script", bench.baseline_script, "Path to torch_dataloader.py");
   cmd->add_option("--workers", bench.workers, "stoker worker threads (default per workload)");

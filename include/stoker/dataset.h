@@ -53,6 +53,10 @@ class SampleOut {
     return {reinterpret_cast<T*>(b.data()), b.size() / sizeof(T)};
   }
 
+  // Copies `src` into field `field`; throws std::invalid_argument if the sizes differ. Large
+  // copies bypass the cache (the row is read later by another thread or the device).
+  void copy_from(std::size_t field, std::span<const std::byte> src) const;
+
   // Seed for this sample's random choices (augmentation), a pure function of the loader's
   // seed, the epoch and the sample index: results do not depend on workers or timing.
   std::uint64_t seed() const noexcept { return seed_; }
@@ -83,6 +87,11 @@ class Dataset {
   // Writes sample `index` (< size()) into `out`. Throws on failure; the loader reports the
   // exception, with its type kept, together with the sample index (see SampleError).
   virtual void read(std::size_t index, const SampleOut& out) const = 0;
+
+  // A hint, called just before the previous sample is read: `index` is read next by this
+  // thread. A dataset whose bytes are in memory can start bringing them into cache, which
+  // overlaps that sample's memory latency with the current copy. Default: nothing.
+  virtual void prefetch(std::size_t /*index*/) const {}
 };
 
 }  // namespace stoker

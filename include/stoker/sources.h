@@ -12,7 +12,7 @@
 namespace stoker {
 
 // Samples held in memory as one contiguous array per field (sample-major: sample i of field f
-// is bytes [i * f.bytes(), (i + 1) * f.bytes())). read() is one memcpy per field.
+// is bytes [i * f.bytes(), (i + 1) * f.bytes())). read() is one copy per field.
 //
 // Thread safety: immutable after construction; read() may be called from any thread.
 class ArrayDataset final : public Dataset {
@@ -29,10 +29,12 @@ class ArrayDataset final : public Dataset {
   std::size_t size() const override { return samples_; }
   std::vector<FieldSpec> fields() const override { return fields_; }
   void read(std::size_t index, const SampleOut& out) const override;
+  void prefetch(std::size_t index) const override;
 
  private:
   std::vector<FieldSpec> fields_;
   std::vector<std::span<const std::byte>> data_;
+  std::vector<std::size_t> field_bytes_;
   std::size_t samples_;
   std::shared_ptr<const void> keep_alive_;
 };

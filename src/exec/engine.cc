@@ -183,6 +183,7 @@ void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
     for (std::size_t row = begin; row < end; ++row) {
       // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
       if (slab->cancelled.load(std::memory_order_relaxed)) break;
+      if (row + 1 < end) config_.dataset->prefetch(slab->indices[row + 1]);
       read_row(slab, row);
     }
     busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
