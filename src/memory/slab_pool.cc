@@ -1,40 +1,17 @@
 #include "memory/slab_pool.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <new>
 
 namespace stoker::detail {
 namespace {
+
+std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
 
 // Each field's array starts on a cache line, so rows written by different workers at a
 // field boundary never share one, and vector loads in consumers are aligned.
 constexpr std::size_t kFieldAlignment = 64;
 
-constexpr std::size_t kHugePage = 2u << 20;
-
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
-
-class PageableAllocator final : public HostAllocator {
- public:
-  std::byte* allocate(std::size_t bytes) override {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    // Pages are faulted in by the workers' first fill of each slab, in parallel and outside
-    // any lock; prefaulting here would put every slab's faults before the first batch.
-    if (bytes >= kHugePage) madvise(p, bytes, MADV_HUGEPAGE);
-    return static_cast<std::byte*>(p);
-  }
-  void deallocate(std::byte* memory, std::size_t bytes) noexcept override { munmap(memory, bytes); }
-};
-
 }  // namespace
-
-std::shared_ptr<HostAllocator> pageable_allocator() {
-  static const auto allocator = std::make_shared<PageableAllocator>();
-  return allocator;
-}
 
 void Slab::reset(std::uint64_t new_epoch, std::size_t new_number, std::size_t new_size) {
   epoch = new_epoch;

@@ -14,24 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "memory/host_allocator.h"
 #include "stoker/loader.h"
 #include "util/mutex.h"
 
 namespace stoker::detail {
-
-// Where slab memory comes from. The pageable allocator is the default; locked and pinned ones
-// plug in here.
-//
-// Thread safety: allocate() and deallocate() may be called from any thread.
-class HostAllocator {
- public:
-  virtual ~HostAllocator() = default;
-  virtual std::byte* allocate(std::size_t bytes) = 0;  // throws std::bad_alloc
-  virtual void deallocate(std::byte* memory, std::size_t bytes) noexcept = 0;
-};
-
-// Page-aligned anonymous memory (mmap); large slabs ask for transparent huge pages.
-std::shared_ptr<HostAllocator> pageable_allocator();
 
 // A failed sample under ErrorPolicy::raise (or past the skip budget).
 struct SampleFailure {

@@ -2,6 +2,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "memory/host_allocator.h"
 #include "stoker/sources.h"
 
 namespace stoker {
@@ -28,21 +29,48 @@ ArrayDataset::ArrayDataset(std::vector<FieldSpec> fields,
   }
 }
 
+namespace {
+
+// Blocks from a HostAllocator, freed together.
+class Blocks {
+ public:
+  explicit Blocks(std::shared_ptr<detail::HostAllocator> allocator)
+      : allocator_(std::move(allocator)) {}
+  ~Blocks() {
+    for (auto b : blocks_) allocator_->deallocate(b.data(), b.size());
+  }
+  Blocks(const Blocks&) = delete;
+  Blocks& operator=(const Blocks&) = delete;
+
+  std::span<std::byte> add(std::size_t bytes) {
+    blocks_.emplace_back(allocator_->allocate(bytes), bytes);
+    return blocks_.back();
+  }
+
+ private:
+  std::shared_ptr<detail::HostAllocator> allocator_;
+  std::vector<std::span<std::byte>> blocks_;
+};
+
+}  // namespace
+
 std::shared_ptr<ArrayDataset> ArrayDataset::materialize(const Dataset& source) {
   auto fields = source.fields();
   const std::size_t n = source.size();
-  auto storage = std::make_shared<std::vector<std::vector<std::byte>>>();
+  // Huge-page backed: shuffled reads touch rows all over the arrays.
+  auto storage = std::make_shared<Blocks>(detail::pageable_allocator());
   std::vector<std::size_t> field_bytes;
   std::vector<std::byte*> bases;
+  std::vector<std::span<const std::byte>> data;
   for (const auto& f : fields) {
-    storage->emplace_back(n * f.bytes());
+    const auto block = storage->add(std::max<std::size_t>(n * f.bytes(), 1)).first(n * f.bytes());
     field_bytes.push_back(f.bytes());
-    bases.push_back(storage->back().data());
+    bases.push_back(block.data());
+    data.emplace_back(block);
   }
   for (std::size_t i = 0; i < n; ++i) {
     source.read(i, SampleOut(field_bytes, bases.data(), i, 0));
   }
-  std::vector<std::span<const std::byte>> data(storage->begin(), storage->end());
   return std::make_shared<ArrayDataset>(std::move(fields), std::move(data), n, storage);
 }
 
