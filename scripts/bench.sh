@@ -14,5 +14,5 @@ if ! .venv/bin/python -c 'import torch, numpy' >/dev/null 2>&1; then
   .venv/bin/pip install -q torch==2.13.0 numpy
 fi
 
-build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=OFF
+build build -DCMAKE_BUILD_TYPE=Release
 ./build/stoker bench --python .venv/bin/python "$@"

@@ -9,7 +9,7 @@ echo "== format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
 echo "== release build and tests"
-build build -DCMAKE_BUILD_TYPE=Release
+build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
 echo "== ASan + UBSan"

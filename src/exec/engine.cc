@@ -75,9 +75,15 @@ void Engine::set_workers(std::size_t workers) {
     return true;
   });
   for (std::size_t i = 0; i < spawn; ++i) {
-    auto worker = std::make_unique<Worker>();
-    worker->thread = std::thread(&Engine::worker_main, this, worker.get());
-    threads_.push_back(std::move(worker));
+    try {
+      auto worker = std::make_unique<Worker>();
+      worker->thread = std::thread(&Engine::worker_main, this, worker.get());
+      threads_.push_back(std::move(worker));
+    } catch (...) {
+      MutexLock lock(mu_);
+      running_workers_ -= spawn - i;  // the ones that never started
+      throw;
+    }
   }
 }
 
@@ -97,28 +103,30 @@ void Engine::worker_main(Worker* self) {
   {
     MutexLock lock(mu_);
     while (!stop_ && running_workers_ <= target_workers_) {
-      Slab* slab = claimable(/*head_only=*/false);
-      if (slab == nullptr && can_open()) {
-        if (!order_ready()) {
-          // One thread computes the epoch's order; the others wait for its wake-up.
-          if (order_busy_) {
-            lock.wait(work_cv_);
-          } else {
-            compute_order();
-          }
-          continue;  // the lock was released: look again
-        }
-        slab = open_next();
-      }
-      if (slab == nullptr) {
+      bool look_again = false;
+      Slab* slab = find_work(/*head_only=*/false, look_again);
+      if (slab != nullptr) {
+        run_chunk(slab, worker_busy_ns_);
+      } else if (!look_again) {
         lock.wait(work_cv_);
-        continue;
       }
-      run_chunk(slab, worker_busy_ns_);
     }
     --running_workers_;
   }
   self->done.store(true, std::memory_order_release);
+}
+
+Slab* Engine::find_work(bool head_only, bool& look_again) {
+  look_again = false;
+  if (Slab* slab = claimable(head_only)) return slab;
+  if ((head_only && head_ != nullptr) || !can_open()) return nullptr;
+  if (order_ready()) return open_next();
+  // One thread computes the epoch's order; the others wait for its wake-up.
+  if (!order_busy_) {
+    compute_order();
+    look_again = true;  // the lock was released meanwhile
+  }
+  return nullptr;
 }
 
 Slab* Engine::claimable(bool head_only) const {
@@ -130,7 +138,8 @@ Slab* Engine::claimable(bool head_only) const {
 }
 
 bool Engine::can_open() const {
-  return !stop_ && batches_per_epoch_ > 0 && in_flight_ < depth_ && open_epoch_ <= epoch_ + 1;
+  return !stop_ && !fatal_ && batches_per_epoch_ > 0 && in_flight_ < depth_ &&
+         open_epoch_ <= epoch_ + 1;
 }
 
 bool Engine::order_ready() const { return has_order_ && order_epoch_ == open_epoch_; }
@@ -138,9 +147,13 @@ bool Engine::order_ready() const { return has_order_ && order_epoch_ == open_epo
 void Engine::compute_order() {
   order_busy_ = true;
   const std::uint64_t epoch = open_epoch_;
-  {
+  try {
     MutexUnlock unlocked(mu_);
     epoch_order(config_.order, epoch, order_scratch_);
+  } catch (...) {
+    order_busy_ = false;
+    fail(std::current_exception());
+    return;
   }
   order_busy_ = false;
   std::swap(order_, order_scratch_);
@@ -149,8 +162,19 @@ void Engine::compute_order() {
   wake_all();
 }
 
+void Engine::fail(std::exception_ptr error) {
+  if (!fatal_) fatal_ = std::move(error);
+  wake_all();
+}
+
 Slab* Engine::open_next() {
-  Slab* slab = pool_->acquire();
+  Slab* slab = nullptr;
+  try {
+    slab = pool_->acquire();
+  } catch (...) {
+    fail(std::current_exception());
+    return nullptr;
+  }
   const std::size_t first = open_batch_ * config_.batch_size;
   const std::size_t size = std::min(config_.batch_size, samples_per_epoch_ - first);
   slab->reset(open_epoch_, open_batch_, size);
@@ -280,22 +304,24 @@ Slab* Engine::take_head() {
     work_cv_.notify_all();  // workers may now run one more epoch ahead
     return nullptr;
   }
+  if (fatal_reported_) {
+    fatal_ = nullptr;
+    fatal_reported_ = false;
+    work_cv_.notify_all();
+  }
   ready_seen_sum_.fetch_add(ready_, std::memory_order_relaxed);
   while (head_ == nullptr || !head_->ready()) {
     if (target_workers_ == 0) {
-      // Inline: the consumer reads the batch itself.
-      Slab* slab = claimable(/*head_only=*/true);
-      if (slab == nullptr && head_ == nullptr && can_open()) {
-        if (!order_ready() && !order_busy_) {
-          compute_order();
-          continue;
-        }
-        if (order_ready()) slab = open_next();
-      }
-      if (slab != nullptr) {
-        run_chunk(slab, inline_busy_ns_);
-        continue;
-      }
+      // Inline: the consumer reads the head batch itself.
+      bool look_again = false;
+      Slab* slab = find_work(/*head_only=*/true, look_again);
+      if (slab != nullptr) run_chunk(slab, inline_busy_ns_);
+      if (slab != nullptr || look_again) continue;
+    }
+    if (head_ == nullptr && fatal_) {
+      // Nothing in flight can complete: report the failure; the next call tries again.
+      fatal_reported_ = true;
+      std::rethrow_exception(fatal_);
     }
     const auto start = Clock::now();
     lock.wait(ready_cv_);

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -74,6 +75,10 @@ class Engine {
   // Waits for the head batch (reading it inline when there are no workers) and takes it out
   // of the queue; null at the end of the epoch, which it also steps past.
   Slab* take_head() STOKER_EXCLUDES(mu_);
+  // A batch with a chunk to run: an open one (only the head, for the inline consumer), or the
+  // next one opened. Null if there is none now; sets `look_again` if the lock was released
+  // meanwhile (to compute an epoch's order), so the caller must look again before waiting.
+  Slab* find_work(bool head_only, bool& look_again) STOKER_REQUIRES(mu_);
   // A slab with an unclaimed chunk: the head only, or the oldest in the queue.
   Slab* claimable(bool head_only) const STOKER_REQUIRES(mu_);
   bool can_open() const STOKER_REQUIRES(mu_);
@@ -81,8 +86,13 @@ class Engine {
   bool order_ready() const STOKER_REQUIRES(mu_);
   // Computes that order with mu_ released (callers look at the state again afterwards).
   void compute_order() STOKER_REQUIRES(mu_);
-  // Opens the next batch in sample order; requires can_open() and order_ready().
+  // Opens the next batch in sample order; requires can_open() and order_ready(). Returns null
+  // if no slab could be had (see fail()).
   Slab* open_next() STOKER_REQUIRES(mu_);
+  // A failure not tied to a sample (no memory for a slab or an order): no more batches are
+  // opened, and the consumer gets the error once nothing in flight is left to hand out; its
+  // following next() clears it and opening resumes.
+  void fail(std::exception_ptr error) STOKER_REQUIRES(mu_);
   // Claims one chunk of `slab`, reads its rows with mu_ released, and marks it done.
   void run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) STOKER_REQUIRES(mu_);
   void read_row(Slab* slab, std::size_t row);
@@ -115,6 +125,8 @@ class Engine {
   Slab* tail_ STOKER_GUARDED_BY(mu_) = nullptr;
   std::size_t in_flight_ STOKER_GUARDED_BY(mu_) = 0;
   std::size_t ready_ STOKER_GUARDED_BY(mu_) = 0;
+  std::exception_ptr fatal_ STOKER_GUARDED_BY(mu_);
+  bool fatal_reported_ STOKER_GUARDED_BY(mu_) = false;  // thrown from next(): retry on the next
 
   // The sample order of epoch order_epoch_ (valid when has_order_).
   std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);
