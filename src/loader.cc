@@ -5,9 +5,11 @@
 #include <string>
 #include <utility>
 
+#include "device/device_stage.h"
 #include "exec/engine.h"
 #include "memory/slab_pool.h"
 #include "sampler/sampler.h"
+#include "util/log.h"
 
 namespace stoker {
 namespace {
@@ -23,6 +25,7 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
   if (!o.dataset) invalid("dataset is null");
   if (o.batch_size == 0) invalid("batch_size must be at least 1");
   if (o.depth == 0) invalid("depth must be at least 1");
+  if (o.device_depth == 0) invalid("device_depth must be at least 1");
   if (o.workers > kMaxWorkers) {
     invalid("workers = " + std::to_string(o.workers) + " is more than " +
             std::to_string(kMaxWorkers));
@@ -42,11 +45,53 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
   }
 }
 
+// The backend named by `device`, or null for the CPU (asked for, or no CUDA device answers).
+std::unique_ptr<detail::DeviceBackend> open_device(const LoaderOptions& o) {
+  if (o.device == "cpu") return nullptr;
+  if (o.device == "sim") return detail::open_sim(o.sim);
+  int ordinal = 0;
+  if (o.device.starts_with("cuda:")) {
+    const std::string n = o.device.substr(5);
+    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) {
+      invalid("device '" + o.device + "': expected cuda:N");
+    }
+    ordinal = std::stoi(n);
+  } else if (o.device != "cuda") {
+    invalid("device '" + o.device + "' is not one of cpu, cuda, cuda:N, sim");
+  }
+  std::string why;
+  auto backend = detail::open_cuda(ordinal, why);
+  if (!backend) {
+    detail::log(LogLevel::warning, "device '" + o.device + "' asked for, but no CUDA device " +
+                                       "answers (" + why + "); batches stay in host memory");
+  }
+  return backend;
+}
+
+detail::SlabMemory slab_memory(const LoaderOptions& o, detail::DeviceBackend* backend) {
+  detail::SlabMemory memory;
+  memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
+  if (o.pin_memory == PinMemory::off) return memory;
+  if (backend) {
+    memory.locked = backend->pinned_allocator();
+  } else if (o.pin_memory == PinMemory::on) {
+    memory.locked = detail::locked_allocator();
+  }
+  return memory;
+}
+
 }  // namespace
 
 Loader::Loader(LoaderOptions options) {
   const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
   validate(options, fields);
+  auto backend = open_device(options);
+  auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
+                                                 slab_memory(options, backend.get()));
+  stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
+                                             options.stream)
+                   : detail::make_host_stage();
+
   detail::EngineConfig config;
   config.order = {options.dataset->size(), options.shuffle, options.seed, options.shard};
   config.dataset = std::move(options.dataset);
@@ -56,16 +101,24 @@ Loader::Loader(LoaderOptions options) {
   config.depth = options.depth;
   config.on_error = options.on_error;
   config.max_skipped = options.max_skipped;
-  auto pool =
-      std::make_shared<detail::SlabPool>(fields, options.batch_size, detail::pageable_allocator());
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
 }
 
-Loader::~Loader() = default;
+Loader::~Loader() {
+  stage_.reset();  // batches taken ahead go back before the engine stops
+  engine_.reset();
+}
 
-std::optional<Batch> Loader::next() { return engine_->next(); }
-void Loader::set_epoch(std::uint64_t epoch) { engine_->restart({epoch, 0}); }
-Position Loader::position() const { return engine_->position(); }
+std::optional<Batch> Loader::next() { return stage_->next(*engine_); }
+void Loader::set_epoch(std::uint64_t epoch) { restart({epoch, 0}); }
+Position Loader::position() const { return stage_->position(*engine_); }
+
+void Loader::restart(Position position) {
+  const Position now = this->position();
+  if (now.epoch == position.epoch && now.batch == position.batch) return;  // keep the prefetch
+  stage_->reset(position);
+  engine_->restart(position);
+}
 
 void Loader::restore(const Position& position) {
   if (position.batch > engine_->batches_per_epoch()) {
@@ -73,7 +126,7 @@ void Loader::restore(const Position& position) {
                                 " is past the " + std::to_string(engine_->batches_per_epoch()) +
                                 " batches of an epoch");
   }
-  engine_->restart(position);
+  restart(position);
 }
 
 std::size_t Loader::batches_per_epoch() const { return engine_->batches_per_epoch(); }
@@ -87,24 +140,39 @@ void Loader::set_workers(std::size_t workers) {
   engine_->set_workers(workers);
 }
 void Loader::set_depth(std::size_t depth) { engine_->set_depth(depth); }
-Stats Loader::stats() const { return engine_->stats(); }
+Stats Loader::stats() const {
+  Stats s = engine_->stats();
+  stage_->add_stats(s);
+  return s;
+}
 
 // --- Batch ---------------------------------------------------------------------------------
 
 Batch::Batch(Batch&& other) noexcept
-    : pool_(std::move(other.pool_)), slab_(std::exchange(other.slab_, nullptr)) {}
+    : pool_(std::move(other.pool_)),
+      slab_(std::exchange(other.slab_, nullptr)),
+      device_(std::move(other.device_)),
+      slot_(std::exchange(other.slot_, nullptr)) {}
 
 Batch& Batch::operator=(Batch&& other) noexcept {
   if (this != &other) {
     release();
     pool_ = std::move(other.pool_);
     slab_ = std::exchange(other.slab_, nullptr);
+    device_ = std::move(other.device_);
+    slot_ = std::exchange(other.slot_, nullptr);
   }
   return *this;
 }
 
 void Batch::release() noexcept {
-  if (slab_ != nullptr) pool_->release(std::exchange(slab_, nullptr));
+  if (slot_ != nullptr) {
+    device_->release(std::exchange(slot_, nullptr));  // the slot owns the host slab
+    slab_ = nullptr;
+  } else if (slab_ != nullptr) {
+    pool_->release(std::exchange(slab_, nullptr));
+  }
+  device_.reset();
   pool_.reset();
 }
 
@@ -123,6 +191,30 @@ std::size_t Batch::field_index(std::string_view name) const {
 
 std::span<std::byte> Batch::bytes(std::size_t field) const noexcept {
   return {slab_->field_bases[field], slab_->size * pool_->field_bytes()[field]};
+}
+
+void* Batch::data(std::size_t field) const noexcept {
+  std::byte* host = slab_->field_bases[field];
+  if (!on_device(field)) return host;
+  return slot_->memory + (host - slab_->memory);
+}
+
+bool Batch::on_device(std::size_t field) const noexcept {
+  return slot_ != nullptr && !pool_->fields()[field].host_only;
+}
+
+std::string_view Batch::device() const noexcept {
+  return device_ ? std::string_view(device_->name()) : std::string_view("cpu");
+}
+
+void Batch::wait(void* stream) {
+  if (slot_ == nullptr) return;
+  device_->backend().stream_wait(stream, *slot_->copied);
+  slot_->stream = stream;
+}
+
+void Batch::synchronize() {
+  if (slot_ != nullptr) device_->backend().synchronize(*slot_->copied);
 }
 
 std::span<const std::size_t> Batch::indices() const noexcept {

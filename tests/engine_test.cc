@@ -15,6 +15,7 @@ namespace {
 class RationedAllocator final : public HostAllocator {
  public:
   explicit RationedAllocator(int allowed) : budget(allowed) {}
+  MemoryKind kind() const override { return MemoryKind::pageable; }
   std::byte* allocate(std::size_t bytes) override {
     if (budget.fetch_sub(1) <= 0) throw std::bad_alloc();
     return static_cast<std::byte*>(::operator new(bytes));
@@ -27,7 +28,9 @@ TEST(Engine, OutOfMemoryForASlabIsReportedAndRetried) {
   for (std::size_t workers : {0, 2}) {
     auto ds = std::make_shared<testing::IndexDataset<>>(100);
     auto allocator = std::make_shared<RationedAllocator>(3);  // the up-front depth + 1
-    auto pool = std::make_shared<SlabPool>(ds->fields(), 10, allocator);
+    SlabMemory memory;
+    memory.pageable = allocator;
+    auto pool = std::make_shared<SlabPool>(ds->fields(), 10, memory);
     EngineConfig config;
     config.dataset = ds;
     config.order = {100, false, 0, Shard{}};

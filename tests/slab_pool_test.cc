@@ -12,7 +12,7 @@ std::vector<FieldSpec> fields() {
 }
 
 TEST(SlabPool, LaysOutOneAlignedArrayPerField) {
-  SlabPool pool(fields(), 10, pageable_allocator());
+  SlabPool pool(fields(), 10);
   Slab* slab = pool.acquire();
   ASSERT_EQ(slab->field_bases.size(), 2u);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->memory) % 4096, 0u);
@@ -25,7 +25,7 @@ TEST(SlabPool, LaysOutOneAlignedArrayPerField) {
 }
 
 TEST(SlabPool, RecyclesBeforeAllocating) {
-  SlabPool pool(fields(), 4, pageable_allocator());
+  SlabPool pool(fields(), 4);
   pool.reserve(3);
   EXPECT_EQ(pool.slabs(), 3u);
   Slab* a = pool.acquire();
@@ -41,7 +41,7 @@ TEST(SlabPool, RecyclesBeforeAllocating) {
 }
 
 TEST(SlabPool, TrimNeverFreesSlabsInUse) {
-  SlabPool pool(fields(), 4, pageable_allocator());
+  SlabPool pool(fields(), 4);
   Slab* a = pool.acquire();
   Slab* b = pool.acquire();
   pool.trim(0);

@@ -22,6 +22,8 @@ struct FieldSpec {
   std::string name;
   DType dtype = DType::u8;
   std::vector<std::int64_t> shape;
+  // Stays in host memory when batches go to a device (metadata such as ids or sizes).
+  bool host_only = false;
 
   std::size_t elements() const;  // product of shape (1 for a scalar)
   std::size_t bytes() const;     // elements() * dtype_size(dtype)

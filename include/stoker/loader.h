@@ -22,6 +22,10 @@ namespace detail {
 class Engine;
 struct Slab;
 class SlabPool;
+class CopyStage;
+class DeviceStage;
+struct DeviceSlot;
+class DeviceSlots;
 }  // namespace detail
 
 enum class ErrorPolicy : std::uint8_t {
@@ -38,6 +42,23 @@ struct Shard {
   bool drop_last = false;  // cut the tail instead of padding (DistributedSampler's drop_last)
 };
 
+// Whether batch slabs are page-locked. Page-locked ("pinned") slabs let the device's copy
+// engine read them directly (no staging copy, and the copy overlaps compute), but every locked
+// byte is taken from the rest of the machine, so stoker never locks more than a budget.
+enum class PinMemory : std::uint8_t {
+  automatic,  // pinned when batches go to a device and the budget allows (default)
+  on,         // pinned for a device, else mlock'ed; still within the budget
+  off,        // ordinary pageable memory
+};
+
+// The simulated device ("sim"): a copy engine and streams with virtual clocks, for testing
+// and benchmarking the device stage on machines without a GPU.
+struct SimDevice {
+  double bandwidth_gb_per_s = 25.0;       // host-to-device copy rate
+  std::chrono::microseconds latency{10};  // per copy
+  double time_scale = 0.0;                // real seconds slept per simulated second
+};
+
 struct LoaderOptions {
   std::shared_ptr<const Dataset> dataset;
   std::size_t batch_size = 1;
@@ -50,6 +71,20 @@ struct LoaderOptions {
   std::size_t workers = 2;
   // Batches in flight (being read or ready, not yet handed out). At least 1.
   std::size_t depth = 4;
+
+  // Where batches are delivered: "cpu" (host slabs), "cuda" or "cuda:N" (copied on a side
+  // stream into recycled device buffers, device_depth batches ahead), or "sim". If no CUDA
+  // device answers, the loader says so once in the log and delivers on the CPU.
+  std::string device = "cpu";
+  std::size_t device_depth = 2;
+  // The consumer's stream (a cudaStream_t, or a SimStream* for "sim"); null is the device's
+  // default stream. next() makes it wait for the batch's copy; see Batch::wait.
+  void* stream = nullptr;
+  PinMemory pin_memory = PinMemory::automatic;
+  // Page-locked slab bytes allowed in the whole process; 0: a quarter of MemAvailable. Past
+  // it, further slabs are pageable (said once in the log).
+  std::size_t pin_budget = 0;
+  SimDevice sim;
 
   ErrorPolicy on_error = ErrorPolicy::raise;
   // With ErrorPolicy::skip: failed samples tolerated over the loader's life; the next one
@@ -99,6 +134,9 @@ class Batch {
   std::span<const FieldSpec> fields() const noexcept;
   std::size_t field_index(std::string_view name) const;  // throws std::out_of_range
 
+  // The field's host bytes. For a batch on a device, fields other than host_only ones live in
+  // device memory: use data() for those (bytes() then still holds the host copy it was made
+  // from, valid while the batch lives).
   std::span<std::byte> bytes(std::size_t field) const noexcept;
   template <class T>
   std::span<T> as(std::size_t field) const noexcept {
@@ -106,16 +144,30 @@ class Batch {
     return {reinterpret_cast<T*>(b.data()), b.size() / sizeof(T)};
   }
 
+  // Where the consumer reads the field: device memory for a batch on a device (unless the field
+  // is host_only), else the host bytes.
+  void* data(std::size_t field) const noexcept;
+  bool on_device(std::size_t field) const noexcept;
+  std::string_view device() const noexcept;  // "cpu", "cuda:0", "sim"
+  // Makes `stream` wait (on the device, not the host) for this batch's copy; next() already did
+  // it for LoaderOptions::stream. Releasing the batch marks its device memory free once the
+  // work queued so far on the last stream passed here (or that one) is done.
+  void wait(void* stream);
+  void synchronize();  // blocks the calling thread until the batch's copy is done
+
   std::span<const std::size_t> indices() const noexcept;    // data set index of each row
   std::span<const SkippedSample> skipped() const noexcept;  // replaced rows (skip policy)
 
  private:
   friend class detail::Engine;
+  friend class detail::CopyStage;
   Batch(std::shared_ptr<detail::SlabPool> pool, detail::Slab* slab) noexcept
       : pool_(std::move(pool)), slab_(slab) {}
 
   std::shared_ptr<detail::SlabPool> pool_;
-  detail::Slab* slab_ = nullptr;
+  detail::Slab* slab_ = nullptr;  // owned unless on a device (then its slot owns it)
+  std::shared_ptr<detail::DeviceSlots> device_;
+  detail::DeviceSlot* slot_ = nullptr;
 };
 
 // Where a loader stands in its sample order: `batch` batches of epoch `epoch` have been handed
@@ -141,6 +193,10 @@ struct Stats {
   double mean_ready_at_next = 0.0;  // ready batches seen by next(), averaged over calls
   std::size_t slabs = 0;            // batch buffers allocated
   std::size_t slab_bytes = 0;       // their total size
+  std::size_t locked_slabs = 0;     // of those, page-locked (pinned or mlock'ed)
+  std::string device;               // where batches are delivered: "cpu", "cuda:0", "sim"
+  std::uint64_t copies = 0;         // host-to-device batch copies issued
+  std::uint64_t copy_bytes = 0;
 
   double samples_per_second() const;
   double bytes_per_second() const;
@@ -180,7 +236,10 @@ class Loader {
   Stats stats() const;
 
  private:
+  void restart(Position position);
+
   std::unique_ptr<detail::Engine> engine_;
+  std::unique_ptr<detail::DeviceStage> stage_;
 };
 
 }  // namespace stoker

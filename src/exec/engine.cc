@@ -275,9 +275,10 @@ void Engine::cancel_in_flight() {
   in_flight_ = 0;
 }
 
-std::optional<Batch> Engine::next() {
-  Slab* slab = take_head();
-  if (slab == nullptr) return std::nullopt;
+Engine::Taken Engine::take(bool wait) {
+  bool end_of_epoch = false;
+  Slab* slab = take_head(wait, end_of_epoch);
+  if (slab == nullptr) return {std::nullopt, end_of_epoch};
   if (slab->failure) {
     SampleFailure failure = std::move(*slab->failure);
     pool_->release(slab);
@@ -289,10 +290,10 @@ std::optional<Batch> Engine::next() {
   samples_.fetch_add(slab->size, std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
   skipped_.fetch_add(slab->skipped.size(), std::memory_order_relaxed);
-  return Batch(pool_, slab);
+  return {Batch(pool_, slab), false};
 }
 
-Slab* Engine::take_head() {
+Slab* Engine::take_head(bool wait, bool& end_of_epoch) {
   MutexLock lock(mu_);
   if (!started_set_) {
     started_ = Clock::now();
@@ -302,6 +303,7 @@ Slab* Engine::take_head() {
     ++epoch_;
     delivered_ = 0;
     work_cv_.notify_all();  // workers may now run one more epoch ahead
+    end_of_epoch = true;
     return nullptr;
   }
   if (fatal_reported_) {
@@ -309,15 +311,19 @@ Slab* Engine::take_head() {
     fatal_reported_ = false;
     work_cv_.notify_all();
   }
-  ready_seen_sum_.fetch_add(ready_, std::memory_order_relaxed);
+  if (wait) {
+    ready_seen_sum_.fetch_add(ready_, std::memory_order_relaxed);
+    waiting_takes_.fetch_add(1, std::memory_order_relaxed);
+  }
   while (head_ == nullptr || !head_->ready()) {
-    if (target_workers_ == 0) {
+    if (wait && target_workers_ == 0) {
       // Inline: the consumer reads the head batch itself.
       bool look_again = false;
       Slab* slab = find_work(/*head_only=*/true, look_again);
       if (slab != nullptr) run_chunk(slab, inline_busy_ns_);
       if (slab != nullptr || look_again) continue;
     }
+    if (!wait) return nullptr;
     if (head_ == nullptr && fatal_) {
       // Nothing in flight can complete: report the failure; the next call tries again.
       fatal_reported_ = true;
@@ -376,11 +382,12 @@ Stats Engine::stats() const {
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
   s.skipped = skipped_.load(std::memory_order_relaxed);
-  const std::uint64_t calls = s.batches;
+  const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);
   s.mean_ready_at_next =
       calls ? static_cast<double>(ready_seen_sum_.load(std::memory_order_relaxed)) / calls : 0.0;
   s.slabs = pool_->slabs();
   s.slab_bytes = s.slabs * pool_->slab_bytes();
+  s.locked_slabs = pool_->locked_slabs();
   return s;
 }
 

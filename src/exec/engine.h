@@ -53,7 +53,14 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  std::optional<Batch> next() STOKER_EXCLUDES(mu_);
+  struct Taken {
+    std::optional<Batch> batch;
+    bool end_of_epoch = false;  // neither: not ready yet (only when not waiting)
+  };
+  // The consumer's next batch. Without `wait`, returns at once if the head is not ready (and
+  // does no inline reading).
+  Taken take(bool wait) STOKER_EXCLUDES(mu_);
+  std::optional<Batch> next() STOKER_EXCLUDES(mu_) { return take(true).batch; }
   void restart(Position position) STOKER_EXCLUDES(mu_);
   Position position() const STOKER_EXCLUDES(mu_);
   void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
@@ -73,8 +80,9 @@ class Engine {
 
   void worker_main(Worker* self) STOKER_EXCLUDES(mu_);
   // Waits for the head batch (reading it inline when there are no workers) and takes it out
-  // of the queue; null at the end of the epoch, which it also steps past.
-  Slab* take_head() STOKER_EXCLUDES(mu_);
+  // of the queue; null at the end of the epoch, which it also steps past (and says so in
+  // `end_of_epoch`), or, without `wait`, when the head is not ready.
+  Slab* take_head(bool wait, bool& end_of_epoch) STOKER_EXCLUDES(mu_);
   // A batch with a chunk to run: an open one (only the head, for the inline consumer), or the
   // next one opened. Null if there is none now; sets `look_again` if the lock was released
   // meanwhile (to compute an epoch's order), so the caller must look again before waiting.
@@ -147,7 +155,8 @@ class Engine {
   std::atomic<std::int64_t> inline_busy_ns_{0};
   std::atomic<std::uint64_t> skipped_{0};           // in batches handed out
   std::atomic<std::uint64_t> skip_budget_used_{0};  // at read time, prefetch included
-  std::atomic<std::uint64_t> ready_seen_sum_{0};
+  std::atomic<std::uint64_t> ready_seen_sum_{0};    // ready batches seen by waiting takes
+  std::atomic<std::uint64_t> waiting_takes_{0};
 
   Mutex threads_mu_;  // serializes set_workers and shutdown
   std::vector<std::unique_ptr<Worker>> threads_ STOKER_GUARDED_BY(threads_mu_);

@@ -20,6 +20,14 @@
 
 namespace stoker::detail {
 
+// How a pool gets slab memory: page-locked from `locked` while the process-wide LockedBytes
+// total stays within `lock_limit`, pageable otherwise (said once in the log).
+struct SlabMemory {
+  std::shared_ptr<HostAllocator> pageable = pageable_allocator();
+  std::shared_ptr<HostAllocator> locked;  // null: never lock
+  std::size_t lock_limit = 0;
+};
+
 // A failed sample under ErrorPolicy::raise (or past the skip budget).
 struct SampleFailure {
   std::size_t row = 0;
@@ -35,6 +43,7 @@ struct SampleFailure {
 struct Slab {
   std::byte* memory = nullptr;
   std::size_t memory_bytes = 0;
+  HostAllocator* allocator = nullptr;   // the pool's, which made `memory`
   std::vector<std::byte*> field_bases;  // field f's array, batch_size rows
   std::vector<std::size_t> indices;     // data set index per row, capacity batch_size
 
@@ -63,8 +72,7 @@ struct Slab {
 // Thread safety: acquire(), release() and the counters may be called from any thread.
 class SlabPool {
  public:
-  SlabPool(std::vector<FieldSpec> fields, std::size_t batch_size,
-           std::shared_ptr<HostAllocator> allocator);
+  SlabPool(std::vector<FieldSpec> fields, std::size_t batch_size, SlabMemory memory = {});
   ~SlabPool();
   SlabPool(const SlabPool&) = delete;
   SlabPool& operator=(const SlabPool&) = delete;
@@ -81,9 +89,12 @@ class SlabPool {
   std::size_t batch_size() const { return batch_size_; }
   std::size_t slab_bytes() const { return slab_bytes_; }
   std::size_t slabs() const STOKER_EXCLUDES(mu_);
+  std::size_t locked_slabs() const STOKER_EXCLUDES(mu_);
 
  private:
   std::unique_ptr<Slab> make_slab();
+  // Page-locked memory for a slab if the budget allows and locking works, else null.
+  std::byte* try_lock_slab();
   void destroy(std::unique_ptr<Slab> slab) noexcept;
 
   const std::vector<FieldSpec> fields_;
@@ -91,7 +102,9 @@ class SlabPool {
   std::vector<std::size_t> field_offsets_;  // in the slab
   const std::size_t batch_size_;
   std::size_t slab_bytes_ = 0;
-  const std::shared_ptr<HostAllocator> allocator_;
+  const SlabMemory memory_;
+  std::atomic<bool> lock_failed_{false};  // locking failed once: stop trying
+  std::atomic<bool> budget_said_{false};  // the budget log line was written
 
   mutable Mutex mu_;
   std::vector<std::unique_ptr<Slab>> all_ STOKER_GUARDED_BY(mu_);

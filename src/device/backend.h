@@ -1,0 +1,61 @@
+// A device that batches are copied to (cuda, or the simulated one), seen by the copy stage.
+// Backends are split by file and build target: cuda_backend.cc is compiled only where CMake
+// finds a CUDA toolkit, cuda_unavailable.cc otherwise; callers never test for CUDA.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "memory/host_allocator.h"
+#include "stoker/loader.h"
+
+namespace stoker::detail {
+
+// An event on a device stream, made by its backend and reused across batches.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+};
+
+// The backend owns one side stream that carries every host-to-device copy. `Stream` is a
+// consumer's stream, opaque to stoker (cudaStream_t for cuda, SimStream* for sim; null is the
+// device's default stream).
+//
+// Thread safety: the stream and event operations may be called from any thread, but the
+// copy stage issues them from one thread at a time (the consumer's), in order.
+class DeviceBackend {
+ public:
+  using Stream = void*;
+  virtual ~DeviceBackend() = default;
+
+  virtual std::string name() const = 0;  // "cuda:0", "sim"
+  // Host memory the device copies from without staging; null if there is none.
+  virtual std::shared_ptr<HostAllocator> pinned_allocator() = 0;
+
+  virtual std::byte* allocate(std::size_t bytes) = 0;  // device memory; throws on failure
+  virtual void deallocate(std::byte* memory, std::size_t bytes) noexcept = 0;
+  virtual std::unique_ptr<DeviceEvent> make_event() = 0;
+
+  // The side stream, in issue order: wait for an event, copy host to device, record an event.
+  virtual void copy_wait(DeviceEvent& event) = 0;
+  virtual void copy(std::byte* device, const std::byte* host, std::size_t bytes) = 0;
+  virtual void copy_record(DeviceEvent& event) = 0;
+
+  // A consumer's stream.
+  virtual void stream_wait(Stream stream, DeviceEvent& event) = 0;
+  virtual void stream_record(Stream stream, DeviceEvent& event) = 0;
+
+  // On the host: has the event's work completed (true for an event never recorded), and wait
+  // for it.
+  virtual bool query(DeviceEvent& event) = 0;
+  virtual void synchronize(DeviceEvent& event) = 0;
+};
+
+// The CUDA device `ordinal`, or null with the reason in `why` (no driver, no device, or
+// stoker built without CUDA).
+std::unique_ptr<DeviceBackend> open_cuda(int ordinal, std::string& why);
+// The simulated device (sim_backend.h).
+std::unique_ptr<DeviceBackend> open_sim(const SimDevice& options);
+
+}  // namespace stoker::detail

@@ -1,0 +1,40 @@
+#include "util/log.h"
+
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace stoker {
+namespace {
+
+std::mutex& log_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+std::function<void(LogLevel, std::string_view)>& log_handler() {
+  static std::function<void(LogLevel, std::string_view)> handler;
+  return handler;
+}
+
+}  // namespace
+
+void set_log_handler(std::function<void(LogLevel, std::string_view)> handler) {
+  std::lock_guard lock(log_mutex());
+  log_handler() = std::move(handler);
+}
+
+namespace detail {
+
+void log(LogLevel level, std::string_view message) {
+  std::lock_guard lock(log_mutex());
+  if (log_handler()) {
+    log_handler()(level, message);
+  } else {
+    std::fprintf(stderr, "stoker: %.*s\n", static_cast<int>(message.size()), message.data());
+  }
+}
+
+}  // namespace detail
+}  // namespace stoker

@@ -1,0 +1,274 @@
+// The device stage on the simulated device: ordering, slab and buffer reuse, overlap, the
+// pinned-memory budget, and the fallback when CUDA is asked for and no GPU answers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "device/sim_backend.h"
+#include "memory/host_allocator.h"
+#include "stoker/loader.h"
+#include "stoker/log.h"
+#include "test_datasets.h"
+
+namespace stoker {
+namespace {
+
+using detail::SimStream;
+using testing::IndexDataset;
+
+// Collects log lines for the test's lifetime.
+class LogCapture {
+ public:
+  LogCapture() {
+    set_log_handler([this](LogLevel, std::string_view line) {
+      std::lock_guard lock(mu_);
+      lines_.emplace_back(line);
+    });
+  }
+  ~LogCapture() { set_log_handler({}); }
+  std::vector<std::string> lines() {
+    std::lock_guard lock(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+LoaderOptions sim_options(std::shared_ptr<const Dataset> ds, std::size_t batch, SimStream* s) {
+  LoaderOptions o;
+  o.dataset = std::move(ds);
+  o.batch_size = batch;
+  o.workers = 2;
+  o.device = "sim";
+  o.stream = s;
+  return o;
+}
+
+// Checks, on the consumer's stream (where a kernel would read it), that the device copy of a
+// batch holds exactly its samples.
+struct DeviceCheck {
+  std::atomic<int> bad_rows{0};
+  std::atomic<int> checked{0};
+
+  void enqueue(SimStream& stream, const Batch& b, double seconds) {
+    std::vector<std::size_t> expected(b.indices().begin(), b.indices().end());
+    const auto* index = static_cast<const std::int64_t*>(b.data(0));
+    const auto* data = static_cast<const std::uint8_t*>(b.data(1));
+    const std::size_t payload = b.bytes(1).size() / b.size();
+    stream.compute(seconds, [=, this] {
+      for (std::size_t r = 0; r < expected.size(); ++r) {
+        const bool ok = index[r] == static_cast<std::int64_t>(expected[r]) &&
+                        data[r * payload] == (expected[r] & 255) &&
+                        data[(r + 1) * payload - 1] == (expected[r] & 255);
+        if (!ok) ++bad_rows;
+      }
+      ++checked;
+    });
+  }
+};
+
+TEST(SimDevice, ConsumerNeverSeesABatchBeforeItsCopyAndNoBufferIsReusedEarly) {
+  // Real time passes in the simulated copies (time_scale), so a slab recycled before its copy
+  // ran, or a device buffer overwritten while a kernel still reads it, would show up as wrong
+  // bytes in the check.
+  SimStream stream(/*time_scale=*/1.0);
+  auto o = sim_options(std::make_shared<IndexDataset<>>(600, 4096), 16, &stream);
+  o.sim.bandwidth_gb_per_s = 0.2;  // ~0.3 ms per batch copy
+  o.depth = 6;
+  o.device_depth = 3;
+  DeviceCheck check;
+  std::vector<std::size_t> order;
+  {
+    Loader loader(o);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      while (auto b = loader.next()) {
+        EXPECT_EQ(b->device(), "sim");
+        EXPECT_TRUE(b->on_device(0));
+        check.enqueue(stream, *b, 0.0002);
+        order.insert(order.end(), b->indices().begin(), b->indices().end());
+      }
+    }
+    // Two epochs' batches, plus what was copied ahead into the third.
+    EXPECT_GE(loader.stats().copies, 2u * 38u);
+    EXPECT_LE(loader.stats().copies, 2u * 38u + o.device_depth);
+  }
+  stream.synchronize();
+  EXPECT_EQ(check.bad_rows.load(), 0);
+  EXPECT_EQ(check.checked.load(), 2 * 38);
+  std::vector<std::size_t> expected;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (std::size_t i = 0; i < 600; ++i) expected.push_back(i);
+  }
+  EXPECT_EQ(order, expected);
+}
+
+// Runs `batches` batches whose copy takes `copy_s` and whose consumer kernel takes
+// `compute_s` (simulated), and returns the simulated time from the first batch's kernel to the
+// last one's end, divided by the number of steps after the first.
+double steady_step(double copy_s, double compute_s, std::size_t device_depth) {
+  constexpr std::size_t kBatches = 24, kBatch = 8, kPayload = 10000;
+  SimStream stream;
+  auto o =
+      sim_options(std::make_shared<IndexDataset<>>(kBatches * kBatch, kPayload), kBatch, &stream);
+  const double bytes = kBatch * (kPayload + 8);
+  o.sim.latency = std::chrono::microseconds(0);
+  o.sim.bandwidth_gb_per_s = bytes / copy_s / 1e9;
+  o.depth = kBatches;  // every host batch ready before the first copy: a fixed issue order
+  o.device_depth = device_depth;
+  Loader loader(o);
+  while (loader.stats().ready < kBatches) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+
+  std::vector<double> ends(kBatches);
+  std::size_t k = 0;
+  while (auto b = loader.next()) {
+    stream.compute(compute_s, [&, k] { ends[k] = stream.now() + compute_s; });
+    ++k;
+  }
+  stream.synchronize();
+  EXPECT_EQ(k, kBatches);
+  return (ends.back() - ends.front()) / (kBatches - 1);
+}
+
+TEST(SimDevice, CopiesOverlapComputeStepIsMaxNotSum) {
+  const double c = 0.010, t = 0.004;
+  for (std::size_t depth : {1, 2, 4}) {
+    // Compute-bound and copy-bound: the step is the larger of the two, not their sum.
+    EXPECT_NEAR(steady_step(t, c, depth), c, 1e-6) << "device_depth " << depth;
+    EXPECT_NEAR(steady_step(c, t, depth), c, 1e-6) << "device_depth " << depth;
+  }
+}
+
+TEST(SimDevice, PinnedBudgetIsNeverExceeded) {
+  LogCapture log;
+  SimStream stream;
+  auto ds = std::make_shared<IndexDataset<>>(400, 100000);
+  auto o = sim_options(ds, 10, &stream);
+  const std::size_t slab = 10 * 100000 + 64 * 2;  // rows of both fields, each array aligned
+  o.pin_budget = slab * 5 / 2;                    // room for two slabs
+  o.depth = 4;
+  ASSERT_EQ(detail::LockedBytes::in_use(), 0u);
+  {
+    Loader loader(o);
+    while (auto b = loader.next()) {
+      ASSERT_LE(detail::LockedBytes::in_use(), o.pin_budget);
+    }
+    const Stats s = loader.stats();
+    EXPECT_EQ(s.locked_slabs, 2u);
+    EXPECT_GT(s.slabs, 2u);
+  }
+  EXPECT_EQ(detail::LockedBytes::in_use(), 0u);  // given back with the slabs
+  int said = 0;
+  for (const auto& line : log.lines()) said += line.find("budget") != std::string::npos;
+  EXPECT_EQ(said, 1) << "one clear line, once";
+}
+
+TEST(SimDevice, PinMemoryOffKeepsSlabsPageable) {
+  SimStream stream;
+  auto o = sim_options(std::make_shared<IndexDataset<>>(100), 10, &stream);
+  o.pin_memory = PinMemory::off;
+  Loader loader(o);
+  while (loader.next()) {
+  }
+  EXPECT_EQ(loader.stats().locked_slabs, 0u);
+  EXPECT_EQ(loader.stats().device, "sim");
+}
+
+TEST(SimDevice, HostOnlyFieldsStayOnTheHost) {
+  class WithMeta : public IndexDataset<> {
+   public:
+    using IndexDataset<>::IndexDataset;
+    std::vector<FieldSpec> fields() const override {
+      auto f = IndexDataset<>::fields();
+      f[0].host_only = true;
+      return f;
+    }
+  };
+  SimStream stream;
+  auto o = sim_options(std::make_shared<WithMeta>(50, 32), 10, &stream);
+  Loader loader(o);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->on_device(0));
+  EXPECT_EQ(b->data(0), b->bytes(0).data());
+  EXPECT_TRUE(b->on_device(1));
+  EXPECT_NE(b->data(1), static_cast<void*>(b->bytes(1).data()));
+  EXPECT_EQ(b->as<const std::int64_t>(0)[3], 3);
+  b->synchronize();
+  EXPECT_EQ(std::memcmp(b->data(1), b->bytes(1).data(), b->bytes(1).size()), 0);
+  // Only the device field was copied, for this batch and those copied ahead.
+  EXPECT_EQ(loader.stats().copy_bytes, loader.stats().copies * 10u * 32u);
+}
+
+TEST(SimDevice, ErrorsAndPositionKeepTheirPlaceThroughTheCopyStage) {
+  SimStream stream;
+  auto o =
+      sim_options(std::make_shared<IndexDataset<>>(80, 8, std::set<std::size_t>{35}), 10, &stream);
+  o.device_depth = 3;
+  Loader loader(o);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next());
+  EXPECT_THROW(loader.next(), SampleError);  // batch 3 holds sample 35
+  EXPECT_EQ(loader.position().batch, 4u);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->indices()[0], 40u);
+  EXPECT_EQ(loader.position().batch, 5u);
+  // Restoring discards the copies issued ahead and starts over from the position.
+  loader.restore({0, 1});
+  b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->indices()[0], 10u);
+}
+
+TEST(SimDevice, BatchOutlivesLoaderAndShutdownWithCopiesInFlight) {
+  SimStream stream(/*time_scale=*/1.0);
+  auto o = sim_options(std::make_shared<IndexDataset<>>(1000, 20000), 20, &stream);
+  o.sim.bandwidth_gb_per_s = 0.5;  // ~1 ms per copy: copies are still running at destruction
+  o.device_depth = 4;
+  std::optional<Batch> kept;
+  {
+    Loader loader(o);
+    kept = loader.next();
+    ASSERT_TRUE(loader.next());
+  }
+  ASSERT_TRUE(kept);
+  kept->synchronize();
+  EXPECT_EQ(static_cast<const std::int64_t*>(kept->data(0))[5], 5);
+  kept.reset();
+}
+
+TEST(Device, CudaWithoutAGpuFallsBackToTheCpuWithOneLogLine) {
+  LogCapture log;
+  LoaderOptions o;
+  o.dataset = std::make_shared<IndexDataset<>>(20);
+  o.batch_size = 5;
+  o.device = "cuda";
+  Loader loader(o);
+  if (loader.stats().device != "cpu") GTEST_SKIP() << "a CUDA device answered";
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->device(), "cpu");
+  EXPECT_FALSE(b->on_device(0));
+  ASSERT_EQ(log.lines().size(), 1u);
+  EXPECT_NE(log.lines()[0].find("no CUDA device answers"), std::string::npos) << log.lines()[0];
+}
+
+TEST(Device, UnknownDeviceNamesAreRefused) {
+  LoaderOptions o;
+  o.dataset = std::make_shared<IndexDataset<>>(20);
+  for (const char* name : {"gpu", "cuda:", "cuda:x", "tpu"}) {
+    o.device = name;
+    EXPECT_THROW(Loader{o}, std::invalid_argument) << name;
+  }
+  o.device = "sim";
+  o.device_depth = 0;
+  EXPECT_THROW(Loader{o}, std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace stoker
