@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "device/sim_backend.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
 
@@ -346,9 +347,111 @@ json run_workload(const Workload& w, const BenchOptions& o) {
   return result;
 }
 
+// --- the device stage ----------------------------------------------------------------------
+
+// A `tensor`-like batch layout in memory, for the device benchmarks.
+std::shared_ptr<const Dataset> device_dataset(std::size_t samples) {
+  SyntheticDataset::Options so;
+  so.samples = samples;
+  so.fields = {{"image", DType::u8, {3, 224, 224}}, {"label", DType::i64, {}}};
+  return ArrayDataset::materialize(SyntheticDataset(so));
+}
+
+// Simulated step time (seconds per batch after the first) of a loop whose kernel takes
+// `compute_s` per batch on the consumer stream while batches are copied in `copy_s` each.
+double sim_step(const std::shared_ptr<const Dataset>& ds, std::size_t batch, double copy_s,
+                double compute_s, std::size_t device_depth) {
+  detail::SimStream stream;
+  LoaderOptions o;
+  o.dataset = ds;
+  o.batch_size = batch;
+  o.device = "sim";
+  o.stream = &stream;
+  o.device_depth = device_depth;
+  const std::size_t batches = ds->size() / batch;
+  o.depth = batches;  // every host batch ready first: the timeline is the device stage's alone
+  std::size_t batch_bytes = 0;
+  for (const auto& f : ds->fields()) batch_bytes += f.bytes() * batch;
+  o.sim.latency = std::chrono::microseconds(0);
+  o.sim.bandwidth_gb_per_s = static_cast<double>(batch_bytes) / copy_s / 1e9;
+  Loader loader(o);
+  while (loader.stats().ready < batches) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::vector<double> ends(batches);
+  std::size_t k = 0;
+  while (auto b = loader.next()) {
+    stream.compute(compute_s, [&, k] { ends[k] = stream.now() + compute_s; });
+    ++k;
+  }
+  stream.synchronize();
+  return (ends[k - 1] - ends[0]) / static_cast<double>(k - 1);
+}
+
+json run_device_sim(const BenchOptions& o) {
+  const auto ds = device_dataset(o.smoke ? 64 : 640);
+  json rows = json::array();
+  if (!o.json) {
+    fmt::print(
+        "\ndevice sim: batches of 64 x uint8 3x224x224; simulated copy T and kernel C per "
+        "batch\n  {:>8} {:>8} {:>6} {:>12} {:>12} {:>12} {:>14}\n",
+        "C ms", "T ms", "depth", "step ms", "max(C,T) ms", "C+T ms", "step/max(C,T)");
+  }
+  for (auto [c, t] : {std::pair{10.0, 4.0}, {4.0, 10.0}, {8.0, 8.0}}) {
+    for (std::size_t depth : {1, 2, 4}) {
+      const double step = 1e3 * sim_step(ds, 64, t / 1e3, c / 1e3, depth);
+      rows.push_back({{"compute_ms", c},
+                      {"copy_ms", t},
+                      {"device_depth", depth},
+                      {"step_ms", step},
+                      {"max_ms", std::max(c, t)},
+                      {"sum_ms", c + t}});
+      if (!o.json) {
+        fmt::print("  {:>8.1f} {:>8.1f} {:>6} {:>12.3f} {:>12.1f} {:>12.1f} {:>14.3f}\n", c, t,
+                   depth, step, std::max(c, t), c + t, step / std::max(c, t));
+      }
+    }
+  }
+  return {{"workload", "device"}, {"device", "sim"}, {"steps", rows}};
+}
+
+// Host-to-device GB/s through the loader, pinned against pageable slabs; the consumer waits
+// for every batch's copy, so this is the copy rate, not the overlap.
+json run_device_cuda(const BenchOptions& o) {
+  const auto ds = device_dataset(o.smoke ? 256 : 2048);
+  json result = {{"workload", "device"}, {"device", o.device}};
+  for (PinMemory pin : {PinMemory::on, PinMemory::off}) {
+    LoaderOptions lo;
+    lo.dataset = ds;
+    lo.batch_size = 64;
+    lo.device = o.device;
+    lo.pin_memory = pin;
+    lo.workers = o.workers ? o.workers : 2;
+    Loader loader(lo);
+    if (loader.stats().device == "cpu") {
+      throw std::runtime_error("no CUDA device answers: nothing to measure for " + o.device);
+    }
+    std::vector<double> rates;
+    for (std::size_t e = 0; e < (o.epochs ? o.epochs : 3); ++e) {
+      const auto bytes_before = loader.stats().copy_bytes;
+      const auto start = Clock::now();
+      while (auto b = loader.next()) b->synchronize();
+      rates.push_back(static_cast<double>(loader.stats().copy_bytes - bytes_before) /
+                      seconds_since(start) / 1e9);
+    }
+    const char* name = pin == PinMemory::on ? "pinned" : "pageable";
+    result[name] = {{"gb_per_s", median(rates)}, {"locked_slabs", loader.stats().locked_slabs}};
+    if (!o.json) fmt::print("  {:<9} slabs: {:.2f} GB/s host to device\n", name, median(rates));
+  }
+  return result;
+}
+
 }  // namespace
 
 int run(const BenchOptions& options) {
+  if (!options.device.empty() && options.device != "cpu") {
+    const json r = options.device == "sim" ? run_device_sim(options) : run_device_cuda(options);
+    if (options.json) fmt::print("{}\n", r.dump(2));
+    return 0;
+  }
   json all = json::array();
   for (const auto& name : options.workloads) {
     all.push_back(run_workload(make_workload(name, options), options));

@@ -19,6 +19,7 @@ struct BenchOptions {
   std::size_t workers = 0;      // 0: the workload's default
   std::size_t depth = 0;        // 0: the workload's default
   std::size_t epochs = 0;       // 0: the workload's default
+  std::string device;           // "sim", "cuda", "cuda:N": benchmark the device stage instead
   double consumer_ms = -1;      // < 0: the workload's default (heavy only)
 };
 

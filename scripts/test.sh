@@ -24,6 +24,7 @@ ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
 echo "== benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --no-baseline --json >/dev/null
+./build/stoker bench --smoke --device sim --json >/dev/null
 python3 -m py_compile bench/torch_dataloader.py
 
 echo "== all tests passed"

@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   cmd->add_option("--workers", bench.workers, "stoker worker threads (default per workload)");
   cmd->add_option("--depth", bench.depth, "Batches in flight (default per workload)");
   cmd->add_option("--epochs", bench.epochs, "Epochs per run (default per workload)");
+  cmd->add_option("--device", bench.device,
+                  "sim or cuda[:N]: benchmark the device stage (overlap, H2D rate)");
   cmd->add_option("--consumer-ms", bench.consumer_ms, "heavy: consumer compute per batch");
 
   CLI11_PARSE(app, argc, argv);
