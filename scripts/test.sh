@@ -3,7 +3,7 @@
 # builds (TSan with clang, which also checks the lock annotations), and a benchmark smoke run.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-apt_install "${BUILD_PACKAGES[@]}" clang clang-format
+apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
 
 echo "== format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror

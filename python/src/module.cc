@@ -1,0 +1,182 @@
+// stoker._stoker: the bindings behind the `stoker` package. The package (python/stoker/) is
+// the public API; this module is its private engine room.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+
+#include "native_datasets.h"
+#include "py_dataset.h"
+#include "py_loader.h"
+
+namespace py = pybind11;
+using namespace stoker;
+using namespace stoker::python;
+
+namespace {
+
+std::vector<std::size_t> to_indices(const py::object& obj, const char* what) {
+  const auto a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(obj);
+  if (!a || a.ndim() != 1) throw py::type_error(std::string(what) + " must be 1-d integers");
+  std::vector<std::size_t> out(static_cast<std::size_t>(a.size()));
+  const std::int64_t* p = a.data();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (p[i] < 0) throw py::index_error(std::string(what) + " holds a negative index");
+    out[i] = static_cast<std::size_t>(p[i]);
+  }
+  return out;
+}
+
+std::unique_ptr<PyLoader> make_loader(
+    const py::object& dataset, std::size_t batch_size, bool shuffle, std::uint64_t seed,
+    bool drop_last, std::size_t rank, std::size_t world_size, bool shard_drop_last,
+    std::size_t workers, std::size_t depth, const std::string& on_error, std::size_t max_skipped,
+    bool threaded, const py::object& order, const std::string& device, std::size_t device_depth,
+    std::uintptr_t stream, const std::string& pin_memory, std::size_t pin_budget) {
+  PyLoaderOptions o;
+  if (py::isinstance<PyDataset>(dataset)) {
+    o.py_dataset = dataset.cast<std::shared_ptr<PyDataset>>();
+    o.loader.dataset = o.py_dataset;
+  } else if (py::isinstance<NativeDataset>(dataset)) {
+    o.loader.dataset = dataset.cast<const NativeDataset&>().dataset;
+  } else {
+    throw py::type_error("stoker: not a data set handle");
+  }
+  if (!order.is_none()) {
+    o.remap = std::make_shared<RemappedDataset>(o.loader.dataset, to_indices(order, "order"));
+    o.loader.dataset = o.remap;
+  }
+  o.loader.batch_size = batch_size;
+  o.loader.shuffle = shuffle;
+  o.loader.seed = seed;
+  o.loader.drop_last = drop_last;
+  o.loader.shard = {rank, world_size, shard_drop_last};
+  o.loader.workers = workers;
+  o.loader.depth = depth;
+  if (on_error == "raise") {
+    o.loader.on_error = ErrorPolicy::raise;
+  } else if (on_error == "skip") {
+    o.loader.on_error = ErrorPolicy::skip;
+  } else {
+    throw py::value_error("stoker: on_error must be 'raise' or 'skip', not '" + on_error + "'");
+  }
+  o.loader.max_skipped = max_skipped;
+  o.loader.device = device;
+  o.loader.device_depth = device_depth;
+  o.loader.stream = reinterpret_cast<void*>(stream);
+  if (pin_memory == "auto") {
+    o.loader.pin_memory = PinMemory::automatic;
+  } else if (pin_memory == "on") {
+    o.loader.pin_memory = PinMemory::on;
+  } else if (pin_memory == "off") {
+    o.loader.pin_memory = PinMemory::off;
+  } else {
+    throw py::value_error("stoker: pin_memory must be 'auto', 'on' or 'off', not '" + pin_memory +
+                          "'");
+  }
+  o.loader.pin_budget = pin_budget;
+  o.threaded = threaded;
+  return std::make_unique<PyLoader>(std::move(o));
+}
+
+py::list fields_of(const Dataset& d, const std::vector<std::string>& types) {
+  py::list out;
+  const auto fields = d.fields();
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    out.append(py::make_tuple(fields[i].name, i < types.size() ? types[i] : "",
+                              py::tuple(py::cast(fields[i].shape))));
+  }
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_stoker, m) {
+  m.doc() = "stoker's C++ bindings; use the `stoker` package.";
+
+  py::object sample_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "stoker.SampleError",
+      "A sample failed to read in native code. `index` is the data set index; the message "
+      "names the sample and the reason. (Exceptions raised by a Python __getitem__ keep their "
+      "own type instead, with a note naming the sample.)",
+      PyExc_RuntimeError, nullptr));
+  m.attr("SampleError") = sample_error;
+  set_sample_error_type(sample_error);
+
+  py::class_<NativeDataset>(m, "NativeDataset")
+      .def("__len__", [](const NativeDataset& d) { return d.dataset->size(); })
+      .def_readonly("element_types", &NativeDataset::element_types)
+      .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
+      .def("read", &read_sample, py::arg("index"));
+
+  m.def("array_dataset", &make_array_dataset, py::arg("names"), py::arg("arrays"));
+  m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
+        py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
+
+  py::class_<PyDataset, std::shared_ptr<PyDataset>>(m, "PyDataset")
+      .def_static("discover", &PyDataset::discover, py::arg("dataset"), py::arg("whole_sample"),
+                  py::arg("on_worker_start"), py::arg("probes"))
+      .def("__len__", &PyDataset::size)
+      .def("structure", &PyDataset::structure)
+      .def("fields", [](const PyDataset& d) { return fields_of(d, {}); });
+
+  py::class_<RawBatch>(m, "RawBatch")
+      .def_property_readonly("epoch", &RawBatch::epoch)
+      .def_property_readonly("number", &RawBatch::number)
+      .def_property_readonly("size", &RawBatch::size)
+      .def("capsules", &RawBatch::capsules)
+      .def("arrays", &RawBatch::arrays)
+      .def_property_readonly("objects", &RawBatch::objects)
+      .def("indices", &RawBatch::indices)
+      .def("skipped", &RawBatch::skipped)
+      .def("release", &RawBatch::release)
+      .def_property_readonly("released", &RawBatch::released);
+
+  py::class_<PyLoader>(m, "Loader")
+      .def(py::init(&make_loader), py::arg("dataset"), py::arg("batch_size"), py::arg("shuffle"),
+           py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
+           py::arg("shard_drop_last"), py::arg("workers"), py::arg("depth"), py::arg("on_error"),
+           py::arg("max_skipped"), py::arg("threaded"), py::arg("order"), py::arg("device"),
+           py::arg("device_depth"), py::arg("stream"), py::arg("pin_memory"), py::arg("pin_budget"))
+      .def("next", &PyLoader::next, py::arg("timeout") = 0.0)
+      .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
+      .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))
+      .def("restart_fresh", &PyLoader::restart_fresh, py::arg("epoch"))
+      .def("position", &PyLoader::position)
+      .def("set_order",
+           [](PyLoader& l, const py::object& order) {
+             if (!l.remap()) throw py::value_error("stoker: this loader has no custom order");
+             l.remap()->set_order(to_indices(order, "order"));
+           })
+      .def_property_readonly("batches_per_epoch", &PyLoader::batches_per_epoch)
+      .def_property_readonly("samples_per_epoch", &PyLoader::samples_per_epoch)
+      .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
+      .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
+      .def("stats", &PyLoader::stats)
+      .def("close", &PyLoader::close)
+      .def_property_readonly("closed", &PyLoader::closed);
+
+  m.def(
+      "epoch_order",
+      [](std::size_t size, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t rank,
+         std::size_t world_size, bool drop_last) {
+        std::vector<std::size_t> order;
+        {
+          py::gil_scoped_release nogil;
+          order = epoch_order(size, shuffle, seed, epoch, {rank, world_size, drop_last});
+        }
+        py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
+        std::copy(order.begin(), order.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("size"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("rank"),
+      py::arg("world_size"), py::arg("drop_last"));
+
+  m.def("sample_seed", &current_sample_seed,
+        "The seed of the sample being read on this thread, or None outside a read.");
+  m.def("close_all", &PyLoader::close_all,
+        "Closes every open loader (the package calls it at exit).");
+  m.def("abandon_all_after_fork", &PyLoader::abandon_all_after_fork,
+        "Forgets every loader without stopping it (in a forked child, whose threads are gone).");
+}

@@ -1,0 +1,122 @@
+#include "native_datasets.h"
+
+#include <pybind11/numpy.h>
+
+#include <chrono>
+#include <span>
+#include <stdexcept>
+
+#include "gil.h"
+#include "stoker/sources.h"
+
+namespace stoker::python {
+namespace {
+
+// Python objects kept alive by a C++ data set. The last reference may be dropped on any
+// thread (the Loader's destructor runs with the GIL released), so the GIL is taken here.
+struct PythonRefs {
+  std::vector<py::object> refs;
+};
+
+std::shared_ptr<const void> keep_alive(std::vector<py::object> refs) {
+  return std::shared_ptr<const void>(new PythonRefs{std::move(refs)}, [](const void* p) {
+    auto* held = static_cast<PythonRefs*>(const_cast<void*>(p));
+    if (!Py_IsInitialized() || interpreter_finalizing()) {
+      for (auto& r : held->refs) (void)r.release();  // the interpreter's teardown has them
+      delete held;
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    delete held;
+  });
+}
+
+}  // namespace
+
+NativeDataset make_array_dataset(const std::vector<std::string>& names, const py::list& arrays) {
+  if (names.size() != arrays.size() || names.empty()) {
+    throw py::value_error("stoker.ArrayDataset: needs one or more arrays, one per name");
+  }
+  std::vector<FieldSpec> fields;
+  std::vector<std::span<const std::byte>> data;
+  std::vector<py::object> refs;
+  NativeDataset out;
+  std::size_t samples = 0;
+  for (std::size_t f = 0; f < names.size(); ++f) {
+    const std::string what = "stoker.ArrayDataset: array '" + names[f] + "'";
+    HostArray a = import_array(arrays[f], what);
+    if (a.shape.empty()) throw py::value_error(what + " has no sample dimension (it is 0-d)");
+    if (!a.contiguous()) {
+      throw py::value_error(what +
+                            " is not C-contiguous (np.ascontiguousarray or "
+                            ".contiguous() makes it so)");
+    }
+    const auto n = static_cast<std::size_t>(a.shape[0]);
+    if (f == 0) samples = n;
+    if (n != samples) {
+      throw py::value_error(what + " has " + std::to_string(n) + " samples, the first array " +
+                            std::to_string(samples));
+    }
+    fields.push_back({names[f], a.type.storage, {a.shape.begin() + 1, a.shape.end()}});
+    data.emplace_back(a.data, a.bytes());
+    out.element_types.push_back(a.type.name);
+    refs.push_back(std::move(a.owner));
+    refs.push_back(py::reinterpret_borrow<py::object>(arrays[f]));
+  }
+  out.dataset = std::make_shared<ArrayDataset>(std::move(fields), std::move(data), samples,
+                                               keep_alive(std::move(refs)));
+  return out;
+}
+
+NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields, double latency_s,
+                                     double cpu_work_s, std::int64_t classes) {
+  SyntheticDataset::Options o;
+  o.samples = samples;
+  o.classes = classes;
+  auto micros = [](double s) {
+    if (s < 0) throw py::value_error("stoker.SyntheticDataset: times must not be negative");
+    return std::chrono::microseconds(static_cast<std::int64_t>(s * 1e6 + 0.5));
+  };
+  o.latency = micros(latency_s);
+  o.cpu_work = micros(cpu_work_s);
+  NativeDataset out;
+  for (auto item : fields) {
+    auto t = item.cast<py::tuple>();
+    const auto type = element_type(t[1].cast<std::string>());
+    if (type.name != dtype_name(type.storage)) {
+      throw py::value_error("stoker.SyntheticDataset: element type " + type.name +
+                            " is not generated (use a signed or float type, or uint8)");
+    }
+    o.fields.push_back(
+        {t[0].cast<std::string>(), type.storage, t[2].cast<std::vector<std::int64_t>>()});
+    out.element_types.push_back(type.name);
+  }
+  out.dataset = std::make_shared<SyntheticDataset>(std::move(o));
+  return out;
+}
+
+py::list read_sample(const NativeDataset& dataset, std::size_t index) {
+  if (index >= dataset.dataset->size()) {
+    throw py::index_error("stoker: sample " + std::to_string(index) + " of a data set of " +
+                          std::to_string(dataset.dataset->size()));
+  }
+  const auto fields = dataset.dataset->fields();
+  py::list out;
+  std::vector<std::size_t> bytes;
+  std::vector<std::byte*> bases;
+  for (const auto& f : fields) {
+    if (f.dtype == DType::bf16) throw py::type_error("stoker: bfloat16 needs torch");
+    py::array a(py::dtype(std::string(dtype_name(f.dtype))),
+                std::vector<py::ssize_t>(f.shape.begin(), f.shape.end()));
+    bytes.push_back(f.bytes());
+    bases.push_back(static_cast<std::byte*>(a.mutable_data()));
+    out.append(a);
+  }
+  {
+    py::gil_scoped_release nogil;
+    dataset.dataset->read(index, SampleOut(bytes, bases.data(), 0, 0));
+  }
+  return out;
+}
+
+}  // namespace stoker::python

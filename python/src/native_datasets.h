@@ -1,0 +1,36 @@
+// The built-in C++ data sets (sources.h) made from Python: they run entirely in C++, without
+// the GIL.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "host_array.h"
+#include "stoker/dataset.h"
+
+namespace stoker::python {
+
+namespace py = pybind11;
+
+struct NativeDataset {
+  std::shared_ptr<const Dataset> dataset;
+  std::vector<std::string> element_types;  // logical type per field (bool over u8, ...)
+};
+
+// An ArrayDataset over `arrays` (numpy arrays or torch tensors, C-contiguous, on the CPU, one
+// per field, sample-major), without a copy: the arrays stay referenced while the data set
+// lives. GIL held.
+NativeDataset make_array_dataset(const std::vector<std::string>& names, const py::list& arrays);
+
+// A SyntheticDataset; `fields` holds (name, element type name, shape) tuples.
+NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields, double latency_s,
+                                     double cpu_work_s, std::int64_t classes);
+
+// Reads sample `index` of a native data set into fresh numpy arrays, one per field (with the
+// GIL released during the read).
+py::list read_sample(const NativeDataset& dataset, std::size_t index);
+
+}  // namespace stoker::python

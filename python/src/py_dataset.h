@@ -1,0 +1,146 @@
+// A Python map-style data set (__len__ and __getitem__) as a stoker::Dataset, plus the custom
+// sampler order wrapper.
+//
+// Layout: sample 0 is read once, on the constructing thread, and its structure (tuples, lists
+// and dicts, nested) becomes the batch layout. Every array-like leaf (numpy array or scalar,
+// torch tensor, anything exporting DLPack or a buffer) and every Python bool/int/float becomes
+// a fixed-shape field; any other leaf (str, None, objects) is an "object" value, which the
+// batch returns as a Python list. A later sample whose structure, shape or element type
+// differs fails with an error naming the sample and the field.
+//
+// A read, on a worker thread: take the GIL, call __getitem__, check the sample against the
+// layout and note where each array's bytes are, release the GIL, copy the arrays into their
+// slots of the batch slab. The sample's arrays stay referenced during the copy and are let go
+// (which needs the GIL) at the start of a later read ("graveyard"): one GIL acquisition per
+// sample. Object values are kept in a table keyed by (slab, row) until the batch is delivered.
+//
+// Errors: an exception from __getitem__ is kept here, with its traceback, under a ticket; the
+// engine carries a PythonError (plain C++) with the ticket, and the loader binding takes the
+// exception back when it raises it in the training loop (gil.h, rule 3).
+//
+// Thread safety: read() may be called from any number of engine threads. The Python-facing
+// members (discover, structure, take_objects, take_error) need the GIL; the GIL guards all
+// Python state here. close() may be called from any thread.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "host_array.h"
+#include "stoker/dataset.h"
+#include "stoker/loader.h"
+
+namespace stoker::python {
+
+namespace py = pybind11;
+
+class PyDataset;
+
+// An exception raised in Python while reading a sample; what() is "Type: message". The
+// exception object itself stays with `origin` under `ticket`.
+class PythonError : public std::runtime_error {
+ public:
+  PythonError(const PyDataset* origin, std::uint64_t ticket, const std::string& what)
+      : std::runtime_error(what), origin_(origin), ticket_(ticket) {}
+  const PyDataset* origin() const noexcept { return origin_; }
+  std::uint64_t ticket() const noexcept { return ticket_; }
+
+ private:
+  const PyDataset* origin_;
+  std::uint64_t ticket_;
+};
+
+// The seed of the sample being read on this thread (SampleOut::seed()), for __getitem__ to
+// draw its random choices from; empty outside a read.
+std::optional<std::uint64_t> current_sample_seed();
+
+class PyDataset final : public Dataset {
+ public:
+  // Reads sample 0 to learn the layout (GIL held), or, if it raises, samples 1, 2, ... up to
+  // `probes` samples in all (the skip policy passes more than one). With `whole_sample`, the
+  // sample is one object value (for a user collate_fn, which wants the samples as they are).
+  // `on_worker_start(worker_id)`, if not None, is called on each worker thread before its
+  // first read.
+  static std::shared_ptr<PyDataset> discover(py::object dataset, bool whole_sample,
+                                             py::object on_worker_start, std::size_t probes);
+  ~PyDataset() override;
+
+  std::size_t size() const override { return size_; }
+  std::vector<FieldSpec> fields() const override { return fields_; }
+  void read(std::size_t index, const SampleOut& out) const override;
+
+  // The layout for the Python layer (GIL held): nested tuples
+  //   ("seq", type, [child...]) | ("map", type, [key...], [child...])
+  //   | ("array", field, element type name) | ("object", slot).
+  py::object structure() const;
+  // The field holding the object values' row markers, if the layout has object values.
+  std::optional<std::size_t> objects_field() const { return objects_field_; }
+  // The object values of a delivered batch, one list per slot (GIL held).
+  py::list take_objects(const Batch& batch) const;
+  // The exception behind a PythonError from this data set with its sample index, or None if
+  // it was dropped (only the most recent ones are kept). GIL held.
+  py::object take_error(std::uint64_t ticket, std::size_t& index) const;
+
+  // Reads on this thread are the consumer's own (no workers), not a worker's.
+  void set_inline_thread(std::thread::id id) { inline_thread_ = id; }
+  // From now on reads fail at once without calling Python: the loader is shutting down.
+  void close() noexcept { closed_.store(true, std::memory_order_release); }
+
+  struct Node;
+  struct State;
+
+ private:
+  PyDataset() = default;
+  [[noreturn]] void raise_current(std::size_t index) const;  // GIL held, error set
+  void bury(std::vector<py::object>&& owners) const;         // no GIL needed
+  void drain_graveyard() const;                              // GIL held
+
+  std::size_t size_ = 0;
+  std::vector<FieldSpec> fields_;
+  std::optional<std::size_t> objects_field_;
+  std::thread::id inline_thread_;
+  std::atomic<bool> closed_{false};
+  std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
+
+  mutable std::mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it
+  mutable std::vector<py::object> graveyard_;
+};
+
+// Sample k of this data set is sample order[k] of `base`: a custom sampler's order, run
+// through the engine as an unshuffled data set. The order is replaced between epochs, and the
+// loader then restarted, so that no batch read with the old order is delivered.
+//
+// Thread safety: read() from any thread; set_order() from the consumer's thread.
+class RemappedDataset final : public Dataset {
+ public:
+  RemappedDataset(std::shared_ptr<const Dataset> base, std::vector<std::size_t> order);
+
+  std::size_t size() const override { return size_; }
+  std::vector<FieldSpec> fields() const override { return base_->fields(); }
+  void read(std::size_t index, const SampleOut& out) const override;
+  void prefetch(std::size_t index) const override;
+
+  // Throws std::invalid_argument if the length differs or an index is past the base's end.
+  void set_order(std::vector<std::size_t> order);
+  std::shared_ptr<const std::vector<std::size_t>> order() const { return order_.load(); }
+  const std::shared_ptr<const Dataset>& base() const { return base_; }
+
+ private:
+  std::shared_ptr<const Dataset> base_;
+  std::size_t size_;
+  std::atomic<std::shared_ptr<const std::vector<std::size_t>>> order_;
+};
+
+}  // namespace stoker::python

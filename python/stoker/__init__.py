@@ -1,0 +1,37 @@
+"""stoker: keeps accelerators fed with training data.
+
+``stoker.DataLoader`` takes torch.utils.data.DataLoader's arguments and runs them on a C++
+engine: worker threads write each sample straight into its slot of a recycled batch buffer,
+batches reach PyTorch as tensors without a copy (DLPack), and with ``device='cuda'`` they
+arrive on the GPU, copied on a side stream while the previous batch trains.
+"""
+
+import atexit as _atexit
+import os as _os
+
+from . import _stoker
+from ._datasets import ArrayDataset, NativeDataset, SyntheticDataset
+from ._distributed import DistributedSampler, world
+from ._loader import DataLoader
+
+SampleError = _stoker.SampleError
+sample_seed = _stoker.sample_seed
+
+__all__ = [
+    "ArrayDataset",
+    "DataLoader",
+    "DistributedSampler",
+    "NativeDataset",
+    "SampleError",
+    "SyntheticDataset",
+    "sample_seed",
+    "world",
+]
+__version__ = "0.1.0"
+
+# Workers must stop before the interpreter tears down the objects they use.
+_atexit.register(_stoker.close_all)
+# A forked child has none of the parent's threads: its copies of the loaders are abandoned
+# (never joined), and it makes its own.
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(after_in_child=_stoker.abandon_all_after_fork)

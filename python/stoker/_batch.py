@@ -1,0 +1,115 @@
+"""From a delivered batch (one buffer per field) to what the training loop gets: tensors (or
+numpy arrays without torch) arranged like torch's default_collate arranges them."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+# numpy's name of each element type stoker batches, by how a user may name it.
+_NAMES = {
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64",
+}
+
+
+def _torch():
+    """torch if the program imported it (stoker never imports it on its own)."""
+    return sys.modules.get("torch")
+
+
+def element_dtype(dtype: Any) -> str:
+    """numpy's name for `dtype`: a string, a numpy dtype or a torch.dtype."""
+    torch = _torch()
+    if torch is not None and isinstance(dtype, torch.dtype):
+        name = str(dtype).removeprefix("torch.")
+    elif isinstance(dtype, str) and dtype == "bfloat16":
+        name = dtype
+    else:
+        name = np.dtype(dtype).name
+    if name not in _NAMES:
+        raise TypeError(f"stoker cannot batch elements of type {dtype}")
+    return name
+
+
+def _torch_dtype(torch, name: str):
+    return getattr(torch, "bool" if name == "bool" else name)
+
+
+def to_array(array: np.ndarray, logical: str):
+    """A numpy array of stored bytes as the logical type: a tensor if torch is loaded."""
+    torch = _torch()
+    if logical == "bool":
+        array = array.view(np.bool_)
+    elif logical.startswith("uint") and logical != "uint8":
+        array = array.view(np.dtype(logical))
+    if torch is not None:
+        return torch.from_numpy(array)
+    return array
+
+
+def plan(structure, collate_fn: Callable | None) -> Callable:
+    """A function (arrays, objects) -> the batch as the training loop sees it.
+
+    `structure` is the layout PyDataset.structure() (or a native data set) describes; arrays
+    are the batch's field arrays in field order, objects its object values, one list per slot.
+    Tuples and lists become lists and mappings keep their type, as in torch's default_collate.
+    With a collate_fn, the samples arrive whole (one object slot) and it makes the batch.
+    """
+    if collate_fn is not None:
+        return lambda arrays, objects: collate_fn(objects[0])
+
+    def build(node) -> Callable:
+        kind = node[0]
+        if kind == "array":
+            field = node[1]
+            return lambda arrays, objects: arrays[field]
+        if kind == "object":
+            slot = node[1]
+            return lambda arrays, objects: objects[slot]
+        if kind == "seq":
+            typ, children = node[1], [build(c) for c in node[2]]
+            if hasattr(typ, "_fields"):  # a namedtuple keeps its type
+                return lambda arrays, objects: typ(*(c(arrays, objects) for c in children))
+            return lambda arrays, objects: [c(arrays, objects) for c in children]
+        typ, keys, children = node[1], node[2], [build(c) for c in node[3]]
+
+        def mapping(arrays, objects):
+            values = {k: c(arrays, objects) for k, c in zip(keys, children)}
+            try:
+                return values if typ is dict else typ(values)
+            except TypeError:
+                return values
+
+        return mapping
+
+    return build(structure)
+
+
+def converter(element_types: list[str], on_device: bool) -> Callable:
+    """A function RawBatch -> its field arrays: tensors through DLPack (zero-copy) when torch
+    is loaded, numpy arrays otherwise."""
+    torch = _torch()
+    if torch is None:
+        if on_device:
+            raise RuntimeError("stoker: batches on a device need torch")
+
+        def numpy_arrays(raw):
+            return [to_array(a, t) for a, t in zip(raw.arrays(), element_types)]
+
+        return numpy_arrays
+    from_dlpack = torch.from_dlpack
+    views = [
+        _torch_dtype(torch, t) if t == "bool" or (t.startswith("uint") and t != "uint8") else None
+        for t in element_types
+    ]
+    if not any(v is not None for v in views):
+        return lambda raw: [from_dlpack(c) for c in raw.capsules()]
+
+    def tensors(raw):
+        out = [from_dlpack(c) for c in raw.capsules()]
+        return [t if v is None else t.view(v) for t, v in zip(out, views)]
+
+    return tensors

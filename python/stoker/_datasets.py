@@ -1,0 +1,74 @@
+"""Data sets that run entirely in C++, without the GIL."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from . import _stoker
+from ._batch import element_dtype, to_array
+
+
+class NativeDataset:
+    """Base of the data sets stoker reads in C++. Indexing one returns a sample (for
+    inspection; a DataLoader never goes through Python for it)."""
+
+    _handle: "_stoker.NativeDataset"
+    _names: tuple[str, ...]
+    _as_dict: bool
+
+    def __len__(self) -> int:
+        return len(self._handle)
+
+    def __getitem__(self, index: int):
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} samples")
+        values = [to_array(a, t) for a, t in zip(self._handle.read(index % len(self)),
+                                                 self._handle.element_types)]
+        return dict(zip(self._names, values)) if self._as_dict else tuple(values)
+
+    def _structure(self):
+        """The batch layout, as PyDataset.structure() describes it."""
+        leaves = [("array", f, t) for f, t in enumerate(self._handle.element_types)]
+        if self._as_dict:
+            return ("map", dict, list(self._names), leaves)
+        return ("seq", tuple, leaves)
+
+
+class ArrayDataset(NativeDataset):
+    """Samples held in memory: one array (numpy array or CPU tensor, C-contiguous) per field,
+    with the samples along the first dimension, used without a copy.
+
+    ``ArrayDataset(images, labels)`` yields ``(image, label)`` tuples, like
+    torch.utils.data.TensorDataset; ``ArrayDataset(image=images, label=labels)`` yields dicts.
+    """
+
+    def __init__(self, *arrays, **named_arrays) -> None:
+        if arrays and named_arrays:
+            raise TypeError("ArrayDataset takes arrays either by position or by name, not both")
+        if named_arrays:
+            self._names, values = tuple(named_arrays), list(named_arrays.values())
+        else:
+            self._names, values = tuple(f"{i}" for i in range(len(arrays))), list(arrays)
+        self._as_dict = bool(named_arrays)
+        self._handle = _stoker.array_dataset(list(self._names), values)
+
+
+class SyntheticDataset(NativeDataset):
+    """Generated samples with a set shape and an optional per-sample latency (slept, like I/O)
+    and CPU work (spun, like decoding): for benchmarks and tests. Each field is
+    ``(name, dtype, shape)``; values are a documented function of (sample, element)
+    (include/stoker/sources.h)."""
+
+    def __init__(
+        self,
+        samples: int,
+        fields: Sequence[tuple] = (("image", "float32", (3, 224, 224)), ("label", "int64", ())),
+        latency: float = 0.0,
+        cpu_work: float = 0.0,
+        classes: int = 10,
+    ) -> None:
+        spec = [(str(n), element_dtype(t), tuple(int(d) for d in s)) for n, t, s in fields]
+        self._names = tuple(n for n, _, _ in spec)
+        self._as_dict = False
+        self._handle = _stoker.synthetic_dataset(int(samples), spec, float(latency),
+                                                 float(cpu_work), int(classes))

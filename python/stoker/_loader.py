@@ -1,0 +1,350 @@
+"""stoker.DataLoader: torch.utils.data.DataLoader's arguments, on stoker's C++ engine."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Any, Callable, Iterator, Optional, Union
+
+from . import _stoker
+from ._batch import converter, plan
+from ._datasets import NativeDataset
+from ._distributed import DistributedSampler
+
+# Threads are cheap and a Python __getitem__ often waits (files, sleeps, torch ops release the
+# GIL), so Python data sets get more workers than cores; native ones compute, one per core.
+_AUTO_PYTHON_WORKERS = 8
+
+
+def _auto_workers(native: bool) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1) if native else _AUTO_PYTHON_WORKERS
+
+
+def _draw_seed(generator) -> int:
+    """A 63-bit base seed, drawn like torch's samplers draw theirs: from `generator`, or from
+    torch's default generator (so torch.manual_seed makes runs repeat), or at random."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        t = torch.empty((), dtype=torch.int64).random_(generator=generator)
+        return int(t.item()) & ((1 << 63) - 1)
+    if generator is not None:
+        raise TypeError("generator= needs torch")
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def _torch_sampler_kind(sampler) -> Optional[str]:
+    """'sequential', 'random', 'distributed' for torch's own samplers stoker runs natively."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    data = torch.utils.data
+    if type(sampler) is data.SequentialSampler:
+        return "sequential"
+    if (type(sampler) is data.RandomSampler and not sampler.replacement
+            and sampler._num_samples is None):
+        return "random"
+    if type(sampler) is data.distributed.DistributedSampler:
+        return "distributed"
+    return None
+
+
+class DataLoader:
+    """A data loader with torch.utils.data.DataLoader's arguments and meanings, on stoker's
+    C++ engine: worker threads write each sample straight into its slot of a recycled batch
+    buffer (pinned when it pays), and batches reach PyTorch as tensors without a copy.
+
+    Differences from torch's, all in the user's favour or stated here:
+      num_workers: worker *threads* ('auto': one per core for native data sets, 8 for Python
+        ones, whose __getitem__ mostly waits). 0 reads on the training loop's thread.
+      pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
+        budget (``pin_budget`` bytes, default a quarter of available memory).
+      device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
+        copied on a side stream while the previous batch trains (the "data prefetcher"), with
+        the current stream made to wait for the copy. Falls back to the CPU, with one log line,
+        where no GPU answers.
+      persistent_workers: workers always persist (threads, and the next epoch is prefetched).
+      prefetch_factor: batches in flight are ``prefetch_factor * max(1, num_workers)``.
+      on_error: 'raise' (default) raises a failed sample's exception, with its type and
+        traceback and a note naming the sample; 'skip' replaces the sample with another one
+        (up to ``max_skipped`` over the loader's life) and goes on.
+      batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
+        are not supported.
+
+    Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
+    ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
+    restoring yields exactly the batches that were still to come.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers: Union[int, str] = "auto",
+        collate_fn: Optional[Callable] = None,
+        pin_memory: Union[bool, str] = "auto",
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        device=None,
+        on_error: str = "raise",
+        max_skipped: int = 1000,
+        seed: Optional[int] = None,
+        pin_budget: int = 0,
+        device_depth: int = 2,
+    ) -> None:
+        del multiprocessing_context, persistent_workers, pin_memory_device  # threads: moot
+        if not in_order:
+            warnings.warn("stoker always delivers batches in order", stacklevel=2)
+        if batch_sampler is not None:
+            batch_size, sampler, drop_last = self._unwrap_batch_sampler(
+                batch_sampler, batch_size, shuffle, sampler, drop_last)
+        if batch_size is None:
+            raise ValueError("stoker batches samples: batch_size=None is not supported")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+
+        self.dataset = dataset
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.sampler = sampler
+        self.collate_fn = collate_fn
+        self.timeout = float(timeout)
+        self._epoch = 0  # the next epoch iter() starts, without a sampler that says
+        self._resume: Optional[tuple[int, int]] = None
+        self._iterator: Optional[_Iterator] = None
+
+        native = isinstance(dataset, NativeDataset)
+        if native and collate_fn is not None:
+            raise ValueError("collate_fn works with Python data sets; a native data set's "
+                             "batches are already tensors")
+        if num_workers == "auto":
+            num_workers = _auto_workers(native)
+        if int(num_workers) < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 "
+                             "to disable multiprocessing.")
+        self.num_workers = int(num_workers)
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ValueError("prefetch_factor option should be a positive integer")
+        self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
+
+        # Which samples, in which order: natively (sequential, random, sharded), or a custom
+        # sampler's order read at the start of each epoch.
+        rank, world, shard_drop_last, order = 0, 1, False, None
+        seed_given = seed is not None
+        self._shuffle = bool(shuffle)
+        kind = "distributed" if isinstance(sampler, DistributedSampler) else (
+            _torch_sampler_kind(sampler) if sampler is not None else None)
+        if kind == "distributed":
+            rank, world = sampler.rank, sampler.num_replicas
+            shard_drop_last, self._shuffle = sampler.drop_last, sampler.shuffle
+            seed, seed_given = sampler.seed, True
+        elif kind == "random":
+            self._shuffle = True
+            generator = sampler.generator if sampler.generator is not None else generator
+        elif kind is None and sampler is not None:
+            order = list(sampler)
+        self._native_sampler = kind is not None or sampler is None
+        self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
+
+        if native:
+            self._handle = dataset._handle
+            structure = dataset._structure()
+        else:
+            # With skip, a broken first sample must not stop the loader before it starts.
+            probes = min(16, max_skipped + 1) if on_error == "skip" else 1
+            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None,
+                                                      worker_init_fn, probes)
+            structure = self._handle.structure()
+        self._order = order
+        self._device = self._resolve_device(device)
+        stream = 0
+        if self._device.startswith("cuda"):
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_available():
+                stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
+        if isinstance(pin_memory, bool):
+            pin_memory = "on" if pin_memory else "off"
+        self._loader = _stoker.Loader(
+            self._handle, batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
+            drop_last=self.drop_last, rank=rank, world_size=world,
+            shard_drop_last=shard_drop_last, workers=self.num_workers,
+            depth=self.prefetch_factor * max(1, self.num_workers), on_error=on_error,
+            max_skipped=int(max_skipped), threaded=not native or self.timeout > 0,
+            order=order, device=self._device, device_depth=int(device_depth), stream=stream,
+            pin_memory=str(pin_memory), pin_budget=int(pin_budget))
+        element_types = self._element_types(structure)
+        self._build = plan(structure, collate_fn)
+        self._convert = converter(element_types, self._loader.stats()["device"] not in
+                                  ("cpu", "sim"))
+
+    # --- construction helpers -------------------------------------------------------------
+
+    @staticmethod
+    def _unwrap_batch_sampler(batch_sampler, batch_size, shuffle, sampler, drop_last):
+        torch = sys.modules.get("torch")
+        if batch_size != 1 or shuffle or sampler is not None or drop_last:
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+        if torch is None or type(batch_sampler) is not torch.utils.data.BatchSampler:
+            raise ValueError("stoker needs batches of one size: batch_sampler may only be a "
+                             "torch.utils.data.BatchSampler (pass its sampler instead)")
+        return batch_sampler.batch_size, batch_sampler.sampler, batch_sampler.drop_last
+
+    @staticmethod
+    def _resolve_device(device) -> str:
+        if device is None:
+            return "cpu"
+        name = str(device)
+        if name == "cuda":
+            torch = sys.modules.get("torch")
+            if torch is not None and torch.cuda.is_available():
+                name = f"cuda:{torch.cuda.current_device()}"
+        return name
+
+    @staticmethod
+    def _element_types(structure) -> list[str]:
+        types: dict[int, str] = {}
+
+        def walk(node):
+            if node[0] == "array":
+                types[node[1]] = node[2]
+            elif node[0] in ("seq", "map"):
+                for child in node[-1]:
+                    walk(child)
+
+        walk(structure)
+        return [types[f] for f in sorted(types)]
+
+    # --- the torch DataLoader surface -----------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._loader.batches_per_epoch
+
+    def __iter__(self) -> Iterator:
+        if self._iterator is not None:
+            self._iterator._stale = True
+        if self._resume is not None:
+            epoch, batch = self._resume
+            self._resume = None
+            self._start(epoch, batch)
+        else:
+            epoch = self._sampler_epoch()
+            if epoch is None:
+                epoch = self._epoch
+            self._start(epoch, 0)
+        self._epoch = epoch + 1
+        self._iterator = _Iterator(self)
+        return self._iterator
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts `epoch` at the next iter() (as ``sampler.set_epoch`` does for a sampler)."""
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+        self._epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: restoring it yields exactly the batches still to come."""
+        epoch, batch = self._loader.position()
+        if self._iterator is None or self._iterator._stale:
+            epoch, batch = (self._resume if self._resume is not None else (self._epoch, 0))
+        return {"epoch": int(epoch), "batch": int(batch), "seed": self.seed,
+                "batches_per_epoch": len(self)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state.get("batches_per_epoch", len(self))) != len(self):
+            raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
+                             f"this loader has {len(self)}")
+        if "seed" in state and int(state["seed"]) != self.seed:
+            raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
+                             f"seed {self.seed}: pass seed= (or the same generator) to resume")
+        self._resume = (int(state["epoch"]), int(state["batch"]))
+        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(self._resume[0])
+
+    # --- stoker's own --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Throughput, time the training loop waited, worker busy time, queue depth, slabs."""
+        return self._loader.stats()
+
+    def set_workers(self, workers: int) -> None:
+        """Changes the worker count while running; nothing is lost or reordered."""
+        self._loader.set_workers(int(workers))
+        self.num_workers = int(workers)
+
+    def set_depth(self, depth: int) -> None:
+        self._loader.set_depth(int(depth))
+
+    def close(self) -> None:
+        """Stops the workers now (also done when the loader is garbage collected)."""
+        self._loader.close()
+
+    def __del__(self) -> None:
+        loader = getattr(self, "_loader", None)
+        if loader is not None and not loader.closed:
+            loader.close()
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _sampler_epoch(self) -> Optional[int]:
+        epoch = getattr(self.sampler, "epoch", None)
+        return int(epoch) if isinstance(epoch, int) else None
+
+    def _start(self, epoch: int, batch: int) -> None:
+        if self._order is not None:
+            order = list(self.sampler)
+            if order != self._order:  # a custom sampler's new order: drop the old prefetch
+                self._order = order
+                self._loader.set_order(order)
+                self._loader.restart_fresh(epoch)
+        self._loader.restore(epoch, batch)
+
+    def _next(self):
+        raw = self._loader.next(self.timeout)
+        if raw is None:
+            return None
+        arrays = self._convert(raw)
+        raw.release()  # the tensors keep the buffer; returning them all recycles it
+        return self._build(arrays, raw.objects)
+
+
+class _Iterator:
+    """One epoch of a DataLoader. A new iter() of the same loader ends this one."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = loader
+        self._stale = False
+        self._done = False
+
+    def __iter__(self) -> "_Iterator":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self):
+        if self._stale:
+            raise RuntimeError("stoker: a newer iter() of this DataLoader replaced this iterator")
+        if self._done:
+            raise StopIteration
+        batch = self._loader._next()
+        if batch is None:
+            self._done = True
+            raise StopIteration
+        return batch

@@ -1,0 +1,352 @@
+"""stoker.DataLoader against torch.utils.data.DataLoader's meanings."""
+
+import collections
+import pickle
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import stoker
+
+
+class Squares:
+    """A map-style Python data set: tuple of (tensor, int, str)."""
+
+    def __init__(self, n=100):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((2, 3), float(i)), i * i, f"s{i}"
+
+
+def indices_of(loader):
+    return [int(i) for batch in loader for i in batch[1]]
+
+
+def test_array_dataset_every_sample_once_in_contiguous_tensors():
+    x = torch.arange(1000 * 4, dtype=torch.float32).reshape(1000, 4)
+    y = torch.arange(1000)
+    loader = stoker.DataLoader(stoker.ArrayDataset(x, y), batch_size=64, shuffle=True, seed=3)
+    seen = []
+    for images, labels in loader:
+        assert images.dtype == torch.float32 and images.is_contiguous()
+        assert torch.equal(images, x[labels])
+        seen += labels.tolist()
+    assert len(loader) == 16
+    assert sorted(seen) == list(range(1000))
+    assert seen != list(range(1000))
+
+
+def test_same_seed_same_order_and_epochs_differ():
+    ds = stoker.ArrayDataset(np.arange(200, dtype=np.int64))
+
+    def epochs(seed):
+        loader = stoker.DataLoader(ds, batch_size=32, shuffle=True, seed=seed)
+        return [[int(i) for b in loader for i in b[0]] for _ in range(2)]
+
+    a, b = epochs(7), epochs(7)
+    assert a == b
+    assert a[0] != a[1]
+    assert sorted(a[1]) == list(range(200))
+
+
+def test_torch_manual_seed_makes_shuffling_repeat():
+    ds = stoker.ArrayDataset(np.arange(100, dtype=np.int64))
+    torch.manual_seed(1)
+    first = [int(i) for b in stoker.DataLoader(ds, batch_size=10, shuffle=True) for i in b[0]]
+    torch.manual_seed(1)
+    again = [int(i) for b in stoker.DataLoader(ds, batch_size=10, shuffle=True) for i in b[0]]
+    g = torch.Generator().manual_seed(1)
+    with_gen = stoker.DataLoader(ds, batch_size=10, shuffle=True, generator=g)
+    assert first == again
+    assert sorted(int(i) for b in with_gen for i in b[0]) == list(range(100))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 3])
+def test_python_dataset_batches_like_default_collate(workers):
+    ds = Squares(50)
+    ours = list(stoker.DataLoader(ds, batch_size=8, num_workers=workers))
+    theirs = list(tud.DataLoader(ds, batch_size=8))
+    assert len(ours) == len(theirs) == 7
+    for a, b in zip(ours, theirs):
+        assert type(a) is type(b) is list
+        assert torch.equal(a[0], b[0]) and a[0].dtype == b[0].dtype
+        assert torch.equal(a[1], b[1]) and a[1].dtype == torch.int64
+        assert list(a[2]) == list(b[2])  # torch gives a tuple here, a list in a dict
+
+
+def test_dict_namedtuple_bool_float_and_numpy_leaves():
+    Pair = collections.namedtuple("Pair", "left right")
+
+    class D:
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return {"pair": Pair(np.full(3, i, np.uint8), float(i) / 2),
+                    "flag": i % 2 == 0, "mask": np.array([True, False])}
+
+    ours = list(stoker.DataLoader(D(), batch_size=5, num_workers=2))
+    theirs = list(tud.DataLoader(D(), batch_size=5))
+    for a, b in zip(ours, theirs):
+        assert isinstance(a["pair"], Pair)
+        for x, y in [(a["pair"].left, b["pair"].left), (a["pair"].right, b["pair"].right),
+                     (a["flag"], b["flag"]), (a["mask"], b["mask"])]:
+            assert x.dtype == y.dtype and torch.equal(x, y)
+
+
+def test_drop_last_and_len():
+    ds = stoker.ArrayDataset(np.arange(10, dtype=np.int32))
+    assert len(stoker.DataLoader(ds, batch_size=4)) == 3
+    loader = stoker.DataLoader(ds, batch_size=4, drop_last=True)
+    assert len(loader) == 2
+    assert [b[0].tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_collate_fn_gets_the_samples_as_they_are():
+    def collate(samples):
+        return [s[2] for s in samples]
+
+    loader = stoker.DataLoader(Squares(10), batch_size=4, collate_fn=collate, num_workers=2)
+    assert list(loader) == [["s0", "s1", "s2", "s3"], ["s4", "s5", "s6", "s7"], ["s8", "s9"]]
+
+
+def test_worker_init_fn_runs_once_per_worker():
+    ids = []
+    lock = threading.Lock()
+
+    def init(worker_id):
+        with lock:
+            ids.append(worker_id)
+
+    list(stoker.DataLoader(Squares(64), batch_size=4, num_workers=3, worker_init_fn=init))
+    assert sorted(ids) == list(range(len(ids))) and 1 <= len(ids) <= 3
+
+
+def test_exception_keeps_type_traceback_and_names_the_sample():
+    class Bad(Squares):
+        def __getitem__(self, i):
+            if i == 13:
+                raise KeyError("no such record")
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Bad(40), batch_size=4, num_workers=2)
+    it = iter(loader)
+    got = [next(it) for _ in range(3)]
+    with pytest.raises(KeyError, match="no such record") as info:
+        next(it)
+    assert any("sample 13" in n for n in getattr(info.value, "__notes__", []))
+    assert any("__getitem__" in str(f.name) for f in info.traceback)
+    # The loader goes on with the next batch.
+    assert next(it)[1].tolist() == [16 * 16, 17 * 17, 18 * 18, 19 * 19]
+    assert len(got) == 3
+
+
+def test_skip_policy_keeps_batch_shape_and_reports():
+    class Bad(Squares):
+        def __getitem__(self, i):
+            if i % 10 == 3:
+                raise ValueError(f"corrupt {i}")
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Bad(40), batch_size=8, num_workers=2, on_error="skip")
+    batches = list(loader)
+    assert [len(b[2]) for b in batches] == [8] * 5
+    assert loader.stats()["skipped"] >= 4  # a replacement may fail too, and is replaced
+    assert all(int(v) % 10 != 3 for b in batches for v in b[0][:, 0, 0])
+
+
+def test_skip_budget_exhausted_raises():
+    class Bad(Squares):
+        def __getitem__(self, i):
+            raise OSError("disk gone")
+
+    loader = stoker.DataLoader(Bad(10), batch_size=2, on_error="skip", max_skipped=3)
+    with pytest.raises(OSError, match="disk gone"):
+        list(loader)
+
+
+def test_state_dict_resumes_with_exactly_the_remaining_batches():
+    ds = stoker.ArrayDataset(np.arange(300, dtype=np.int64))
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=5, num_workers=2)
+    list(loader)  # epoch 0
+    it = iter(loader)  # epoch 1
+    head = [next(it)[0].tolist() for _ in range(7)]
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    tail = [b[0].tolist() for b in it]
+    assert state["epoch"] == 1 and state["batch"] == 7
+
+    fresh = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=5, num_workers=3)
+    fresh.load_state_dict(state)
+    assert [b[0].tolist() for b in fresh] == tail
+    assert len(head) + len(tail) == len(loader)
+    # and then the next epoch follows, as in the original
+    assert [b[0].tolist() for b in fresh] == [b[0].tolist() for b in loader]
+
+    other_seed = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=6)
+    with pytest.raises(ValueError, match="seed"):
+        other_seed.load_state_dict(state)
+
+
+def test_a_new_iter_replaces_the_old_one_and_starts_the_next_epoch():
+    ds = stoker.ArrayDataset(np.arange(100, dtype=np.int64))
+    loader = stoker.DataLoader(ds, batch_size=10, shuffle=False)
+    it = iter(loader)
+    next(it)
+    it2 = iter(loader)
+    with pytest.raises(RuntimeError, match="newer iter"):
+        next(it)
+    assert [int(b[0][0]) for b in it2] == list(range(0, 100, 10))
+
+
+def test_torch_samplers_run_natively_and_custom_ones_are_followed():
+    ds = stoker.ArrayDataset(np.arange(50, dtype=np.int64))
+    seq = stoker.DataLoader(ds, batch_size=10, sampler=tud.SequentialSampler(ds))
+    assert [int(i) for b in seq for i in b[0]] == list(range(50))
+    rnd = stoker.DataLoader(ds, batch_size=10, sampler=tud.RandomSampler(ds))
+    assert sorted(int(i) for b in rnd for i in b[0]) == list(range(50))
+
+    class Backwards(tud.Sampler):
+        def __init__(self):
+            self.calls = 0
+
+        def __len__(self):
+            return 20
+
+        def __iter__(self):
+            self.calls += 1
+            start = 49 if self.calls % 2 else 39
+            return iter(range(start, start - 20, -1))
+
+    custom = stoker.DataLoader(ds, batch_size=8, sampler=Backwards())
+    assert [int(i) for b in custom for i in b[0]] == list(range(39, 19, -1))
+    assert [int(i) for b in custom for i in b[0]] == list(range(49, 29, -1))
+
+    batched = stoker.DataLoader(
+        ds, batch_sampler=tud.BatchSampler(tud.SequentialSampler(ds), 16, drop_last=True))
+    assert [b[0].tolist()[0] for b in batched] == [0, 16, 32]
+
+
+def test_timeout_raises_like_torch_and_the_batch_is_not_lost():
+    class Slow(Squares):
+        def __getitem__(self, i):
+            if i == 1 and not getattr(self, "waited", False):
+                self.waited = True
+                time.sleep(0.6)
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Slow(8), batch_size=4, num_workers=1, timeout=0.1)
+    it = iter(loader)
+    with pytest.raises(RuntimeError, match="timed out after 0.1 seconds"):
+        next(it)
+    time.sleep(0.7)
+    assert next(it)[1].tolist() == [0, 1, 4, 9]
+
+
+def test_ctrl_c_interrupts_a_blocked_next_promptly():
+    release = threading.Event()
+
+    class Hang(Squares):
+        def __getitem__(self, i):
+            if i > 0:  # sample 0 is read once to learn the layout
+                release.wait(30)
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Hang(4), batch_size=2, num_workers=1)
+    timer = threading.Timer(0.2, signal.raise_signal, args=(signal.SIGINT,))
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(iter(loader))
+    assert time.monotonic() - start < 5
+    release.set()
+    start = time.monotonic()
+    loader.close()  # waits only for the __getitem__ call already running
+    assert time.monotonic() - start < 5
+
+
+def test_destroying_a_loader_with_batches_in_flight_is_prompt():
+    ds = stoker.ArrayDataset(np.zeros((4096, 3, 64, 64), np.uint8), np.arange(4096))
+    for _ in range(20):
+        loader = stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2)
+        it = iter(loader)
+        next(it)
+        start = time.monotonic()
+        del it, loader
+        assert time.monotonic() - start < 2
+
+
+def test_batches_are_zero_copy_and_slabs_recycle():
+    ds = stoker.ArrayDataset(np.zeros((256, 1024), np.uint8))
+    loader = stoker.DataLoader(ds, batch_size=32, num_workers=2)
+    pointers = set()
+    for _ in range(5):
+        for (batch,) in loader:
+            pointers.add(batch.data_ptr())
+    stats = loader.stats()
+    assert len(pointers) <= stats["slabs"] <= 2 * 4 + 2
+
+
+def test_numpy_arrays_without_torch(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np, stoker\n"
+        "ds = stoker.ArrayDataset(np.arange(30, dtype=np.int16).reshape(10, 3))\n"
+        "out = [b[0] for b in stoker.DataLoader(ds, batch_size=4)]\n"
+        "assert type(out[0]) is np.ndarray and out[0].dtype == np.int16, out\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(np.concatenate(out).sum())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == str(sum(range(30)))
+
+
+def test_bad_options_are_named():
+    ds = stoker.ArrayDataset(np.arange(10))
+    with pytest.raises(ValueError, match="batch_size"):
+        stoker.DataLoader(ds, batch_size=0)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        stoker.DataLoader(ds, shuffle=True, sampler=tud.SequentialSampler(ds))
+    with pytest.raises(ValueError, match="on_error"):
+        stoker.DataLoader(ds, on_error="ignore")
+    with pytest.raises(ValueError, match="num_workers"):
+        stoker.DataLoader(ds, num_workers=-1)
+    with pytest.raises(ValueError, match="device"):
+        stoker.DataLoader(ds, device="tpu")
+
+
+def test_device_cuda_without_a_gpu_falls_back_to_cpu():
+    ds = stoker.ArrayDataset(np.arange(10, dtype=np.float32))
+    loader = stoker.DataLoader(ds, batch_size=5, device="cuda")
+    batches = list(loader)
+    assert batches[0][0].device.type == "cpu" or torch.cuda.is_available()
+    assert loader.stats()["device"] in ("cpu", "cuda:0")
+
+
+def test_sample_seed_is_a_function_of_seed_epoch_and_index():
+    class Seeds:
+        def __len__(self):
+            return 32
+
+        def __getitem__(self, i):
+            # None while the loader reads sample 0 to learn the layout
+            return np.array([(stoker.sample_seed() or 0) >> 1], dtype=np.int64)
+
+    def seeds(workers):
+        loader = stoker.DataLoader(Seeds(), batch_size=8, shuffle=True, seed=9,
+                                   num_workers=workers)
+        return [int(s) for b in loader for s in b[0]]
+
+    assert seeds(1) == seeds(4)
+    assert stoker.sample_seed() is None
