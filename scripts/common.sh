@@ -19,7 +19,7 @@ apt_install() {
 }
 
 BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli11-dev
-                nlohmann-json3-dev)
+                nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev libxxhash-dev)
 
 # build DIR [cmake args...]: configures and builds the project into DIR.
 build() {

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "bench.h"
+#include "image_commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"stoker: keeps accelerators fed with training data"};
@@ -28,8 +29,11 @@ int main(int argc, char** argv) {
                   "sim or cuda[:N]: benchmark the device stage (overlap, H2D rate)");
   cmd->add_option("--consumer-ms", bench.consumer_ms, "heavy: consumer compute per batch");
 
+  auto run_image_command = stoker::tools::add_image_commands(app);
+
   CLI11_PARSE(app, argc, argv);
   try {
+    if (const int rc = run_image_command(); rc >= 0) return rc;
     if (cmd->parsed()) return stoker::bench::run(bench);
   } catch (const std::exception& e) {
     fmt::print(stderr, "stoker: {}\n", e.what());

@@ -1,0 +1,91 @@
+// Where the encoded bytes of a sample live (an image folder, packed record shards, a RAM
+// cache in front of either), seen by the decoding datasets. Sources hand out bytes; they do
+// not decode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace stoker {
+
+// The encoded bytes of one sample: either a view into memory the source keeps mapped (record
+// shards, the RAM cache), or bytes read into `storage`, which the caller reuses from one read
+// to the next so that steady-state reads allocate nothing.
+struct EncodedBytes {
+  std::span<const std::byte> bytes;
+  std::vector<std::byte> storage;
+};
+
+// Thread safety: read() is called concurrently from worker threads; everything else must be
+// constant after construction.
+class EncodedSource {
+ public:
+  virtual ~EncodedSource() = default;
+
+  virtual std::size_t size() const = 0;
+  virtual std::int64_t label(std::size_t index) const = 0;
+  // A name for error messages: the file's path, or shard and record for records.
+  virtual std::string name(std::size_t index) const = 0;
+  // The class names, in label order (torchvision's ImageFolder.classes).
+  virtual std::vector<std::string> classes() const = 0;
+
+  // Sets out.bytes to sample `index`'s encoded bytes. Throws std::runtime_error naming the
+  // sample (name(index)) and the reason: unreadable file, truncated or corrupt record.
+  virtual void read(std::size_t index, EncodedBytes& out) const = 0;
+
+  // Read statistics, for showing e.g. that a RAM cache serves every read after the first epoch.
+  struct Counters {
+    std::uint64_t reads = 0;          // read() calls
+    std::uint64_t storage_reads = 0;  // of those, served from files (disk or the page cache)
+    std::uint64_t storage_bytes = 0;
+    std::uint64_t cached = 0;  // samples held in a RAM cache (cache_in_ram only)
+    std::uint64_t cached_bytes = 0;
+  };
+  virtual Counters counters() const = 0;
+};
+
+// torchvision.datasets.ImageFolder's layout: root/<class>/<file>, classes sorted by name,
+// files sorted by path within each class, only files with an image extension (.jpg .jpeg .png
+// .ppm .bmp .pgm .tif .tiff .webp, any case). Throws std::runtime_error if `root` has no class
+// folder or no image.
+std::shared_ptr<EncodedSource> open_image_folder(const std::string& root);
+
+// Packed record shards written by `stoker pack` (format: docs/record_format.md), memory-mapped.
+// `path` is one shard file or a directory of them (every *.stkr file, in name order). Throws
+// std::runtime_error naming the file and the reason for a missing, truncated or corrupt shard
+// (bad magic, version, header or index checksum, records outside the file). Each record's
+// checksum is verified on every read(): a corrupt record throws, naming shard and record.
+std::shared_ptr<EncodedSource> open_records(const std::string& path);
+
+struct PackOptions {
+  std::uint64_t shard_bytes = std::uint64_t{1} << 30;  // a new shard starts past this size
+  bool overwrite = false;  // replace an existing `dest` (else that is an error)
+  // Called after each record with (records done, records in all, bytes written).
+  std::function<void(std::size_t, std::size_t, std::uint64_t)> progress;
+};
+
+struct PackResult {
+  std::size_t records = 0;
+  std::size_t shards = 0;
+  std::uint64_t bytes = 0;  // payload bytes
+};
+
+// Writes every sample of `source` (bytes, label, name, and the class list) into record shards
+// in the directory `dest`, in source order. Atomic: the shards are written into a temporary
+// directory beside `dest`, synced, and renamed to `dest` only when complete, so a reader never
+// sees a partial pack. Throws std::runtime_error naming the file and the reason.
+PackResult pack_records(const EncodedSource& source, const std::string& dest,
+                        const PackOptions& options = {});
+
+// Keeps the encoded bytes of `source` in RAM, up to `budget_bytes` (first come, first kept),
+// so that later epochs never touch the disk: the RAM-disk trick without root or tmpfs. The
+// budget is reserved as address space only; memory is used as samples are kept.
+std::shared_ptr<EncodedSource> cache_in_ram(std::shared_ptr<EncodedSource> source,
+                                            std::size_t budget_bytes);
+
+}  // namespace stoker

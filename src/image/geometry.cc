@@ -1,0 +1,120 @@
+#include "image/geometry.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace stoker::image {
+namespace {
+
+// SplitMix64: the per-sample generator, seeded by SampleOut::seed().
+class Random {
+ public:
+  explicit Random(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
+  // Uniform in [0, n), n >= 1 (the modulo bias is below 2^-40 for image sizes).
+  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
+
+ private:
+  std::uint64_t state_;
+};
+
+// Python's round(): halves to even, as torchvision computes crop sizes.
+int round_even(double v) { return static_cast<int>(std::nearbyint(v)); }
+
+}  // namespace
+}  // namespace stoker::image
+
+namespace stoker {
+
+RandomCropDraw draw_random_crop(const ImageTransform& t, int width, int height,
+                                std::uint64_t seed) {
+  image::Random rng(seed);
+  RandomCropDraw d;
+  // torchvision.transforms.RandomResizedCrop.get_params.
+  const double area = static_cast<double>(width) * height;
+  const double log_r0 = std::log(t.ratio[0]);
+  const double log_r1 = std::log(t.ratio[1]);
+  using image::round_even;
+  bool found = false;
+  for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+    const double target_area = area * rng.uniform(t.scale[0], t.scale[1]);
+    const double aspect = std::exp(rng.uniform(log_r0, log_r1));
+    const int w = round_even(std::sqrt(target_area * aspect));
+    const int h = round_even(std::sqrt(target_area / aspect));
+    if (0 < w && w <= width && 0 < h && h <= height) {
+      d.box = {rng.below(width - w + 1), rng.below(height - h + 1), w, h};
+      found = true;
+    }
+  }
+  if (!found) {  // the center crop, clamped to the ratio range
+    const double in_ratio = static_cast<double>(width) / height;
+    const double rmin = std::min(t.ratio[0], t.ratio[1]);
+    const double rmax = std::max(t.ratio[0], t.ratio[1]);
+    int w = width, h = height;
+    if (in_ratio < rmin) {
+      h = round_even(w / rmin);
+    } else if (in_ratio > rmax) {
+      w = round_even(h * rmax);
+    }
+    d.box = {(width - w) / 2, (height - h) / 2, w, h};
+  }
+  d.flip = t.random_flip && rng.uniform() < 0.5;
+  return d;
+}
+
+}  // namespace stoker
+
+namespace stoker::image {
+
+Geometry plan_geometry(const ImageTransform& t, int width, int height, std::uint64_t seed,
+                       const CropBox* crop) {
+  Geometry g;
+  if (t.crop == ImageTransform::Crop::random_resized) {
+    if (crop) {
+      if (crop->x < 0 || crop->y < 0 || crop->width <= 0 || crop->height <= 0 ||
+          crop->x + crop->width > width || crop->y + crop->height > height) {
+        throw std::invalid_argument("crop box outside the " + std::to_string(width) + "x" +
+                                    std::to_string(height) + " image");
+      }
+      g.region = *crop;
+    } else {
+      const auto d = draw_random_crop(t, width, height, seed);
+      g.region = d.box;
+      g.flip = d.flip;
+    }
+    g.out_width = g.out_height = t.size;
+    return g;
+  }
+  // Resize(resize): torchvision's _compute_resized_output_size for an int size.
+  g.region = {0, 0, width, height};
+  const bool wide = width > height;
+  const int shorter = wide ? height : width;
+  const int longer = wide ? width : height;
+  const int new_long = static_cast<int>(static_cast<double>(t.resize) * longer / shorter);
+  g.out_width = wide ? new_long : t.resize;
+  g.out_height = wide ? t.resize : new_long;
+  // CenterCrop(size): int(round((h - size) / 2.0)).
+  g.window_x = round_even((g.out_width - t.size) / 2.0);
+  g.window_y = round_even((g.out_height - t.size) / 2.0);
+  g.flip = t.random_flip && Random(seed).uniform() < 0.5;
+  return g;
+}
+
+int dct_denominator(const Geometry& g) {
+  const double factor = std::min(static_cast<double>(g.region.width) / g.out_width,
+                                 static_cast<double>(g.region.height) / g.out_height);
+  int denom = 1;
+  while (denom < 8 && factor >= 2.0 * denom) denom *= 2;
+  return denom;
+}
+
+}  // namespace stoker::image

@@ -1,0 +1,176 @@
+#include "image/jpeg.h"
+
+// clang-format off
+#include <cstdio>  // jpeglib.h needs FILE and size_t first
+#include <jpeglib.h>
+#include <jerror.h>
+// clang-format on
+
+#include <csetjmp>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace stoker::image {
+namespace {
+
+// libjpeg reports fatal errors through error_exit, which must not return: it longjmps back to
+// the setjmp in the JpegDecoder method that called into libjpeg. Only libjpeg's C frames lie
+// between, so no destructor is skipped; the method then throws a C++ exception.
+struct Errors {
+  jpeg_error_mgr mgr;  // first member: libjpeg's cinfo->err points here
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void on_error(j_common_ptr cinfo) {
+  auto* e = reinterpret_cast<Errors*>(cinfo->err);
+  cinfo->err->format_message(cinfo, e->message);
+  std::longjmp(e->jump, 1);
+}
+
+// Warnings: running out of data means the file is truncated, and libjpeg would go on with
+// made-up gray pixels, so that is an error. Other warnings (extraneous bytes before a marker,
+// and the like) are ignored, as Pillow and torchvision ignore them.
+void on_message(j_common_ptr cinfo, int level) {
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
+    auto* e = reinterpret_cast<Errors*>(cinfo->err);
+    std::snprintf(e->message, sizeof e->message, "truncated JPEG (premature end of data)");
+    std::longjmp(e->jump, 1);
+  }
+}
+
+// Pillow's CMYK to RGB (Convert.c cmyk2rgb): r = (255 - c) * (255 - k) / 255, rounded. Adobe
+// JPEGs store CMYK inverted (Pillow's "CMYK;I"), so their bytes are 255 - c and 255 - k.
+void cmyk_to_rgb(const std::uint8_t* in, std::uint8_t* out, int width, bool inverted) {
+  for (int x = 0; x < width; ++x, in += 4, out += 3) {
+    const int k = inverted ? in[3] : 255 - in[3];
+    for (int c = 0; c < 3; ++c) {
+      const int v = inverted ? in[c] : 255 - in[c];
+      const int t = v * k + 128;
+      out[c] = static_cast<std::uint8_t>((t + (t >> 8)) >> 8);
+    }
+  }
+}
+
+}  // namespace
+
+struct JpegDecoder::State {
+  jpeg_decompress_struct cinfo;
+  Errors errors;
+  bool cmyk = false;
+};
+
+JpegDecoder::JpegDecoder() : state_(new State{}) {
+  state_->cinfo.err = jpeg_std_error(&state_->errors.mgr);
+  state_->errors.mgr.error_exit = on_error;
+  state_->errors.mgr.emit_message = on_message;
+  if (setjmp(state_->errors.jump)) {
+    delete state_;
+    throw std::runtime_error("cannot create a JPEG decoder");
+  }
+  jpeg_create_decompress(&state_->cinfo);
+}
+
+JpegDecoder::~JpegDecoder() {
+  jpeg_destroy_decompress(&state_->cinfo);
+  delete state_;
+}
+
+bool is_jpeg(std::span<const std::byte> data) {
+  return data.size() >= 3 && data[0] == std::byte{0xFF} && data[1] == std::byte{0xD8} &&
+         data[2] == std::byte{0xFF};
+}
+
+// Each method that calls into libjpeg sets its own landing point; on an error the image is
+// aborted (the decoder is ready for the next one) and the reason thrown.
+#define STOKER_JPEG_GUARD()                                        \
+  if (setjmp(state_->errors.jump)) {                               \
+    jpeg_abort_decompress(&state_->cinfo);                         \
+    throw std::runtime_error(std::string(state_->errors.message)); \
+  }
+
+JpegDecoder::Header JpegDecoder::read_header(std::span<const std::byte> data) {
+  jpeg_decompress_struct& cinfo = state_->cinfo;
+  STOKER_JPEG_GUARD();
+  jpeg_abort_decompress(&cinfo);  // whatever an earlier image left
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(data.data()),
+               static_cast<unsigned long>(data.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  switch (cinfo.jpeg_color_space) {
+    case JCS_GRAYSCALE:
+    case JCS_RGB:
+    case JCS_YCbCr:
+      cinfo.out_color_space = JCS_RGB;
+      state_->cmyk = false;
+      break;
+    case JCS_CMYK:
+    case JCS_YCCK:
+      cinfo.out_color_space = JCS_CMYK;
+      state_->cmyk = true;
+      break;
+    default:
+      std::snprintf(state_->errors.message, sizeof state_->errors.message,
+                    "unsupported JPEG color space (%d components)", cinfo.num_components);
+      jpeg_abort_decompress(&cinfo);
+      throw std::runtime_error(state_->errors.message);
+  }
+  return {static_cast<int>(cinfo.image_width), static_cast<int>(cinfo.image_height)};
+}
+
+JpegDecoder::Header JpegDecoder::scaled_size(int denom) {
+  jpeg_decompress_struct& cinfo = state_->cinfo;
+  STOKER_JPEG_GUARD();
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(denom);
+  jpeg_calc_output_dimensions(&cinfo);
+  return {static_cast<int>(cinfo.output_width), static_cast<int>(cinfo.output_height)};
+}
+
+void JpegDecoder::decode(int denom, int x0, int x1, int y0, int y1, RowSink sink) {
+  jpeg_decompress_struct& cinfo = state_->cinfo;
+  const bool cmyk = state_->cmyk;
+  // Buffers are sized before any libjpeg call, so no allocation can be skipped by a longjmp.
+  const auto scaled = scaled_size(denom);
+  const std::size_t channels = cmyk ? 4 : 3;
+  if (row_.size() < static_cast<std::size_t>(scaled.width) * channels) {
+    row_.resize(static_cast<std::size_t>(scaled.width) * channels);
+  }
+  if (cmyk && rgb_.size() < static_cast<std::size_t>(scaled.width) * 3) {
+    rgb_.resize(static_cast<std::size_t>(scaled.width) * 3);
+  }
+  std::uint8_t* row = row_.data();
+  std::uint8_t* rgb = rgb_.data();
+  STOKER_JPEG_GUARD();
+  cinfo.scale_num = 1;
+  cinfo.scale_denom = static_cast<unsigned>(denom);
+  jpeg_start_decompress(&cinfo);
+  JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
+  JDIMENSION width = static_cast<JDIMENSION>(x1 - x0);
+  if (xoffset != 0 || width != cinfo.output_width) {
+    // Widens the span to whole iMCUs: xoffset moves left, width grows.
+    jpeg_crop_scanline(&cinfo, &xoffset, &width);
+  }
+  const std::size_t skip_columns = static_cast<std::size_t>(x0) - xoffset;
+  if (y0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(y0));
+  const bool inverted = cmyk && cinfo.saw_Adobe_marker;
+  for (int y = y0; y < y1; ++y) {
+    JSAMPROW rows[1] = {row};
+    if (jpeg_read_scanlines(&cinfo, rows, 1) != 1) {
+      std::snprintf(state_->errors.message, sizeof state_->errors.message,
+                    "truncated JPEG (no data for row %d)", y);
+      std::longjmp(state_->errors.jump, 1);
+    }
+    const std::uint8_t* out = row + skip_columns * channels;
+    if (cmyk) {
+      cmyk_to_rgb(out, rgb, x1 - x0, inverted);
+      out = rgb;
+    }
+    sink.fn(sink.context, out, y - y0);
+  }
+  jpeg_abort_decompress(&cinfo);  // rows below the region are never decoded
+}
+
+#undef STOKER_JPEG_GUARD
+
+}  // namespace stoker::image

@@ -1,0 +1,70 @@
+// Resampling kernels with Pillow's antialiased filters (ImagingResample, libImaging/Resample.c):
+// separable, a horizontal pass then a vertical pass, fixed-point coefficients with
+// kPrecisionBits fraction bits, rounding to 8 bits between and after the passes, so results
+// match Pillow's resize (and so torchvision's transforms on PIL images) to within rounding.
+//
+// Pure functions over caller-owned buffers: nothing here allocates, locks or keeps state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "stoker/dataset.h"
+#include "stoker/image.h"
+
+namespace stoker::image {
+
+inline constexpr int kPrecisionBits = 32 - 8 - 2;
+
+// Filter weights along one axis: output position o (of a window of outputs) reads inputs
+// start[o] .. start[o] + count[o] - 1 with weights[o * taps ...]. Inputs used by the whole
+// window are [first, last).
+struct AxisCoeffs {
+  int taps = 0;
+  std::span<std::int32_t> start;
+  std::span<std::int32_t> count;
+  std::span<std::int32_t> weights;  // start.size() * taps
+  int first = 0;
+  int last = 0;
+};
+
+// Coefficients per output of Pillow's bilinear (triangle) filter, support scaled by the
+// reduction factor, for resizing the span [in0, in1) of an axis of `in_size` pixels to
+// `out_size` pixels (Pillow's resize with a box).
+int bilinear_taps(double in0, double in1, int out_size);
+
+// Fills `c` (spans sized by the caller: start/count for the window, weights for window * taps
+// with taps = bilinear_taps(...)) for outputs [window_begin, window_begin + c.start.size()).
+void bilinear_axis(int in_size, double in0, double in1, int out_size, int window_begin,
+                   AxisCoeffs& c);
+
+// Horizontal pass over one RGB row: `in` holds input pixels from index cx.first on; writes
+// cx.start.size() RGB pixels to `out`.
+void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out);
+
+// Where and how the vertical pass writes: a width x height image of 3 channels into `out`,
+// u8 as is or f32 through `lut` (3 x 256 floats: channel c of value v is lut[c * 256 + v]),
+// CHW or HWC, mirrored left-right if `flip`.
+struct OutputArgs {
+  std::span<std::byte> out;
+  DType dtype = DType::u8;
+  ImageLayout layout = ImageLayout::chw;
+  bool flip = false;
+  const float* lut = nullptr;
+  int width = 0;
+  int height = 0;
+};
+
+// Vertical pass fused with flip, normalize and layout change. `rows` holds the horizontally
+// resampled rows: row r (input row cy.first + r) at rows + r * row_stride, width RGB pixels.
+// `acc` (width * 3) and `line` (width * 3) are scratch.
+void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const AxisCoeffs& cy,
+                      const OutputArgs& args, std::span<std::int32_t> acc,
+                      std::span<std::uint8_t> line);
+
+// The ToTensor + Normalize table: lut[c * 256 + v] = (v / 255 - mean[c]) / std[c].
+void normalize_table(const std::array<float, 3>& mean, const std::array<float, 3>& std,
+                     std::span<float> lut);
+
+}  // namespace stoker::image

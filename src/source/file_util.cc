@@ -1,0 +1,47 @@
+#include "source/file_util.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+namespace stoker::detail {
+
+void throw_errno(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what + ": " + std::strerror(errno));
+}
+
+namespace {
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+}  // namespace
+
+void read_whole_file(const std::string& path, std::vector<std::byte>& out) {
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) throw_errno(path, "cannot open");
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw_errno(path, "cannot stat");
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error(path + ": not a regular file");
+  const auto size = static_cast<std::size_t>(st.st_size);
+  out.resize(size);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(f.fd, out.data() + done, size - done, static_cast<off_t>(done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(path, "cannot read");
+    }
+    if (n == 0) break;  // the file shrank while we read it
+    done += static_cast<std::size_t>(n);
+  }
+  out.resize(done);
+}
+
+}  // namespace stoker::detail

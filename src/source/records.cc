@@ -1,0 +1,390 @@
+// Record shards (docs/record_format.md): the writer behind `stoker pack` and the memory-mapped
+// reader.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "source/file_util.h"
+#include "source/record_format.h"
+#include "stoker/encoded.h"
+
+namespace stoker {
+namespace {
+
+namespace fs = std::filesystem;
+using records::Entry;
+using records::Header;
+
+static_assert(std::endian::native == std::endian::little,
+              "the record format is little-endian; add byte swaps for this host");
+
+std::uint64_t checksum(const void* data, std::size_t size) { return XXH3_64bits(data, size); }
+
+std::uint64_t header_checksum(const Header& h) {
+  return checksum(&h, offsetof(Header, header_checksum));
+}
+
+// ---------------------------------------------------------------------------- reading
+
+class Mapping {
+ public:
+  explicit Mapping(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) detail::throw_errno(path, "cannot open");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      ::close(fd);
+      detail::throw_errno(path, "cannot stat");
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        ::close(fd);
+        detail::throw_errno(path, "cannot map");
+      }
+      data_ = static_cast<const std::byte*>(p);
+    }
+    ::close(fd);
+  }
+  ~Mapping() {
+    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  const std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+struct Record {
+  const std::byte* data;
+  std::uint64_t length;
+  std::int64_t label;
+  std::uint64_t checksum;
+  std::uint32_t shard;
+  std::uint32_t number;  // within its shard
+  std::string_view name;
+};
+
+[[noreturn]] void corrupt(const std::string& path, const std::string& why) {
+  throw std::runtime_error(path + ": corrupt record shard: " + why);
+}
+
+class RecordSource final : public EncodedSource {
+ public:
+  explicit RecordSource(const std::string& path) {
+    std::vector<std::string> files;
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) {
+      for (const auto& e : fs::directory_iterator(path, ec)) {
+        if (e.path().extension() == records::kShardSuffix) files.push_back(e.path().string());
+      }
+      std::sort(files.begin(), files.end());
+      if (files.empty()) throw std::runtime_error(path + ": no record shards (*.stkr)");
+    } else {
+      files.push_back(path);
+    }
+    for (const auto& f : files) add_shard(f);
+  }
+
+  std::size_t size() const override { return records_.size(); }
+  std::int64_t label(std::size_t index) const override { return records_.at(index).label; }
+  std::vector<std::string> classes() const override { return classes_; }
+  std::string name(std::size_t index) const override {
+    const Record& r = records_.at(index);
+    return shards_[r.shard]->path() + " record " + std::to_string(r.number) + " (" +
+           std::string(r.name) + ")";
+  }
+
+  void read(std::size_t index, EncodedBytes& out) const override {
+    const Record& r = records_.at(index);
+    if (checksum(r.data, r.length) != r.checksum) {
+      throw std::runtime_error(name(index) + ": checksum mismatch (corrupt record)");
+    }
+    out.bytes = {r.data, r.length};
+    reads_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(r.length, std::memory_order_relaxed);
+  }
+
+  Counters counters() const override {
+    Counters c;
+    c.reads = c.storage_reads = reads_.load(std::memory_order_relaxed);
+    c.storage_bytes = bytes_.load(std::memory_order_relaxed);
+    return c;
+  }
+
+ private:
+  void add_shard(const std::string& path) {
+    auto map = std::make_unique<Mapping>(path);
+    const std::byte* base = map->data();
+    const std::size_t size = map->size();
+    if (size < records::kHeaderBytes) {
+      corrupt(path, "truncated (" + std::to_string(size) + " bytes, no complete header)");
+    }
+    Header h;
+    std::memcpy(&h, base, sizeof h);
+    if (std::memcmp(h.magic, records::kMagic, sizeof h.magic) != 0) {
+      throw std::runtime_error(path + ": not a stoker record shard (bad magic)");
+    }
+    if (h.version != records::kVersion) {
+      throw std::runtime_error(path + ": record format version " + std::to_string(h.version) +
+                               " is not supported (this build reads version " +
+                               std::to_string(records::kVersion) + ")");
+    }
+    if (header_checksum(h) != h.header_checksum) corrupt(path, "header checksum mismatch");
+    if (h.header_bytes != records::kHeaderBytes) corrupt(path, "unexpected header size");
+    if (h.index_offset > size || h.index_bytes > size - h.index_offset) {
+      corrupt(path, "truncated (" + std::to_string(size) + " bytes, the index ends at " +
+                        std::to_string(h.index_offset + h.index_bytes) + ")");
+    }
+    const std::byte* index = base + h.index_offset;
+    if (checksum(index, h.index_bytes) != h.index_checksum) {
+      corrupt(path, "index checksum mismatch");
+    }
+    // Index: u32 class count, (u32 length, bytes) per class, the entries, then the names.
+    std::size_t at = 0;
+    auto take = [&](void* dst, std::size_t n) {
+      if (n > h.index_bytes - at) corrupt(path, "index too short");
+      std::memcpy(dst, index + at, n);
+      at += n;
+    };
+    std::uint32_t class_count = 0;
+    take(&class_count, 4);
+    std::vector<std::string> classes;
+    for (std::uint32_t c = 0; c < class_count; ++c) {
+      std::uint32_t len = 0;
+      take(&len, 4);
+      if (len > h.index_bytes - at) corrupt(path, "index too short");
+      classes.emplace_back(reinterpret_cast<const char*>(index + at), len);
+      at += len;
+    }
+    if (shards_.empty()) {
+      classes_ = classes;
+    } else if (classes != classes_) {
+      throw std::runtime_error(path + ": its class list differs from " + shards_[0]->path());
+    }
+    if (h.records > (h.index_bytes - at) / records::kEntryBytes) corrupt(path, "index too short");
+    const std::size_t names_at = at + h.records * records::kEntryBytes;
+    const std::size_t names_bytes = h.index_bytes - names_at;
+    const char* names = reinterpret_cast<const char*>(index + names_at);
+    const auto shard = static_cast<std::uint32_t>(shards_.size());
+    for (std::uint64_t i = 0; i < h.records; ++i) {
+      Entry e;
+      take(&e, sizeof e);
+      if (e.offset < records::kHeaderBytes || e.offset > h.index_offset ||
+          e.length > h.index_offset - e.offset) {
+        corrupt(path, "record " + std::to_string(i) + " lies outside the data area");
+      }
+      if (e.name_offset > names_bytes || e.name_length > names_bytes - e.name_offset) {
+        corrupt(path, "record " + std::to_string(i) + " has a bad name");
+      }
+      records_.push_back({base + e.offset, e.length, e.label, e.checksum, shard,
+                          static_cast<std::uint32_t>(i),
+                          std::string_view(names + e.name_offset, e.name_length)});
+    }
+    shards_.push_back(std::move(map));
+  }
+
+  std::vector<std::unique_ptr<Mapping>> shards_;
+  std::vector<Record> records_;
+  std::vector<std::string> classes_;
+  mutable std::atomic<std::uint64_t> reads_{0};
+  mutable std::atomic<std::uint64_t> bytes_{0};
+};
+
+// ---------------------------------------------------------------------------- writing
+
+class ShardWriter {
+ public:
+  ShardWriter(std::string path, const std::vector<std::string>& classes)
+      : path_(std::move(path)), classes_(classes) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) detail::throw_errno(path_, "cannot create");
+    const std::byte zero[records::kHeaderBytes] = {};
+    write(zero, sizeof zero);  // the header is written last, when the index is known
+  }
+  ~ShardWriter() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  std::uint64_t bytes() const { return offset_; }
+  std::size_t records() const { return entries_.size(); }
+
+  void add(std::span<const std::byte> payload, std::int64_t label, const std::string& name) {
+    Entry e{};
+    e.offset = offset_;
+    e.length = payload.size();
+    e.label = label;
+    e.checksum = checksum(payload.data(), payload.size());
+    e.name_offset = static_cast<std::uint32_t>(names_.size());
+    e.name_length = static_cast<std::uint32_t>(name.size());
+    names_ += name;
+    write(payload.data(), payload.size());
+    entries_.push_back(e);
+  }
+
+  void finish() {
+    std::vector<std::byte> index;
+    auto put = [&](const void* p, std::size_t n) {
+      const auto* b = static_cast<const std::byte*>(p);
+      index.insert(index.end(), b, b + n);
+    };
+    const auto class_count = static_cast<std::uint32_t>(classes_.size());
+    put(&class_count, 4);
+    for (const auto& c : classes_) {
+      const auto len = static_cast<std::uint32_t>(c.size());
+      put(&len, 4);
+      put(c.data(), c.size());
+    }
+    for (const auto& e : entries_) put(&e, sizeof e);
+    put(names_.data(), names_.size());
+
+    Header h{};
+    std::memcpy(h.magic, records::kMagic, sizeof h.magic);
+    h.version = records::kVersion;
+    h.header_bytes = records::kHeaderBytes;
+    h.records = entries_.size();
+    h.index_offset = offset_;
+    h.index_bytes = index.size();
+    h.index_checksum = checksum(index.data(), index.size());
+    h.header_checksum = header_checksum(h);
+    write(index.data(), index.size());
+    if (::pwrite(fd_, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) {
+      detail::throw_errno(path_, "cannot write the header");
+    }
+    if (::fsync(fd_) != 0) detail::throw_errno(path_, "cannot sync");
+    if (::close(fd_) != 0) {
+      fd_ = -1;
+      detail::throw_errno(path_, "cannot close");
+    }
+    fd_ = -1;
+  }
+
+ private:
+  void write(const void* data, std::size_t n) {
+    const auto* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        detail::throw_errno(path_, "cannot write");
+      }
+      p += w;
+      n -= static_cast<std::size_t>(w);
+      offset_ += static_cast<std::uint64_t>(w);
+    }
+  }
+
+  std::string path_;
+  const std::vector<std::string>& classes_;
+  int fd_ = -1;
+  std::uint64_t offset_ = 0;
+  std::vector<Entry> entries_;
+  std::string names_;
+};
+
+void sync_directory(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// ".<name><suffix>-<pid>", built by appending (GCC 12 warns falsely on chained operator+).
+std::string hidden_name(const fs::path& target, const std::string& suffix) {
+  std::string name = ".";
+  name.append(target.filename().string());
+  name.append(suffix);
+  name.append("-");
+  name.append(std::to_string(::getpid()));
+  return name;
+}
+
+}  // namespace
+
+std::shared_ptr<EncodedSource> open_records(const std::string& path) {
+  return std::make_shared<RecordSource>(path);
+}
+
+PackResult pack_records(const EncodedSource& source, const std::string& dest,
+                        const PackOptions& options) {
+  const fs::path target = fs::absolute(fs::path(dest)).lexically_normal();
+  std::error_code ec;
+  if (fs::exists(target, ec) && !options.overwrite) {
+    throw std::runtime_error(dest + ": already exists (pass overwrite to replace it)");
+  }
+  const fs::path parent = target.parent_path();
+  fs::create_directories(parent, ec);
+  // A temporary directory beside the target: same file system, so the final rename is atomic.
+  std::random_device rd;
+  const fs::path tmp = parent / hidden_name(target, ".tmp-" + std::to_string(rd()));
+  if (!fs::create_directory(tmp, ec)) {
+    throw std::runtime_error(tmp.string() + ": cannot create: " + ec.message());
+  }
+  PackResult result;
+  try {
+    const auto classes = source.classes();
+    const auto shard_name = [&](std::size_t n) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "part-%05zu%s", n, records::kShardSuffix);
+      return (tmp / buf).string();
+    };
+    auto writer = std::make_unique<ShardWriter>(shard_name(0), classes);
+    EncodedBytes bytes;
+    const std::size_t total = source.size();
+    for (std::size_t i = 0; i < total; ++i) {
+      source.read(i, bytes);
+      if (writer->records() > 0 && writer->bytes() + bytes.bytes.size() > options.shard_bytes) {
+        writer->finish();
+        ++result.shards;
+        writer = std::make_unique<ShardWriter>(shard_name(result.shards), classes);
+      }
+      writer->add(bytes.bytes, source.label(i), source.name(i));
+      ++result.records;
+      result.bytes += bytes.bytes.size();
+      if (options.progress) options.progress(i + 1, total, result.bytes);
+    }
+    writer->finish();
+    ++result.shards;
+    sync_directory(tmp);
+    if (fs::exists(target, ec)) {
+      // overwrite: move the old pack aside first, so dest is never half old, half new.
+      const fs::path old = parent / hidden_name(target, ".old");
+      fs::rename(target, old);
+      fs::rename(tmp, target);
+      fs::remove_all(old, ec);
+    } else {
+      fs::rename(tmp, target);
+    }
+    sync_directory(parent);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return result;
+}
+
+}  // namespace stoker

@@ -1,0 +1,355 @@
+// The image kernels, the crop rules and decode_image (JPEG, PNG, bad input).
+#include "stoker/image.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "image/geometry.h"
+#include "image/jpeg.h"
+#include "image/resample.h"
+#include "image_fixtures.h"
+
+namespace stoker {
+namespace {
+
+using testing::make_jpeg;
+
+std::vector<std::uint8_t> run(const std::vector<std::byte>& data, const ImageTransform& t,
+                              std::uint64_t seed = 0, const CropBox* crop = nullptr,
+                              std::uint64_t max_pixels = kDefaultMaxPixels) {
+  std::vector<std::uint8_t> out(t.output_bytes());
+  decode_image(data, "test.jpg", t, seed, std::as_writable_bytes(std::span(out)), crop, max_pixels);
+  return out;
+}
+
+ImageTransform u8_hwc(ImageTransform t) {
+  t.dtype = DType::u8;
+  t.layout = ImageLayout::hwc;
+  return t;
+}
+
+std::string error_of(const std::vector<std::byte>& data, const ImageTransform& t,
+                     std::uint64_t max_pixels = kDefaultMaxPixels) {
+  try {
+    run(data, t, 0, nullptr, max_pixels);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---------------------------------------------------------------- kernels
+
+TEST(Resample, WeightsOfEachOutputSumToOne) {
+  for (auto [in, out] : {std::pair{500, 224}, {224, 224}, {100, 224}, {3000, 224}, {37, 5}}) {
+    const int taps = image::bilinear_taps(0, in, out);
+    std::vector<std::int32_t> start(out), count(out), weights(out * taps);
+    image::AxisCoeffs c{taps, start, count, weights};
+    image::bilinear_axis(in, 0, in, out, 0, c);
+    EXPECT_EQ(c.first, 0);
+    EXPECT_EQ(c.last, in);
+    for (int o = 0; o < out; ++o) {
+      const auto sum =
+          std::accumulate(weights.begin() + o * taps, weights.begin() + (o + 1) * taps, 0LL);
+      // Rounding each weight to fixed point leaves the sum within a few units of one.
+      EXPECT_NEAR(static_cast<double>(sum), 1 << image::kPrecisionBits, taps) << in << "->" << out;
+      EXPECT_GE(start[o], 0);
+      EXPECT_LE(start[o] + count[o], in);
+    }
+  }
+}
+
+TEST(Resample, SameSizeIsTheIdentityAndAWindowIsACrop) {
+  const int n = 40;
+  auto px = testing::pattern(n, n, 3);
+  const int taps = image::bilinear_taps(0, n, n);
+  std::vector<std::int32_t> start(n), count(n), weights(n * taps);
+  image::AxisCoeffs c{taps, start, count, weights};
+  image::bilinear_axis(n, 0, n, n, 0, c);
+  std::vector<std::uint8_t> row(n * 3);
+  image::resample_row(px.data(), c, row.data());
+  EXPECT_TRUE(std::equal(row.begin(), row.end(), px.begin()));
+
+  // A window of 10 outputs from 5 on reads inputs 5..15 (Pillow's support also takes in input
+  // 15, with weight zero).
+  std::vector<std::int32_t> ws(10), wc(10), ww(10 * taps);
+  image::AxisCoeffs w{taps, ws, wc, ww};
+  image::bilinear_axis(n, 0, n, n, 5, w);
+  EXPECT_EQ(w.first, 5);
+  EXPECT_EQ(w.last, 16);
+  image::resample_row(px.data() + 5 * 3, w, row.data());
+  EXPECT_TRUE(std::equal(row.begin(), row.begin() + 30, px.begin() + 15));
+}
+
+TEST(Resample, ColumnsPassWritesFlippedNormalizedLayouts) {
+  // 2x2 output from 2 identical rows: the vertical pass is the identity, so the output is the
+  // rows in the requested layout.
+  const int n = 2;
+  std::vector<std::uint8_t> rows = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120};
+  const int taps = image::bilinear_taps(0, n, n);
+  std::vector<std::int32_t> start(n), count(n), weights(n * taps);
+  image::AxisCoeffs c{taps, start, count, weights};
+  image::bilinear_axis(n, 0, n, n, 0, c);
+  std::vector<std::int32_t> acc(6);
+  std::vector<std::uint8_t> line(6);
+
+  std::vector<std::uint8_t> chw(12);
+  image::OutputArgs a{
+      std::as_writable_bytes(std::span(chw)), DType::u8, ImageLayout::chw, false, nullptr, 2, 2};
+  image::resample_columns(rows.data(), 6, c, a, acc, line);
+  EXPECT_EQ(chw, (std::vector<std::uint8_t>{10, 40, 70, 100, 20, 50, 80, 110, 30, 60, 90, 120}));
+
+  std::vector<std::uint8_t> hwc(12);
+  a.out = std::as_writable_bytes(std::span(hwc));
+  a.layout = ImageLayout::hwc;
+  a.flip = true;
+  image::resample_columns(rows.data(), 6, c, a, acc, line);
+  EXPECT_EQ(hwc, (std::vector<std::uint8_t>{40, 50, 60, 10, 20, 30, 100, 110, 120, 70, 80, 90}));
+
+  std::array<float, 768> lut;
+  const std::array<float, 3> mean{0.5f, 0.25f, 0.0f}, std{0.5f, 0.25f, 2.0f};
+  image::normalize_table(mean, std, lut);
+  EXPECT_FLOAT_EQ(lut[0 * 256 + 255], 1.0f);
+  EXPECT_FLOAT_EQ(lut[1 * 256 + 0], -1.0f);
+  std::vector<float> f(12);
+  a.out = std::as_writable_bytes(std::span(f));
+  a.dtype = DType::f32;
+  a.layout = ImageLayout::chw;
+  a.flip = false;
+  a.lut = lut.data();
+  image::resample_columns(rows.data(), 6, c, a, acc, line);
+  EXPECT_FLOAT_EQ(f[0], (10 / 255.0f - 0.5f) / 0.5f);
+  EXPECT_FLOAT_EQ(f[4], (20 / 255.0f - 0.25f) / 0.25f);
+  EXPECT_FLOAT_EQ(f[11], (120 / 255.0f - 0.0f) / 2.0f);
+}
+
+// ---------------------------------------------------------------- crop rules
+
+TEST(RandomResizedCrop, DrawIsAPureFunctionOfTheSeedAndInBounds) {
+  const auto t = ImageTransform::train();
+  int flips = 0;
+  for (std::uint64_t seed = 0; seed < 2000; ++seed) {
+    const auto d = draw_random_crop(t, 400, 300, seed);
+    EXPECT_EQ(d.box, draw_random_crop(t, 400, 300, seed).box);
+    ASSERT_GT(d.box.width, 0);
+    ASSERT_GT(d.box.height, 0);
+    ASSERT_LE(d.box.x + d.box.width, 400);
+    ASSERT_LE(d.box.y + d.box.height, 300);
+    const double area = static_cast<double>(d.box.width) * d.box.height / (400.0 * 300.0);
+    const double ratio = static_cast<double>(d.box.width) / d.box.height;
+    // Rounding a side to whole pixels moves area and ratio a little past the ranges.
+    EXPECT_GE(area, 0.08 * 0.98);
+    EXPECT_LE(area, 1.0);
+    EXPECT_GE(ratio, 0.75 * 0.97);
+    EXPECT_LE(ratio, 4.0 / 3.0 * 1.03);
+    flips += d.flip;
+  }
+  EXPECT_GT(flips, 850);  // p = 0.5 over 2000 draws
+  EXPECT_LT(flips, 1150);
+}
+
+TEST(RandomResizedCrop, FallsBackToTheCenterCropClampedToTheRatio) {
+  // A 1000x10 strip: no crop with ratio <= 4/3 and area >= 8% fits, so every try fails.
+  auto t = ImageTransform::train();
+  const auto d = draw_random_crop(t, 1000, 10, 7);
+  EXPECT_EQ(d.box.height, 10);
+  EXPECT_EQ(d.box.width, 13);  // round(10 * 4/3)
+  EXPECT_EQ(d.box.x, (1000 - 13) / 2);
+  EXPECT_EQ(d.box.y, 0);
+}
+
+TEST(ResizeCenterCrop, GeometryFollowsTorchvision) {
+  const auto t = ImageTransform::val();
+  auto g = image::plan_geometry(t, 500, 375, 0, nullptr);
+  EXPECT_EQ(g.out_width, 341);  // int(256 * 500 / 375)
+  EXPECT_EQ(g.out_height, 256);
+  EXPECT_EQ(g.window_x, 58);  // round((341 - 224) / 2) = round(58.5), halves to even
+  EXPECT_EQ(g.window_y, 16);
+  g = image::plan_geometry(t, 300, 451, 0, nullptr);
+  EXPECT_EQ(g.out_width, 256);
+  EXPECT_EQ(g.out_height, 384);  // int(256 * 451 / 300) = int(384.85)
+  EXPECT_EQ(image::dct_denominator(g), 1);
+  g = image::plan_geometry(t, 2000, 1100, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g), 4);  // 1100 / 256 = 4.3
+}
+
+// ---------------------------------------------------------------- decoding
+
+TEST(DecodeImage, RegionDecodeEqualsFullDecodeThenCrop) {
+  // 4:4:4 chroma, so the cropped columns' colors do not depend on their neighbours; the crop
+  // is the output size, so the resize is the identity.
+  const auto jpeg = make_jpeg(480, 360, 3, 5, /*subsample=*/false);
+  int w = 0, h = 0;
+  const auto full = testing::decode_jpeg_full(jpeg, w, h);
+  auto t = u8_hwc(ImageTransform::train(224));
+  for (CropBox box : {CropBox{0, 0, 224, 224}, CropBox{100, 70, 224, 224},
+                      CropBox{256, 136, 224, 224}, CropBox{13, 101, 224, 224}}) {
+    const auto out = run(jpeg, t, 0, &box);
+    for (int y = 0; y < 224; ++y) {
+      ASSERT_EQ(std::memcmp(out.data() + y * 224 * 3, full.data() + ((box.y + y) * w + box.x) * 3,
+                            224 * 3),
+                0)
+          << "box " << box.x << "," << box.y << " row " << y;
+    }
+  }
+}
+
+double mean_abs_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += std::abs(int(a[i]) - int(b[i]));
+  return s / static_cast<double>(a.size());
+}
+
+TEST(DecodeImage, DctScalingStaysCloseToTheFullResolutionResize) {
+  // Crop of 1200x960 to 224: decoded at 1/4 scale, then resized. Reference: the same resize
+  // from a PNG of the decoded image (no DCT scaling there).
+  const auto jpeg = make_jpeg(1280, 1024, 3, 9);
+  int w = 0, h = 0;
+  const auto full = testing::decode_jpeg_full(jpeg, w, h);
+  const auto png = testing::encode_png(full, w, h, 3);
+  const auto t = u8_hwc(ImageTransform::train(224));
+  const CropBox box{40, 30, 1200, 960};
+  EXPECT_LT(mean_abs_diff(run(jpeg, t, 0, &box), run(png, t, 0, &box)), 2.0);
+  const auto v = u8_hwc(ImageTransform::val());
+  EXPECT_LT(mean_abs_diff(run(jpeg, v), run(png, v)), 2.0);
+}
+
+TEST(DecodeImage, GrayAndCmykBecomeRgb) {
+  const int w = 64, h = 48;
+  const auto t = u8_hwc(ImageTransform::val(64, 48));
+  const auto gray = run(make_jpeg(w, h, 1), t);
+  for (std::size_t i = 0; i < gray.size(); i += 3) {
+    ASSERT_EQ(gray[i], gray[i + 1]);
+    ASSERT_EQ(gray[i], gray[i + 2]);
+  }
+  // libjpeg writes CMYK (as YCCK) with an Adobe marker, and Adobe CMYK is stored inverted, so
+  // decoders (Pillow's "CMYK;I", ours) invert it back: stored 255/0/0/255 is c=0, m=255,
+  // y=255, k=0, which is red.
+  std::vector<std::uint8_t> cmyk(w * h * 4);
+  for (std::size_t i = 0; i < cmyk.size(); i += 4) {
+    cmyk[i] = 255;
+    cmyk[i + 1] = 0;
+    cmyk[i + 2] = 0;
+    cmyk[i + 3] = 255;
+  }
+  const auto red = run(testing::encode_jpeg(cmyk, w, h, 4), t);
+  for (std::size_t i = 0; i < red.size(); i += 3) {
+    ASSERT_GE(red[i], 250) << i;
+    ASSERT_LE(red[i + 1], 5) << i;
+    ASSERT_LE(red[i + 2], 5) << i;
+  }
+}
+
+TEST(DecodeImage, PngWithAlphaAndGrayDecode) {
+  const int w = 90, h = 70;
+  auto rgba = testing::pattern(w, h, 4);
+  const auto t = u8_hwc(ImageTransform::val(90, 70));
+  const auto out = run(testing::encode_png(rgba, w, h, 4), t);
+  // val(90, 70) on 90x70: Resize(90) of the shorter side 70 gives 115x90, crop 70... so just
+  // check against the RGB-only PNG: alpha is dropped, not composited.
+  std::vector<std::uint8_t> rgb(w * h * 3);
+  for (int i = 0; i < w * h; ++i) std::memcpy(&rgb[i * 3], &rgba[i * 4], 3);
+  EXPECT_EQ(out, run(testing::encode_png(rgb, w, h, 3), t));
+  const auto gray = run(testing::encode_png(testing::pattern(w, h, 1), w, h, 1), t);
+  for (std::size_t i = 0; i < gray.size(); i += 3) ASSERT_EQ(gray[i], gray[i + 2]);
+}
+
+TEST(DecodeImage, SameSeedSameOutputAndF32IsNormalizedU8) {
+  const auto jpeg = make_jpeg(300, 260);
+  auto t = ImageTransform::train();
+  t.layout = ImageLayout::chw;
+  auto u = t;
+  u.dtype = DType::u8;
+  for (std::uint64_t seed : {1u, 2u, 99u}) {
+    const auto a = run(jpeg, u, seed);
+    EXPECT_EQ(a, run(jpeg, u, seed));
+    const auto f = run(jpeg, t, seed);
+    const auto* fv = reinterpret_cast<const float*>(f.data());
+    for (std::size_t i = 0; i < a.size(); i += 97) {
+      const std::size_t c = i / (224 * 224);
+      EXPECT_FLOAT_EQ(fv[i], (a[i] / 255.0f - t.mean[c]) / t.std[c]);
+    }
+  }
+  EXPECT_NE(run(jpeg, u, 1), run(jpeg, u, 2));
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST(DecodeImage, BadInputNamesTheFileAndTheReason) {
+  const auto t = ImageTransform::val();
+  const auto good = make_jpeg(320, 240);
+  EXPECT_EQ(error_of({}, t), "test.jpg: empty file");
+  std::vector<std::byte> text(100, std::byte{'a'});
+  EXPECT_NE(error_of(text, t).find("test.jpg: not an image"), std::string::npos);
+  std::vector<std::byte> gif = {std::byte{'G'}, std::byte{'I'}, std::byte{'F'},
+                                std::byte{'8'}, std::byte{'9'}, std::byte{'a'}};
+  EXPECT_NE(error_of(gif, t).find("unsupported image format GIF"), std::string::npos);
+
+  auto truncated = good;
+  truncated.resize(good.size() / 2);
+  EXPECT_NE(error_of(truncated, t).find("test.jpg: truncated JPEG"), std::string::npos)
+      << error_of(truncated, t);
+  auto header_only = good;
+  header_only.resize(200);
+  EXPECT_NE(error_of(header_only, t).find("test.jpg: "), std::string::npos);
+
+  // Garbage in place of the entropy-coded data: libjpeg warns (ignored) and, where a marker
+  // is broken, fails; either way no crash. Breaking the SOS marker is always an error.
+  auto corrupt = good;
+  for (std::size_t i = 0; i + 1 < corrupt.size(); ++i) {
+    if (corrupt[i] == std::byte{0xFF} && corrupt[i + 1] == std::byte{0xDA}) {
+      corrupt[i + 1] = std::byte{0x02};
+      break;
+    }
+  }
+  EXPECT_NE(error_of(corrupt, t).find("test.jpg: "), std::string::npos);
+
+  auto png = testing::encode_png(testing::pattern(50, 50, 3), 50, 50, 3);
+  png.resize(png.size() - 30);
+  EXPECT_NE(error_of(png, t).find("test.jpg: corrupt or truncated PNG"), std::string::npos)
+      << error_of(png, t);
+}
+
+// Sets the height and width fields of a JPEG's SOF0 marker.
+std::vector<std::byte> with_claimed_size(std::vector<std::byte> jpeg, int width, int height) {
+  for (std::size_t i = 0; i + 9 < jpeg.size(); ++i) {
+    if (jpeg[i] == std::byte{0xFF} && jpeg[i + 1] == std::byte{0xC0}) {
+      jpeg[i + 5] = std::byte(height >> 8);
+      jpeg[i + 6] = std::byte(height & 255);
+      jpeg[i + 7] = std::byte(width >> 8);
+      jpeg[i + 8] = std::byte(width & 255);
+      return jpeg;
+    }
+  }
+  throw std::runtime_error("no SOF0");
+}
+
+TEST(DecodeImage, AbsurdDimensionsAreRefusedBeforeAllocation) {
+  const auto huge = with_claimed_size(make_jpeg(64, 64), 60000, 60000);
+  const auto msg = error_of(huge, ImageTransform::train());
+  EXPECT_NE(msg.find("test.jpg: image of 60000x60000 pixels is over the limit"), std::string::npos)
+      << msg;
+  const auto small = make_jpeg(64, 64);
+  EXPECT_NE(error_of(small, ImageTransform::val(), 1000).find("over the limit of 1000"),
+            std::string::npos);
+  // PNG: a 50000x50000 header.
+  auto png = testing::encode_png(testing::pattern(8, 8, 3), 8, 8, 3);
+  EXPECT_NE(error_of(png, ImageTransform::val(), 63).find("image of 8x8 pixels is over"),
+            std::string::npos);
+}
+
+TEST(DecodeImage, DecoderIsReusableAfterAnError) {
+  const auto t = u8_hwc(ImageTransform::val());
+  const auto good = make_jpeg(320, 240);
+  const auto before = run(good, t);
+  auto truncated = good;
+  truncated.resize(good.size() / 3);
+  EXPECT_THROW(run(truncated, t), std::runtime_error);
+  EXPECT_EQ(run(good, t), before);
+}
+
+}  // namespace
+}  // namespace stoker
