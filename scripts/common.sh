@@ -18,6 +18,18 @@ apt_install() {
   fi
 }
 
+# python_venv DIR REQUIREMENT...: a virtual environment at DIR with these installed (idempotent:
+# pip skips what is already there).
+python_venv() {
+  local dir=$1
+  shift
+  if [ ! -x "$dir/bin/python" ]; then
+    apt_install python3 python3-venv python3-pip
+    python3 -m venv "$dir"
+  fi
+  "$dir/bin/pip" install -q "$@"
+}
+
 BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli11-dev
                 nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev libxxhash-dev)
 

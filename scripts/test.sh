@@ -22,9 +22,18 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
+echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest)"
+python_venv .venv-test torch==2.13.0 numpy pillow pytest
+
+echo "== Python package: pip install . and its tests (DDP under torchrun included)"
+apt_install libdlpack-dev
+.venv-test/bin/pip install -q .
+.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/python
+
 echo "== benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --no-baseline --json >/dev/null
 ./build/stoker bench --smoke --device sim --json >/dev/null
 python3 -m py_compile bench/torch_dataloader.py
+.venv-test/bin/python bench/python_bench.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"

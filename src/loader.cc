@@ -75,7 +75,12 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, detail::DeviceBackend* ba
   if (backend) {
     memory.locked = backend->pinned_allocator();
   } else if (o.pin_memory == PinMemory::on) {
-    memory.locked = detail::locked_allocator();
+    // Batches stay on the host, and the caller copies them to a GPU itself (torch's
+    // pin_memory=True, then .to("cuda", non_blocking=True)): CUDA-pinned if a device answers,
+    // so that copy is a DMA that overlaps compute; else mlock'ed.
+    std::string why;
+    auto cuda = detail::open_cuda(0, why);
+    memory.locked = cuda ? cuda->pinned_allocator() : detail::locked_allocator();
   }
   return memory;
 }

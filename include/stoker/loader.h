@@ -47,7 +47,8 @@ struct Shard {
 // byte is taken from the rest of the machine, so stoker never locks more than a budget.
 enum class PinMemory : std::uint8_t {
   automatic,  // pinned when batches go to a device and the budget allows (default)
-  on,         // pinned for a device, else mlock'ed; still within the budget
+  on,         // pinned (by CUDA if a device answers, even for "cpu" delivery), else mlock'ed;
+              // still within the budget
   off,        // ordinary pageable memory
 };
 

@@ -179,7 +179,10 @@ class DataLoader:
             if torch is not None and torch.cuda.is_available():
                 stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
         if isinstance(pin_memory, bool):
-            pin_memory = "on" if pin_memory else "off"
+            # As torch: True pins only where a GPU will read the batches.
+            torch = sys.modules.get("torch")
+            has_gpu = torch is not None and torch.cuda.is_available()
+            pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
         self._loader = _stoker.Loader(
             self._handle, batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
             drop_last=self.drop_last, rank=rank, world_size=world,

@@ -167,7 +167,9 @@ def test_skip_policy_keeps_batch_shape_and_reports():
 def test_skip_budget_exhausted_raises():
     class Bad(Squares):
         def __getitem__(self, i):
-            raise OSError("disk gone")
+            if i % 2:
+                raise OSError("disk gone")
+            return super().__getitem__(i)
 
     loader = stoker.DataLoader(Bad(10), batch_size=2, on_error="skip", max_skipped=3)
     with pytest.raises(OSError, match="disk gone"):
