@@ -9,6 +9,7 @@
 #include "native_datasets.h"
 #include "py_dataset.h"
 #include "py_loader.h"
+#include "stoker/encoded.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -108,9 +109,35 @@ PYBIND11_MODULE(_stoker, m) {
       .def("__len__", [](const NativeDataset& d) { return d.dataset->size(); })
       .def_readonly("element_types", &NativeDataset::element_types)
       .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
-      .def("read", &read_sample, py::arg("index"));
+      .def("read", &read_sample, py::arg("index"))
+      .def("counters", &source_counters)
+      .def("classes", [](const NativeDataset& d) {
+        if (!d.source) throw py::type_error("stoker: not an image data set");
+        return d.source->classes();
+      });
 
   m.def("array_dataset", &make_array_dataset, py::arg("names"), py::arg("arrays"));
+  m.def("image_dataset", &make_image_dataset, py::arg("kind"), py::arg("path"),
+        py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
+  m.def(
+      "pack",
+      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes,
+         bool overwrite) {
+        PackResult r;
+        {
+          py::gil_scoped_release nogil;
+          PackOptions o;
+          o.shard_bytes = shard_bytes;
+          o.overwrite = overwrite;
+          r = pack_records(*open_image_folder(src), dest, o);
+        }
+        py::dict d;
+        d["records"] = r.records;
+        d["shards"] = r.shards;
+        d["bytes"] = r.bytes;
+        return d;
+      },
+      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"));
   m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 

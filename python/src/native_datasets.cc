@@ -1,12 +1,14 @@
 #include "native_datasets.h"
 
 #include <pybind11/numpy.h>
+#include <pybind11/stl.h>
 
 #include <chrono>
 #include <span>
 #include <stdexcept>
 
 #include "gil.h"
+#include "stoker/image.h"
 #include "stoker/sources.h"
 
 namespace stoker::python {
@@ -93,6 +95,70 @@ NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields
   }
   out.dataset = std::make_shared<SyntheticDataset>(std::move(o));
   return out;
+}
+
+NativeDataset make_image_dataset(const std::string& kind, const std::string& path,
+                                 const py::dict& transform, std::size_t cache_bytes,
+                                 std::uint64_t max_pixels) {
+  ImageDatasetOptions o;
+  ImageTransform& t = o.transform;
+  const auto crop = transform["crop"].cast<std::string>();
+  if (crop == "random_resized") {
+    t.crop = ImageTransform::Crop::random_resized;
+  } else if (crop == "resize_center") {
+    t.crop = ImageTransform::Crop::resize_center;
+  } else {
+    throw py::value_error("stoker: unknown crop '" + crop + "'");
+  }
+  t.size = transform["size"].cast<int>();
+  t.resize = transform["resize"].cast<int>();
+  t.scale = transform["scale"].cast<std::array<double, 2>>();
+  t.ratio = transform["ratio"].cast<std::array<double, 2>>();
+  t.random_flip = transform["flip"].cast<bool>();
+  const auto dtype = transform["dtype"].cast<std::string>();
+  if (dtype != "float32" && dtype != "uint8") {
+    throw py::value_error("stoker: image output must be float32 or uint8, not " + dtype);
+  }
+  t.dtype = dtype == "uint8" ? DType::u8 : DType::f32;
+  const auto layout = transform["layout"].cast<std::string>();
+  if (layout != "chw" && layout != "hwc") {
+    throw py::value_error("stoker: image layout must be 'chw' or 'hwc', not '" + layout + "'");
+  }
+  t.layout = layout == "hwc" ? ImageLayout::hwc : ImageLayout::chw;
+  t.mean = transform["mean"].cast<std::array<float, 3>>();
+  t.std = transform["std"].cast<std::array<float, 3>>();
+  o.max_pixels = max_pixels;
+
+  NativeDataset out;
+  {
+    py::gil_scoped_release nogil;  // a folder scan or a shard check may take a while
+    if (kind == "folder") {
+      o.source = open_image_folder(path);
+    } else if (kind == "records") {
+      o.source = open_records(path);
+    } else {
+      throw std::invalid_argument("stoker: unknown image source '" + kind + "'");
+    }
+    if (cache_bytes > 0) o.source = cache_in_ram(o.source, cache_bytes);
+    out.source = o.source;
+    out.dataset = std::make_shared<ImageDataset>(std::move(o));
+  }
+  for (const auto& f : out.dataset->fields()) {
+    out.element_types.emplace_back(dtype_name(f.dtype));
+  }
+  return out;
+}
+
+py::dict source_counters(const NativeDataset& dataset) {
+  if (!dataset.source) throw py::type_error("stoker: not an image data set");
+  const auto c = dataset.source->counters();
+  py::dict d;
+  d["reads"] = c.reads;
+  d["storage_reads"] = c.storage_reads;
+  d["storage_bytes"] = c.storage_bytes;
+  d["cached"] = c.cached;
+  d["cached_bytes"] = c.cached_bytes;
+  return d;
 }
 
 py::list read_sample(const NativeDataset& dataset, std::size_t index) {

@@ -10,6 +10,7 @@
 
 #include "host_array.h"
 #include "stoker/dataset.h"
+#include "stoker/encoded.h"
 
 namespace stoker::python {
 
@@ -18,6 +19,7 @@ namespace py = pybind11;
 struct NativeDataset {
   std::shared_ptr<const Dataset> dataset;
   std::vector<std::string> element_types;  // logical type per field (bool over u8, ...)
+  std::shared_ptr<EncodedSource> source;   // image data sets: where the encoded bytes live
 };
 
 // An ArrayDataset over `arrays` (numpy arrays or torch tensors, C-contiguous, on the CPU, one
@@ -28,6 +30,17 @@ NativeDataset make_array_dataset(const std::vector<std::string>& names, const py
 // A SyntheticDataset; `fields` holds (name, element type name, shape) tuples.
 NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields, double latency_s,
                                      double cpu_work_s, std::int64_t classes);
+
+// An ImageDataset over an image folder ("folder") or record shards ("records") at `path`,
+// optionally behind a RAM cache of `cache_bytes`. `transform` holds ImageTransform's settings
+// by name (crop, size, resize, scale, ratio, flip, dtype, layout, mean, std). Opens the source
+// with the GIL released.
+NativeDataset make_image_dataset(const std::string& kind, const std::string& path,
+                                 const py::dict& transform, std::size_t cache_bytes,
+                                 std::uint64_t max_pixels);
+
+// The source's read counters (reads, storage_reads, storage_bytes, cached, cached_bytes).
+py::dict source_counters(const NativeDataset& dataset);
 
 // Reads sample `index` of a native data set into fresh numpy arrays, one per field (with the
 // GIL released during the read).

@@ -9,8 +9,9 @@ arrive on the GPU, copied on a side stream while the previous batch trains.
 import atexit as _atexit
 import os as _os
 
-from . import _stoker
-from ._datasets import ArrayDataset, NativeDataset, SyntheticDataset
+from . import _stoker, transforms
+from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
+                        SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
 from ._loader import DataLoader
 
@@ -21,10 +22,14 @@ __all__ = [
     "ArrayDataset",
     "DataLoader",
     "DistributedSampler",
+    "ImageFolder",
     "NativeDataset",
+    "RecordDataset",
     "SampleError",
     "SyntheticDataset",
+    "pack",
     "sample_seed",
+    "transforms",
     "world",
 ]
 __version__ = "0.1.0"

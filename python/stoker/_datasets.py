@@ -72,3 +72,52 @@ class SyntheticDataset(NativeDataset):
         self._as_dict = False
         self._handle = _stoker.synthetic_dataset(int(samples), spec, float(latency),
                                                  float(cpu_work), int(classes))
+
+
+class _ImageDataset(NativeDataset):
+    _kind = ""
+
+    def __init__(self, path, transform, cache_bytes: int = 0,
+                 max_pixels: int = 89_478_485) -> None:
+        from .transforms import Compose
+
+        if not isinstance(transform, Compose):
+            raise TypeError("transform must be a stoker.transforms.Compose (torchvision's "
+                            "ImageNet pipelines, run in C++)")
+        self.root = str(path)
+        self.transform = transform
+        self._names = ("image", "label")
+        self._as_dict = False
+        self._handle = _stoker.image_dataset(self._kind, self.root, transform.settings(),
+                                             int(cache_bytes), int(max_pixels))
+        self.classes = self._handle.classes()
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    def counters(self) -> dict:
+        """Reads so far, and how many went to storage (0 new ones once a RAM cache is warm)."""
+        return self._handle.counters()
+
+
+class ImageFolder(_ImageDataset):
+    """torchvision.datasets.ImageFolder's layout (root/<class>/<image>, classes sorted, same
+    labels), decoded and transformed in C++: samples are (image, label). JPEG and PNG.
+
+    ``cache_bytes`` keeps up to that many bytes of encoded images in RAM, so later epochs do
+    not touch the disk. A file that fails to decode raises (or, with the DataLoader's
+    ``on_error='skip'``, is replaced and reported) with its path and the reason.
+    """
+
+    _kind = "folder"
+
+
+class RecordDataset(_ImageDataset):
+    """Record shards written by ``stoker pack SRC DEST`` (docs/record_format.md), read through
+    mmap, each record's checksum checked; otherwise as ImageFolder."""
+
+    _kind = "records"
+
+
+def pack(src, dest, shard_bytes: int = 1 << 30, overwrite: bool = False) -> dict:
+    """Packs the image folder `src` into record shards in the directory `dest` (what
+    ``stoker pack SRC DEST`` does), atomically: `dest` appears only when complete."""
+    return _stoker.pack(str(src), str(dest), int(shard_bytes), bool(overwrite))
