@@ -25,6 +25,9 @@ ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest)"
 python_venv .venv-test torch==2.13.0 numpy pillow pytest
 
+echo "== image pipeline against Pillow (pytest)"
+STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
+
 echo "== Python package: pip install . and its tests (DDP under torchrun included)"
 apt_install libdlpack-dev
 .venv-test/bin/pip install -q .
@@ -34,6 +37,8 @@ echo "== benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --no-baseline --json >/dev/null
 ./build/stoker bench --smoke --device sim --json >/dev/null
 python3 -m py_compile bench/torch_dataloader.py
+./build/stoker bench -w jpeg --smoke --no-baseline --json >/dev/null
+python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/python_bench.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"

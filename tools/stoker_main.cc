@@ -3,8 +3,11 @@
 
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "bench.h"
+#include "bench_jpeg.h"
 #include "image_commands.h"
 
 int main(int argc, char** argv) {
@@ -14,8 +17,10 @@ int main(int argc, char** argv) {
   stoker::bench::BenchOptions bench;
   auto* cmd = app.add_subcommand(
       "bench", "Benchmark stoker against the PyTorch DataLoader on generated data");
-  cmd->add_option("-w,--workload", bench.workloads, "tensor, tiny, heavy, overhead (default: all)")
-      ->check(CLI::IsMember({"tensor", "tiny", "heavy", "overhead"}));
+  cmd->add_option("-w,--workload", bench.workloads,
+                  "tensor, tiny, heavy, overhead (default: these four), jpeg (opt-in: needs "
+                  "torchvision for its baseline, see scripts/bench_jpeg.sh)")
+      ->check(CLI::IsMember({"tensor", "tiny", "heavy", "overhead", "jpeg"}));
   cmd->add_flag("--json", bench.json, "Print one JSON object instead of tables");
   cmd->add_flag("--smoke", bench.smoke, "Tiny sizes: check that everything runs");
   cmd->add_flag("!--no-baseline", bench.baseline, "Skip the PyTorch DataLoader side");
@@ -28,13 +33,23 @@ int main(int argc, char** argv) {
   cmd->add_option("--device", bench.device,
                   "sim or cuda[:N]: benchmark the device stage (overlap, H2D rate)");
   cmd->add_option("--consumer-ms", bench.consumer_ms, "heavy: consumer compute per batch");
+  stoker::bench::JpegBenchOptions jpeg_bench;
+  cmd->add_option("--data-dir", jpeg_bench.data_dir, "jpeg: where the generated images live");
 
   auto run_image_command = stoker::tools::add_image_commands(app);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (const int rc = run_image_command(); rc >= 0) return rc;
-    if (cmd->parsed()) return stoker::bench::run(bench);
+    if (cmd->parsed()) {
+      // jpeg runs on its own (its baseline needs torchvision), after any other workloads.
+      auto& w = bench.workloads;
+      const bool jpeg = std::erase(w, "jpeg") > 0;
+      if (!w.empty()) {
+        if (const int rc = stoker::bench::run(bench); rc != 0 || !jpeg) return rc;
+      }
+      return stoker::bench::run_jpeg(bench, jpeg_bench);
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "stoker: {}\n", e.what());
     return 1;
