@@ -352,3 +352,19 @@ def test_sample_seed_is_a_function_of_seed_epoch_and_index():
 
     assert seeds(1) == seeds(4)
     assert stoker.sample_seed() is None
+
+
+def test_batches_through_the_simulated_device_stage():
+    # The device stage (side-stream copies, device_depth ahead) wired through Python; the
+    # simulated device keeps its "device memory" on the host, so the tensors stay CPU ones.
+    x = torch.arange(500 * 6, dtype=torch.float32).reshape(500, 6)
+    loader = stoker.DataLoader(stoker.ArrayDataset(x, torch.arange(500)), batch_size=32,
+                               shuffle=True, seed=1, device="sim", device_depth=3)
+    for _ in range(2):
+        seen = []
+        for images, labels in loader:
+            assert torch.equal(images, x[labels])
+            seen += labels.tolist()
+        assert sorted(seen) == list(range(500))
+    stats = loader.stats()
+    assert stats["device"] == "sim" and stats["copies"] >= 2 * len(loader)
