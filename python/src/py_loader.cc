@@ -366,6 +366,12 @@ py::object PyLoader::deliver(JobResult result) {
   }
   if (!result.batch) return py::none();
   Batch& batch = *result.batch;
+  if (batch.device() == "sim") {
+    // The simulated device's memory is host memory, read here by the host rather than by a
+    // kernel on the consumer's stream: wait for the simulated copy itself.
+    py::gil_scoped_release nogil;
+    batch.synchronize();
+  }
   std::vector<std::size_t> indices(batch.indices().begin(), batch.indices().end());
   std::vector<SkippedSample> skipped(batch.skipped().begin(), batch.skipped().end());
   if (remap_) {

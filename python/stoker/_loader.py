@@ -247,9 +247,7 @@ class DataLoader:
             self._resume = None
             self._start(epoch, batch)
         else:
-            epoch = self._sampler_epoch()
-            if epoch is None:
-                epoch = self._epoch
+            epoch = self._sampler_epoch_or_next()
             self._start(epoch, 0)
         self._epoch = epoch + 1
         self._iterator = _Iterator(self)
@@ -263,9 +261,13 @@ class DataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restoring it yields exactly the batches still to come."""
-        epoch, batch = self._loader.position()
-        if self._iterator is None or self._iterator._stale:
-            epoch, batch = (self._resume if self._resume is not None else (self._epoch, 0))
+        it = self._iterator
+        if self._resume is not None:
+            epoch, batch = self._resume
+        elif it is None or it._stale or it._done:  # between epochs: the next one from its start
+            epoch, batch = self._sampler_epoch_or_next(), 0
+        else:
+            epoch, batch = self._loader.position()
         return {"epoch": int(epoch), "batch": int(batch), "seed": self.seed,
                 "batches_per_epoch": len(self)}
 
@@ -305,9 +307,10 @@ class DataLoader:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _sampler_epoch(self) -> Optional[int]:
+    def _sampler_epoch_or_next(self) -> int:
+        """The epoch the next iter() starts: the sampler's (set_epoch), else one more."""
         epoch = getattr(self.sampler, "epoch", None)
-        return int(epoch) if isinstance(epoch, int) else None
+        return int(epoch) if isinstance(epoch, int) else self._epoch
 
     def _start(self, epoch: int, batch: int) -> None:
         if self._order is not None:

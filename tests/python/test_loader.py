@@ -193,6 +193,10 @@ def test_state_dict_resumes_with_exactly_the_remaining_batches():
     # and then the next epoch follows, as in the original
     assert [b[0].tolist() for b in fresh] == [b[0].tolist() for b in loader]
 
+    # saved between epochs: the next epoch, from its start
+    between = loader.state_dict()
+    assert (between["epoch"], between["batch"]) == (3, 0)
+
     other_seed = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=6)
     with pytest.raises(ValueError, match="seed"):
         other_seed.load_state_dict(state)
