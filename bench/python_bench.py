@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
+import sys
 import time
 
 import torch
@@ -30,19 +32,11 @@ import stoker
 TORCH_WORKERS = (0, 1, 2, 4)
 
 
-# --- seed 003, as the seed writes it ---------------------------------------------------------
+# --- seed 003 --------------------------------------------------------------------------------
 
-class HeavyDataset(tud.Dataset):
-    def __init__(self, size=1000, sleep_time=0.005):
-        self.data = [torch.rand(3, 224, 224) for _ in range(size)]
-        self.sleep_time = sleep_time
-
-    def __len__(self):
-        return len(self.data)
-
-    def __getitem__(self, idx):
-        time.sleep(self.sleep_time)
-        return self.data[idx], torch.tensor(idx % 10)
+# The seed's own HeavyDataset, from its script (examples/seed003_prefetch.py).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
+from seed003_prefetch import HeavyDataset  # noqa: E402
 
 
 class Trainer:

@@ -246,46 +246,35 @@ py::object PyLoader::next(double timeout_s) {
   return deliver(std::exchange(result_, {}));
 }
 
-void PyLoader::set_epoch(std::uint64_t epoch) {
+void PyLoader::consumer_op(std::function<void(Loader&)> op) {
   auto locks = lock_call(true);
   settle();
-  call(JobKind::other, [this, epoch] {
+  // `op` is moved into the job: an interrupted wait leaves the job running after we return.
+  call(JobKind::other, [this, op = std::move(op)] {
     try {
-      loader_->set_epoch(epoch);
+      op(*loader_);
     } catch (...) {
       result_.error = std::current_exception();
     }
   });
   if (auto e = std::exchange(result_.error, nullptr)) std::rethrow_exception(e);
+}
+
+void PyLoader::set_epoch(std::uint64_t epoch) {
+  consumer_op([epoch](Loader& l) { l.set_epoch(epoch); });
 }
 
 void PyLoader::restore(std::uint64_t epoch, std::size_t batch) {
-  auto locks = lock_call(true);
-  settle();
-  call(JobKind::other, [this, epoch, batch] {
-    try {
-      loader_->restore({epoch, batch});
-    } catch (...) {
-      result_.error = std::current_exception();
-    }
-  });
-  if (auto e = std::exchange(result_.error, nullptr)) std::rethrow_exception(e);
+  consumer_op([epoch, batch](Loader& l) { l.restore({epoch, batch}); });
 }
 
 void PyLoader::restart_fresh(std::uint64_t epoch) {
-  auto locks = lock_call(true);
-  settle();
-  call(JobKind::other, [this, epoch] {
-    try {
-      // Two restarts to different positions: the second always cancels everything in flight
-      // (restarting to the current position keeps what is prefetched).
-      loader_->restore({epoch, loader_->batches_per_epoch()});
-      loader_->set_epoch(epoch);
-    } catch (...) {
-      result_.error = std::current_exception();
-    }
+  consumer_op([epoch](Loader& l) {
+    // Two restarts to different positions: the second always cancels everything in flight
+    // (restarting to the current position keeps what is prefetched).
+    l.restore({epoch, l.batches_per_epoch()});
+    l.set_epoch(epoch);
   });
-  if (auto e = std::exchange(result_.error, nullptr)) std::rethrow_exception(e);
 }
 
 py::tuple PyLoader::position() {

@@ -163,6 +163,9 @@ class PyLoader {
   void call(JobKind kind, std::function<void()> job,
             std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
   void await_job(std::optional<std::chrono::steady_clock::time_point> deadline, double timeout_s);
+  // Runs `op` as a consumer call (after any call an interrupted wait left running) and
+  // rethrows what it threw.
+  void consumer_op(std::function<void(Loader&)> op);
   // Finishes a call left running by an interrupted wait, dropping a batch nobody took.
   void settle();
   py::object deliver(JobResult result);
