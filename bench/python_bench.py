@@ -68,6 +68,7 @@ def seed003(runs: int, smoke: bool) -> dict:
     dataset = HeavyDataset(size=128 if smoke else 1024, sleep_time=0.005)
     trainer = Trainer()
     made = list(tud.DataLoader(dataset, batch_size=64, shuffle=True))  # compute-only bound
+    trainer.epoch(made)  # warm-up: Adam's state, allocator caches
     compute = statistics.median(trainer.epoch(made) for _ in range(runs))
     del made
 
