@@ -69,61 +69,81 @@ TEST(Resample, SameSizeIsTheIdentityAndAWindowIsACrop) {
   std::vector<std::int32_t> start(n), count(n), weights(n * taps);
   image::AxisCoeffs c{taps, start, count, weights};
   image::bilinear_axis(n, 0, n, n, 0, c);
-  std::vector<std::uint8_t> row(n * 3);
+  px.resize(px.size() + 16);  // resample_row may read a byte past the last pixel
+  std::vector<std::uint8_t> row(n * 4);
   image::resample_row(px.data(), c, row.data());
-  EXPECT_TRUE(std::equal(row.begin(), row.end(), px.begin()));
+  for (int x = 0; x < n; ++x) {  // RGBx out
+    for (int ch = 0; ch < 3; ++ch) ASSERT_EQ(row[x * 4 + ch], px[x * 3 + ch]);
+    ASSERT_EQ(row[x * 4 + 3], 0);
+  }
 
-  // A window of 10 outputs from 5 on reads inputs 5..15 (Pillow's support also takes in input
-  // 15, with weight zero).
+  // A window of 10 outputs from 5 on reads exactly inputs 5..14 (Pillow's support also takes
+  // in input 15, with weight zero; zero-weight taps are dropped).
   std::vector<std::int32_t> ws(10), wc(10), ww(10 * taps);
   image::AxisCoeffs w{taps, ws, wc, ww};
   image::bilinear_axis(n, 0, n, n, 5, w);
   EXPECT_EQ(w.first, 5);
-  EXPECT_EQ(w.last, 16);
+  EXPECT_EQ(w.last, 15);
   image::resample_row(px.data() + 5 * 3, w, row.data());
-  EXPECT_TRUE(std::equal(row.begin(), row.begin() + 30, px.begin() + 15));
+  for (int x = 0; x < 10; ++x) {
+    for (int ch = 0; ch < 3; ++ch) ASSERT_EQ(row[x * 4 + ch], px[(5 + x) * 3 + ch]);
+  }
+}
+
+TEST(Resample, SimdRowPassEqualsTheScalarReference) {
+  for (auto [in, out] : {std::pair{500, 224}, {224, 224}, {100, 224}, {1800, 224}, {301, 97}}) {
+    auto px = testing::pattern(in, 1, 3, static_cast<std::uint32_t>(in));
+    px.resize(px.size() + 16);
+    const int taps = image::bilinear_taps(0, in, out);
+    std::vector<std::int32_t> start(out), count(out), weights(out * taps);
+    image::AxisCoeffs c{taps, start, count, weights};
+    image::bilinear_axis(in, 0, in, out, 0, c);
+    std::vector<std::uint8_t> a(out * 4), b(out * 4);
+    image::resample_row(px.data(), c, a.data());
+    image::resample_row_reference(px.data(), c, b.data());
+    EXPECT_EQ(a, b) << in << "->" << out;
+  }
 }
 
 TEST(Resample, ColumnsPassWritesFlippedNormalizedLayouts) {
-  // 2x2 output from 2 identical rows: the vertical pass is the identity, so the output is the
-  // rows in the requested layout.
+  // 2x2 output from 2 rows: the vertical pass is the identity, so the output is the rows in
+  // the requested layout. Rows are RGBx: pixel 0 of row 0 is (10, 20, 30), pixel 1 is
+  // (40, 50, 60); row 1 has (70, 80, 90) and (100, 110, 120).
   const int n = 2;
-  std::vector<std::uint8_t> rows = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120};
+  std::vector<std::uint8_t> rows = {10, 20, 30, 0, 40, 50, 60, 0, 70, 80, 90, 0, 100, 110, 120, 0};
   const int taps = image::bilinear_taps(0, n, n);
   std::vector<std::int32_t> start(n), count(n), weights(n * taps);
   image::AxisCoeffs c{taps, start, count, weights};
   image::bilinear_axis(n, 0, n, n, 0, c);
-  std::vector<std::int32_t> acc(6);
-  std::vector<std::uint8_t> line(6);
+  std::vector<std::int32_t> acc(8);
+  std::vector<std::uint8_t> line(8);
 
   std::vector<std::uint8_t> chw(12);
-  image::OutputArgs a{
-      std::as_writable_bytes(std::span(chw)), DType::u8, ImageLayout::chw, false, nullptr, 2, 2};
-  image::resample_columns(rows.data(), 6, c, a, acc, line);
+  image::OutputArgs a;
+  a.out = std::as_writable_bytes(std::span(chw));
+  a.width = a.height = 2;
+  image::resample_columns(rows.data(), 8, c, a, acc, line);
   EXPECT_EQ(chw, (std::vector<std::uint8_t>{10, 40, 70, 100, 20, 50, 80, 110, 30, 60, 90, 120}));
 
   std::vector<std::uint8_t> hwc(12);
   a.out = std::as_writable_bytes(std::span(hwc));
   a.layout = ImageLayout::hwc;
   a.flip = true;
-  image::resample_columns(rows.data(), 6, c, a, acc, line);
+  image::resample_columns(rows.data(), 8, c, a, acc, line);
   EXPECT_EQ(hwc, (std::vector<std::uint8_t>{40, 50, 60, 10, 20, 30, 100, 110, 120, 70, 80, 90}));
 
-  std::array<float, 768> lut;
   const std::array<float, 3> mean{0.5f, 0.25f, 0.0f}, std{0.5f, 0.25f, 2.0f};
-  image::normalize_table(mean, std, lut);
-  EXPECT_FLOAT_EQ(lut[0 * 256 + 255], 1.0f);
-  EXPECT_FLOAT_EQ(lut[1 * 256 + 0], -1.0f);
   std::vector<float> f(12);
   a.out = std::as_writable_bytes(std::span(f));
   a.dtype = DType::f32;
   a.layout = ImageLayout::chw;
   a.flip = false;
-  a.lut = lut.data();
-  image::resample_columns(rows.data(), 6, c, a, acc, line);
-  EXPECT_FLOAT_EQ(f[0], (10 / 255.0f - 0.5f) / 0.5f);
-  EXPECT_FLOAT_EQ(f[4], (20 / 255.0f - 0.25f) / 0.25f);
-  EXPECT_FLOAT_EQ(f[11], (120 / 255.0f - 0.0f) / 2.0f);
+  image::normalize_args(mean, std, a);
+  image::resample_columns(rows.data(), 8, c, a, acc, line);
+  EXPECT_NEAR(f[0], (10 / 255.0f - 0.5f) / 0.5f, 1e-6);
+  EXPECT_NEAR(f[4], (20 / 255.0f - 0.25f) / 0.25f, 1e-6);
+  EXPECT_NEAR(f[11], (120 / 255.0f - 0.0f) / 2.0f, 1e-6);
+  EXPECT_NEAR(f[3], (100 / 255.0f - 0.5f) / 0.5f, 1e-6);
 }
 
 // ---------------------------------------------------------------- crop rules
@@ -270,7 +290,7 @@ TEST(DecodeImage, SameSeedSameOutputAndF32IsNormalizedU8) {
     const auto* fv = reinterpret_cast<const float*>(f.data());
     for (std::size_t i = 0; i < a.size(); i += 97) {
       const std::size_t c = i / (224 * 224);
-      EXPECT_FLOAT_EQ(fv[i], (a[i] / 255.0f - t.mean[c]) / t.std[c]);
+      EXPECT_NEAR(fv[i], (a[i] / 255.0f - t.mean[c]) / t.std[c], 1e-5);
     }
   }
   EXPECT_NE(run(jpeg, u, 1), run(jpeg, u, 2));

@@ -30,7 +30,6 @@ struct Scratch {
   std::vector<std::uint8_t> line;
   std::vector<std::uint8_t> rgba;  // a whole decoded PNG
   std::vector<std::uint8_t> rgb;   // one PNG row without alpha
-  std::array<float, 3 * 256> lut{};
   EncodedBytes encoded;
 };
 
@@ -158,7 +157,7 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
   const AxisCoeffs cy = axis(s.y_start, s.y_count, s.y_weights, sy.size, sy.box0, sy.box1,
                              g.out_height, g.window_y, t.size);
 
-  const std::size_t stride = static_cast<std::size_t>(t.size) * 3;
+  const std::size_t stride = static_cast<std::size_t>(t.size) * 4;  // RGBx rows
   const auto rows_needed = static_cast<std::size_t>(cy.last - cy.first);
   RowTarget target{&cx, sized(s.rows, rows_needed * stride).data(), stride};
   const int x0 = sx.begin + cx.first, x1 = sx.begin + cx.last;
@@ -167,7 +166,7 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
     s.jpeg->decode(denom, x0, x1, y0, y1, {&resample_into_rows, &target});
   } else {
     image::decode_png(encoded, max_pixels, s.rgba);
-    auto rgb = sized(s.rgb, static_cast<std::size_t>(x1 - x0) * 3);
+    auto rgb = sized(s.rgb, static_cast<std::size_t>(x1 - x0) * 3 + image::kRowPadding);
     for (int y = y0; y < y1; ++y) {
       const std::uint8_t* src =
           s.rgba.data() + (static_cast<std::size_t>(y) * width + static_cast<std::size_t>(x0)) * 4;
@@ -183,10 +182,7 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
   args.layout = t.layout;
   args.flip = g.flip;
   args.width = args.height = t.size;
-  if (t.dtype == DType::f32) {
-    image::normalize_table(t.mean, t.std, s.lut);
-    args.lut = s.lut.data();
-  }
+  if (t.dtype == DType::f32) image::normalize_args(t.mean, t.std, args);
   image::resample_columns(target.rows, stride, cy, args, sized(s.acc, stride),
                           sized(s.line, stride));
 }

@@ -11,7 +11,11 @@
 
 namespace stoker::image {
 
-// Receives decoded rows, top to bottom: `rgb` holds the region's columns as RGB triples.
+// Bytes readable past the end of each row handed to a RowSink.
+inline constexpr std::size_t kRowPadding = 16;
+
+// Receives decoded rows, top to bottom: `rgb` holds the region's columns as RGB triples,
+// followed by kRowPadding readable bytes.
 struct RowSink {
   void (*fn)(void* context, const std::uint8_t* rgb, int row) = nullptr;
   void* context = nullptr;

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace stoker::image {
 namespace {
 
@@ -56,6 +60,16 @@ void bilinear_axis(int in_size, double in0, double in1, int out_size, int window
       w[x] = static_cast<std::int32_t>(v < 0 ? std::trunc(-0.5 + v * (1 << kPrecisionBits))
                                              : std::trunc(0.5 + v * (1 << kPrecisionBits)));
     }
+    // Drop taps whose fixed-point weight is zero (Pillow's support often ends on one): same
+    // result, less work.
+    int lead = 0;
+    while (lead < xmax && w[lead] == 0) ++lead;
+    while (xmax > lead && w[xmax - 1] == 0) --xmax;
+    if (lead > 0) {
+      for (int x = lead; x < xmax; ++x) w[x - lead] = w[x];
+      xmin += lead;
+      xmax -= lead;
+    }
     for (int x = xmax; x < taps; ++x) w[x] = 0;
     c.start[o] = xmin;
     c.count[o] = xmax;
@@ -65,10 +79,13 @@ void bilinear_axis(int in_size, double in0, double in1, int out_size, int window
   if (c.last < c.first) c.last = c.first;
 }
 
-void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out) {
+namespace {
+
+// Scalar horizontal pass, the reference and the fallback.
+void resample_row_scalar(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out) {
   const auto n = cx.start.size();
   const std::int32_t* w = cx.weights.data();
-  for (std::size_t o = 0; o < n; ++o, w += cx.taps, out += 3) {
+  for (std::size_t o = 0; o < n; ++o, w += cx.taps) {
     const std::uint8_t* p = in + static_cast<std::ptrdiff_t>(cx.start[o] - cx.first) * 3;
     std::int32_t r = kHalf, g = kHalf, b = kHalf;
     const int count = cx.count[o];
@@ -77,20 +94,48 @@ void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* ou
       g += p[1] * w[k];
       b += p[2] * w[k];
     }
-    out[0] = clip8(r);
-    out[1] = clip8(g);
-    out[2] = clip8(b);
+    out[o * 4] = clip8(r);
+    out[o * 4 + 1] = clip8(g);
+    out[o * 4 + 2] = clip8(b);
+    out[o * 4 + 3] = 0;
   }
 }
 
-void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const AxisCoeffs& cy,
-                      const OutputArgs& args, std::span<std::int32_t> acc,
-                      std::span<std::uint8_t> line) {
+#if defined(__x86_64__)
+// One pixel (R, G, B and the next byte) per 4-lane multiply-add: a third of the scalar
+// instructions. Reads one byte past each pixel, which callers provide.
+__attribute__((target("sse4.1"))) void resample_row_sse41(const std::uint8_t* in,
+                                                          const AxisCoeffs& cx, std::uint8_t* out) {
+  const auto n = cx.start.size();
+  const std::int32_t* w = cx.weights.data();
+  for (std::size_t o = 0; o < n; ++o, w += cx.taps) {
+    const std::uint8_t* p = in + static_cast<std::ptrdiff_t>(cx.start[o] - cx.first) * 3;
+    __m128i acc = _mm_set1_epi32(kHalf);
+    const int count = cx.count[o];
+    for (int k = 0; k < count; ++k, p += 3) {
+      std::int32_t v;
+      std::memcpy(&v, p, 4);
+      const __m128i px = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(v));
+      acc = _mm_add_epi32(acc, _mm_mullo_epi32(px, _mm_set1_epi32(w[k])));
+    }
+    acc = _mm_srai_epi32(acc, kPrecisionBits);
+    const __m128i s16 = _mm_packs_epi32(acc, acc);
+    // The fourth lane holds the byte after the pixel times the weights; zero it.
+    const auto rgbx = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(s16, s16)));
+    const std::uint32_t rgb0 = rgbx & 0x00FFFFFFu;
+    std::memcpy(out + o * 4, &rgb0, 4);
+  }
+}
+#endif
+
+// The vertical pass and the output, for one build target (the compiler vectorizes the
+// multiply-adds over the contiguous planar rows with whatever the target offers).
+[[gnu::always_inline]] inline void columns_impl(const std::uint8_t* rows, std::size_t row_stride,
+                                                const AxisCoeffs& cy, const OutputArgs& args,
+                                                std::int32_t* a, std::uint8_t* l) {
   const auto width = static_cast<std::size_t>(args.width);
   const auto height = static_cast<std::size_t>(args.height);
-  const std::size_t row_values = width * 3;
-  std::int32_t* a = acc.data();
-  std::uint8_t* l = line.data();
+  const std::size_t row_values = width * 4;  // RGBx
   const std::size_t plane = width * height;
   for (std::size_t y = 0; y < height; ++y) {
     for (std::size_t i = 0; i < row_values; ++i) a[i] = kHalf;
@@ -100,47 +145,47 @@ void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const Ax
       const std::int32_t wk = w[k];
       for (std::size_t i = 0; i < row_values; ++i) a[i] += src[i] * wk;
     }
-    for (std::size_t i = 0; i < row_values; ++i) l[i] = clip8(a[i]);
+    for (std::size_t i = 0; i < row_values; ++i) {
+      const std::int32_t v = a[i] >> kPrecisionBits;
+      l[i] = static_cast<std::uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
+    }
 
-    // Output column of line pixel x: x, or width - 1 - x when flipped.
+    // `l` holds the row as RGBx. Mirrored in place when flipping, so the writes below go
+    // left to right.
+    if (args.flip) {
+      auto* px = reinterpret_cast<std::uint32_t*>(l);
+      std::reverse(px, px + width);
+    }
     if (args.dtype == DType::u8) {
       auto* out = reinterpret_cast<std::uint8_t*>(args.out.data());
-      if (args.layout == ImageLayout::hwc) {
-        std::uint8_t* dst = out + y * row_values;
-        if (!args.flip) {
-          std::memcpy(dst, l, row_values);
-        } else {
-          for (std::size_t x = 0; x < width; ++x) {
-            std::memcpy(dst + (width - 1 - x) * 3, l + x * 3, 3);
-          }
-        }
-      } else {
+      if (args.layout == ImageLayout::chw) {
         for (std::size_t c = 0; c < 3; ++c) {
           std::uint8_t* dst = out + c * plane + y * width;
-          if (!args.flip) {
-            for (std::size_t x = 0; x < width; ++x) dst[x] = l[x * 3 + c];
-          } else {
-            for (std::size_t x = 0; x < width; ++x) dst[width - 1 - x] = l[x * 3 + c];
-          }
+          for (std::size_t x = 0; x < width; ++x) dst[x] = l[x * 4 + c];
+        }
+      } else {
+        std::uint8_t* dst = out + y * width * 3;
+        for (std::size_t x = 0; x < width; ++x) {
+          for (std::size_t c = 0; c < 3; ++c) dst[x * 3 + c] = l[x * 4 + c];
         }
       }
     } else {
+      // v * scale + bias (a fused multiply-add, vectorized) rather than a table lookup per
+      // value: equal to (v / 255 - mean) / std to within a few ulps.
       auto* out = reinterpret_cast<float*>(args.out.data());
-      const float* lut = args.lut;
-      if (args.layout == ImageLayout::hwc) {
-        float* dst = out + y * row_values;
-        for (std::size_t x = 0; x < width; ++x) {
-          const std::size_t ox = args.flip ? width - 1 - x : x;
-          for (std::size_t c = 0; c < 3; ++c) dst[ox * 3 + c] = lut[c * 256 + l[x * 3 + c]];
-        }
-      } else {
+      if (args.layout == ImageLayout::chw) {
         for (std::size_t c = 0; c < 3; ++c) {
           float* dst = out + c * plane + y * width;
-          const float* t = lut + c * 256;
-          if (!args.flip) {
-            for (std::size_t x = 0; x < width; ++x) dst[x] = t[l[x * 3 + c]];
-          } else {
-            for (std::size_t x = 0; x < width; ++x) dst[width - 1 - x] = t[l[x * 3 + c]];
+          const float scale = args.scale[c], bias = args.bias[c];
+          for (std::size_t x = 0; x < width; ++x) {
+            dst[x] = static_cast<float>(l[x * 4 + c]) * scale + bias;
+          }
+        }
+      } else {
+        float* dst = out + y * width * 3;
+        for (std::size_t x = 0; x < width; ++x) {
+          for (std::size_t c = 0; c < 3; ++c) {
+            dst[x * 3 + c] = static_cast<float>(l[x * 4 + c]) * args.scale[c] + args.bias[c];
           }
         }
       }
@@ -148,13 +193,57 @@ void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const Ax
   }
 }
 
-void normalize_table(const std::array<float, 3>& mean, const std::array<float, 3>& std,
-                     std::span<float> lut) {
+void columns_default(const std::uint8_t* rows, std::size_t row_stride, const AxisCoeffs& cy,
+                     const OutputArgs& args, std::int32_t* a, std::uint8_t* l) {
+  columns_impl(rows, row_stride, cy, args, a, l);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void columns_avx2(const std::uint8_t* rows, std::size_t row_stride,
+                                                  const AxisCoeffs& cy, const OutputArgs& args,
+                                                  std::int32_t* a, std::uint8_t* l) {
+  columns_impl(rows, row_stride, cy, args, a, l);
+}
+#endif
+
+struct Kernels {
+  void (*row)(const std::uint8_t*, const AxisCoeffs&, std::uint8_t*) = resample_row_scalar;
+  void (*columns)(const std::uint8_t*, std::size_t, const AxisCoeffs&, const OutputArgs&,
+                  std::int32_t*, std::uint8_t*) = columns_default;
+  Kernels() {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.1")) row = resample_row_sse41;
+    if (__builtin_cpu_supports("avx2")) columns = columns_avx2;
+#endif
+  }
+};
+
+const Kernels& kernels() {
+  static const Kernels k;
+  return k;
+}
+
+}  // namespace
+
+void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out) {
+  kernels().row(in, cx, out);
+}
+
+void resample_row_reference(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out) {
+  resample_row_scalar(in, cx, out);
+}
+
+void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const AxisCoeffs& cy,
+                      const OutputArgs& args, std::span<std::int32_t> acc,
+                      std::span<std::uint8_t> line) {
+  kernels().columns(rows, row_stride, cy, args, acc.data(), line.data());
+}
+
+void normalize_args(const std::array<float, 3>& mean, const std::array<float, 3>& std,
+                    OutputArgs& args) {
   for (std::size_t c = 0; c < 3; ++c) {
-    for (int v = 0; v < 256; ++v) {
-      lut[c * 256 + static_cast<std::size_t>(v)] =
-          (static_cast<float>(v) / 255.0f - mean[c]) / std[c];
-    }
+    args.scale[c] = static_cast<float>(1.0 / (255.0 * std[c]));
+    args.bias[c] = static_cast<float>(-static_cast<double>(mean[c]) / std[c]);
   }
 }
 

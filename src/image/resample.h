@@ -6,6 +6,7 @@
 // Pure functions over caller-owned buffers: nothing here allocates, locks or keeps state.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -39,32 +40,39 @@ int bilinear_taps(double in0, double in1, int out_size);
 void bilinear_axis(int in_size, double in0, double in1, int out_size, int window_begin,
                    AxisCoeffs& c);
 
-// Horizontal pass over one RGB row: `in` holds input pixels from index cx.first on; writes
-// cx.start.size() RGB pixels to `out`.
+// Horizontal pass over one RGB row: `in` holds input pixels from index cx.first on, and must
+// be readable for one byte past the last pixel it uses (cx.last - 1; SIMD loads 4 bytes per
+// pixel). Writes n = cx.start.size() outputs as RGBx (4 bytes each, the fourth zero), which
+// keeps every store and the vertical pass's vectors aligned to pixels. Uses SSE4.1 where the
+// CPU has it.
 void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out);
+// The portable scalar version, for checking the SIMD one.
+void resample_row_reference(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out);
 
 // Where and how the vertical pass writes: a width x height image of 3 channels into `out`,
-// u8 as is or f32 through `lut` (3 x 256 floats: channel c of value v is lut[c * 256 + v]),
-// CHW or HWC, mirrored left-right if `flip`.
+// u8 as is or f32 as v * scale[c] + bias[c], CHW or HWC, mirrored left-right if `flip`.
 struct OutputArgs {
   std::span<std::byte> out;
   DType dtype = DType::u8;
   ImageLayout layout = ImageLayout::chw;
   bool flip = false;
-  const float* lut = nullptr;
+  std::array<float, 3> scale{1.0f, 1.0f, 1.0f};
+  std::array<float, 3> bias{};
   int width = 0;
   int height = 0;
 };
 
 // Vertical pass fused with flip, normalize and layout change. `rows` holds the horizontally
-// resampled rows: row r (input row cy.first + r) at rows + r * row_stride, width RGB pixels.
-// `acc` (width * 3) and `line` (width * 3) are scratch.
+// resampled rows as resample_row writes them: row r (input row cy.first + r) at
+// rows + r * row_stride, `width` RGBx pixels. `acc` (width * 4) and `line` (width * 4) are
+// scratch. Vectorized with AVX2 where the CPU has it.
 void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const AxisCoeffs& cy,
                       const OutputArgs& args, std::span<std::int32_t> acc,
                       std::span<std::uint8_t> line);
 
-// The ToTensor + Normalize table: lut[c * 256 + v] = (v / 255 - mean[c]) / std[c].
-void normalize_table(const std::array<float, 3>& mean, const std::array<float, 3>& std,
-                     std::span<float> lut);
+// ToTensor + Normalize as a multiply-add: scale = 1 / (255 std), bias = -mean / std, so that
+// v * scale + bias = (v / 255 - mean) / std up to float rounding.
+void normalize_args(const std::array<float, 3>& mean, const std::array<float, 3>& std,
+                    OutputArgs& args);
 
 }  // namespace stoker::image
