@@ -163,10 +163,10 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
   const int x0 = sx.begin + cx.first, x1 = sx.begin + cx.last;
   const int y0 = sy.begin + cy.first, y1 = sy.begin + cy.last;
   if (jpeg) {
-    s.jpeg->decode(denom, x0, x1, y0, y1, {&resample_into_rows, &target});
+    s.jpeg->decode(denom, x0, x1, y0, y1, image::row_padding(cx), {&resample_into_rows, &target});
   } else {
     image::decode_png(encoded, max_pixels, s.rgba);
-    auto rgb = sized(s.rgb, static_cast<std::size_t>(x1 - x0) * 3 + image::kRowPadding);
+    auto rgb = sized(s.rgb, static_cast<std::size_t>(x1 - x0) * 3 + image::row_padding(cx));
     for (int y = y0; y < y1; ++y) {
       const std::uint8_t* src =
           s.rgba.data() + (static_cast<std::size_t>(y) * width + static_cast<std::size_t>(x0)) * 4;

@@ -127,17 +127,18 @@ JpegDecoder::Header JpegDecoder::scaled_size(int denom) {
   return {static_cast<int>(cinfo.output_width), static_cast<int>(cinfo.output_height)};
 }
 
-void JpegDecoder::decode(int denom, int x0, int x1, int y0, int y1, RowSink sink) {
+void JpegDecoder::decode(int denom, int x0, int x1, int y0, int y1, std::size_t padding,
+                         RowSink sink) {
   jpeg_decompress_struct& cinfo = state_->cinfo;
   const bool cmyk = state_->cmyk;
   // Buffers are sized before any libjpeg call, so no allocation can be skipped by a longjmp.
   // Rows handed to the sink are readable for a few bytes past their end (SIMD loads).
   const auto scaled = scaled_size(denom);
   const std::size_t channels = cmyk ? 4 : 3;
-  const std::size_t row_bytes = static_cast<std::size_t>(scaled.width) * channels + kRowPadding;
+  const std::size_t row_bytes = static_cast<std::size_t>(scaled.width) * channels + padding;
   if (row_.size() < row_bytes) row_.resize(row_bytes);
-  if (cmyk && rgb_.size() < static_cast<std::size_t>(scaled.width) * 3 + kRowPadding) {
-    rgb_.resize(static_cast<std::size_t>(scaled.width) * 3 + kRowPadding);
+  if (cmyk && rgb_.size() < static_cast<std::size_t>(scaled.width) * 3 + padding) {
+    rgb_.resize(static_cast<std::size_t>(scaled.width) * 3 + padding);
   }
   std::uint8_t* row = row_.data();
   std::uint8_t* rgb = rgb_.data();

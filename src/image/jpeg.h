@@ -11,11 +11,8 @@
 
 namespace stoker::image {
 
-// Bytes readable past the end of each row handed to a RowSink.
-inline constexpr std::size_t kRowPadding = 16;
-
 // Receives decoded rows, top to bottom: `rgb` holds the region's columns as RGB triples,
-// followed by kRowPadding readable bytes.
+// followed by the `padding` bytes decode() was asked for, readable.
 struct RowSink {
   void (*fn)(void* context, const std::uint8_t* rgb, int row) = nullptr;
   void* context = nullptr;
@@ -43,7 +40,7 @@ class JpegDecoder {
 
   // Decodes columns [x0, x1) of rows [y0, y1) of the image scaled by 1/denom, calling `sink`
   // once per row. After read_header(); ends the image (the next call is read_header()).
-  void decode(int denom, int x0, int x1, int y0, int y1, RowSink sink);
+  void decode(int denom, int x0, int x1, int y0, int y1, std::size_t padding, RowSink sink);
 
  private:
   struct State;

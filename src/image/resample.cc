@@ -126,6 +126,47 @@ __attribute__((target("sse4.1"))) void resample_row_sse41(const std::uint8_t* in
     std::memcpy(out + o * 4, &rgb0, 4);
   }
 }
+
+// Two outputs per 8-lane multiply-add: lanes 0-3 accumulate output o (R G B x), lanes 4-7
+// output o + 1, over max(count[o], count[o + 1]) taps (weights past an output's count are zero,
+// so the extra taps add nothing; they may read up to taps pixels past cx.last, which callers
+// provide, see row_padding()).
+__attribute__((target("avx2"))) void resample_row_avx2(const std::uint8_t* in, const AxisCoeffs& cx,
+                                                       std::uint8_t* out) {
+  const auto n = cx.start.size();
+  const auto taps = static_cast<std::size_t>(cx.taps);
+  const __m256i half = _mm256_set1_epi32(kHalf);
+  std::size_t o = 0;
+  for (; o + 1 < n; o += 2) {
+    const std::uint8_t* p0 = in + static_cast<std::ptrdiff_t>(cx.start[o] - cx.first) * 3;
+    const std::uint8_t* p1 = in + static_cast<std::ptrdiff_t>(cx.start[o + 1] - cx.first) * 3;
+    const std::int32_t* w0 = cx.weights.data() + o * taps;
+    const std::int32_t* w1 = w0 + taps;
+    const int count = std::max(cx.count[o], cx.count[o + 1]);
+    __m256i acc = half;
+    for (int k = 0; k < count; ++k) {
+      std::int32_t a, b;
+      std::memcpy(&a, p0 + 3 * k, 4);
+      std::memcpy(&b, p1 + 3 * k, 4);
+      const __m256i px = _mm256_cvtepu8_epi32(_mm_insert_epi32(_mm_cvtsi32_si128(a), b, 1));
+      const __m256i wv = _mm256_set_m128i(_mm_set1_epi32(w1[k]), _mm_set1_epi32(w0[k]));
+      acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(px, wv));
+    }
+    acc = _mm256_srai_epi32(acc, kPrecisionBits);
+    const __m128i s16 =
+        _mm_packs_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    const auto two = static_cast<std::uint64_t>(_mm_cvtsi128_si64(_mm_packus_epi16(s16, s16))) &
+                     0x00FFFFFF00FFFFFFull;
+    std::memcpy(out + o * 4, &two, 8);
+  }
+  if (o < n) {  // an odd last output
+    AxisCoeffs last = cx;
+    last.start = cx.start.subspan(o, 1);
+    last.count = cx.count.subspan(o, 1);
+    last.weights = cx.weights.subspan(o * taps, taps);
+    resample_row_sse41(in, last, out + o * 4);
+  }
+}
 #endif
 
 // The vertical pass and the output, for one build target (the compiler vectorizes the
@@ -213,6 +254,7 @@ struct Kernels {
   Kernels() {
 #if defined(__x86_64__)
     if (__builtin_cpu_supports("sse4.1")) row = resample_row_sse41;
+    if (__builtin_cpu_supports("avx2")) row = resample_row_avx2;
     if (__builtin_cpu_supports("avx2")) columns = columns_avx2;
 #endif
   }
@@ -224,6 +266,8 @@ const Kernels& kernels() {
 }
 
 }  // namespace
+
+std::size_t row_padding(const AxisCoeffs& cx) { return static_cast<std::size_t>(cx.taps) * 3 + 16; }
 
 void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out) {
   kernels().row(in, cx, out);

@@ -41,11 +41,12 @@ void bilinear_axis(int in_size, double in0, double in1, int out_size, int window
                    AxisCoeffs& c);
 
 // Horizontal pass over one RGB row: `in` holds input pixels from index cx.first on, and must
-// be readable for one byte past the last pixel it uses (cx.last - 1; SIMD loads 4 bytes per
-// pixel). Writes n = cx.start.size() outputs as RGBx (4 bytes each, the fourth zero), which
-// keeps every store and the vertical pass's vectors aligned to pixels. Uses SSE4.1 where the
-// CPU has it.
+// be readable for row_padding(cx) bytes past the last pixel it uses (cx.last - 1: SIMD loads
+// whole words, and pairs of outputs run over the longer one's taps). Writes n = cx.start.size()
+// outputs as RGBx (4 bytes each, the fourth zero), which keeps every store and the vertical pass's
+// vectors aligned to pixels. Uses SSE4.1 where the CPU has it (AVX2: two taps per instruction).
 void resample_row(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out);
+std::size_t row_padding(const AxisCoeffs& cx);
 // The portable scalar version, for checking the SIMD one.
 void resample_row_reference(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out);
 
