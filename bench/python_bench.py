@@ -8,6 +8,9 @@ Workloads:
            (Linear(150528, 10) with Adam on this machine's CPU, plus a 10 ms sleep every 5th
            batch). Prints epoch times, and the compute-only bound: the same loop over batches
            made in advance.
+  jpeg     the native image pipelines (train and val, image folder, batch 64, 2 workers)
+           through stoker.DataLoader against the same from `stoker bench -w jpeg` (C++), on
+           the same generated JPEGs, alternated --runs times. Not in the default set.
   tiny     60000 float32 samples of 784 plus an int64 label (MNIST-like), batch 256,
            shuffled, from in-memory tensors: stoker.ArrayDataset against TensorDataset, and a
            consumer that touches each batch (sums it).
@@ -139,17 +142,63 @@ def tiny(runs: int, smoke: bool) -> dict:
     }
 
 
+# --- jpeg: the native image pipeline from Python against the same from the command line -----
+
+def jpeg(runs: int, smoke: bool, stoker_bin: str) -> dict:
+    """`stoker bench -w jpeg --no-baseline` (C++: image folder, batch 64, 2 workers) and the
+    same pipelines through stoker.DataLoader on the same files, alternated `runs` times."""
+    import subprocess
+
+    cli, py = {"train": [], "val": []}, {"train": [], "val": []}
+    epochs = 2 if smoke else 3
+    data_dir = None
+    for _ in range(runs):
+        args = [stoker_bin, "bench", "-w", "jpeg", "--no-baseline", "--json",
+                "--epochs", str(epochs)] + (["--smoke"] if smoke else [])
+        out = json.loads(subprocess.run(args, check=True, capture_output=True,
+                                        text=True).stdout)
+        out = out["workloads"][0] if "workloads" in out else out
+        data_dir = out["data_dir"]
+        for name in ("train", "val"):
+            cli[name].append(out[name]["stoker"]["folder"]["images_per_s"])
+            pipeline = stoker.transforms.train() if name == "train" else stoker.transforms.val()
+            ds = stoker.ImageFolder(pathlib.Path(data_dir) / "folder", transform=pipeline)
+            loader = stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=2,
+                                       prefetch_factor=2)
+            times = []
+            for _ in range(epochs):
+                start = time.perf_counter()
+                for images, labels in loader:
+                    pass
+                times.append(time.perf_counter() - start)
+            loader.close()
+            py[name].append(len(ds) / statistics.median(times[1:] if epochs > 1 else times))
+    result = {"workload": "jpeg", "data_dir": data_dir}
+    for name in ("train", "val"):
+        result[name] = {
+            "cli_images_per_s": statistics.median(cli[name]),
+            "python_images_per_s": statistics.median(py[name]),
+            "python_over_cli": statistics.median(p / c for p, c in zip(py[name], cli[name])),
+        }
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", nargs="+", default=["seed003", "tiny"],
-                        choices=["seed003", "tiny"])
+                        choices=["seed003", "tiny", "jpeg"])
+    parser.add_argument("--stoker-bin", default=str(pathlib.Path(__file__).resolve().parents[1]
+                                                   / "build" / "stoker"),
+                        help="jpeg: the stoker command line to compare with")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, one run: checks the harness, measures nothing")
     args = parser.parse_args()
     runs = 1 if args.smoke else args.runs
-    results = [{"seed003": seed003, "tiny": tiny}[w](runs, args.smoke) for w in args.workload]
+    workloads = {"seed003": seed003, "tiny": tiny,
+                 "jpeg": lambda r, s: jpeg(r, s, args.stoker_bin)}
+    results = [workloads[w](runs, args.smoke) for w in args.workload]
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -162,6 +211,12 @@ def main() -> None:
                   f"{r['compute_only_s']:.2f}")
             print(f"  stoker / torch best: {r['speedup']:.2f}x faster; stoker epoch / compute "
                   f"only: {r['stoker_over_compute']:.3f}")
+        elif r["workload"] == "jpeg":
+            for name in ("train", "val"):
+                p = r[name]
+                print(f"jpeg {name}: images/s from Python {p['python_images_per_s']:,.0f}, from "
+                      f"the command line {p['cli_images_per_s']:,.0f}: Python / CLI "
+                      f"{p['python_over_cli']:.3f}")
         else:
             torch_r = ", ".join(f"{w}: {v:,.0f}" for w, v in r["torch_samples_per_s"].items())
             print(f"tiny: samples/s, torch by num_workers {{{torch_r}}}; stoker "
