@@ -142,6 +142,17 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
   }
   check_pixels(width, height, max_pixels);  // before anything image-sized is allocated
 
+  // Buffers are reserved for the largest crop this image could get, not this one's: once
+  // every image has been seen, no later crop makes them grow (steady state allocates nothing).
+  const int max_taps = image::bilinear_taps(0, std::max(width, height), t.size);
+  const std::size_t padding = static_cast<std::size_t>(max_taps) * 3 + 16;  // >= row_padding()
+  const std::size_t stride = static_cast<std::size_t>(t.size) * 4;          // RGBx rows
+  const auto window = static_cast<std::size_t>(t.size);
+  s.rows.reserve(static_cast<std::size_t>(height) * stride);
+  s.x_weights.reserve(window * static_cast<std::size_t>(max_taps));
+  s.y_weights.reserve(window * static_cast<std::size_t>(max_taps));
+  s.rgb.reserve(static_cast<std::size_t>(width) * 3 + padding);
+
   const image::Geometry g = image::plan_geometry(t, width, height, seed, crop);
   const int denom = jpeg ? image::dct_denominator(g) : 1;
   int scaled_w = width, scaled_h = height;
@@ -157,16 +168,15 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
   const AxisCoeffs cy = axis(s.y_start, s.y_count, s.y_weights, sy.size, sy.box0, sy.box1,
                              g.out_height, g.window_y, t.size);
 
-  const std::size_t stride = static_cast<std::size_t>(t.size) * 4;  // RGBx rows
   const auto rows_needed = static_cast<std::size_t>(cy.last - cy.first);
   RowTarget target{&cx, sized(s.rows, rows_needed * stride).data(), stride};
   const int x0 = sx.begin + cx.first, x1 = sx.begin + cx.last;
   const int y0 = sy.begin + cy.first, y1 = sy.begin + cy.last;
   if (jpeg) {
-    s.jpeg->decode(denom, x0, x1, y0, y1, image::row_padding(cx), {&resample_into_rows, &target});
+    s.jpeg->decode(denom, x0, x1, y0, y1, padding, {&resample_into_rows, &target});
   } else {
     image::decode_png(encoded, max_pixels, s.rgba);
-    auto rgb = sized(s.rgb, static_cast<std::size_t>(x1 - x0) * 3 + image::row_padding(cx));
+    auto rgb = sized(s.rgb, static_cast<std::size_t>(x1 - x0) * 3 + padding);
     for (int y = y0; y < y1; ++y) {
       const std::uint8_t* src =
           s.rgba.data() + (static_cast<std::size_t>(y) * width + static_cast<std::size_t>(x0)) * 4;

@@ -133,13 +133,13 @@ void JpegDecoder::decode(int denom, int x0, int x1, int y0, int y1, std::size_t 
   const bool cmyk = state_->cmyk;
   // Buffers are sized before any libjpeg call, so no allocation can be skipped by a longjmp.
   // Rows handed to the sink are readable for a few bytes past their end (SIMD loads).
-  const auto scaled = scaled_size(denom);
+  // Sized for the unscaled width, the most any scale needs, so they stop growing once every
+  // image has been seen.
+  const auto full_width = static_cast<std::size_t>(cinfo.image_width);
   const std::size_t channels = cmyk ? 4 : 3;
-  const std::size_t row_bytes = static_cast<std::size_t>(scaled.width) * channels + padding;
+  const std::size_t row_bytes = full_width * channels + padding;
   if (row_.size() < row_bytes) row_.resize(row_bytes);
-  if (cmyk && rgb_.size() < static_cast<std::size_t>(scaled.width) * 3 + padding) {
-    rgb_.resize(static_cast<std::size_t>(scaled.width) * 3 + padding);
-  }
+  if (cmyk && rgb_.size() < full_width * 3 + padding) rgb_.resize(full_width * 3 + padding);
   std::uint8_t* row = row_.data();
   std::uint8_t* rgb = rgb_.data();
   STOKER_JPEG_GUARD();

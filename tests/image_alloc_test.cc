@@ -1,0 +1,89 @@
+// Decoding images allocates nothing per sample on stoker's side in steady state: every
+// operator new in the process is counted while the switch is on. (libjpeg's own per-image
+// working memory comes from malloc and is not counted: it is the library's.)
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "image_fixtures.h"
+#include "stoker/encoded.h"
+#include "stoker/image.h"
+#include "stoker/loader.h"
+
+namespace {
+std::atomic<bool> counting{false};
+std::atomic<std::size_t> allocations{0};
+}  // namespace
+
+void* operator new(std::size_t size) {
+  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+// GCC cannot tell that these are the replacements of the operator new above.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpragmas"
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
+
+namespace stoker {
+namespace {
+
+std::size_t steady_state_allocations(const std::shared_ptr<EncodedSource>& source,
+                                     ImageTransform transform, std::size_t workers) {
+  ImageDatasetOptions io;
+  io.source = source;
+  io.transform = transform;
+  LoaderOptions o;
+  o.dataset = std::make_shared<ImageDataset>(io);
+  o.batch_size = 8;
+  o.shuffle = true;
+  o.workers = workers;
+  Loader loader(o);
+  // Warm up over two epochs: every file has been seen, so the reading thread's buffers are at
+  // their size.
+  for (int e = 0; e < 2; ++e) {
+    while (loader.next()) {
+    }
+  }
+  allocations = 0;
+  counting = true;
+  std::size_t rows = 0;
+  for (int e = 0; e < 3; ++e) {
+    while (auto batch = loader.next()) rows += batch->size();
+  }
+  counting = false;
+  EXPECT_EQ(rows, 3 * source->size());
+  return allocations.load();
+}
+
+TEST(ImageSteadyState, NoHeapAllocationPerSample) {
+  testing::TempDir dir;
+  for (int i = 0; i < 24; ++i) {
+    std::string cls = "c", file = "i";  // appended, not operator+ (GCC 12 -Wrestrict)
+    cls.append(std::to_string(i % 3));
+    file.append(std::to_string(i)).append(".jpg");
+    testing::write_file(dir / cls / file, testing::make_jpeg(90 + 7 * i, 80 + 5 * (i % 5), 3,
+                                                             static_cast<std::uint32_t>(i)));
+  }
+  auto folder = open_image_folder(dir.path().string());
+  pack_records(*folder, (dir / "packed").string());
+  auto small = ImageTransform::train(48);
+  auto val = ImageTransform::val(56, 48);
+  val.dtype = DType::u8;
+  // Per-thread buffers grow to the largest image (and crop bound) their thread has seen; with
+  // one reading thread, the warm-up shows it every image, so the count after it must be zero.
+  for (std::size_t workers : {0, 1}) {
+    EXPECT_EQ(steady_state_allocations(folder, small, workers), 0u) << workers;
+    EXPECT_EQ(steady_state_allocations(cache_in_ram(folder, 1 << 22), val, workers), 0u);
+    EXPECT_EQ(steady_state_allocations(open_records((dir / "packed").string()), small, workers),
+              0u);
+  }
+}
+
+}  // namespace
+}  // namespace stoker
