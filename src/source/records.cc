@@ -334,7 +334,8 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
   const fs::path target = fs::absolute(fs::path(dest)).lexically_normal();
   std::error_code ec;
   if (fs::exists(target, ec) && !options.overwrite) {
-    throw std::runtime_error(dest + ": already exists (pass overwrite to replace it)");
+    throw std::runtime_error(
+        dest + ": already exists (to replace it: stoker pack --force, or PackOptions::overwrite)");
   }
   const fs::path parent = target.parent_path();
   fs::create_directories(parent, ec);
