@@ -79,6 +79,7 @@ CASES = [  # (name, width, height, save options, mode)
     ("cmyk", 400, 300, dict(quality=90), "CMYK"),
     ("large", 1400, 1050, dict(quality=90), "RGB"),  # DCT-domain scaling on this one
     ("png", 380, 290, dict(), "RGB"),
+    ("palette", 360, 270, dict(), "P"),  # 8-bit palette PNG
 ]
 
 
@@ -87,7 +88,7 @@ def images(tmp_path_factory):
     d = tmp_path_factory.mktemp("images")
     out = {}
     for i, (name, w, h, opts, mode) in enumerate(CASES):
-        path = d / (name + (".png" if name == "png" else ".jpg"))
+        path = d / (name + (".png" if name in ("png", "palette") else ".jpg"))
         photo(w, h, seed=i, mode=mode).save(path, **opts)
         out[name] = path
     return out
