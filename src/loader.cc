@@ -1,14 +1,17 @@
 // The one place that wires sampler, slab pool and worker engine into a Loader.
 #include "stoker/loader.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "device/device_stage.h"
 #include "exec/engine.h"
 #include "memory/slab_pool.h"
 #include "sampler/sampler.h"
+#include "tune/tuner.h"
 #include "util/log.h"
 
 namespace stoker {
@@ -107,6 +110,12 @@ Loader::Loader(LoaderOptions options) {
   config.on_error = options.on_error;
   config.max_skipped = options.max_skipped;
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
+  if (options.tune_workers) {
+    const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    std::size_t max = options.max_workers ? options.max_workers : 4 * cores;
+    max = std::clamp(max, options.workers, kMaxWorkers);
+    tuner_ = std::make_unique<detail::WorkerTuner>(detail::TuneLimits{cores, max});
+  }
 }
 
 Loader::~Loader() {
@@ -114,7 +123,12 @@ Loader::~Loader() {
   engine_.reset();
 }
 
-std::optional<Batch> Loader::next() { return stage_->next(*engine_); }
+std::optional<Batch> Loader::next() {
+  if (tuner_ && tuner_->due()) {
+    if (auto workers = tuner_->observe(stats())) engine_->set_workers(*workers);
+  }
+  return stage_->next(*engine_);
+}
 void Loader::set_epoch(std::uint64_t epoch) { restart({epoch, 0}); }
 Position Loader::position() const { return stage_->position(*engine_); }
 

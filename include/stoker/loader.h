@@ -26,6 +26,7 @@ class CopyStage;
 class DeviceStage;
 struct DeviceSlot;
 class DeviceSlots;
+class WorkerTuner;
 }  // namespace detail
 
 enum class ErrorPolicy : std::uint8_t {
@@ -72,6 +73,12 @@ struct LoaderOptions {
   std::size_t workers = 2;
   // Batches in flight (being read or ready, not yet handed out). At least 1.
   std::size_t depth = 4;
+  // Online tuning of `workers` (the starting count): while the consumer waits for data, add
+  // workers, doubling them if they mostly wait themselves (I/O, sleeps, a GIL), one at a
+  // time up to the core count if they compute; never past max_workers (0: 4 x cores). The
+  // tuner runs inside next(), on the consumer's thread; see src/tune/tuner.h.
+  bool tune_workers = false;
+  std::size_t max_workers = 0;
 
   // Where batches are delivered: "cpu" (host slabs), "cuda" or "cuda:N" (copied on a side
   // stream into recycled device buffers, device_depth batches ahead), or "sim". If no CUDA
@@ -186,6 +193,7 @@ struct Stats {
   std::chrono::nanoseconds consumer_wait{0};  // time next() blocked waiting for data
   std::chrono::nanoseconds worker_busy{0};    // summed over workers: time spent in read()
   std::chrono::nanoseconds inline_busy{0};    // read() time on the consumer (workers = 0)
+  std::chrono::nanoseconds worker_cpu{0};     // of worker_busy, time on a CPU (the rest waited)
   std::uint64_t skipped = 0;                  // rows replaced (skip policy) in batches handed out
   std::size_t workers = 0;
   std::size_t depth = 0;
@@ -241,6 +249,7 @@ class Loader {
 
   std::unique_ptr<detail::Engine> engine_;
   std::unique_ptr<detail::DeviceStage> stage_;
+  std::unique_ptr<detail::WorkerTuner> tuner_;  // with LoaderOptions::tune_workers
 };
 
 }  // namespace stoker

@@ -34,7 +34,8 @@ std::unique_ptr<PyLoader> make_loader(
     bool drop_last, std::size_t rank, std::size_t world_size, bool shard_drop_last,
     std::size_t workers, std::size_t depth, const std::string& on_error, std::size_t max_skipped,
     bool threaded, const py::object& order, const std::string& device, std::size_t device_depth,
-    std::uintptr_t stream, const std::string& pin_memory, std::size_t pin_budget) {
+    std::uintptr_t stream, const std::string& pin_memory, std::size_t pin_budget, bool tune_workers,
+    std::size_t max_workers) {
   PyLoaderOptions o;
   if (py::isinstance<PyDataset>(dataset)) {
     o.py_dataset = dataset.cast<std::shared_ptr<PyDataset>>();
@@ -77,6 +78,8 @@ std::unique_ptr<PyLoader> make_loader(
                           "'");
   }
   o.loader.pin_budget = pin_budget;
+  o.loader.tune_workers = tune_workers;
+  o.loader.max_workers = max_workers;
   o.threaded = threaded;
   return std::make_unique<PyLoader>(std::move(o));
 }
@@ -165,7 +168,8 @@ PYBIND11_MODULE(_stoker, m) {
            py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
            py::arg("shard_drop_last"), py::arg("workers"), py::arg("depth"), py::arg("on_error"),
            py::arg("max_skipped"), py::arg("threaded"), py::arg("order"), py::arg("device"),
-           py::arg("device_depth"), py::arg("stream"), py::arg("pin_memory"), py::arg("pin_budget"))
+           py::arg("device_depth"), py::arg("stream"), py::arg("pin_memory"), py::arg("pin_budget"),
+           py::arg("tune_workers"), py::arg("max_workers"))
       .def("next", &PyLoader::next, py::arg("timeout") = 0.0)
       .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
       .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))

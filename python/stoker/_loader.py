@@ -12,14 +12,17 @@ from ._batch import converter, plan
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
 
-# Threads are cheap and a Python __getitem__ often waits (files, sleeps, torch ops release the
-# GIL), so Python data sets get more workers than cores; native ones compute, one per core.
-_AUTO_PYTHON_WORKERS = 8
+# num_workers='auto' starts with one worker per core and lets the engine's tuner add more
+# while the training loop waits for data: many at a time when the workers themselves mostly
+# wait (a Python __getitem__ on files, sleeps, or torch ops that release the GIL), up to one
+# per core when they compute. Threads are cheap, so a waiting data set may get many.
+_AUTO_MAX_WORKERS_NATIVE_PER_CORE = 4
+_AUTO_MAX_WORKERS_PYTHON = 32
 
 
-def _auto_workers(native: bool) -> int:
+def _cores() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, cores or 1) if native else _AUTO_PYTHON_WORKERS
+    return max(1, cores or 1)
 
 
 def _draw_seed(generator) -> int:
@@ -56,8 +59,9 @@ class DataLoader:
     buffer (pinned when it pays), and batches reach PyTorch as tensors without a copy.
 
     Differences from torch's, all in the user's favour or stated here:
-      num_workers: worker *threads* ('auto': one per core for native data sets, 8 for Python
-        ones, whose __getitem__ mostly waits). 0 reads on the training loop's thread.
+      num_workers: worker *threads*. 'auto' (default) starts with one per core and tunes the
+        count online while the training loop waits for data (no grid search). 0 reads on the
+        training loop's thread.
       pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
         budget (``pin_budget`` bytes, default a quarter of available memory).
       device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
@@ -133,8 +137,12 @@ class DataLoader:
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
                              "batches are already tensors")
-        if num_workers == "auto":
-            num_workers = _auto_workers(native)
+        tune = num_workers == "auto"
+        max_workers = 0
+        if tune:
+            num_workers = _cores()
+            max_workers = (_AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cores() if native
+                           else max(_AUTO_MAX_WORKERS_PYTHON, _cores()))
         if int(num_workers) < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 "
                              "to disable multiprocessing.")
@@ -190,7 +198,8 @@ class DataLoader:
             depth=self.prefetch_factor * max(1, self.num_workers), on_error=on_error,
             max_skipped=int(max_skipped), threaded=not native or self.timeout > 0,
             order=order, device=self._device, device_depth=int(device_depth), stream=stream,
-            pin_memory=str(pin_memory), pin_budget=int(pin_budget))
+            pin_memory=str(pin_memory), pin_budget=int(pin_budget), tune_workers=tune,
+            max_workers=max_workers)
         element_types = self._element_types(structure)
         self._build = plan(structure, collate_fn)
         self._convert = converter(element_types, self._loader.stats()["device"] not in

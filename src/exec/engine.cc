@@ -1,5 +1,7 @@
 #include "exec/engine.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -20,6 +22,14 @@ std::string describe(const std::exception_ptr& error) {
   } catch (...) {
     return "unknown exception";
   }
+}
+
+// CPU time of the calling thread: with the wall time of the same reads, it tells the tuner
+// whether workers compute or wait (I/O, sleeps, the GIL).
+std::int64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
 }
 
 std::int64_t ns_since(std::chrono::steady_clock::time_point start) {
@@ -204,6 +214,7 @@ void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
   {
     MutexUnlock unlocked(mu_);
     const auto start = Clock::now();
+    const std::int64_t cpu_start = thread_cpu_ns();
     for (std::size_t row = begin; row < end; ++row) {
       // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
       if (slab->cancelled.load(std::memory_order_relaxed)) break;
@@ -211,6 +222,9 @@ void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
       read_row(slab, row);
     }
     busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
+    if (&busy_ns == &worker_busy_ns_) {
+      worker_cpu_ns_.fetch_add(thread_cpu_ns() - cpu_start, std::memory_order_relaxed);
+    }
   }
   ++slab->chunks_done;
   if (slab->cancelled.load(std::memory_order_relaxed)) {
@@ -381,6 +395,7 @@ Stats Engine::stats() const {
   s.consumer_wait = std::chrono::nanoseconds(wait_ns_.load(std::memory_order_relaxed));
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
+  s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
   s.skipped = skipped_.load(std::memory_order_relaxed);
   const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);
   s.mean_ready_at_next =

@@ -153,6 +153,7 @@ class Engine {
   std::atomic<std::int64_t> wait_ns_{0};
   std::atomic<std::int64_t> worker_busy_ns_{0};
   std::atomic<std::int64_t> inline_busy_ns_{0};
+  std::atomic<std::int64_t> worker_cpu_ns_{0};      // CPU time of the workers' reads
   std::atomic<std::uint64_t> skipped_{0};           // in batches handed out
   std::atomic<std::uint64_t> skip_budget_used_{0};  // at read time, prefetch included
   std::atomic<std::uint64_t> ready_seen_sum_{0};    // ready batches seen by waiting takes

@@ -372,3 +372,16 @@ def test_batches_through_the_simulated_device_stage():
         assert sorted(seen) == list(range(500))
     stats = loader.stats()
     assert stats["device"] == "sim" and stats["copies"] >= 2 * len(loader)
+
+
+def test_auto_workers_grow_while_the_loop_waits_on_a_waiting_dataset():
+    class Waits(Squares):
+        def __getitem__(self, i):
+            time.sleep(0.004)  # like a file read: the GIL is released
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Waits(240), batch_size=8)  # num_workers='auto'
+    start = loader.stats()["workers"]
+    for _ in range(3):
+        assert sorted(int(v) for b in loader for v in b[0][:, 0, 0]) == list(range(240))
+    assert loader.stats()["workers"] > start
