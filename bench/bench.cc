@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "bench_util.h"
 #include "device/sim_backend.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
@@ -25,19 +26,7 @@
 namespace stoker::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void spin_for(double ms) {
   const auto until = Clock::now() + std::chrono::duration<double, std::milli>(ms);
@@ -194,12 +183,6 @@ double memcpy_gbps(std::size_t threads, std::size_t bytes) {
   return best;
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 std::string read_file(const std::string& path) {
   std::string text;
   if (FILE* f = std::fopen(path.c_str(), "r")) {
@@ -229,12 +212,7 @@ std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::str
       shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs, w.batch_size,
       w.latency_ms, w.consumer_ms, o.verbose ? "&2" : log_path);
   std::string out;
-  int status = -1;
-  if (FILE* pipe = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-    status = pclose(pipe);
-  }
+  const int status = run_command(cmd, out);
   const std::string log = read_file(log_path);
   std::remove(log_path);
   if (status != 0) {

@@ -18,6 +18,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "bench_util.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
@@ -30,21 +31,9 @@ namespace stoker::bench {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 using json = nlohmann::json;
 
 constexpr int kGeneratorVersion = 1;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // ------------------------------------------------------------------ the generated data set
 
@@ -338,12 +327,6 @@ json to_json(const Run& r) {
 
 // ------------------------------------------------------------------ torchvision
 
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 std::optional<json> run_torchvision(const BenchOptions& o, const JpegBenchOptions& j,
                                     const DataSet& d, const std::string& pipeline,
                                     std::string& error) {
@@ -355,12 +338,7 @@ std::optional<json> run_torchvision(const BenchOptions& o, const JpegBenchOption
       shell_quote(script), shell_quote(d.folder.string()), pipeline, o.smoke ? "0,2" : "0,1,2,4",
       o.epochs ? o.epochs : 2, o.verbose ? "" : "2>/dev/null");
   std::string out;
-  int status = -1;
-  if (FILE* pipe = popen(cmd.c_str(), "r")) {
-    char buf[4096];
-    while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-    status = pclose(pipe);
-  }
+  const int status = run_command(cmd, out);
   if (status != 0) {
     error = fmt::format(
         "the torchvision baseline failed (torch and torchvision for {}? "

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds stoker and runs every test: formatting, the release build, ASan+UBSan and TSan
-# builds (TSan with clang, which also checks the lock annotations), and a benchmark smoke run.
+# builds (TSan with clang, which also checks the lock annotations), the image pipeline against
+# Pillow, the Python package (pip install . into .venv-test, then pytest) and benchmark smoke
+# runs.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format

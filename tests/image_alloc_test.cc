@@ -3,35 +3,17 @@
 // working memory comes from malloc and is not counted: it is the library's.)
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
+#include "counting_new.h"
 #include "image_fixtures.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
 
-namespace {
-std::atomic<bool> counting{false};
-std::atomic<std::size_t> allocations{0};
-}  // namespace
-
-void* operator new(std::size_t size) {
-  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1);
-  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
-  throw std::bad_alloc();
-}
-// GCC cannot tell that these are the replacements of the operator new above.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpragmas"
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-#pragma GCC diagnostic pop
-
 namespace stoker {
 namespace {
+
+using alloc_count::allocations;
+using alloc_count::counting;
 
 std::size_t steady_state_allocations(const std::shared_ptr<EncodedSource>& source,
                                      ImageTransform transform, std::size_t workers) {

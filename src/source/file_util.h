@@ -1,16 +1,40 @@
 // Small POSIX file helpers shared by the encoded sources.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "stoker/encoded.h"
 
 namespace stoker::detail {
 
 // Reads the whole file at `path` into `out` (resized to the file's size; its capacity reused).
 // Throws std::runtime_error "<path>: <reason>".
 void read_whole_file(const std::string& path, std::vector<std::byte>& out);
+
+// Reads served from storage (files, mapped shards), counted for EncodedSource::counters().
+// Thread safety: add() from any thread.
+class StorageReads {
+ public:
+  void add(std::size_t bytes) noexcept {
+    reads_.fetch_add(1, std::memory_order_relaxed);
+    bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  // Every read of such a source is a storage read.
+  EncodedSource::Counters counters() const noexcept {
+    EncodedSource::Counters c;
+    c.reads = c.storage_reads = reads_.load(std::memory_order_relaxed);
+    c.storage_bytes = bytes_.load(std::memory_order_relaxed);
+    return c;
+  }
+
+ private:
+  std::atomic<std::uint64_t> reads_{0};
+  std::atomic<std::uint64_t> bytes_{0};
+};
 
 [[noreturn]] void throw_errno(const std::string& path, const std::string& what);
 

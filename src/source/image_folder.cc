@@ -80,24 +80,17 @@ class ImageFolderSource final : public EncodedSource {
     const std::string& path = paths_.at(index);
     detail::read_whole_file(path, out.storage);
     out.bytes = {out.storage.data(), out.storage.size()};
-    reads_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(out.storage.size(), std::memory_order_relaxed);
+    storage_reads_.add(out.storage.size());
   }
 
-  Counters counters() const override {
-    Counters c;
-    c.reads = c.storage_reads = reads_.load(std::memory_order_relaxed);
-    c.storage_bytes = bytes_.load(std::memory_order_relaxed);
-    return c;
-  }
+  Counters counters() const override { return storage_reads_.counters(); }
 
  private:
   std::string root_;
   std::vector<std::string> classes_;
   std::vector<std::string> paths_;
   std::vector<std::int64_t> labels_;
-  mutable std::atomic<std::uint64_t> reads_{0};
-  mutable std::atomic<std::uint64_t> bytes_{0};
+  mutable detail::StorageReads storage_reads_;
 };
 
 }  // namespace

@@ -122,16 +122,10 @@ class RecordSource final : public EncodedSource {
       throw std::runtime_error(name(index) + ": checksum mismatch (corrupt record)");
     }
     out.bytes = {r.data, r.length};
-    reads_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(r.length, std::memory_order_relaxed);
+    storage_reads_.add(r.length);
   }
 
-  Counters counters() const override {
-    Counters c;
-    c.reads = c.storage_reads = reads_.load(std::memory_order_relaxed);
-    c.storage_bytes = bytes_.load(std::memory_order_relaxed);
-    return c;
-  }
+  Counters counters() const override { return storage_reads_.counters(); }
 
  private:
   void add_shard(const std::string& path) {
@@ -208,8 +202,7 @@ class RecordSource final : public EncodedSource {
   std::vector<std::unique_ptr<Mapping>> shards_;
   std::vector<Record> records_;
   std::vector<std::string> classes_;
-  mutable std::atomic<std::uint64_t> reads_{0};
-  mutable std::atomic<std::uint64_t> bytes_{0};
+  mutable detail::StorageReads storage_reads_;
 };
 
 // ---------------------------------------------------------------------------- writing

@@ -1,0 +1,25 @@
+// Small helpers shared by the benchmarks: clocks, medians, and running the baseline scripts.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace stoker::bench {
+
+using Clock = std::chrono::steady_clock;
+
+inline double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+double median(std::vector<double> v);  // 0 for an empty vector
+
+// `s` quoted for /bin/sh.
+std::string shell_quote(const std::string& s);
+
+// Runs `command` through /bin/sh; returns its exit status (-1 if it could not start) and puts
+// its standard output in `out`.
+int run_command(const std::string& command, std::string& out);
+
+}  // namespace stoker::bench
