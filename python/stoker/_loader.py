@@ -167,7 +167,6 @@ class DataLoader:
             generator = sampler.generator if sampler.generator is not None else generator
         elif kind is None and sampler is not None:
             order = list(sampler)
-        self._native_sampler = kind is not None or sampler is None
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
         if native:

@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch.utils.data as tud
 from torch.utils.data.distributed import DistributedSampler as TorchDistributedSampler
 
 import stoker
