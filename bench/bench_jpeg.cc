@@ -22,6 +22,7 @@
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
+#include "util/random.h"
 
 #ifndef STOKER_SOURCE_DIR
 #define STOKER_SOURCE_DIR "."
@@ -37,22 +38,7 @@ constexpr int kGeneratorVersion = 1;
 
 // ------------------------------------------------------------------ the generated data set
 
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : s_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
-
- private:
-  std::uint64_t s_;
-};
+using Rng = detail::SplitMix64;
 
 // Adds amplitude * value noise with the given cell size to `plane` (w x h).
 void add_value_noise(std::vector<float>& plane, int w, int h, double cell, double amplitude,

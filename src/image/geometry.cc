@@ -5,27 +5,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "util/random.h"
+
 namespace stoker::image {
 namespace {
 
-// SplitMix64: the per-sample generator, seeded by SampleOut::seed().
-class Random {
- public:
-  explicit Random(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  // Uniform in [0, n), n >= 1 (the modulo bias is below 2^-40 for image sizes).
-  int below(int n) { return static_cast<int>(next() % static_cast<std::uint64_t>(n)); }
-
- private:
-  std::uint64_t state_;
-};
+// The per-sample generator, seeded by SampleOut::seed().
+using Random = detail::SplitMix64;
 
 // Python's round(): halves to even, as torchvision computes crop sizes.
 int round_even(double v) { return static_cast<int>(std::nearbyint(v)); }

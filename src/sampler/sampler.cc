@@ -3,17 +3,12 @@
 #include <algorithm>
 #include <numeric>
 
+#include "util/random.h"
+
 namespace stoker::detail {
 namespace {
 
 __extension__ using u128 = unsigned __int128;
-
-std::uint64_t splitmix64(std::uint64_t& state) {
-  std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [0, bound) without modulo bias (Lemire, "Fast Random Integer Generation in an
 // Interval", 2019).
