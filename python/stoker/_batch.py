@@ -34,10 +34,6 @@ def element_dtype(dtype: Any) -> str:
     return name
 
 
-def _torch_dtype(torch, name: str):
-    return getattr(torch, "bool" if name == "bool" else name)
-
-
 def to_array(array: np.ndarray, logical: str):
     """A numpy array of stored bytes as the logical type: a tensor if torch is loaded."""
     torch = _torch()
@@ -102,7 +98,7 @@ def converter(element_types: list[str], on_device: bool) -> Callable:
         return numpy_arrays
     from_dlpack = torch.from_dlpack
     views = [
-        _torch_dtype(torch, t) if t == "bool" or (t.startswith("uint") and t != "uint8") else None
+        getattr(torch, t) if t == "bool" or (t.startswith("uint") and t != "uint8") else None
         for t in element_types
     ]
     if not any(v is not None for v in views):
