@@ -21,6 +21,8 @@ thread_local ThreadStateKeeper keeper;
 
 }  // namespace
 
+bool on_engine_thread() { return keeper.bound; }
+
 EngineThreadGil::EngineThreadGil() {
   if (PyGILState_Check()) return;
   if (!keeper.bound) {

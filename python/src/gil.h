@@ -31,6 +31,11 @@ inline bool interpreter_finalizing() {
 // threads exit only inside Loader calls made with the GIL released (rule 1).
 //
 // If the thread already holds the GIL (a nested use), the scope does nothing.
+// Whether the calling thread is one the engine owns and has run Python on (a worker or a
+// consumer thread). Python code can run there, including a garbage collection that finalizes
+// a loader; such a loader must not be stopped from there (it could mean joining this thread).
+bool on_engine_thread();
+
 class EngineThreadGil {
  public:
   EngineThreadGil();

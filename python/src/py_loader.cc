@@ -419,6 +419,10 @@ void PyLoader::close() {
   // From here reads fail at once, so the calls below wait for at most the __getitem__ calls
   // in progress.
   if (py_dataset_) py_dataset_->close();
+  if (on_engine_thread()) {
+    close_from_engine_thread();
+    return;
+  }
   std::unique_lock lifetime(lifetime_mu_, std::defer_lock);
   lock_without_gil(lifetime);  // a call in another thread finishes first
   {
@@ -430,6 +434,36 @@ void PyLoader::close() {
   // With the GIL: the last references to the Python data set may go here.
   remap_.reset();
   py_dataset_.reset();
+}
+
+void PyLoader::close_from_engine_thread() {
+  // Typically the cyclic garbage collector, run by a __getitem__ on one of this or another
+  // loader's threads, finalizing this loader. Stopping it here could mean joining this very
+  // thread, so a thread of its own stops it. A call still in progress on another thread (only
+  // possible with an explicit close()) keeps the loader: it is abandoned then, not stopped.
+  std::unique_lock lifetime(lifetime_mu_, std::try_to_lock);
+  if (!lifetime.owns_lock()) {
+    abandon();
+    return;
+  }
+  struct Remains {
+    std::unique_ptr<ConsumerThread> consumer;
+    JobResult result;
+    std::unique_ptr<Loader> loader;
+    std::shared_ptr<RemappedDataset> remap;
+    std::shared_ptr<PyDataset> py_dataset;
+  };
+  auto remains = std::make_unique<Remains>(Remains{std::move(consumer_), std::move(result_),
+                                                   std::move(loader_), std::move(remap_),
+                                                   std::move(py_dataset_)});
+  // The Python objects left (in the data set) are let go by their owners' destructors, which
+  // take the GIL themselves, or leave them to the interpreter's teardown if it has begun.
+  std::thread([remains = std::move(remains)]() mutable {
+    remains->consumer.reset();
+    remains->result = {};
+    remains->loader.reset();
+    remains.reset();
+  }).detach();
 }
 
 void PyLoader::abandon() {

@@ -171,6 +171,7 @@ class PyLoader {
   py::object deliver(JobResult result);
   [[noreturn]] void raise_sample_error(const SampleError& error);
   std::size_t dataset_index(std::size_t loader_index) const;  // through the custom order
+  void close_from_engine_thread();                            // close() on a thread a loader owns
   void abandon();
 
   std::unique_ptr<Loader> loader_;

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+import weakref
 from typing import Any, Callable, Iterator, Optional, Union
 
 from . import _stoker
@@ -131,7 +132,10 @@ class DataLoader:
         self.timeout = float(timeout)
         self._epoch = 0  # the next epoch iter() starts, without a sampler that says
         self._resume: Optional[tuple[int, int]] = None
-        self._iterator: Optional[_Iterator] = None
+        # The current iterator, held weakly: it holds the loader, and a reference cycle would
+        # leave loaders to the cyclic garbage collector, which runs on whatever thread happens
+        # to allocate (possibly a worker of this loader).
+        self._iterator = lambda: None
 
         native = isinstance(dataset, NativeDataset)
         if native and collate_fn is not None:
@@ -248,8 +252,9 @@ class DataLoader:
         return self._loader.batches_per_epoch
 
     def __iter__(self) -> Iterator:
-        if self._iterator is not None:
-            self._iterator._stale = True
+        previous = self._iterator()
+        if previous is not None:
+            previous._stale = True
         if self._resume is not None:
             epoch, batch = self._resume
             self._resume = None
@@ -258,8 +263,9 @@ class DataLoader:
             epoch = self._sampler_epoch_or_next()
             self._start(epoch, 0)
         self._epoch = epoch + 1
-        self._iterator = _Iterator(self)
-        return self._iterator
+        iterator = _Iterator(self)
+        self._iterator = weakref.ref(iterator)
+        return iterator
 
     def set_epoch(self, epoch: int) -> None:
         """Starts `epoch` at the next iter() (as ``sampler.set_epoch`` does for a sampler)."""
@@ -269,7 +275,7 @@ class DataLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restoring it yields exactly the batches still to come."""
-        it = self._iterator
+        it = self._iterator()
         if self._resume is not None:
             epoch, batch = self._resume
         elif it is None or it._stale or it._done:  # between epochs: the next one from its start

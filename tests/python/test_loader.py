@@ -385,3 +385,31 @@ def test_auto_workers_grow_while_the_loop_waits_on_a_waiting_dataset():
     for _ in range(3):
         assert sorted(int(v) for b in loader for v in b[0][:, 0, 0]) == list(range(240))
     assert loader.stats()["workers"] > start
+
+
+def test_a_loader_collected_on_its_own_worker_thread_shuts_down_cleanly():
+    # The cyclic garbage collector runs on whatever thread allocates, including a worker
+    # inside __getitem__; finalizing the loader that owns that worker must not join it.
+    import subprocess
+    import sys
+
+    script = (
+        "import gc, time, numpy as np, stoker\n"
+        "class Collects:\n"
+        "    def __len__(self): return 10000\n"
+        "    def __getitem__(self, i):\n"
+        "        gc.collect()\n"
+        "        return np.full(4, i)\n"
+        "for _ in range(5):\n"
+        "    loader = stoker.DataLoader(Collects(), batch_size=4, num_workers=2)\n"
+        "    loader.cycle = loader  # only the cyclic collector can free it\n"
+        "    it = iter(loader)\n"
+        "    next(it)\n"
+        "    del it, loader\n"
+        "    time.sleep(0.2)  # the workers, still prefetching, collect it\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"
