@@ -12,6 +12,7 @@ from . import _stoker
 from ._batch import converter, plan
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
+from ._torchvision import native_equivalent
 
 # num_workers='auto' starts with one worker per core and lets the engine's tuner add more
 # while the training loop waits for data: many at a time when the workers themselves mostly
@@ -74,6 +75,11 @@ class DataLoader:
       on_error: 'raise' (default) raises a failed sample's exception, with its type and
         traceback and a note naming the sample; 'skip' replaces the sample with another one
         (up to ``max_skipped`` over the loader's life) and goes on.
+      native: torchvision's ImageFolder (or DatasetFolder with its default loader) whose
+        transform stoker implements (RandomResizedCrop, RandomHorizontalFlip, Resize,
+        CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
+        stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
+        which path ran and why.
       batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
         are not supported.
 
@@ -108,6 +114,7 @@ class DataLoader:
         seed: Optional[int] = None,
         pin_budget: int = 0,
         device_depth: int = 2,
+        native: bool = True,
     ) -> None:
         del multiprocessing_context, persistent_workers, pin_memory_device  # threads: moot
         if not in_order:
@@ -137,6 +144,17 @@ class DataLoader:
         # to allocate (possibly a worker of this loader).
         self._iterator = lambda: None
 
+        # torchvision's ImageFolder with a pipeline stoker implements runs in C++ (native=False
+        # opts out); what ran, and why, is in stats()["pipeline"].
+        self._pipeline = f"python: {type(dataset).__name__}.__getitem__ in workers"
+        if isinstance(dataset, NativeDataset):
+            self._pipeline = "native: a stoker data set"
+        elif native and collate_fn is None:
+            equivalent, why = native_equivalent(dataset)
+            if equivalent is not None:
+                self._pipeline, dataset = f"native: {why}", equivalent
+            elif why != "not a torchvision data set":
+                self._pipeline += f" ({why})"
         native = isinstance(dataset, NativeDataset)
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
@@ -300,7 +318,9 @@ class DataLoader:
 
     def stats(self) -> dict[str, Any]:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs."""
-        return self._loader.stats()
+        stats = self._loader.stats()
+        stats["pipeline"] = self._pipeline
+        return stats
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
