@@ -14,13 +14,12 @@ std::vector<FieldSpec> fields() {
 TEST(SlabPool, LaysOutOneAlignedArrayPerField) {
   SlabPool pool(fields(), 10);
   Slab* slab = pool.acquire();
-  ASSERT_EQ(slab->field_bases.size(), 2u);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->memory) % 4096, 0u);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->field_bases[1]) % 64, 0u);
-  EXPECT_GE(slab->field_bases[1] - slab->field_bases[0], 105 * 10);
-  EXPECT_LE(static_cast<std::size_t>(slab->field_bases[1] - slab->memory) + 8 * 10,
-            pool.slab_bytes());
-  EXPECT_EQ(slab->indices.size(), 10u);
+  ASSERT_EQ(pool.layout().field_offsets.size(), 2u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->host()) % 4096, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->field(1)) % 64, 0u);
+  EXPECT_GE(slab->field(1) - slab->field(0), 105 * 10);
+  EXPECT_LE(static_cast<std::size_t>(slab->field(1) - slab->host()) + 8 * 10, pool.slab_bytes());
+  EXPECT_EQ(slab->indices().size(), 10u);
   pool.release(slab);
 }
 
@@ -46,7 +45,7 @@ TEST(SlabPool, TrimNeverFreesSlabsInUse) {
   Slab* b = pool.acquire();
   pool.trim(0);
   EXPECT_EQ(pool.slabs(), 2u);
-  a->memory[0] = std::byte{1};  // still mapped
+  a->host()[0] = std::byte{1};  // still mapped
   pool.release(a);
   pool.release(b);
   pool.trim(0);
