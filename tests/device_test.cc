@@ -225,6 +225,25 @@ TEST(SimDevice, ErrorsAndPositionKeepTheirPlaceThroughTheCopyStage) {
   EXPECT_EQ(b->indices()[0], 10u);
 }
 
+TEST(SimDevice, NextForTimesOutAndTheNextCallGetsThatBatch) {
+  SimStream stream;
+  auto ds = std::make_shared<testing::GatedDataset>(30);
+  auto o = sim_options(ds, 10, &stream);
+  Loader loader(o);
+  EXPECT_EQ(loader.next_for(std::chrono::milliseconds(1)).status, NextResult::Status::timed_out);
+  EXPECT_EQ(loader.position().batch, 0u);
+  ds->open();
+  for (std::size_t b = 0; b < 3; ++b) {
+    auto r = loader.next_for(std::chrono::hours(1));
+    ASSERT_EQ(r.status, NextResult::Status::batch);
+    EXPECT_TRUE(r.batch->on_device(0));
+    r.batch->synchronize();
+    EXPECT_EQ(static_cast<const std::int64_t*>(r.batch->data(0))[0],
+              static_cast<std::int64_t>(10 * b));
+  }
+  EXPECT_EQ(loader.next_for(std::chrono::hours(1)).status, NextResult::Status::end_of_epoch);
+}
+
 TEST(SimDevice, BatchOutlivesLoaderAndShutdownWithCopiesInFlight) {
   SimStream stream(/*time_scale=*/1.0);
   auto o = sim_options(std::make_shared<IndexDataset<>>(1000, 20000), 20, &stream);
