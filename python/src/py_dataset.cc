@@ -327,8 +327,8 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
     drain_graveyard();
     State& st = *state_;
     try {
-      if (st.on_worker_start && !st.on_worker_start.is_none() &&
-          std::this_thread::get_id() != inline_thread_) {
+      // Not for the consumer's own thread reading inline (workers = 0), as in torch.
+      if (st.on_worker_start && !st.on_worker_start.is_none() && on_engine_thread()) {
         const auto [it, first] =
             st.workers.try_emplace(std::this_thread::get_id(), st.workers.size());
         if (first) st.on_worker_start(it->second);
@@ -420,7 +420,7 @@ void PyDataset::raise_current(std::size_t index) const {
 void PyDataset::bury(std::vector<py::object>&& owners) const {
   if (owners.empty()) return;
   // Moving a py::object does not touch its reference count, so no GIL is needed here.
-  std::lock_guard lock(graveyard_mu_);
+  detail::MutexLock lock(graveyard_mu_);
   for (auto& o : owners) graveyard_.push_back(std::move(o));
   owners.clear();
 }
@@ -428,7 +428,7 @@ void PyDataset::bury(std::vector<py::object>&& owners) const {
 void PyDataset::drain_graveyard() const {
   std::vector<py::object> dead;
   {
-    std::lock_guard lock(graveyard_mu_);
+    detail::MutexLock lock(graveyard_mu_);
     dead.swap(graveyard_);
   }
   // `dead` goes here, with the GIL held.

@@ -413,3 +413,26 @@ def test_a_loader_collected_on_its_own_worker_thread_shuts_down_cleanly():
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_stats_keys_are_the_cpp_stats_fields():
+    # The dict is made from stats.h's field table, which src/stats.cc checks at compile time
+    # against the members of stoker::Stats; durations are in seconds ("_s").
+    from stoker import _stoker
+    ds = stoker.ArrayDataset(np.zeros((8, 2), np.float32))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=1)
+    assert len(list(loader)) == 2
+    fields = _stoker.stats_fields()
+    assert len(fields) == len(set(fields))
+    derived = {"samples_per_second", "bytes_per_second", "wait_fraction"}
+    assert set(loader.stats()) == set(fields) | derived
+    assert {"worker_cpu_s", "consumer_wait_s", "copies", "device"} <= set(fields)
+    assert loader.stats()["batches"] == 2
+
+
+def test_options_are_checked_by_name():
+    ds = stoker.ArrayDataset(np.zeros((8, 2), np.float32))
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip', not 'ignore'"):
+        stoker.DataLoader(ds, on_error="ignore")
+    with pytest.raises(ValueError, match="pin_memory must be 'auto', 'on' or 'off', not 'x'"):
+        stoker.DataLoader(ds, pin_memory="x")
