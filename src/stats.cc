@@ -6,8 +6,6 @@
 namespace stoker {
 namespace {
 
-double seconds(std::chrono::nanoseconds ns) { return std::chrono::duration<double>(ns).count(); }
-
 // for_each_stat must name every member: a structured binding needs exactly as many names as
 // Stats has members, so adding a field without adding it to the table fails to compile here.
 [[maybe_unused]] void check_table_covers_stats(const Stats& s) {
@@ -18,13 +16,13 @@ double seconds(std::chrono::nanoseconds ns) { return std::chrono::duration<doubl
 }  // namespace
 
 double Stats::samples_per_second() const {
-  return elapsed.count() > 0 ? static_cast<double>(samples) / seconds(elapsed) : 0.0;
+  return elapsed.count() > 0 ? static_cast<double>(samples) / to_seconds(elapsed) : 0.0;
 }
 double Stats::bytes_per_second() const {
-  return elapsed.count() > 0 ? static_cast<double>(bytes) / seconds(elapsed) : 0.0;
+  return elapsed.count() > 0 ? static_cast<double>(bytes) / to_seconds(elapsed) : 0.0;
 }
 double Stats::wait_fraction() const {
-  return elapsed.count() > 0 ? seconds(consumer_wait) / seconds(elapsed) : 0.0;
+  return elapsed.count() > 0 ? to_seconds(consumer_wait) / to_seconds(elapsed) : 0.0;
 }
 
 std::string to_string(const Stats& stats) {
@@ -32,7 +30,7 @@ std::string to_string(const Stats& stats) {
   for_each_stat(stats, [&](const char* name, const auto& value) {
     using T = std::decay_t<decltype(value)>;
     if constexpr (std::is_same_v<T, std::chrono::nanoseconds>) {
-      out << name << "_s: " << seconds(value) << '\n';
+      out << name << "_s: " << to_seconds(value) << '\n';
     } else {
       out << name << ": " << value << '\n';
     }

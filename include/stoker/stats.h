@@ -9,6 +9,11 @@
 
 namespace stoker {
 
+// A duration in seconds, as every printout of Stats shows its durations.
+inline double to_seconds(std::chrono::nanoseconds ns) {
+  return std::chrono::duration<double>(ns).count();
+}
+
 struct Stats {
   std::chrono::nanoseconds elapsed{0};  // since the first next()
   std::uint64_t batches = 0;            // handed out

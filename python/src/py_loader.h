@@ -144,7 +144,7 @@ std::string py_stat_name(const char* name, const T&) {
 template <class T>
 py::object py_stat_value(const T& value) {
   if constexpr (std::is_same_v<T, std::chrono::nanoseconds>) {
-    return py::float_(std::chrono::duration<double>(value).count());
+    return py::float_(to_seconds(value));
   } else {
     return py::cast(value);
   }
