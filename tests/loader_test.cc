@@ -468,3 +468,23 @@ TEST(Loader, ImpossibleOptionsAreNamed) {
 
 }  // namespace
 }  // namespace stoker
+
+namespace stoker {
+namespace {
+
+TEST(Stats, PrintoutHasOneLinePerFieldOfTheTable) {
+  Stats s;
+  s.batches = 3;
+  s.worker_cpu = std::chrono::milliseconds(1500);
+  s.device = "cpu";
+  const std::string text = to_string(s);
+  EXPECT_NE(text.find("batches: 3\n"), std::string::npos);
+  EXPECT_NE(text.find("worker_cpu_s: 1.5\n"), std::string::npos);
+  EXPECT_NE(text.find("device: cpu\n"), std::string::npos);
+  std::size_t fields = 0;
+  for_each_stat(s, [&](const char*, const auto&) { ++fields; });
+  EXPECT_EQ(static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')), fields);
+}
+
+}  // namespace
+}  // namespace stoker

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "memory/recycling_pool.h"
+
 namespace stoker::detail {
 namespace {
 
@@ -50,6 +52,37 @@ TEST(SlabPool, TrimNeverFreesSlabsInUse) {
   pool.release(b);
   pool.trim(0);
   EXPECT_EQ(pool.slabs(), 0u);
+}
+
+}  // namespace
+}  // namespace stoker::detail
+
+namespace stoker::detail {
+namespace {
+
+TEST(RecyclingPool, RunsTheHookBeforeReuseAndGrowsOnlyWhenAsked) {
+  int made = 0, reused = 0, destroyed = 0;
+  {
+    RecyclingPool<int> pool([&] { return std::make_unique<int>(made++); }, [&](int&) { ++reused; },
+                            [&](int&) { ++destroyed; });
+    pool.reserve(2);
+    EXPECT_EQ(pool.size(), 2u);
+    int* a = pool.acquire(/*grow=*/false);
+    int* b = pool.acquire(/*grow=*/false);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(reused, 2);  // reserve() leaves its items free: taking them is a reuse
+    EXPECT_EQ(pool.acquire(/*grow=*/false), nullptr);
+    int* c = pool.acquire();  // grows
+    EXPECT_EQ(made, 3);
+    pool.release(b);
+    EXPECT_EQ(pool.acquire(), b);  // LIFO
+    for (int* item : {a, b, c}) pool.release(item);
+    pool.trim(1);
+    EXPECT_EQ(pool.size(), 1u);
+    EXPECT_EQ(destroyed, 2);
+  }
+  EXPECT_EQ(destroyed, 3);
 }
 
 }  // namespace

@@ -140,7 +140,7 @@ class Engine {
   // next one opened. Null if there is none now; sets `look_again` if the lock was released
   // meanwhile (to compute an epoch's order), so the caller must look again before waiting.
   Ticket* find_work(bool head_only, bool& look_again) STOKER_REQUIRES(mu_);
-  // A slab with an unclaimed chunk: the head only, or the oldest in the queue.
+  // A batch with an unclaimed chunk: the head only, or the oldest in the queue.
   Ticket* claimable(bool head_only) const STOKER_REQUIRES(mu_);
   bool can_open() const STOKER_REQUIRES(mu_);
   // Whether order_ holds the order of the epoch the next batch to open belongs to.
