@@ -131,6 +131,23 @@ def test_worker_init_fn_runs_once_per_worker():
     assert sorted(ids) == list(range(len(ids))) and 1 <= len(ids) <= 3
 
 
+def test_without_workers_the_calling_thread_reads_and_is_no_worker():
+    calls = []
+    readers = set()
+
+    class Where(Squares):
+        def __getitem__(self, i):
+            readers.add(threading.get_ident())
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Where(10), batch_size=4, num_workers=0, timeout=5,
+                               worker_init_fn=calls.append)
+    for _ in range(2):
+        assert [b[1].tolist() for b in loader] == [[0, 1, 4, 9], [16, 25, 36, 49], [64, 81]]
+    assert calls == []  # as torch: no worker, no worker_init_fn
+    assert readers == {threading.get_ident()}
+
+
 def test_exception_keeps_type_traceback_and_names_the_sample():
     class Bad(Squares):
         def __getitem__(self, i):
