@@ -143,8 +143,12 @@ std::optional<Batch> Loader::next() {
 }
 
 NextResult Loader::next_for(std::chrono::nanoseconds timeout) {
+  using Clock = detail::Engine::Clock;
   tune();
-  return stage_->next(*engine_, detail::Engine::Clock::now() + timeout);
+  const auto now = Clock::now();
+  // A timeout past the clock's range (nanoseconds::max()) waits as next() does.
+  if (timeout >= Clock::time_point::max() - now) return stage_->next(*engine_, std::nullopt);
+  return stage_->next(*engine_, now + timeout);
 }
 void Loader::set_epoch(std::uint64_t epoch) { restart({epoch, 0}); }
 Position Loader::position() const { return stage_->position(*engine_); }

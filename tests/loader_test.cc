@@ -372,6 +372,9 @@ TEST(Loader, NextForWithoutWorkersReadsInlineOnlyWhileTimeIsLeft) {
   auto r = loader.next_for(std::chrono::hours(1));
   ASSERT_EQ(r.status, NextResult::Status::batch);
   EXPECT_EQ(r.batch->indices()[0], 0u);
+  r = loader.next_for(std::chrono::nanoseconds::max());  // as next()
+  ASSERT_EQ(r.status, NextResult::Status::batch);
+  EXPECT_EQ(r.batch->indices()[0], 5u);
 }
 
 TEST(Loader, EpochOrderIsThePublicSamplersOrder) {
