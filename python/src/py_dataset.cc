@@ -326,6 +326,9 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
     EngineThreadGil gil;
     drain_graveyard();
     State& st = *state_;
+    if (interrupted_ && !on_engine_thread()) {
+      throw PythonError(this, interrupt_ticket_, interrupt_what_);
+    }
     try {
       // Not for the consumer's own thread reading inline (workers = 0), as in torch.
       if (st.on_worker_start && !st.on_worker_start.is_none() && on_engine_thread()) {
@@ -412,6 +415,12 @@ void PyDataset::raise_current(std::size_t index) const {
 
   State& st = *state_;
   const std::uint64_t ticket = st.next_ticket++;
+  if (PyErr_GivenExceptionMatches(exception.ptr(), PyExc_KeyboardInterrupt) &&
+      !on_engine_thread()) {
+    interrupted_ = true;
+    interrupt_ticket_ = ticket;
+    interrupt_what_ = what;
+  }
   st.errors.emplace(ticket, State::KeptError{std::move(exception), index});
   while (st.errors.size() > kKeptErrors) st.errors.erase(st.errors.begin());
   throw PythonError(this, ticket, what);

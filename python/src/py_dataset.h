@@ -96,6 +96,11 @@ class PyDataset final : public Dataset {
 
   // From now on reads fail at once without calling Python: the loader is shutting down.
   void close() noexcept { closed_.store(true, std::memory_order_release); }
+  // A KeyboardInterrupt raised in __getitem__ on the consumer's own thread (reading inline,
+  // no workers) fails that thread's further reads at once with the same exception, so Ctrl-C
+  // ends the batch being read instead of interrupting one row of it; the next call of the
+  // loader clears it (GIL held).
+  void clear_interrupt() const noexcept { interrupted_ = false; }
 
   struct Node;
   struct State;
@@ -110,6 +115,10 @@ class PyDataset final : public Dataset {
   std::vector<FieldSpec> fields_;
   std::optional<std::size_t> objects_field_;
   std::atomic<bool> closed_{false};
+  // The consumer thread's KeyboardInterrupt (see clear_interrupt). GIL-guarded.
+  mutable bool interrupted_ = false;
+  mutable std::uint64_t interrupt_ticket_ = 0;
+  mutable std::string interrupt_what_;
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
 
   mutable detail::Mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it

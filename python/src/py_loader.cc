@@ -129,6 +129,7 @@ PyLoader::CallLocks PyLoader::lock_call(bool consumer) {
 py::object PyLoader::next(double timeout_s) {
   using Clock = std::chrono::steady_clock;
   auto locks = lock_call(true);
+  if (py_dataset_) py_dataset_->clear_interrupt();
   const auto start = Clock::now();
   const auto timeout =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));

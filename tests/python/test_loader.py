@@ -1,6 +1,7 @@
 """stoker.DataLoader against torch.utils.data.DataLoader's meanings."""
 
 import collections
+import os
 import pickle
 import signal
 import threading
@@ -294,6 +295,30 @@ def test_ctrl_c_interrupts_a_blocked_next_promptly():
     start = time.monotonic()
     loader.close()  # waits only for the __getitem__ call already running
     assert time.monotonic() - start < 5
+
+
+def test_ctrl_c_without_workers_ends_the_batch_being_read():
+    release = threading.Event()
+    reads = []
+
+    class Hang(Squares):
+        def __getitem__(self, i):
+            reads.append(i)
+            if i > 0 and not release.is_set():  # sample 0 is read once to learn the layout
+                release.wait(30)
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Hang(8), batch_size=4, num_workers=0)
+    it = iter(loader)
+    # Sent to the process, as a terminal's Ctrl-C is: the main thread, waiting inside
+    # __getitem__, gets it.
+    timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)  # one Ctrl-C, though three more rows of the batch would each hang
+    assert 2 not in reads and 3 not in reads  # the rows after the interrupted one were not read
+    release.set()
+    assert next(it)[1].tolist() == [16, 25, 36, 49]  # the loader goes on
 
 
 def test_destroying_a_loader_with_batches_in_flight_is_prompt():
