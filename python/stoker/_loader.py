@@ -39,6 +39,30 @@ def _draw_seed(generator) -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+def _options(**fields) -> "_stoker.LoaderOptions":
+    """stoker::LoaderOptions (include/stoker/options.h), field by field."""
+    options = _stoker.LoaderOptions()
+    for name, value in fields.items():
+        setattr(options, name, value)
+    return options
+
+
+def _shard(rank: int, world_size: int, drop_last: bool) -> "_stoker.Shard":
+    shard = _stoker.Shard()
+    shard.rank, shard.world_size, shard.drop_last = rank, world_size, drop_last
+    return shard
+
+
+def _enum(enum, option: str, value: str):
+    """The C++ enum value named `value`, or ValueError naming the choices."""
+    members = enum.__members__
+    if value not in members:
+        choices = list(members)
+        names = ", ".join(f"'{c}'" for c in choices[:-1]) + f" or '{choices[-1]}'"
+        raise ValueError(f"stoker: {option} must be {names}, not '{value}'")
+    return members[value]
+
+
 def _torch_sampler_kind(sampler) -> Optional[str]:
     """'sequential', 'random', 'distributed' for torch's own samplers stoker runs natively."""
     torch = sys.modules.get("torch")
@@ -212,15 +236,14 @@ class DataLoader:
             torch = sys.modules.get("torch")
             has_gpu = torch is not None and torch.cuda.is_available()
             pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
-        self._loader = _stoker.Loader(
-            self._handle, batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
-            drop_last=self.drop_last, rank=rank, world_size=world,
-            shard_drop_last=shard_drop_last, workers=self.num_workers,
-            depth=self.prefetch_factor * max(1, self.num_workers), on_error=on_error,
-            max_skipped=int(max_skipped), threaded=not native or self.timeout > 0,
-            order=order, device=self._device, device_depth=int(device_depth), stream=stream,
-            pin_memory=str(pin_memory), pin_budget=int(pin_budget), tune_workers=tune,
-            max_workers=max_workers)
+        self._loader = _stoker.Loader(self._handle, _options(
+            batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
+            drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
+            workers=self.num_workers, depth=self.prefetch_factor * max(1, self.num_workers),
+            on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
+            max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
+            stream=stream, pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(pin_memory)),
+            pin_budget=int(pin_budget), tune_workers=tune, max_workers=max_workers), order)
         element_types = self._element_types(structure)
         self._build = plan(structure, collate_fn)
         self._convert = converter(element_types, self._loader.stats()["device"] not in
