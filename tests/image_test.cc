@@ -191,9 +191,26 @@ TEST(ResizeCenterCrop, GeometryFollowsTorchvision) {
   g = image::plan_geometry(t, 300, 451, 0, nullptr);
   EXPECT_EQ(g.out_width, 256);
   EXPECT_EQ(g.out_height, 384);  // int(256 * 451 / 300) = int(384.85)
-  EXPECT_EQ(image::dct_denominator(g), 1);
+  EXPECT_EQ(image::dct_denominator(g, false), 1);
+  // The decoded image stays at least kDctGap (3) times the resized one: 1100 / 256 = 4.3, so
+  // no scaling (1/2 would leave 550 rows, 2.1 times 256).
+  static_assert(ImageTransform::kDctGap == 3);
   g = image::plan_geometry(t, 2000, 1100, 0, nullptr);
-  EXPECT_EQ(image::dct_denominator(g), 4);  // 1100 / 256 = 4.3
+  EXPECT_EQ(image::dct_denominator(g, false), 1);
+  g = image::plan_geometry(t, 4000, 1600, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g, false), 2);  // 1600 / 2 = 800 rows >= 3 * 256
+  EXPECT_EQ(image::dct_denominator(g, true), 1);
+  g = image::plan_geometry(t, 12000, 6200, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g, false), 8);  // 6200 / 8 = 775 rows >= 3 * 256
+  EXPECT_EQ(image::dct_denominator(g, true), 1);
+  g = image::plan_geometry(t, 12000, 6100, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g, false), 4);  // 6100 / 8 = 762 rows < 3 * 256
+}
+
+TEST(ResizeCenterCrop, AThinImageResizedPastAnyIntIsRefused) {
+  const auto t = ImageTransform::val(256, 224);
+  EXPECT_THROW(image::plan_geometry(t, 60000, 1, 0, nullptr), std::runtime_error);
+  EXPECT_NO_THROW(image::plan_geometry(t, 4000, 1, 0, nullptr));
 }
 
 // ---------------------------------------------------------------- decoding
