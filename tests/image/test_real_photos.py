@@ -153,20 +153,25 @@ def test_exact_mode_is_pillows_output(results, pipeline):
 
 
 def speed(photos, repeat=5):
-    """Images per second on one thread (file in memory), per pipeline and mode: the photos'
-    count over the sum of their decode times."""
-    seconds = {}
+    """Images per second on one thread (file in memory), per pipeline and mode, for the
+    baseline and the progressive JPEGs apart: the photos' count over the sum of their decode
+    times."""
+    seconds, counts = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.npy"
         for path in photos:
+            with Image.open(path) as im:
+                kind = "progressive" if im.info.get("progressive") else "baseline"
+            counts[kind] = counts.get(kind, 0) + 1
             for pipeline in ("val", "train"):
                 for mode, flags in (("default", []), ("exact", ["--exact"])):
                     _, info = stoker_decode(path, out, "--pipeline", pipeline, "--repeat",
                                             str(repeat), *flags)
-                    key = (pipeline, mode)
+                    key = (kind, pipeline, mode)
                     seconds[key] = seconds.get(key, 0.0) + 1.0 / info["images_per_second"]
-    for (pipeline, mode), s in sorted(seconds.items()):
-        print(f"{pipeline:5} {mode:7} {len(photos) / s:6.1f} images/s")
+    for (kind, pipeline, mode), s in sorted(seconds.items()):
+        print(f"{kind:11} ({counts[kind]:2} photos) {pipeline:5} {mode:7} "
+              f"{counts[kind] / s:6.1f} images/s")
 
 
 if __name__ == "__main__":
