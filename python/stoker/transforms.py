@@ -24,6 +24,7 @@ pixels, bit for bit in almost every case, at a lower speed on large photos.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -143,8 +144,12 @@ class Compose:
 
     def spec(self) -> str:
         """The settings as ImageTransform::parse reads them (the form the C++ side takes)."""
-        def num(v):
-            return repr(float(v)) if isinstance(v, float) else str(v)
+        def num(v):  # numpy scalars too; repr(float) reads back to the same double
+            if isinstance(v, numbers.Integral):
+                return str(int(v))
+            if isinstance(v, numbers.Real):
+                return repr(float(v))
+            return str(v)
 
         out = []
         for key, value in self.settings().items():
