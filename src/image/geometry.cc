@@ -113,7 +113,7 @@ int dct_denominator(const Geometry& g, bool exact) {
                                  static_cast<double>(g.region.height) / g.out_height);
   // Pillow's Image.draft(size) picks the largest scale that keeps the decoded image at least
   // `size`; thumbnail() asks it for reducing_gap (2) times the output. The scaled IDCT is not
-  // the box filter Pillow's resize applies, and its error shrinks with the reduction that
+  // the triangle filter of Pillow's resize, and its error shrinks with the reduction that
   // follows it. Measured on real photos (tests/image/test_real_photos.py, docs/image.md), mean
   // absolute difference from torchvision's output over the photos (worst photo): a gap of 1
   // (decoded just above the output) 1.09 (5.1) levels in the val pipeline; 2: 0.36 (1.42);
