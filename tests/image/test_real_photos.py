@@ -2,7 +2,7 @@
 the default (DCT-domain scaling of large JPEGs) and exact=True (no scaling).
 
 The photos are Debian's desktop backgrounds (lomiri-wallpapers-16.04 and mate-backgrounds:
-photographs of 1.3 to 17 megapixels), fetched with `apt-get download` into a cache under the
+photographs of 1.3 to 16 megapixels), fetched with `apt-get download` into a cache under the
 build tree (STOKER_PHOTO_CACHE, default <dir of STOKER_BIN>/photo-cache) and reused; without
 network or apt the tests are skipped, saying why.
 
