@@ -46,7 +46,7 @@ echo "== stoker bench --device cuda (pinned vs pageable host-to-device)"
 build-gpu/stoker bench --device cuda --json | tee build-gpu/bench-cuda.json
 rates=$(python3 -c 'import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"pinned {r["pinned"]["gb_per_s"]:.2f} GB/s, pageable {r["pageable"]["gb_per_s"]:.2f} GB/s")' \
+print("pinned %.2f GB/s, pageable %.2f GB/s" % (r["pinned"]["gb_per_s"], r["pageable"]["gb_per_s"]))' \
   build-gpu/bench-cuda.json) || fail "bench --device cuda gave no figures"
 summary+=("H2D: $rates")
 echo "== stoker bench --device sim (copy/compute overlap logic)"
