@@ -80,7 +80,6 @@ cpu = stoker.DataLoader(ds, batch_size=128, num_workers=2)
 # copies itself with non_blocking=True, dropping the host tensor at once (the seeds' idiom).
 gpu = stoker.DataLoader(ds, batch_size=128, num_workers=2, device="cuda")
 pinned = stoker.DataLoader(ds, batch_size=128, num_workers=2, pin_memory=True)
-assert gpu.stats()["device"].startswith("cuda"), gpu.stats()["device"]
 n = 0
 for (xc, yc), (xg, yg), (xp, yp) in zip(cpu, gpu, pinned):
     assert xg.device.type == "cuda" and yg.device.type == "cuda"
@@ -90,6 +89,7 @@ for (xc, yc), (xg, yg), (xp, yp) in zip(cpu, gpu, pinned):
     assert torch.equal(xp.cpu(), xc), "a pinned slab was refilled under its copy"
     n += 1
 assert n == 32, n
+assert gpu.stats()["device"].startswith("cuda"), gpu.stats()["device"]
 print(f"python device=cuda: {n} batches equal to the CPU loader's; stats {gpu.stats()['device']}")
 EOF
 summary+=("python: device=\"cuda\" batches equal to the CPU loader's")
