@@ -101,7 +101,7 @@ inline std::vector<std::byte> read_file(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
   std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
+  if (!c.empty()) std::memcpy(out.data(), c.data(), c.size());  // an empty file: no data()
   return out;
 }
 
