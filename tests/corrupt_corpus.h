@@ -18,53 +18,9 @@
 #include <vector>
 
 #include "image_fixtures.h"
+#include "support/jpeg.h"
 
 namespace stoker::testing {
-
-// Encodes RGB, gray or CMYK pixels as a JPEG: optionally progressive, optionally with an EXIF
-// block (APP1) whose orientation tag says `orientation`.
-inline std::vector<std::byte> encode_jpeg_with(const std::vector<std::uint8_t>& pixels, int width,
-                                               int height, int components, bool progressive,
-                                               int orientation = 0) {
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr jerr;
-  cinfo.err = jpeg_std_error(&jerr);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buffer, &size);
-  cinfo.image_width = static_cast<JDIMENSION>(width);
-  cinfo.image_height = static_cast<JDIMENSION>(height);
-  cinfo.input_components = components;
-  cinfo.in_color_space = components == 1 ? JCS_GRAYSCALE : components == 3 ? JCS_RGB : JCS_CMYK;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, 90, TRUE);
-  if (progressive) jpeg_simple_progression(&cinfo);
-  jpeg_start_compress(&cinfo, TRUE);
-  if (orientation) {
-    // "Exif\0\0", a little-endian TIFF header, one IFD with one entry: Orientation (0x0112),
-    // type SHORT, count 1, the value.
-    const unsigned char exif[] = {'E', 'x',  'i',  'f', 0,
-                                  0,   'I',  'I',  42,  0,
-                                  8,   0,    0,    0,   1,
-                                  0,   0x12, 0x01, 3,   0,
-                                  1,   0,    0,    0,   static_cast<unsigned char>(orientation),
-                                  0,   0,    0,    0,   0,
-                                  0,   0};
-    jpeg_write_marker(&cinfo, JPEG_APP0 + 1, exif, sizeof exif);
-  }
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(
-        pixels.data() + static_cast<std::size_t>(cinfo.next_scanline) * width * components);
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  std::vector<std::byte> out(reinterpret_cast<std::byte*>(buffer),
-                             reinterpret_cast<std::byte*>(buffer) + size);
-  jpeg_destroy_compress(&cinfo);
-  std::free(buffer);
-  return out;
-}
 
 // The JPEG with its frame header (SOF0 or SOF2) claiming width x height.
 inline std::vector<std::byte> with_jpeg_size(std::vector<std::byte> jpeg, int width, int height) {
@@ -117,8 +73,8 @@ inline std::vector<CorpusFile> make_corrupt_corpus(const std::filesystem::path& 
     files.push_back({path, bad, reason});
   };
   const auto rgb = pattern(160, 120, 3, 7);
-  const auto jpeg = encode_jpeg_with(rgb, 160, 120, 3, false);
-  const auto progressive = encode_jpeg_with(rgb, 160, 120, 3, true);
+  const auto jpeg = encode_jpeg(rgb, 160, 120, 3, 90, true, false);
+  const auto progressive = encode_jpeg(rgb, 160, 120, 3, 90, true, true);
   const auto png = encode_png(pattern(90, 70, 3, 8), 90, 70, 3);
   std::mt19937 rng(5);
   std::vector<std::byte> noise(3000);
@@ -136,12 +92,12 @@ inline std::vector<CorpusFile> make_corrupt_corpus(const std::filesystem::path& 
   add("random.jpg", noise, true, "not an image");
   add("text.jpg", text_bytes, true, "not an image");
   add("png_named.jpg", png, false);  // formats go by signature, not by name
-  add("gray.jpg", encode_jpeg_with(pattern(100, 80, 1, 9), 100, 80, 1, false), false);
-  add("cmyk.jpg", encode_jpeg_with(pattern(100, 80, 4, 10), 100, 80, 4, false), false);
+  add("gray.jpg", encode_jpeg(pattern(100, 80, 1, 9), 100, 80, 1, 90, true, false), false);
+  add("cmyk.jpg", encode_jpeg(pattern(100, 80, 4, 10), 100, 80, 4, 90, true, false), false);
   add("progressive.jpg", progressive, false);
-  add("one_pixel.jpg", encode_jpeg_with({200, 100, 50}, 1, 1, 3, false), false);
-  add("wide.jpg", encode_jpeg_with(pattern(4000, 3, 3, 11), 4000, 3, 3, false), false);
-  add("exif_rotated.jpg", encode_jpeg_with(rgb, 160, 120, 3, false, 6), false);
+  add("one_pixel.jpg", encode_jpeg({200, 100, 50}, 1, 1, 3, 90, true, false), false);
+  add("wide.jpg", encode_jpeg(pattern(4000, 3, 3, 11), 4000, 3, 3, 90, true, false), false);
+  add("exif_rotated.jpg", encode_jpeg(rgb, 160, 120, 3, 90, true, false, 6), false);
   // Truncated: inside the header, and inside the scan data at a third and two thirds; those
   // lose rows every crop of the val pipeline needs. A file missing only its end marker has
   // every row: it is good data.

@@ -8,8 +8,11 @@
 namespace stoker::testing {
 
 // Encodes `pixels` (width x height x components: 1 gray, 3 RGB, 4 CMYK) as a baseline JPEG;
-// `subsample` gives 4:2:0 chroma (as Pillow's and most cameras'), else 4:4:4.
+// `subsample` gives 4:2:0 chroma (as Pillow's and most cameras'), else 4:4:4; `progressive`
+// writes a progressive JPEG; a nonzero `orientation` adds an EXIF block (APP1) whose
+// orientation tag says it.
 std::vector<std::byte> encode_jpeg(const std::vector<std::uint8_t>& pixels, int width, int height,
-                                   int components, int quality = 90, bool subsample = true);
+                                   int components, int quality = 90, bool subsample = true,
+                                   bool progressive = false, int orientation = 0);
 
 }  // namespace stoker::testing
