@@ -228,21 +228,24 @@ def _touch(batch) -> None:
 
 
 def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool, **extra) -> dict:
-    """Samples/s of one epoch (median of `runs` after a warm-up epoch) and the peak PSS, for
-    torch's DataLoader with each num_workers and for stoker.DataLoader's defaults."""
+    """Samples/s over `runs` epochs after a warm-up epoch, and the peak PSS, for torch's
+    DataLoader with each num_workers and for stoker.DataLoader's defaults."""
     n = len(dataset)
 
     def measure(loader) -> tuple[float, int]:
-        def epoch() -> float:
-            start = time.perf_counter()
+        # `runs` epochs back to back, timed as one span after a warm-up epoch: stoker starts
+        # the next epoch while the last batches of one are consumed (torch's persistent
+        # workers wait for iter()), so a per-epoch time would credit it with batches read
+        # before the clock started; over one span that is at most `depth` batches in all.
+        with PeakPss() as pss:
             for batch in loader:
                 _touch(batch)
-            return time.perf_counter() - start
-
-        with PeakPss() as pss:
-            epoch()
-            seconds = statistics.median(epoch() for _ in range(runs))
-        return n / seconds, pss.peak
+            start = time.perf_counter()
+            for _ in range(runs):
+                for batch in loader:
+                    _touch(batch)
+            seconds = time.perf_counter() - start
+        return runs * n / seconds, pss.peak
 
     torch_rates, torch_pss = {}, {}
     for w in (0, 2) if smoke else TORCH_WORKERS:
