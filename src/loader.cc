@@ -74,6 +74,12 @@ std::unique_ptr<detail::DeviceBackend> open_device(const LoaderOptions& o) {
 detail::SlabMemory slab_memory(const LoaderOptions& o, detail::DeviceBackend* backend) {
   detail::SlabMemory memory;
   memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
+  if (o.slab_allocator) {
+    // Shared slabs (worker processes write into them) are never page-locked here.
+    // TODO(issue 9): cudaHostRegister them within the pin budget when a GPU answers.
+    memory.pageable = o.slab_allocator;
+    return memory;
+  }
   if (o.pin_memory == PinMemory::off) return memory;
   if (backend) {
     memory.locked = backend->pinned_allocator();
@@ -125,7 +131,11 @@ Loader::~Loader() {
 
 std::optional<Batch> Loader::next() {
   if (tuner_ && tuner_->due()) {
-    if (auto workers = tuner_->observe(stats())) engine_->set_workers(*workers);
+    if (auto workers = tuner_->observe(stats())) {
+      const std::size_t limit = engine_->worker_limit();
+      if (limit != 0) workers = std::min(*workers, limit);
+      if (*workers != engine_->stats().workers) engine_->set_workers(*workers);
+    }
   }
   return stage_->next(*engine_);
 }

@@ -27,6 +27,7 @@ class DeviceStage;
 struct DeviceSlot;
 class DeviceSlots;
 class WorkerTuner;
+class HostAllocator;
 }  // namespace detail
 
 enum class ErrorPolicy : std::uint8_t {
@@ -98,6 +99,10 @@ struct LoaderOptions {
   // With ErrorPolicy::skip: failed samples tolerated over the loader's life; the next one
   // raises SampleError as under ErrorPolicy::raise.
   std::size_t max_skipped = 1000;
+
+  // Internal (the Python package's worker processes): where batch slabs come from instead of
+  // pageable or page-locked memory. Null: chosen from pin_memory.
+  std::shared_ptr<detail::HostAllocator> slab_allocator;
 };
 
 // A sample failed to read. what() names the sample index and the reason; the original
@@ -206,6 +211,8 @@ struct Stats {
   std::string device;               // where batches are delivered: "cpu", "cuda:0", "sim"
   std::uint64_t copies = 0;         // host-to-device batch copies issued
   std::uint64_t copy_bytes = 0;
+  // Of worker_busy, time spent waiting for a lock that serializes reads (the GIL).
+  std::chrono::nanoseconds worker_lock_wait{0};
 
   double samples_per_second() const;
   double bytes_per_second() const;

@@ -6,9 +6,11 @@
 
 #include <string>
 
+#include "memory/shared_memory.h"
 #include "native_datasets.h"
 #include "py_dataset.h"
 #include "py_loader.h"
+#include "py_workers.h"
 #include "stoker/encoded.h"
 
 namespace py = pybind11;
@@ -35,7 +37,7 @@ std::unique_ptr<PyLoader> make_loader(
     std::size_t workers, std::size_t depth, const std::string& on_error, std::size_t max_skipped,
     bool threaded, const py::object& order, const std::string& device, std::size_t device_depth,
     std::uintptr_t stream, const std::string& pin_memory, std::size_t pin_budget, bool tune_workers,
-    std::size_t max_workers) {
+    std::size_t max_workers, bool shared_slabs) {
   PyLoaderOptions o;
   if (py::isinstance<PyDataset>(dataset)) {
     o.py_dataset = dataset.cast<std::shared_ptr<PyDataset>>();
@@ -80,6 +82,7 @@ std::unique_ptr<PyLoader> make_loader(
   o.loader.pin_budget = pin_budget;
   o.loader.tune_workers = tune_workers;
   o.loader.max_workers = max_workers;
+  if (shared_slabs) o.loader.slab_allocator = detail::shared_allocator();  // worker processes
   o.threaded = threaded;
   return std::make_unique<PyLoader>(std::move(o));
 }
@@ -149,7 +152,46 @@ PYBIND11_MODULE(_stoker, m) {
                   py::arg("on_worker_start"), py::arg("probes"))
       .def("__len__", &PyDataset::size)
       .def("structure", &PyDataset::structure)
-      .def("fields", [](const PyDataset& d) { return fields_of(d, {}); });
+      .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
+      .def("layout_description", &PyDataset::layout_description)
+      .def("object_slots", &PyDataset::object_slots)
+      .def("gil_stats", &PyDataset::gil_stats)
+      .def("use_processes", &PyDataset::use_processes, py::arg("pool"));
+
+  // Worker processes (py_workers.h): the parent's pool and the worker's writer.
+  py::object worker_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "stoker.WorkerError",
+      "A DataLoader worker process died (killed, crashed, exited) while reading samples; the "
+      "message names its pid, the signal or exit code, and the samples lost. `pid` is set.",
+      sample_error.ptr(), nullptr));
+  m.attr("WorkerError") = worker_error;
+  set_worker_error_type(worker_error);
+  py::class_<ProcessPool, std::shared_ptr<ProcessPool>>(m, "ProcessPool")
+      .def(py::init<py::object, py::object, py::object, std::size_t>(), py::arg("spawn"),
+           py::arg("decode"), py::arg("reap"), py::arg("workers"))
+      .def("start", &ProcessPool::start)
+      .def("pids", &ProcessPool::pids)
+      .def("finish", &ProcessPool::finish)
+      .def_property_readonly("size", &ProcessPool::size);
+  py::class_<SampleWriter>(m, "SampleWriter")
+      .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))
+      .def("map", &SampleWriter::map, py::arg("region"), py::arg("fd"), py::arg("bytes"))
+      .def("drop", &SampleWriter::drop, py::arg("region"))
+      .def("begin", &SampleWriter::begin, py::arg("region"), py::arg("offsets"),
+           py::arg("row_bytes"), py::arg("rows"))
+      .def("write", &SampleWriter::write, py::arg("sample"), py::arg("index"), py::arg("row"),
+           py::arg("seed"));
+  m.def(
+      "inherited_fds",
+      [] {
+        std::vector<int> out = detail::shared_region_fds();
+        const auto sockets = ProcessPool::all_fds();
+        out.insert(out.end(), sockets.begin(), sockets.end());
+        return out;
+      },
+      "The slab memfds and worker sockets of this process, which a forked worker closes.");
+  m.def("set_sample_seed", &set_sample_seed, py::arg("seed"),
+        "Sets stoker.sample_seed() on this thread (worker processes, around each sample).");
 
   py::class_<RawBatch>(m, "RawBatch")
       .def_property_readonly("epoch", &RawBatch::epoch)
@@ -169,7 +211,7 @@ PYBIND11_MODULE(_stoker, m) {
            py::arg("shard_drop_last"), py::arg("workers"), py::arg("depth"), py::arg("on_error"),
            py::arg("max_skipped"), py::arg("threaded"), py::arg("order"), py::arg("device"),
            py::arg("device_depth"), py::arg("stream"), py::arg("pin_memory"), py::arg("pin_budget"),
-           py::arg("tune_workers"), py::arg("max_workers"))
+           py::arg("tune_workers"), py::arg("max_workers"), py::arg("shared_slabs") = false)
       .def("next", &PyLoader::next, py::arg("timeout") = 0.0)
       .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
       .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))

@@ -26,12 +26,14 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "host_array.h"
+#include "py_layout.h"
 #include "stoker/dataset.h"
 #include "stoker/loader.h"
 
@@ -47,6 +50,7 @@ namespace stoker::python {
 namespace py = pybind11;
 
 class PyDataset;
+class ProcessPool;
 
 // An exception raised in Python while reading a sample; what() is "Type: message". The
 // exception object itself stays with `origin` under `ticket`.
@@ -65,6 +69,8 @@ class PythonError : public std::runtime_error {
 // The seed of the sample being read on this thread (SampleOut::seed()), for __getitem__ to
 // draw its random choices from; empty outside a read.
 std::optional<std::uint64_t> current_sample_seed();
+// Sets it (a worker process, around each __getitem__).
+void set_sample_seed(std::optional<std::uint64_t> seed);
 
 class PyDataset final : public Dataset {
  public:
@@ -80,6 +86,30 @@ class PyDataset final : public Dataset {
   std::size_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override { return fields_; }
   void read(std::size_t index, const SampleOut& out) const override;
+  // With worker processes, or a data set with __getitems__ (called once per chunk, one GIL
+  // round trip), reads go a chunk at a time (py_workers.h).
+  bool reads_chunks() const override;
+  void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const override;
+  std::chrono::nanoseconds lock_wait() const override;
+  std::size_t worker_limit() const override;
+
+  // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
+  // threads finish there.
+  void use_processes(std::shared_ptr<ProcessPool> pool);
+  // Stops and reaps the worker processes, if any (GIL held, after the engine has stopped).
+  void release_workers();
+  // The layout as worker processes rebuild it (layout_from_description) and its slot count.
+  py::object layout_description() const;
+  std::size_t object_slots() const;
+  // How the reads used the GIL, summed over threads: (reads, seconds waiting to take it at
+  // the start of a read, seconds holding it). The auto worker type decides from these.
+  py::tuple gil_stats() const;
+
+  // For ProcessPool (GIL held): the object values of a row read elsewhere, and an exception
+  // raised elsewhere, kept like this thread's own (the PythonError to hand the engine).
+  void store_objects(const SampleOut& out, py::object values) const;
+  std::exception_ptr keep_error(py::object exception, std::size_t index) const;
 
   // The layout for the Python layer (GIL held): nested tuples
   //   ("seq", type, [child...]) | ("map", type, [key...], [child...])
@@ -96,16 +126,31 @@ class PyDataset final : public Dataset {
   // Reads on this thread are the consumer's own (no workers), not a worker's.
   void set_inline_thread(std::thread::id id) { inline_thread_ = id; }
   // From now on reads fail at once without calling Python: the loader is shutting down.
-  void close() noexcept { closed_.store(true, std::memory_order_release); }
+  // Worker processes are told to stop (their sockets shut down, SIGTERM), so that engine
+  // threads waiting for them return at once.
+  void close() noexcept;
 
-  struct Node;
+  using Node = LayoutNode;
   struct State;
 
  private:
   PyDataset() = default;
   [[noreturn]] void raise_current(std::size_t index) const;  // GIL held, error set
-  void bury(std::vector<py::object>&& owners) const;         // no GIL needed
-  void drain_graveyard() const;                              // GIL held
+  // The C++ exception being handled, as a kept Python error (GIL held, inside a catch).
+  std::exception_ptr capture_current(std::size_t index) const;
+  // Calls on_worker_start the first time this worker thread reads (GIL held).
+  void start_worker() const;
+  // Checks `sample` against the layout, writes its numbers, notes its copies, keeps its
+  // object values (GIL held; throws like the visitor).
+  void take_sample(std::size_t index, py::handle sample, const SampleOut& out,
+                   std::vector<PendingCopy>& copies) const;
+  // Makes the copies with the GIL released and buries the arrays' owners.
+  void finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const;
+  // One __getitems__ call for the chunk (threads).
+  void read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                  std::span<std::exception_ptr> errors) const;
+  void bury(std::vector<py::object>&& owners) const;  // no GIL needed
+  void drain_graveyard() const;                       // GIL held
 
   std::size_t size_ = 0;
   std::vector<FieldSpec> fields_;
@@ -113,6 +158,11 @@ class PyDataset final : public Dataset {
   std::thread::id inline_thread_;
   std::atomic<bool> closed_{false};
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
+  bool has_getitems_ = false;
+  std::atomic<std::shared_ptr<ProcessPool>> processes_;
+  mutable std::atomic<std::uint64_t> gil_reads_{0};
+  mutable std::atomic<std::int64_t> gil_wait_ns_{0};
+  mutable std::atomic<std::int64_t> gil_held_ns_{0};
 
   mutable std::mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it
   mutable std::vector<py::object> graveyard_;

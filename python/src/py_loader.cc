@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gil.h"
+#include "py_workers.h"
 
 namespace stoker::python {
 namespace {
@@ -318,6 +319,7 @@ py::dict PyLoader::stats() {
   d["bytes"] = s.bytes;
   d["consumer_wait_s"] = seconds(s.consumer_wait);
   d["worker_busy_s"] = seconds(s.worker_busy);
+  d["worker_lock_wait_s"] = seconds(s.worker_lock_wait);
   d["inline_busy_s"] = seconds(s.inline_busy);
   d["skipped"] = s.skipped;
   d["workers"] = s.workers;
@@ -401,6 +403,16 @@ void PyLoader::raise_sample_error(const SampleError& error) {
       PyErr_Restore(type, exception.release().ptr(), trace);
       throw py::error_already_set();
     }
+  } catch (const WorkerDiedError& cause) {
+    // A worker process died: stoker.WorkerError (a SampleError) with torch's message.
+    if (worker_error_type()) {
+      py::object exception =
+          py::reinterpret_borrow<py::object>(worker_error_type())(std::string(cause.what()));
+      exception.attr("index") = index;
+      exception.attr("pid") = cause.pid();
+      PyErr_SetObject(worker_error_type().ptr(), exception.ptr());
+      throw py::error_already_set();
+    }
   } catch (...) {
     // A native data set's exception: reported below with its message.
   }
@@ -431,6 +443,7 @@ void PyLoader::close() {
     result_ = {};
     loader_.reset();  // stops and joins the workers
   }
+  if (py_dataset_) py_dataset_->release_workers();  // and reaps worker processes
   // With the GIL: the last references to the Python data set may go here.
   remap_.reset();
   py_dataset_.reset();
@@ -462,6 +475,10 @@ void PyLoader::close_from_engine_thread() {
     remains->consumer.reset();
     remains->result = {};
     remains->loader.reset();
+    if (remains->py_dataset && !interpreter_finalizing()) {
+      py::gil_scoped_acquire gil;
+      remains->py_dataset->release_workers();
+    }
     remains.reset();
   }).detach();
 }

@@ -215,11 +215,15 @@ void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
     MutexUnlock unlocked(mu_);
     const auto start = Clock::now();
     const std::int64_t cpu_start = thread_cpu_ns();
-    for (std::size_t row = begin; row < end; ++row) {
-      // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
-      if (slab->cancelled.load(std::memory_order_relaxed)) break;
-      if (row + 1 < end) config_.dataset->prefetch(slab->indices[row + 1]);
-      read_row(slab, row);
+    if (config_.dataset->reads_chunks()) {
+      if (!slab->cancelled.load(std::memory_order_relaxed)) read_chunk(slab, begin, end);
+    } else {
+      for (std::size_t row = begin; row < end; ++row) {
+        // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
+        if (slab->cancelled.load(std::memory_order_relaxed)) break;
+        if (row + 1 < end) config_.dataset->prefetch(slab->indices[row + 1]);
+        read_row(slab, row);
+      }
     }
     busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
     if (&busy_ns == &worker_busy_ns_) {
@@ -238,9 +242,41 @@ void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
   }
 }
 
-void Engine::read_row(Slab* slab, std::size_t row) {
-  std::size_t index = slab->indices[row];
-  for (std::size_t attempt = 0;; ++attempt) {
+void Engine::read_chunk(Slab* slab, std::size_t begin, std::size_t end) {
+  const std::span<const std::size_t> indices(slab->indices.data() + begin, end - begin);
+  std::vector<SampleOut> outs;
+  outs.reserve(indices.size());
+  for (std::size_t row = begin; row < end; ++row) {
+    const std::uint64_t seed = mix(config_.order.seed, slab->epoch, slab->indices[row]);
+    outs.emplace_back(pool_->field_bytes(), slab->field_bases.data(), row, seed);
+  }
+  std::vector<std::exception_ptr> errors(indices.size());
+  config_.dataset->read_rows(indices, outs, errors);
+  for (std::size_t k = 0; k < errors.size(); ++k) {
+    if (!errors[k]) continue;
+    const std::size_t row = begin + k;
+    const std::size_t index = slab->indices[row];
+    bool retry = false;
+    try {
+      std::rethrow_exception(errors[k]);
+    } catch (...) {
+      retry = on_failure(slab, row, index, 0);
+    }
+    if (retry && !slab->cancelled.load(std::memory_order_relaxed)) {
+      read_row(slab, row, replacement(slab, index, 0), 1);
+    }
+  }
+}
+
+std::size_t Engine::replacement(const Slab* slab, std::size_t index, std::size_t attempt) const {
+  return mix(config_.order.seed ^ kReplacementSalt, slab->epoch, index + attempt) %
+         config_.order.samples;
+}
+
+void Engine::read_row(Slab* slab, std::size_t row) { read_row(slab, row, slab->indices[row], 0); }
+
+void Engine::read_row(Slab* slab, std::size_t row, std::size_t index, std::size_t first_attempt) {
+  for (std::size_t attempt = first_attempt;; ++attempt) {
     try {
       const std::uint64_t seed = mix(config_.order.seed, slab->epoch, index);
       config_.dataset->read(index,
@@ -250,8 +286,7 @@ void Engine::read_row(Slab* slab, std::size_t row) {
     } catch (...) {
       if (!on_failure(slab, row, index, attempt)) return;
     }
-    index = mix(config_.order.seed ^ kReplacementSalt, slab->epoch, index + attempt) %
-            config_.order.samples;
+    index = replacement(slab, index, attempt);
   }
 }
 
@@ -396,6 +431,7 @@ Stats Engine::stats() const {
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
+  s.worker_lock_wait = config_.dataset->lock_wait();
   s.skipped = skipped_.load(std::memory_order_relaxed);
   const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);
   s.mean_ready_at_next =
