@@ -30,6 +30,12 @@ constexpr const char* kBatchingHint =
     "; batching needs every sample to have the layout of sample 0 (pass collate_fn to batch "
     "samples yourself)";
 
+py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
+  py::tuple t(shape.size());
+  for (std::size_t i = 0; i < shape.size(); ++i) t[i] = py::int_(shape[i]);
+  return t;
+}
+
 }  // namespace
 
 std::size_t LayoutBuilder::add_field(const std::string& path, DType dtype,
@@ -118,7 +124,7 @@ py::object describe_layout(const LayoutNode& n) {
     case Kind::array:
     case Kind::number:
       return py::make_tuple(n.kind == Kind::array ? "array" : "number", n.field, n.element.name,
-                            py::tuple(py::cast(n.shape)));
+                            shape_tuple(n.shape));
     case Kind::object:
       return py::make_tuple("object", n.slot);
   }
@@ -148,7 +154,8 @@ LayoutNode layout_from_description(py::handle description, const std::string& pa
     n.kind = kind == "array" ? Kind::array : Kind::number;
     n.field = d[1].cast<std::size_t>();
     n.element = element_type(d[2].cast<std::string>());
-    n.shape = d[3].cast<std::vector<std::int64_t>>();
+    for (auto v : py::reinterpret_borrow<py::tuple>(d[3]))
+      n.shape.push_back(v.cast<std::int64_t>());
   } else if (kind == "object") {
     n.kind = Kind::object;
     n.slot = d[1].cast<std::size_t>();

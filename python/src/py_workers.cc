@@ -443,8 +443,12 @@ void ProcessPool::finish() {
   finished_ = true;
   stop();
   // Every lessee has returned (the engine is stopped), so the links are ours alone.
-  if (reap_ && !reap_.is_none()) reap_();
   for (auto& link : links_) close_fd(std::exchange(link->fd, -1));
+  if (reap_ && !reap_.is_none()) reap_();
+  // Let go of the Python side (it holds the data set) now rather than with the pool.
+  spawn_ = py::none();
+  decode_ = py::none();
+  reap_ = py::none();
 }
 
 // --- SampleWriter --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -12,6 +13,18 @@ from . import _stoker
 from ._batch import converter, plan
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
+from ._workers import ProcessWorkers, mp_context, thread_worker_start
+
+_log = logging.getLogger("stoker")
+
+# worker_type='auto' decides once reads have been measured on this many batches (and samples):
+# long enough for the threads to meet at the GIL, short next to an epoch.
+_AUTO_MIN_BATCHES = 2
+_AUTO_MIN_READS = 16
+# Reads that wait for the GIL at least this share of their time (waiting + holding it) are
+# GIL-bound: on n threads a pure-Python __getitem__ waits (n - 1) / n of the time (1/2 on two),
+# one that sleeps or calls code that releases the GIL close to nothing.
+_AUTO_GIL_BOUND = 1 / 3
 
 # num_workers='auto' starts with one worker per core and lets the engine's tuner add more
 # while the training loop waits for data: many at a time when the workers themselves mostly
@@ -108,8 +121,9 @@ class DataLoader:
         seed: Optional[int] = None,
         pin_budget: int = 0,
         device_depth: int = 2,
+        worker_type: str = "auto",
     ) -> None:
-        del multiprocessing_context, persistent_workers, pin_memory_device  # threads: moot
+        del persistent_workers, pin_memory_device  # workers always persist
         if not in_order:
             warnings.warn("stoker always delivers batches in order", stacklevel=2)
         if batch_sampler is not None:
@@ -141,6 +155,10 @@ class DataLoader:
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
                              "batches are already tensors")
+        if worker_type not in ("auto", "thread", "process"):
+            raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
+                             f"{worker_type!r}")
+        workers_given = num_workers != "auto"
         tune = num_workers == "auto"
         max_workers = 0
         if tune:
@@ -173,15 +191,46 @@ class DataLoader:
             order = list(sampler)
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
+        # PyTorch's base seed of the workers: worker i is seeded with base + i.
+        self._worker_seed = _draw_seed(generator) if not native else 0
+        self._workers: Optional[ProcessWorkers] = None
+        self._pool = None
+        self._thread_count = [0]
+        self._auto_batches = 0
         if native:
             self._handle = dataset._handle
             structure = dataset._structure()
+            self.worker_type, reason = "thread", "a native data set reads in C++, on threads"
         else:
             # With skip, a broken first sample must not stop the loader before it starts.
             probes = min(16, max_skipped + 1) if on_error == "skip" else 1
-            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None,
-                                                      worker_init_fn, probes)
+            # No reference to self from here: the C++ data set holds it, and a cycle through
+            # C++ would keep the loader alive.
+            thread_count = self._thread_count = [self.num_workers]
+            start = thread_worker_start(dataset, self._worker_seed, lambda: thread_count[0],
+                                        worker_init_fn)
+            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None, start,
+                                                      probes)
             structure = self._handle.structure()
+            if self.num_workers == 0:
+                if worker_type == "process":
+                    raise ValueError("worker_type='process' needs num_workers >= 1")
+                self.worker_type, reason = "thread", "num_workers=0 reads in the training loop"
+            elif worker_type == "auto":
+                self.worker_type = "thread"
+                reason = "auto: measuring the first batches on threads"
+            else:
+                self.worker_type, reason = worker_type, "asked for"
+        self.worker_type_reason = reason
+        self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0)
+        self._context = mp_context(multiprocessing_context) if not native else None
+        self._worker_init_fn = worker_init_fn
+        # With processes, one worker per core unless told otherwise.
+        self._process_count = self.num_workers if workers_given else _cores()
+        if self.worker_type == "process":
+            self.num_workers = self._process_count
+            tune = False
+            self._start_processes()
         self._order = order
         self._device = self._resolve_device(device)
         stream = 0
@@ -202,7 +251,10 @@ class DataLoader:
             max_skipped=int(max_skipped), threaded=not native or self.timeout > 0,
             order=order, device=self._device, device_depth=int(device_depth), stream=stream,
             pin_memory=str(pin_memory), pin_budget=int(pin_budget), tune_workers=tune,
-            max_workers=max_workers)
+            max_workers=max_workers,
+            shared_slabs=not native and self.worker_type == "process" or self._auto_pending)
+        if worker_type == "process" or not self._auto_pending:
+            self._log_worker_type()
         element_types = self._element_types(structure)
         self._build = plan(structure, collate_fn)
         self._convert = converter(element_types, self._loader.stats()["device"] not in
@@ -299,13 +351,19 @@ class DataLoader:
     # --- stoker's own --------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Throughput, time the training loop waited, worker busy time, queue depth, slabs."""
-        return self._loader.stats()
+        """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
+        and which kind of worker reads and why (``worker_type``, ``worker_type_reason``)."""
+        stats = self._loader.stats()
+        stats["worker_type"] = self.worker_type
+        stats["worker_type_reason"] = self.worker_type_reason
+        stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []
+        return stats
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
         self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
+        self._thread_count[0] = int(workers)
 
     def set_depth(self, depth: int) -> None:
         self._loader.set_depth(int(depth))
@@ -335,8 +393,47 @@ class DataLoader:
                 self._loader.restart_fresh(epoch)
         self._loader.restore(epoch, batch)
 
+    def _start_processes(self) -> None:
+        """Starts the worker processes and sends reads to them from now on."""
+        workers = ProcessWorkers(self.dataset, self._handle, self._process_count, self._context,
+                                 self._worker_seed, self._worker_init_fn)
+        pool = workers.make_pool()
+        pool.start()
+        self._workers, self._pool = workers, pool
+        self._handle.use_processes(pool)
+
+    def _log_worker_type(self) -> None:
+        _log.info("stoker: %s workers (%s)", self.worker_type, self.worker_type_reason)
+
+    def _choose_worker_type(self) -> None:
+        """worker_type='auto': once the first batches were read on threads, moves GIL-bound
+        reads to processes (between batches, on this thread: nothing is lost or reordered)."""
+        self._auto_batches += 1
+        reads, wait_s, held_s = self._handle.gil_stats()
+        if self._auto_batches < _AUTO_MIN_BATCHES or reads < _AUTO_MIN_READS:
+            return
+        self._auto_pending = False
+        share = wait_s / (wait_s + held_s) if wait_s + held_s > 0 else 0.0
+        threads = self._loader.stats()["workers"]
+        measured = (f"reads waited for the GIL {share:.0%} of their time on {threads} threads, "
+                    f"{_cores()} cores")
+        if share >= _AUTO_GIL_BOUND and _cores() >= 2 and threads >= 2:
+            self._start_processes()
+            self.worker_type = "process"
+            self.num_workers = self._process_count
+            self._loader.set_workers(self._process_count)
+            self.worker_type_reason = f"auto: {measured}: GIL-bound, so processes"
+        else:
+            why = "fewer than 2 cores" if _cores() < 2 else (
+                "fewer than 2 threads" if threads < 2 and share >= _AUTO_GIL_BOUND else
+                "not GIL-bound")
+            self.worker_type_reason = f"auto: {measured}: {why}, so threads"
+        self._log_worker_type()
+
     def _next(self):
         raw = self._loader.next(self.timeout)
+        if self._auto_pending and raw is not None:
+            self._choose_worker_type()
         if raw is None:
             return None
         arrays = self._convert(raw)
