@@ -108,10 +108,11 @@ class Dataset {
   virtual void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                          std::span<std::exception_ptr> errors) const;
 
-  // Of the time spent in read(), how much (summed over threads, since the start) went to
-  // waiting for a lock that serializes reads (a Python data set: the GIL). The worker tuner
-  // adds no threads that would only wait for it. Default: none.
-  virtual std::chrono::nanoseconds lock_wait() const { return {}; }
+  // CPU time that reads spent holding a lock that serializes them (a Python data set: the
+  // GIL), summed over threads since the start. When it approaches the wall time, the lock is
+  // saturated and the worker tuner adds no threads, which would only wait for it. Default:
+  // none.
+  virtual std::chrono::nanoseconds lock_held() const { return {}; }
   // The most workers that can read at once (a pool of worker processes); 0: no limit. The
   // tuner never goes past it.
   virtual std::size_t worker_limit() const { return 0; }

@@ -211,8 +211,8 @@ struct Stats {
   std::string device;               // where batches are delivered: "cpu", "cuda:0", "sim"
   std::uint64_t copies = 0;         // host-to-device batch copies issued
   std::uint64_t copy_bytes = 0;
-  // Of worker_busy, time spent waiting for a lock that serializes reads (the GIL).
-  std::chrono::nanoseconds worker_lock_wait{0};
+  // Of worker_cpu, time holding a lock that serializes reads (the GIL; Dataset::lock_held).
+  std::chrono::nanoseconds worker_lock_held{0};
 
   double samples_per_second() const;
   double bytes_per_second() const;

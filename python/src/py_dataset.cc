@@ -1,5 +1,7 @@
 #include "py_dataset.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -31,12 +33,22 @@ struct SeedScope {
 class TimedGil {
  public:
   TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
-           std::atomic<std::int64_t>& held_ns, std::size_t samples = 1)
-      : held_ns_(held_ns), start_(Clock::now()), held_from_(acquired()) {
+           std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
+           std::size_t samples = 1)
+      : held_ns_(held_ns),
+        cpu_ns_(cpu_ns),
+        start_(Clock::now()),
+        held_from_(acquired()),
+        cpu_from_(thread_cpu_ns()) {
     reads.fetch_add(samples, std::memory_order_relaxed);
     wait_ns.fetch_add(ns(held_from_ - start_), std::memory_order_relaxed);
   }
-  ~TimedGil() { held_ns_.fetch_add(ns(Clock::now() - held_from_), std::memory_order_relaxed); }
+  ~TimedGil() {
+    // CPU time, not wall time: the wall time in here also counts sleeps and I/O (which
+    // release the GIL) and waits for the GIL taken back in between.
+    cpu_ns_.fetch_add(thread_cpu_ns() - cpu_from_, std::memory_order_relaxed);
+    held_ns_.fetch_add(ns(Clock::now() - held_from_), std::memory_order_relaxed);
+  }
   TimedGil(const TimedGil&) = delete;
   TimedGil& operator=(const TimedGil&) = delete;
 
@@ -50,10 +62,18 @@ class TimedGil {
     return Clock::now();
   }
 
+  static std::int64_t thread_cpu_ns() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+  }
+
   std::atomic<std::int64_t>& held_ns_;
+  std::atomic<std::int64_t>& cpu_ns_;
   std::optional<EngineThreadGil> gil_;
   Clock::time_point start_;
   Clock::time_point held_from_;
+  std::int64_t cpu_from_;
 };
 
 }  // namespace
@@ -142,7 +162,7 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
   }
   std::vector<PendingCopy> copies;
   {
-    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_);
+    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_);
     drain_graveyard();
     State& st = *state_;
     try {
@@ -215,7 +235,10 @@ bool PyDataset::reads_chunks() const { return has_getitems_ || processes_.load()
 void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                           std::span<std::exception_ptr> errors) const {
   if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
-    throw std::runtime_error("stoker: the loader is closing");
+    const auto closing =
+        std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"));
+    for (auto& e : errors) e = closing;
+    return;
   }
   if (auto pool = processes_.load()) {
     pool->run(*this, indices, outs, errors);
@@ -231,7 +254,7 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
   std::vector<std::vector<PendingCopy>> copies(indices.size());
   bool one_by_one = false;
   {
-    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, indices.size());
+    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, indices.size());
     drain_graveyard();
     State& st = *state_;
     py::object samples;
@@ -276,8 +299,8 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
   }
 }
 
-std::chrono::nanoseconds PyDataset::lock_wait() const {
-  return std::chrono::nanoseconds(gil_wait_ns_.load(std::memory_order_relaxed));
+std::chrono::nanoseconds PyDataset::lock_held() const {
+  return std::chrono::nanoseconds(gil_cpu_ns_.load(std::memory_order_relaxed));
 }
 
 std::size_t PyDataset::worker_limit() const {
@@ -304,7 +327,8 @@ std::size_t PyDataset::object_slots() const { return state_->slots; }
 
 py::tuple PyDataset::gil_stats() const {
   return py::make_tuple(gil_reads_.load(), 1e-9 * static_cast<double>(gil_wait_ns_.load()),
-                        1e-9 * static_cast<double>(gil_held_ns_.load()));
+                        1e-9 * static_cast<double>(gil_held_ns_.load()),
+                        1e-9 * static_cast<double>(gil_cpu_ns_.load()));
 }
 
 std::exception_ptr PyDataset::capture_current(std::size_t index) const {

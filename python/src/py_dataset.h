@@ -91,7 +91,7 @@ class PyDataset final : public Dataset {
   bool reads_chunks() const override;
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
-  std::chrono::nanoseconds lock_wait() const override;
+  std::chrono::nanoseconds lock_held() const override;
   std::size_t worker_limit() const override;
 
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
@@ -103,7 +103,8 @@ class PyDataset final : public Dataset {
   py::object layout_description() const;
   std::size_t object_slots() const;
   // How the reads used the GIL, summed over threads: (reads, seconds waiting to take it at
-  // the start of a read, seconds holding it). The auto worker type decides from these.
+  // the start of a read, seconds holding it, CPU seconds of the thread while holding it).
+  // The auto worker type decides from these.
   py::tuple gil_stats() const;
 
   // For ProcessPool (GIL held): the object values of a row read elsewhere, and an exception
@@ -163,6 +164,7 @@ class PyDataset final : public Dataset {
   mutable std::atomic<std::uint64_t> gil_reads_{0};
   mutable std::atomic<std::int64_t> gil_wait_ns_{0};
   mutable std::atomic<std::int64_t> gil_held_ns_{0};
+  mutable std::atomic<std::int64_t> gil_cpu_ns_{0};
 
   mutable std::mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it
   mutable std::vector<py::object> graveyard_;

@@ -319,7 +319,7 @@ py::dict PyLoader::stats() {
   d["bytes"] = s.bytes;
   d["consumer_wait_s"] = seconds(s.consumer_wait);
   d["worker_busy_s"] = seconds(s.worker_busy);
-  d["worker_lock_wait_s"] = seconds(s.worker_lock_wait);
+  d["worker_lock_held_s"] = seconds(s.worker_lock_held);
   d["inline_busy_s"] = seconds(s.inline_busy);
   d["skipped"] = s.skipped;
   d["workers"] = s.workers;

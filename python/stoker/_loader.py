@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional, Union
@@ -17,14 +18,18 @@ from ._workers import ProcessWorkers, mp_context, thread_worker_start
 
 _log = logging.getLogger("stoker")
 
-# worker_type='auto' decides once reads have been measured on this many batches (and samples):
-# long enough for the threads to meet at the GIL, short next to an epoch.
-_AUTO_MIN_BATCHES = 2
+# worker_type='auto' measures reads from the first batch handed out (the start-up is left
+# out) over at least this many more batches and samples: long enough for the threads to meet
+# at the GIL, short next to an epoch.
+_AUTO_MIN_BATCHES = 3
 _AUTO_MIN_READS = 16
-# Reads that wait for the GIL at least this share of their time (waiting + holding it) are
-# GIL-bound: on n threads a pure-Python __getitem__ waits (n - 1) / n of the time (1/2 on two),
-# one that sleeps or calls code that releases the GIL close to nothing.
-_AUTO_GIL_BOUND = 1 / 3
+# The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
+# time) for at least this share of the time, and not much more than all of it: GIL-bound.
+# Pure-Python __getitem__s on two threads keep it busy ~100% of the time; one that sleeps or
+# waits for I/O close to 0%; one whose work releases the GIL (numpy, PIL, torch ops) runs on
+# several cores at once, so its threads' CPU time exceeds the wall time.
+_AUTO_GIL_BUSY = 0.5
+_AUTO_GIL_PARALLEL = 1.25
 
 # num_workers='auto' starts with one worker per core and lets the engine's tuner add more
 # while the training loop waits for data: many at a time when the workers themselves mostly
@@ -197,6 +202,7 @@ class DataLoader:
         self._pool = None
         self._thread_count = [0]
         self._auto_batches = 0
+        self._auto_start = None
         if native:
             self._handle = dataset._handle
             structure = dataset._structure()
@@ -408,25 +414,32 @@ class DataLoader:
     def _choose_worker_type(self) -> None:
         """worker_type='auto': once the first batches were read on threads, moves GIL-bound
         reads to processes (between batches, on this thread: nothing is lost or reordered)."""
+        reads, _, _, cpu_s = self._handle.gil_stats()
+        now = time.perf_counter()
+        if self._auto_start is None:
+            self._auto_start = (reads, cpu_s, now)
+            return
         self._auto_batches += 1
-        reads, wait_s, held_s = self._handle.gil_stats()
+        reads -= self._auto_start[0]
         if self._auto_batches < _AUTO_MIN_BATCHES or reads < _AUTO_MIN_READS:
             return
         self._auto_pending = False
-        share = wait_s / (wait_s + held_s) if wait_s + held_s > 0 else 0.0
+        busy = (cpu_s - self._auto_start[1]) / max(now - self._auto_start[2], 1e-9)
         threads = self._loader.stats()["workers"]
-        measured = (f"reads waited for the GIL {share:.0%} of their time on {threads} threads, "
+        measured = (f"reads kept the GIL busy {busy:.0%} of the time on {threads} threads, "
                     f"{_cores()} cores")
-        if share >= _AUTO_GIL_BOUND and _cores() >= 2 and threads >= 2:
+        gil_bound = _AUTO_GIL_BUSY <= busy <= _AUTO_GIL_PARALLEL
+        if gil_bound and _cores() >= 2 and threads >= 2:
             self._start_processes()
             self.worker_type = "process"
             self.num_workers = self._process_count
             self._loader.set_workers(self._process_count)
             self.worker_type_reason = f"auto: {measured}: GIL-bound, so processes"
         else:
-            why = "fewer than 2 cores" if _cores() < 2 else (
-                "fewer than 2 threads" if threads < 2 and share >= _AUTO_GIL_BOUND else
-                "not GIL-bound")
+            why = ("fewer than 2 cores" if _cores() < 2 else
+                   "fewer than 2 threads" if threads < 2 and gil_bound else
+                   "work that releases the GIL" if busy > _AUTO_GIL_PARALLEL else
+                   "not GIL-bound")
             self.worker_type_reason = f"auto: {measured}: {why}, so threads"
         self._log_worker_type()
 

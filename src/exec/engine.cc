@@ -251,7 +251,14 @@ void Engine::read_chunk(Slab* slab, std::size_t begin, std::size_t end) {
     outs.emplace_back(pool_->field_bytes(), slab->field_bases.data(), row, seed);
   }
   std::vector<std::exception_ptr> errors(indices.size());
-  config_.dataset->read_rows(indices, outs, errors);
+  try {
+    config_.dataset->read_rows(indices, outs, errors);
+  } catch (...) {
+    // Not tied to one row (the data set is closing, ...): every row failed with it.
+    for (auto& e : errors) {
+      if (!e) e = std::current_exception();
+    }
+  }
   for (std::size_t k = 0; k < errors.size(); ++k) {
     if (!errors[k]) continue;
     const std::size_t row = begin + k;
@@ -431,7 +438,7 @@ Stats Engine::stats() const {
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
-  s.worker_lock_wait = config_.dataset->lock_wait();
+  s.worker_lock_held = config_.dataset->lock_held();
   s.skipped = skipped_.load(std::memory_order_relaxed);
   const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);
   s.mean_ready_at_next =

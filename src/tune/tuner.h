@@ -17,7 +17,7 @@ struct TuneWindow {
   double worker_busy_s = 0;    // summed over workers: wall time inside read()
   double worker_cpu_s = 0;     // of that, time on a CPU
   std::size_t workers = 0;
-  double worker_lock_wait_s = 0;  // of worker_busy_s, time waiting for the GIL
+  double worker_lock_held_s = 0;  // of worker_cpu_s, time holding the GIL
 };
 
 struct TuneLimits {
@@ -31,12 +31,12 @@ struct TuneLimits {
 //    doubled (more threads in flight hide the waiting; idle threads cost little);
 //  - workers that compute get one more, up to one per core (past that they only share cores
 //    with each other and the consumer).
-// Otherwise the count stays: the workers keep up. Workers that wait for the GIL for more than
-// kLockBound of their read time are not added to: another thread would only wait too.
+// Otherwise the count stays: the workers keep up. Workers that keep the GIL busy for more than
+// kLockSaturated of the window get no company: another thread would only wait for it.
 std::size_t next_worker_count(const TuneWindow& window, const TuneLimits& limits);
 
 inline constexpr double kWaitThreshold = 0.03;
-inline constexpr double kLockBound = 0.25;
+inline constexpr double kLockSaturated = 0.5;
 
 // Turns a loader's cumulative Stats into windows of at least kMinWindow and kMinBatches
 // batches, and says when the worker count should change.
