@@ -25,10 +25,12 @@ _AUTO_MIN_BATCHES = 3
 _AUTO_MIN_READS = 16
 # The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
 # time) for at least this share of the time, and not much more than all of it: GIL-bound.
-# Pure-Python __getitem__s on two threads keep it busy ~100% of the time; one that sleeps or
-# waits for I/O close to 0%; one whose work releases the GIL (numpy, PIL, torch ops) runs on
-# several cores at once, so its threads' CPU time exceeds the wall time.
-_AUTO_GIL_BUSY = 0.5
+# Pure-Python __getitem__s on two threads keep it busy ~95% of the time (measured on a 2-core
+# machine; down to ~60% when other processes compete for the cores), cheap Python samples
+# ~40-60% (the training loop's thread takes the rest); one that sleeps or waits for I/O ~1-3%;
+# one whose work releases the GIL (numpy, PIL, torch ops) runs on several cores at once, so
+# its threads' CPU time exceeds the wall time.
+_AUTO_GIL_BUSY = 0.4
 _AUTO_GIL_PARALLEL = 1.25
 
 # num_workers='auto' starts with one worker per core and lets the engine's tuner add more

@@ -2,6 +2,7 @@
 errors, shutdown, PyTorch's worker semantics, __getitems__, and the auto choice."""
 
 import gc
+import logging
 import multiprocessing
 import os
 import random
@@ -187,6 +188,34 @@ def test_ctrl_c_stops_a_loop_over_processes_promptly(tmp_path):
     assert not any(alive(int(p)) for p in lines[0].split())
 
 
+def test_a_stuck_worker_is_the_timeouts_business_and_close_still_stops_it():
+    loader = stoker.DataLoader(wd.Stuck(), batch_size=4, num_workers=2, worker_type="process",
+                               timeout=0.3)
+    pids = loader.stats()["worker_pids"]
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.3 seconds"):
+        next(iter(loader))
+    loader.close()  # SIGTERM is ignored: SIGKILL after the grace period
+    assert not any(alive(p) for p in pids)
+
+
+def test_interpreter_exit_without_close_leaves_no_worker():
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import stoker, worker_datasets as wd
+        loader = stoker.DataLoader(wd.Slow(1000, 0.01), batch_size=4, num_workers=2,
+                                   worker_type="process")
+        it = iter(loader)
+        next(it)
+        print(*loader.stats()["worker_pids"], flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
+
+
 def test_spawn_context_works():
     loader = stoker.DataLoader(wd.Mixed(12), batch_size=4, num_workers=2,
                                worker_type="process", multiprocessing_context="spawn")
@@ -263,12 +292,15 @@ def test_auto_picks_processes_for_pure_python_work():
     loader.close()
 
 
-def test_auto_stays_on_threads_for_a_data_set_that_sleeps():
+def test_auto_stays_on_threads_for_a_data_set_that_sleeps(caplog):
+    caplog.set_level(logging.INFO, logger="stoker")
     loader = stoker.DataLoader(wd.Slow(96, 0.005), batch_size=8)
     assert [int(x) for b in loader for x in b[:, 0]] == list(range(96))
     stats = loader.stats()
     assert stats["worker_type"] == "thread", stats["worker_type_reason"]
     assert "not GIL-bound" in stats["worker_type_reason"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "stoker"]
+    assert logged == [f"stoker: thread workers ({stats['worker_type_reason']})"]
     loader.close()
 
 

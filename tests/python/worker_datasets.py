@@ -154,3 +154,19 @@ class WorkerInfo:
                 "init_worker": _init_state.get("worker", -1),
                 "random": _init_state.get("random", 0.0), "numpy": _init_state.get("numpy", 0.0),
                 "torch": _init_state.get("torch", 0.0), "pid": os.getpid()}
+
+
+class Stuck:
+    """Sample 0 reads; every other sample blocks forever (and ignores SIGTERM)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 0:
+            return np.zeros(2, dtype=np.int64)
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
