@@ -216,6 +216,31 @@ def test_interpreter_exit_without_close_leaves_no_worker():
     assert len(pids) == 2 and not any(alive(p) for p in pids)
 
 
+def test_workers_exit_when_the_training_process_is_killed():
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(HERE)!r})
+        import stoker, worker_datasets as wd
+        loader = stoker.DataLoader(wd.Slow(1000, 0.01), batch_size=4, num_workers=2,
+                                   worker_type="process")
+        it = iter(loader)
+        next(it)
+        print(*loader.stats()["worker_pids"], flush=True)
+        os.kill(os.getpid(), 9)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == -9, result.stderr
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) == 2
+    # Orphans are reaped by init once they exit; wait (boundedly) for that to happen.
+    for _ in range(500):
+        if not any(alive(p) for p in pids):
+            break
+        threading.Event().wait(0.02)
+    assert not any(alive(p) for p in pids)
+
+
 def test_spawn_context_works():
     loader = stoker.DataLoader(wd.Mixed(12), batch_size=4, num_workers=2,
                                worker_type="process", multiprocessing_context="spawn")
