@@ -449,6 +449,15 @@ void RemappedDataset::read(std::size_t index, const SampleOut& out) const {
   base_->read((*order_.load())[index], out);
 }
 
+void RemappedDataset::read_rows(std::span<const std::size_t> indices,
+                                std::span<const SampleOut> outs,
+                                std::span<std::exception_ptr> errors) const {
+  const auto order = order_.load();
+  std::vector<std::size_t> mapped(indices.size());
+  for (std::size_t k = 0; k < indices.size(); ++k) mapped[k] = (*order)[indices[k]];
+  base_->read_rows(mapped, outs, errors);
+}
+
 void RemappedDataset::prefetch(std::size_t index) const {
   base_->prefetch((*order_.load())[index]);
 }

@@ -183,6 +183,11 @@ class RemappedDataset final : public Dataset {
   std::vector<FieldSpec> fields() const override { return base_->fields(); }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
+  bool reads_chunks() const override { return base_->reads_chunks(); }
+  void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const override;
+  std::chrono::nanoseconds lock_held() const override { return base_->lock_held(); }
+  std::size_t worker_limit() const override { return base_->worker_limit(); }
 
   // Throws std::invalid_argument if the length differs or an index is past the base's end.
   void set_order(std::vector<std::size_t> order);

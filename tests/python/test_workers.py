@@ -75,6 +75,16 @@ def test_processes_and_threads_give_identical_batches():
     processes.close()
 
 
+def test_a_custom_sampler_order_is_followed_by_processes():
+    order = list(range(0, 40, 2)) + list(range(1, 40, 2))
+    loader = stoker.DataLoader(wd.Batched(40), batch_size=4, num_workers=2,
+                               worker_type="process", sampler=order)
+    batches = list(loader)
+    assert [int(i) for b in batches for i in b["i"]] == order
+    assert all(int(g) == 2 for b in batches for g in b["group"])  # still one job per chunk
+    loader.close()
+
+
 def test_exception_from_a_process_keeps_type_message_traceback_and_index():
     loader = stoker.DataLoader(wd.FailsAt({13}), batch_size=4, num_workers=2,
                                worker_type="process")
