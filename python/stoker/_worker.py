@@ -107,10 +107,13 @@ def _error_info(exc: BaseException):
 
 def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
          num_workers: int, base_seed: int, worker_init_fn, close_fds: list, parent_pid: int,
-         use_getitems: bool) -> None:
+         use_getitems: bool, death_signal: bool) -> None:
     # Ctrl-C is the training loop's to handle: it stops the workers through close().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent_pid)
+    if death_signal:
+        _die_with_parent(parent_pid)
+    elif os.getppid() != parent_pid:
+        os._exit(0)
     for fd in close_fds:  # inherited by fork: other workers' sockets, the slabs' memfds
         if fd != sock.fileno():
             try:

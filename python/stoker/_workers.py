@@ -70,7 +70,11 @@ class ProcessWorkers:
             target=_worker.main, name=f"stoker worker {worker_id}", daemon=True,
             args=(child, self._dataset, self._description, self._slots, worker_id, self._count,
                   self._base_seed, self._worker_init_fn, close_fds, os.getpid(),
-                  self._use_getitems))
+                  self._use_getitems,
+                  # PR_SET_PDEATHSIG fires when the thread that forked exits, not the process:
+                  # only for workers started from the main thread (a restarted worker is
+                  # started by an engine thread); EOF on the socket covers the others.
+                  threading.current_thread() is threading.main_thread()))
         try:
             process.start()
         finally:

@@ -102,6 +102,18 @@ def test_exception_from_a_process_keeps_type_message_traceback_and_index():
     loader.close()
 
 
+def test_a_failing_worker_init_fn_fails_the_samples_of_its_process():
+    def init(worker_id):
+        raise KeyError(f"no init for {worker_id}")
+
+    loader = stoker.DataLoader(wd.FailsAt(set()), batch_size=4, num_workers=2,
+                               worker_type="process", worker_init_fn=init)
+    with pytest.raises(KeyError, match="no init for") as info:
+        next(iter(loader))
+    assert "in init" in "\n".join(info.value.__notes__)  # the worker's traceback
+    loader.close()
+
+
 def test_an_exception_that_cannot_be_rebuilt_arrives_as_runtime_error():
     loader = stoker.DataLoader(wd.OddFails(), batch_size=8, num_workers=2,
                                worker_type="process")
