@@ -85,6 +85,16 @@ def test_a_custom_sampler_order_is_followed_by_processes():
     loader.close()
 
 
+def test_collate_fn_gets_the_samples_read_by_processes():
+    def collate(samples):
+        return [s["meta"]["name"] for s in samples]
+
+    loader = stoker.DataLoader(wd.Mixed(12), batch_size=4, num_workers=2,
+                               worker_type="process", collate_fn=collate)
+    assert list(loader) == [[f"sample-{i}" for i in range(j, j + 4)] for j in (0, 4, 8)]
+    loader.close()
+
+
 def test_exception_from_a_process_keeps_type_message_traceback_and_index():
     loader = stoker.DataLoader(wd.FailsAt({13}), batch_size=4, num_workers=2,
                                worker_type="process")
