@@ -75,9 +75,18 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, detail::DeviceBackend* ba
   detail::SlabMemory memory;
   memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
   if (o.slab_allocator) {
-    // Shared slabs (worker processes write into them) are never page-locked here.
-    // TODO(issue 9): cudaHostRegister them within the pin budget when a GPU answers.
+    // Shared slabs (worker processes write into them): page-locked by registering them with
+    // the device, within the same budget, where batches go to one (or pin_memory is on and a
+    // CUDA device answers); never mlock'ed.
     memory.pageable = o.slab_allocator;
+    if (o.pin_memory == PinMemory::off) return memory;
+    if (backend) {
+      memory.locked = backend->registered_allocator(o.slab_allocator);
+    } else if (o.pin_memory == PinMemory::on) {
+      std::string why;
+      auto cuda = detail::open_cuda(0, why);
+      if (cuda) memory.locked = cuda->registered_allocator(o.slab_allocator);
+    }
     return memory;
   }
   if (o.pin_memory == PinMemory::off) return memory;

@@ -10,6 +10,8 @@
 #include <cstring>
 
 #include "memory/slab_pool.h"
+#include "stoker/loader.h"
+#include "test_datasets.h"
 
 namespace stoker::detail {
 namespace {
@@ -109,6 +111,29 @@ TEST(SharedMemory, SlabPoolSlabsComeFromSharedRegions) {
     pool.release(slab);
   }
   EXPECT_TRUE(shared_region_fds().empty());
+}
+
+TEST(SharedMemory, SlabsForADeviceAreRegisteredWithinTheBudget) {
+  for (std::size_t budget : {std::size_t{1} << 30, std::size_t{1}}) {
+    LoaderOptions o;
+    o.dataset = std::make_shared<testing::IndexDataset<>>(64);
+    o.batch_size = 8;
+    o.workers = 2;
+    o.device = "sim";
+    o.pin_budget = budget;
+    o.slab_allocator = shared_allocator();
+    Loader loader(o);
+    auto batch = loader.next();
+    ASSERT_TRUE(batch);
+    EXPECT_TRUE(find_shared_region(batch->bytes(0).data()).has_value());
+    const Stats stats = loader.stats();
+    // Registered with the (simulated) device while the budget lasts, shared either way.
+    if (budget > 1) {
+      EXPECT_EQ(stats.locked_slabs, stats.slabs);
+    } else {
+      EXPECT_EQ(stats.locked_slabs, 0u);
+    }
+  }
 }
 
 }  // namespace
