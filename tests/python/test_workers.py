@@ -95,6 +95,18 @@ def test_collate_fn_gets_the_samples_read_by_processes():
     loader.close()
 
 
+def test_processes_deliver_to_a_device_from_registered_shared_slabs():
+    kw = dict(batch_size=4, num_workers=2, device="sim")
+    processes = stoker.DataLoader(wd.Mixed(16), worker_type="process", **kw)
+    threads = stoker.DataLoader(wd.Mixed(16), worker_type="thread", **kw)
+    for x, y in zip(processes, threads):
+        assert same(x, y)
+    stats = processes.stats()
+    assert stats["copies"] > 0 and stats["locked_slabs"] == stats["slabs"] > 0
+    processes.close()
+    threads.close()
+
+
 def test_exception_from_a_process_keeps_type_message_traceback_and_index():
     loader = stoker.DataLoader(wd.FailsAt({13}), batch_size=4, num_workers=2,
                                worker_type="process")
