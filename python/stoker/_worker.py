@@ -48,14 +48,14 @@ def _recv_exactly(sock: socket.socket, size: int, fds: list) -> bytes:
     return b"".join(chunks)
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def _die_with_parent(parent_pid: Optional[int]) -> None:
     # Besides EOF on the socket: a worker stuck in __getitem__ never reads it.
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:  # the parent died before prctl
+    if parent_pid is not None and os.getppid() != parent_pid:  # it died before prctl
         os._exit(0)
 
 
@@ -106,13 +106,14 @@ def _error_info(exc: BaseException):
 
 
 def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
-         num_workers: int, base_seed: int, worker_init_fn, close_fds: list, parent_pid: int,
+         num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
+         parent_pid: Optional[int],
          use_getitems: bool, death_signal: bool) -> None:
     # Ctrl-C is the training loop's to handle: it stops the workers through close().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if death_signal:
         _die_with_parent(parent_pid)
-    elif os.getppid() != parent_pid:
+    elif parent_pid is not None and os.getppid() != parent_pid:
         os._exit(0)
     for fd in close_fds:  # inherited by fork: other workers' sockets, the slabs' memfds
         if fd != sock.fileno():

@@ -62,14 +62,17 @@ class ProcessWorkers:
             if old.exitcode is None:
                 self._retired.append(old)
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        forked = self._context.get_start_method() == "fork"
+        method = self._context.get_start_method()
+        forked = method == "fork"
+        # A forkserver's worker is the server's child, not ours.
+        parent_pid = None if method == "forkserver" else os.getpid()
         # A forked worker inherits every fd: it closes the other workers' sockets and the
         # slabs' memfds (it is sent those it needs), so that EOF means what it should.
         close_fds = (list(_stoker.inherited_fds()) + [parent.fileno()]) if forked else []
         process = self._context.Process(
             target=_worker.main, name=f"stoker worker {worker_id}", daemon=True,
             args=(child, self._dataset, self._description, self._slots, worker_id, self._count,
-                  self._base_seed, self._worker_init_fn, close_fds, os.getpid(),
+                  self._base_seed, self._worker_init_fn, close_fds, parent_pid,
                   self._use_getitems,
                   # PR_SET_PDEATHSIG fires when the thread that forked exits, not the process:
                   # only for workers started from the main thread (a restarted worker is

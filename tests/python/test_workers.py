@@ -285,9 +285,11 @@ def test_workers_exit_when_the_training_process_is_killed():
     assert not any(alive(p) for p in pids)
 
 
-def test_spawn_context_works():
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawn_and_forkserver_contexts_work(method):
+    context = multiprocessing.get_context(method) if method == "forkserver" else method
     loader = stoker.DataLoader(wd.Mixed(12), batch_size=4, num_workers=2,
-                               worker_type="process", multiprocessing_context="spawn")
+                               worker_type="process", multiprocessing_context=context)
     threads = stoker.DataLoader(wd.Mixed(12), batch_size=4, num_workers=2, worker_type="thread")
     for x, y in zip(loader, threads):
         assert same(x, y)
