@@ -80,16 +80,21 @@ class DataLoader:
     buffer (pinned when it pays), and batches reach PyTorch as tensors without a copy.
 
     Differences from torch's, all in the user's favour or stated here:
-      num_workers: worker *threads*. 'auto' (default) starts with one per core and tunes the
-        count online while the training loop waits for data (no grid search). 0 reads on the
-        training loop's thread.
+      num_workers: workers. 'auto' (default) starts with one thread per core and tunes the
+        count online while the training loop waits for data (no grid search); with worker
+        processes, one per core. 0 reads on the training loop's thread.
+      worker_type: 'auto' (default) starts on threads and moves to worker processes when the
+        first batches show reads that keep the GIL busy (pure-Python __getitem__); 'thread'
+        or 'process' to choose. Processes write samples straight into shared batch buffers
+        (only indices, small objects and errors are pickled); multiprocessing_context picks
+        how they start (fork by default on Linux). stats() says which and why.
       pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
         budget (``pin_budget`` bytes, default a quarter of available memory).
       device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
         copied on a side stream while the previous batch trains (the "data prefetcher"), with
         the current stream made to wait for the copy. Falls back to the CPU, with one log line,
         where no GPU answers.
-      persistent_workers: workers always persist (threads, and the next epoch is prefetched).
+      persistent_workers: workers always persist (and the next epoch is prefetched).
       prefetch_factor: batches in flight are ``prefetch_factor * max(1, num_workers)``.
       on_error: 'raise' (default) raises a failed sample's exception, with its type and
         traceback and a note naming the sample; 'skip' replaces the sample with another one
