@@ -18,6 +18,7 @@
 #include "device/sim_backend.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
+#include "support/sim_step.h"
 
 #ifndef STOKER_SOURCE_DIR
 #define STOKER_SOURCE_DIR "."
@@ -150,9 +151,7 @@ Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset
     }
     const double t = seconds_since(start);
     m.epoch_times.push_back(t);
-    waits.push_back(
-        100.0 * std::chrono::duration<double>(loader.stats().consumer_wait - wait_before).count() /
-        t);
+    waits.push_back(100.0 * to_seconds(loader.stats().consumer_wait - wait_before) / t);
   }
   // Steady state: the first epoch (thread and pool start-up) is reported as first_batch_ms.
   std::vector<double> steady(m.epoch_times.begin() + (m.epoch_times.size() > 1 ? 1 : 0),
@@ -335,35 +334,6 @@ std::shared_ptr<const Dataset> device_dataset(std::size_t samples) {
   return ArrayDataset::materialize(SyntheticDataset(so));
 }
 
-// Simulated step time (seconds per batch after the first) of a loop whose kernel takes
-// `compute_s` per batch on the consumer stream while batches are copied in `copy_s` each.
-double sim_step(const std::shared_ptr<const Dataset>& ds, std::size_t batch, double copy_s,
-                double compute_s, std::size_t device_depth) {
-  detail::SimStream stream;
-  LoaderOptions o;
-  o.dataset = ds;
-  o.batch_size = batch;
-  o.device = "sim";
-  o.stream = &stream;
-  o.device_depth = device_depth;
-  const std::size_t batches = ds->size() / batch;
-  o.depth = batches;  // every host batch ready first: the timeline is the device stage's alone
-  std::size_t batch_bytes = 0;
-  for (const auto& f : ds->fields()) batch_bytes += f.bytes() * batch;
-  o.sim.latency = std::chrono::microseconds(0);
-  o.sim.bandwidth_gb_per_s = static_cast<double>(batch_bytes) / copy_s / 1e9;
-  Loader loader(o);
-  while (loader.stats().ready < batches) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::vector<double> ends(batches);
-  std::size_t k = 0;
-  while (auto b = loader.next()) {
-    stream.compute(compute_s, [&, k] { ends[k] = stream.now() + compute_s; });
-    ++k;
-  }
-  stream.synchronize();
-  return (ends[k - 1] - ends[0]) / static_cast<double>(k - 1);
-}
-
 json run_device_sim(const BenchOptions& o) {
   const auto ds = device_dataset(o.smoke ? 64 : 640);
   json rows = json::array();
@@ -375,7 +345,7 @@ json run_device_sim(const BenchOptions& o) {
   }
   for (auto [c, t] : {std::pair{10.0, 4.0}, {4.0, 10.0}, {8.0, 8.0}}) {
     for (std::size_t depth : {1, 2, 4}) {
-      const double step = 1e3 * sim_step(ds, 64, t / 1e3, c / 1e3, depth);
+      const double step = 1e3 * testing::sim_step(ds, 64, t / 1e3, c / 1e3, depth).step_s;
       rows.push_back({{"compute_ms", c},
                       {"copy_ms", t},
                       {"device_depth", depth},

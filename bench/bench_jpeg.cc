@@ -22,6 +22,7 @@
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
+#include "support/jpeg.h"
 #include "util/random.h"
 
 #ifndef STOKER_SOURCE_DIR
@@ -112,34 +113,6 @@ void generate_image(std::uint64_t seed, int& w, int& h, std::vector<std::uint8_t
   }
 }
 
-std::vector<std::uint8_t> encode_jpeg(const std::vector<std::uint8_t>& rgb, int w, int h,
-                                      int quality) {
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr jerr;
-  cinfo.err = jpeg_std_error(&jerr);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buffer, &size);
-  cinfo.image_width = static_cast<JDIMENSION>(w);
-  cinfo.image_height = static_cast<JDIMENSION>(h);
-  cinfo.input_components = 3;
-  cinfo.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, quality, TRUE);  // 4:2:0 chroma, as Pillow's and most cameras'
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    auto* row = const_cast<JSAMPROW>(rgb.data() + static_cast<std::size_t>(cinfo.next_scanline) *
-                                                      static_cast<std::size_t>(w) * 3);
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  std::vector<std::uint8_t> out(buffer, buffer + size);
-  jpeg_destroy_compress(&cinfo);
-  std::free(buffer);
-  return out;
-}
-
 struct DataSet {
   fs::path folder;
   fs::path records;
@@ -175,7 +148,7 @@ DataSet prepare(const fs::path& dir, std::size_t images, std::size_t classes, bo
       for (std::size_t i; (i = next.fetch_add(1)) < images;) {
         int w = 0, h = 0;
         generate_image(0x5eed0000 + i, w, h, rgb);
-        const auto jpeg = encode_jpeg(rgb, w, h, 90);
+        const auto jpeg = testing::encode_jpeg(rgb, w, h, 3, 90);
         std::ofstream f(
             d.folder / fmt::format("class_{:02}", i % classes) / fmt::format("img_{:05}.jpg", i),
             std::ios::binary);
@@ -286,9 +259,7 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
     while (auto b = loader.next()) images += b->size();
     const double s = seconds_since(start);
     r.epoch_times.push_back(s);
-    waits.push_back(
-        100.0 * std::chrono::duration<double>(loader.stats().consumer_wait - wait_before).count() /
-        s);
+    waits.push_back(100.0 * to_seconds(loader.stats().consumer_wait - wait_before) / s);
     r.storage_reads.push_back(source->counters().storage_reads);
     r.read_syscall_bytes.push_back(rchar() - io_before);
   }

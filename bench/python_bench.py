@@ -14,6 +14,18 @@ Workloads:
   tiny     60000 float32 samples of 784 plus an int64 label (MNIST-like), batch 256,
            shuffled, from in-memory tensors: stoker.ArrayDataset against TensorDataset, and a
            consumer that touches each batch (sums it).
+  bytecode a Python __getitem__ that computes in bytecode (holds the GIL, ~1.5 ms a sample)
+           and returns a float32 array of 64 plus a label; batch 64. Also prints the
+           machine's limit: cores x one process's __getitem__ rate over the same samples.
+  cheap    cheap samples: a dict of a small tensor (16 float32), an int and a string;
+           batch 256.
+  tvfolder torchvision.datasets.ImageFolder with torchvision's train transforms
+           (RandomResizedCrop, flip, ToTensor, Normalize) on generated JPEGs, unchanged;
+           batch 64 (needs torchvision: run with .venv-vision).
+  tvjitter the same with ColorJitter added (a transform stoker does not run natively).
+The user's-data-set workloads (bytecode, cheap, tvfolder, tvjitter) also report the peak
+proportional set size (PSS: shared pages counted once) of the training process and all its
+workers while loading, for stoker and for PyTorch's best.
 PyTorch runs with num_workers 0, 1, 2, 4 (persistent workers) and the best is the baseline.
 Figures are medians over --runs epochs after a warm-up epoch.
 """
@@ -22,10 +34,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import sys
+import tempfile
+import threading
 import time
+
+import numpy as np
 
 import torch
 import torch.utils.data as tud
@@ -142,6 +159,219 @@ def tiny(runs: int, smoke: bool) -> dict:
     }
 
 
+# --- the user's own data sets -----------------------------------------------------------------
+
+def _descendants(pid: int) -> list[int]:
+    """`pid` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def _tree_pss_bytes() -> int:
+    """Proportional set size of this process and its workers (shared pages counted once)."""
+    total = 0
+    for pid in _descendants(os.getpid()):
+        try:
+            for line in pathlib.Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except OSError:
+            pass
+    return total
+
+
+class PeakPss:
+    """Samples the process tree's PSS every 50 ms while in the `with` block."""
+
+    def __enter__(self) -> "PeakPss":
+        self.peak = _tree_pss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.peak = max(self.peak, _tree_pss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _tree_pss_bytes())
+
+
+def _touch(batch) -> None:
+    """What a training step needs of the batch: every tensor's first element."""
+    if isinstance(batch, torch.Tensor):
+        float(batch.reshape(-1)[0])
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            _touch(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            _touch(v)
+
+
+def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool, **extra) -> dict:
+    """Samples/s of one epoch (median of `runs` after a warm-up epoch) and the peak PSS, for
+    torch's DataLoader with each num_workers and for stoker.DataLoader's defaults."""
+    n = len(dataset)
+
+    def measure(loader) -> tuple[float, int]:
+        def epoch() -> float:
+            start = time.perf_counter()
+            for batch in loader:
+                _touch(batch)
+            return time.perf_counter() - start
+
+        with PeakPss() as pss:
+            epoch()
+            seconds = statistics.median(epoch() for _ in range(runs))
+        return n / seconds, pss.peak
+
+    torch_rates, torch_pss = {}, {}
+    for w in (0, 2) if smoke else TORCH_WORKERS:
+        loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w,
+                                persistent_workers=w > 0)
+        torch_rates[w], torch_pss[w] = measure(loader)
+        del loader
+    stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    rate, pss = measure(stoker_loader)
+    stats = stoker_loader.stats()
+    stoker_loader.close()
+    best = max(torch_rates, key=torch_rates.get)
+    return {
+        "workload": name,
+        "samples": n,
+        "torch_samples_per_s": torch_rates,
+        "torch_best_workers": best,
+        "stoker_samples_per_s": rate,
+        "stoker_workers": stats["workers"],
+        "stoker_worker_type": stats.get("worker_type", "thread"),
+        "stoker_pipeline": stats.get("pipeline", ""),
+        "speedup": rate / torch_rates[best],
+        "torch_best_peak_pss_mb": torch_pss[best] / 2**20,
+        "stoker_peak_pss_mb": pss / 2**20,
+        **extra,
+    }
+
+
+class BytecodeDataset:
+    """A __getitem__ that computes in Python bytecode, holding the GIL the whole time."""
+
+    def __init__(self, samples: int, steps: int) -> None:
+        self.samples, self.steps = samples, steps
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int):
+        x, acc = i + 1, 0
+        for _ in range(self.steps):
+            x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+            acc += x & 7
+        return np.full(64, acc, dtype=np.float32), i % 10
+
+
+def _rate(dataset, indices) -> float:
+    start = time.perf_counter()
+    for i in indices:
+        dataset[i]
+    return len(indices) / (time.perf_counter() - start)
+
+
+def bytecode(runs: int, smoke: bool) -> dict:
+    probe = BytecodeDataset(1, 2000)
+    steps = max(100, int(2000 * _rate(probe, [0] * 50) * 0.0015))  # ~1.5 ms a sample
+    dataset = BytecodeDataset(256 if smoke else 2048, steps)
+    # The machine's limit: every core running __getitem__ as fast as one process does.
+    one_process = statistics.median(_rate(dataset, range(k, len(dataset), 8))
+                                    for k in range(3 if not smoke else 1))
+    cores = len(os.sched_getaffinity(0))
+    result = compare("bytecode", dataset, 64, runs, smoke, ms_per_sample=1000 / one_process,
+                     machine_limit_samples_per_s=cores * one_process)
+    limit = result["machine_limit_samples_per_s"]
+    result["stoker_over_limit"] = result["stoker_samples_per_s"] / limit
+    result["torch_best_over_limit"] = max(result["torch_samples_per_s"].values()) / limit
+    return result
+
+
+class CheapDataset:
+    """Cheap samples: a dict of a small tensor, an int and a string."""
+
+    def __init__(self, samples: int) -> None:
+        self.x = torch.randn(samples, 16, generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return {"x": self.x[i], "label": i % 10, "name": f"sample-{i}"}
+
+
+def cheap(runs: int, smoke: bool) -> dict:
+    return compare("cheap", CheapDataset(5000 if smoke else 50000), 256, runs, smoke)
+
+
+def _jpeg_folder(images: int) -> pathlib.Path:
+    """`images` generated 500x375 JPEGs in 10 class folders (made once, then reused)."""
+    from PIL import Image
+
+    root = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-tvfolder-{images}"
+    if (root / "done").exists():
+        return root
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:375, 0:500]
+    for i in range(images):
+        folder = root / f"class{i % 10}"
+        folder.mkdir(parents=True, exist_ok=True)
+        phase = rng.uniform(0, 6.28, 3)
+        freq = rng.uniform(0.005, 0.05, 3)
+        rgb = np.stack([127 + 100 * np.sin(freq[c] * (xx + 0.7 * yy) + phase[c]) for c in range(3)],
+                       axis=-1)
+        rgb += rng.normal(0, 12, rgb.shape)
+        Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)).save(folder / f"{i:05d}.jpg",
+                                                                     quality=90)
+    (root / "done").touch()
+    return root
+
+
+def _torchvision_folder(runs: int, smoke: bool, name: str, jitter: bool) -> dict:
+    import torchvision
+    import torchvision.transforms as tvt
+
+    steps = [tvt.RandomResizedCrop(224), tvt.RandomHorizontalFlip()]
+    if jitter:
+        steps.append(tvt.ColorJitter(0.4, 0.4, 0.4))
+    steps += [tvt.ToTensor(), tvt.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+    dataset = torchvision.datasets.ImageFolder(_jpeg_folder(128 if smoke else 512),
+                                               transform=tvt.Compose(steps))
+    return compare(name, dataset, 64, runs, smoke)
+
+
+def tvfolder(runs: int, smoke: bool) -> dict:
+    return _torchvision_folder(runs, smoke, "tvfolder", jitter=False)
+
+
+def tvjitter(runs: int, smoke: bool) -> dict:
+    return _torchvision_folder(runs, smoke, "tvjitter", jitter=True)
+
+
 # --- jpeg: the native image pipeline from Python against the same from the command line -----
 
 def jpeg(runs: int, smoke: bool, stoker_bin: str) -> dict:
@@ -183,10 +413,14 @@ def jpeg(runs: int, smoke: bool, stoker_bin: str) -> dict:
     return result
 
 
+WORKLOADS = {"seed003": seed003, "tiny": tiny, "bytecode": bytecode, "cheap": cheap,
+             "tvfolder": tvfolder, "tvjitter": tvjitter}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", nargs="+", default=["seed003", "tiny"],
-                        choices=["seed003", "tiny", "jpeg"])
+    parser.add_argument("--workload", nargs="+", default=["seed003", "tiny", "bytecode", "cheap"],
+                        choices=list(WORKLOADS) + ["jpeg"])
     parser.add_argument("--stoker-bin", default=str(pathlib.Path(__file__).resolve().parents[1]
                                                    / "build" / "stoker"),
                         help="jpeg: the stoker command line to compare with")
@@ -196,8 +430,7 @@ def main() -> None:
                         help="tiny sizes, one run: checks the harness, measures nothing")
     args = parser.parse_args()
     runs = 1 if args.smoke else args.runs
-    workloads = {"seed003": seed003, "tiny": tiny,
-                 "jpeg": lambda r, s: jpeg(r, s, args.stoker_bin)}
+    workloads = {**WORKLOADS, "jpeg": lambda r, s: jpeg(r, s, args.stoker_bin)}
     results = [workloads[w](runs, args.smoke) for w in args.workload]
     if args.json:
         print(json.dumps(results, indent=2))
@@ -219,9 +452,19 @@ def main() -> None:
                       f"{p['python_over_cli']:.3f}")
         else:
             torch_r = ", ".join(f"{w}: {v:,.0f}" for w, v in r["torch_samples_per_s"].items())
-            print(f"tiny: samples/s, torch by num_workers {{{torch_r}}}; stoker "
+            print(f"{r['workload']}: samples/s, torch by num_workers {{{torch_r}}}; stoker "
                   f"{r['stoker_samples_per_s']:,.0f}")
-            print(f"  stoker / torch best: {r['speedup']:.1f}x")
+            print(f"  stoker / torch best: {r['speedup']:.2f}x")
+            if "stoker_peak_pss_mb" in r:
+                print(f"  stoker: {r['stoker_workers']} {r['stoker_worker_type']} workers, "
+                      f"{r['stoker_pipeline'] or 'python'}; peak PSS stoker "
+                      f"{r['stoker_peak_pss_mb']:,.0f} MB, torch best "
+                      f"{r['torch_best_peak_pss_mb']:,.0f} MB")
+            if "machine_limit_samples_per_s" in r:
+                print(f"  machine limit (cores x one process, {r['ms_per_sample']:.2f} ms a "
+                      f"sample) {r['machine_limit_samples_per_s']:,.0f}/s: stoker "
+                      f"{100 * r['stoker_over_limit']:.0f}%, torch best "
+                      f"{100 * r['torch_best_over_limit']:.0f}%")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 # Builds stoker and runs the main benchmark: stoker against the PyTorch DataLoader (torch 2.13.0,
 # CPU build, in .venv) on generated data, first from C++ (`stoker bench`), then from Python
 # (stoker.DataLoader against torch's in one training script: bench/python_bench.py). Extra
-# arguments go to `stoker bench` (e.g. --json, -w tensor, --epochs 7).
+# arguments go to `stoker bench` (e.g. --json, -w tensor, --epochs 7). The torchvision cases
+# (ImageFolder with its PIL transforms) run in .venv-vision (torch 2.14.1 + torchvision 0.29.1,
+# the pair that installs here; a large CUDA build that runs on the CPU).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 apt_install "${BUILD_PACKAGES[@]}" libdlpack-dev
@@ -15,3 +17,9 @@ echo
 echo "== from Python: stoker.DataLoader against torch.utils.data.DataLoader"
 .venv/bin/pip install -q .
 .venv/bin/python bench/python_bench.py
+
+echo
+echo "== torchvision's ImageFolder + PIL transforms: stoker.DataLoader against torch's"
+python_venv .venv-vision torch==2.14.1 torchvision==0.29.1 numpy pillow
+.venv-vision/bin/pip install -q .
+.venv-vision/bin/python bench/python_bench.py --workload tvfolder tvjitter

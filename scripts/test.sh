@@ -19,6 +19,9 @@ build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=address,und
   -DSTOKER_BUILD_TOOLS=OFF
 ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
+echo "== fuzzing (libFuzzer, ASan + UBSan, about a minute)"
+bash scripts/fuzz.sh
+
 echo "== TSan (clang, -Wthread-safety)"
 build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF

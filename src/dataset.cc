@@ -7,47 +7,20 @@
 
 namespace stoker {
 
-std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::u8:
-    case DType::i8:
-      return 1;
-    case DType::i16:
-    case DType::f16:
-    case DType::bf16:
-      return 2;
-    case DType::i32:
-    case DType::f32:
-      return 4;
-    case DType::i64:
-    case DType::f64:
-      return 8;
+namespace {
+constexpr bool table_in_dtype_order() {
+  for (std::size_t i = 0; i < std::size(kDTypes); ++i) {
+    if (static_cast<std::size_t>(kDTypes[i].dtype) != i) return false;
   }
-  throw std::invalid_argument("stoker: unknown dtype");
+  return true;
 }
+static_assert(table_in_dtype_order(), "kDTypes must list every DType in declaration order");
+}  // namespace
 
-std::string_view dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::u8:
-      return "uint8";
-    case DType::i8:
-      return "int8";
-    case DType::i16:
-      return "int16";
-    case DType::i32:
-      return "int32";
-    case DType::i64:
-      return "int64";
-    case DType::f16:
-      return "float16";
-    case DType::bf16:
-      return "bfloat16";
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-  }
-  return "unknown";
+const DTypeInfo& dtype_info(DType dtype) {
+  const auto i = static_cast<std::size_t>(dtype);
+  if (i >= std::size(kDTypes)) throw std::invalid_argument("stoker: unknown dtype");
+  return kDTypes[i];
 }
 
 std::size_t FieldSpec::elements() const {

@@ -9,8 +9,9 @@
 
 #include "device/device_stage.h"
 #include "exec/engine.h"
+#include "loader_internals.h"
+#include "memory/batch_owner.h"
 #include "memory/slab_pool.h"
-#include "sampler/sampler.h"
 #include "tune/tuner.h"
 #include "util/log.h"
 
@@ -71,21 +72,22 @@ std::unique_ptr<detail::DeviceBackend> open_device(const LoaderOptions& o) {
   return backend;
 }
 
-detail::SlabMemory slab_memory(const LoaderOptions& o, detail::DeviceBackend* backend) {
+detail::SlabMemory slab_memory(const LoaderOptions& o, const detail::LoaderInternals& internals,
+                               detail::DeviceBackend* backend) {
   detail::SlabMemory memory;
   memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
-  if (o.slab_allocator) {
-    // Shared slabs (worker processes write into them): page-locked by registering them with
-    // the device, within the same budget, where batches go to one (or pin_memory is on and a
-    // CUDA device answers); never mlock'ed.
-    memory.pageable = o.slab_allocator;
+  if (const auto& shared = internals.slab_allocator) {
+    // Slabs from elsewhere (shared memory that worker processes write into): page-locked by
+    // registering them with the device, within the same budget, where batches go to one (or
+    // pin_memory is on and a CUDA device answers); never mlock'ed.
+    memory.pageable = shared;
     if (o.pin_memory == PinMemory::off) return memory;
     if (backend) {
-      memory.locked = backend->registered_allocator(o.slab_allocator);
+      memory.locked = backend->registered_allocator(shared);
     } else if (o.pin_memory == PinMemory::on) {
       std::string why;
       auto cuda = detail::open_cuda(0, why);
-      if (cuda) memory.locked = cuda->registered_allocator(o.slab_allocator);
+      if (cuda) memory.locked = cuda->registered_allocator(shared);
     }
     return memory;
   }
@@ -105,12 +107,14 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, detail::DeviceBackend* ba
 
 }  // namespace
 
-Loader::Loader(LoaderOptions options) {
+Loader::Loader(LoaderOptions options) : Loader(std::move(options), detail::LoaderInternals{}) {}
+
+Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) {
   const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
   validate(options, fields);
   auto backend = open_device(options);
   auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
-                                                 slab_memory(options, backend.get()));
+                                                 slab_memory(options, internals, backend.get()));
   stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
                                              options.stream)
                    : detail::make_host_stage();
@@ -138,7 +142,7 @@ Loader::~Loader() {
   engine_.reset();
 }
 
-std::optional<Batch> Loader::next() {
+void Loader::tune() {
   if (tuner_ && tuner_->due()) {
     if (auto workers = tuner_->observe(stats())) {
       const std::size_t limit = engine_->worker_limit();
@@ -146,7 +150,20 @@ std::optional<Batch> Loader::next() {
       if (*workers != engine_->stats().workers) engine_->set_workers(*workers);
     }
   }
-  return stage_->next(*engine_);
+}
+
+std::optional<Batch> Loader::next() {
+  tune();
+  return std::move(stage_->next(*engine_, std::nullopt).batch);
+}
+
+NextResult Loader::next_for(std::chrono::nanoseconds timeout) {
+  using Clock = detail::Engine::Clock;
+  tune();
+  const auto now = Clock::now();
+  // A timeout past the clock's range (nanoseconds::max()) waits as next() does.
+  if (timeout >= Clock::time_point::max() - now) return stage_->next(*engine_, std::nullopt);
+  return stage_->next(*engine_, now + timeout);
 }
 void Loader::set_epoch(std::uint64_t epoch) { restart({epoch, 0}); }
 Position Loader::position() const { return stage_->position(*engine_); }
@@ -186,38 +203,26 @@ Stats Loader::stats() const {
 
 // --- Batch ---------------------------------------------------------------------------------
 
-Batch::Batch(Batch&& other) noexcept
-    : pool_(std::move(other.pool_)),
-      slab_(std::exchange(other.slab_, nullptr)),
-      device_(std::move(other.device_)),
-      slot_(std::exchange(other.slot_, nullptr)) {}
+Batch::Batch(std::shared_ptr<detail::BatchOwner> owner, Info info) noexcept
+    : owner_(std::move(owner)), info_(std::move(info)) {}
 
 Batch& Batch::operator=(Batch&& other) noexcept {
   if (this != &other) {
     release();
-    pool_ = std::move(other.pool_);
-    slab_ = std::exchange(other.slab_, nullptr);
-    device_ = std::move(other.device_);
-    slot_ = std::exchange(other.slot_, nullptr);
+    owner_ = std::move(other.owner_);
+    info_ = std::move(other.info_);
   }
   return *this;
 }
 
 void Batch::release() noexcept {
-  if (slot_ != nullptr) {
-    device_->release(std::exchange(slot_, nullptr));  // the slot owns the host slab
-    slab_ = nullptr;
-  } else if (slab_ != nullptr) {
-    pool_->release(std::exchange(slab_, nullptr));
+  if (owner_ != nullptr) {
+    owner_->give_back();
+    owner_.reset();
   }
-  device_.reset();
-  pool_.reset();
 }
 
-std::uint64_t Batch::epoch() const noexcept { return slab_->epoch; }
-std::size_t Batch::number() const noexcept { return slab_->number; }
-std::size_t Batch::size() const noexcept { return slab_->size; }
-std::span<const FieldSpec> Batch::fields() const noexcept { return pool_->fields(); }
+std::span<const FieldSpec> Batch::fields() const noexcept { return owner_->layout().fields; }
 
 std::size_t Batch::field_index(std::string_view name) const {
   const auto f = fields();
@@ -228,58 +233,32 @@ std::size_t Batch::field_index(std::string_view name) const {
 }
 
 std::span<std::byte> Batch::bytes(std::size_t field) const noexcept {
-  return {slab_->field_bases[field], slab_->size * pool_->field_bytes()[field]};
+  const auto& layout = owner_->layout();
+  return {owner_->host() + layout.field_offsets[field], info_.size * layout.field_bytes[field]};
 }
 
 void* Batch::data(std::size_t field) const noexcept {
-  std::byte* host = slab_->field_bases[field];
-  if (!on_device(field)) return host;
-  return slot_->memory + (host - slab_->memory);
+  std::byte* base = on_device(field) ? owner_->device_memory() : owner_->host();
+  return base + owner_->layout().field_offsets[field];
 }
 
 bool Batch::on_device(std::size_t field) const noexcept {
-  return slot_ != nullptr && !pool_->fields()[field].host_only;
+  return owner_->device_memory() != nullptr && !owner_->layout().fields[field].host_only;
 }
 
-std::string_view Batch::device() const noexcept {
-  return device_ ? std::string_view(device_->name()) : std::string_view("cpu");
-}
-
-void Batch::wait(void* stream) {
-  if (slot_ == nullptr) return;
-  device_->backend().stream_wait(stream, *slot_->copied);
-  slot_->stream = stream;
-}
-
-void Batch::synchronize() {
-  if (slot_ != nullptr) device_->backend().synchronize(*slot_->copied);
-}
+std::string_view Batch::device() const noexcept { return owner_->device(); }
+void Batch::wait(void* stream) { owner_->wait(stream); }
+void Batch::synchronize() { owner_->synchronize(); }
 
 std::span<const std::size_t> Batch::indices() const noexcept {
-  return {slab_->indices.data(), slab_->size};
+  return owner_->indices().first(info_.size);
 }
 
-std::span<const SkippedSample> Batch::skipped() const noexcept { return slab_->skipped; }
-
-// --- errors and stats ----------------------------------------------------------------------
+// --- errors --------------------------------------------------------------------------------
 
 SampleError::SampleError(std::size_t index, std::exception_ptr cause, const std::string& reason)
     : std::runtime_error("sample " + std::to_string(index) + ": " + reason),
       index_(index),
       cause_(std::move(cause)) {}
-
-namespace {
-double seconds(std::chrono::nanoseconds ns) { return std::chrono::duration<double>(ns).count(); }
-}  // namespace
-
-double Stats::samples_per_second() const {
-  return elapsed.count() > 0 ? static_cast<double>(samples) / seconds(elapsed) : 0.0;
-}
-double Stats::bytes_per_second() const {
-  return elapsed.count() > 0 ? static_cast<double>(bytes) / seconds(elapsed) : 0.0;
-}
-double Stats::wait_fraction() const {
-  return elapsed.count() > 0 ? seconds(consumer_wait) / seconds(elapsed) : 0.0;
-}
 
 }  // namespace stoker

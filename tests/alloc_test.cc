@@ -2,15 +2,13 @@
 // counted while the switch is on.
 #include <gtest/gtest.h>
 
-#include "counting_new.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
+#include "support/counting_new.h"
+#include "support/steady_state.h"
 
 namespace stoker {
 namespace {
-
-using alloc_count::allocations;
-using alloc_count::counting;
 
 std::size_t count_steady_state_allocations(std::size_t workers, bool shuffle) {
   SyntheticDataset::Options so;
@@ -24,19 +22,9 @@ std::size_t count_steady_state_allocations(std::size_t workers, bool shuffle) {
   o.depth = 4;
   Loader loader(o);
   // Warm up over two epoch boundaries: both order buffers and every slab exist afterwards.
-  for (int e = 0; e < 2; ++e) {
-    while (loader.next()) {
-    }
-  }
-  allocations = 0;
-  counting = true;
-  std::size_t batches = 0;
-  for (int e = 0; e < 3; ++e) {
-    while (auto batch = loader.next()) ++batches;
-  }
-  counting = false;
-  EXPECT_EQ(batches, 3u * 32u);
-  return allocations.load();
+  const auto s = testing::steady_state_allocations(loader, 2, 3);
+  EXPECT_EQ(s.batches, 3u * 32u);
+  return s.allocations;
 }
 
 TEST(SteadyState, NoHeapAllocationPerBatch) {

@@ -12,6 +12,7 @@
 #include "memory/host_allocator.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
+#include "support/sim_step.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -108,31 +109,13 @@ TEST(SimDevice, ConsumerNeverSeesABatchBeforeItsCopyAndNoBufferIsReusedEarly) {
   EXPECT_EQ(order, expected);
 }
 
-// Runs `batches` batches whose copy takes `copy_s` and whose consumer kernel takes
-// `compute_s` (simulated), and returns the simulated time from the first batch's kernel to the
-// last one's end, divided by the number of steps after the first.
+// The simulated step of 24 batches of 8 rows (10 KB each).
 double steady_step(double copy_s, double compute_s, std::size_t device_depth) {
-  constexpr std::size_t kBatches = 24, kBatch = 8, kPayload = 10000;
-  SimStream stream;
-  auto o =
-      sim_options(std::make_shared<IndexDataset<>>(kBatches * kBatch, kPayload), kBatch, &stream);
-  const double bytes = kBatch * (kPayload + 8);
-  o.sim.latency = std::chrono::microseconds(0);
-  o.sim.bandwidth_gb_per_s = bytes / copy_s / 1e9;
-  o.depth = kBatches;  // every host batch ready before the first copy: a fixed issue order
-  o.device_depth = device_depth;
-  Loader loader(o);
-  while (loader.stats().ready < kBatches) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-
-  std::vector<double> ends(kBatches);
-  std::size_t k = 0;
-  while (auto b = loader.next()) {
-    stream.compute(compute_s, [&, k] { ends[k] = stream.now() + compute_s; });
-    ++k;
-  }
-  stream.synchronize();
-  EXPECT_EQ(k, kBatches);
-  return (ends.back() - ends.front()) / (kBatches - 1);
+  constexpr std::size_t kBatches = 24, kBatch = 8;
+  const auto r = testing::sim_step(std::make_shared<IndexDataset<>>(kBatches * kBatch, 10000),
+                                   kBatch, copy_s, compute_s, device_depth);
+  EXPECT_EQ(r.batches, kBatches);
+  return r.step_s;
 }
 
 TEST(SimDevice, CopiesOverlapComputeStepIsMaxNotSum) {
@@ -223,6 +206,25 @@ TEST(SimDevice, ErrorsAndPositionKeepTheirPlaceThroughTheCopyStage) {
   b = loader.next();
   ASSERT_TRUE(b);
   EXPECT_EQ(b->indices()[0], 10u);
+}
+
+TEST(SimDevice, NextForTimesOutAndTheNextCallGetsThatBatch) {
+  SimStream stream;
+  auto ds = std::make_shared<testing::GatedDataset>(30);
+  auto o = sim_options(ds, 10, &stream);
+  Loader loader(o);
+  EXPECT_EQ(loader.next_for(std::chrono::milliseconds(1)).status, NextResult::Status::timed_out);
+  EXPECT_EQ(loader.position().batch, 0u);
+  ds->open();
+  for (std::size_t b = 0; b < 3; ++b) {
+    auto r = loader.next_for(std::chrono::hours(1));
+    ASSERT_EQ(r.status, NextResult::Status::batch);
+    EXPECT_TRUE(r.batch->on_device(0));
+    r.batch->synchronize();
+    EXPECT_EQ(static_cast<const std::int64_t*>(r.batch->data(0))[0],
+              static_cast<std::int64_t>(10 * b));
+  }
+  EXPECT_EQ(loader.next_for(std::chrono::hours(1)).status, NextResult::Status::end_of_epoch);
 }
 
 TEST(SimDevice, BatchOutlivesLoaderAndShutdownWithCopiesInFlight) {

@@ -3,17 +3,15 @@
 // working memory comes from malloc and is not counted: it is the library's.)
 #include <gtest/gtest.h>
 
-#include "counting_new.h"
 #include "image_fixtures.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
+#include "support/counting_new.h"
+#include "support/steady_state.h"
 
 namespace stoker {
 namespace {
-
-using alloc_count::allocations;
-using alloc_count::counting;
 
 std::size_t steady_state_allocations(const std::shared_ptr<EncodedSource>& source,
                                      ImageTransform transform, std::size_t workers) {
@@ -28,19 +26,9 @@ std::size_t steady_state_allocations(const std::shared_ptr<EncodedSource>& sourc
   Loader loader(o);
   // Warm up over two epochs: every file has been seen, so the reading thread's buffers are at
   // their size.
-  for (int e = 0; e < 2; ++e) {
-    while (loader.next()) {
-    }
-  }
-  allocations = 0;
-  counting = true;
-  std::size_t rows = 0;
-  for (int e = 0; e < 3; ++e) {
-    while (auto batch = loader.next()) rows += batch->size();
-  }
-  counting = false;
-  EXPECT_EQ(rows, 3 * source->size());
-  return allocations.load();
+  const auto s = testing::steady_state_allocations(loader, 2, 3);
+  EXPECT_EQ(s.rows, 3 * source->size());
+  return s.allocations;
 }
 
 TEST(ImageSteadyState, NoHeapAllocationPerSample) {

@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "support/jpeg.h"
+
 namespace stoker::testing {
 
 // A smooth, photo-like pattern plus a little noise: channel c of pixel (x, y).
@@ -37,42 +39,6 @@ inline std::vector<std::uint8_t> pattern(int width, int height, int channels,
     }
   }
   return px;
-}
-
-// Encodes `pixels` (width x height x components: 1 gray, 3 RGB, 4 CMYK) as a baseline JPEG;
-// `subsample` gives 4:2:0 chroma, else 4:4:4.
-inline std::vector<std::byte> encode_jpeg(const std::vector<std::uint8_t>& pixels, int width,
-                                          int height, int components, int quality = 90,
-                                          bool subsample = true) {
-  jpeg_compress_struct cinfo;
-  jpeg_error_mgr jerr;
-  cinfo.err = jpeg_std_error(&jerr);
-  jpeg_create_compress(&cinfo);
-  unsigned char* buffer = nullptr;
-  unsigned long size = 0;
-  jpeg_mem_dest(&cinfo, &buffer, &size);
-  cinfo.image_width = static_cast<JDIMENSION>(width);
-  cinfo.image_height = static_cast<JDIMENSION>(height);
-  cinfo.input_components = components;
-  cinfo.in_color_space = components == 1 ? JCS_GRAYSCALE : components == 3 ? JCS_RGB : JCS_CMYK;
-  jpeg_set_defaults(&cinfo);
-  jpeg_set_quality(&cinfo, quality, TRUE);
-  if (components == 3 && !subsample) {
-    for (int c = 0; c < 3; ++c)
-      cinfo.comp_info[c].h_samp_factor = cinfo.comp_info[c].v_samp_factor = 1;
-  }
-  jpeg_start_compress(&cinfo, TRUE);
-  while (cinfo.next_scanline < cinfo.image_height) {
-    JSAMPROW row = const_cast<JSAMPROW>(
-        pixels.data() + static_cast<std::size_t>(cinfo.next_scanline) * width * components);
-    jpeg_write_scanlines(&cinfo, &row, 1);
-  }
-  jpeg_finish_compress(&cinfo);
-  std::vector<std::byte> out(reinterpret_cast<std::byte*>(buffer),
-                             reinterpret_cast<std::byte*>(buffer) + size);
-  jpeg_destroy_compress(&cinfo);
-  std::free(buffer);
-  return out;
 }
 
 inline std::vector<std::byte> make_jpeg(int width, int height, int components = 3,
@@ -135,7 +101,7 @@ inline std::vector<std::byte> read_file(const std::filesystem::path& path) {
   std::ifstream f(path, std::ios::binary);
   std::vector<char> c((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<std::byte> out(c.size());
-  std::memcpy(out.data(), c.data(), c.size());
+  if (!c.empty()) std::memcpy(out.data(), c.data(), c.size());  // an empty file: no data()
   return out;
 }
 

@@ -191,9 +191,72 @@ TEST(ResizeCenterCrop, GeometryFollowsTorchvision) {
   g = image::plan_geometry(t, 300, 451, 0, nullptr);
   EXPECT_EQ(g.out_width, 256);
   EXPECT_EQ(g.out_height, 384);  // int(256 * 451 / 300) = int(384.85)
-  EXPECT_EQ(image::dct_denominator(g), 1);
+  EXPECT_EQ(image::dct_denominator(g, false), 1);
+  // The decoded image stays at least kDctGap (3) times the resized one: 1100 / 256 = 4.3, so
+  // no scaling (1/2 would leave 550 rows, 2.1 times 256).
+  static_assert(ImageTransform::kDctGap == 3);
   g = image::plan_geometry(t, 2000, 1100, 0, nullptr);
-  EXPECT_EQ(image::dct_denominator(g), 4);  // 1100 / 256 = 4.3
+  EXPECT_EQ(image::dct_denominator(g, false), 1);
+  g = image::plan_geometry(t, 4000, 1600, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g, false), 2);  // 1600 / 2 = 800 rows >= 3 * 256
+  EXPECT_EQ(image::dct_denominator(g, true), 1);
+  g = image::plan_geometry(t, 12000, 6200, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g, false), 8);  // 6200 / 8 = 775 rows >= 3 * 256
+  EXPECT_EQ(image::dct_denominator(g, true), 1);
+  g = image::plan_geometry(t, 12000, 6100, 0, nullptr);
+  EXPECT_EQ(image::dct_denominator(g, false), 4);  // 6100 / 8 = 762 rows < 3 * 256
+}
+
+TEST(TransformSpec, ParsesOverTheTrainDefaultsAndRoundTrips) {
+  EXPECT_EQ(ImageTransform::parse(""), ImageTransform::train(224));
+  const auto t = ImageTransform::parse(
+      " crop=resize_center\tresize=300 size=256 flip=0 dtype=u8 layout=hwc exact=1\n "
+      "mean=0.5,0.25,0 ");
+  auto expected = ImageTransform::val(300, 256);
+  expected.dtype = DType::u8;
+  expected.layout = ImageLayout::hwc;
+  expected.exact = true;
+  expected.mean = {0.5f, 0.25f, 0.0f};
+  EXPECT_EQ(t, expected);
+  EXPECT_EQ(ImageTransform::parse(t.spec()), t);
+  auto odd = ImageTransform::train(97);
+  odd.scale = {0.1 + 1e-12, 0.3};
+  odd.ratio = {1.0 / 3.0, 2.75};
+  odd.std = {0.1f, 1e-7f, 3.5f};
+  EXPECT_EQ(ImageTransform::parse(odd.spec()), odd);  // numbers printed exactly
+}
+
+TEST(TransformSpec, BadTextIsRefusedNamingTheKey) {
+  auto error = [](const char* spec) -> std::string {
+    try {
+      ImageTransform::parse(spec);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error("size=12x").find("size: '12x' is not a number"), std::string::npos);
+  EXPECT_NE(error("size=").find("is not a number"), std::string::npos);
+  EXPECT_NE(error("colour=red").find("unknown key 'colour'"), std::string::npos);
+  EXPECT_NE(error("size=3 size=4").find("'size' given twice"), std::string::npos);
+  EXPECT_NE(error("scale=0.5").find("scale takes 2 comma-separated numbers"), std::string::npos);
+  EXPECT_NE(error("mean=1,2,3,4").find("mean takes 3"), std::string::npos);
+  EXPECT_NE(error("flip=yes").find("flip: 'yes'"), std::string::npos);
+  EXPECT_NE(error("crop").find("is not key=value"), std::string::npos);
+  EXPECT_NE(error("size=99999999999").find("not a number"), std::string::npos);  // past int
+  // Values that parse but would overflow the crop arithmetic are refused by validate().
+  EXPECT_NE(error("ratio=1,1e300").find("ratio"), std::string::npos);
+  EXPECT_NE(error("ratio=1e-300,1").find("ratio"), std::string::npos);
+  EXPECT_NE(error("mean=nan,0,0").find("mean must be finite"), std::string::npos);
+  EXPECT_NE(error("std=inf,1,1").find("std must be finite"), std::string::npos);
+  EXPECT_NE(error("scale=nan,1").find("scale"), std::string::npos);
+  EXPECT_NE(error("size=0").find("size must be in"), std::string::npos);
+}
+
+TEST(ResizeCenterCrop, AThinImageResizedPastAnyIntIsRefused) {
+  const auto t = ImageTransform::val(256, 224);
+  EXPECT_THROW(image::plan_geometry(t, 60000, 1, 0, nullptr), std::runtime_error);
+  EXPECT_NO_THROW(image::plan_geometry(t, 4000, 1, 0, nullptr));
 }
 
 // ---------------------------------------------------------------- decoding

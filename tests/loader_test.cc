@@ -7,6 +7,8 @@
 #include <set>
 #include <thread>
 
+#include "device/backend.h"
+#include "loader_internals.h"
 #include "sampler/sampler.h"
 #include "test_datasets.h"
 
@@ -340,6 +342,92 @@ TEST(Loader, SlabsAreRecycled) {
   EXPECT_LE(loader.stats().slabs, 5u);
 }
 
+TEST(Loader, NextForTimesOutAndTheNextCallGetsThatBatch) {
+  for (std::size_t workers : {1, 3}) {
+    auto ds = std::make_shared<testing::GatedDataset>(40);
+    Loader loader(options(ds, 8, workers));
+    NextResult r = loader.next_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(r.status, NextResult::Status::timed_out);
+    EXPECT_FALSE(r.batch);
+    EXPECT_EQ(loader.position().batch, 0u);  // nothing the consumer can see changed
+    ds->open();
+    std::vector<std::size_t> seen;
+    for (;;) {
+      r = loader.next_for(std::chrono::hours(1));
+      if (r.status != NextResult::Status::batch) break;
+      ASSERT_TRUE(r.batch);
+      seen.insert(seen.end(), r.batch->indices().begin(), r.batch->indices().end());
+    }
+    EXPECT_EQ(r.status, NextResult::Status::end_of_epoch);
+    std::vector<std::size_t> all(40);
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(seen, all) << "workers " << workers;
+  }
+}
+
+TEST(Loader, NextForWithoutWorkersReadsInlineOnlyWhileTimeIsLeft) {
+  auto ds = std::make_shared<IndexDataset<>>(20);
+  Loader loader(options(ds, 5, 0));
+  EXPECT_EQ(loader.next_for(std::chrono::nanoseconds(0)).status, NextResult::Status::timed_out);
+  EXPECT_EQ(ds->reads.load(), 0u);
+  auto r = loader.next_for(std::chrono::hours(1));
+  ASSERT_EQ(r.status, NextResult::Status::batch);
+  EXPECT_EQ(r.batch->indices()[0], 0u);
+  r = loader.next_for(std::chrono::nanoseconds::max());  // as next()
+  ASSERT_EQ(r.status, NextResult::Status::batch);
+  EXPECT_EQ(r.batch->indices()[0], 5u);
+}
+
+TEST(Loader, EpochOrderIsThePublicSamplersOrder) {
+  auto o = options(std::make_shared<IndexDataset<>>(103), 10, 2);
+  o.shuffle = true;
+  o.seed = 7;
+  o.shard = {1, 3, false};
+  Loader loader(o);
+  loader.set_epoch(4);
+  EXPECT_EQ(flat(drain(loader)), epoch_order(SampleOrder{103, true, 7, o.shard}, 4));
+  EXPECT_EQ(loader.samples_per_epoch(), samples_per_rank(SampleOrder{103, true, 7, o.shard}));
+}
+
+// Counts the slabs made by a custom allocator (the internal option worker processes plug
+// shared memory into).
+class CountingAllocator final : public detail::HostAllocator {
+ public:
+  detail::MemoryKind kind() const override { return detail::MemoryKind::pageable; }
+  std::byte* allocate(std::size_t bytes) override {
+    ++made;
+    return base_->allocate(bytes);
+  }
+  void deallocate(std::byte* memory, std::size_t bytes) noexcept override {
+    --made;
+    base_->deallocate(memory, bytes);
+  }
+  std::atomic<int> made{0};
+
+ private:
+  std::shared_ptr<HostAllocator> base_ = detail::pageable_allocator();
+};
+
+TEST(Loader, SlabsComeFromTheInternalSlabAllocator) {
+  auto allocator = std::make_shared<CountingAllocator>();
+  detail::LoaderInternals internals;
+  internals.slab_allocator = allocator;
+  {
+    auto o = options(std::make_shared<IndexDataset<>>(100), 10, 2);
+    o.pin_memory = PinMemory::on;  // the custom allocator wins over mlock
+    Loader loader(o, internals);
+    EXPECT_EQ(drain(loader).size(), 10u);
+    const Stats s = loader.stats();
+    EXPECT_EQ(static_cast<std::size_t>(allocator->made.load()), s.slabs);
+    // Only a CUDA device may lock them (by registering them); nothing is mlock'ed.
+    std::string why;
+    if (!detail::open_cuda(0, why)) {
+      EXPECT_EQ(s.locked_slabs, 0u);
+    }
+  }
+  EXPECT_EQ(allocator->made.load(), 0);  // every slab given back
+}
+
 TEST(Loader, EmptyDataSetAndTooFewSamplesForOneBatch) {
   Loader empty(options(std::make_shared<IndexDataset<>>(0), 4, 2));
   EXPECT_FALSE(empty.next());
@@ -384,6 +472,26 @@ TEST(Loader, ImpossibleOptionsAreNamed) {
   o.shard = {0, 0, false};
   expect_error(o, "world_size");
   expect_error(options(ds, 4, 100000), "workers");
+}
+
+}  // namespace
+}  // namespace stoker
+
+namespace stoker {
+namespace {
+
+TEST(Stats, PrintoutHasOneLinePerFieldOfTheTable) {
+  Stats s;
+  s.batches = 3;
+  s.worker_cpu = std::chrono::milliseconds(1500);
+  s.device = "cpu";
+  const std::string text = to_string(s);
+  EXPECT_NE(text.find("batches: 3\n"), std::string::npos);
+  EXPECT_NE(text.find("worker_cpu_s: 1.5\n"), std::string::npos);
+  EXPECT_NE(text.find("device: cpu\n"), std::string::npos);
+  std::size_t fields = 0;
+  for_each_stat(s, [&](const char*, const auto&) { ++fields; });
+  EXPECT_EQ(static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')), fields);
 }
 
 }  // namespace

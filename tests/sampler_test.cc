@@ -12,7 +12,7 @@ namespace {
 std::vector<std::size_t> order(std::size_t n, std::size_t rank, std::size_t world, bool drop_last,
                                bool shuffle = false, std::uint64_t seed = 0,
                                std::uint64_t epoch = 0) {
-  OrderSpec spec{n, shuffle, seed, Shard{rank, world, drop_last}};
+  SampleOrder spec{n, shuffle, seed, Shard{rank, world, drop_last}};
   std::vector<std::size_t> out;
   epoch_order(spec, epoch, out);
   return out;

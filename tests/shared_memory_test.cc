@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "loader_internals.h"
 #include "memory/slab_pool.h"
 #include "stoker/loader.h"
 #include "test_datasets.h"
@@ -102,10 +103,10 @@ TEST(SharedMemory, SlabPoolSlabsComeFromSharedRegions) {
     SlabPool pool({{"x", DType::f32, {16}}, {"y", DType::i64, {}}}, 8, memory);
     Slab* slab = pool.acquire();
     std::size_t offset = 0;
-    auto region = find_shared_region(slab->field_bases[1], &offset);
+    auto region = find_shared_region(slab->field(1), &offset);
     ASSERT_TRUE(region.has_value());
-    EXPECT_EQ(region->base, slab->memory);
-    EXPECT_EQ(offset, static_cast<std::size_t>(slab->field_bases[1] - slab->memory));
+    EXPECT_EQ(region->base, slab->host());
+    EXPECT_EQ(offset, static_cast<std::size_t>(slab->field(1) - slab->host()));
     EXPECT_EQ(pool.locked_slabs(), 0u);
     EXPECT_EQ(shared_region_fds().size(), 1u);
     pool.release(slab);
@@ -121,8 +122,9 @@ TEST(SharedMemory, SlabsForADeviceAreRegisteredWithinTheBudget) {
     o.workers = 2;
     o.device = "sim";
     o.pin_budget = budget;
-    o.slab_allocator = shared_allocator();
-    Loader loader(o);
+    LoaderInternals internals;
+    internals.slab_allocator = shared_allocator();
+    Loader loader(o, internals);
     auto batch = loader.next();
     ASSERT_TRUE(batch);
     EXPECT_TRUE(find_shared_region(batch->bytes(0).data()).has_value());

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "memory/recycling_pool.h"
+
 namespace stoker::detail {
 namespace {
 
@@ -14,13 +16,12 @@ std::vector<FieldSpec> fields() {
 TEST(SlabPool, LaysOutOneAlignedArrayPerField) {
   SlabPool pool(fields(), 10);
   Slab* slab = pool.acquire();
-  ASSERT_EQ(slab->field_bases.size(), 2u);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->memory) % 4096, 0u);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->field_bases[1]) % 64, 0u);
-  EXPECT_GE(slab->field_bases[1] - slab->field_bases[0], 105 * 10);
-  EXPECT_LE(static_cast<std::size_t>(slab->field_bases[1] - slab->memory) + 8 * 10,
-            pool.slab_bytes());
-  EXPECT_EQ(slab->indices.size(), 10u);
+  ASSERT_EQ(pool.layout().field_offsets.size(), 2u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->host()) % 4096, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(slab->field(1)) % 64, 0u);
+  EXPECT_GE(slab->field(1) - slab->field(0), 105 * 10);
+  EXPECT_LE(static_cast<std::size_t>(slab->field(1) - slab->host()) + 8 * 10, pool.slab_bytes());
+  EXPECT_EQ(slab->indices().size(), 10u);
   pool.release(slab);
 }
 
@@ -46,11 +47,42 @@ TEST(SlabPool, TrimNeverFreesSlabsInUse) {
   Slab* b = pool.acquire();
   pool.trim(0);
   EXPECT_EQ(pool.slabs(), 2u);
-  a->memory[0] = std::byte{1};  // still mapped
+  a->host()[0] = std::byte{1};  // still mapped
   pool.release(a);
   pool.release(b);
   pool.trim(0);
   EXPECT_EQ(pool.slabs(), 0u);
+}
+
+}  // namespace
+}  // namespace stoker::detail
+
+namespace stoker::detail {
+namespace {
+
+TEST(RecyclingPool, RunsTheHookBeforeReuseAndGrowsOnlyWhenAsked) {
+  int made = 0, reused = 0, destroyed = 0;
+  {
+    RecyclingPool<int> pool([&] { return std::make_unique<int>(made++); }, [&](int&) { ++reused; },
+                            [&](int&) { ++destroyed; });
+    pool.reserve(2);
+    EXPECT_EQ(pool.size(), 2u);
+    int* a = pool.acquire(/*grow=*/false);
+    int* b = pool.acquire(/*grow=*/false);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(reused, 2);  // reserve() leaves its items free: taking them is a reuse
+    EXPECT_EQ(pool.acquire(/*grow=*/false), nullptr);
+    int* c = pool.acquire();  // grows
+    EXPECT_EQ(made, 3);
+    pool.release(b);
+    EXPECT_EQ(pool.acquire(), b);  // LIFO
+    for (int* item : {a, b, c}) pool.release(item);
+    pool.trim(1);
+    EXPECT_EQ(pool.size(), 1u);
+    EXPECT_EQ(destroyed, 2);
+  }
+  EXPECT_EQ(destroyed, 3);
 }
 
 }  // namespace

@@ -43,4 +43,21 @@ class IndexDataset : public Dataset {
   std::chrono::microseconds delay_;
 };
 
+// An IndexDataset whose reads wait until open() (a gate the test controls, so nothing depends
+// on timing).
+class GatedDataset : public IndexDataset<> {
+ public:
+  using IndexDataset::IndexDataset;
+  void open() const { open_.store(true, std::memory_order_release); }
+  void read(std::size_t index, const SampleOut& out) const override {
+    while (!open_.load(std::memory_order_acquire)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    IndexDataset::read(index, out);
+  }
+
+ private:
+  mutable std::atomic<bool> open_{false};
+};
+
 }  // namespace stoker::testing

@@ -74,6 +74,9 @@ struct DecodeArgs {
   std::string layout = "hwc";
   int size = 224;
   int resize = 256;
+  bool exact = false;
+  int repeat = 0;         // times the decode is repeated for a speed figure
+  std::string transform;  // an ImageTransform spec; replaces the options above
   std::string out;
 };
 
@@ -102,13 +105,16 @@ int run_decode(const DecodeArgs& a) {
       a.pipeline == "train" ? ImageTransform::train(a.size) : ImageTransform::val(a.resize, a.size);
   t.dtype = a.dtype == "f32" ? DType::f32 : DType::u8;
   t.layout = a.layout == "chw" ? ImageLayout::chw : ImageLayout::hwc;
+  t.exact = a.exact;
+  if (!a.transform.empty()) t = ImageTransform::parse(a.transform);
+  const bool random_resized = t.crop == ImageTransform::Crop::random_resized;
   std::vector<std::byte> bytes;
   detail::read_whole_file(a.file, bytes);
   const auto [w, h] = image_size(bytes, a.file);
   CropBox box;
   bool flip = false;
   const CropBox* crop = nullptr;
-  if (a.pipeline == "train") {
+  if (random_resized) {
     if (a.crop.size() == 4) {
       box = {a.crop[0], a.crop[1], a.crop[2], a.crop[3]};
       crop = &box;
@@ -120,13 +126,22 @@ int run_decode(const DecodeArgs& a) {
   }
   std::vector<std::byte> out(t.output_bytes());
   decode_image(bytes, a.file, t, a.seed, out, crop);
+  double per_second = 0;
+  if (a.repeat > 0) {  // one thread, file in memory, after the warm-up decode above
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < a.repeat; ++i) decode_image(bytes, a.file, t, a.seed, out, crop);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    per_second = a.repeat / took.count();
+  }
   if (!a.out.empty()) {
     const auto dims = t.shape();
     const std::vector<long> shape(dims.begin(), dims.end());
     write_npy(a.out, t.dtype == DType::f32 ? "<f4" : "|u1", shape, out);
   }
-  fmt::print("{{\"width\": {}, \"height\": {}, \"crop\": [{}, {}, {}, {}], \"flip\": {}}}\n", w, h,
-             box.x, box.y, box.width, box.height, flip ? "true" : "false");
+  fmt::print(
+      "{{\"width\": {}, \"height\": {}, \"crop\": [{}, {}, {}, {}], \"flip\": {}, "
+      "\"images_per_second\": {}}}\n",
+      w, h, box.x, box.y, box.width, box.height, flip ? "true" : "false", per_second);
   return 0;
 }
 
@@ -152,6 +167,10 @@ std::function<int()> add_image_commands(CLI::App& app) {
   d->add_option("--layout", decode->layout)->check(CLI::IsMember({"chw", "hwc"}));
   d->add_option("--size", decode->size);
   d->add_option("--resize", decode->resize);
+  d->add_flag("--exact", decode->exact, "No DCT-domain scaling");
+  d->add_option("--repeat", decode->repeat, "Decode this many more times, timed (images/s)");
+  d->add_option("--transform", decode->transform,
+                "An ImageTransform spec (include/stoker/image.h), instead of the options above");
   d->add_option("--out", decode->out, ".npy file to write");
 
   return [=]() -> int {

@@ -16,8 +16,30 @@ namespace stoker {
 
 enum class DType : std::uint8_t { u8, i8, i16, i32, i64, f16, bf16, f32, f64 };
 
-std::size_t dtype_size(DType dtype);
-std::string_view dtype_name(DType dtype);
+// The one table of element types: size, name (numpy's and torch's) and kind of number, in
+// DType order. Everything that maps a DType (sizes, names, DLPack codes) reads it.
+struct DTypeInfo {
+  enum class Kind : std::uint8_t { unsigned_int, signed_int, floating, bfloat };
+  DType dtype;
+  std::size_t size;
+  std::string_view name;
+  Kind kind;
+};
+inline constexpr DTypeInfo kDTypes[] = {
+    {DType::u8, 1, "uint8", DTypeInfo::Kind::unsigned_int},
+    {DType::i8, 1, "int8", DTypeInfo::Kind::signed_int},
+    {DType::i16, 2, "int16", DTypeInfo::Kind::signed_int},
+    {DType::i32, 4, "int32", DTypeInfo::Kind::signed_int},
+    {DType::i64, 8, "int64", DTypeInfo::Kind::signed_int},
+    {DType::f16, 2, "float16", DTypeInfo::Kind::floating},
+    {DType::bf16, 2, "bfloat16", DTypeInfo::Kind::bfloat},
+    {DType::f32, 4, "float32", DTypeInfo::Kind::floating},
+    {DType::f64, 8, "float64", DTypeInfo::Kind::floating},
+};
+
+const DTypeInfo& dtype_info(DType dtype);  // throws std::invalid_argument for an unknown value
+inline std::size_t dtype_size(DType dtype) { return dtype_info(dtype).size; }
+inline std::string_view dtype_name(DType dtype) { return dtype_info(dtype).name; }
 
 // One field of a sample: a fixed-shape array. Scalars have an empty shape.
 struct FieldSpec {

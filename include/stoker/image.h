@@ -5,9 +5,10 @@
 //   val:   Resize(resize) + CenterCrop(size) + ToTensor + Normalize
 //
 // Only the part of a JPEG that the crop needs is decoded (rows above and below are skipped,
-// columns outside are not transformed), with DCT-domain scaling when the crop is at least
-// twice the output size; crop, resize (Pillow's antialiased bilinear filter), flip, normalize
-// and layout change run as one pass over the decoded rows.
+// columns outside are not transformed), with DCT-domain scaling when the crop is large enough
+// that the scaled decode stays at least twice the resize's output (unless `exact`); crop,
+// resize (Pillow's antialiased bilinear filter), flip, normalize and layout change run as one
+// pass over the decoded rows.
 #pragma once
 
 #include <array>
@@ -56,6 +57,14 @@ struct ImageTransform {
   std::array<float, 3> mean{0.485f, 0.456f, 0.406f};
   std::array<float, 3> std{0.229f, 0.224f, 0.225f};
 
+  // Fidelity: false lets a JPEG be decoded at 1/2, 1/4 or 1/8 scale (DCT-domain scaling)
+  // while the scaled image stays at least kDctGap times the size the crop is resized to, which
+  // keeps the output within 1/255 mean absolute difference of torchvision's on real photos
+  // (docs/image.md) and is much faster on large ones; true never scales, and the output is
+  // Pillow's bit for bit in almost every case.
+  bool exact = false;
+  static constexpr int kDctGap = 3;
+
   // torchvision's ImageNet train pipeline: RandomResizedCrop(size) + RandomHorizontalFlip.
   static ImageTransform train(int size = 224);
   // torchvision's ImageNet val pipeline: Resize(resize) + CenterCrop(size), no flip.
@@ -66,6 +75,18 @@ struct ImageTransform {
   std::size_t output_bytes() const;  // bytes of one output image
   // Throws std::invalid_argument naming the bad setting.
   void validate() const;
+
+  // A transform as text, the form the Python package and `stoker decode --transform` pass:
+  // whitespace-separated key=value settings applied over train(224), lists comma-separated:
+  //   crop=random_resized|resize_center size=N resize=N scale=A,B ratio=A,B flip=0|1
+  //   dtype=uint8|float32 layout=chw|hwc mean=A,B,C std=A,B,C exact=0|1
+  // Throws std::invalid_argument naming the bad key or value (an unknown key, a malformed
+  // number, a repeated key) or, through validate(), the bad setting.
+  static ImageTransform parse(std::string_view spec);
+  // The spec parse() reads back into an equal transform (numbers printed exactly).
+  std::string spec() const;
+
+  bool operator==(const ImageTransform&) const = default;
 };
 
 // Images larger than this many pixels are refused from their header, before anything is

@@ -26,6 +26,13 @@ bool on_engine_thread() { return keeper.bound; }
 EngineThreadGil::EngineThreadGil() {
   if (PyGILState_Check()) return;
   if (!keeper.bound) {
+    if (PyThreadState* own = PyGILState_GetThisThreadState()) {
+      // A Python thread reading inline (workers = 0) inside a loader call that released the
+      // GIL: it takes the GIL back with its own thread state, and stays no engine thread.
+      PyEval_RestoreThread(own);
+      acquired_ = true;
+      return;
+    }
     keeper.gil_state = PyGILState_Ensure();  // makes the thread state and takes the GIL
     keeper.bound = true;
   } else {
@@ -35,7 +42,9 @@ EngineThreadGil::EngineThreadGil() {
 }
 
 EngineThreadGil::~EngineThreadGil() {
-  if (acquired_) keeper.state = PyEval_SaveThread();
+  if (!acquired_) return;
+  PyThreadState* state = PyEval_SaveThread();
+  if (keeper.bound) keeper.state = state;
 }
 
 }  // namespace stoker::python

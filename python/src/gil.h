@@ -3,9 +3,11 @@
 // 1. Never wait on the engine (its lock, a condition variable, a join) while holding the GIL:
 //    workers reading a Python data set need the GIL to make progress. Every binding that calls
 //    into the Loader releases it first.
-// 2. Engine threads take the GIL only around Python calls, through EngineThreadGil.
+// 2. Engine threads (and a consumer thread reading inline, with no workers) take the GIL only
+//    around Python calls, through EngineThreadGil.
 // 3. No Python object crosses into the engine: exceptions from __getitem__ travel as a ticket
-//    (python_error.h), so that the engine may destroy them anywhere, with or without the GIL.
+//    (PythonError, py_dataset.h), so that the engine may destroy them anywhere, with or
+//    without the GIL.
 // 4. Nothing touches Python while the interpreter is finalizing; the package closes every
 //    loader from an atexit hook, before that.
 #pragma once
@@ -22,20 +24,21 @@ inline bool interpreter_finalizing() {
 #endif
 }
 
-// Holds the GIL for a scope on a thread the engine owns (a worker, or the consumer thread
-// reading inline). Each such thread keeps one Python thread state for its whole life rather
-// than one per sample: a read costs one GIL acquisition, and threading.local() data that a
-// data set keeps in __getitem__ (open files, connections) survives from sample to sample. The
-// thread state is registered with the PyGILState API, so extension code that calls
-// PyGILState_Ensure inside __getitem__ finds it. It is deleted when the thread exits; engine
-// threads exit only inside Loader calls made with the GIL released (rule 1).
-//
-// If the thread already holds the GIL (a nested use), the scope does nothing.
-// Whether the calling thread is one the engine owns and has run Python on (a worker or a
-// consumer thread). Python code can run there, including a garbage collection that finalizes
-// a loader; such a loader must not be stopped from there (it could mean joining this thread).
+// Whether the calling thread is one the engine owns and has run Python on (a worker). Python
+// code can run there, including a garbage collection that finalizes a loader; such a loader
+// must not be stopped from there (it could mean joining this thread).
 bool on_engine_thread();
 
+// Holds the GIL for a scope around a Python call from native code. On a thread the engine
+// owns, each thread keeps one Python thread state for its whole life rather than one per
+// sample: a read costs one GIL acquisition, and threading.local() data that a data set keeps
+// in __getitem__ (open files, connections) survives from sample to sample. The thread state is
+// registered with the PyGILState API, so extension code that calls PyGILState_Ensure inside
+// __getitem__ finds it. It is deleted when the thread exits; engine threads exit only inside
+// Loader calls made with the GIL released (rule 1). A Python thread (the consumer reading
+// inline) uses its own thread state.
+//
+// If the thread already holds the GIL (a nested use), the scope does nothing.
 class EngineThreadGil {
  public:
   EngineThreadGil();

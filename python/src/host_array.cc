@@ -232,25 +232,17 @@ struct ExportContext {
 };
 
 DLDataType to_dlpack(DType t) {
-  switch (t) {
-    case DType::u8:
-      return {kDLUInt, 8, 1};
-    case DType::i8:
-      return {kDLInt, 8, 1};
-    case DType::i16:
-      return {kDLInt, 16, 1};
-    case DType::i32:
-      return {kDLInt, 32, 1};
-    case DType::i64:
-      return {kDLInt, 64, 1};
-    case DType::f16:
-      return {kDLFloat, 16, 1};
-    case DType::bf16:
-      return {kDLBfloat, 16, 1};
-    case DType::f32:
-      return {kDLFloat, 32, 1};
-    case DType::f64:
-      return {kDLFloat, 64, 1};
+  const DTypeInfo& info = dtype_info(t);
+  const auto bits = static_cast<std::uint8_t>(8 * info.size);
+  switch (info.kind) {
+    case DTypeInfo::Kind::unsigned_int:
+      return {kDLUInt, bits, 1};
+    case DTypeInfo::Kind::signed_int:
+      return {kDLInt, bits, 1};
+    case DTypeInfo::Kind::floating:
+      return {kDLFloat, bits, 1};
+    case DTypeInfo::Kind::bfloat:
+      return {kDLBfloat, bits, 1};
   }
   throw std::invalid_argument("stoker: unknown dtype");
 }

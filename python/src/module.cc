@@ -1,5 +1,6 @@
 // stoker._stoker: the bindings behind the `stoker` package. The package (python/stoker/) is
 // the public API; this module is its private engine room.
+#include <pybind11/chrono.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -31,14 +32,13 @@ std::vector<std::size_t> to_indices(const py::object& obj, const char* what) {
   return out;
 }
 
-std::unique_ptr<PyLoader> make_loader(
-    const py::object& dataset, std::size_t batch_size, bool shuffle, std::uint64_t seed,
-    bool drop_last, std::size_t rank, std::size_t world_size, bool shard_drop_last,
-    std::size_t workers, std::size_t depth, const std::string& on_error, std::size_t max_skipped,
-    bool threaded, const py::object& order, const std::string& device, std::size_t device_depth,
-    std::uintptr_t stream, const std::string& pin_memory, std::size_t pin_budget, bool tune_workers,
-    std::size_t max_workers, bool shared_slabs) {
+// The loader over a data set handle (a Python or a native data set), optionally through a
+// custom sampler's order; with shared_slabs, batch slabs live in shared memory that worker
+// processes write into.
+std::unique_ptr<PyLoader> make_loader(const py::object& dataset, const LoaderOptions& options,
+                                      const py::object& order, bool shared_slabs) {
   PyLoaderOptions o;
+  o.loader = options;
   if (py::isinstance<PyDataset>(dataset)) {
     o.py_dataset = dataset.cast<std::shared_ptr<PyDataset>>();
     o.loader.dataset = o.py_dataset;
@@ -51,40 +51,62 @@ std::unique_ptr<PyLoader> make_loader(
     o.remap = std::make_shared<RemappedDataset>(o.loader.dataset, to_indices(order, "order"));
     o.loader.dataset = o.remap;
   }
-  o.loader.batch_size = batch_size;
-  o.loader.shuffle = shuffle;
-  o.loader.seed = seed;
-  o.loader.drop_last = drop_last;
-  o.loader.shard = {rank, world_size, shard_drop_last};
-  o.loader.workers = workers;
-  o.loader.depth = depth;
-  if (on_error == "raise") {
-    o.loader.on_error = ErrorPolicy::raise;
-  } else if (on_error == "skip") {
-    o.loader.on_error = ErrorPolicy::skip;
-  } else {
-    throw py::value_error("stoker: on_error must be 'raise' or 'skip', not '" + on_error + "'");
-  }
-  o.loader.max_skipped = max_skipped;
-  o.loader.device = device;
-  o.loader.device_depth = device_depth;
-  o.loader.stream = reinterpret_cast<void*>(stream);
-  if (pin_memory == "auto") {
-    o.loader.pin_memory = PinMemory::automatic;
-  } else if (pin_memory == "on") {
-    o.loader.pin_memory = PinMemory::on;
-  } else if (pin_memory == "off") {
-    o.loader.pin_memory = PinMemory::off;
-  } else {
-    throw py::value_error("stoker: pin_memory must be 'auto', 'on' or 'off', not '" + pin_memory +
-                          "'");
-  }
-  o.loader.pin_budget = pin_budget;
-  o.loader.tune_workers = tune_workers;
-  o.loader.max_workers = max_workers;
-  if (shared_slabs) o.loader.slab_allocator = detail::shared_allocator();  // worker processes
-  o.threaded = threaded;
+  if (shared_slabs) o.internals.slab_allocator = detail::shared_allocator();  // worker processes
   return std::make_unique<PyLoader>(std::move(o));
+}
+
+// LoaderOptions and what it is made of, field by field (the data set is passed to Loader on
+// its own, as a handle). A new option is one more line here; python/stoker/_loader.py passes
+// its arguments by name.
+void bind_options(py::module_& m) {
+  py::enum_<ErrorPolicy>(m, "ErrorPolicy")
+      .value("raise", ErrorPolicy::raise)
+      .value("skip", ErrorPolicy::skip);
+  py::enum_<PinMemory>(m, "PinMemory")
+      .value("auto", PinMemory::automatic)
+      .value("on", PinMemory::on)
+      .value("off", PinMemory::off);
+  py::class_<Shard>(m, "Shard")
+      .def(py::init<>())
+      .def_readwrite("rank", &Shard::rank)
+      .def_readwrite("world_size", &Shard::world_size)
+      .def_readwrite("drop_last", &Shard::drop_last);
+  py::class_<SimDevice>(m, "SimDevice")
+      .def(py::init<>())
+      .def_readwrite("bandwidth_gb_per_s", &SimDevice::bandwidth_gb_per_s)
+      .def_readwrite("latency", &SimDevice::latency)
+      .def_readwrite("time_scale", &SimDevice::time_scale);
+  py::class_<LoaderOptions>(m, "LoaderOptions")
+      .def(py::init<>())
+      .def_readwrite("batch_size", &LoaderOptions::batch_size)
+      .def_readwrite("shuffle", &LoaderOptions::shuffle)
+      .def_readwrite("seed", &LoaderOptions::seed)
+      .def_readwrite("drop_last", &LoaderOptions::drop_last)
+      .def_readwrite("shard", &LoaderOptions::shard)
+      .def_readwrite("workers", &LoaderOptions::workers)
+      .def_readwrite("depth", &LoaderOptions::depth)
+      .def_readwrite("tune_workers", &LoaderOptions::tune_workers)
+      .def_readwrite("max_workers", &LoaderOptions::max_workers)
+      .def_readwrite("device", &LoaderOptions::device)
+      .def_readwrite("device_depth", &LoaderOptions::device_depth)
+      .def_property(
+          "stream",  // an integer (torch's Stream.cuda_stream)
+          [](const LoaderOptions& o) { return reinterpret_cast<std::uintptr_t>(o.stream); },
+          [](LoaderOptions& o, std::uintptr_t s) { o.stream = reinterpret_cast<void*>(s); })
+      .def_readwrite("pin_memory", &LoaderOptions::pin_memory)
+      .def_readwrite("pin_budget", &LoaderOptions::pin_budget)
+      .def_readwrite("sim", &LoaderOptions::sim)
+      .def_readwrite("on_error", &LoaderOptions::on_error)
+      .def_readwrite("max_skipped", &LoaderOptions::max_skipped);
+}
+
+// The keys of Loader.stats(), from stats.h's field table (derived rates not included).
+py::list stats_fields() {
+  py::list out;
+  Stats s;
+  for_each_stat(
+      s, [&](const char* name, const auto& value) { out.append(py_stat_name(name, value)); });
+  return out;
 }
 
 py::list fields_of(const Dataset& d, const std::vector<std::string>& types) {
@@ -205,13 +227,12 @@ PYBIND11_MODULE(_stoker, m) {
       .def("release", &RawBatch::release)
       .def_property_readonly("released", &RawBatch::released);
 
+  bind_options(m);
+  m.def("stats_fields", &stats_fields);
+
   py::class_<PyLoader>(m, "Loader")
-      .def(py::init(&make_loader), py::arg("dataset"), py::arg("batch_size"), py::arg("shuffle"),
-           py::arg("seed"), py::arg("drop_last"), py::arg("rank"), py::arg("world_size"),
-           py::arg("shard_drop_last"), py::arg("workers"), py::arg("depth"), py::arg("on_error"),
-           py::arg("max_skipped"), py::arg("threaded"), py::arg("order"), py::arg("device"),
-           py::arg("device_depth"), py::arg("stream"), py::arg("pin_memory"), py::arg("pin_budget"),
-           py::arg("tune_workers"), py::arg("max_workers"), py::arg("shared_slabs") = false)
+      .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"),
+           py::arg("shared_slabs") = false)
       .def("next", &PyLoader::next, py::arg("timeout") = 0.0)
       .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
       .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))
@@ -237,7 +258,8 @@ PYBIND11_MODULE(_stoker, m) {
         std::vector<std::size_t> order;
         {
           py::gil_scoped_release nogil;
-          order = epoch_order(size, shuffle, seed, epoch, {rank, world_size, drop_last});
+          order =
+              epoch_order(SampleOrder{size, shuffle, seed, {rank, world_size, drop_last}}, epoch);
         }
         py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
         std::copy(order.begin(), order.end(), out.mutable_data());

@@ -98,35 +98,10 @@ NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields
 }
 
 NativeDataset make_image_dataset(const std::string& kind, const std::string& path,
-                                 const py::dict& transform, std::size_t cache_bytes,
+                                 const std::string& transform, std::size_t cache_bytes,
                                  std::uint64_t max_pixels) {
   ImageDatasetOptions o;
-  ImageTransform& t = o.transform;
-  const auto crop = transform["crop"].cast<std::string>();
-  if (crop == "random_resized") {
-    t.crop = ImageTransform::Crop::random_resized;
-  } else if (crop == "resize_center") {
-    t.crop = ImageTransform::Crop::resize_center;
-  } else {
-    throw py::value_error("stoker: unknown crop '" + crop + "'");
-  }
-  t.size = transform["size"].cast<int>();
-  t.resize = transform["resize"].cast<int>();
-  t.scale = transform["scale"].cast<std::array<double, 2>>();
-  t.ratio = transform["ratio"].cast<std::array<double, 2>>();
-  t.random_flip = transform["flip"].cast<bool>();
-  const auto dtype = transform["dtype"].cast<std::string>();
-  if (dtype != "float32" && dtype != "uint8") {
-    throw py::value_error("stoker: image output must be float32 or uint8, not " + dtype);
-  }
-  t.dtype = dtype == "uint8" ? DType::u8 : DType::f32;
-  const auto layout = transform["layout"].cast<std::string>();
-  if (layout != "chw" && layout != "hwc") {
-    throw py::value_error("stoker: image layout must be 'chw' or 'hwc', not '" + layout + "'");
-  }
-  t.layout = layout == "hwc" ? ImageLayout::hwc : ImageLayout::chw;
-  t.mean = transform["mean"].cast<std::array<float, 3>>();
-  t.std = transform["std"].cast<std::array<float, 3>>();
+  o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
   o.max_pixels = max_pixels;
 
   NativeDataset out;

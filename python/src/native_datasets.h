@@ -35,8 +35,9 @@ NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields
 // optionally behind a RAM cache of `cache_bytes`. `transform` holds ImageTransform's settings
 // by name (crop, size, resize, scale, ratio, flip, dtype, layout, mean, std). Opens the source
 // with the GIL released.
+// `transform` is an ImageTransform spec (ImageTransform::parse; transforms.Compose.spec()).
 NativeDataset make_image_dataset(const std::string& kind, const std::string& path,
-                                 const py::dict& transform, std::size_t cache_bytes,
+                                 const std::string& transform, std::size_t cache_bytes,
                                  std::uint64_t max_pixels);
 
 // The source's read counters (reads, storage_reads, storage_bytes, cached, cached_bytes).

@@ -165,6 +165,9 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
     TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_);
     drain_graveyard();
     State& st = *state_;
+    if (interrupted_ && !on_engine_thread()) {
+      throw PythonError(this, interrupt_ticket_, interrupt_what_);
+    }
     try {
       start_worker();
       const SeedScope seed(out.seed());
@@ -184,8 +187,8 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
 
 void PyDataset::start_worker() const {
   State& st = *state_;
-  if (st.on_worker_start && !st.on_worker_start.is_none() &&
-      std::this_thread::get_id() != inline_thread_) {
+  // Not for the consumer's own thread reading inline (workers = 0), as in torch.
+  if (st.on_worker_start && !st.on_worker_start.is_none() && on_engine_thread()) {
     const auto [it, first] = st.workers.try_emplace(std::this_thread::get_id(), st.workers.size());
     if (first) st.on_worker_start(it->second);
   }
@@ -369,6 +372,12 @@ std::exception_ptr PyDataset::keep_error(py::object exception, std::size_t index
 
   State& st = *state_;
   const std::uint64_t ticket = st.next_ticket++;
+  if (PyErr_GivenExceptionMatches(exception.ptr(), PyExc_KeyboardInterrupt) &&
+      !on_engine_thread()) {
+    interrupted_ = true;
+    interrupt_ticket_ = ticket;
+    interrupt_what_ = what;
+  }
   st.errors.emplace(ticket, State::KeptError{std::move(exception), index});
   while (st.errors.size() > kKeptErrors) st.errors.erase(st.errors.begin());
   return std::make_exception_ptr(PythonError(this, ticket, what));
@@ -377,7 +386,7 @@ std::exception_ptr PyDataset::keep_error(py::object exception, std::size_t index
 void PyDataset::bury(std::vector<py::object>&& owners) const {
   if (owners.empty()) return;
   // Moving a py::object does not touch its reference count, so no GIL is needed here.
-  std::lock_guard lock(graveyard_mu_);
+  detail::MutexLock lock(graveyard_mu_);
   for (auto& o : owners) graveyard_.push_back(std::move(o));
   owners.clear();
 }
@@ -385,7 +394,7 @@ void PyDataset::bury(std::vector<py::object>&& owners) const {
 void PyDataset::drain_graveyard() const {
   std::vector<py::object> dead;
   {
-    std::lock_guard lock(graveyard_mu_);
+    detail::MutexLock lock(graveyard_mu_);
     dead.swap(graveyard_);
   }
   // `dead` goes here, with the GIL held.

@@ -44,6 +44,7 @@
 #include "py_layout.h"
 #include "stoker/dataset.h"
 #include "stoker/loader.h"
+#include "util/mutex.h"
 
 namespace stoker::python {
 
@@ -124,12 +125,15 @@ class PyDataset final : public Dataset {
   // it was dropped (only the most recent ones are kept). GIL held.
   py::object take_error(std::uint64_t ticket, std::size_t& index) const;
 
-  // Reads on this thread are the consumer's own (no workers), not a worker's.
-  void set_inline_thread(std::thread::id id) { inline_thread_ = id; }
   // From now on reads fail at once without calling Python: the loader is shutting down.
   // Worker processes are told to stop (their sockets shut down, SIGTERM), so that engine
   // threads waiting for them return at once.
   void close() noexcept;
+  // A KeyboardInterrupt raised in __getitem__ on the consumer's own thread (reading inline,
+  // no workers) fails that thread's further reads at once with the same exception, so Ctrl-C
+  // ends the batch being read instead of interrupting one row of it; the next call of the
+  // loader clears it (GIL held).
+  void clear_interrupt() const noexcept { interrupted_ = false; }
 
   using Node = LayoutNode;
   struct State;
@@ -156,8 +160,11 @@ class PyDataset final : public Dataset {
   std::size_t size_ = 0;
   std::vector<FieldSpec> fields_;
   std::optional<std::size_t> objects_field_;
-  std::thread::id inline_thread_;
   std::atomic<bool> closed_{false};
+  // The consumer thread's KeyboardInterrupt (see clear_interrupt). GIL-guarded.
+  mutable bool interrupted_ = false;
+  mutable std::uint64_t interrupt_ticket_ = 0;
+  mutable std::string interrupt_what_;
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
   bool has_getitems_ = false;
   std::atomic<std::shared_ptr<ProcessPool>> processes_;
@@ -166,8 +173,8 @@ class PyDataset final : public Dataset {
   mutable std::atomic<std::int64_t> gil_held_ns_{0};
   mutable std::atomic<std::int64_t> gil_cpu_ns_{0};
 
-  mutable std::mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it
-  mutable std::vector<py::object> graveyard_;
+  mutable detail::Mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it
+  mutable std::vector<py::object> graveyard_ STOKER_GUARDED_BY(graveyard_mu_);
 };
 
 // Sample k of this data set is sample order[k] of `base`: a custom sampler's order, run

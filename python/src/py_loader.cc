@@ -12,8 +12,8 @@ namespace stoker::python {
 namespace {
 
 // How often a waiting Python thread looks for signals (Ctrl-C). Waking up costs nothing
-// measurable at this rate; a person pressing Ctrl-C does not notice 20 ms.
-constexpr std::chrono::milliseconds kWaitSlice{20};
+// measurable at this rate; a person pressing Ctrl-C does not notice 50 ms.
+constexpr std::chrono::milliseconds kWaitSlice{50};
 
 PyObject* g_sample_error_type = nullptr;
 
@@ -94,58 +94,14 @@ py::list RawBatch::skipped() const {
   return out;
 }
 
-// --- ConsumerThread ------------------------------------------------------------------------
-
-ConsumerThread::ConsumerThread() : thread_([this] { run(); }) {}
-
-ConsumerThread::~ConsumerThread() {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-}
-
-void ConsumerThread::start(std::function<void()> job) {
-  {
-    std::lock_guard lock(mu_);
-    job_ = std::move(job);
-    done_ = false;
-  }
-  cv_.notify_all();
-}
-
-bool ConsumerThread::wait_for(std::chrono::nanoseconds timeout) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, timeout, [this] { return done_; });
-}
-
-void ConsumerThread::run() {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [this] { return stop_ || job_; });
-    if (!job_) return;  // stopping, and no job left
-    auto job = std::move(job_);
-    job_ = nullptr;
-    lock.unlock();
-    job();  // jobs catch their own exceptions
-    lock.lock();
-    done_ = true;
-    cv_.notify_all();
-  }
-}
-
 // --- PyLoader ------------------------------------------------------------------------------
 
 PyLoader::PyLoader(PyLoaderOptions options)
     : py_dataset_(std::move(options.py_dataset)), remap_(std::move(options.remap)) {
   {
     py::gil_scoped_release nogil;  // starting workers: they may already want the GIL
-    loader_ = std::make_unique<Loader>(options.loader);
-    if (options.threaded) consumer_ = std::make_unique<ConsumerThread>();
+    loader_ = std::make_unique<Loader>(options.loader, options.internals);
   }
-  if (consumer_ && py_dataset_) py_dataset_->set_inline_thread(consumer_->id());
   batches_per_epoch_ = loader_->batches_per_epoch();
   samples_per_epoch_ = loader_->samples_per_epoch();
   array_fields_ = loader_->fields().size();
@@ -171,22 +127,39 @@ PyLoader::CallLocks PyLoader::lock_call(bool consumer) {
   return locks;
 }
 
-void PyLoader::await_job(std::optional<std::chrono::steady_clock::time_point> deadline,
-                         double timeout_s) {
+py::object PyLoader::next(double timeout_s) {
   using Clock = std::chrono::steady_clock;
+  auto locks = lock_call(true);
+  if (py_dataset_) py_dataset_->clear_interrupt();
+  const auto start = Clock::now();
+  const auto timeout =
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   for (;;) {
-    std::chrono::nanoseconds slice = kWaitSlice;
-    if (deadline) slice = std::clamp<std::chrono::nanoseconds>(*deadline - Clock::now(), {}, slice);
-    bool done;
-    {
-      py::gil_scoped_release nogil;
-      done = consumer_->wait_for(slice);
+    auto slice = std::chrono::duration_cast<std::chrono::nanoseconds>(kWaitSlice);
+    if (timeout_s > 0) {
+      slice = std::clamp<std::chrono::nanoseconds>(start + timeout - Clock::now(), {}, slice);
     }
-    if (done) return;
+    NextResult result;
+    try {
+      py::gil_scoped_release nogil;
+      result = loader_->next_for(slice);
+    } catch (const SampleError& e) {
+      raise_sample_error(e);
+    }
+    // Anything else (no memory for a slab, ...) propagates; pybind11 maps the standard
+    // exception types to Python's (std::bad_alloc to MemoryError, ...).
+    switch (result.status) {
+      case NextResult::Status::batch:
+        return deliver(std::move(*result.batch));
+      case NextResult::Status::end_of_epoch:
+        return py::none();
+      case NextResult::Status::timed_out:
+        break;
+    }
     // Runs the Python signal handlers (main thread only): Ctrl-C raises KeyboardInterrupt
-    // here, and the job goes on.
+    // here; the batch waited for stays with the loader for the next call.
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (deadline && Clock::now() >= *deadline) {
+    if (timeout_s > 0 && Clock::now() - start >= timeout) {
       // torch's message, with the number as Python prints it
       const std::string seconds = py::str(py::float_(timeout_s));
       throw std::runtime_error("DataLoader timed out after " + seconds + " seconds");
@@ -194,100 +167,35 @@ void PyLoader::await_job(std::optional<std::chrono::steady_clock::time_point> de
   }
 }
 
-void PyLoader::call(JobKind kind, std::function<void()> job,
-                    std::optional<std::chrono::steady_clock::time_point> deadline) {
-  if (!consumer_) {
-    py::gil_scoped_release nogil;
-    job();
-    return;
-  }
-  consumer_->start(std::move(job));
-  running_ = kind;
-  await_job(deadline, 0);
-  running_ = JobKind::none;
-}
-
-void PyLoader::settle() {
-  if (running_ == JobKind::none) return;
-  await_job(std::nullopt, 0);
-  running_ = JobKind::none;
-  result_ = {};  // a batch nobody took goes back to its pool (no GIL needed)
-}
-
-py::object PyLoader::next(double timeout_s) {
-  auto locks = lock_call(true);
-  std::optional<std::chrono::steady_clock::time_point> deadline;
-  if (timeout_s > 0) {
-    deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                               std::chrono::duration<double>(timeout_s));
-  }
-  auto job = [this] {
-    JobResult r;
-    r.before = loader_->position();
-    try {
-      r.batch = loader_->next();
-    } catch (...) {
-      r.error = std::current_exception();
-    }
-    result_ = std::move(r);
-  };
-  if (!consumer_) {
-    call(JobKind::next, job);
-    return deliver(std::exchange(result_, {}));
-  }
-  if (running_ == JobKind::other) settle();
-  if (running_ == JobKind::none) {
-    consumer_->start(job);
-    running_ = JobKind::next;
-  }
-  // An interrupted wait leaves running_ == next: the next call collects this batch.
-  await_job(deadline, timeout_s);
-  running_ = JobKind::none;
-  return deliver(std::exchange(result_, {}));
-}
-
-void PyLoader::consumer_op(std::function<void(Loader&)> op) {
-  auto locks = lock_call(true);
-  settle();
-  // `op` is moved into the job: an interrupted wait leaves the job running after we return.
-  call(JobKind::other, [this, op = std::move(op)] {
-    try {
-      op(*loader_);
-    } catch (...) {
-      result_.error = std::current_exception();
-    }
-  });
-  if (auto e = std::exchange(result_.error, nullptr)) std::rethrow_exception(e);
-}
-
 void PyLoader::set_epoch(std::uint64_t epoch) {
-  consumer_op([epoch](Loader& l) { l.set_epoch(epoch); });
+  auto locks = lock_call(true);
+  py::gil_scoped_release nogil;
+  loader_->set_epoch(epoch);
 }
 
 void PyLoader::restore(std::uint64_t epoch, std::size_t batch) {
-  consumer_op([epoch, batch](Loader& l) { l.restore({epoch, batch}); });
+  auto locks = lock_call(true);
+  py::gil_scoped_release nogil;
+  loader_->restore({epoch, batch});
 }
 
 void PyLoader::restart_fresh(std::uint64_t epoch) {
-  consumer_op([epoch](Loader& l) {
-    // Two restarts to different positions: the second always cancels everything in flight
-    // (restarting to the current position keeps what is prefetched).
-    l.restore({epoch, l.batches_per_epoch()});
-    l.set_epoch(epoch);
-  });
+  auto locks = lock_call(true);
+  py::gil_scoped_release nogil;
+  // Two restarts to different positions: the second always cancels everything in flight
+  // (restarting to the current position keeps what is prefetched).
+  loader_->restore({epoch, loader_->batches_per_epoch()});
+  loader_->set_epoch(epoch);
 }
 
 py::tuple PyLoader::position() {
   auto locks = lock_call(true);
-  if (running_ == JobKind::next) {
-    // A batch fetched but not handed out yet: the caller has not seen it.
-    await_job(std::nullopt, 0);
-    return py::make_tuple(result_.before.epoch, result_.before.batch);
+  Position p;
+  {
+    py::gil_scoped_release nogil;
+    p = loader_->position();
   }
-  settle();
-  call(JobKind::other, [this] { result_.position = loader_->position(); });
-  return py::make_tuple(result_.position.epoch, result_.position.batch);
+  return py::make_tuple(p.epoch, p.batch);
 }
 
 void PyLoader::set_workers(std::size_t workers) {
@@ -309,30 +217,10 @@ py::dict PyLoader::stats() {
     py::gil_scoped_release nogil;
     s = loader_->stats();
   }
-  auto seconds = [](std::chrono::nanoseconds ns) {
-    return std::chrono::duration<double>(ns).count();
-  };
   py::dict d;
-  d["elapsed_s"] = seconds(s.elapsed);
-  d["batches"] = s.batches;
-  d["samples"] = s.samples;
-  d["bytes"] = s.bytes;
-  d["consumer_wait_s"] = seconds(s.consumer_wait);
-  d["worker_busy_s"] = seconds(s.worker_busy);
-  d["worker_lock_held_s"] = seconds(s.worker_lock_held);
-  d["inline_busy_s"] = seconds(s.inline_busy);
-  d["skipped"] = s.skipped;
-  d["workers"] = s.workers;
-  d["depth"] = s.depth;
-  d["in_flight"] = s.in_flight;
-  d["ready"] = s.ready;
-  d["mean_ready_at_next"] = s.mean_ready_at_next;
-  d["slabs"] = s.slabs;
-  d["slab_bytes"] = s.slab_bytes;
-  d["locked_slabs"] = s.locked_slabs;
-  d["device"] = s.device;
-  d["copies"] = s.copies;
-  d["copy_bytes"] = s.copy_bytes;
+  for_each_stat(s, [&](const char* name, const auto& value) {
+    d[py::str(py_stat_name(name, value))] = py_stat_value(value);
+  });
   d["samples_per_second"] = s.samples_per_second();
   d["bytes_per_second"] = s.bytes_per_second();
   d["wait_fraction"] = s.wait_fraction();
@@ -345,18 +233,7 @@ std::size_t PyLoader::dataset_index(std::size_t loader_index) const {
   return loader_index < order->size() ? (*order)[loader_index] : loader_index;
 }
 
-py::object PyLoader::deliver(JobResult result) {
-  if (result.error) {
-    try {
-      std::rethrow_exception(result.error);
-    } catch (const SampleError& e) {
-      raise_sample_error(e);
-    }
-    // Anything else (no memory for a slab, ...) propagates; pybind11 maps the standard
-    // exception types to Python's (std::bad_alloc to MemoryError, ...).
-  }
-  if (!result.batch) return py::none();
-  Batch& batch = *result.batch;
+py::object PyLoader::deliver(Batch batch) {
   if (batch.device() == "sim") {
     // The simulated device's memory is host memory, read here by the host rather than by a
     // kernel on the consumer's stream: wait for the simulated copy itself.
@@ -439,8 +316,6 @@ void PyLoader::close() {
   lock_without_gil(lifetime);  // a call in another thread finishes first
   {
     py::gil_scoped_release nogil;
-    consumer_.reset();  // waits for its job
-    result_ = {};
     loader_.reset();  // stops and joins the workers
   }
   if (py_dataset_) py_dataset_->release_workers();  // and reaps worker processes
@@ -460,20 +335,15 @@ void PyLoader::close_from_engine_thread() {
     return;
   }
   struct Remains {
-    std::unique_ptr<ConsumerThread> consumer;
-    JobResult result;
     std::unique_ptr<Loader> loader;
     std::shared_ptr<RemappedDataset> remap;
     std::shared_ptr<PyDataset> py_dataset;
   };
-  auto remains = std::make_unique<Remains>(Remains{std::move(consumer_), std::move(result_),
-                                                   std::move(loader_), std::move(remap_),
-                                                   std::move(py_dataset_)});
+  auto remains = std::make_unique<Remains>(
+      Remains{std::move(loader_), std::move(remap_), std::move(py_dataset_)});
   // The Python objects left (in the data set) are let go by their owners' destructors, which
   // take the GIL themselves, or leave them to the interpreter's teardown if it has begun.
   std::thread([remains = std::move(remains)]() mutable {
-    remains->consumer.reset();
-    remains->result = {};
     remains->loader.reset();
     if (remains->py_dataset && !interpreter_finalizing()) {
       py::gil_scoped_acquire gil;
@@ -489,10 +359,8 @@ void PyLoader::abandon() {
   closed_ = true;
   registry().erase(this);
   (void)loader_.release();
-  (void)consumer_.release();
   new std::shared_ptr<PyDataset>(std::move(py_dataset_));
   new std::shared_ptr<RemappedDataset>(std::move(remap_));
-  new JobResult(std::move(result_));
 }
 
 void PyLoader::close_all() {
@@ -504,43 +372,6 @@ void PyLoader::close_all() {
 void PyLoader::abandon_all_after_fork() {
   const std::vector<PyLoader*> loaders(registry().begin(), registry().end());
   for (PyLoader* l : loaders) l->abandon();
-}
-
-// --- epoch_order ---------------------------------------------------------------------------
-
-namespace {
-
-// One byte per sample, never written: the loader is run only for Batch::indices().
-class IndexOnlyDataset final : public Dataset {
- public:
-  explicit IndexOnlyDataset(std::size_t size) : size_(size) {}
-  std::size_t size() const override { return size_; }
-  std::vector<FieldSpec> fields() const override { return {{"index", DType::u8, {}}}; }
-  void read(std::size_t, const SampleOut&) const override {}
-
- private:
-  std::size_t size_;
-};
-
-}  // namespace
-
-std::vector<std::size_t> epoch_order(std::size_t size, bool shuffle, std::uint64_t seed,
-                                     std::uint64_t epoch, Shard shard) {
-  // The sampler is internal to the engine; one unbatched pass of a loader over a data set
-  // that reads nothing yields its order through the public API.
-  LoaderOptions o;
-  o.dataset = std::make_shared<IndexOnlyDataset>(size);
-  o.batch_size = std::max<std::size_t>(size, 1);
-  o.shuffle = shuffle;
-  o.seed = seed;
-  o.shard = shard;
-  o.workers = 0;
-  o.depth = 1;
-  Loader loader(o);
-  loader.set_epoch(epoch);
-  std::vector<std::size_t> order;
-  if (auto batch = loader.next()) order.assign(batch->indices().begin(), batch->indices().end());
-  return order;
 }
 
 }  // namespace stoker::python

@@ -88,7 +88,7 @@ class _ImageDataset(NativeDataset):
         self.transform = transform
         self._names = ("image", "label")
         self._as_dict = False
-        self._handle = _stoker.image_dataset(self._kind, self.root, transform.settings(),
+        self._handle = _stoker.image_dataset(self._kind, self.root, transform.spec(),
                                              int(cache_bytes), int(max_pixels))
         self.classes = self._handle.classes()
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}

@@ -14,6 +14,7 @@ from . import _stoker
 from ._batch import converter, plan
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
+from ._torchvision import native_equivalent
 from ._workers import ProcessWorkers, mp_context, thread_worker_start
 
 _log = logging.getLogger("stoker")
@@ -58,6 +59,30 @@ def _draw_seed(generator) -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
+def _options(**fields) -> "_stoker.LoaderOptions":
+    """stoker::LoaderOptions (include/stoker/options.h), field by field."""
+    options = _stoker.LoaderOptions()
+    for name, value in fields.items():
+        setattr(options, name, value)
+    return options
+
+
+def _shard(rank: int, world_size: int, drop_last: bool) -> "_stoker.Shard":
+    shard = _stoker.Shard()
+    shard.rank, shard.world_size, shard.drop_last = rank, world_size, drop_last
+    return shard
+
+
+def _enum(enum, option: str, value: str):
+    """The C++ enum value named `value`, or ValueError naming the choices."""
+    members = enum.__members__
+    if value not in members:
+        choices = list(members)
+        names = ", ".join(f"'{c}'" for c in choices[:-1]) + f" or '{choices[-1]}'"
+        raise ValueError(f"stoker: {option} must be {names}, not '{value}'")
+    return members[value]
+
+
 def _torch_sampler_kind(sampler) -> Optional[str]:
     """'sequential', 'random', 'distributed' for torch's own samplers stoker runs natively."""
     torch = sys.modules.get("torch")
@@ -99,6 +124,11 @@ class DataLoader:
       on_error: 'raise' (default) raises a failed sample's exception, with its type and
         traceback and a note naming the sample; 'skip' replaces the sample with another one
         (up to ``max_skipped`` over the loader's life) and goes on.
+      native: torchvision's ImageFolder (or DatasetFolder with its default loader) whose
+        transform stoker implements (RandomResizedCrop, RandomHorizontalFlip, Resize,
+        CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
+        stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
+        which path ran and why.
       batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
         are not supported.
 
@@ -134,6 +164,7 @@ class DataLoader:
         pin_budget: int = 0,
         device_depth: int = 2,
         worker_type: str = "auto",
+        native: bool = True,
     ) -> None:
         del persistent_workers, pin_memory_device  # workers always persist
         if not in_order:
@@ -163,6 +194,17 @@ class DataLoader:
         # to allocate (possibly a worker of this loader).
         self._iterator = lambda: None
 
+        # torchvision's ImageFolder with a pipeline stoker implements runs in C++ (native=False
+        # opts out); what ran, and why, is in stats()["pipeline"].
+        self._pipeline = f"python: {type(dataset).__name__}.__getitem__ in workers"
+        if isinstance(dataset, NativeDataset):
+            self._pipeline = "native: a stoker data set"
+        elif native and collate_fn is None:
+            equivalent, why = native_equivalent(dataset)
+            if equivalent is not None:
+                self._pipeline, dataset = f"native: {why}", equivalent
+            elif why != "not a torchvision data set":
+                self._pipeline += f" ({why})"
         native = isinstance(dataset, NativeDataset)
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
@@ -256,15 +298,14 @@ class DataLoader:
             torch = sys.modules.get("torch")
             has_gpu = torch is not None and torch.cuda.is_available()
             pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
-        self._loader = _stoker.Loader(
-            self._handle, batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
-            drop_last=self.drop_last, rank=rank, world_size=world,
-            shard_drop_last=shard_drop_last, workers=self.num_workers,
-            depth=self.prefetch_factor * max(1, self.num_workers), on_error=on_error,
-            max_skipped=int(max_skipped), threaded=not native or self.timeout > 0,
-            order=order, device=self._device, device_depth=int(device_depth), stream=stream,
-            pin_memory=str(pin_memory), pin_budget=int(pin_budget), tune_workers=tune,
-            max_workers=max_workers,
+        self._loader = _stoker.Loader(self._handle, _options(
+            batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
+            drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
+            workers=self.num_workers, depth=self.prefetch_factor * max(1, self.num_workers),
+            on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
+            max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
+            stream=stream, pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(pin_memory)),
+            pin_budget=int(pin_budget), tune_workers=tune, max_workers=max_workers), order,
             shared_slabs=not native and self.worker_type == "process" or self._auto_pending)
         if worker_type == "process" or not self._auto_pending:
             self._log_worker_type()
@@ -365,8 +406,10 @@ class DataLoader:
 
     def stats(self) -> dict[str, Any]:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
-        and which kind of worker reads and why (``worker_type``, ``worker_type_reason``)."""
+        which pipeline runs (``pipeline``) and which kind of worker reads and why
+        (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
         stats = self._loader.stats()
+        stats["pipeline"] = self._pipeline
         stats["worker_type"] = self.worker_type
         stats["worker_type_reason"] = self.worker_type_reason
         stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []

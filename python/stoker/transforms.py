@@ -14,10 +14,17 @@ Supported: [RandomResizedCrop(size, scale, ratio), RandomHorizontalFlip()?] or
 [Resize(n), CenterCrop(size)], followed by ToTensor() + Normalize(mean, std)?
 (float32 CHW) or PILToTensor(layout='chw'|'hwc') (uint8, for normalizing on the GPU).
 Random choices are a pure function of (loader seed, epoch, sample index).
+
+Fidelity: by default a large JPEG is decoded at 1/2, 1/4 or 1/8 scale in the DCT domain while
+the scaled image stays at least three times the crop's resized size (within 1/255 mean
+absolute difference of torchvision's output on real photos, docs/image.md). `exact=True`
+(Compose(..., exact=True), train(exact=True), val(exact=True)) never scales: torchvision's
+pixels, bit for bit in almost every case, at a lower speed on large photos.
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -97,13 +104,15 @@ class Normalize:
 @dataclass(frozen=True)
 class Compose:
     transforms: list = field(default_factory=list)
+    exact: bool = False  # no DCT-domain scaling: torchvision's pixels (see the module's doc)
 
     def settings(self) -> dict:
         """ImageTransform's settings (include/stoker/image.h) for this pipeline."""
         steps = list(self.transforms)
         names = [type(t).__name__ for t in steps]
         s = {"flip": False, "scale": (0.08, 1.0), "ratio": (3.0 / 4.0, 4.0 / 3.0), "resize": 0,
-             "dtype": "uint8", "layout": "chw", "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)}
+             "dtype": "uint8", "layout": "chw", "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0),
+             "exact": bool(self.exact)}
         if steps and isinstance(steps[0], RandomResizedCrop):
             s.update(crop="random_resized", size=steps[0].size, scale=tuple(steps[0].scale),
                      ratio=tuple(steps[0].ratio))
@@ -133,14 +142,34 @@ class Compose:
                              "ToTensor() [+ Normalize] or PILToTensor(), and nothing else")
         return s
 
+    def spec(self) -> str:
+        """The settings as ImageTransform::parse reads them (the form the C++ side takes)."""
+        def num(v):  # numpy scalars too; repr(float) reads back to the same double
+            if isinstance(v, numbers.Integral):
+                return str(int(v))
+            if isinstance(v, numbers.Real):
+                return repr(float(v))
+            return str(v)
 
-def train(size: int = 224) -> Compose:
+        out = []
+        for key, value in self.settings().items():
+            if key == "resize" and value == 0:
+                continue
+            if isinstance(value, bool):
+                value = int(value)
+            if isinstance(value, (tuple, list)):
+                value = ",".join(num(v) for v in value)
+            out.append(f"{key}={num(value)}")
+        return " ".join(out)
+
+
+def train(size: int = 224, exact: bool = False) -> Compose:
     """torchvision's ImageNet train pipeline."""
     return Compose([RandomResizedCrop(size), RandomHorizontalFlip(), ToTensor(),
-                    Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+                    Normalize(IMAGENET_MEAN, IMAGENET_STD)], exact=exact)
 
 
-def val(resize: int = 256, size: int = 224) -> Compose:
+def val(resize: int = 256, size: int = 224, exact: bool = False) -> Compose:
     """torchvision's ImageNet val pipeline."""
     return Compose([Resize(resize), CenterCrop(size), ToTensor(),
-                    Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+                    Normalize(IMAGENET_MEAN, IMAGENET_STD)], exact=exact)

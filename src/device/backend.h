@@ -8,7 +8,7 @@
 #include <string>
 
 #include "memory/host_allocator.h"
-#include "stoker/loader.h"
+#include "stoker/options.h"
 
 namespace stoker::detail {
 

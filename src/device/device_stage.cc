@@ -2,15 +2,24 @@
 
 #include <atomic>
 #include <exception>
+#include <utility>
+#include <vector>
 
 namespace stoker::detail {
 namespace {
 
 class HostStage final : public DeviceStage {
  public:
-  std::string name() const override { return "cpu"; }
-  std::shared_ptr<HostAllocator> pinned_allocator() override { return nullptr; }
-  std::optional<Batch> next(Engine& engine) override { return engine.next(); }
+  NextResult next(Engine& engine, Engine::Deadline deadline) override {
+    Engine::Taken taken = engine.take(deadline);
+    if (!taken.slab) {
+      return {taken.end_of_epoch ? NextResult::Status::end_of_epoch : NextResult::Status::timed_out,
+              std::nullopt};
+    }
+    return {NextResult::Status::batch,
+            Batch(std::shared_ptr<BatchOwner>(engine.pool(), taken.slab.release()),
+                  std::move(taken.info))};
+  }
   Position position(const Engine& engine) const override { return engine.position(); }
   void reset(Position) override {}
   void add_stats(Stats& stats) const override { stats.device = "cpu"; }
@@ -20,84 +29,94 @@ class HostStage final : public DeviceStage {
 
 std::unique_ptr<DeviceStage> make_host_stage() { return std::make_unique<HostStage>(); }
 
-// --- DeviceSlots ---------------------------------------------------------------------------
+// --- DeviceSlot ----------------------------------------------------------------------------
 
-DeviceSlots::DeviceSlots(std::unique_ptr<DeviceBackend> backend, std::size_t slot_bytes)
-    : backend_(std::move(backend)), name_(backend_->name()), slot_bytes_(slot_bytes) {}
+DeviceSlot::DeviceSlot(DeviceSlots& slots, std::byte* memory)
+    : slots_(slots),
+      memory_(memory),
+      copied_(slots.backend().make_event()),
+      released_(slots.backend().make_event()) {}
 
-DeviceSlots::~DeviceSlots() {
-  MutexLock lock(mu_);
-  for (auto& slot : all_) {
-    // Nothing may still read the host slab or write the device buffer.
-    backend_->synchronize(*slot->copied);
-    backend_->synchronize(*slot->released);
-    slot->host.release();
-    backend_->deallocate(slot->memory, slot_bytes_);
-  }
-}
-
-DeviceSlot* DeviceSlots::acquire(bool grow) {
-  DeviceSlot* slot = nullptr;
-  {
-    MutexLock lock(mu_);
-    if (free_ != nullptr) {
-      slot = free_;
-      free_ = slot->next;
-      slot->next = nullptr;
-    }
-  }
-  if (slot != nullptr) {
-    if (slot->host) {
-      // Released before its copy had completed (rare: the copy was long issued by now).
-      backend_->synchronize(*slot->copied);
-      slot->host.release();
-    }
-    return slot;
-  }
-  if (!grow) return nullptr;
-  auto made = std::make_unique<DeviceSlot>();
-  made->memory = backend_->allocate(slot_bytes_);
-  made->copied = backend_->make_event();
-  made->released = backend_->make_event();
-  MutexLock lock(mu_);
-  all_.push_back(std::move(made));
-  return all_.back().get();
-}
-
-void DeviceSlots::release(DeviceSlot* slot) noexcept {
+void DeviceSlot::return_slab(bool wait) noexcept {
+  if (host_ == nullptr) return;
   try {
-    backend_->stream_record(slot->stream, *slot->released);
-    if (backend_->query(*slot->copied)) slot->host.release();
+    if (wait) {
+      slots_.backend().synchronize(*copied_);
+    } else if (!slots_.backend().query(*copied_)) {
+      return;  // still copying: returned when the slot is reused
+    }
+  } catch (...) {
+    // A device error leaves nothing reading the slab any more; it is reported by the next
+    // operation on the stream.
+  }
+  std::exchange(host_, nullptr)->give_back();
+}
+
+void DeviceSlot::hand_out(DeviceBackend::Stream stream) {
+  stream_ = stream;
+  slots_.backend().stream_wait(stream, *copied_);
+}
+
+void DeviceSlot::give_back() noexcept {
+  try {
+    slots_.backend().stream_record(stream_, *released_);
   } catch (...) {
     // A device error at release has nobody to go to; the next copy into this slot waits on
     // `released` and reports it there.
   }
-  give_back(slot);
+  return_slab(/*wait=*/false);
+  slots_.put_back(this);
 }
 
-void DeviceSlots::give_back(DeviceSlot* slot) noexcept {
-  MutexLock lock(mu_);
-  slot->next = free_;
-  free_ = slot;
+std::string_view DeviceSlot::device() const noexcept { return slots_.name(); }
+
+void DeviceSlot::wait(void* stream) {
+  slots_.backend().stream_wait(stream, *copied_);
+  stream_ = stream;
 }
+
+void DeviceSlot::synchronize() { slots_.backend().synchronize(*copied_); }
+
+// --- DeviceSlots ---------------------------------------------------------------------------
+
+DeviceSlots::DeviceSlots(std::unique_ptr<DeviceBackend> backend, std::shared_ptr<SlabPool> pool)
+    : backend_(std::move(backend)),
+      pool_(std::move(pool)),
+      name_(backend_->name()),
+      slots_(
+          [this] {
+            std::byte* memory = backend_->allocate(pool_->slab_bytes());
+            try {
+              return std::make_unique<DeviceSlot>(*this, memory);
+            } catch (...) {
+              backend_->deallocate(memory, pool_->slab_bytes());
+              throw;
+            }
+          },
+          [](DeviceSlot& slot) { slot.return_slab(/*wait=*/true); },
+          [this](DeviceSlot& slot) {
+            // Nothing may still read the host slab or write the device buffer.
+            slot.return_slab(/*wait=*/true);
+            try {
+              backend_->synchronize(slot.released());
+            } catch (...) {
+            }
+            backend_->deallocate(slot.memory(), pool_->slab_bytes());
+          }) {}
 
 // --- CopyStage -----------------------------------------------------------------------------
 
 class CopyStage final : public DeviceStage {
  public:
   CopyStage(std::unique_ptr<DeviceBackend> backend, std::shared_ptr<SlabPool> pool,
-            std::size_t depth, DeviceBackend::Stream stream, Position position)
-      : pool_(std::move(pool)),
-        slots_(std::make_shared<DeviceSlots>(std::move(backend), pool_->slab_bytes())),
-        name_(slots_->name()),
+            std::size_t depth, DeviceBackend::Stream stream)
+      : pool_(pool),
+        slots_(std::make_shared<DeviceSlots>(std::move(backend), std::move(pool))),
         depth_(depth),
         stream_(stream),
-        ring_(depth),
-        position_(position) {
+        ring_(depth) {
     // The window plus the batch the consumer holds; more are made if it holds more.
-    std::vector<DeviceSlot*> made;
-    for (std::size_t i = 0; i < depth_ + 1; ++i) made.push_back(slots_->acquire(true));
-    for (DeviceSlot* slot : made) slots_->give_back(slot);
+    slots_->reserve(depth_ + 1);
   }
   ~CopyStage() override { discard(); }
 
@@ -107,30 +126,23 @@ class CopyStage final : public DeviceStage {
     position_ = position;
   }
 
-  std::string name() const override { return name_; }
-  std::shared_ptr<HostAllocator> pinned_allocator() override {
-    return slots_->backend().pinned_allocator();
-  }
-
-  std::optional<Batch> next(Engine& engine) override {
-    top_up(engine);
+  NextResult next(Engine& engine, Engine::Deadline deadline) override {
+    if (count_ == 0 && !pull(engine, deadline)) return {NextResult::Status::timed_out, {}};
+    top_up_without_waiting(engine);
     Entry entry = pop();
     position_ = entry.after;
     if (entry.error) std::rethrow_exception(entry.error);  // in its place in the order
     DeviceSlot* slot = entry.slot;
-    if (slot == nullptr) return std::nullopt;  // end of the epoch
-    slot->stream = stream_;
-    slots_->backend().stream_wait(stream_, *slot->copied);
-    Batch batch(pool_, slot->host.slab_);
-    batch.device_ = slots_;
-    batch.slot_ = slot;
+    if (slot == nullptr) return {NextResult::Status::end_of_epoch, {}};
+    slot->hand_out(stream_);
+    Batch batch(std::shared_ptr<BatchOwner>(slots_, slot), std::move(entry.info));
     // Issue the next copies now, so they run while the consumer computes on this batch.
     top_up_without_waiting(engine);
-    return batch;
+    return {NextResult::Status::batch, std::move(batch)};
   }
 
   void add_stats(Stats& stats) const override {
-    stats.device = name_;
+    stats.device = slots_->name();
     stats.copies = copies_.load(std::memory_order_relaxed);
     stats.copy_bytes = copy_bytes_.load(std::memory_order_relaxed);
   }
@@ -138,7 +150,7 @@ class CopyStage final : public DeviceStage {
  private:
   void discard() {
     while (count_ > 0) {
-      if (DeviceSlot* slot = pop().slot) slots_->give_back(slot);
+      if (DeviceSlot* slot = pop().slot) slots_->put_back(slot);
     }
   }
 
@@ -146,6 +158,7 @@ class CopyStage final : public DeviceStage {
   // error the engine raised for that batch.
   struct Entry {
     DeviceSlot* slot = nullptr;
+    Batch::Info info;
     std::exception_ptr error;
     Position after;  // the consumer's position once it has this entry
   };
@@ -158,69 +171,63 @@ class CopyStage final : public DeviceStage {
     return entry;
   }
 
-  // Fills the window; waits for the engine only while nothing at all is queued.
-  void top_up(Engine& engine) {
-    if (count_ == 0) pull(engine, /*wait=*/true);  // a waiting take always yields something
-    top_up_without_waiting(engine);
-  }
-
   void top_up_without_waiting(Engine& engine) {
-    while (count_ < depth_ && pull(engine, /*wait=*/false)) {
+    while (count_ < depth_ && pull(engine, Engine::kNoWait)) {
     }
   }
 
   // Takes one batch (or the end of an epoch) from the engine and starts its copy. Returns
   // false if nothing was taken.
-  bool pull(Engine& engine, bool wait) {
+  bool pull(Engine& engine, Engine::Deadline deadline) {
     // Without waiting, only a free slot is used: the consumer holding many batches must not
     // make us allocate device memory for prefetching.
-    DeviceSlot* slot = slots_->acquire(/*grow=*/wait);
+    const bool waits = !deadline || *deadline != Engine::kNoWait;
+    DeviceSlot* slot = slots_->acquire(/*grow=*/waits);
     if (slot == nullptr) return false;
     Engine::Taken taken;
     try {
-      taken = engine.take(wait);
+      taken = engine.take(deadline);
     } catch (...) {
-      slots_->give_back(slot);
-      push({nullptr, std::current_exception(), engine.position()});
+      slots_->put_back(slot);
+      push({nullptr, {}, std::current_exception(), engine.position()});
       return true;
     }
-    if (!taken.batch) {
-      slots_->give_back(slot);
+    if (!taken.slab) {
+      slots_->put_back(slot);
       if (!taken.end_of_epoch) return false;
-      push({nullptr, nullptr, engine.position()});
+      push({nullptr, {}, nullptr, engine.position()});
       return true;
     }
     try {
-      copy(*taken.batch, *slot);
+      copy(*taken.slab, taken.info.size, *slot);
     } catch (...) {
-      slots_->give_back(slot);
-      push({nullptr, std::current_exception(), engine.position()});
+      slots_->put_back(slot);
+      push({nullptr, {}, std::current_exception(), engine.position()});
       return true;
     }
-    slot->host = std::move(*taken.batch);
-    push({slot, nullptr, engine.position()});
+    slot->hold(taken.slab.release());
+    push({slot, std::move(taken.info), nullptr, engine.position()});
     return true;
   }
 
-  void copy(const Batch& host, DeviceSlot& slot) {
+  void copy(const Slab& host, std::size_t rows, DeviceSlot& slot) {
     DeviceBackend& backend = slots_->backend();
-    backend.copy_wait(*slot.released);  // the consumer's kernels are done with the buffer
+    backend.copy_wait(slot.released());  // the consumer's kernels are done with the buffer
     const auto fields = pool_->fields();
     const auto field_bytes = pool_->field_bytes();
     for (std::size_t f = 0; f < fields.size(); ++f) {
       if (fields[f].host_only) continue;
-      const std::byte* src = host.slab_->field_bases[f];
-      const std::size_t bytes = field_bytes[f] * host.size();
-      backend.copy(slot.memory + (src - host.slab_->memory), src, bytes);
+      const std::byte* src = host.field(f);
+      const std::size_t bytes = field_bytes[f] * rows;
+      backend.copy(slot.memory() + (src - host.host()), src, bytes);
       copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     }
-    backend.copy_record(*slot.copied);
+    backend.copy_record(slot.copied());
     copies_.fetch_add(1, std::memory_order_relaxed);
   }
 
   const std::shared_ptr<SlabPool> pool_;
   const std::shared_ptr<DeviceSlots> slots_;
-  const std::string name_;
   const std::size_t depth_;
   const DeviceBackend::Stream stream_;
   std::vector<Entry> ring_;
@@ -234,8 +241,7 @@ class CopyStage final : public DeviceStage {
 std::unique_ptr<DeviceStage> make_copy_stage(std::unique_ptr<DeviceBackend> backend,
                                              std::shared_ptr<SlabPool> pool, std::size_t depth,
                                              DeviceBackend::Stream stream) {
-  return std::make_unique<CopyStage>(std::move(backend), std::move(pool), depth, stream,
-                                     Position{});
+  return std::make_unique<CopyStage>(std::move(backend), std::move(pool), depth, stream);
 }
 
 }  // namespace stoker::detail

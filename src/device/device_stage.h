@@ -6,32 +6,32 @@
 // Slot life (one device buffer, two events):
 //   free -> copying (side stream waits for `released`, copies the fields, records `copied`)
 //        -> queued -> handed out (consumer stream waits on `copied`)
-//        -> released (consumer stream records `released`) -> free.
-// The host slab it was copied from stays with the slot until `copied` has completed, so a
+//        -> given back (consumer stream records `released`) -> free.
+// The slot holds the host slab it was copied from until `copied` has completed and returns
+// it to the slab pool itself (DeviceSlot::return_slab, the one place that rule lives), so a
 // slab never returns to the pool while the copy engine may still read it.
 #pragma once
 
 #include <cstddef>
 #include <memory>
-#include <optional>
 #include <string>
-#include <vector>
 
 #include "device/backend.h"
 #include "exec/engine.h"
+#include "memory/batch_owner.h"
+#include "memory/recycling_pool.h"
 #include "memory/slab_pool.h"
-#include "util/mutex.h"
+#include "stoker/batch.h"
+#include "stoker/stats.h"
 
 namespace stoker::detail {
 
 class DeviceStage {
  public:
   virtual ~DeviceStage() = default;
-  virtual std::string name() const = 0;
-  // Host memory to make slabs from so that copies need no staging; null if nothing is copied.
-  virtual std::shared_ptr<HostAllocator> pinned_allocator() = 0;
-  // The consumer's next batch, or nullopt at the end of an epoch. Consumer thread only.
-  virtual std::optional<Batch> next(Engine& engine) = 0;
+  // The consumer's next batch, the end of an epoch, or nothing by the deadline. Consumer
+  // thread only.
+  virtual NextResult next(Engine& engine, Engine::Deadline deadline) = 0;
   // The consumer's position: the engine's, less what this stage took ahead of the consumer.
   virtual Position position(const Engine& engine) const = 0;
   // Drops what was taken ahead (before the engine restarts at `position`).
@@ -46,42 +46,68 @@ std::unique_ptr<DeviceStage> make_copy_stage(std::unique_ptr<DeviceBackend> back
                                              std::shared_ptr<SlabPool> pool, std::size_t depth,
                                              DeviceBackend::Stream stream);
 
-struct DeviceSlot {
-  std::byte* memory = nullptr;  // device buffer, laid out like a slab
-  std::unique_ptr<DeviceEvent> copied;
-  std::unique_ptr<DeviceEvent> released;
-  Batch host;                      // the host batch copied from, until `copied` completes
-  DeviceBackend::Stream stream{};  // the consumer stream it was last handed to
-  DeviceSlot* next = nullptr;      // free list
+class DeviceSlots;
+
+// One device buffer, laid out like a slab: the owner of a batch on a device.
+class DeviceSlot final : public BatchOwner {
+ public:
+  DeviceSlot(DeviceSlots& slots, std::byte* memory);
+
+  std::byte* memory() const noexcept { return memory_; }
+  DeviceEvent& copied() noexcept { return *copied_; }
+  DeviceEvent& released() noexcept { return *released_; }
+  // The slab `copied` is reading from; the slot returns it.
+  void hold(Slab* slab) noexcept { host_ = slab; }
+  // Returns the held slab to its pool once `copied` has completed: now if it has, or after
+  // waiting for it with `wait` (else it stays held). A CUDA event guarding a user's own
+  // non_blocking copy out of the batch belongs here too.
+  void return_slab(bool wait) noexcept;
+  // Hands the batch to a consumer stream: it waits for the copy, and the slot's release is
+  // recorded there.
+  void hand_out(DeviceBackend::Stream stream);
+
+  void give_back() noexcept override;
+  const SlabLayout& layout() const noexcept override { return host_->layout(); }
+  std::byte* host() const noexcept override { return host_->host(); }
+  std::span<const std::size_t> indices() const noexcept override { return host_->indices(); }
+  std::byte* device_memory() const noexcept override { return memory_; }
+  std::string_view device() const noexcept override;
+  void wait(void* stream) override;
+  void synchronize() override;
+
+ private:
+  DeviceSlots& slots_;
+  std::byte* const memory_;
+  const std::unique_ptr<DeviceEvent> copied_;
+  const std::unique_ptr<DeviceEvent> released_;
+  Slab* host_ = nullptr;            // the slab copied from, until `copied` completes
+  DeviceBackend::Stream stream_{};  // the consumer stream it was last handed to
 };
 
 // The device buffers of one copy stage, shared with the batches handed out (a batch may
-// outlive its loader, and then keeps the backend alive).
+// outlive its loader, and then keeps the backend and the slab pool alive).
 //
-// Thread safety: release() may be called from any thread; the rest from the consumer's.
+// Thread safety: give_back() and put_back() may be called from any thread; the rest from the
+// consumer's.
 class DeviceSlots {
  public:
-  DeviceSlots(std::unique_ptr<DeviceBackend> backend, std::size_t slot_bytes);
-  ~DeviceSlots();
+  DeviceSlots(std::unique_ptr<DeviceBackend> backend, std::shared_ptr<SlabPool> pool);
   DeviceSlots(const DeviceSlots&) = delete;
   DeviceSlots& operator=(const DeviceSlots&) = delete;
 
   DeviceBackend& backend() { return *backend_; }
   const std::string& name() const { return name_; }
-  // A free slot (made if none is free and `grow`), its previous host batch returned; or null.
-  DeviceSlot* acquire(bool grow) STOKER_EXCLUDES(mu_);
-  // The consumer is done with it: recorded on `slot->stream` and back on the free list.
-  void release(DeviceSlot* slot) noexcept STOKER_EXCLUDES(mu_);
-  // Back on the free list without a consumer having seen it.
-  void give_back(DeviceSlot* slot) noexcept STOKER_EXCLUDES(mu_);
+  // A free slot (made if none is free and `grow`), its previous slab returned; or null.
+  DeviceSlot* acquire(bool grow) { return slots_.acquire(grow); }
+  // Back on the free list (the slot returns its slab when reused).
+  void put_back(DeviceSlot* slot) noexcept { slots_.release(slot); }
+  void reserve(std::size_t count) { slots_.reserve(count); }
 
  private:
-  std::unique_ptr<DeviceBackend> backend_;
+  const std::unique_ptr<DeviceBackend> backend_;
+  const std::shared_ptr<SlabPool> pool_;
   const std::string name_;
-  const std::size_t slot_bytes_;
-  Mutex mu_;
-  std::vector<std::unique_ptr<DeviceSlot>> all_ STOKER_GUARDED_BY(mu_);
-  DeviceSlot* free_ STOKER_GUARDED_BY(mu_) = nullptr;
+  RecyclingPool<DeviceSlot> slots_;  // last: destroyed first
 };
 
 }  // namespace stoker::detail

@@ -11,7 +11,7 @@ SimStream::SimStream(double time_scale) : time_scale_(time_scale), thread_([this
 
 SimStream::~SimStream() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -20,7 +20,7 @@ SimStream::~SimStream() {
 
 void SimStream::push(Op op) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     queue_.push_back(std::move(op));
     ++pushed_;
   }
@@ -31,7 +31,7 @@ void SimStream::wait(SimEvent& event) {
   Op op;
   op.kind = Op::kWait;
   op.event = &event;
-  std::lock_guard lock(event.mu);
+  MutexLock lock(event.mu);
   op.generation = event.recorded;
   push(std::move(op));
 }
@@ -40,7 +40,7 @@ void SimStream::record(SimEvent& event) {
   Op op;
   op.kind = Op::kRecord;
   op.event = &event;
-  std::lock_guard lock(event.mu);
+  MutexLock lock(event.mu);
   op.generation = ++event.recorded;
   push(std::move(op));
 }
@@ -64,26 +64,27 @@ void SimStream::compute(double seconds, std::function<void()> body) {
 }
 
 void SimStream::synchronize() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   const std::uint64_t target = pushed_;
-  cv_.wait(lock, [&] { return done_ >= target; });
+  while (done_ < target) lock.wait(cv_);
 }
 
 double SimStream::now() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return now_;
 }
 
 void SimStream::run() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    while (!stop_ && queue_.empty()) lock.wait(cv_);
     if (queue_.empty()) return;  // stopping, and everything queued has run
     Op op = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
-    execute(op);
-    lock.lock();
+    {
+      MutexUnlock unlocked(mu_);
+      execute(op);
+    }
     ++done_;
     cv_.notify_all();
   }
@@ -92,18 +93,18 @@ void SimStream::run() {
 void SimStream::execute(Op& op) {
   double now;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     now = now_;
   }
   switch (op.kind) {
     case Op::kWait: {
-      std::unique_lock lock(op.event->mu);
-      op.event->cv.wait(lock, [&] { return op.event->completed >= op.generation; });
+      MutexLock lock(op.event->mu);
+      while (op.event->completed < op.generation) lock.wait(op.event->cv);
       if (op.generation > 0) now = std::max(now, op.event->time);
       break;
     }
     case Op::kRecord: {
-      std::lock_guard lock(op.event->mu);
+      MutexLock lock(op.event->mu);
       if (op.generation > op.event->completed) {
         op.event->completed = op.generation;
         op.event->time = now;
@@ -121,7 +122,7 @@ void SimStream::execute(Op& op) {
       now += op.seconds;
       break;
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   now_ = now;
 }
 
@@ -183,14 +184,14 @@ class SimBackend final : public DeviceBackend {
 
   bool query(DeviceEvent& event) override {
     SimEvent& e = sim(event);
-    std::lock_guard lock(e.mu);
+    MutexLock lock(e.mu);
     return e.completed >= e.recorded;
   }
   void synchronize(DeviceEvent& event) override {
     SimEvent& e = sim(event);
-    std::unique_lock lock(e.mu);
+    MutexLock lock(e.mu);
     const std::uint64_t target = e.recorded;
-    e.cv.wait(lock, [&] { return e.completed >= target; });
+    while (e.completed < target) lock.wait(e.cv);
   }
 
  private:

@@ -13,20 +13,20 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 
 #include "device/backend.h"
+#include "util/mutex.h"
 
 namespace stoker::detail {
 
 class SimEvent final : public DeviceEvent {
  public:
-  std::mutex mu;
+  Mutex mu;  // taken before a stream's own mutex, never after
   std::condition_variable cv;
-  std::uint64_t recorded = 0;   // generations recorded so far
-  std::uint64_t completed = 0;  // generations completed
-  double time = 0;              // virtual time of the last completion
+  std::uint64_t recorded STOKER_GUARDED_BY(mu) = 0;   // generations recorded so far
+  std::uint64_t completed STOKER_GUARDED_BY(mu) = 0;  // generations completed
+  double time STOKER_GUARDED_BY(mu) = 0;              // virtual time of the last completion
 };
 
 // Thread safety: every member may be called from any thread.
@@ -56,17 +56,18 @@ class SimStream {
     double seconds = 0;
     std::function<void()> body;
   };
-  void push(Op op);
-  void run();
-  void execute(Op& op);
+  void push(Op op) STOKER_EXCLUDES(mu_);
+  void run() STOKER_EXCLUDES(mu_);
+  void execute(Op& op) STOKER_EXCLUDES(mu_);
 
   const double time_scale_;
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  std::deque<Op> queue_;  // guarded by mu_
-  std::uint64_t pushed_ = 0, done_ = 0;
-  double now_ = 0;  // read under mu_, written by the stream thread under mu_
-  bool stop_ = false;
+  std::deque<Op> queue_ STOKER_GUARDED_BY(mu_);
+  std::uint64_t pushed_ STOKER_GUARDED_BY(mu_) = 0;
+  std::uint64_t done_ STOKER_GUARDED_BY(mu_) = 0;
+  double now_ STOKER_GUARDED_BY(mu_) = 0;  // written by the stream thread
+  bool stop_ STOKER_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

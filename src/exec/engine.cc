@@ -50,6 +50,7 @@ Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
     depth_ = config_.depth;
   }
   pool_->reserve(config_.depth + 1);
+  tickets_.reserve(config_.depth + 1);
   set_workers(config_.workers);
 }
 
@@ -114,9 +115,9 @@ void Engine::worker_main(Worker* self) {
     MutexLock lock(mu_);
     while (!stop_ && running_workers_ <= target_workers_) {
       bool look_again = false;
-      Slab* slab = find_work(/*head_only=*/false, look_again);
-      if (slab != nullptr) {
-        run_chunk(slab, worker_busy_ns_);
+      Ticket* ticket = find_work(/*head_only=*/false, look_again);
+      if (ticket != nullptr) {
+        run_chunk(ticket, worker_busy_ns_);
       } else if (!look_again) {
         lock.wait(work_cv_);
       }
@@ -126,9 +127,9 @@ void Engine::worker_main(Worker* self) {
   self->done.store(true, std::memory_order_release);
 }
 
-Slab* Engine::find_work(bool head_only, bool& look_again) {
+Ticket* Engine::find_work(bool head_only, bool& look_again) {
   look_again = false;
-  if (Slab* slab = claimable(head_only)) return slab;
+  if (Ticket* ticket = claimable(head_only)) return ticket;
   if ((head_only && head_ != nullptr) || !can_open()) return nullptr;
   if (order_ready()) return open_next();
   // One thread computes the epoch's order; the others wait for its wake-up.
@@ -139,8 +140,8 @@ Slab* Engine::find_work(bool head_only, bool& look_again) {
   return nullptr;
 }
 
-Slab* Engine::claimable(bool head_only) const {
-  for (Slab* s = head_; s != nullptr; s = s->next) {
+Ticket* Engine::claimable(bool head_only) const {
+  for (Ticket* s = head_; s != nullptr; s = s->next) {
     if (s->next_chunk < s->chunks) return s;
     if (head_only) break;
   }
@@ -177,52 +178,76 @@ void Engine::fail(std::exception_ptr error) {
   wake_all();
 }
 
-Slab* Engine::open_next() {
-  Slab* slab = nullptr;
+Ticket* Engine::open_next() {
+  Ticket* ticket = nullptr;
   try {
-    slab = pool_->acquire();
+    ticket = tickets_.acquire();
+    try {
+      ticket->slab = pool_->acquire();
+    } catch (...) {
+      tickets_.release(ticket);
+      throw;
+    }
   } catch (...) {
     fail(std::current_exception());
     return nullptr;
   }
   const std::size_t first = open_batch_ * config_.batch_size;
   const std::size_t size = std::min(config_.batch_size, samples_per_epoch_ - first);
-  slab->reset(open_epoch_, open_batch_, size);
-  std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size, slab->indices.begin());
-  slab->chunk_rows = (size + std::max<std::size_t>(target_workers_, 1) - 1) /
-                     std::max<std::size_t>(target_workers_, 1);
-  slab->chunks = (size + slab->chunk_rows - 1) / slab->chunk_rows;
+  ticket->epoch = open_epoch_;
+  ticket->number = open_batch_;
+  ticket->size = size;
+  ticket->next_chunk = 0;
+  ticket->chunks_done = 0;
+  ticket->cancelled.store(false, std::memory_order_relaxed);
+  ticket->next = nullptr;
+  {
+    MutexLock failures(ticket->failure_mu);
+    ticket->failure.reset();
+    ticket->skipped.clear();
+  }
+  std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size,
+              ticket->slab->rows().begin());
+  ticket->chunk_rows = (size + std::max<std::size_t>(target_workers_, 1) - 1) /
+                       std::max<std::size_t>(target_workers_, 1);
+  ticket->chunks = (size + ticket->chunk_rows - 1) / ticket->chunk_rows;
 
   if (tail_ != nullptr) {
-    tail_->next = slab;
+    tail_->next = ticket;
   } else {
-    head_ = slab;
+    head_ = ticket;
   }
-  tail_ = slab;
+  tail_ = ticket;
   ++in_flight_;
   if (++open_batch_ == batches_per_epoch_) {
     ++open_epoch_;
     open_batch_ = 0;
   }
-  if (slab->chunks > 1) work_cv_.notify_all();
-  return slab;
+  if (ticket->chunks > 1) work_cv_.notify_all();
+  return ticket;
 }
 
-void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
-  const std::size_t begin = slab->next_chunk++ * slab->chunk_rows;
-  const std::size_t end = std::min(begin + slab->chunk_rows, slab->size);
+void Engine::retire(Ticket* ticket) noexcept {
+  pool_->release(std::exchange(ticket->slab, nullptr));
+  tickets_.release(ticket);
+}
+
+void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
+  const std::size_t begin = ticket->next_chunk++ * ticket->chunk_rows;
+  const std::size_t end = std::min(begin + ticket->chunk_rows, ticket->size);
+  const std::span<const std::size_t> rows = ticket->slab->rows();
   {
     MutexUnlock unlocked(mu_);
     const auto start = Clock::now();
     const std::int64_t cpu_start = thread_cpu_ns();
     if (config_.dataset->reads_chunks()) {
-      if (!slab->cancelled.load(std::memory_order_relaxed)) read_chunk(slab, begin, end);
+      if (!ticket->cancelled.load(std::memory_order_relaxed)) read_chunk(ticket, begin, end);
     } else {
       for (std::size_t row = begin; row < end; ++row) {
         // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
-        if (slab->cancelled.load(std::memory_order_relaxed)) break;
-        if (row + 1 < end) config_.dataset->prefetch(slab->indices[row + 1]);
-        read_row(slab, row);
+        if (ticket->cancelled.load(std::memory_order_relaxed)) break;
+        if (row + 1 < end) config_.dataset->prefetch(rows[row + 1]);
+        read_row(ticket, row);
       }
     }
     busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
@@ -230,25 +255,26 @@ void Engine::run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) {
       worker_cpu_ns_.fetch_add(thread_cpu_ns() - cpu_start, std::memory_order_relaxed);
     }
   }
-  ++slab->chunks_done;
-  if (slab->cancelled.load(std::memory_order_relaxed)) {
-    // Already out of the queue; the last chunk in progress returns the slab.
-    if (slab->chunks_done == slab->next_chunk) pool_->release(slab);
+  ++ticket->chunks_done;
+  if (ticket->cancelled.load(std::memory_order_relaxed)) {
+    // Already out of the queue; the last chunk in progress returns the ticket.
+    if (ticket->chunks_done == ticket->next_chunk) retire(ticket);
     return;
   }
-  if (slab->ready()) {
+  if (ticket->ready()) {
     ++ready_;
-    if (slab == head_) ready_cv_.notify_one();
+    if (ticket == head_) ready_cv_.notify_one();
   }
 }
 
-void Engine::read_chunk(Slab* slab, std::size_t begin, std::size_t end) {
-  const std::span<const std::size_t> indices(slab->indices.data() + begin, end - begin);
+void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
+  Slab& slab = *ticket->slab;
+  const std::span<const std::size_t> indices = slab.rows().subspan(begin, end - begin);
   std::vector<SampleOut> outs;
   outs.reserve(indices.size());
   for (std::size_t row = begin; row < end; ++row) {
-    const std::uint64_t seed = mix(config_.order.seed, slab->epoch, slab->indices[row]);
-    outs.emplace_back(pool_->field_bytes(), slab->field_bases.data(), row, seed);
+    const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, slab.rows()[row]);
+    outs.emplace_back(pool_->field_bytes(), slab.fields(), row, seed);
   }
   std::vector<std::exception_ptr> errors(indices.size());
   try {
@@ -262,49 +288,53 @@ void Engine::read_chunk(Slab* slab, std::size_t begin, std::size_t end) {
   for (std::size_t k = 0; k < errors.size(); ++k) {
     if (!errors[k]) continue;
     const std::size_t row = begin + k;
-    const std::size_t index = slab->indices[row];
+    const std::size_t index = slab.rows()[row];
     bool retry = false;
     try {
       std::rethrow_exception(errors[k]);
     } catch (...) {
-      retry = on_failure(slab, row, index, 0);
+      retry = on_failure(ticket, row, index, 0);
     }
-    if (retry && !slab->cancelled.load(std::memory_order_relaxed)) {
-      read_row(slab, row, replacement(slab, index, 0), 1);
+    if (retry && !ticket->cancelled.load(std::memory_order_relaxed)) {
+      read_row(ticket, row, replacement(ticket, index, 0), 1);
     }
   }
 }
 
-std::size_t Engine::replacement(const Slab* slab, std::size_t index, std::size_t attempt) const {
-  return mix(config_.order.seed ^ kReplacementSalt, slab->epoch, index + attempt) %
+std::size_t Engine::replacement(const Ticket* ticket, std::size_t index,
+                                std::size_t attempt) const {
+  return mix(config_.order.seed ^ kReplacementSalt, ticket->epoch, index + attempt) %
          config_.order.samples;
 }
 
-void Engine::read_row(Slab* slab, std::size_t row) { read_row(slab, row, slab->indices[row], 0); }
+void Engine::read_row(Ticket* ticket, std::size_t row) {
+  read_row(ticket, row, ticket->slab->rows()[row], 0);
+}
 
-void Engine::read_row(Slab* slab, std::size_t row, std::size_t index, std::size_t first_attempt) {
+void Engine::read_row(Ticket* ticket, std::size_t row, std::size_t index,
+                      std::size_t first_attempt) {
+  Slab& slab = *ticket->slab;
   for (std::size_t attempt = first_attempt;; ++attempt) {
     try {
-      const std::uint64_t seed = mix(config_.order.seed, slab->epoch, index);
-      config_.dataset->read(index,
-                            SampleOut(pool_->field_bytes(), slab->field_bases.data(), row, seed));
-      slab->indices[row] = index;
+      const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, index);
+      config_.dataset->read(index, SampleOut(pool_->field_bytes(), slab.fields(), row, seed));
+      slab.rows()[row] = index;
       return;
     } catch (...) {
-      if (!on_failure(slab, row, index, attempt)) return;
+      if (!on_failure(ticket, row, index, attempt)) return;
     }
-    index = replacement(slab, index, attempt);
+    index = replacement(ticket, index, attempt);
   }
 }
 
-bool Engine::on_failure(Slab* slab, std::size_t row, std::size_t index, std::size_t attempt) {
+bool Engine::on_failure(Ticket* ticket, std::size_t row, std::size_t index, std::size_t attempt) {
   std::exception_ptr cause = std::current_exception();
   std::string reason = describe(cause);
   if (config_.on_error == ErrorPolicy::skip) {
     const std::uint64_t used = skip_budget_used_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (used <= config_.max_skipped && attempt < kMaxReplacements) {
-      std::lock_guard guard(slab->failure_mu);
-      slab->skipped.push_back({index, std::move(reason)});
+      MutexLock guard(ticket->failure_mu);
+      ticket->skipped.push_back({index, std::move(reason)});
       return true;
     }
     skip_budget_used_.fetch_sub(1, std::memory_order_relaxed);  // raised, not skipped
@@ -312,44 +342,54 @@ bool Engine::on_failure(Slab* slab, std::size_t row, std::size_t index, std::siz
                   ? " (skip budget of " + std::to_string(config_.max_skipped) + " used up)"
                   : " (and " + std::to_string(kMaxReplacements) + " replacements failed too)";
   }
-  std::lock_guard guard(slab->failure_mu);
-  if (!slab->failure || row < slab->failure->row) {
-    slab->failure = SampleFailure{row, index, std::move(cause), std::move(reason)};
+  MutexLock guard(ticket->failure_mu);
+  if (!ticket->failure || row < ticket->failure->row) {
+    ticket->failure = SampleFailure{row, index, std::move(cause), std::move(reason)};
   }
   return false;
 }
 
 void Engine::cancel_in_flight() {
-  for (Slab* s = head_; s != nullptr;) {
-    Slab* next = s->next;
+  for (Ticket* s = head_; s != nullptr;) {
+    Ticket* next = s->next;
     s->cancelled.store(true, std::memory_order_relaxed);
     if (s->ready()) --ready_;
-    if (s->chunks_done == s->next_chunk) pool_->release(s);  // nobody is reading it
+    if (s->chunks_done == s->next_chunk) retire(s);  // nobody is reading it
     s = next;
   }
   head_ = tail_ = nullptr;
   in_flight_ = 0;
 }
 
-Engine::Taken Engine::take(bool wait) {
-  bool end_of_epoch = false;
-  Slab* slab = take_head(wait, end_of_epoch);
-  if (slab == nullptr) return {std::nullopt, end_of_epoch};
-  if (slab->failure) {
-    SampleFailure failure = std::move(*slab->failure);
-    pool_->release(slab);
-    throw SampleError(failure.index, failure.cause, failure.reason);
+Engine::Taken Engine::take(Deadline deadline) {
+  Taken taken;
+  Ticket* ticket = take_head(deadline, taken.end_of_epoch);
+  if (ticket == nullptr) return taken;
+  std::optional<SampleFailure> failure;
+  {
+    MutexLock failures(ticket->failure_mu);
+    failure = std::move(ticket->failure);
+    taken.info = {ticket->epoch, ticket->number, ticket->size, std::move(ticket->skipped)};
   }
+  taken.slab.reset(std::exchange(ticket->slab, nullptr));
+  tickets_.release(ticket);
+  if (failure) throw SampleError(failure->index, failure->cause, failure->reason);
   std::size_t bytes = 0;
-  for (std::size_t b : pool_->field_bytes()) bytes += b * slab->size;
+  for (std::size_t b : pool_->field_bytes()) bytes += b * taken.info.size;
   batches_.fetch_add(1, std::memory_order_relaxed);
-  samples_.fetch_add(slab->size, std::memory_order_relaxed);
+  samples_.fetch_add(taken.info.size, std::memory_order_relaxed);
   bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  skipped_.fetch_add(slab->skipped.size(), std::memory_order_relaxed);
-  return {Batch(pool_, slab), false};
+  skipped_.fetch_add(taken.info.skipped.size(), std::memory_order_relaxed);
+  return taken;
 }
 
-Slab* Engine::take_head(bool wait, bool& end_of_epoch) {
+std::optional<Batch> Engine::next() {
+  Taken taken = take(std::nullopt);
+  if (!taken.slab) return std::nullopt;
+  return Batch(std::shared_ptr<BatchOwner>(pool_, taken.slab.release()), std::move(taken.info));
+}
+
+Ticket* Engine::take_head(Deadline deadline, bool& end_of_epoch) {
   MutexLock lock(mu_);
   if (!started_set_) {
     started_ = Clock::now();
@@ -367,38 +407,45 @@ Slab* Engine::take_head(bool wait, bool& end_of_epoch) {
     fatal_reported_ = false;
     work_cv_.notify_all();
   }
-  if (wait) {
+  const bool waits = !deadline || *deadline != kNoWait;
+  if (waits) {
     ready_seen_sum_.fetch_add(ready_, std::memory_order_relaxed);
     waiting_takes_.fetch_add(1, std::memory_order_relaxed);
   }
   while (head_ == nullptr || !head_->ready()) {
-    if (wait && target_workers_ == 0) {
-      // Inline: the consumer reads the head batch itself.
+    const bool time_left = !deadline || Clock::now() < *deadline;
+    if (time_left && target_workers_ == 0) {
+      // Inline: the consumer reads the head batch itself, a chunk at a time.
       bool look_again = false;
-      Slab* slab = find_work(/*head_only=*/true, look_again);
-      if (slab != nullptr) run_chunk(slab, inline_busy_ns_);
-      if (slab != nullptr || look_again) continue;
+      Ticket* ticket = find_work(/*head_only=*/true, look_again);
+      if (ticket != nullptr) run_chunk(ticket, inline_busy_ns_);
+      if (ticket != nullptr || look_again) continue;
     }
-    if (!wait) return nullptr;
+    if (!waits) return nullptr;
     if (head_ == nullptr && fatal_) {
       // Nothing in flight can complete: report the failure; the next call tries again.
       fatal_reported_ = true;
       std::rethrow_exception(fatal_);
     }
+    if (!time_left) return nullptr;
     const auto start = Clock::now();
-    lock.wait(ready_cv_);
+    if (deadline) {
+      lock.wait_until(ready_cv_, *deadline);
+    } else {
+      lock.wait(ready_cv_);
+    }
     wait_ns_.fetch_add(ns_since(start), std::memory_order_relaxed);
   }
 
-  Slab* slab = head_;
-  head_ = slab->next;
+  Ticket* ticket = head_;
+  head_ = ticket->next;
   if (head_ == nullptr) tail_ = nullptr;
-  slab->next = nullptr;
+  ticket->next = nullptr;
   --in_flight_;
   --ready_;
   ++delivered_;
   work_cv_.notify_one();
-  return slab;
+  return ticket;
 }
 
 void Engine::restart(Position position) {

@@ -13,6 +13,10 @@
 // current position cancels what is in flight (workers stop at the next row) and reopens from
 // the new position. Nothing is ever reordered, because opening follows the sample order.
 //
+// Each batch in flight has a Ticket: the slab it is written into, which batch it is, how its
+// rows are split into chunks, and what failed. Tickets stay with the engine; take() hands the
+// consumer's stage the slab and what the batch is (Batch::Info), and the stage makes a Batch.
+//
 // Thread safety: as Loader's (loader.h). All scheduling state is guarded by mu_; a slab's
 // rows are written only by the worker that claimed their chunk, outside the lock.
 #pragma once
@@ -28,16 +32,57 @@
 #include <thread>
 #include <vector>
 
+#include "memory/recycling_pool.h"
 #include "memory/slab_pool.h"
 #include "sampler/sampler.h"
-#include "stoker/loader.h"
+#include "stoker/batch.h"
+#include "stoker/options.h"
+#include "stoker/stats.h"
 #include "util/mutex.h"
 
 namespace stoker::detail {
 
+// A slab handed from the engine to a stage: given back to its pool unless the stage hands it
+// on (to a Batch, or to a device slot).
+struct GiveBack {
+  void operator()(Slab* slab) const noexcept { slab->give_back(); }
+};
+using SlabLease = std::unique_ptr<Slab, GiveBack>;
+
+// A failed sample under ErrorPolicy::raise (or past the skip budget).
+struct SampleFailure {
+  std::size_t row = 0;
+  std::size_t index = 0;
+  std::exception_ptr cause;
+  std::string reason;
+};
+
+// One batch in flight. The scheduling fields are guarded by the engine's mutex; `cancelled`
+// is read by workers without it; the failure fields are guarded by `failure_mu` (several
+// workers may fail on the same batch).
+struct Ticket {
+  Slab* slab = nullptr;
+  std::uint64_t epoch = 0;
+  std::size_t number = 0;
+  std::size_t size = 0;
+  // Work split: rows [c * chunk_rows, (c + 1) * chunk_rows) form chunk c.
+  std::size_t chunk_rows = 0;
+  std::size_t chunks = 0;
+  std::size_t next_chunk = 0;   // first unclaimed
+  std::size_t chunks_done = 0;  // finished
+  std::atomic<bool> cancelled{false};
+  Ticket* next = nullptr;  // the engine's in-flight queue
+
+  Mutex failure_mu;
+  std::optional<SampleFailure> failure STOKER_GUARDED_BY(failure_mu);  // the first failed row
+  std::vector<SkippedSample> skipped STOKER_GUARDED_BY(failure_mu);
+
+  bool ready() const { return chunks_done == chunks; }
+};
+
 struct EngineConfig {
   std::shared_ptr<const Dataset> dataset;
-  OrderSpec order;
+  SampleOrder order;
   std::size_t batch_size = 1;
   bool drop_last = false;
   std::size_t workers = 0;
@@ -53,14 +98,22 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  using Clock = std::chrono::steady_clock;
+  // How long take() waits: std::nullopt for as long as it takes, kNoWait not at all (and no
+  // inline reading), or until a time.
+  using Deadline = std::optional<Clock::time_point>;
+  static constexpr Clock::time_point kNoWait = Clock::time_point::min();
+
   struct Taken {
-    std::optional<Batch> batch;
-    bool end_of_epoch = false;  // neither: not ready yet (only when not waiting)
+    SlabLease slab;  // the consumer's next batch, filled
+    Batch::Info info;
+    bool end_of_epoch = false;  // neither: not ready by the deadline
   };
-  // The consumer's next batch. Without `wait`, returns at once if the head is not ready (and
-  // does no inline reading).
-  Taken take(bool wait) STOKER_EXCLUDES(mu_);
-  std::optional<Batch> next() STOKER_EXCLUDES(mu_) { return take(true).batch; }
+  // The consumer's next batch. Throws SampleError for a batch with a failed sample (in its
+  // place in the order), or a failure not tied to a sample (no memory for a slab).
+  Taken take(Deadline deadline) STOKER_EXCLUDES(mu_);
+  // The next batch on the host (for tests of the engine alone).
+  std::optional<Batch> next() STOKER_EXCLUDES(mu_);
   void restart(Position position) STOKER_EXCLUDES(mu_);
   Position position() const STOKER_EXCLUDES(mu_);
   void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
@@ -71,9 +124,9 @@ class Engine {
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }
   std::size_t samples_per_epoch() const { return samples_per_epoch_; }
   std::span<const FieldSpec> fields() const { return pool_->fields(); }
+  const std::shared_ptr<SlabPool>& pool() const { return pool_; }
 
  private:
-  using Clock = std::chrono::steady_clock;
   struct Worker {
     std::thread thread;
     std::atomic<bool> done{false};
@@ -82,14 +135,14 @@ class Engine {
   void worker_main(Worker* self) STOKER_EXCLUDES(mu_);
   // Waits for the head batch (reading it inline when there are no workers) and takes it out
   // of the queue; null at the end of the epoch, which it also steps past (and says so in
-  // `end_of_epoch`), or, without `wait`, when the head is not ready.
-  Slab* take_head(bool wait, bool& end_of_epoch) STOKER_EXCLUDES(mu_);
+  // `end_of_epoch`), or when the head is not ready by the deadline.
+  Ticket* take_head(Deadline deadline, bool& end_of_epoch) STOKER_EXCLUDES(mu_);
   // A batch with a chunk to run: an open one (only the head, for the inline consumer), or the
   // next one opened. Null if there is none now; sets `look_again` if the lock was released
   // meanwhile (to compute an epoch's order), so the caller must look again before waiting.
-  Slab* find_work(bool head_only, bool& look_again) STOKER_REQUIRES(mu_);
-  // A slab with an unclaimed chunk: the head only, or the oldest in the queue.
-  Slab* claimable(bool head_only) const STOKER_REQUIRES(mu_);
+  Ticket* find_work(bool head_only, bool& look_again) STOKER_REQUIRES(mu_);
+  // A batch with an unclaimed chunk: the head only, or the oldest in the queue.
+  Ticket* claimable(bool head_only) const STOKER_REQUIRES(mu_);
   bool can_open() const STOKER_REQUIRES(mu_);
   // Whether order_ holds the order of the epoch the next batch to open belongs to.
   bool order_ready() const STOKER_REQUIRES(mu_);
@@ -97,22 +150,24 @@ class Engine {
   void compute_order() STOKER_REQUIRES(mu_);
   // Opens the next batch in sample order; requires can_open() and order_ready(). Returns null
   // if no slab could be had (see fail()).
-  Slab* open_next() STOKER_REQUIRES(mu_);
+  Ticket* open_next() STOKER_REQUIRES(mu_);
   // A failure not tied to a sample (no memory for a slab or an order): no more batches are
   // opened, and the consumer gets the error once nothing in flight is left to hand out; its
   // following next() clears it and opening resumes.
   void fail(std::exception_ptr error) STOKER_REQUIRES(mu_);
-  // Claims one chunk of `slab`, reads its rows with mu_ released, and marks it done.
-  void run_chunk(Slab* slab, std::atomic<std::int64_t>& busy_ns) STOKER_REQUIRES(mu_);
-  void read_row(Slab* slab, std::size_t row);
+  // Returns a ticket that nobody reads any more, with its slab.
+  void retire(Ticket* ticket) noexcept;
+  // Claims one chunk of `ticket`, reads its rows with mu_ released, and marks it done.
+  void run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) STOKER_REQUIRES(mu_);
+  void read_row(Ticket* ticket, std::size_t row);
   // Row `row` from sample `index` on, `first_attempt` replacements already made.
-  void read_row(Slab* slab, std::size_t row, std::size_t index, std::size_t first_attempt);
+  void read_row(Ticket* ticket, std::size_t row, std::size_t index, std::size_t first_attempt);
   // Rows [begin, end) in one Dataset::read_rows call; failed rows go through on_failure.
-  void read_chunk(Slab* slab, std::size_t begin, std::size_t end);
+  void read_chunk(Ticket* ticket, std::size_t begin, std::size_t end);
   // The sample that replaces failed sample `index` after `attempt` replacements.
-  std::size_t replacement(const Slab* slab, std::size_t index, std::size_t attempt) const;
+  std::size_t replacement(const Ticket* ticket, std::size_t index, std::size_t attempt) const;
   // Records a failed read. Returns true if the row should be retried with another sample.
-  bool on_failure(Slab* slab, std::size_t row, std::size_t index, std::size_t attempt);
+  bool on_failure(Ticket* ticket, std::size_t row, std::size_t index, std::size_t attempt);
   void cancel_in_flight() STOKER_REQUIRES(mu_);
   void wake_all() STOKER_REQUIRES(mu_);
 
@@ -136,8 +191,8 @@ class Engine {
   std::uint64_t open_epoch_ STOKER_GUARDED_BY(mu_) = 0;
   std::size_t open_batch_ STOKER_GUARDED_BY(mu_) = 0;
   // Batches in flight, oldest (the consumer's next) first.
-  Slab* head_ STOKER_GUARDED_BY(mu_) = nullptr;
-  Slab* tail_ STOKER_GUARDED_BY(mu_) = nullptr;
+  Ticket* head_ STOKER_GUARDED_BY(mu_) = nullptr;
+  Ticket* tail_ STOKER_GUARDED_BY(mu_) = nullptr;
   std::size_t in_flight_ STOKER_GUARDED_BY(mu_) = 0;
   std::size_t ready_ STOKER_GUARDED_BY(mu_) = 0;
   std::exception_ptr fatal_ STOKER_GUARDED_BY(mu_);
@@ -165,6 +220,8 @@ class Engine {
   std::atomic<std::uint64_t> skip_budget_used_{0};  // at read time, prefetch included
   std::atomic<std::uint64_t> ready_seen_sum_{0};    // ready batches seen by waiting takes
   std::atomic<std::uint64_t> waiting_takes_{0};
+
+  RecyclingPool<Ticket> tickets_{[] { return std::make_unique<Ticket>(); }};
 
   Mutex threads_mu_;  // serializes set_workers and shutdown
   std::vector<std::unique_ptr<Worker>> threads_ STOKER_GUARDED_BY(threads_mu_);

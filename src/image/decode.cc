@@ -154,7 +154,7 @@ void decode_into(std::span<const std::byte> encoded, const ImageTransform& t, st
   s.rgb.reserve(static_cast<std::size_t>(width) * 3 + padding);
 
   const image::Geometry g = image::plan_geometry(t, width, height, seed, crop);
-  const int denom = jpeg ? image::dct_denominator(g) : 1;
+  const int denom = jpeg ? image::dct_denominator(g, t.exact) : 1;
   int scaled_w = width, scaled_h = height;
   if (denom > 1) {
     const auto h = s.jpeg->scaled_size(denom);
@@ -237,10 +237,16 @@ void ImageTransform::validate() const {
   if (!(scale[0] > 0 && scale[0] <= scale[1] && scale[1] <= 1.0)) {
     bad("scale must satisfy 0 < scale[0] <= scale[1] <= 1");
   }
-  if (!(ratio[0] > 0 && ratio[0] <= ratio[1])) bad("ratio must satisfy 0 < ratio[0] <= ratio[1]");
+  // Finite bounds keep every crop side computed from them a representable int.
+  if (!(ratio[0] > 0 && ratio[0] <= ratio[1] && ratio[1] < 1e9 && ratio[0] > 1e-9)) {
+    bad("ratio must satisfy 1e-9 < ratio[0] <= ratio[1] < 1e9");
+  }
   if (dtype != DType::u8 && dtype != DType::f32) bad("dtype must be uint8 or float32");
   for (float v : std) {
     if (!(v != 0.0f) || !std::isfinite(v)) bad("std must be finite and non-zero");
+  }
+  for (float v : mean) {
+    if (!std::isfinite(v)) bad("mean must be finite");
   }
 }
 

@@ -23,9 +23,11 @@ struct Geometry {
 Geometry plan_geometry(const ImageTransform& transform, int width, int height, std::uint64_t seed,
                        const CropBox* crop);
 
-// The largest DCT scaling denominator (1, 2, 4 or 8) that leaves the region at least as large
-// as the resized image in both directions: DCT-domain scaling whenever the region is at least
-// twice the output.
-int dct_denominator(const Geometry& g);
+// The longest side an image may be resized to (a Resize of a very thin image).
+inline constexpr int kMaxResized = 1 << 20;
+
+// The largest DCT scaling denominator (1, 2, 4 or 8) that leaves the region at least
+// ImageTransform::kDctGap times the resized image in both directions; 1 if `exact`.
+int dct_denominator(const Geometry& g, bool exact);
 
 }  // namespace stoker::image

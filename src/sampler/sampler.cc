@@ -27,25 +27,6 @@ std::uint64_t bounded(std::uint64_t& state, std::uint64_t bound) {
 
 }  // namespace
 
-std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
-  std::uint64_t state = a;
-  std::uint64_t h = splitmix64(state);
-  state = h ^ b;
-  h = splitmix64(state);
-  state = h ^ c;
-  return splitmix64(state);
-}
-
-std::size_t samples_per_rank(const OrderSpec& spec) {
-  const std::size_t world = spec.shard.world_size;
-  if (spec.shard.drop_last) return spec.samples / world;
-  return (spec.samples + world - 1) / world;
-}
-
-std::size_t batch_count(std::size_t samples, std::size_t batch_size, bool drop_last) {
-  return drop_last ? samples / batch_size : (samples + batch_size - 1) / batch_size;
-}
-
 void permutation(std::size_t n, std::uint64_t seed, std::vector<std::size_t>& out) {
   out.resize(n);
   std::iota(out.begin(), out.end(), std::size_t{0});
@@ -55,7 +36,32 @@ void permutation(std::size_t n, std::uint64_t seed, std::vector<std::size_t>& ou
   }
 }
 
-void epoch_order(const OrderSpec& spec, std::uint64_t epoch, std::vector<std::size_t>& out) {
+std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  std::uint64_t state = a;
+  std::uint64_t h = splitmix64(state);
+  state = h ^ b;
+  h = splitmix64(state);
+  state = h ^ c;
+  return splitmix64(state);
+}
+
+}  // namespace stoker::detail
+
+namespace stoker {
+
+using detail::permutation;
+
+std::size_t samples_per_rank(const SampleOrder& spec) {
+  const std::size_t world = spec.shard.world_size;
+  if (spec.shard.drop_last) return spec.samples / world;
+  return (spec.samples + world - 1) / world;
+}
+
+std::size_t batch_count(std::size_t samples, std::size_t batch_size, bool drop_last) {
+  return drop_last ? samples / batch_size : (samples + batch_size - 1) / batch_size;
+}
+
+void epoch_order(const SampleOrder& spec, std::uint64_t epoch, std::vector<std::size_t>& out) {
   const std::size_t n = spec.samples;
   const std::size_t world = spec.shard.world_size;
   const std::size_t rank = spec.shard.rank;
@@ -87,4 +93,10 @@ void epoch_order(const OrderSpec& spec, std::uint64_t epoch, std::vector<std::si
   }
 }
 
-}  // namespace stoker::detail
+std::vector<std::size_t> epoch_order(const SampleOrder& order, std::uint64_t epoch) {
+  std::vector<std::size_t> out;
+  epoch_order(order, epoch, out);
+  return out;
+}
+
+}  // namespace stoker

@@ -3,11 +3,6 @@
 #include <algorithm>
 
 namespace stoker::detail {
-namespace {
-
-double seconds(std::chrono::nanoseconds ns) { return std::chrono::duration<double>(ns).count(); }
-
-}  // namespace
 
 std::size_t next_worker_count(const TuneWindow& w, const TuneLimits& limits) {
   const std::size_t n = w.workers;
@@ -31,12 +26,12 @@ std::optional<std::size_t> WorkerTuner::observe(const Stats& now) {
   if (now.elapsed - s.elapsed < kMinWindow || now.batches - s.batches < kMinBatches) {
     return std::nullopt;
   }
-  const TuneWindow window{seconds(now.elapsed - s.elapsed),
-                          seconds(now.consumer_wait - s.consumer_wait),
-                          seconds(now.worker_busy - s.worker_busy),
-                          seconds(now.worker_cpu - s.worker_cpu),
+  const TuneWindow window{to_seconds(now.elapsed - s.elapsed),
+                          to_seconds(now.consumer_wait - s.consumer_wait),
+                          to_seconds(now.worker_busy - s.worker_busy),
+                          to_seconds(now.worker_cpu - s.worker_cpu),
                           now.workers,
-                          seconds(now.worker_lock_held - s.worker_lock_held)};
+                          to_seconds(now.worker_lock_held - s.worker_lock_held)};
   start_ = now;
   const std::size_t next = next_worker_count(window, limits_);
   if (next == now.workers) return std::nullopt;

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <optional>
 
-#include "stoker/loader.h"
+#include "stoker/stats.h"
 
 namespace stoker::detail {
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <shared_mutex>
 
 #if defined(__clang__)
 #define STOKER_TSA(x) __attribute__((x))
@@ -19,6 +20,10 @@
 #define STOKER_ACQUIRE(...) STOKER_TSA(acquire_capability(__VA_ARGS__))
 #define STOKER_RELEASE(...) STOKER_TSA(release_capability(__VA_ARGS__))
 #define STOKER_EXCLUDES(...) STOKER_TSA(locks_excluded(__VA_ARGS__))
+#define STOKER_TRY_ACQUIRE(...) STOKER_TSA(try_acquire_capability(__VA_ARGS__))
+#define STOKER_ACQUIRE_SHARED(...) STOKER_TSA(acquire_shared_capability(__VA_ARGS__))
+#define STOKER_RELEASE_SHARED(...) STOKER_TSA(release_shared_capability(__VA_ARGS__))
+#define STOKER_TRY_ACQUIRE_SHARED(...) STOKER_TSA(try_acquire_shared_capability(__VA_ARGS__))
 
 namespace stoker::detail {
 
@@ -26,11 +31,26 @@ class STOKER_CAPABILITY("mutex") Mutex {
  public:
   void lock() STOKER_ACQUIRE() { mu_.lock(); }
   void unlock() STOKER_RELEASE() { mu_.unlock(); }
+  bool try_lock() STOKER_TRY_ACQUIRE(true) { return mu_.try_lock(); }
 
  private:
   friend class MutexLock;
   friend class MutexUnlock;
   std::mutex mu_;
+};
+
+// A reader-writer mutex (std::shared_mutex), annotated likewise.
+class STOKER_CAPABILITY("mutex") SharedMutex {
+ public:
+  void lock() STOKER_ACQUIRE() { mu_.lock(); }
+  void unlock() STOKER_RELEASE() { mu_.unlock(); }
+  bool try_lock() STOKER_TRY_ACQUIRE(true) { return mu_.try_lock(); }
+  void lock_shared() STOKER_ACQUIRE_SHARED() { mu_.lock_shared(); }
+  void unlock_shared() STOKER_RELEASE_SHARED() { mu_.unlock_shared(); }
+  bool try_lock_shared() STOKER_TRY_ACQUIRE_SHARED(true) { return mu_.try_lock_shared(); }
+
+ private:
+  std::shared_mutex mu_;
 };
 
 // Holds a Mutex for its scope and waits on condition variables.

@@ -1,6 +1,7 @@
 """stoker.DataLoader against torch.utils.data.DataLoader's meanings."""
 
 import collections
+import os
 import pickle
 import signal
 import threading
@@ -129,6 +130,23 @@ def test_worker_init_fn_runs_once_per_worker():
 
     list(stoker.DataLoader(Squares(64), batch_size=4, num_workers=3, worker_init_fn=init))
     assert sorted(ids) == list(range(len(ids))) and 1 <= len(ids) <= 3
+
+
+def test_without_workers_the_calling_thread_reads_and_is_no_worker():
+    calls = []
+    readers = set()
+
+    class Where(Squares):
+        def __getitem__(self, i):
+            readers.add(threading.get_ident())
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Where(10), batch_size=4, num_workers=0, timeout=5,
+                               worker_init_fn=calls.append)
+    for _ in range(2):
+        assert [b[1].tolist() for b in loader] == [[0, 1, 4, 9], [16, 25, 36, 49], [64, 81]]
+    assert calls == []  # as torch: no worker, no worker_init_fn
+    assert readers == {threading.get_ident()}
 
 
 def test_exception_keeps_type_traceback_and_names_the_sample():
@@ -279,6 +297,30 @@ def test_ctrl_c_interrupts_a_blocked_next_promptly():
     assert time.monotonic() - start < 5
 
 
+def test_ctrl_c_without_workers_ends_the_batch_being_read():
+    release = threading.Event()
+    reads = []
+
+    class Hang(Squares):
+        def __getitem__(self, i):
+            reads.append(i)
+            if i > 0 and not release.is_set():  # sample 0 is read once to learn the layout
+                release.wait(30)
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Hang(8), batch_size=4, num_workers=0)
+    it = iter(loader)
+    # Sent to the process, as a terminal's Ctrl-C is: the main thread, waiting inside
+    # __getitem__, gets it.
+    timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)  # one Ctrl-C, though three more rows of the batch would each hang
+    assert 2 not in reads and 3 not in reads  # the rows after the interrupted one were not read
+    release.set()
+    assert next(it)[1].tolist() == [16, 25, 36, 49]  # the loader goes on
+
+
 def test_destroying_a_loader_with_batches_in_flight_is_prompt():
     ds = stoker.ArrayDataset(np.zeros((4096, 3, 64, 64), np.uint8), np.arange(4096))
     for _ in range(20):
@@ -413,3 +455,28 @@ def test_a_loader_collected_on_its_own_worker_thread_shuts_down_cleanly():
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_stats_keys_are_the_cpp_stats_fields():
+    # The dict is made from stats.h's field table, which src/stats.cc checks at compile time
+    # against the members of stoker::Stats; durations are in seconds ("_s").
+    from stoker import _stoker
+    ds = stoker.ArrayDataset(np.zeros((8, 2), np.float32))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=1)
+    assert len(list(loader)) == 2
+    fields = _stoker.stats_fields()
+    assert len(fields) == len(set(fields))
+    derived = {"samples_per_second", "bytes_per_second", "wait_fraction"}
+    # Added by the Python package: which pipeline and which kind of worker reads.
+    python_only = {"pipeline", "worker_type", "worker_type_reason", "worker_pids"}
+    assert set(loader.stats()) == set(fields) | derived | python_only
+    assert {"worker_cpu_s", "consumer_wait_s", "copies", "device"} <= set(fields)
+    assert loader.stats()["batches"] == 2
+
+
+def test_options_are_checked_by_name():
+    ds = stoker.ArrayDataset(np.zeros((8, 2), np.float32))
+    with pytest.raises(ValueError, match="on_error must be 'raise' or 'skip', not 'ignore'"):
+        stoker.DataLoader(ds, on_error="ignore")
+    with pytest.raises(ValueError, match="pin_memory must be 'auto', 'on' or 'off', not 'x'"):
+        stoker.DataLoader(ds, pin_memory="x")

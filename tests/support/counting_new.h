@@ -3,14 +3,10 @@
 // of a test binary, and not in sanitizer builds (their runtimes replace operator new).
 #pragma once
 
-#include <atomic>
 #include <cstdlib>
 #include <new>
 
-namespace stoker::alloc_count {
-inline std::atomic<bool> counting{false};
-inline std::atomic<std::size_t> allocations{0};
-}  // namespace stoker::alloc_count
+#include "support/alloc_count.h"
 
 void* operator new(std::size_t size) {
   if (stoker::alloc_count::counting.load(std::memory_order_relaxed)) {

@@ -1,0 +1,77 @@
+// What a Loader is asked to do: LoaderOptions and the enums and structs it is made of.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "stoker/dataset.h"
+#include "stoker/sampler.h"
+
+namespace stoker {
+
+enum class ErrorPolicy : std::uint8_t {
+  raise,  // a failed sample makes next() throw SampleError for its batch (default)
+  skip,   // a failed sample is replaced by another one; the batch reports it
+};
+
+// Whether batch slabs are page-locked. Page-locked ("pinned") slabs let the device's copy
+// engine read them directly (no staging copy, and the copy overlaps compute), but every locked
+// byte is taken from the rest of the machine, so stoker never locks more than a budget.
+enum class PinMemory : std::uint8_t {
+  automatic,  // pinned when batches go to a device and the budget allows (default)
+  on,         // pinned (by CUDA if a device answers, even for "cpu" delivery), else mlock'ed;
+              // still within the budget
+  off,        // ordinary pageable memory
+};
+
+// The simulated device ("sim"): a copy engine and streams with virtual clocks, for testing
+// and benchmarking the device stage on machines without a GPU.
+struct SimDevice {
+  double bandwidth_gb_per_s = 25.0;       // host-to-device copy rate
+  std::chrono::microseconds latency{10};  // per copy
+  double time_scale = 0.0;                // real seconds slept per simulated second
+};
+
+struct LoaderOptions {
+  std::shared_ptr<const Dataset> dataset;
+  std::size_t batch_size = 1;
+  bool shuffle = false;
+  std::uint64_t seed = 0;  // the order of epoch e is a function of (seed + e), as in torch
+  bool drop_last = false;  // drop the last batch of an epoch if it is short
+  Shard shard;
+
+  // Worker threads; 0 reads every sample inline on the thread that calls next().
+  std::size_t workers = 2;
+  // Batches in flight (being read or ready, not yet handed out). At least 1.
+  std::size_t depth = 4;
+  // Online tuning of `workers` (the starting count): while the consumer waits for data, add
+  // workers, doubling them if they mostly wait themselves (I/O, sleeps, a GIL), one at a
+  // time up to the core count if they compute; never past max_workers (0: 4 x cores). The
+  // tuner runs inside next(), on the consumer's thread; see src/tune/tuner.h.
+  bool tune_workers = false;
+  std::size_t max_workers = 0;
+
+  // Where batches are delivered: "cpu" (host slabs), "cuda" or "cuda:N" (copied on a side
+  // stream into recycled device buffers, device_depth batches ahead), or "sim". If no CUDA
+  // device answers, the loader says so once in the log and delivers on the CPU.
+  std::string device = "cpu";
+  std::size_t device_depth = 2;
+  // The consumer's stream (a cudaStream_t, or a SimStream* for "sim"); null is the device's
+  // default stream. next() makes it wait for the batch's copy; see Batch::wait.
+  void* stream = nullptr;
+  PinMemory pin_memory = PinMemory::automatic;
+  // Page-locked slab bytes allowed in the whole process; 0: a quarter of MemAvailable. Past
+  // it, further slabs are pageable (said once in the log).
+  std::size_t pin_budget = 0;
+  SimDevice sim;
+
+  ErrorPolicy on_error = ErrorPolicy::raise;
+  // With ErrorPolicy::skip: failed samples tolerated over the loader's life; the next one
+  // raises SampleError as under ErrorPolicy::raise.
+  std::size_t max_skipped = 1000;
+};
+
+}  // namespace stoker

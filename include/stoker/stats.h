@@ -1,0 +1,78 @@
+// What a loader has done so far: Stats, and the one table of its fields that every printout
+// (the C++ tools, JSON, the Python package's stats() dict) is made from.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace stoker {
+
+// A duration in seconds, as every printout of Stats shows its durations.
+inline double to_seconds(std::chrono::nanoseconds ns) {
+  return std::chrono::duration<double>(ns).count();
+}
+
+struct Stats {
+  std::chrono::nanoseconds elapsed{0};  // since the first next()
+  std::uint64_t batches = 0;            // handed out
+  std::uint64_t samples = 0;
+  std::uint64_t bytes = 0;                    // batch bytes handed out
+  std::chrono::nanoseconds consumer_wait{0};  // time next() blocked waiting for data
+  std::chrono::nanoseconds worker_busy{0};    // summed over workers: time spent in read()
+  std::chrono::nanoseconds inline_busy{0};    // read() time on the consumer (workers = 0)
+  std::chrono::nanoseconds worker_cpu{0};     // of worker_busy, time on a CPU (the rest waited)
+  std::uint64_t skipped = 0;                  // rows replaced (skip policy) in batches handed out
+  std::size_t workers = 0;
+  std::size_t depth = 0;
+  std::size_t in_flight = 0;        // batches being read or ready, now
+  std::size_t ready = 0;            // of those, complete and waiting for the consumer
+  double mean_ready_at_next = 0.0;  // ready batches seen by next(), averaged over calls
+  std::size_t slabs = 0;            // batch buffers allocated
+  std::size_t slab_bytes = 0;       // their total size
+  std::size_t locked_slabs = 0;     // of those, page-locked (pinned or mlock'ed)
+  std::string device;               // where batches are delivered: "cpu", "cuda:0", "sim"
+  std::uint64_t copies = 0;         // host-to-device batch copies issued
+  std::uint64_t copy_bytes = 0;
+  // Of worker_cpu, time holding a lock that serializes reads (the GIL; Dataset::lock_held).
+  std::chrono::nanoseconds worker_lock_held{0};
+
+  double samples_per_second() const;
+  double bytes_per_second() const;
+  double wait_fraction() const;  // consumer_wait / elapsed
+};
+
+// The table of Stats' fields: calls visit(name, value) for each, in declaration order, with
+// the field itself (a std::chrono::nanoseconds, an integer, a double or a std::string).
+// Printers turn durations into seconds (Python: "<name>_s"). stats.cc checks at compile time
+// that the table names every member.
+template <class S, class Visit>
+void for_each_stat(S& s, Visit&& visit) {
+  visit("elapsed", s.elapsed);
+  visit("batches", s.batches);
+  visit("samples", s.samples);
+  visit("bytes", s.bytes);
+  visit("consumer_wait", s.consumer_wait);
+  visit("worker_busy", s.worker_busy);
+  visit("inline_busy", s.inline_busy);
+  visit("worker_cpu", s.worker_cpu);
+  visit("skipped", s.skipped);
+  visit("workers", s.workers);
+  visit("depth", s.depth);
+  visit("in_flight", s.in_flight);
+  visit("ready", s.ready);
+  visit("mean_ready_at_next", s.mean_ready_at_next);
+  visit("slabs", s.slabs);
+  visit("slab_bytes", s.slab_bytes);
+  visit("locked_slabs", s.locked_slabs);
+  visit("device", s.device);
+  visit("copies", s.copies);
+  visit("copy_bytes", s.copy_bytes);
+  visit("worker_lock_held", s.worker_lock_held);
+}
+
+// One line per field, "name: value" (durations in seconds), for logs and tools.
+std::string to_string(const Stats& stats);
+
+}  // namespace stoker

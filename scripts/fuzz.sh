@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (fuzz/) with clang, ASan and UBSan, and runs each over its seed
+# corpus (fuzz/corpus/<target>/) for FUZZ_SECONDS seconds (default 15; about a minute for the
+# four). Fails on any crash, leak, sanitizer report or timeout; the input that caused it is
+# saved as build-fuzz/artifacts/<target>-crash-* (reproduce: build-fuzz/fuzz/<target>_fuzz FILE).
+# New inputs the fuzzers find go to build-fuzz/corpus/<target>/, not into the repository.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev
+
+build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+  -DSTOKER_SANITIZE=address,undefined -DSTOKER_FUZZ=ON -DSTOKER_CUDA=OFF \
+  -DSTOKER_BUILD_TESTS=OFF -DSTOKER_BUILD_TOOLS=OFF
+
+seconds=${FUZZ_SECONDS:-15}
+mkdir -p build-fuzz/artifacts
+for target in records jpeg_decode png_decode transform_spec; do
+  echo "== fuzz $target (${seconds}s)"
+  mkdir -p "build-fuzz/corpus/$target"
+  dict=()
+  [ -f "fuzz/$target.dict" ] && dict=("-dict=fuzz/$target.dict")
+  log="build-fuzz/$target.log"
+  if ! build-fuzz/fuzz/${target}_fuzz "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$target-" \
+    "build-fuzz/corpus/$target" "fuzz/corpus/$target" >"$log" 2>&1; then
+    tail -n 60 "$log"
+    echo "== fuzz $target FAILED (log: $log)"
+    exit 1
+  fi
+  grep -E "stat::number_of_executed_units|stat::new_units_added" "$log" | tr '\n' ' '
+  echo
+done
+echo "== fuzzing found nothing"

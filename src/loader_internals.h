@@ -1,0 +1,17 @@
+// Loader options for stoker's own components, not for users: they name internal types.
+#pragma once
+
+#include <memory>
+
+#include "memory/host_allocator.h"
+
+namespace stoker::detail {
+
+struct LoaderInternals {
+  // Where every batch slab comes from, instead of the pageable/page-locked choice that
+  // LoaderOptions::pin_memory makes (null: that choice). Slabs other processes must see
+  // (shared memory for worker processes) are one more HostAllocator plugged in here.
+  std::shared_ptr<HostAllocator> slab_allocator;
+};
+
+}  // namespace stoker::detail

@@ -1,0 +1,234 @@
+"""The same check on torch.utils.data.DataLoader and on stoker.DataLoader: what a PyTorch user
+passes gives what PyTorch gives. Known, deliberate or not yet fixed differences are strict
+xfails naming the reason, so a fix shows up here (and in docs/python.md's list)."""
+
+import collections
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.utils.data as tud  # noqa: E402
+
+import stoker  # noqa: E402
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Nested(tud.Dataset):
+    """Every kind of leaf default_collate knows, nested."""
+
+    def __init__(self, n=23):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {
+            "image": torch.full((2, 3), float(i)),
+            "array": np.arange(4, dtype=np.int32) + i,
+            "scalar": np.float32(i) / 2,
+            "label": i % 5,
+            "weight": i / 10,
+            "flag": i % 2 == 0,
+            "pair": (torch.tensor([i, -i]), i * 3),
+            "point": Point(i, torch.tensor(float(i))),
+        }
+
+
+class Pairs(tud.Dataset):
+    def __init__(self, n=50):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i), 2.0 * i]), i
+
+
+def assert_same(a, b, path="batch"):
+    """Same structure, container types, dtypes and values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), f"{path}: {type(b)} is not a tensor"
+        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {b.dtype}{tuple(b.shape)}"
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert type(a) is type(b) and list(a) == list(b), f"{path}: {type(b)} {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b), f"{path}: {type(b).__name__} where torch has {type(a).__name__}"
+        assert len(a) == len(b), path
+        for k, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{k}]")
+    else:
+        assert a == b, f"{path}: {b!r} != {a!r}"
+
+
+def both(dataset, **kwargs):
+    return (list(tud.DataLoader(dataset, **kwargs)),
+            list(stoker.DataLoader(dataset, **kwargs)))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_nested_samples_batch_as_torch(workers, drop_last):
+    ours_kwargs = dict(batch_size=5, num_workers=workers, drop_last=drop_last)
+    theirs, ours = both(Nested(), **ours_kwargs)
+    assert len(ours) == len(theirs) == len(stoker.DataLoader(Nested(), **ours_kwargs))
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: a column of strings is a list where torch "
+                   "gives a tuple (in a tuple sample)")
+def test_strings_in_tuple_samples_are_tuples():
+    class Named(Pairs):
+        def __getitem__(self, i):
+            return torch.tensor(i), f"s{i}"
+
+    theirs, ours = both(Named(8), batch_size=4)
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+def test_strings_in_dict_samples_are_lists():
+    class Named(Pairs):
+        def __getitem__(self, i):
+            return {"x": torch.tensor(i), "name": f"s{i}"}
+
+    theirs, ours = both(Named(8), batch_size=4)
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+def test_custom_collate_fn_sees_the_samples_as_torch_passes_them():
+    def pad(samples):
+        longest = max(len(s) for s, _ in samples)
+        x = torch.zeros(len(samples), longest)
+        for k, (s, _) in enumerate(samples):
+            x[k, : len(s)] = s
+        return x, torch.tensor([y for _, y in samples])
+
+    class Ragged(Pairs):
+        def __getitem__(self, i):
+            return torch.arange(float(i % 7 + 1)), i
+
+    theirs, ours = both(Ragged(30), batch_size=4, collate_fn=pad)
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+def test_sequential_and_batch_samplers():
+    data = Pairs()
+    for kwargs in (dict(sampler=tud.SequentialSampler(data), batch_size=7),
+                   dict(batch_sampler=tud.BatchSampler(tud.SequentialSampler(data), 6, True))):
+        theirs, ours = both(data, **kwargs)
+        assert len(theirs) == len(ours)
+        for a, b in zip(theirs, ours):
+            assert_same(a, b)
+
+
+def test_shuffle_visits_every_sample_once_per_epoch():
+    data = Pairs(61)
+    loader = stoker.DataLoader(data, batch_size=8, shuffle=True)
+    orders = []
+    for _ in range(2):
+        labels = torch.cat([y for _, y in loader]).tolist()
+        assert sorted(labels) == list(range(61))
+        orders.append(labels)
+    assert orders[0] != orders[1]  # a new order each epoch, as torch's
+
+
+def test_subset_random_sampler_draws_from_its_subset():
+    data = Pairs()
+    subset = list(range(3, 40, 3))
+    loader = stoker.DataLoader(data, batch_size=4, sampler=tud.SubsetRandomSampler(subset))
+    labels = torch.cat([y for _, y in loader]).tolist()
+    assert sorted(labels) == subset
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: stoker reads a custom sampler once at "
+                   "construction and again per epoch, so a seeded sampler's epochs differ from "
+                   "torch's")
+def test_seeded_weighted_sampler_gives_torchs_epochs():
+    data = Pairs()
+    weights = [float(i % 4 + 1) for i in range(len(data))]
+
+    def sampler():
+        return tud.WeightedRandomSampler(weights, 40, generator=torch.Generator().manual_seed(5))
+
+    t = tud.DataLoader(data, batch_size=8, sampler=sampler())
+    s = stoker.DataLoader(data, batch_size=8, sampler=sampler())
+    for _ in range(2):
+        for a, b in zip(list(t), list(s)):
+            assert_same(a, b)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_init_fn_runs_once_per_worker(workers):
+    seen = []
+
+    def init(worker_id):
+        seen.append(worker_id)
+
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=workers, worker_init_fn=init)
+    for _ in range(2):
+        list(loader)
+    assert sorted(seen) == list(range(len(seen))) and 1 <= len(seen) <= loader.num_workers
+
+
+@pytest.mark.parametrize("error", [KeyError, ValueError, ZeroDivisionError])
+def test_a_failing_sample_raises_its_type(error):
+    class Broken(Pairs):
+        def __getitem__(self, i):
+            if i == 9:
+                raise error("sample nine")
+            return super().__getitem__(i)
+
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        with pytest.raises(error):
+            list(loader_type(Broken(), batch_size=4, num_workers=2))
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(timeout=-1),
+    dict(num_workers=-1),
+    dict(shuffle=True, sampler=[0, 1]),
+    dict(batch_size=2, batch_sampler=[[0, 1]]),
+])
+def test_impossible_options_raise_value_error_as_torch(kwargs):
+    with pytest.raises(ValueError):
+        tud.DataLoader(Pairs(), **kwargs)
+    with pytest.raises(ValueError):
+        stoker.DataLoader(Pairs(), **kwargs)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: IterableDataset is not supported yet")
+def test_iterable_dataset_streams():
+    class Stream(tud.IterableDataset):
+        def __iter__(self):
+            return iter(torch.tensor([float(i)]) for i in range(10))
+
+    theirs, ours = both(Stream(), batch_size=4)
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15: batch_size=None is not supported yet")
+def test_batch_size_none_yields_samples():
+    theirs, ours = both(Pairs(5), batch_size=None)
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+def test_reiteration_and_len():
+    loader = stoker.DataLoader(Pairs(50), batch_size=8)
+    assert len(loader) == len(tud.DataLoader(Pairs(50), batch_size=8)) == 7
+    first = [y.tolist() for _, y in loader]
+    second = [y.tolist() for _, y in loader]
+    assert first == second  # unshuffled: the same every epoch
+    random.shuffle(first)  # lists, not views of recycled memory

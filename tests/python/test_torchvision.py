@@ -1,0 +1,88 @@
+"""torchvision's ImageFolder through stoker.DataLoader: run natively when stoker implements the
+whole pipeline, in Python otherwise. Needs torchvision (skipped without it; the README's
+benchmark environment .venv-vision has it)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torchvision = pytest.importorskip("torchvision")
+tvt = torchvision.transforms
+Image = pytest.importorskip("PIL.Image")
+
+import stoker  # noqa: E402
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tvfolder")
+    rng = np.random.default_rng(1)
+    yy, xx = np.mgrid[0:300, 0:360]
+    for i in range(12):
+        d = root / f"c{i % 3}"
+        d.mkdir(exist_ok=True)
+        rgb = np.stack([128 + 90 * np.sin(0.02 * (c + 1) * xx + 0.03 * yy + i) for c in range(3)],
+                       axis=-1) + rng.normal(0, 8, (300, 360, 3))
+        Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)).save(d / f"{i:03d}.jpg",
+                                                                     quality=92)
+    return root
+
+
+def val_pipeline(*extra):
+    return tvt.Compose([tvt.Resize(256), tvt.CenterCrop(224), *extra, tvt.ToTensor(),
+                        tvt.Normalize(MEAN, STD)])
+
+
+def test_val_pipeline_runs_natively_with_torchvisions_pixels(folder):
+    dataset = torchvision.datasets.ImageFolder(folder, transform=val_pipeline())
+    loader = stoker.DataLoader(dataset, batch_size=4, num_workers=2)
+    assert loader.stats()["pipeline"].startswith("native:")
+    assert loader.dataset is dataset  # torch's attribute is the user's data set
+    images, labels = [], []
+    for x, y in loader:
+        images.append(x)
+        labels.append(y)
+    images, labels = torch.cat(images), torch.cat(labels)
+    expected = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    assert labels.tolist() == [dataset.targets[i] for i in range(len(dataset))]
+    assert images.shape == expected.shape and images.dtype == expected.dtype
+    # Mean absolute difference per image, in pixel levels of 255 (undo Normalize's std).
+    std = torch.tensor(STD).view(1, 3, 1, 1)
+    mad = ((images - expected).abs() * std * 255).mean(dim=(1, 2, 3))
+    assert float(mad.max()) < 1.0, mad
+
+
+def test_train_pipeline_runs_natively(folder):
+    pipeline = tvt.Compose([tvt.RandomResizedCrop(160), tvt.RandomHorizontalFlip(),
+                            tvt.ToTensor(), tvt.Normalize(MEAN, STD)])
+    dataset = torchvision.datasets.ImageFolder(folder, transform=pipeline)
+    loader = stoker.DataLoader(dataset, batch_size=5, shuffle=True, num_workers=2, seed=3)
+    assert loader.stats()["pipeline"].startswith("native:")
+    shapes = [tuple(x.shape) for x, _ in loader]
+    assert shapes == [(5, 3, 160, 160), (5, 3, 160, 160), (2, 3, 160, 160)]
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ((tvt.ColorJitter(0.4, 0.4, 0.4),), "ColorJitter is not implemented natively"),
+    ((tvt.Lambda(lambda im: im),), "Lambda is not implemented natively"),
+])
+def test_unsupported_transform_runs_in_python(folder, extra, reason):
+    dataset = torchvision.datasets.ImageFolder(folder, transform=val_pipeline(*extra))
+    loader = stoker.DataLoader(dataset, batch_size=4, num_workers=2)
+    pipeline = loader.stats()["pipeline"]
+    assert pipeline.startswith("python:") and reason in pipeline
+    assert sum(len(y) for _, y in loader) == len(dataset)
+
+
+def test_native_false_and_target_transform_opt_out(folder):
+    dataset = torchvision.datasets.ImageFolder(folder, transform=val_pipeline())
+    assert stoker.DataLoader(dataset, batch_size=4, native=False).stats()["pipeline"].startswith(
+        "python:")
+    relabelled = torchvision.datasets.ImageFolder(folder, transform=val_pipeline(),
+                                                  target_transform=lambda y: y + 1)
+    pipeline = stoker.DataLoader(relabelled, batch_size=4).stats()["pipeline"]
+    assert "target_transform" in pipeline
+    labels = torch.cat([y for _, y in stoker.DataLoader(relabelled, batch_size=4)])
+    assert labels.tolist() == [t + 1 for t in relabelled.targets]
