@@ -260,6 +260,12 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
     TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, indices.size());
     drain_graveyard();
     State& st = *state_;
+    if (interrupted_ && !on_engine_thread()) {
+      const auto interrupt =
+          std::make_exception_ptr(PythonError(this, interrupt_ticket_, interrupt_what_));
+      for (auto& error : errors) error = interrupt;
+      return;
+    }
     py::object samples;
     try {
       start_worker();
@@ -271,7 +277,14 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
         throw py::value_error("stoker: __getitems__ returned " + std::to_string(py::len(samples)) +
                               " samples for " + std::to_string(indices.size()) + " indices");
       }
-    } catch (const py::error_already_set&) {
+    } catch (const py::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) && !on_engine_thread()) {
+        // Ctrl-C on the consumer's own thread: the whole chunk ends with it (see
+        // clear_interrupt), rather than being read again sample by sample.
+        const std::exception_ptr interrupt = capture_current(indices[0]);
+        for (auto& error : errors) error = interrupt;
+        return;
+      }
       // Which sample failed is unknown: read them one by one, so that each failure names
       // its own sample (and the skip policy replaces only those).
       one_by_one = true;
