@@ -53,4 +53,15 @@ void SampleOut::throw_bad_element_size(std::size_t field, std::size_t size) cons
                               " bytes, not a multiple of an element of " + std::to_string(size));
 }
 
+void Dataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                        std::span<std::exception_ptr> errors) const {
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    try {
+      read(indices[k], outs[k]);
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  }
+}
+
 }  // namespace stoker

@@ -75,11 +75,22 @@ std::unique_ptr<detail::DeviceBackend> open_device(const LoaderOptions& o) {
 detail::SlabMemory slab_memory(const LoaderOptions& o, const detail::LoaderInternals& internals,
                                detail::DeviceBackend* backend) {
   detail::SlabMemory memory;
-  if (internals.slab_allocator) {
-    memory.pageable = internals.slab_allocator;
+  memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
+  if (const auto& shared = internals.slab_allocator) {
+    // Slabs from elsewhere (shared memory that worker processes write into): page-locked by
+    // registering them with the device, within the same budget, where batches go to one (or
+    // pin_memory is on and a CUDA device answers); never mlock'ed.
+    memory.pageable = shared;
+    if (o.pin_memory == PinMemory::off) return memory;
+    if (backend) {
+      memory.locked = backend->registered_allocator(shared);
+    } else if (o.pin_memory == PinMemory::on) {
+      std::string why;
+      auto cuda = detail::open_cuda(0, why);
+      if (cuda) memory.locked = cuda->registered_allocator(shared);
+    }
     return memory;
   }
-  memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
   if (o.pin_memory == PinMemory::off) return memory;
   if (backend) {
     memory.locked = backend->pinned_allocator();
@@ -133,7 +144,11 @@ Loader::~Loader() {
 
 void Loader::tune() {
   if (tuner_ && tuner_->due()) {
-    if (auto workers = tuner_->observe(stats())) engine_->set_workers(*workers);
+    if (auto workers = tuner_->observe(stats())) {
+      const std::size_t limit = engine_->worker_limit();
+      if (limit != 0) workers = std::min(*workers, limit);
+      if (*workers != engine_->stats().workers) engine_->set_workers(*workers);
+    }
   }
 }
 

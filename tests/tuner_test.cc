@@ -34,6 +34,17 @@ TEST(Tuner, ComputingWorkersGrowOneAtATimeUpToTheCores) {
   EXPECT_EQ(next_worker_count(window(0.5, 4.0, 3.9, 4), limits), 4u);
 }
 
+TEST(Tuner, WorkersWaitingForTheGilGetNoCompany) {
+  const TuneLimits limits{2, 32};
+  // A GIL-bound Python data set on two threads: off the CPU half the time, as sleepers are,
+  // but because the GIL is busy all the time: a third thread would only wait too.
+  TuneWindow w = window(0.5, 2.0, 0.9, 2);
+  w.worker_lock_held_s = 0.9;
+  EXPECT_EQ(next_worker_count(w, limits), 2u);
+  w.worker_lock_held_s = 0.1;  // sleepers that hardly use the GIL are doubled as before
+  EXPECT_EQ(next_worker_count(w, limits), 4u);
+}
+
 TEST(Tuner, InlineReadingIsLeftAlone) {
   EXPECT_EQ(next_worker_count(window(0.9, 0.0, 0.0, 0), {2, 8}), 0u);
 }

@@ -3,8 +3,10 @@
 // dataset one writable span per field, already at the sample's final place in the batch.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 #include <string>
 #include <string_view>
@@ -116,6 +118,26 @@ class Dataset {
   // thread. A dataset whose bytes are in memory can start bringing them into cache, which
   // overlaps that sample's memory latency with the current copy. Default: nothing.
   virtual void prefetch(std::size_t /*index*/) const {}
+
+  // Chunk-level reads, for data sets that pay a fixed cost per call (a Python data set's GIL
+  // round trip and __getitems__, or a job sent to a worker process). When reads_chunks() is
+  // true the loader calls read_rows() once per chunk of a batch instead of read() per row:
+  // sample indices[k] goes into outs[k]; a row that fails leaves its exception in errors[k]
+  // (which the loader hands in null) and the others still count. Failed rows then go through
+  // the loader's usual failure path (skip replaces them through read()). read_rows() returns
+  // only when no row is being written any more. Default: read() per row.
+  virtual bool reads_chunks() const { return false; }
+  virtual void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                         std::span<std::exception_ptr> errors) const;
+
+  // CPU time that reads spent holding a lock that serializes them (a Python data set: the
+  // GIL), summed over threads since the start. When it approaches the wall time, the lock is
+  // saturated and the worker tuner adds no threads, which would only wait for it. Default:
+  // none.
+  virtual std::chrono::nanoseconds lock_held() const { return {}; }
+  // The most workers that can read at once (a pool of worker processes); 0: no limit. The
+  // tuner never goes past it.
+  virtual std::size_t worker_limit() const { return 0; }
 };
 
 }  // namespace stoker

@@ -35,6 +35,8 @@ struct Stats {
   std::string device;               // where batches are delivered: "cpu", "cuda:0", "sim"
   std::uint64_t copies = 0;         // host-to-device batch copies issued
   std::uint64_t copy_bytes = 0;
+  // Of worker_cpu, time holding a lock that serializes reads (the GIL; Dataset::lock_held).
+  std::chrono::nanoseconds worker_lock_held{0};
 
   double samples_per_second() const;
   double bytes_per_second() const;
@@ -67,6 +69,7 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("device", s.device);
   visit("copies", s.copies);
   visit("copy_bytes", s.copy_bytes);
+  visit("worker_lock_held", s.worker_lock_held);
 }
 
 // One line per field, "name: value" (durations in seconds), for logs and tools.

@@ -7,9 +7,11 @@
 
 #include <string>
 
+#include "memory/shared_memory.h"
 #include "native_datasets.h"
 #include "py_dataset.h"
 #include "py_loader.h"
+#include "py_workers.h"
 #include "stoker/encoded.h"
 
 namespace py = pybind11;
@@ -31,9 +33,10 @@ std::vector<std::size_t> to_indices(const py::object& obj, const char* what) {
 }
 
 // The loader over a data set handle (a Python or a native data set), optionally through a
-// custom sampler's order.
+// custom sampler's order; with shared_slabs, batch slabs live in shared memory that worker
+// processes write into.
 std::unique_ptr<PyLoader> make_loader(const py::object& dataset, const LoaderOptions& options,
-                                      const py::object& order) {
+                                      const py::object& order, bool shared_slabs) {
   PyLoaderOptions o;
   o.loader = options;
   if (py::isinstance<PyDataset>(dataset)) {
@@ -48,6 +51,7 @@ std::unique_ptr<PyLoader> make_loader(const py::object& dataset, const LoaderOpt
     o.remap = std::make_shared<RemappedDataset>(o.loader.dataset, to_indices(order, "order"));
     o.loader.dataset = o.remap;
   }
+  if (shared_slabs) o.internals.slab_allocator = detail::shared_allocator();  // worker processes
   return std::make_unique<PyLoader>(std::move(o));
 }
 
@@ -170,7 +174,46 @@ PYBIND11_MODULE(_stoker, m) {
                   py::arg("on_worker_start"), py::arg("probes"))
       .def("__len__", &PyDataset::size)
       .def("structure", &PyDataset::structure)
-      .def("fields", [](const PyDataset& d) { return fields_of(d, {}); });
+      .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
+      .def("layout_description", &PyDataset::layout_description)
+      .def("object_slots", &PyDataset::object_slots)
+      .def("gil_stats", &PyDataset::gil_stats)
+      .def("use_processes", &PyDataset::use_processes, py::arg("pool"));
+
+  // Worker processes (py_workers.h): the parent's pool and the worker's writer.
+  py::object worker_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
+      "stoker.WorkerError",
+      "A DataLoader worker process died (killed, crashed, exited) while reading samples; the "
+      "message names its pid, the signal or exit code, and the samples lost. `pid` is set.",
+      sample_error.ptr(), nullptr));
+  m.attr("WorkerError") = worker_error;
+  set_worker_error_type(worker_error);
+  py::class_<ProcessPool, std::shared_ptr<ProcessPool>>(m, "ProcessPool")
+      .def(py::init<py::object, py::object, py::object, std::size_t>(), py::arg("spawn"),
+           py::arg("decode"), py::arg("reap"), py::arg("workers"))
+      .def("start", &ProcessPool::start)
+      .def("pids", &ProcessPool::pids)
+      .def("finish", &ProcessPool::finish)
+      .def_property_readonly("size", &ProcessPool::size);
+  py::class_<SampleWriter>(m, "SampleWriter")
+      .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))
+      .def("map", &SampleWriter::map, py::arg("region"), py::arg("fd"), py::arg("bytes"))
+      .def("drop", &SampleWriter::drop, py::arg("region"))
+      .def("begin", &SampleWriter::begin, py::arg("region"), py::arg("offsets"),
+           py::arg("row_bytes"), py::arg("rows"))
+      .def("write", &SampleWriter::write, py::arg("sample"), py::arg("index"), py::arg("row"),
+           py::arg("seed"));
+  m.def(
+      "inherited_fds",
+      [] {
+        std::vector<int> out = detail::shared_region_fds();
+        const auto sockets = ProcessPool::all_fds();
+        out.insert(out.end(), sockets.begin(), sockets.end());
+        return out;
+      },
+      "The slab memfds and worker sockets of this process, which a forked worker closes.");
+  m.def("set_sample_seed", &set_sample_seed, py::arg("seed"),
+        "Sets stoker.sample_seed() on this thread (worker processes, around each sample).");
 
   py::class_<RawBatch>(m, "RawBatch")
       .def_property_readonly("epoch", &RawBatch::epoch)
@@ -188,7 +231,8 @@ PYBIND11_MODULE(_stoker, m) {
   m.def("stats_fields", &stats_fields);
 
   py::class_<PyLoader>(m, "Loader")
-      .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"))
+      .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"),
+           py::arg("shared_slabs") = false)
       .def("next", &PyLoader::next, py::arg("timeout") = 0.0)
       .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
       .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))

@@ -1,11 +1,14 @@
 #include "py_dataset.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
 #include <utility>
 
 #include "gil.h"
+#include "py_workers.h"
 
 namespace stoker::python {
 namespace {
@@ -25,46 +28,59 @@ struct SeedScope {
   SeedScope& operator=(const SeedScope&) = delete;
 };
 
-std::string join(const std::string& path, const std::string& part) {
-  return path.empty() ? part : path + "." + part;
-}
-
-std::string describe(const std::string& path) {
-  return path.empty() ? "the sample" : "field '" + path + "'";
-}
-
-std::string type_name(py::handle v) { return Py_TYPE(v.ptr())->tp_name; }
-
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::string s = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i) s += ", ";
-    s += std::to_string(shape[i]);
+// The GIL for a read on an engine thread, timed: how long the thread waited to take it and
+// how long it held it (the auto worker type and the tuner read these).
+class TimedGil {
+ public:
+  TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
+           std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
+           std::size_t samples = 1)
+      : held_ns_(held_ns),
+        cpu_ns_(cpu_ns),
+        start_(Clock::now()),
+        held_from_(acquired()),
+        cpu_from_(thread_cpu_ns()) {
+    reads.fetch_add(samples, std::memory_order_relaxed);
+    wait_ns.fetch_add(ns(held_from_ - start_), std::memory_order_relaxed);
   }
-  if (shape.size() == 1) s += ",";
-  return s + ")";
-}
+  ~TimedGil() {
+    // CPU time, not wall time: the wall time in here also counts sleeps and I/O (which
+    // release the GIL) and waits for the GIL taken back in between.
+    cpu_ns_.fetch_add(thread_cpu_ns() - cpu_from_, std::memory_order_relaxed);
+    held_ns_.fetch_add(ns(Clock::now() - held_from_), std::memory_order_relaxed);
+  }
+  TimedGil(const TimedGil&) = delete;
+  TimedGil& operator=(const TimedGil&) = delete;
 
-constexpr const char* kBatchingHint =
-    "; batching needs every sample to have the layout of sample 0 (pass collate_fn to batch "
-    "samples yourself)";
+ private:
+  using Clock = std::chrono::steady_clock;
+  static std::int64_t ns(Clock::duration d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  }
+  Clock::time_point acquired() {
+    gil_.emplace();
+    return Clock::now();
+  }
+
+  static std::int64_t thread_cpu_ns() {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+  }
+
+  std::atomic<std::int64_t>& held_ns_;
+  std::atomic<std::int64_t>& cpu_ns_;
+  std::optional<EngineThreadGil> gil_;
+  Clock::time_point start_;
+  Clock::time_point held_from_;
+  std::int64_t cpu_from_;
+};
 
 }  // namespace
 
-std::optional<std::uint64_t> current_sample_seed() { return t_sample_seed; }
+void set_sample_seed(std::optional<std::uint64_t> seed) { t_sample_seed = seed; }
 
-struct PyDataset::Node {
-  enum class Kind : std::uint8_t { sequence, mapping, array, number, object };
-  Kind kind = Kind::object;
-  std::string path;
-  py::object type;               // sequence, mapping: sample 0's container type
-  std::vector<py::object> keys;  // mapping
-  std::vector<Node> children;
-  std::size_t field = 0;  // array, number
-  std::size_t slot = 0;   // object
-  ElementType element;    // array, number
-  std::vector<std::int64_t> shape;
-};
+std::optional<std::uint64_t> current_sample_seed() { return t_sample_seed; }
 
 struct PyDataset::State {
   py::object dataset;
@@ -82,191 +98,6 @@ struct PyDataset::State {
   std::unordered_map<const std::byte*, std::vector<py::object>> objects;
 };
 
-namespace {
-
-// Builds the layout from sample 0.
-struct LayoutBuilder {
-  std::vector<FieldSpec>& fields;
-  std::size_t& slots;
-  std::set<std::string> names;
-
-  std::size_t add_field(const std::string& path, DType dtype, std::vector<std::int64_t> shape) {
-    std::string name = path.empty() ? "sample" : path;
-    while (!names.insert(name).second) name += "'";  // dict keys whose str() collide
-    fields.push_back({name, dtype, std::move(shape)});
-    return fields.size() - 1;
-  }
-
-  PyDataset::Node build(py::handle v, const std::string& path) {
-    using Kind = PyDataset::Node::Kind;
-    PyDataset::Node n;
-    n.path = path;
-    PyObject* o = v.ptr();
-    if (PyTuple_Check(o) || PyList_Check(o)) {
-      n.kind = Kind::sequence;
-      n.type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)));
-      const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
-      for (std::size_t i = 0; i < seq.size(); ++i) {
-        n.children.push_back(build(seq[i], join(path, std::to_string(i))));
-      }
-    } else if (PyDict_Check(o)) {
-      n.kind = Kind::mapping;
-      n.type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)));
-      for (auto item : py::reinterpret_borrow<py::dict>(v)) {
-        n.keys.push_back(py::reinterpret_borrow<py::object>(item.first));
-        n.children.push_back(build(item.second, join(path, py::str(item.first))));
-      }
-    } else {
-      switch (classify(v)) {
-        case ValueKind::scalar:
-          n.kind = Kind::number;
-          n.element = element_type(PyBool_Check(o)   ? "bool"
-                                   : PyLong_Check(o) ? "int64"
-                                                     : "float64");
-          n.field = add_field(path, n.element.storage, {});
-          break;
-        case ValueKind::array: {
-          HostArray a = import_array(v, describe(path) + " of sample 0");
-          n.kind = Kind::array;
-          n.element = a.type;
-          n.shape = a.shape;
-          n.field = add_field(path, a.type.storage, a.shape);
-          break;
-        }
-        case ValueKind::other:
-          n.kind = Kind::object;
-          n.slot = slots++;
-          break;
-      }
-    }
-    return n;
-  }
-};
-
-py::object structure_of(const PyDataset::Node& n) {
-  using Kind = PyDataset::Node::Kind;
-  switch (n.kind) {
-    case Kind::sequence:
-    case Kind::mapping: {
-      py::list children;
-      for (const auto& c : n.children) children.append(structure_of(c));
-      if (n.kind == Kind::sequence) return py::make_tuple("seq", n.type, children);
-      py::list keys;
-      for (const auto& k : n.keys) keys.append(k);
-      return py::make_tuple("map", n.type, keys, children);
-    }
-    case Kind::array:
-    case Kind::number:
-      return py::make_tuple("array", n.field, n.element.name);
-    case Kind::object:
-      return py::make_tuple("object", n.slot);
-  }
-  return py::none();
-}
-
-struct PendingCopy {
-  std::size_t field;
-  HostArray array;
-};
-
-// Checks one sample against the layout (GIL held), writes its numbers, notes its arrays'
-// copies and collects its object values.
-struct SampleVisitor {
-  std::size_t index;
-  const SampleOut& out;
-  std::vector<PendingCopy>& copies;
-  PyObject* objects;  // a tuple with one item per slot, or null
-
-  [[noreturn]] void mismatch(const PyDataset::Node& n, const std::string& what) const {
-    throw py::type_error("stoker: " + describe(n.path) + " of sample " + std::to_string(index) +
-                         " " + what + kBatchingHint);
-  }
-
-  void visit(const PyDataset::Node& n, py::handle v) {
-    using Kind = PyDataset::Node::Kind;
-    PyObject* o = v.ptr();
-    switch (n.kind) {
-      case Kind::sequence: {
-        if (!PyTuple_Check(o) && !PyList_Check(o)) {
-          mismatch(n, "is a " + type_name(v) + " where sample 0 has a " +
-                          std::string(reinterpret_cast<PyTypeObject*>(n.type.ptr())->tp_name));
-        }
-        const Py_ssize_t size = PySequence_Fast_GET_SIZE(o);
-        if (static_cast<std::size_t>(size) != n.children.size()) {
-          mismatch(n, "has " + std::to_string(size) + " values where sample 0 has " +
-                          std::to_string(n.children.size()));
-        }
-        PyObject** items = PySequence_Fast_ITEMS(o);
-        for (std::size_t i = 0; i < n.children.size(); ++i) visit(n.children[i], items[i]);
-        break;
-      }
-      case Kind::mapping: {
-        if (!PyDict_Check(o)) mismatch(n, "is a " + type_name(v) + " where sample 0 has a dict");
-        if (static_cast<std::size_t>(PyDict_Size(o)) != n.keys.size()) {
-          mismatch(n, "has " + std::to_string(PyDict_Size(o)) + " keys where sample 0 has " +
-                          std::to_string(n.keys.size()));
-        }
-        for (std::size_t i = 0; i < n.keys.size(); ++i) {
-          PyObject* child = PyDict_GetItemWithError(o, n.keys[i].ptr());
-          if (child == nullptr) {
-            if (PyErr_Occurred()) throw py::error_already_set();
-            mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) + ", which sample 0 has");
-          }
-          visit(n.children[i], child);
-        }
-        break;
-      }
-      case Kind::number:
-        write_number(n, v);
-        break;
-      case Kind::array: {
-        if (classify(v) == ValueKind::other) {
-          mismatch(n, "is a " + type_name(v) + " where sample 0 has an array");
-        }
-        HostArray a = import_array(v, describe(n.path) + " of sample " + std::to_string(index));
-        if (a.type != n.element) {
-          mismatch(n, "has element type " + a.type.name + " where sample 0 has " + n.element.name);
-        }
-        if (a.shape != n.shape) {
-          throw py::value_error("stoker: " + describe(n.path) + " of sample " +
-                                std::to_string(index) + " has shape " + shape_str(a.shape) +
-                                " where sample 0 has " + shape_str(n.shape) + kBatchingHint);
-        }
-        copies.push_back({n.field, std::move(a)});
-        break;
-      }
-      case Kind::object:
-        Py_INCREF(o);
-        PyTuple_SET_ITEM(objects, static_cast<Py_ssize_t>(n.slot), o);
-        break;
-    }
-  }
-
-  void write_number(const PyDataset::Node& n, py::handle v) {
-    PyObject* o = v.ptr();
-    const auto dst = out.bytes(n.field);
-    if (n.element.name == "bool" && PyBool_Check(o)) {
-      dst[0] = std::byte{o == Py_True};
-    } else if (n.element.name == "int64" && PyLong_Check(o)) {
-      const long long x = PyLong_AsLongLong(o);
-      if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
-      const std::int64_t x64 = x;
-      std::memcpy(dst.data(), &x64, sizeof x64);
-    } else if (n.element.name == "float64" && (PyFloat_Check(o) || PyLong_Check(o))) {
-      const double x = PyFloat_AsDouble(o);
-      if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
-      std::memcpy(dst.data(), &x, sizeof x);
-    } else {
-      mismatch(n, "is a " + type_name(v) + " where sample 0 has a Python " +
-                      (n.element.name == "bool"    ? "bool"
-                       : n.element.name == "int64" ? "int"
-                                                   : "float"));
-    }
-  }
-};
-
-}  // namespace
-
 std::shared_ptr<PyDataset> PyDataset::discover(py::object dataset, bool whole_sample,
                                                py::object on_worker_start, std::size_t probes) {
   std::shared_ptr<PyDataset> self(new PyDataset());
@@ -275,6 +106,7 @@ std::shared_ptr<PyDataset> PyDataset::discover(py::object dataset, bool whole_sa
   st.dataset = std::move(dataset);
   st.on_worker_start = std::move(on_worker_start);
   self->size_ = py::len(st.dataset);
+  self->has_getitems_ = py::hasattr(st.dataset, "__getitems__");
   if (self->size_ == 0) throw py::value_error("stoker: the data set is empty");
 
   LayoutBuilder builder{self->fields_, st.slots, {}};
@@ -313,6 +145,7 @@ PyDataset::~PyDataset() {
     return;
   }
   py::gil_scoped_acquire gil;
+  processes_.store(nullptr);  // holds Python callables
   state_.reset();
   graveyard_.clear();
 }
@@ -321,80 +154,211 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
   if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
     throw std::runtime_error("stoker: the loader is closing");
   }
+  if (processes_.load()) {
+    std::exception_ptr error;
+    read_rows({&index, 1}, {&out, 1}, {&error, 1});
+    if (error) std::rethrow_exception(error);
+    return;
+  }
   std::vector<PendingCopy> copies;
   {
-    EngineThreadGil gil;
+    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_);
     drain_graveyard();
     State& st = *state_;
     if (interrupted_ && !on_engine_thread()) {
       throw PythonError(this, interrupt_ticket_, interrupt_what_);
     }
     try {
-      // Not for the consumer's own thread reading inline (workers = 0), as in torch.
-      if (st.on_worker_start && !st.on_worker_start.is_none() && on_engine_thread()) {
-        const auto [it, first] =
-            st.workers.try_emplace(std::this_thread::get_id(), st.workers.size());
-        if (first) st.on_worker_start(it->second);
-      }
+      start_worker();
       const SeedScope seed(out.seed());
       const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(index));
       if (!key) throw py::error_already_set();
       const auto sample =
           py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
       if (!sample) throw py::error_already_set();
-      py::object objects;
-      if (st.slots > 0) {
-        objects = py::reinterpret_steal<py::object>(PyTuple_New(static_cast<Py_ssize_t>(st.slots)));
-        if (!objects) throw py::error_already_set();
-        for (std::size_t s = 0; s < st.slots; ++s) {
-          Py_INCREF(Py_None);
-          PyTuple_SET_ITEM(objects.ptr(), static_cast<Py_ssize_t>(s), Py_None);
-        }
-      }
-      SampleVisitor{index, out, copies, objects.ptr()}.visit(st.root, sample);
-      if (objects_field_) {
-        const std::byte* slab = out.bytes(*objects_field_).data() - out.row();
-        auto& rows = st.objects[slab];
-        if (rows.size() <= out.row()) rows.resize(out.row() + 1);
-        rows[out.row()] = std::move(objects);
-      }
-    } catch (py::error_already_set& e) {
+      take_sample(index, sample, out, copies);
+    } catch (...) {
       copies.clear();
-      e.restore();
-      raise_current(index);
-    } catch (py::builtin_exception& e) {
-      copies.clear();
-      e.set_error();
-      raise_current(index);
-    } catch (const std::exception& e) {
-      copies.clear();
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-      raise_current(index);
+      std::rethrow_exception(capture_current(index));
     }
   }
+  finish_copies(copies, out);
+}
+
+void PyDataset::start_worker() const {
+  State& st = *state_;
+  // Not for the consumer's own thread reading inline (workers = 0), as in torch.
+  if (st.on_worker_start && !st.on_worker_start.is_none() && on_engine_thread()) {
+    const auto [it, first] = st.workers.try_emplace(std::this_thread::get_id(), st.workers.size());
+    if (first) st.on_worker_start(it->second);
+  }
+}
+
+void PyDataset::take_sample(std::size_t index, py::handle sample, const SampleOut& out,
+                            std::vector<PendingCopy>& copies) const {
+  State& st = *state_;
+  py::object objects;
+  if (st.slots > 0) {
+    objects = py::reinterpret_steal<py::object>(PyTuple_New(static_cast<Py_ssize_t>(st.slots)));
+    if (!objects) throw py::error_already_set();
+    for (std::size_t s = 0; s < st.slots; ++s) {
+      Py_INCREF(Py_None);
+      PyTuple_SET_ITEM(objects.ptr(), static_cast<Py_ssize_t>(s), Py_None);
+    }
+  }
+  SampleVisitor{index, out, copies, objects.ptr()}.visit(st.root, sample);
+  if (objects_field_) store_objects(out, std::move(objects));
+}
+
+void PyDataset::store_objects(const SampleOut& out, py::object values) const {
+  if (!objects_field_) return;
+  const std::byte* slab = out.bytes(*objects_field_).data() - out.row();
+  auto& rows = state_->objects[slab];
+  if (rows.size() <= out.row()) rows.resize(out.row() + 1);
+  rows[out.row()] = std::move(values);
+}
+
+void PyDataset::finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const {
   // The GIL is released; the arrays stay alive through their owners until buried.
   std::vector<py::object> owners;
   owners.reserve(copies.size());
   try {
-    for (auto& c : copies) {
-      if (c.array.contiguous()) {
-        out.copy_from(c.field, {c.array.data, c.array.bytes()});
-      } else {
-        copy_to_contiguous(c.array, out.bytes(c.field));
-      }
-      owners.push_back(std::move(c.array.owner));
-    }
+    copy_pending(copies, out);
   } catch (...) {
-    for (auto& c : copies) {
-      if (c.array.owner) owners.push_back(std::move(c.array.owner));
-    }
+    for (auto& c : copies) owners.push_back(std::move(c.array.owner));
     bury(std::move(owners));
     throw;
   }
+  for (auto& c : copies) owners.push_back(std::move(c.array.owner));
   bury(std::move(owners));
 }
 
-void PyDataset::raise_current(std::size_t index) const {
+bool PyDataset::reads_chunks() const { return has_getitems_ || processes_.load() != nullptr; }
+
+void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                          std::span<std::exception_ptr> errors) const {
+  if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
+    const auto closing =
+        std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"));
+    for (auto& e : errors) e = closing;
+    return;
+  }
+  if (auto pool = processes_.load()) {
+    pool->run(*this, indices, outs, errors);
+  } else if (has_getitems_) {
+    read_items(indices, outs, errors);
+  } else {
+    Dataset::read_rows(indices, outs, errors);
+  }
+}
+
+void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                           std::span<std::exception_ptr> errors) const {
+  std::vector<std::vector<PendingCopy>> copies(indices.size());
+  bool one_by_one = false;
+  {
+    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, indices.size());
+    drain_graveyard();
+    State& st = *state_;
+    if (interrupted_ && !on_engine_thread()) {
+      const auto interrupt =
+          std::make_exception_ptr(PythonError(this, interrupt_ticket_, interrupt_what_));
+      for (auto& error : errors) error = interrupt;
+      return;
+    }
+    py::object samples;
+    try {
+      start_worker();
+      const SeedScope seed(outs[0].seed());
+      py::list keys(indices.size());
+      for (std::size_t k = 0; k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
+      samples = py::list(st.dataset.attr("__getitems__")(keys));
+      if (py::len(samples) != indices.size()) {
+        throw py::value_error("stoker: __getitems__ returned " + std::to_string(py::len(samples)) +
+                              " samples for " + std::to_string(indices.size()) + " indices");
+      }
+    } catch (const py::error_already_set& e) {
+      if (e.matches(PyExc_KeyboardInterrupt) && !on_engine_thread()) {
+        // Ctrl-C on the consumer's own thread: the whole chunk ends with it (see
+        // clear_interrupt), rather than being read again sample by sample.
+        const std::exception_ptr interrupt = capture_current(indices[0]);
+        for (auto& error : errors) error = interrupt;
+        return;
+      }
+      // Which sample failed is unknown: read them one by one, so that each failure names
+      // its own sample (and the skip policy replaces only those).
+      one_by_one = true;
+    }
+    if (!one_by_one) {
+      const auto list = py::reinterpret_borrow<py::list>(samples);
+      for (std::size_t k = 0; k < indices.size(); ++k) {
+        try {
+          take_sample(indices[k], list[k], outs[k], copies[k]);
+        } catch (...) {
+          copies[k].clear();
+          errors[k] = capture_current(indices[k]);
+        }
+      }
+    }
+  }
+  if (one_by_one) {
+    Dataset::read_rows(indices, outs, errors);
+    return;
+  }
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    if (errors[k]) continue;
+    try {
+      finish_copies(copies[k], outs[k]);
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  }
+}
+
+std::chrono::nanoseconds PyDataset::lock_held() const {
+  return std::chrono::nanoseconds(gil_cpu_ns_.load(std::memory_order_relaxed));
+}
+
+std::size_t PyDataset::worker_limit() const {
+  auto pool = processes_.load();
+  return pool ? pool->size() : 0;
+}
+
+void PyDataset::use_processes(std::shared_ptr<ProcessPool> pool) {
+  processes_.store(std::move(pool));
+}
+
+void PyDataset::close() noexcept {
+  closed_.store(true, std::memory_order_release);
+  if (auto pool = processes_.load()) pool->stop();
+}
+
+void PyDataset::release_workers() {
+  if (auto pool = processes_.load()) pool->finish();
+}
+
+py::object PyDataset::layout_description() const { return describe_layout(state_->root); }
+
+std::size_t PyDataset::object_slots() const { return state_->slots; }
+
+py::tuple PyDataset::gil_stats() const {
+  return py::make_tuple(gil_reads_.load(), 1e-9 * static_cast<double>(gil_wait_ns_.load()),
+                        1e-9 * static_cast<double>(gil_held_ns_.load()),
+                        1e-9 * static_cast<double>(gil_cpu_ns_.load()));
+}
+
+std::exception_ptr PyDataset::capture_current(std::size_t index) const {
+  try {
+    throw;
+  } catch (py::error_already_set& e) {
+    e.restore();
+  } catch (py::builtin_exception& e) {
+    e.set_error();
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+  }
   PyObject* type = nullptr;
   PyObject* value = nullptr;
   PyObject* trace = nullptr;
@@ -403,9 +367,15 @@ void PyDataset::raise_current(std::size_t index) const {
   if (trace != nullptr) PyException_SetTraceback(value, trace);
   Py_XDECREF(type);
   Py_XDECREF(trace);
-  auto exception = py::reinterpret_steal<py::object>(value);
+  return keep_error(py::reinterpret_steal<py::object>(value), index);
+}
 
-  std::string what = type_name(exception);
+void PyDataset::raise_current(std::size_t index) const {
+  std::rethrow_exception(capture_current(index));
+}
+
+std::exception_ptr PyDataset::keep_error(py::object exception, std::size_t index) const {
+  std::string what = Py_TYPE(exception.ptr())->tp_name;
   if (PyObject* text = PyObject_Str(exception.ptr())) {
     const char* s = PyUnicode_AsUTF8(text);
     if (s != nullptr && *s != '\0') what += std::string(": ") + s;
@@ -423,7 +393,7 @@ void PyDataset::raise_current(std::size_t index) const {
   }
   st.errors.emplace(ticket, State::KeptError{std::move(exception), index});
   while (st.errors.size() > kKeptErrors) st.errors.erase(st.errors.begin());
-  throw PythonError(this, ticket, what);
+  return std::make_exception_ptr(PythonError(this, ticket, what));
 }
 
 void PyDataset::bury(std::vector<py::object>&& owners) const {
@@ -499,6 +469,15 @@ void RemappedDataset::set_order(std::vector<std::size_t> order) {
 
 void RemappedDataset::read(std::size_t index, const SampleOut& out) const {
   base_->read((*order_.load())[index], out);
+}
+
+void RemappedDataset::read_rows(std::span<const std::size_t> indices,
+                                std::span<const SampleOut> outs,
+                                std::span<std::exception_ptr> errors) const {
+  const auto order = order_.load();
+  std::vector<std::size_t> mapped(indices.size());
+  for (std::size_t k = 0; k < indices.size(); ++k) mapped[k] = (*order)[indices[k]];
+  base_->read_rows(mapped, outs, errors);
 }
 
 void RemappedDataset::prefetch(std::size_t index) const {

@@ -26,12 +26,14 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -39,6 +41,7 @@
 #include <vector>
 
 #include "host_array.h"
+#include "py_layout.h"
 #include "stoker/dataset.h"
 #include "stoker/loader.h"
 #include "util/mutex.h"
@@ -48,6 +51,7 @@ namespace stoker::python {
 namespace py = pybind11;
 
 class PyDataset;
+class ProcessPool;
 
 // An exception raised in Python while reading a sample; what() is "Type: message". The
 // exception object itself stays with `origin` under `ticket`.
@@ -66,6 +70,8 @@ class PythonError : public std::runtime_error {
 // The seed of the sample being read on this thread (SampleOut::seed()), for __getitem__ to
 // draw its random choices from; empty outside a read.
 std::optional<std::uint64_t> current_sample_seed();
+// Sets it (a worker process, around each __getitem__).
+void set_sample_seed(std::optional<std::uint64_t> seed);
 
 class PyDataset final : public Dataset {
  public:
@@ -81,6 +87,31 @@ class PyDataset final : public Dataset {
   std::size_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override { return fields_; }
   void read(std::size_t index, const SampleOut& out) const override;
+  // With worker processes, or a data set with __getitems__ (called once per chunk, one GIL
+  // round trip), reads go a chunk at a time (py_workers.h).
+  bool reads_chunks() const override;
+  void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const override;
+  std::chrono::nanoseconds lock_held() const override;
+  std::size_t worker_limit() const override;
+
+  // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
+  // threads finish there.
+  void use_processes(std::shared_ptr<ProcessPool> pool);
+  // Stops and reaps the worker processes, if any (GIL held, after the engine has stopped).
+  void release_workers();
+  // The layout as worker processes rebuild it (layout_from_description) and its slot count.
+  py::object layout_description() const;
+  std::size_t object_slots() const;
+  // How the reads used the GIL, summed over threads: (reads, seconds waiting to take it at
+  // the start of a read, seconds holding it, CPU seconds of the thread while holding it).
+  // The auto worker type decides from these.
+  py::tuple gil_stats() const;
+
+  // For ProcessPool (GIL held): the object values of a row read elsewhere, and an exception
+  // raised elsewhere, kept like this thread's own (the PythonError to hand the engine).
+  void store_objects(const SampleOut& out, py::object values) const;
+  std::exception_ptr keep_error(py::object exception, std::size_t index) const;
 
   // The layout for the Python layer (GIL held): nested tuples
   //   ("seq", type, [child...]) | ("map", type, [key...], [child...])
@@ -95,21 +126,36 @@ class PyDataset final : public Dataset {
   py::object take_error(std::uint64_t ticket, std::size_t& index) const;
 
   // From now on reads fail at once without calling Python: the loader is shutting down.
-  void close() noexcept { closed_.store(true, std::memory_order_release); }
+  // Worker processes are told to stop (their sockets shut down, SIGTERM), so that engine
+  // threads waiting for them return at once.
+  void close() noexcept;
   // A KeyboardInterrupt raised in __getitem__ on the consumer's own thread (reading inline,
   // no workers) fails that thread's further reads at once with the same exception, so Ctrl-C
   // ends the batch being read instead of interrupting one row of it; the next call of the
   // loader clears it (GIL held).
   void clear_interrupt() const noexcept { interrupted_ = false; }
 
-  struct Node;
+  using Node = LayoutNode;
   struct State;
 
  private:
   PyDataset() = default;
   [[noreturn]] void raise_current(std::size_t index) const;  // GIL held, error set
-  void bury(std::vector<py::object>&& owners) const;         // no GIL needed
-  void drain_graveyard() const;                              // GIL held
+  // The C++ exception being handled, as a kept Python error (GIL held, inside a catch).
+  std::exception_ptr capture_current(std::size_t index) const;
+  // Calls on_worker_start the first time this worker thread reads (GIL held).
+  void start_worker() const;
+  // Checks `sample` against the layout, writes its numbers, notes its copies, keeps its
+  // object values (GIL held; throws like the visitor).
+  void take_sample(std::size_t index, py::handle sample, const SampleOut& out,
+                   std::vector<PendingCopy>& copies) const;
+  // Makes the copies with the GIL released and buries the arrays' owners.
+  void finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const;
+  // One __getitems__ call for the chunk (threads).
+  void read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                  std::span<std::exception_ptr> errors) const;
+  void bury(std::vector<py::object>&& owners) const;  // no GIL needed
+  void drain_graveyard() const;                       // GIL held
 
   std::size_t size_ = 0;
   std::vector<FieldSpec> fields_;
@@ -120,6 +166,12 @@ class PyDataset final : public Dataset {
   mutable std::uint64_t interrupt_ticket_ = 0;
   mutable std::string interrupt_what_;
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
+  bool has_getitems_ = false;
+  std::atomic<std::shared_ptr<ProcessPool>> processes_;
+  mutable std::atomic<std::uint64_t> gil_reads_{0};
+  mutable std::atomic<std::int64_t> gil_wait_ns_{0};
+  mutable std::atomic<std::int64_t> gil_held_ns_{0};
+  mutable std::atomic<std::int64_t> gil_cpu_ns_{0};
 
   mutable detail::Mutex graveyard_mu_;  // a leaf lock: nothing is acquired while holding it
   mutable std::vector<py::object> graveyard_ STOKER_GUARDED_BY(graveyard_mu_);
@@ -138,6 +190,11 @@ class RemappedDataset final : public Dataset {
   std::vector<FieldSpec> fields() const override { return base_->fields(); }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
+  bool reads_chunks() const override { return base_->reads_chunks(); }
+  void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const override;
+  std::chrono::nanoseconds lock_held() const override { return base_->lock_held(); }
+  std::size_t worker_limit() const override { return base_->worker_limit(); }
 
   // Throws std::invalid_argument if the length differs or an index is past the base's end.
   void set_order(std::vector<std::size_t> order);

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gil.h"
+#include "py_workers.h"
 
 namespace stoker::python {
 namespace {
@@ -99,7 +100,7 @@ PyLoader::PyLoader(PyLoaderOptions options)
     : py_dataset_(std::move(options.py_dataset)), remap_(std::move(options.remap)) {
   {
     py::gil_scoped_release nogil;  // starting workers: they may already want the GIL
-    loader_ = std::make_unique<Loader>(options.loader);
+    loader_ = std::make_unique<Loader>(options.loader, options.internals);
   }
   batches_per_epoch_ = loader_->batches_per_epoch();
   samples_per_epoch_ = loader_->samples_per_epoch();
@@ -279,6 +280,16 @@ void PyLoader::raise_sample_error(const SampleError& error) {
       PyErr_Restore(type, exception.release().ptr(), trace);
       throw py::error_already_set();
     }
+  } catch (const WorkerDiedError& cause) {
+    // A worker process died: stoker.WorkerError (a SampleError) with torch's message.
+    if (worker_error_type()) {
+      py::object exception =
+          py::reinterpret_borrow<py::object>(worker_error_type())(std::string(cause.what()));
+      exception.attr("index") = index;
+      exception.attr("pid") = cause.pid();
+      PyErr_SetObject(worker_error_type().ptr(), exception.ptr());
+      throw py::error_already_set();
+    }
   } catch (...) {
     // A native data set's exception: reported below with its message.
   }
@@ -307,6 +318,7 @@ void PyLoader::close() {
     py::gil_scoped_release nogil;
     loader_.reset();  // stops and joins the workers
   }
+  if (py_dataset_) py_dataset_->release_workers();  // and reaps worker processes
   // With the GIL: the last references to the Python data set may go here.
   remap_.reset();
   py_dataset_.reset();
@@ -333,6 +345,10 @@ void PyLoader::close_from_engine_thread() {
   // take the GIL themselves, or leave them to the interpreter's teardown if it has begun.
   std::thread([remains = std::move(remains)]() mutable {
     remains->loader.reset();
+    if (remains->py_dataset && !interpreter_finalizing()) {
+      py::gil_scoped_acquire gil;
+      remains->py_dataset->release_workers();
+    }
     remains.reset();
   }).detach();
 }

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "host_array.h"
+#include "loader_internals.h"
 #include "py_dataset.h"
 #include "stoker/loader.h"
 #include "util/mutex.h"
@@ -71,6 +72,7 @@ struct PyLoaderOptions {
   LoaderOptions loader;
   std::shared_ptr<PyDataset> py_dataset;   // the Python data set behind loader.dataset
   std::shared_ptr<RemappedDataset> remap;  // a custom sampler's order, if any
+  detail::LoaderInternals internals;       // shared slabs for worker processes
 };
 
 class PyLoader {

@@ -16,6 +16,7 @@ from ._distributed import DistributedSampler, world
 from ._loader import DataLoader
 
 SampleError = _stoker.SampleError
+WorkerError = _stoker.WorkerError
 sample_seed = _stoker.sample_seed
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "RecordDataset",
     "SampleError",
     "SyntheticDataset",
+    "WorkerError",
     "pack",
     "sample_seed",
     "transforms",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional, Union
@@ -13,6 +15,24 @@ from ._batch import converter, plan
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
 from ._torchvision import native_equivalent
+from ._workers import ProcessWorkers, mp_context, thread_worker_start
+
+_log = logging.getLogger("stoker")
+
+# worker_type='auto' measures reads from the first batch handed out (the start-up is left
+# out) over at least this many more batches and samples: long enough for the threads to meet
+# at the GIL, short next to an epoch.
+_AUTO_MIN_BATCHES = 3
+_AUTO_MIN_READS = 16
+# The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
+# time) for at least this share of the time, and not much more than all of it: GIL-bound.
+# Pure-Python __getitem__s on two threads keep it busy ~95% of the time (measured on a 2-core
+# machine; down to ~60% when other processes compete for the cores), cheap Python samples
+# ~40-60% (the training loop's thread takes the rest); one that sleeps or waits for I/O ~1-3%;
+# one whose work releases the GIL (numpy, PIL, torch ops) runs on several cores at once, so
+# its threads' CPU time exceeds the wall time.
+_AUTO_GIL_BUSY = 0.4
+_AUTO_GIL_PARALLEL = 1.25
 
 # num_workers='auto' starts with one worker per core and lets the engine's tuner add more
 # while the training loop waits for data: many at a time when the workers themselves mostly
@@ -85,16 +105,21 @@ class DataLoader:
     buffer (pinned when it pays), and batches reach PyTorch as tensors without a copy.
 
     Differences from torch's, all in the user's favour or stated here:
-      num_workers: worker *threads*. 'auto' (default) starts with one per core and tunes the
-        count online while the training loop waits for data (no grid search). 0 reads on the
-        training loop's thread.
+      num_workers: workers. 'auto' (default) starts with one thread per core and tunes the
+        count online while the training loop waits for data (no grid search); with worker
+        processes, one per core. 0 reads on the training loop's thread.
+      worker_type: 'auto' (default) starts on threads and moves to worker processes when the
+        first batches show reads that keep the GIL busy (pure-Python __getitem__); 'thread'
+        or 'process' to choose. Processes write samples straight into shared batch buffers
+        (only indices, small objects and errors are pickled); multiprocessing_context picks
+        how they start (fork by default on Linux). stats() says which and why.
       pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
         budget (``pin_budget`` bytes, default a quarter of available memory).
       device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
         copied on a side stream while the previous batch trains (the "data prefetcher"), with
         the current stream made to wait for the copy. Falls back to the CPU, with one log line,
         where no GPU answers.
-      persistent_workers: workers always persist (threads, and the next epoch is prefetched).
+      persistent_workers: workers always persist (and the next epoch is prefetched).
       prefetch_factor: batches in flight are ``prefetch_factor * max(1, num_workers)``.
       on_error: 'raise' (default) raises a failed sample's exception, with its type and
         traceback and a note naming the sample; 'skip' replaces the sample with another one
@@ -138,9 +163,10 @@ class DataLoader:
         seed: Optional[int] = None,
         pin_budget: int = 0,
         device_depth: int = 2,
+        worker_type: str = "auto",
         native: bool = True,
     ) -> None:
-        del multiprocessing_context, persistent_workers, pin_memory_device  # threads: moot
+        del persistent_workers, pin_memory_device  # workers always persist
         if not in_order:
             warnings.warn("stoker always delivers batches in order", stacklevel=2)
         if batch_sampler is not None:
@@ -183,6 +209,10 @@ class DataLoader:
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
                              "batches are already tensors")
+        if worker_type not in ("auto", "thread", "process"):
+            raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
+                             f"{worker_type!r}")
+        workers_given = num_workers != "auto"
         tune = num_workers == "auto"
         max_workers = 0
         if tune:
@@ -215,15 +245,47 @@ class DataLoader:
             order = list(sampler)
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
+        # PyTorch's base seed of the workers: worker i is seeded with base + i.
+        self._worker_seed = _draw_seed(generator) if not native else 0
+        self._workers: Optional[ProcessWorkers] = None
+        self._pool = None
+        self._thread_count = [0]
+        self._auto_batches = 0
+        self._auto_start = None
         if native:
             self._handle = dataset._handle
             structure = dataset._structure()
+            self.worker_type, reason = "thread", "a native data set reads in C++, on threads"
         else:
             # With skip, a broken first sample must not stop the loader before it starts.
             probes = min(16, max_skipped + 1) if on_error == "skip" else 1
-            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None,
-                                                      worker_init_fn, probes)
+            # No reference to self from here: the C++ data set holds it, and a cycle through
+            # C++ would keep the loader alive.
+            thread_count = self._thread_count = [self.num_workers]
+            start = thread_worker_start(dataset, self._worker_seed, lambda: thread_count[0],
+                                        worker_init_fn)
+            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None, start,
+                                                      probes)
             structure = self._handle.structure()
+            if self.num_workers == 0:
+                if worker_type == "process":
+                    raise ValueError("worker_type='process' needs num_workers >= 1")
+                self.worker_type, reason = "thread", "num_workers=0 reads in the training loop"
+            elif worker_type == "auto":
+                self.worker_type = "thread"
+                reason = "auto: measuring the first batches on threads"
+            else:
+                self.worker_type, reason = worker_type, "asked for"
+        self.worker_type_reason = reason
+        self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0)
+        self._context = mp_context(multiprocessing_context) if not native else None
+        self._worker_init_fn = worker_init_fn
+        # With processes, one worker per core unless told otherwise.
+        self._process_count = self.num_workers if workers_given else _cores()
+        if self.worker_type == "process":
+            self.num_workers = self._process_count
+            tune = False
+            self._start_processes()
         self._order = order
         self._device = self._resolve_device(device)
         stream = 0
@@ -243,7 +305,10 @@ class DataLoader:
             on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
             max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
             stream=stream, pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(pin_memory)),
-            pin_budget=int(pin_budget), tune_workers=tune, max_workers=max_workers), order)
+            pin_budget=int(pin_budget), tune_workers=tune, max_workers=max_workers), order,
+            shared_slabs=not native and self.worker_type == "process" or self._auto_pending)
+        if worker_type == "process" or not self._auto_pending:
+            self._log_worker_type()
         element_types = self._element_types(structure)
         self._build = plan(structure, collate_fn)
         self._convert = converter(element_types, self._loader.stats()["device"] not in
@@ -340,15 +405,21 @@ class DataLoader:
     # --- stoker's own --------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        """Throughput, time the training loop waited, worker busy time, queue depth, slabs."""
+        """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
+        which pipeline runs (``pipeline``) and which kind of worker reads and why
+        (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
         stats = self._loader.stats()
         stats["pipeline"] = self._pipeline
+        stats["worker_type"] = self.worker_type
+        stats["worker_type_reason"] = self.worker_type_reason
+        stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []
         return stats
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
         self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
+        self._thread_count[0] = int(workers)
 
     def set_depth(self, depth: int) -> None:
         self._loader.set_depth(int(depth))
@@ -378,8 +449,54 @@ class DataLoader:
                 self._loader.restart_fresh(epoch)
         self._loader.restore(epoch, batch)
 
+    def _start_processes(self) -> None:
+        """Starts the worker processes and sends reads to them from now on."""
+        workers = ProcessWorkers(self.dataset, self._handle, self._process_count, self._context,
+                                 self._worker_seed, self._worker_init_fn)
+        pool = workers.make_pool()
+        pool.start()
+        self._workers, self._pool = workers, pool
+        self._handle.use_processes(pool)
+
+    def _log_worker_type(self) -> None:
+        _log.info("stoker: %s workers (%s)", self.worker_type, self.worker_type_reason)
+
+    def _choose_worker_type(self) -> None:
+        """worker_type='auto': once the first batches were read on threads, moves GIL-bound
+        reads to processes (between batches, on this thread: nothing is lost or reordered)."""
+        reads, _, _, cpu_s = self._handle.gil_stats()
+        now = time.perf_counter()
+        if self._auto_start is None:
+            self._auto_start = (reads, cpu_s, now)
+            return
+        self._auto_batches += 1
+        reads -= self._auto_start[0]
+        if self._auto_batches < _AUTO_MIN_BATCHES or reads < _AUTO_MIN_READS:
+            return
+        self._auto_pending = False
+        busy = (cpu_s - self._auto_start[1]) / max(now - self._auto_start[2], 1e-9)
+        threads = self._loader.stats()["workers"]
+        measured = (f"reads kept the GIL busy {busy:.0%} of the time on {threads} threads, "
+                    f"{_cores()} cores")
+        gil_bound = _AUTO_GIL_BUSY <= busy <= _AUTO_GIL_PARALLEL
+        if gil_bound and _cores() >= 2 and threads >= 2:
+            self._start_processes()
+            self.worker_type = "process"
+            self.num_workers = self._process_count
+            self._loader.set_workers(self._process_count)
+            self.worker_type_reason = f"auto: {measured}: GIL-bound, so processes"
+        else:
+            why = ("fewer than 2 cores" if _cores() < 2 else
+                   "fewer than 2 threads" if threads < 2 and gil_bound else
+                   "work that releases the GIL" if busy > _AUTO_GIL_PARALLEL else
+                   "not GIL-bound")
+            self.worker_type_reason = f"auto: {measured}: {why}, so threads"
+        self._log_worker_type()
+
     def _next(self):
         raw = self._loader.next(self.timeout)
+        if self._auto_pending and raw is not None:
+            self._choose_worker_type()
         if raw is None:
             return None
         arrays = self._convert(raw)

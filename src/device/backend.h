@@ -32,6 +32,13 @@ class DeviceBackend {
   virtual std::string name() const = 0;  // "cuda:0", "sim"
   // Host memory the device copies from without staging; null if there is none.
   virtual std::shared_ptr<HostAllocator> pinned_allocator() = 0;
+  // The same for memory `base` makes (shared slabs, which worker processes map): each
+  // allocation page-locked and registered with the device (cudaHostRegister). Null if the
+  // backend cannot register memory it did not allocate.
+  virtual std::shared_ptr<HostAllocator> registered_allocator(std::shared_ptr<HostAllocator> base) {
+    (void)base;
+    return nullptr;
+  }
 
   virtual std::byte* allocate(std::size_t bytes) = 0;  // device memory; throws on failure
   virtual void deallocate(std::byte* memory, std::size_t bytes) noexcept = 0;

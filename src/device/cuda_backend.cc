@@ -69,6 +69,35 @@ class PinnedAllocator final : public HostAllocator {
   int device_;
 };
 
+// Memory from another allocator (shared slabs), registered with the device for DMA.
+class RegisteredAllocator final : public HostAllocator {
+ public:
+  RegisteredAllocator(int device, std::shared_ptr<HostAllocator> base)
+      : device_(device), base_(std::move(base)) {}
+  MemoryKind kind() const override { return MemoryKind::pinned; }
+  std::byte* allocate(std::size_t bytes) override {
+    std::byte* p = base_->allocate(bytes);
+    DeviceScope scope(device_);
+    if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+      cudaGetLastError();  // clear it: the caller falls back to unregistered memory
+      base_->deallocate(p, bytes);
+      throw std::bad_alloc();
+    }
+    return p;
+  }
+  void deallocate(std::byte* memory, std::size_t bytes) noexcept override {
+    {
+      DeviceScope scope(device_);
+      cudaHostUnregister(memory);
+    }
+    base_->deallocate(memory, bytes);
+  }
+
+ private:
+  int device_;
+  std::shared_ptr<HostAllocator> base_;
+};
+
 class CudaBackend final : public DeviceBackend {
  public:
   explicit CudaBackend(int device)
@@ -84,6 +113,10 @@ class CudaBackend final : public DeviceBackend {
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
   std::shared_ptr<HostAllocator> pinned_allocator() override { return pinned_; }
+  std::shared_ptr<HostAllocator> registered_allocator(
+      std::shared_ptr<HostAllocator> base) override {
+    return std::make_shared<RegisteredAllocator>(device_, std::move(base));
+  }
 
   std::byte* allocate(std::size_t bytes) override {
     DeviceScope scope(device_);

@@ -138,6 +138,20 @@ class SimPinnedAllocator final : public HostAllocator {
   }
 };
 
+// The simulated device "registers" any memory: it reads host memory directly.
+class SimRegisteredAllocator final : public HostAllocator {
+ public:
+  explicit SimRegisteredAllocator(std::shared_ptr<HostAllocator> base) : base_(std::move(base)) {}
+  MemoryKind kind() const override { return MemoryKind::pinned; }
+  std::byte* allocate(std::size_t bytes) override { return base_->allocate(bytes); }
+  void deallocate(std::byte* memory, std::size_t bytes) noexcept override {
+    base_->deallocate(memory, bytes);
+  }
+
+ private:
+  std::shared_ptr<HostAllocator> base_;
+};
+
 class SimBackend final : public DeviceBackend {
  public:
   explicit SimBackend(const SimDevice& options)
@@ -148,6 +162,10 @@ class SimBackend final : public DeviceBackend {
 
   std::string name() const override { return "sim"; }
   std::shared_ptr<HostAllocator> pinned_allocator() override { return pinned_; }
+  std::shared_ptr<HostAllocator> registered_allocator(
+      std::shared_ptr<HostAllocator> base) override {
+    return std::make_shared<SimRegisteredAllocator>(std::move(base));
+  }
 
   std::byte* allocate(std::size_t bytes) override { return new std::byte[bytes]; }
   void deallocate(std::byte* memory, std::size_t) noexcept override { delete[] memory; }

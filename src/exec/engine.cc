@@ -240,11 +240,15 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
     MutexUnlock unlocked(mu_);
     const auto start = Clock::now();
     const std::int64_t cpu_start = thread_cpu_ns();
-    for (std::size_t row = begin; row < end; ++row) {
-      // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
-      if (ticket->cancelled.load(std::memory_order_relaxed)) break;
-      if (row + 1 < end) config_.dataset->prefetch(rows[row + 1]);
-      read_row(ticket, row);
+    if (config_.dataset->reads_chunks()) {
+      if (!ticket->cancelled.load(std::memory_order_relaxed)) read_chunk(ticket, begin, end);
+    } else {
+      for (std::size_t row = begin; row < end; ++row) {
+        // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
+        if (ticket->cancelled.load(std::memory_order_relaxed)) break;
+        if (row + 1 < end) config_.dataset->prefetch(rows[row + 1]);
+        read_row(ticket, row);
+      }
     }
     busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
     if (&busy_ns == &worker_busy_ns_) {
@@ -263,10 +267,54 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
   }
 }
 
-void Engine::read_row(Ticket* ticket, std::size_t row) {
+void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
   Slab& slab = *ticket->slab;
-  std::size_t index = slab.rows()[row];
-  for (std::size_t attempt = 0;; ++attempt) {
+  const std::span<const std::size_t> indices = slab.rows().subspan(begin, end - begin);
+  std::vector<SampleOut> outs;
+  outs.reserve(indices.size());
+  for (std::size_t row = begin; row < end; ++row) {
+    const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, slab.rows()[row]);
+    outs.emplace_back(pool_->field_bytes(), slab.fields(), row, seed);
+  }
+  std::vector<std::exception_ptr> errors(indices.size());
+  try {
+    config_.dataset->read_rows(indices, outs, errors);
+  } catch (...) {
+    // Not tied to one row (the data set is closing, ...): every row failed with it.
+    for (auto& e : errors) {
+      if (!e) e = std::current_exception();
+    }
+  }
+  for (std::size_t k = 0; k < errors.size(); ++k) {
+    if (!errors[k]) continue;
+    const std::size_t row = begin + k;
+    const std::size_t index = slab.rows()[row];
+    bool retry = false;
+    try {
+      std::rethrow_exception(errors[k]);
+    } catch (...) {
+      retry = on_failure(ticket, row, index, 0);
+    }
+    if (retry && !ticket->cancelled.load(std::memory_order_relaxed)) {
+      read_row(ticket, row, replacement(ticket, index, 0), 1);
+    }
+  }
+}
+
+std::size_t Engine::replacement(const Ticket* ticket, std::size_t index,
+                                std::size_t attempt) const {
+  return mix(config_.order.seed ^ kReplacementSalt, ticket->epoch, index + attempt) %
+         config_.order.samples;
+}
+
+void Engine::read_row(Ticket* ticket, std::size_t row) {
+  read_row(ticket, row, ticket->slab->rows()[row], 0);
+}
+
+void Engine::read_row(Ticket* ticket, std::size_t row, std::size_t index,
+                      std::size_t first_attempt) {
+  Slab& slab = *ticket->slab;
+  for (std::size_t attempt = first_attempt;; ++attempt) {
     try {
       const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, index);
       config_.dataset->read(index, SampleOut(pool_->field_bytes(), slab.fields(), row, seed));
@@ -275,8 +323,7 @@ void Engine::read_row(Ticket* ticket, std::size_t row) {
     } catch (...) {
       if (!on_failure(ticket, row, index, attempt)) return;
     }
-    index = mix(config_.order.seed ^ kReplacementSalt, ticket->epoch, index + attempt) %
-            config_.order.samples;
+    index = replacement(ticket, index, attempt);
   }
 }
 
@@ -438,6 +485,7 @@ Stats Engine::stats() const {
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
+  s.worker_lock_held = config_.dataset->lock_held();
   s.skipped = skipped_.load(std::memory_order_relaxed);
   const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);
   s.mean_ready_at_next =

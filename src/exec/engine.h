@@ -119,6 +119,7 @@ class Engine {
   void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
   void set_depth(std::size_t depth) STOKER_EXCLUDES(mu_);
   Stats stats() const STOKER_EXCLUDES(mu_);
+  std::size_t worker_limit() const { return config_.dataset->worker_limit(); }
 
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }
   std::size_t samples_per_epoch() const { return samples_per_epoch_; }
@@ -159,6 +160,12 @@ class Engine {
   // Claims one chunk of `ticket`, reads its rows with mu_ released, and marks it done.
   void run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) STOKER_REQUIRES(mu_);
   void read_row(Ticket* ticket, std::size_t row);
+  // Row `row` from sample `index` on, `first_attempt` replacements already made.
+  void read_row(Ticket* ticket, std::size_t row, std::size_t index, std::size_t first_attempt);
+  // Rows [begin, end) in one Dataset::read_rows call; failed rows go through on_failure.
+  void read_chunk(Ticket* ticket, std::size_t begin, std::size_t end);
+  // The sample that replaces failed sample `index` after `attempt` replacements.
+  std::size_t replacement(const Ticket* ticket, std::size_t index, std::size_t attempt) const;
   // Records a failed read. Returns true if the row should be retried with another sample.
   bool on_failure(Ticket* ticket, std::size_t row, std::size_t index, std::size_t attempt);
   void cancel_in_flight() STOKER_REQUIRES(mu_);

@@ -17,6 +17,7 @@ struct TuneWindow {
   double worker_busy_s = 0;    // summed over workers: wall time inside read()
   double worker_cpu_s = 0;     // of that, time on a CPU
   std::size_t workers = 0;
+  double worker_lock_held_s = 0;  // of worker_cpu_s, time holding the GIL
 };
 
 struct TuneLimits {
@@ -30,10 +31,14 @@ struct TuneLimits {
 //    doubled (more threads in flight hide the waiting; idle threads cost little);
 //  - workers that compute get one more, up to one per core (past that they only share cores
 //    with each other and the consumer).
-// Otherwise the count stays: the workers keep up.
+// Otherwise the count stays: the workers keep up. Workers that keep the GIL busy for more than
+// kLockSaturated of the window get no company: another thread would only wait for it.
 std::size_t next_worker_count(const TuneWindow& window, const TuneLimits& limits);
 
 inline constexpr double kWaitThreshold = 0.03;
+// A pure-Python data set on two threads keeps it ~95% busy, down to ~35-60% when other
+// processes compete for the cores; sleepers keep it a few percent busy.
+inline constexpr double kLockSaturated = 0.35;
 
 // Turns a loader's cumulative Stats into windows of at least kMinWindow and kMinBatches
 // batches, and says when the worker count should change.

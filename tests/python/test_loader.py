@@ -321,6 +321,28 @@ def test_ctrl_c_without_workers_ends_the_batch_being_read():
     assert next(it)[1].tolist() == [16, 25, 36, 49]  # the loader goes on
 
 
+def test_ctrl_c_in_getitems_without_workers_ends_the_batch_being_read():
+    release = threading.Event()
+    calls = []
+
+    class HangItems(Squares):
+        def __getitems__(self, indices):
+            calls.append(list(indices))
+            if not release.is_set():
+                release.wait(30)
+            return [super(HangItems, self).__getitem__(i) for i in indices]
+
+    loader = stoker.DataLoader(HangItems(8), batch_size=4, num_workers=0)
+    it = iter(loader)
+    timer = threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        next(it)
+    assert len(calls) == 1  # not read again sample by sample after the interrupt
+    release.set()
+    assert next(it)[1].tolist() == [16, 25, 36, 49]  # the loader goes on
+
+
 def test_destroying_a_loader_with_batches_in_flight_is_prompt():
     ds = stoker.ArrayDataset(np.zeros((4096, 3, 64, 64), np.uint8), np.arange(4096))
     for _ in range(20):
@@ -467,8 +489,9 @@ def test_stats_keys_are_the_cpp_stats_fields():
     fields = _stoker.stats_fields()
     assert len(fields) == len(set(fields))
     derived = {"samples_per_second", "bytes_per_second", "wait_fraction"}
-    python_side = {"pipeline"}  # what the DataLoader adds: which path ran, and why
-    assert set(loader.stats()) == set(fields) | derived | python_side
+    # Added by the Python package: which pipeline and which kind of worker reads.
+    python_only = {"pipeline", "worker_type", "worker_type_reason", "worker_pids"}
+    assert set(loader.stats()) == set(fields) | derived | python_only
     assert {"worker_cpu_s", "consumer_wait_s", "copies", "device"} <= set(fields)
     assert loader.stats()["batches"] == 2
 

@@ -1,0 +1,265 @@
+#include "py_layout.h"
+
+#include <cstring>
+#include <utility>
+
+namespace stoker::python {
+namespace {
+
+std::string join_path(const std::string& path, const std::string& part) {
+  return path.empty() ? part : path + "." + part;
+}
+
+std::string describe(const std::string& path) {
+  return path.empty() ? "the sample" : "field '" + path + "'";
+}
+
+std::string type_name(py::handle v) { return Py_TYPE(v.ptr())->tp_name; }
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+constexpr const char* kBatchingHint =
+    "; batching needs every sample to have the layout of sample 0 (pass collate_fn to batch "
+    "samples yourself)";
+
+py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
+  py::tuple t(shape.size());
+  for (std::size_t i = 0; i < shape.size(); ++i) t[i] = py::int_(shape[i]);
+  return t;
+}
+
+}  // namespace
+
+std::size_t LayoutBuilder::add_field(const std::string& path, DType dtype,
+                                     std::vector<std::int64_t> shape) {
+  std::string name = path.empty() ? "sample" : path;
+  while (!names.insert(name).second) name += "'";  // dict keys whose str() collide
+  fields.push_back({name, dtype, std::move(shape)});
+  return fields.size() - 1;
+}
+
+LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
+  using Kind = LayoutNode::Kind;
+  LayoutNode n;
+  n.path = path;
+  PyObject* o = v.ptr();
+  if (PyTuple_Check(o) || PyList_Check(o)) {
+    n.kind = Kind::sequence;
+    n.type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)));
+    const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
+    for (std::size_t i = 0; i < seq.size(); ++i) {
+      n.children.push_back(build(seq[i], join_path(path, std::to_string(i))));
+    }
+  } else if (PyDict_Check(o)) {
+    n.kind = Kind::mapping;
+    n.type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)));
+    for (auto item : py::reinterpret_borrow<py::dict>(v)) {
+      n.keys.push_back(py::reinterpret_borrow<py::object>(item.first));
+      n.children.push_back(build(item.second, join_path(path, py::str(item.first))));
+    }
+  } else {
+    switch (classify(v)) {
+      case ValueKind::scalar:
+        n.kind = Kind::number;
+        n.element = element_type(PyBool_Check(o) ? "bool" : PyLong_Check(o) ? "int64" : "float64");
+        n.field = add_field(path, n.element.storage, {});
+        break;
+      case ValueKind::array: {
+        HostArray a = import_array(v, describe(path) + " of sample 0");
+        n.kind = Kind::array;
+        n.element = a.type;
+        n.shape = a.shape;
+        n.field = add_field(path, a.type.storage, a.shape);
+        break;
+      }
+      case ValueKind::other:
+        n.kind = Kind::object;
+        n.slot = slots++;
+        break;
+    }
+  }
+  return n;
+}
+
+py::object structure_of(const LayoutNode& n) {
+  using Kind = LayoutNode::Kind;
+  switch (n.kind) {
+    case Kind::sequence:
+    case Kind::mapping: {
+      py::list children;
+      for (const auto& c : n.children) children.append(structure_of(c));
+      if (n.kind == Kind::sequence) return py::make_tuple("seq", n.type, children);
+      py::list keys;
+      for (const auto& k : n.keys) keys.append(k);
+      return py::make_tuple("map", n.type, keys, children);
+    }
+    case Kind::array:
+    case Kind::number:
+      return py::make_tuple("array", n.field, n.element.name);
+    case Kind::object:
+      return py::make_tuple("object", n.slot);
+  }
+  return py::none();
+}
+
+py::object describe_layout(const LayoutNode& n) {
+  using Kind = LayoutNode::Kind;
+  switch (n.kind) {
+    case Kind::sequence:
+    case Kind::mapping: {
+      py::list children;
+      for (const auto& c : n.children) children.append(describe_layout(c));
+      py::list keys;
+      for (const auto& k : n.keys) keys.append(k);
+      return py::make_tuple(n.kind == Kind::sequence ? "seq" : "map", n.type, keys, children);
+    }
+    case Kind::array:
+    case Kind::number:
+      return py::make_tuple(n.kind == Kind::array ? "array" : "number", n.field, n.element.name,
+                            shape_tuple(n.shape));
+    case Kind::object:
+      return py::make_tuple("object", n.slot);
+  }
+  return py::none();
+}
+
+LayoutNode layout_from_description(py::handle description, const std::string& path) {
+  using Kind = LayoutNode::Kind;
+  const auto d = py::reinterpret_borrow<py::tuple>(description);
+  const std::string kind = py::str(d[0]);
+  LayoutNode n;
+  n.path = path;
+  if (kind == "seq" || kind == "map") {
+    n.kind = kind == "seq" ? Kind::sequence : Kind::mapping;
+    n.type = d[1];
+    const auto keys = py::reinterpret_borrow<py::list>(d[2]);
+    const auto children = py::reinterpret_borrow<py::list>(d[3]);
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      std::string part = std::to_string(i);
+      if (n.kind == Kind::mapping) {
+        n.keys.push_back(keys[i]);
+        part = py::str(keys[i]);
+      }
+      n.children.push_back(layout_from_description(children[i], join_path(path, part)));
+    }
+  } else if (kind == "array" || kind == "number") {
+    n.kind = kind == "array" ? Kind::array : Kind::number;
+    n.field = d[1].cast<std::size_t>();
+    n.element = element_type(d[2].cast<std::string>());
+    for (auto v : py::reinterpret_borrow<py::tuple>(d[3]))
+      n.shape.push_back(v.cast<std::int64_t>());
+  } else if (kind == "object") {
+    n.kind = Kind::object;
+    n.slot = d[1].cast<std::size_t>();
+  } else {
+    throw py::value_error("stoker: not a layout description: " + std::string(py::repr(d)));
+  }
+  return n;
+}
+
+void SampleVisitor::mismatch(const LayoutNode& n, const std::string& what) const {
+  throw py::type_error("stoker: " + describe(n.path) + " of sample " + std::to_string(index) + " " +
+                       what + kBatchingHint);
+}
+
+void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
+  using Kind = LayoutNode::Kind;
+  PyObject* o = v.ptr();
+  switch (n.kind) {
+    case Kind::sequence: {
+      if (!PyTuple_Check(o) && !PyList_Check(o)) {
+        mismatch(n, "is a " + type_name(v) + " where sample 0 has a " +
+                        std::string(reinterpret_cast<PyTypeObject*>(n.type.ptr())->tp_name));
+      }
+      const Py_ssize_t size = PySequence_Fast_GET_SIZE(o);
+      if (static_cast<std::size_t>(size) != n.children.size()) {
+        mismatch(n, "has " + std::to_string(size) + " values where sample 0 has " +
+                        std::to_string(n.children.size()));
+      }
+      PyObject** items = PySequence_Fast_ITEMS(o);
+      for (std::size_t i = 0; i < n.children.size(); ++i) visit(n.children[i], items[i]);
+      break;
+    }
+    case Kind::mapping: {
+      if (!PyDict_Check(o)) mismatch(n, "is a " + type_name(v) + " where sample 0 has a dict");
+      if (static_cast<std::size_t>(PyDict_Size(o)) != n.keys.size()) {
+        mismatch(n, "has " + std::to_string(PyDict_Size(o)) + " keys where sample 0 has " +
+                        std::to_string(n.keys.size()));
+      }
+      for (std::size_t i = 0; i < n.keys.size(); ++i) {
+        PyObject* child = PyDict_GetItemWithError(o, n.keys[i].ptr());
+        if (child == nullptr) {
+          if (PyErr_Occurred()) throw py::error_already_set();
+          mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) + ", which sample 0 has");
+        }
+        visit(n.children[i], child);
+      }
+      break;
+    }
+    case Kind::number:
+      write_number(n, v);
+      break;
+    case Kind::array: {
+      if (classify(v) == ValueKind::other) {
+        mismatch(n, "is a " + type_name(v) + " where sample 0 has an array");
+      }
+      HostArray a = import_array(v, describe(n.path) + " of sample " + std::to_string(index));
+      if (a.type != n.element) {
+        mismatch(n, "has element type " + a.type.name + " where sample 0 has " + n.element.name);
+      }
+      if (a.shape != n.shape) {
+        throw py::value_error("stoker: " + describe(n.path) + " of sample " +
+                              std::to_string(index) + " has shape " + shape_str(a.shape) +
+                              " where sample 0 has " + shape_str(n.shape) + kBatchingHint);
+      }
+      copies.push_back({n.field, std::move(a)});
+      break;
+    }
+    case Kind::object:
+      Py_INCREF(o);
+      PyTuple_SET_ITEM(objects, static_cast<Py_ssize_t>(n.slot), o);
+      break;
+  }
+}
+
+void SampleVisitor::write_number(const LayoutNode& n, py::handle v) {
+  PyObject* o = v.ptr();
+  const auto dst = out.bytes(n.field);
+  if (n.element.name == "bool" && PyBool_Check(o)) {
+    dst[0] = std::byte{o == Py_True};
+  } else if (n.element.name == "int64" && PyLong_Check(o)) {
+    const long long x = PyLong_AsLongLong(o);
+    if (x == -1 && PyErr_Occurred()) throw py::error_already_set();
+    const std::int64_t x64 = x;
+    std::memcpy(dst.data(), &x64, sizeof x64);
+  } else if (n.element.name == "float64" && (PyFloat_Check(o) || PyLong_Check(o))) {
+    const double x = PyFloat_AsDouble(o);
+    if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
+    std::memcpy(dst.data(), &x, sizeof x);
+  } else {
+    mismatch(n, "is a " + type_name(v) + " where sample 0 has a Python " +
+                    (n.element.name == "bool"    ? "bool"
+                     : n.element.name == "int64" ? "int"
+                                                 : "float"));
+  }
+}
+
+void copy_pending(const std::vector<PendingCopy>& copies, const SampleOut& out) {
+  for (const auto& c : copies) {
+    if (c.array.contiguous()) {
+      out.copy_from(c.field, {c.array.data, c.array.bytes()});
+    } else {
+      copy_to_contiguous(c.array, out.bytes(c.field));
+    }
+  }
+}
+
+}  // namespace stoker::python

@@ -1,0 +1,519 @@
+#include "py_workers.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "gil.h"
+#include "memory/shared_memory.h"
+#include "py_dataset.h"
+
+namespace stoker::python {
+namespace {
+
+enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kResult = 1 };
+
+// How long a worker that closed its socket is given to become a zombie, so that its exit
+// status can be read; an exit takes microseconds, a hung one is reported without a status.
+constexpr std::chrono::milliseconds kStatusWait{2000};
+
+PyObject* g_worker_error_type = nullptr;
+
+std::mutex& fds_mu() {
+  static auto* mu = new std::mutex();
+  return *mu;
+}
+std::set<int>& fds() {
+  static auto* s = new std::set<int>();  // never destroyed: used at exit
+  return *s;
+}
+void track_fd(int fd) {
+  std::lock_guard lock(fds_mu());
+  fds().insert(fd);
+}
+void close_fd(int fd) {
+  if (fd < 0) return;
+  {
+    std::lock_guard lock(fds_mu());
+    fds().erase(fd);
+  }
+  close(fd);
+}
+
+template <class T>
+void put(std::vector<std::uint8_t>& out, T value) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&value);
+  out.insert(out.end(), p, p + sizeof value);
+}
+
+template <class T>
+T get(const std::uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof value);
+  return value;
+}
+
+std::vector<std::uint8_t> message(std::uint32_t kind, const std::vector<std::uint8_t>& payload) {
+  std::vector<std::uint8_t> m;
+  m.reserve(8 + payload.size());
+  put(m, kind);
+  put(m, static_cast<std::uint32_t>(payload.size()));
+  m.insert(m.end(), payload.begin(), payload.end());
+  return m;
+}
+
+bool send_all(int fd, const std::uint8_t* data, std::size_t size, int pass_fd = -1) {
+  while (size > 0) {
+    iovec iov{const_cast<std::uint8_t*>(data), size};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    if (pass_fd >= 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+    }
+    const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);  // a dead worker: EPIPE, not SIGPIPE
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    pass_fd = -1;  // sent with the first byte
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+bool recv_all(int fd, std::uint8_t* data, std::size_t size) {
+  while (size > 0) {
+    const ssize_t n = recv(fd, data, size, 0);
+    if (n == 0) return false;  // EOF: the worker is gone (or the socket was shut down)
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+std::string rows_text(std::span<const std::size_t> indices) {
+  std::string s;
+  for (std::size_t k = 0; k < indices.size() && k < 16; ++k) {
+    if (k) s += ", ";
+    s += std::to_string(indices[k]);
+  }
+  if (indices.size() > 16) s += ", ... (" + std::to_string(indices.size()) + " in all)";
+  return s;
+}
+
+}  // namespace
+
+void set_worker_error_type(py::handle type) {
+  Py_XINCREF(type.ptr());
+  Py_XDECREF(g_worker_error_type);
+  g_worker_error_type = type.ptr();
+}
+
+py::handle worker_error_type() { return g_worker_error_type; }
+
+// --- ProcessPool ---------------------------------------------------------------------------
+
+ProcessPool::ProcessPool(py::object spawn, py::object decode, py::object reap, std::size_t workers)
+    : workers_(std::max<std::size_t>(workers, 1)),
+      owner_pid_(getpid()),
+      spawn_(std::move(spawn)),
+      decode_(std::move(decode)),
+      reap_(std::move(reap)) {
+  for (std::size_t i = 0; i < workers_; ++i) {
+    auto link = std::make_unique<Link>();
+    link->id = i;
+    link->dead = true;  // not started yet
+    links_.push_back(std::move(link));
+  }
+}
+
+ProcessPool::~ProcessPool() {
+  if (getpid() != owner_pid_) {
+    // A forked worker's copy: the sockets are the parent's (closed by the worker at start);
+    // nothing here is ours to stop.
+    (void)spawn_.release();
+    (void)decode_.release();
+    (void)reap_.release();
+    return;
+  }
+  try {
+    finish();
+  } catch (...) {
+    // A destructor must not throw; reap() failing leaves the rest to multiprocessing's exit
+    // handler, which terminates daemonic children.
+  }
+}
+
+void ProcessPool::start() {
+  for (auto& link : links_) {
+    if (link->dead) respawn(*link);
+  }
+}
+
+py::list ProcessPool::pids() {
+  py::list out;
+  std::lock_guard lock(mu_);
+  for (const auto& link : links_) out.append(link->dead ? 0 : link->pid);
+  return out;
+}
+
+std::vector<int> ProcessPool::all_fds() {
+  std::lock_guard lock(fds_mu());
+  return {fds().begin(), fds().end()};
+}
+
+void ProcessPool::respawn(Link& link) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_) throw std::runtime_error("stoker: the loader is closing");
+  }
+  const py::tuple started = spawn_(link.id);
+  const int fd = started[0].cast<int>();
+  const pid_t pid = started[1].cast<pid_t>();
+  track_fd(fd);
+  close_fd(std::exchange(link.fd, -1));
+  std::lock_guard lock(mu_);
+  link.fd = fd;
+  link.pid = pid;
+  link.dead = false;
+  link.regions.clear();
+  if (stopped_) {
+    // stop() ran while this worker started: it was not among those it told to stop.
+    shutdown(fd, SHUT_RDWR);
+    kill(pid, SIGTERM);
+  }
+}
+
+ProcessPool::Link* ProcessPool::lease() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (stopped_) throw std::runtime_error("stoker: the loader is closing");
+    Link* dead = nullptr;
+    for (auto& link : links_) {
+      if (link->busy) continue;
+      if (!link->dead) {
+        link->busy = true;
+        return link.get();
+      }
+      if (dead == nullptr) dead = link.get();
+    }
+    if (dead != nullptr) {
+      dead->busy = true;
+      lock.unlock();
+      try {
+        EngineThreadGil gil;
+        respawn(*dead);
+      } catch (...) {
+        give_back(dead, true);
+        throw;
+      }
+      return dead;
+    }
+    free_cv_.wait(lock);
+  }
+}
+
+void ProcessPool::give_back(Link* link, bool dead) {
+  {
+    std::lock_guard lock(mu_);
+    link->busy = false;
+    if (dead) link->dead = true;
+  }
+  free_cv_.notify_one();
+}
+
+bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
+                           std::uint32_t region_id, int region_fd, std::size_t region_bytes,
+                           std::vector<std::uint8_t>& status, std::vector<std::uint8_t>& blob) {
+  // Regions freed since this worker mapped them (slabs trimmed): let it unmap them.
+  for (auto it = link.regions.begin(); it != link.regions.end();) {
+    if (detail::shared_region_alive(*it)) {
+      ++it;
+      continue;
+    }
+    std::vector<std::uint8_t> payload;
+    put(payload, *it);
+    const auto m = message(kDrop, payload);
+    if (!send_all(link.fd, m.data(), m.size())) return false;
+    it = link.regions.erase(it);
+  }
+  if (!link.regions.contains(region_id)) {
+    std::vector<std::uint8_t> payload;
+    put(payload, region_id);
+    put(payload, std::uint32_t{0});
+    put(payload, static_cast<std::uint64_t>(region_bytes));
+    const auto m = message(kMap, payload);
+    if (!send_all(link.fd, m.data(), m.size(), region_fd)) return false;
+    link.regions.insert(region_id);
+  }
+  const auto m = message(kJob, job);
+  if (!send_all(link.fd, m.data(), m.size())) return false;
+
+  std::uint8_t header[8];
+  if (!recv_all(link.fd, header, sizeof header)) return false;
+  if (get<std::uint32_t>(header) != kResult) return false;
+  std::vector<std::uint8_t> payload(get<std::uint32_t>(header + 4));
+  if (!recv_all(link.fd, payload.data(), payload.size())) return false;
+  if (payload.size() < 16) return false;
+  const auto rows = get<std::uint32_t>(payload.data() + 8);
+  const auto blob_bytes = get<std::uint32_t>(payload.data() + 12);
+  if (payload.size() != 16 + rows + std::size_t{blob_bytes}) return false;
+  status.assign(payload.begin() + 16, payload.begin() + 16 + rows);
+  blob.assign(payload.begin() + 16 + rows, payload.end());
+  return true;
+}
+
+std::string ProcessPool::death_message(pid_t pid) const {
+  // WNOWAIT: read the status but leave the zombie to multiprocessing, which reaps its own.
+  const auto deadline = std::chrono::steady_clock::now() + kStatusWait;
+  for (;;) {
+    siginfo_t info{};
+    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) break;
+    if (info.si_pid == pid) {
+      if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
+        const char* name = strsignal(info.si_status);
+        return "DataLoader worker (pid " + std::to_string(pid) +
+               ") is killed by signal: " + (name ? name : std::to_string(info.si_status));
+      }
+      return "DataLoader worker (pid " + std::to_string(pid) +
+             ") exited unexpectedly with exit code " + std::to_string(info.si_status);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return "DataLoader worker (pid " + std::to_string(pid) + ") exited unexpectedly";
+}
+
+void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indices,
+                      std::span<const SampleOut> outs, std::span<std::exception_ptr> errors) {
+  if (indices.empty()) return;
+  auto fail_all = [&](const std::exception_ptr& e) {
+    for (auto& error : errors) error = e;
+  };
+  // The chunk's rows, as (region, offset of the first row, bytes per row) per field.
+  const SampleOut& first = outs.front();
+  std::size_t first_offset = 0;
+  const auto region = detail::find_shared_region(first.bytes(0).data(), &first_offset);
+  if (!region) {
+    fail_all(std::make_exception_ptr(
+        std::runtime_error("stoker: the batch slab is not in shared memory, so worker processes "
+                           "cannot write it")));
+    return;
+  }
+  std::vector<std::uint8_t> job;
+  const std::size_t fields = first.num_fields();
+  job.reserve(24 + 16 * fields + 16 * indices.size());
+  put(job, std::uint64_t{0});  // the job id, set below
+  put(job, region->id);
+  put(job, static_cast<std::uint32_t>(fields));
+  put(job, static_cast<std::uint32_t>(indices.size()));
+  put(job, std::uint32_t{0});
+  for (std::size_t f = 0; f < fields; ++f) {
+    const auto bytes = first.bytes(f);
+    const std::size_t offset = static_cast<std::size_t>(bytes.data() - region->base);
+    for (std::size_t k = 1; k < outs.size(); ++k) {
+      // The engine's chunks are consecutive rows of one slab.
+      if (outs[k].bytes(f).data() != bytes.data() + k * bytes.size()) {
+        throw std::logic_error("stoker: a chunk's rows are not consecutive");
+      }
+    }
+    put(job, static_cast<std::uint64_t>(offset));
+    put(job, static_cast<std::uint64_t>(bytes.size()));
+  }
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    put(job, static_cast<std::uint64_t>(indices[k]));
+    put(job, outs[k].seed());
+  }
+
+  Link* link = nullptr;
+  try {
+    link = lease();
+  } catch (...) {
+    fail_all(std::current_exception());
+    return;
+  }
+  const std::uint64_t job_id = link->next_job++;
+  std::memcpy(job.data(), &job_id, sizeof job_id);
+  std::vector<std::uint8_t> status;
+  std::vector<std::uint8_t> blob;
+  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, blob) &&
+                  status.size() == indices.size();
+  const pid_t pid = link->pid;
+  const std::size_t worker_id = link->id;
+  if (!ok) {
+    bool closing;
+    {
+      std::lock_guard lock(mu_);
+      closing = stopped_;
+    }
+    give_back(link, true);
+    if (closing) {
+      fail_all(std::make_exception_ptr(std::runtime_error("stoker: the loader is closing")));
+      return;
+    }
+    const std::string what = death_message(pid) + "; samples lost: " + rows_text(indices);
+    fail_all(std::make_exception_ptr(WorkerDiedError(pid, what)));
+    return;
+  }
+  give_back(link, false);
+  if (blob.empty()) {
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      if (status[k] != 0) {
+        errors[k] = std::make_exception_ptr(
+            std::runtime_error("stoker: worker process failed without a reason"));
+      }
+    }
+    return;
+  }
+  EngineThreadGil gil;
+  try {
+    py::list keys(indices.size());
+    for (std::size_t k = 0; k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
+    const py::tuple decoded = decode_(
+        py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
+    const py::object objects = decoded[0];
+    const py::dict failures = decoded[1];
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      const py::int_ row(k);
+      if (status[k] != 0 || failures.contains(row)) {
+        if (failures.contains(row)) {
+          errors[k] = owner.keep_error(failures[row], indices[k]);
+        } else {
+          errors[k] = std::make_exception_ptr(
+              std::runtime_error("stoker: worker process failed without a reason"));
+        }
+      } else if (!objects.is_none()) {
+        owner.store_objects(outs[k], py::reinterpret_borrow<py::list>(objects)[k]);
+      }
+    }
+  } catch (py::error_already_set& e) {
+    // The reply could not be decoded (an object value that does not unpickle here): every
+    // row fails with that error.
+    e.restore();
+    PyObject* type = nullptr;
+    PyObject* value = nullptr;
+    PyObject* trace = nullptr;
+    PyErr_Fetch(&type, &value, &trace);
+    PyErr_NormalizeException(&type, &value, &trace);
+    if (trace != nullptr) PyException_SetTraceback(value, trace);
+    Py_XDECREF(type);
+    Py_XDECREF(trace);
+    const auto exception = py::reinterpret_steal<py::object>(value);
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      errors[k] = owner.keep_error(exception, indices[k]);
+    }
+  }
+}
+
+void ProcessPool::stop() noexcept {
+  if (getpid() != owner_pid_) return;
+  std::lock_guard lock(mu_);
+  stopped_ = true;
+  for (auto& link : links_) {
+    if (link->fd >= 0) shutdown(link->fd, SHUT_RDWR);
+    if (!link->dead && link->pid > 0) kill(link->pid, SIGTERM);
+  }
+  free_cv_.notify_all();
+}
+
+void ProcessPool::finish() {
+  if (finished_ || getpid() != owner_pid_) return;
+  finished_ = true;
+  stop();
+  // Every lessee has returned (the engine is stopped), so the links are ours alone.
+  for (auto& link : links_) close_fd(std::exchange(link->fd, -1));
+  if (reap_ && !reap_.is_none()) reap_();
+  // Let go of the Python side (it holds the data set) now rather than with the pool.
+  spawn_ = py::none();
+  decode_ = py::none();
+  reap_ = py::none();
+}
+
+// --- SampleWriter --------------------------------------------------------------------------
+
+SampleWriter::SampleWriter(py::object description, std::size_t slots)
+    : root_(layout_from_description(description)), slots_(slots) {}
+
+SampleWriter::~SampleWriter() {
+  for (auto& [id, region] : regions_) munmap(region.first, region.second);
+}
+
+void SampleWriter::map(std::uint32_t region, int fd, std::size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int error = errno;
+  close(fd);  // the mapping keeps the memory
+  if (p == MAP_FAILED) {
+    throw std::system_error(error, std::generic_category(), "stoker worker: mmap of a slab");
+  }
+  drop(region);
+  regions_[region] = {static_cast<std::byte*>(p), bytes};
+}
+
+void SampleWriter::drop(std::uint32_t region) {
+  auto it = regions_.find(region);
+  if (it == regions_.end()) return;
+  munmap(it->second.first, it->second.second);
+  regions_.erase(it);
+}
+
+void SampleWriter::begin(std::uint32_t region, std::vector<std::uint64_t> offsets,
+                         std::vector<std::uint64_t> row_bytes, std::size_t rows) {
+  auto it = regions_.find(region);
+  if (it == regions_.end()) {
+    throw std::runtime_error("stoker worker: job for region " + std::to_string(region) +
+                             ", which was never sent");
+  }
+  if (offsets.size() != row_bytes.size()) throw std::invalid_argument("stoker worker: bad job");
+  bases_.clear();
+  row_bytes_.assign(row_bytes.begin(), row_bytes.end());
+  for (std::size_t f = 0; f < offsets.size(); ++f) {
+    if (offsets[f] + rows * row_bytes[f] > it->second.second) {
+      throw std::out_of_range("stoker worker: job rows past the end of region " +
+                              std::to_string(region));
+    }
+    bases_.push_back(it->second.first + offsets[f]);
+  }
+}
+
+py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t row,
+                               std::uint64_t seed) {
+  // bases_ already point at the chunk's first row: rows are numbered within the job.
+  const SampleOut out(row_bytes_, bases_.data(), row, seed);
+  py::object objects = py::none();
+  if (slots_ > 0) {
+    objects = py::reinterpret_steal<py::object>(PyTuple_New(static_cast<Py_ssize_t>(slots_)));
+    if (!objects) throw py::error_already_set();
+    for (std::size_t s = 0; s < slots_; ++s) {
+      Py_INCREF(Py_None);
+      PyTuple_SET_ITEM(objects.ptr(), static_cast<Py_ssize_t>(s), Py_None);
+    }
+  }
+  std::vector<PendingCopy> copies;
+  SampleVisitor{index, out, copies, slots_ > 0 ? objects.ptr() : nullptr}.visit(root_, sample);
+  copy_pending(copies, out);
+  return objects;
+}
+
+}  // namespace stoker::python

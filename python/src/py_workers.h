@@ -1,0 +1,169 @@
+// Worker processes for a Python data set whose __getitem__ holds the GIL.
+//
+// N persistent child processes (started by python/stoker/_workers.py with multiprocessing,
+// honouring multiprocessing_context) each call __getitem__ (or __getitems__) and write the
+// sample's arrays straight into its row of the batch slab, which lives in shared memory (a
+// memfd per slab, src/memory/shared_memory.h) mapped in both processes. Only indices, small
+// object values and errors cross the socket; array bytes never do, so every byte is copied
+// once, as on threads.
+//
+// The parent side is the engine's own worker threads: for each chunk a thread leases one
+// child, sends it the job and blocks on the socket without the GIL until the reply, so the
+// engine's scheduling, ordering, cancellation and error policy are those of threads. A chunk's
+// slab is released by the engine only after read_rows() returns, i.e. after the child replied
+// or died: no slab is recycled while a child still writes into it.
+//
+// Protocol (a unix stream socketpair per child; native byte order, both ends on one machine;
+// every message is a header {u32 kind, u32 payload bytes} and a payload). It names memory by
+// (region id, byte offset), never by address, so the same jobs could be served by workers
+// elsewhere given another way to ship the rows back.
+//   parent -> child
+//     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
+//     kDrop {u32 region}: the region was freed; unmap it
+//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 0,
+//            fields x {u64 offset of the chunk's first row, u64 bytes per row},
+//            rows x {u64 sample index, u64 sample seed}}
+//   child -> parent
+//     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed), blob}
+//     where blob, if not empty, is a pickle of (object values per row, or None;
+//     [(row, (module, qualname, message, traceback text, pickled exception or None))]).
+// A child that dies shows as EOF on its socket; the rows it was reading fail with a
+// WorkerDiedError naming the pid and the signal or exit code (read with waitid(WNOWAIT), so
+// multiprocessing still reaps it), and the child is started afresh before its next job.
+//
+// Thread safety: run() from any number of engine threads (each leases its own child); stop()
+// from any thread, without the GIL; the other members with the GIL.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "py_layout.h"
+#include "stoker/dataset.h"
+
+namespace stoker::python {
+
+namespace py = pybind11;
+
+class PyDataset;
+
+// A worker process died while reading samples: what() is PyTorch's message ("DataLoader
+// worker (pid N) is killed by signal: Killed") and the samples lost.
+class WorkerDiedError : public std::runtime_error {
+ public:
+  WorkerDiedError(pid_t pid, const std::string& what) : std::runtime_error(what), pid_(pid) {}
+  pid_t pid() const noexcept { return pid_; }
+
+ private:
+  pid_t pid_;
+};
+
+// The Python exception type WorkerDiedError becomes (stoker.WorkerError). Set once at import.
+void set_worker_error_type(py::handle type);
+py::handle worker_error_type();
+
+class ProcessPool {
+ public:
+  // `spawn(worker_id)` starts worker `worker_id` (again) and returns (fd, pid): the parent's
+  // end of its socket, which the pool then owns, and its pid. `decode(blob, worker_id, pid,
+  // indices)` turns a reply's blob into (object values per row or None, {row: exception}).
+  // `reap()` waits for the workers to exit (killing those that do not) and reaps them.
+  ProcessPool(py::object spawn, py::object decode, py::object reap, std::size_t workers);
+  ~ProcessPool();  // GIL held; closes the sockets (the workers see EOF and exit)
+  ProcessPool(const ProcessPool&) = delete;
+  ProcessPool& operator=(const ProcessPool&) = delete;
+
+  void start();  // GIL held: starts every worker now
+  // Reads one chunk in one worker (see Dataset::read_rows). Object values and errors go to
+  // `owner`'s tables; a dead worker fails every row it was sent.
+  void run(const PyDataset& owner, std::span<const std::size_t> indices,
+           std::span<const SampleOut> outs, std::span<std::exception_ptr> errors);
+  // Shuts the sockets down (a thread blocked on one returns at once) and sends SIGTERM; no
+  // more workers are started. Any thread, no GIL.
+  void stop() noexcept;
+  // stop(), then reap() and close the sockets (GIL held). Idempotent.
+  void finish();
+
+  std::size_t size() const { return workers_; }
+  py::list pids();
+
+  // Every socket fd the pools of this process hold: a forked worker closes the ones it
+  // inherited, so that only the parent holds the parent's ends (EOF then means the parent
+  // died) and it keeps no other worker's socket open.
+  static std::vector<int> all_fds();
+
+ private:
+  struct Link {
+    std::size_t id = 0;
+    int fd = -1;
+    pid_t pid = 0;
+    bool busy = false;
+    bool dead = false;
+    std::set<std::uint32_t> regions;  // regions mapped by this worker
+    std::uint64_t next_job = 1;
+  };
+
+  Link* lease();  // waits for a free worker; starts a dead one afresh (takes the GIL)
+  void give_back(Link* link, bool dead);
+  void respawn(Link& link);  // GIL held
+  // Sends the job and reads the reply without the GIL. False if the worker is gone.
+  bool exchange(Link& link, const std::vector<std::uint8_t>& job, std::uint32_t region_id,
+                int region_fd, std::size_t region_bytes, std::vector<std::uint8_t>& status,
+                std::vector<std::uint8_t>& blob);
+  std::string death_message(pid_t pid) const;
+
+  const std::size_t workers_;
+  const pid_t owner_pid_;  // a forked copy of the pool (in a worker) does nothing
+  py::object spawn_;
+  py::object decode_;
+  py::object reap_;
+
+  std::mutex mu_;
+  std::condition_variable free_cv_;
+  std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
+  bool stopped_ = false;                      // guarded by mu_
+  bool finished_ = false;                     // GIL
+};
+
+// The worker process's half: the slab regions it was sent, mapped, and the layout to check
+// and write samples with (layout_from_description of the parent's data set).
+//
+// Thread safety: one thread (the worker's), GIL held.
+class SampleWriter {
+ public:
+  SampleWriter(py::object description, std::size_t slots);
+  ~SampleWriter();
+  SampleWriter(const SampleWriter&) = delete;
+  SampleWriter& operator=(const SampleWriter&) = delete;
+
+  void map(std::uint32_t region, int fd, std::size_t bytes);  // closes fd
+  void drop(std::uint32_t region);
+  // The rows of the next job: field f of row r is at offsets[f] + r * row_bytes[f].
+  void begin(std::uint32_t region, std::vector<std::uint64_t> offsets,
+             std::vector<std::uint64_t> row_bytes, std::size_t rows);
+  // Checks `sample` against the layout and writes it into row `row`; returns its object
+  // values (a tuple, one per slot) or None.
+  py::object write(py::handle sample, std::size_t index, std::size_t row, std::uint64_t seed);
+
+ private:
+  LayoutNode root_;
+  std::size_t slots_;
+  std::map<std::uint32_t, std::pair<std::byte*, std::size_t>> regions_;
+  std::vector<std::size_t> row_bytes_;
+  std::vector<std::byte*> bases_;
+};
+
+}  // namespace stoker::python

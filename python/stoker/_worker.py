@@ -1,0 +1,205 @@
+"""The loop of a stoker worker process (python/src/py_workers.h has the protocol).
+
+A worker gets its data set (inherited by fork, or pickled for spawn/forkserver), the batch
+layout learned from sample 0, and one end of a socket. It maps the batch slabs it is sent
+(memfds) and, for each job, calls ``__getitem__`` (or ``__getitems__``) and writes every array
+leaf straight into its row of the slab through the extension's SampleWriter. Only the status of
+each row, pickled object values (strings, lists, ...) and pickled errors go back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import random
+import signal
+import socket
+import struct
+import sys
+import traceback
+from typing import Any, Optional
+
+from . import _stoker
+
+_HEADER = struct.Struct("=II")
+_JOB = struct.Struct("=QIIII")
+_MAP = struct.Struct("=IIQ")
+_FIELD = struct.Struct("=QQ")
+_ROW = struct.Struct("=QQ")
+_RESULT = struct.Struct("=QII")
+_JOB_KIND, _MAP_KIND, _DROP_KIND = 1, 2, 3
+_PR_SET_PDEATHSIG = 1
+
+
+class _Closed(Exception):
+    """The parent closed its end (or died)."""
+
+
+def _recv_exactly(sock: socket.socket, size: int, fds: list) -> bytes:
+    chunks = []
+    while size > 0:
+        data, got, _flags, _addr = socket.recv_fds(sock, size, 4)
+        fds.extend(got)
+        if not data:
+            raise _Closed
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def _die_with_parent(parent_pid: Optional[int]) -> None:
+    # Besides EOF on the socket: a worker stuck in __getitem__ never reads it.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if parent_pid is not None and os.getppid() != parent_pid:  # it died before prctl
+        os._exit(0)
+
+
+def seed_worker(base_seed: int, worker_id: int) -> int:
+    """Seeds this process as PyTorch seeds its workers; returns the worker's seed."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+    if "numpy" in sys.modules:
+        import numpy as np
+
+        np.random.seed(_numpy_state(base_seed, worker_id))
+    return seed
+
+
+def _numpy_state(base_seed: int, worker_id: int):
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        from torch.utils.data._utils.worker import _generate_state
+
+        return _generate_state(base_seed, worker_id)
+    # Without torch: numpy's own seed sequence over the same entropy.
+    import numpy as np
+
+    return np.random.SeedSequence([worker_id, base_seed & 0xFFFFFFFF, base_seed >> 32]).generate_state(4)
+
+
+def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
+
+
+def _error_info(exc: BaseException):
+    try:
+        pickled: Optional[bytes] = pickle.dumps(exc)
+        pickle.loads(pickled)  # an exception whose __init__ takes other arguments fails here
+    except Exception:
+        pickled = None
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return (type(exc).__module__, type(exc).__qualname__, str(exc), text, pickled)
+
+
+def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
+         num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
+         parent_pid: Optional[int],
+         use_getitems: bool, death_signal: bool) -> None:
+    # Ctrl-C is the training loop's to handle: it stops the workers through close().
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if death_signal:
+        _die_with_parent(parent_pid)
+    elif parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(0)
+    for fd in close_fds:  # inherited by fork: other workers' sockets, the slabs' memfds
+        if fd != sock.fileno():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
+    seed = seed_worker(base_seed, worker_id)
+    set_torch_worker_info(worker_id, num_workers, seed, dataset)
+    writer = _stoker.SampleWriter(description, slots)
+    init_error = None
+    if worker_init_fn is not None:
+        try:
+            worker_init_fn(worker_id)
+        except Exception as e:  # reported with every job, as the reason its rows fail
+            init_error = _error_info(e)
+    try:
+        _serve(sock, dataset, writer, slots, init_error, use_getitems)
+    except _Closed:
+        pass
+    finally:
+        sock.close()
+
+
+def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
+    while True:
+        fds: list = []
+        kind, size = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, fds))
+        payload = _recv_exactly(sock, size, fds) if size else b""
+        if kind == _MAP_KIND:
+            region, _, nbytes = _MAP.unpack_from(payload)
+            writer.map(region, fds.pop(0), nbytes)
+        elif kind == _DROP_KIND:
+            writer.drop(struct.unpack_from("=I", payload)[0])
+        elif kind == _JOB_KIND:
+            reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems)
+            sock.sendall(reply)
+        for fd in fds:  # none expected
+            os.close(fd)
+
+
+def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes:
+    job, region, nfields, nrows, _ = _JOB.unpack_from(payload)
+    pos = _JOB.size
+    offsets, row_bytes = [], []
+    for _ in range(nfields):
+        offset, nbytes = _FIELD.unpack_from(payload, pos)
+        offsets.append(offset)
+        row_bytes.append(nbytes)
+        pos += _FIELD.size
+    rows = [_ROW.unpack_from(payload, pos + k * _ROW.size) for k in range(nrows)]
+    status = bytearray(nrows)
+    objects: Optional[list] = [None] * nrows if slots else None
+    errors = []
+    if init_error is not None:
+        status[:] = b"\x01" * nrows
+        errors = [(k, init_error) for k in range(nrows)]
+    else:
+        writer.begin(region, offsets, row_bytes, nrows)
+        samples = None
+        if use_getitems:
+            try:
+                samples = list(dataset.__getitems__([index for index, _ in rows]))
+                if len(samples) != nrows:
+                    raise ValueError(f"stoker: __getitems__ returned {len(samples)} samples "
+                                     f"for {nrows} indices")
+            except Exception:
+                samples = None  # one by one, so that each failure names its sample
+        for k, (index, seed) in enumerate(rows):
+            try:
+                _stoker.set_sample_seed(seed)
+                try:
+                    sample = samples[k] if samples is not None else dataset[index]
+                finally:
+                    _stoker.set_sample_seed(None)
+                values = writer.write(sample, index, k, seed)
+                if objects is not None:
+                    objects[k] = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:
+                status[k] = 1
+                errors.append((k, _error_info(e)))
+    blob = b""
+    if objects is not None or errors:
+        blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+    body = _RESULT.pack(job, nrows, len(blob)) + bytes(status) + blob
+    return _HEADER.pack(1, len(body)) + body

@@ -1,0 +1,186 @@
+"""The two kinds of worker, on the Python side: worker processes (started with
+multiprocessing, served by python/stoker/_worker.py) and PyTorch's worker semantics
+(``get_worker_info``, seeds, ``worker_init_fn``) for both kinds."""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import os
+import pickle
+import socket
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+from . import _stoker, _worker
+
+# How long close() gives worker processes to exit after SIGTERM before SIGKILL.
+_GRACE_S = 0.5
+
+
+def mp_context(multiprocessing_context):
+    """The multiprocessing context: the one given (name or context), else fork on Linux, as
+    PyTorch."""
+    if multiprocessing_context is None:
+        methods = multiprocessing.get_all_start_methods()
+        return multiprocessing.get_context("fork" if "fork" in methods else methods[0])
+    if isinstance(multiprocessing_context, str):
+        return multiprocessing.get_context(multiprocessing_context)
+    return multiprocessing_context
+
+
+class ProcessWorkers:
+    """Starts, restarts and reaps the worker processes of one loader; the C++ ProcessPool
+    (python/src/py_workers.h) drives them."""
+
+    def __init__(self, dataset, handle, count: int, context, base_seed: int,
+                 worker_init_fn: Optional[Callable[[int], None]]) -> None:
+        self._dataset = dataset
+        self._description = handle.layout_description()
+        self._slots = handle.object_slots()
+        self._count = count
+        self._context = context
+        self._base_seed = base_seed
+        self._worker_init_fn = worker_init_fn
+        self._use_getitems = hasattr(dataset, "__getitems__")
+        self._processes: dict[int, Any] = {}
+        self._retired: list = []
+        self._lock = threading.Lock()
+
+    def make_pool(self):
+        """The C++ pool that drives these workers. It holds this object (not the other way
+        round, so that no reference cycle runs through C++, where the collector cannot see it)."""
+        return _stoker.ProcessPool(self._spawn, _decode_reply, self._reap, self._count)
+
+    def _spawn(self, worker_id: int):
+        """Starts worker `worker_id` (again); returns (fd of the parent's end, pid)."""
+        with self._lock:
+            old = self._processes.pop(worker_id, None)
+        if old is not None:
+            old.join(_GRACE_S)  # dead already: reap it now (no zombie)
+            if old.exitcode is None:
+                self._retired.append(old)
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        method = self._context.get_start_method()
+        forked = method == "fork"
+        # A forkserver's worker is the server's child, not ours.
+        parent_pid = None if method == "forkserver" else os.getpid()
+        # A forked worker inherits every fd: it closes the other workers' sockets and the
+        # slabs' memfds (it is sent those it needs), so that EOF means what it should.
+        close_fds = (list(_stoker.inherited_fds()) + [parent.fileno()]) if forked else []
+        process = self._context.Process(
+            target=_worker.main, name=f"stoker worker {worker_id}", daemon=True,
+            args=(child, self._dataset, self._description, self._slots, worker_id, self._count,
+                  self._base_seed, self._worker_init_fn, close_fds, parent_pid,
+                  self._use_getitems,
+                  # PR_SET_PDEATHSIG fires when the thread that forked exits, not the process:
+                  # only for workers started from the main thread (a restarted worker is
+                  # started by an engine thread); EOF on the socket covers the others.
+                  threading.current_thread() is threading.main_thread()))
+        try:
+            process.start()
+        finally:
+            child.close()
+        with self._lock:
+            self._processes[worker_id] = process
+        return parent.detach(), process.pid
+
+    def _reap(self) -> None:
+        """Called by the pool when the loader closes: SIGTERM was sent; wait briefly, then
+        SIGKILL, and reap every worker."""
+        with self._lock:
+            processes = list(self._processes.values()) + self._retired
+            self._processes.clear()
+            self._retired = []
+        for p in processes:
+            if p.exitcode is None:
+                p.terminate()
+        for p in processes:
+            p.join(_GRACE_S)
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+            p.close()
+
+
+def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list):
+    """A worker's reply blob -> (object values per row or None, {row: exception})."""
+    objects, errors = pickle.loads(blob)
+    if objects is not None:
+        objects = [pickle.loads(o) if o is not None else None for o in objects]
+    return objects, {row: _rebuild(info, worker_id, pid, indices[row]) for row, info in errors}
+
+
+def _rebuild(info, worker_id: int, pid: int, index: int) -> BaseException:
+    """The worker's exception, with its type where it can be rebuilt here (as torch's
+    ExceptionWrapper), else RuntimeError; its traceback text goes into a note."""
+    module, qualname, message, text, pickled = info
+    exception: Optional[BaseException] = None
+    if pickled is not None:
+        try:
+            exception = pickle.loads(pickled)
+        except Exception:
+            exception = None
+    if exception is None:
+        try:
+            cls = importlib.import_module(module)
+            for part in qualname.split("."):
+                cls = getattr(cls, part)
+            exception = cls(message)
+        except Exception:
+            exception = RuntimeError(f"{module}.{qualname}: {message}")
+    note = (f"stoker: raised in DataLoader worker process {worker_id} (pid {pid}) while "
+            f"reading sample {index}; original traceback:\n{text.rstrip()}")
+    if hasattr(exception, "add_note"):
+        exception.add_note(note)
+    return exception
+
+
+# --- get_worker_info on threads -----------------------------------------------------------
+
+_thread_info = threading.local()
+
+
+def _thread_aware_get_worker_info():
+    # Runs with torch.utils.data._utils.worker's globals (its __code__ is swapped in below):
+    # this thread's stoker worker info if any, else torch's own (a torch worker process's).
+    info = getattr(_stoker_thread_worker_info, "info", None)  # noqa: F821
+    return info if info is not None else _worker_info  # noqa: F821
+
+
+def install_thread_worker_info() -> bool:
+    """Makes torch.utils.data.get_worker_info() answer on stoker's worker threads.
+
+    torch's get_worker_info() returns the module global ``_worker_info``, which is per
+    process. The function's code is replaced, in place, by code that first looks at a
+    thread-local (set on stoker's worker threads only) and otherwise returns that global as
+    before, so every reference to the function (also ``from torch.utils.data import
+    get_worker_info`` made earlier) answers per thread, and torch's own worker processes are
+    unaffected."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    from torch.utils.data._utils import worker as torch_worker
+
+    if getattr(torch_worker, "_stoker_thread_worker_info", None) is None:
+        torch_worker._stoker_thread_worker_info = _thread_info
+        torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
+    return True
+
+
+def thread_worker_start(dataset, base_seed: int, num_workers: Callable[[], int],
+                        worker_init_fn: Optional[Callable[[int], None]]):
+    """on_worker_start for worker threads: sets this thread's worker info, then runs
+    worker_init_fn(worker_id), once per thread."""
+    def start(worker_id: int) -> None:
+        if install_thread_worker_info():
+            from torch.utils.data._utils.worker import WorkerInfo
+
+            extra = {"worker_method": "thread"} if "worker_method" in getattr(
+                WorkerInfo, "__dataclass_fields__", {}) else {}
+            _thread_info.info = WorkerInfo(id=worker_id, num_workers=num_workers(),
+                                           seed=base_seed + worker_id, dataset=dataset, **extra)
+        if worker_init_fn is not None:
+            worker_init_fn(worker_id)
+    return start

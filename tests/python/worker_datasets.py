@@ -1,0 +1,172 @@
+"""Data sets for test_workers.py, in a module of their own that does not import torch, so
+that spawned worker processes (which import it to unpickle them) start quickly."""
+
+import os
+import random
+import sys
+import time
+
+import numpy as np
+
+
+class Mixed:
+    """Deterministic samples with arrays, nested dicts, lists, numbers and strings."""
+
+    def __init__(self, n=64):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return {
+            "image": np.full((3, 4), i, dtype=np.float32) + np.arange(4, dtype=np.float32),
+            "meta": {"label": i % 7, "weight": i / 4, "flag": bool(i % 2),
+                     "name": f"sample-{i}", "tags": [f"t{i}", i]},
+            "pair": (np.int64(i * 3), np.array([i, -i], dtype=np.int16)),
+        }
+
+
+class FailsAt:
+    """Raises ValueError for the given indices."""
+
+    def __init__(self, bad, n=40):
+        self.bad = set(bad)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise ValueError(f"bad sample {i}")
+        return np.full(2, i, dtype=np.int64)
+
+
+class OddError(Exception):
+    """Cannot be rebuilt from its message or by pickle."""
+
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+
+class OddFails:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        if i == 5:
+            raise OddError("left", "right")
+        return np.full(2, i, dtype=np.int64)
+
+
+class KillsItself:
+    """Worker reading `index` SIGKILLs itself, once (a marker file makes it one-shot)."""
+
+    def __init__(self, index, marker, n=48):
+        self.index = index
+        self.marker = marker
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.index and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), 9)
+        return np.full(2, i, dtype=np.int64)
+
+
+class Slow:
+    def __init__(self, n=1000, seconds=0.01):
+        self.n = n
+        self.seconds = seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return np.full(2, i, dtype=np.int64)
+
+
+class CpuBound:
+    """Pure-Python bytecode, holding the GIL (~`loops` iterations a sample)."""
+
+    def __init__(self, n=2000, loops=20000):
+        self.n = n
+        self.loops = loops
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = 0
+        for k in range(self.loops):
+            x += (k * i) % 7
+        return np.array([i, x], dtype=np.int64)
+
+
+class Batched:
+    """PyTorch's batched protocol: each sample says how many indices its call had."""
+
+    def __init__(self, n=64):
+        self.n = n
+        self.single_calls = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        self.single_calls += 1
+        return {"i": i, "group": 1}
+
+    def __getitems__(self, indices):
+        return [{"i": i, "group": len(indices)} for i in indices]
+
+
+_init_state = {}
+
+
+def record_seeds(worker_id):
+    """worker_init_fn: the first draws of each generator right after the worker was seeded."""
+    torch = sys.modules.get("torch")
+    _init_state.update(worker=worker_id, random=random.random(),
+                       numpy=float(np.random.rand()),
+                       torch=float(torch.rand(1).item()) if torch else 0.0)
+
+
+class WorkerInfo:
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        if info is None:  # sample 0, read on the loader's thread to learn the layout
+            return {"i": i, "id": -1, "num_workers": 0, "seed": 0, "same_dataset": True,
+                    "init_worker": -1, "random": 0.0, "numpy": 0.0, "torch": 0.0,
+                    "pid": os.getpid()}
+        return {"i": i, "id": info.id, "num_workers": info.num_workers, "seed": info.seed,
+                "same_dataset": info.dataset is self or type(info.dataset) is type(self),
+                "init_worker": _init_state.get("worker", -1),
+                "random": _init_state.get("random", 0.0), "numpy": _init_state.get("numpy", 0.0),
+                "torch": _init_state.get("torch", 0.0), "pid": os.getpid()}
+
+
+class Stuck:
+    """Sample 0 reads; every other sample blocks forever (and ignores SIGTERM)."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if i == 0:
+            return np.zeros(2, dtype=np.int64)
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True:
+            time.sleep(1)
