@@ -359,6 +359,10 @@ std::exception_ptr PyDataset::capture_current(std::size_t index) const {
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
   }
+  return keep_error(take_python_error(), index);
+}
+
+py::object take_python_error() {
   PyObject* type = nullptr;
   PyObject* value = nullptr;
   PyObject* trace = nullptr;
@@ -367,7 +371,7 @@ std::exception_ptr PyDataset::capture_current(std::size_t index) const {
   if (trace != nullptr) PyException_SetTraceback(value, trace);
   Py_XDECREF(type);
   Py_XDECREF(trace);
-  return keep_error(py::reinterpret_steal<py::object>(value), index);
+  return py::reinterpret_steal<py::object>(value);
 }
 
 void PyDataset::raise_current(std::size_t index) const {

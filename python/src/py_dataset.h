@@ -70,6 +70,10 @@ class PythonError : public std::runtime_error {
 // The seed of the sample being read on this thread (SampleOut::seed()), for __getitem__ to
 // draw its random choices from; empty outside a read.
 std::optional<std::uint64_t> current_sample_seed();
+
+// The Python error that is set, taken as an exception object with its traceback attached;
+// the error indicator is cleared. GIL held, an error set.
+py::object take_python_error();
 // Sets it (a worker process, around each __getitem__).
 void set_sample_seed(std::optional<std::uint64_t> seed);
 

@@ -412,15 +412,7 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     // The reply could not be decoded (an object value that does not unpickle here): every
     // row fails with that error.
     e.restore();
-    PyObject* type = nullptr;
-    PyObject* value = nullptr;
-    PyObject* trace = nullptr;
-    PyErr_Fetch(&type, &value, &trace);
-    PyErr_NormalizeException(&type, &value, &trace);
-    if (trace != nullptr) PyException_SetTraceback(value, trace);
-    Py_XDECREF(type);
-    Py_XDECREF(trace);
-    const auto exception = py::reinterpret_steal<py::object>(value);
+    const py::object exception = take_python_error();
     for (std::size_t k = 0; k < indices.size(); ++k) {
       errors[k] = owner.keep_error(exception, indices[k]);
     }
