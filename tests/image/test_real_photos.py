@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from test_pillow import val_reference
+
 ROOT = Path(__file__).resolve().parents[2]
 STOKER = os.environ.get("STOKER_BIN", str(ROOT / "build" / "stoker"))
 CACHE = Path(os.environ.get("STOKER_PHOTO_CACHE", Path(STOKER).resolve().parent / "photo-cache"))
@@ -66,18 +68,6 @@ def stoker_decode(path, out, *args):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return np.load(out), json.loads(r.stdout)
-
-
-def val_reference(img, resize=256, size=224):
-    """torchvision: Resize(resize) then CenterCrop(size), on a PIL image."""
-    w, h = img.size
-    if w <= h:
-        nw, nh = resize, int(resize * h / w)
-    else:
-        nw, nh = int(resize * w / h), resize
-    r = img.resize((nw, nh), Image.BILINEAR)
-    top, left = int(round((nh - size) / 2.0)), int(round((nw - size) / 2.0))
-    return np.asarray(r.crop((left, top, left + size, top + size)), dtype=np.float64)
 
 
 def crop_reference(img, box, flip, size=224):
