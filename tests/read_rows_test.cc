@@ -57,12 +57,14 @@ LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t workers) {
 TEST(ReadRows, OneCallPerChunkWhenTheDatasetAsks) {
   for (std::size_t workers : {0, 1, 2}) {
     auto ds = std::make_shared<ChunkDataset>(40, std::set<std::size_t>{});
-    Loader loader(options(ds, workers));
     std::vector<std::size_t> seen;
-    while (auto batch = loader.next()) {
-      auto index = batch->as<const std::int64_t>(0);
-      seen.insert(seen.end(), index.begin(), index.end());
-    }
+    {
+      Loader loader(options(ds, workers));
+      while (auto batch = loader.next()) {
+        auto index = batch->as<const std::int64_t>(0);
+        seen.insert(seen.end(), index.begin(), index.end());
+      }
+    }  // the workers, maybe reading the next epoch, are joined: every call has finished
     std::vector<std::size_t> all(40);
     for (std::size_t i = 0; i < 40; ++i) all[i] = i;
     EXPECT_EQ(seen, all) << "workers " << workers;
