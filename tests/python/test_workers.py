@@ -242,25 +242,9 @@ def test_a_stuck_worker_is_the_timeouts_business_and_close_still_stops_it():
     assert not any(alive(p) for p in pids)
 
 
-def test_interpreter_exit_without_close_leaves_no_worker():
-    script = textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(HERE)!r})
-        import stoker, worker_datasets as wd
-        loader = stoker.DataLoader(wd.Slow(1000, 0.01), batch_size=4, num_workers=2,
-                                   worker_type="process")
-        it = iter(loader)
-        next(it)
-        print(*loader.stats()["worker_pids"], flush=True)
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 0, result.stderr
-    pids = [int(p) for p in result.stdout.split()]
-    assert len(pids) == 2 and not any(alive(p) for p in pids)
-
-
-def test_workers_exit_when_the_training_process_is_killed():
+def run_trainer(ending, returncode):
+    """Runs a training process that starts two worker processes, reads a batch, then does
+    `ending`; returns the workers' pids once it has ended with `returncode`."""
     script = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(HERE)!r})
@@ -270,13 +254,22 @@ def test_workers_exit_when_the_training_process_is_killed():
         it = iter(loader)
         next(it)
         print(*loader.stats()["worker_pids"], flush=True)
-        os.kill(os.getpid(), 9)
-    """)
+    """) + ending
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=60)
-    assert result.returncode == -9, result.stderr
+    assert result.returncode == returncode, result.stderr
     pids = [int(p) for p in result.stdout.split()]
     assert len(pids) == 2
+    return pids
+
+
+def test_interpreter_exit_without_close_leaves_no_worker():
+    pids = run_trainer("", 0)
+    assert not any(alive(p) for p in pids)
+
+
+def test_workers_exit_when_the_training_process_is_killed():
+    pids = run_trainer("os.kill(os.getpid(), 9)\n", -9)
     # Orphans are reaped by init once they exit; wait (boundedly) for that to happen.
     for _ in range(500):
         if not any(alive(p) for p in pids):
