@@ -1,7 +1,11 @@
 // The one place that wires sampler, slab pool and worker engine into a Loader.
 #include "stoker/loader.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <thread>
@@ -11,6 +15,7 @@
 #include "exec/engine.h"
 #include "loader_internals.h"
 #include "memory/batch_owner.h"
+#include "memory/host_allocator.h"
 #include "memory/slab_pool.h"
 #include "tune/tuner.h"
 #include "util/log.h"
@@ -20,6 +25,15 @@ namespace {
 
 // Generous: more threads than this is a configuration mistake, not a tuning choice.
 constexpr std::size_t kMaxWorkers = 1024;
+// Past this many batches in flight, more only holds memory: no pipeline jitters that much.
+constexpr std::size_t kMaxTunedDepth = 64;
+
+// The cores this process may run on.
+std::size_t affinity_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 [[noreturn]] void invalid(const std::string& what) {
   throw std::invalid_argument("stoker::LoaderOptions: " + what);
@@ -129,12 +143,19 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
   config.on_error = options.on_error;
   config.max_skipped = options.max_skipped;
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
-  if (options.tune_workers) {
-    const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-    std::size_t max = options.max_workers ? options.max_workers : 4 * cores;
-    max = std::clamp(max, options.workers, kMaxWorkers);
-    tuner_ = std::make_unique<detail::WorkerTuner>(detail::TuneLimits{cores, max});
-  }
+  detail::TuneLimits limits;
+  limits.cores = options.cpu_cores > 0
+                     ? options.cpu_cores
+                     : detail::cpu_share(affinity_cores(), std::getenv("LOCAL_WORLD_SIZE"));
+  const std::size_t max = options.max_workers
+                              ? options.max_workers
+                              : static_cast<std::size_t>(std::ceil(4 * limits.cores));
+  limits.max_workers = std::clamp(max, options.workers, kMaxWorkers);
+  const std::size_t memory =
+      options.memory_budget ? options.memory_budget : detail::default_pin_budget();
+  const std::size_t slabs = memory / std::max<std::size_t>(1, engine_->pool()->slab_bytes());
+  limits.max_depth = std::clamp<std::size_t>(slabs > 0 ? slabs - 1 : 1, 1, kMaxTunedDepth);
+  tuner_ = std::make_unique<detail::WorkerTuner>(limits, !options.tune_workers);
 }
 
 Loader::~Loader() {
@@ -143,12 +164,11 @@ Loader::~Loader() {
 }
 
 void Loader::tune() {
-  if (tuner_ && tuner_->due()) {
-    if (auto workers = tuner_->observe(stats())) {
-      const std::size_t limit = engine_->worker_limit();
-      if (limit != 0) workers = std::min(*workers, limit);
-      if (*workers != engine_->stats().workers) engine_->set_workers(*workers);
-    }
+  if (!tuner_->due()) return;
+  const Stats now = engine_->stats();
+  if (auto d = tuner_->observe(now, engine_->worker_limit())) {
+    if (d->workers != now.workers) engine_->set_workers(d->workers);
+    if (d->depth != now.depth) engine_->set_depth(d->depth);
   }
 }
 
@@ -198,6 +218,7 @@ void Loader::set_depth(std::size_t depth) { engine_->set_depth(depth); }
 Stats Loader::stats() const {
   Stats s = engine_->stats();
   stage_->add_stats(s);
+  tuner_->add_stats(s);
   return s;
 }
 

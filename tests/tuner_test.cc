@@ -2,76 +2,322 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "stoker/loader.h"
+#include "stoker/log.h"
 #include "stoker/sources.h"
 
 namespace stoker::detail {
 namespace {
 
-TuneWindow window(double wait, double busy, double cpu, std::size_t workers) {
-  return {1.0, wait, busy, cpu, workers};
+// A synthetic pipeline that answers a configuration with the window it would measure, so the
+// policy can be driven through whole runs without clocks. Each worker reads a sample in
+// `read_s` of wall time, `on_cpu` of it on a CPU; the workers share `cores` cores (past them
+// reads stretch, waiting for a core); batches in flight below `depth_needed` starve them; the
+// training loop consumes a sample every `loop_s`.
+struct Pipeline {
+  double read_s = 0.005;
+  double on_cpu = 0.02;
+  double cores = 2;
+  double loop_s = 0.001;
+  std::size_t depth_needed = 1;
+  bool gil = false;  // reads hold one lock: at most one on a CPU at a time
+  std::size_t worker_limit = 0;
+
+  TuneWindow measure(std::size_t workers, std::size_t depth) const {
+    const double n = static_cast<double>(workers);
+    const double stretch = std::max(1.0, n * on_cpu / (gil ? 1.0 : cores));
+    double capacity = n / (read_s * stretch);
+    capacity *= std::min(1.0, static_cast<double>(depth) / static_cast<double>(depth_needed));
+    const double demand = 1.0 / loop_s;
+    const double rate = std::min(capacity, demand);
+    TuneWindow w;
+    w.elapsed_s = 0.2;
+    w.consumer_wait_s = w.elapsed_s * (1.0 - rate / demand);
+    w.samples = rate * w.elapsed_s;
+    w.worker_busy_s = std::min(n * w.elapsed_s, w.samples * read_s * stretch);
+    w.worker_cpu_s = w.samples * read_s * on_cpu;
+    if (gil) w.worker_lock_held_s = w.worker_cpu_s;
+    w.workers = workers;
+    w.depth = depth;
+    w.worker_limit = worker_limit;
+    return w;
+  }
+};
+
+struct TuneRun {
+  std::vector<TuneDecision> decisions;  // one per window
+  std::size_t changes = 0;
+  std::size_t last_change = 0;  // window of the last change
+  std::size_t max_workers = 0;
+  std::size_t max_depth = 0;
+  TuneWindow last;
+};
+
+TuneRun drive(const Pipeline& p, TuneLimits limits, std::size_t workers, std::size_t depth,
+              std::size_t windows = 200) {
+  TunePolicy policy(limits);
+  TuneRun run;
+  for (std::size_t i = 0; i < windows; ++i) {
+    run.last = p.measure(workers, depth);
+    const TuneDecision d = policy.decide(run.last);
+    EXPECT_FALSE(d.reason.empty());
+    if (d.workers != workers || d.depth != depth) {
+      ++run.changes;
+      run.last_change = i;
+    }
+    workers = d.workers;
+    depth = d.depth;
+    run.max_workers = std::max(run.max_workers, workers);
+    run.max_depth = std::max(run.max_depth, depth);
+    run.decisions.push_back(d);
+  }
+  return run;
 }
 
-TEST(Tuner, KeepsTheCountWhileTheConsumerDoesNotWait) {
-  const TuneLimits limits{2, 8};
-  EXPECT_EQ(next_worker_count(window(0.0, 2.0, 0.1, 2), limits), 2u);
-  EXPECT_EQ(next_worker_count(window(0.02, 2.0, 0.1, 2), limits), 2u);
+double wait_fraction(const TuneWindow& w) { return w.consumer_wait_s / w.elapsed_s; }
+
+std::string history(const TuneRun& run) {
+  std::string out;
+  for (const auto& d : run.decisions) {
+    if (!d.reason.empty() && d.reason.find(" -> ") != std::string::npos) out += d.reason + "\n";
+  }
+  return out;
 }
 
-TEST(Tuner, WaitingWorkersDoubleUpToTheMaximum) {
-  const TuneLimits limits{2, 12};
-  EXPECT_EQ(next_worker_count(window(0.5, 2.0, 0.2, 2), limits), 4u);
-  EXPECT_EQ(next_worker_count(window(0.5, 4.0, 0.2, 4), limits), 8u);
-  EXPECT_EQ(next_worker_count(window(0.5, 8.0, 0.2, 8), limits), 12u);  // not 16
-  EXPECT_EQ(next_worker_count(window(0.5, 12.0, 0.2, 12), limits), 12u);
+TEST(TunePolicy, LatencyBoundReadsAreDoubledUntilTheLoopStopsWaiting) {
+  Pipeline sleeper;  // 5 ms sleeps, a sample every 0.8 ms: about 7 workers needed
+  sleeper.loop_s = 0.0008;
+  const TuneRun run = drive(sleeper, {2, 64, 64}, 1, 4);
+  EXPECT_LT(wait_fraction(run.last), kWaitThreshold) << history(run);
+  EXPECT_GE(run.last.workers, 7u) << history(run);
+  EXPECT_LE(run.last.workers, 16u) << history(run);
+  EXPECT_LT(run.last_change, 40u) << history(run);  // settled, and stayed
 }
 
-TEST(Tuner, ComputingWorkersGrowOneAtATimeUpToTheCores) {
-  const TuneLimits limits{4, 16};
-  EXPECT_EQ(next_worker_count(window(0.5, 2.0, 1.9, 2), limits), 3u);
-  EXPECT_EQ(next_worker_count(window(0.5, 4.0, 3.9, 4), limits), 4u);
+TEST(TunePolicy, OverProvisionedWorkersAndDepthAreGivenBackAndItSettles) {
+  Pipeline sleeper;
+  sleeper.loop_s = 0.002;  // about 3 workers needed
+  const TuneRun run = drive(sleeper, {2, 64, 64}, 32, 16);
+  EXPECT_LT(wait_fraction(run.last), kWaitThreshold) << history(run);
+  EXPECT_LE(run.last.workers, 6u) << history(run);
+  EXPECT_GE(run.last.workers, 3u) << history(run);
+  EXPECT_LE(run.last.depth, 4u) << history(run);
+  EXPECT_GE(run.last.depth, kMinDepth);
+  EXPECT_LT(run.last_change, 150u) << history(run);
 }
 
-TEST(Tuner, WorkersWaitingForTheGilGetNoCompany) {
-  const TuneLimits limits{2, 32};
-  // A GIL-bound Python data set on two threads: off the CPU half the time, as sleepers are,
-  // but because the GIL is busy all the time: a third thread would only wait too.
-  TuneWindow w = window(0.5, 2.0, 0.9, 2);
-  w.worker_lock_held_s = 0.9;
-  EXPECT_EQ(next_worker_count(w, limits), 2u);
-  w.worker_lock_held_s = 0.1;  // sleepers that hardly use the GIL are doubled as before
-  EXPECT_EQ(next_worker_count(w, limits), 4u);
+TEST(TunePolicy, DoesNotOscillate) {
+  // Pipelines whose best count sits between two steps, or just at the dead band's edges: each
+  // level is left in each direction at most once, so the changes are few and then stop.
+  for (double loop_s : {0.0005, 0.0007, 0.001, 0.0013, 0.002, 0.004}) {
+    for (std::size_t start : {1u, 3u, 24u}) {
+      Pipeline sleeper;
+      sleeper.loop_s = loop_s;
+      const TuneRun run = drive(sleeper, {2, 64, 64}, start, 4, 400);
+      EXPECT_LE(run.changes, 16u) << loop_s << " from " << start << "\n" << history(run);
+      EXPECT_LT(run.last_change, 200u) << loop_s << " from " << start << "\n" << history(run);
+    }
+  }
 }
 
-TEST(Tuner, InlineReadingIsLeftAlone) {
-  EXPECT_EQ(next_worker_count(window(0.9, 0.0, 0.0, 0), {2, 8}), 0u);
+TEST(TunePolicy, ComputingWorkersStopAtTheCpuBudget) {
+  Pipeline decode;  // 10 ms of CPU per sample, a training loop that hardly computes
+  decode.read_s = 0.01;
+  decode.on_cpu = 1.0;
+  decode.loop_s = 0.0001;
+  const TuneRun run = drive(decode, {2, 64, 64}, 1, 4);
+  EXPECT_EQ(run.max_workers, 2u) << history(run);
+  EXPECT_EQ(run.last.workers, 2u);
+  EXPECT_NE(run.decisions.back().reason.find("CPU saturated"), std::string::npos)
+      << run.decisions.back().reason;
 }
 
-TEST(Tuner, WindowsNeedTimeAndBatchesAndRestartWhenTheCountChanges) {
-  WorkerTuner tuner({2, 8});
+TEST(TunePolicy, RanksSharingTheCoresDoNotOversubscribeThem) {
+  // Two ranks on two cores: each has one core's budget and one core's worth of CPU. Started
+  // with two computing workers each, the reads wait for a core (stretched) and look as if
+  // they waited for I/O; the tuner must not double them but give one back.
+  Pipeline decode;
+  decode.read_s = 0.01;
+  decode.on_cpu = 1.0;
+  decode.cores = 1;
+  decode.loop_s = 0.0001;
+  const TuneRun run = drive(decode, {1, 64, 64}, 2, 4);
+  EXPECT_LE(run.max_workers, 2u) << history(run);
+  EXPECT_EQ(run.last.workers, 1u) << history(run);
+}
+
+TEST(TunePolicy, ProcessWorkersCountAsCoresAndStopAtThePool) {
+  Pipeline processes;  // the threads only wait for the processes: no CPU time of their own
+  processes.read_s = 0.01;
+  processes.on_cpu = 0.0;
+  processes.loop_s = 0.0001;
+  processes.worker_limit = 8;
+  TuneRun run = drive(processes, {4, 64, 64}, 1, 4);
+  EXPECT_EQ(run.max_workers, 4u) << history(run);  // one per core, not doubled
+  processes.worker_limit = 2;
+  run = drive(processes, {4, 64, 64}, 1, 4);
+  EXPECT_EQ(run.max_workers, 2u) << history(run);  // the pool
+}
+
+TEST(TunePolicy, StarvedWorkersGetMoreBatchesInFlightWithinTheMemoryBudget) {
+  Pipeline jittery;  // enough workers, but they need 8 batches in flight to stay busy
+  jittery.loop_s = 0.001;
+  jittery.depth_needed = 8;
+  TuneRun run = drive(jittery, {2, 64, 64}, 16, 1);
+  EXPECT_EQ(run.decisions.front().depth, 2u) << history(run);  // depth first, not workers
+  EXPECT_EQ(run.decisions.front().workers, 16u) << history(run);
+  EXPECT_LT(wait_fraction(run.last), kWaitThreshold) << history(run);
+  run = drive(jittery, {2, 64, 3}, 16, 1);  // the memory budget holds 4 slabs
+  EXPECT_EQ(run.max_depth, 3u) << history(run);
+}
+
+TEST(TunePolicy, LowersADepthAboveTheMemoryBudget) {
+  Pipeline sleeper;
+  const TuneRun run = drive(sleeper, {2, 64, 5}, 8, 32, 5);
+  EXPECT_EQ(run.decisions.front().depth, 5u) << run.decisions.front().reason;
+  EXPECT_LE(run.max_depth, 5u);
+}
+
+TEST(TunePolicy, NeverCrossesEitherBudget) {
+  for (double on_cpu : {0.02, 0.3, 1.0}) {
+    for (double cores : {1.0, 2.0, 4.0}) {
+      Pipeline p;
+      p.on_cpu = on_cpu;
+      p.cores = cores;
+      p.loop_s = 0.0002;
+      p.depth_needed = 6;
+      TuneLimits limits{cores, 64, 4};
+      TunePolicy policy(limits);
+      std::size_t workers = 1, depth = 2;
+      for (int i = 0; i < 200; ++i) {
+        const TuneWindow w = p.measure(workers, depth);
+        const TuneDecision d = policy.decide(w);
+        workers = d.workers;
+        depth = d.depth;
+        ASSERT_LE(depth, limits.max_depth) << d.reason;
+        if (on_cpu >= 0.5) {  // computing workers: no more than the cores
+          ASSERT_LE(static_cast<double>(workers), cores) << d.reason;
+        }
+      }
+    }
+  }
+}
+
+TEST(TunePolicy, WorkersWaitingForTheGilGetNoCompany) {
+  Pipeline python;  // a pure-Python __getitem__: one thread at a time on the GIL
+  python.on_cpu = 1.0;
+  python.gil = true;
+  python.loop_s = 0.0001;
+  const TuneRun run = drive(python, {4, 64, 64}, 2, 4);
+  EXPECT_EQ(run.max_workers, 2u) << history(run);
+}
+
+TEST(TunePolicy, InlineReadingIsLeftAlone) {
+  TunePolicy policy({2, 8, 64});
+  TuneWindow w;
+  w.elapsed_s = 1;
+  w.consumer_wait_s = 0.9;
+  w.depth = 4;
+  const TuneDecision d = policy.decide(w);
+  EXPECT_EQ(d.workers, 0u);
+  EXPECT_EQ(d.depth, 4u);
+}
+
+TEST(TunePolicy, CpuShareDividesTheCoresAmongLocalRanks) {
+  EXPECT_EQ(cpu_share(8, nullptr), 8.0);
+  EXPECT_EQ(cpu_share(8, "2"), 4.0);
+  EXPECT_EQ(cpu_share(2, "4"), 1.0);  // at least one
+  EXPECT_EQ(cpu_share(8, "x"), 8.0);
+  EXPECT_EQ(cpu_share(8, "0"), 8.0);
+}
+
+Stats stats_at(int ms, std::uint64_t batches, int wait_ms, int busy_ms, int cpu_ms) {
   Stats s;
   s.workers = 2;
-  EXPECT_FALSE(tuner.observe(s));  // starts the window
-  s.elapsed = std::chrono::milliseconds(50);
-  s.batches = 10;
-  s.consumer_wait = std::chrono::milliseconds(45);
-  s.worker_busy = std::chrono::milliseconds(100);
-  EXPECT_FALSE(tuner.observe(s));  // too short
-  s.elapsed = std::chrono::milliseconds(400);
-  s.consumer_wait = std::chrono::milliseconds(350);
-  s.worker_busy = std::chrono::milliseconds(800);
-  s.worker_cpu = std::chrono::milliseconds(10);
-  EXPECT_EQ(tuner.observe(s), std::optional<std::size_t>(4));
-  s.workers = 3;
-  s.elapsed = std::chrono::milliseconds(900);
-  EXPECT_FALSE(tuner.observe(s));  // a new count: a new window
+  s.depth = 4;
+  s.elapsed = std::chrono::milliseconds(ms);
+  s.batches = batches;
+  s.samples = batches * 8;
+  s.consumer_wait = std::chrono::milliseconds(wait_ms);
+  s.worker_busy = std::chrono::milliseconds(busy_ms);
+  s.worker_cpu = std::chrono::milliseconds(cpu_ms);
+  return s;
+}
+
+TEST(WorkerTuner, WindowsNeedTimeAndBatchesAndRestartWhenTheConfigurationChanges) {
+  WorkerTuner tuner({2, 8, 64}, false);
+  EXPECT_FALSE(tuner.observe(stats_at(0, 0, 0, 0, 0), 0));       // starts the window
+  EXPECT_FALSE(tuner.observe(stats_at(50, 10, 45, 100, 0), 0));  // too short
+  const auto d = tuner.observe(stats_at(400, 20, 350, 800, 10), 0);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->workers, 4u);
+  Stats s = stats_at(900, 30, 800, 1600, 20);
+  s.workers = 3;  // someone else changed the count: a new window
+  EXPECT_FALSE(tuner.observe(s, 0));
+  Stats out;
+  tuner.add_stats(out);
+  EXPECT_EQ(out.tuner_changes, 1u);
+  EXPECT_NE(out.tuner.find("workers 2 -> 4"), std::string::npos) << out.tuner;
+}
+
+// Collects log lines for the test's lifetime.
+class LogCapture {
+ public:
+  explicit LogCapture(LogLevel level) {
+    set_log_level(level);
+    set_log_handler([this](LogLevel, std::string_view line) {
+      std::lock_guard lock(mu_);
+      lines_.emplace_back(line);
+    });
+  }
+  ~LogCapture() {
+    set_log_handler({});
+    set_log_level(LogLevel::info);
+  }
+  std::vector<std::string> lines() {
+    std::lock_guard lock(mu_);
+    return lines_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+TEST(WorkerTuner, ChangesAreLoggedAtDebugLevel) {
+  LogCapture log(LogLevel::debug);
+  WorkerTuner tuner({2, 8, 64}, false);
+  tuner.observe(stats_at(0, 0, 0, 0, 0), 0);
+  ASSERT_TRUE(tuner.observe(stats_at(400, 20, 350, 800, 10), 0));
+  ASSERT_EQ(log.lines().size(), 1u);
+  EXPECT_NE(log.lines()[0].find("tuner: workers 2 -> 4"), std::string::npos) << log.lines()[0];
+}
+
+TEST(WorkerTuner, AFixedConfigurationIsAdvisedOnceAndNeverChanged) {
+  LogCapture log(LogLevel::info);
+  WorkerTuner tuner({2, 8, 64}, true);
+  tuner.observe(stats_at(0, 0, 0, 0, 0), 0);
+  EXPECT_FALSE(tuner.observe(stats_at(400, 20, 350, 800, 10), 0));
+  EXPECT_FALSE(tuner.due());  // said once: never looks again
+  ASSERT_EQ(log.lines().size(), 1u);
+  EXPECT_NE(log.lines()[0].find("would change workers 2 -> 4"), std::string::npos)
+      << log.lines()[0];
+  Stats out;
+  tuner.add_stats(out);
+  EXPECT_EQ(out.tuner_changes, 0u);
+  EXPECT_EQ(out.tuner, log.lines()[0]);
 }
 
 // A data set whose reads wait (5 ms each, like I/O) and a consumer that only takes batches:
-// starting from one worker, the tuner adds workers, and nothing is lost or reordered.
-TEST(Tuner, LoaderAddsWorkersForWaitingReadsAndKeepsEveryBatch) {
+// starting from one worker, the tuner adds workers, and nothing is lost or reordered; a depth
+// the memory budget cannot hold is lowered.
+TEST(WorkerTuner, LoaderAddsWorkersForWaitingReadsAndKeepsEveryBatch) {
   SyntheticDataset::Options so;
   so.samples = 400;
   so.fields = {{"x", DType::i32, {}}};
@@ -82,6 +328,9 @@ TEST(Tuner, LoaderAddsWorkersForWaitingReadsAndKeepsEveryBatch) {
   o.workers = 1;
   o.tune_workers = true;
   o.max_workers = 12;
+  o.depth = 8;
+  const Stats before = Loader(o).stats();
+  o.memory_budget = 4 * (before.slab_bytes / before.slabs);  // room for depth 3
   Loader loader(o);
   std::size_t batches = 0;
   std::size_t expected = 0;
@@ -94,6 +343,8 @@ TEST(Tuner, LoaderAddsWorkersForWaitingReadsAndKeepsEveryBatch) {
   EXPECT_EQ(batches, 100u);
   EXPECT_GT(loader.stats().workers, 1u);
   EXPECT_LE(loader.stats().workers, 12u);
+  EXPECT_LE(loader.stats().depth, 3u);
+  EXPECT_GT(loader.stats().tuner_changes, 0u);
 }
 
 }  // namespace

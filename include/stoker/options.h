@@ -47,12 +47,22 @@ struct LoaderOptions {
   std::size_t workers = 2;
   // Batches in flight (being read or ready, not yet handed out). At least 1.
   std::size_t depth = 4;
-  // Online tuning of `workers` (the starting count): while the consumer waits for data, add
-  // workers, doubling them if they mostly wait themselves (I/O, sleeps, a GIL), one at a
-  // time up to the core count if they compute; never past max_workers (0: 4 x cores). The
-  // tuner runs inside next(), on the consumer's thread; see src/tune/tuner.h.
+  // Online tuning of `workers` and `depth` (the starting values), both ways: while the
+  // consumer waits for data, more workers (doubled if they mostly wait themselves on I/O or
+  // sleeps, one more if they compute) or, if the workers sit idle, more batches in flight;
+  // when it has stopped waiting, idle workers and unneeded depth are given back. Never past
+  // max_workers (0: 4 x cpu_cores), the CPU budget or the memory budget. The tuner runs
+  // inside next(), on the consumer's thread; its last change and why are in Stats::tuner.
+  // Without it, a consumer that waits is told once in the log what the tuner would do.
   bool tune_workers = false;
   std::size_t max_workers = 0;
+  // The cores this loader's workers and its training loop may use together (the CPU budget):
+  // 0 takes the process's CPU affinity divided among the ranks torchrun started on this node
+  // (LOCAL_WORLD_SIZE), so ranks sharing a machine do not oversubscribe it.
+  double cpu_cores = 0;
+  // Slab bytes the tuner may keep for batches in flight ((depth + 1) slabs); 0: a quarter of
+  // MemAvailable. The tuner lowers a depth that does not fit and never raises one past it.
+  std::size_t memory_budget = 0;
 
   // Where batches are delivered: "cpu" (host slabs), "cuda" or "cuda:N" (copied on a side
   // stream into recycled device buffers, device_depth batches ahead), or "sim". If no CUDA

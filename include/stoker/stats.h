@@ -37,6 +37,11 @@ struct Stats {
   std::uint64_t copy_bytes = 0;
   // Of worker_cpu, time holding a lock that serializes reads (the GIL; Dataset::lock_held).
   std::chrono::nanoseconds worker_lock_held{0};
+  double cpu_cores = 0;             // the CPU budget: cores for the workers and the training loop
+  std::uint64_t tuner_changes = 0;  // configurations the tuner changed (tune_workers)
+  // The tuner's last change and why ("workers 2 -> 3: the training loop waits, ..."), or,
+  // without tune_workers, what it would have done once the consumer waited; empty if nothing.
+  std::string tuner;
 
   double samples_per_second() const;
   double bytes_per_second() const;
@@ -70,6 +75,9 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("copies", s.copies);
   visit("copy_bytes", s.copy_bytes);
   visit("worker_lock_held", s.worker_lock_held);
+  visit("cpu_cores", s.cpu_cores);
+  visit("tuner_changes", s.tuner_changes);
+  visit("tuner", s.tuner);
 }
 
 // One line per field, "name: value" (durations in seconds), for logs and tools.

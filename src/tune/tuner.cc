@@ -1,41 +1,198 @@
 #include "tune/tuner.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+
+#include "util/format.h"
+#include "util/log.h"
 
 namespace stoker::detail {
 
-std::size_t next_worker_count(const TuneWindow& w, const TuneLimits& limits) {
-  const std::size_t n = w.workers;
-  if (w.elapsed_s <= 0 || n == 0 || n >= limits.max_workers) return n;
-  if (w.consumer_wait_s < kWaitThreshold * w.elapsed_s) return n;
-  if (w.worker_lock_held_s > kLockSaturated * w.elapsed_s) return n;
-  // Share of the workers' time spent on a CPU. Low: they wait inside read().
-  const double on_cpu = w.worker_busy_s > 0 ? w.worker_cpu_s / w.worker_busy_s : 1.0;
-  if (on_cpu < 0.5) return std::min(limits.max_workers, 2 * n);
-  if (n < limits.cores) return n + 1;
-  return n;
+TuneDecision TunePolicy::change(const TuneWindow& w, Knob knob, std::size_t to, std::string reason,
+                                bool judged) {
+  const bool workers = knob == Knob::workers;
+  const std::size_t from = workers ? w.workers : w.depth;
+  if (judged) probe_ = Probe{knob, from, to > from, w.samples / w.elapsed_s};
+  calm_windows_ = 0;
+  return {workers ? to : w.workers, workers ? w.depth : to,
+          format("%s %zu -> %zu: %s", workers ? "workers" : "depth", from, to, reason.c_str())};
 }
 
-std::optional<std::size_t> WorkerTuner::observe(const Stats& now) {
+TuneDecision TunePolicy::decide(const TuneWindow& w) {
+  TuneDecision keep{w.workers, w.depth, {}};
+  if (w.elapsed_s <= 0 || w.workers == 0) {
+    keep.reason = "inline reads (workers = 0) are left alone";
+    return keep;
+  }
+  const double n = static_cast<double>(w.workers);
+  const double wait = w.consumer_wait_s / w.elapsed_s;
+  const double samples_per_s = w.samples / w.elapsed_s;
+  const double busy = w.worker_busy_s / (n * w.elapsed_s);  // per worker, 0..1
+  const bool processes = w.worker_limit != 0;
+  const double worker_cores =
+      (processes ? std::max(w.worker_cpu_s, w.worker_busy_s) : w.worker_cpu_s) / w.elapsed_s;
+  // The training loop's thread computes whenever it does not wait.
+  const double loop_cores = std::clamp(1.0 - wait, 0.0, 1.0);
+  const double cpu_budget = limits_.cores - loop_cores + kCpuSlack;  // for the workers
+  const double on_cpu = w.worker_busy_s > 0 ? w.worker_cpu_s / w.worker_busy_s : 1.0;
+  // Workers that compute each want a core. Off the CPU inside read() most of the time, they
+  // wait for I/O or sleeps, unless the budget's cores are all in use: then they may be
+  // waiting for a core (oversubscribed), which more workers would make worse.
+  const bool saturated = worker_cores + loop_cores > limits_.cores - 0.5;
+  const bool computing = processes || on_cpu >= 0.5 || (saturated && on_cpu >= kContended);
+  // Busy computing workers that fit next to the training loop (at least one).
+  const double cpu_workers = std::max(1.0, std::floor(cpu_budget + 0.5));
+  const std::string measured = format("waited %.0f%%, workers %.0f%% busy on %.2f of %.2f cores",
+                                      100 * wait, 100 * busy, worker_cores, limits_.cores);
+
+  // The last change: keep it, or undo it and remember the level as a bound.
+  if (probe_) {
+    const Probe p = *probe_;
+    probe_.reset();
+    const bool workers = p.knob == Knob::workers;
+    auto undo = [&](std::string why) {
+      calm_windows_ = 0;
+      return TuneDecision{
+          workers ? p.from : w.workers, workers ? w.depth : p.from,
+          format("%s %zu -> %zu: undone, %s (%s)", workers ? "workers" : "depth",
+                 workers ? w.workers : w.depth, p.from, why.c_str(), measured.c_str())};
+    };
+    if (p.up && wait > kWaitThreshold && samples_per_s < p.samples_per_s * (1 + kMinGain)) {
+      (workers ? workers_ceiling_ : depth_ceiling_) = p.from;
+      return undo(format("throughput %.0f samples/s did not rise from %.0f", samples_per_s,
+                         p.samples_per_s));
+    }
+    if (!p.up && wait > kWaitThreshold) {
+      (workers ? workers_floor_ : depth_floor_) = p.from;
+      return undo("the training loop waited with fewer");
+    }
+  }
+
+  // The budgets come first: never above them.
+  if (w.depth > limits_.max_depth) {
+    depth_ceiling_ = limits_.max_depth;
+    return change(w, Knob::depth, limits_.max_depth, "the memory budget holds no more slabs",
+                  false);
+  }
+  const std::size_t cap =
+      std::min({limits_.max_workers, workers_ceiling_, processes ? w.worker_limit : SIZE_MAX});
+  if (w.workers > 1 && computing && n * busy > cpu_workers + 0.5) {
+    workers_ceiling_ = w.workers - 1;
+    return change(w, Knob::workers, w.workers - 1, "over the CPU budget, " + measured, false);
+  }
+
+  if (wait > kWaitThreshold) {
+    calm_windows_ = 0;
+    if (busy < kStarved) {  // the workers wait for batches to open, not the other way round
+      const std::size_t depth_cap = std::min(limits_.max_depth, depth_ceiling_);
+      if (w.depth < depth_cap) {
+        return change(w, Knob::depth, std::min(2 * w.depth, depth_cap),
+                      "workers starved of batches, " + measured);
+      }
+      keep.reason = "workers starved but depth at the memory budget, " + measured;
+      return keep;
+    }
+    if (w.worker_lock_held_s > kLockSaturated * w.elapsed_s) {
+      keep.reason = "the GIL is saturated: more threads would wait for it, " + measured;
+      return keep;
+    }
+    if (w.workers >= cap) {
+      keep.reason = "at the most workers, " + measured;
+      return keep;
+    }
+    // Workers that wait inside read() are doubled: more in flight hide the waiting and cost
+    // little CPU, as long as what they do use fits. Computing workers get one more.
+    std::size_t to = std::min(cap, computing ? w.workers + 1 : 2 * w.workers);
+    if (computing ? static_cast<double>(to) > cpu_workers
+                  : worker_cores * static_cast<double>(to) / n > cpu_budget) {
+      keep.reason = "CPU saturated: no budget for another worker, " + measured;
+      return keep;
+    }
+    return change(w, Knob::workers, to, "the training loop waits, " + measured);
+  }
+
+  if (wait < kCalmThreshold) {
+    if (++calm_windows_ < kCalmWindows) {
+      keep.reason = "the training loop does not wait, " + measured;
+      return keep;
+    }
+    if (busy < kIdle && w.workers > workers_floor_) {
+      // Keep the remaining workers about 3/4 busy.
+      const auto enough = static_cast<std::size_t>(std::ceil(n * busy / 0.75));
+      const std::size_t to = std::max(workers_floor_, std::min(w.workers - 1, enough));
+      return change(w, Knob::workers, to, "idle workers, " + measured);
+    }
+    if (w.depth > std::max(kMinDepth, depth_floor_)) {
+      return change(w, Knob::depth, w.depth - 1, "batches ready ahead, " + measured);
+    }
+    keep.reason = "settled, " + measured;
+    return keep;
+  }
+  calm_windows_ = 0;
+  keep.reason = "in the dead band, " + measured;
+  return keep;
+}
+
+double cpu_share(std::size_t cores, const char* local_world_size) {
+  std::size_t ranks = 1;
+  if (local_world_size != nullptr) {
+    const char* end = local_world_size + std::strlen(local_world_size);
+    std::size_t parsed = 0;
+    if (std::from_chars(local_world_size, end, parsed).ptr == end && parsed > 0) ranks = parsed;
+  }
+  return std::max(1.0, static_cast<double>(cores) / static_cast<double>(ranks));
+}
+
+std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t worker_limit) {
   next_due_ = std::chrono::steady_clock::now() + kMinWindow / 4;
-  if (!start_ || now.workers != start_->workers || now.batches < start_->batches) {
-    start_ = now;  // first call, or someone else changed the count: start a fresh window
+  if (!start_ || now.workers != start_->workers || now.depth != start_->depth ||
+      now.batches < start_->batches) {
+    start_ = now;  // first call, or a new configuration: start a fresh window
     return std::nullopt;
   }
   const Stats& s = *start_;
   if (now.elapsed - s.elapsed < kMinWindow || now.batches - s.batches < kMinBatches) {
     return std::nullopt;
   }
-  const TuneWindow window{to_seconds(now.elapsed - s.elapsed),
-                          to_seconds(now.consumer_wait - s.consumer_wait),
-                          to_seconds(now.worker_busy - s.worker_busy),
-                          to_seconds(now.worker_cpu - s.worker_cpu),
-                          now.workers,
-                          to_seconds(now.worker_lock_held - s.worker_lock_held)};
+  TuneWindow window;
+  window.elapsed_s = to_seconds(now.elapsed - s.elapsed);
+  window.consumer_wait_s = to_seconds(now.consumer_wait - s.consumer_wait);
+  window.worker_busy_s = to_seconds(now.worker_busy - s.worker_busy);
+  window.worker_cpu_s = to_seconds(now.worker_cpu - s.worker_cpu);
+  window.worker_lock_held_s = to_seconds(now.worker_lock_held - s.worker_lock_held);
+  window.samples = static_cast<double>(now.samples - s.samples);
+  window.workers = now.workers;
+  window.depth = now.depth;
+  window.worker_limit = worker_limit;
   start_ = now;
-  const std::size_t next = next_worker_count(window, limits_);
-  if (next == now.workers) return std::nullopt;
-  return next;
+  TuneDecision d =
+      advise_only_ ? TunePolicy(policy_.limits()).decide(window) : policy_.decide(window);
+  if (d.workers == now.workers && d.depth == now.depth) return std::nullopt;
+  if (advise_only_) {
+    d.reason = format(
+        "with workers = %zu and depth = %zu fixed, the training loop waits; "
+        "tune_workers (num_workers='auto') would change %s",
+        now.workers, now.depth, d.reason.c_str());
+    log(LogLevel::info, d.reason);
+    next_due_ = std::chrono::steady_clock::time_point::max();
+    MutexLock lock(mu_);
+    last_ = std::move(d.reason);
+    return std::nullopt;
+  }
+  log(LogLevel::debug, "tuner: " + d.reason);
+  MutexLock lock(mu_);
+  ++changes_;
+  last_ = d.reason;
+  return d;
+}
+
+void WorkerTuner::add_stats(Stats& stats) const {
+  stats.cpu_cores = policy_.limits().cores;
+  MutexLock lock(mu_);
+  stats.tuner_changes = changes_;
+  stats.tuner = last_;
 }
 
 }  // namespace stoker::detail

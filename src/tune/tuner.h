@@ -1,65 +1,158 @@
 // The online tuner: instead of a grid search over num_workers (seed 000), the loader watches
-// what its consumer and workers do and adds workers while the consumer waits for data.
+// what its consumer and workers do and moves the worker count and the batches in flight
+// (depth) both ways, within a CPU budget and a memory budget it never crosses.
+//
+// TunePolicy is the decision (pure: no clocks, no threads; tested with synthetic windows);
+// WorkerTuner is the glue that turns a loader's cumulative Stats into windows.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 
 #include "stoker/stats.h"
+#include "util/mutex.h"
 
 namespace stoker::detail {
 
 // What happened over one observation window.
 struct TuneWindow {
-  double elapsed_s = 0;        // wall time of the window
-  double consumer_wait_s = 0;  // of it, time next() blocked for data
-  double worker_busy_s = 0;    // summed over workers: wall time inside read()
-  double worker_cpu_s = 0;     // of that, time on a CPU
-  std::size_t workers = 0;
+  double elapsed_s = 0;           // wall time of the window
+  double consumer_wait_s = 0;     // of it, time next() blocked for data
+  double worker_busy_s = 0;       // summed over workers: wall time inside read()
+  double worker_cpu_s = 0;        // of that, time on a CPU of this process's threads
   double worker_lock_held_s = 0;  // of worker_cpu_s, time holding the GIL
+  double samples = 0;             // handed out
+  std::size_t workers = 0;
+  std::size_t depth = 0;
+  // The most workers that can read at once: the worker processes reads run in
+  // (Dataset::worker_limit), 0 for threads. The threads only wait for the processes, so their
+  // CPU time is not in worker_cpu_s: a busy process worker counts as a busy core.
+  std::size_t worker_limit = 0;
 };
 
 struct TuneLimits {
-  std::size_t cores = 1;
+  // Cores this loader may use, the training loop's included: the machine's (its affinity),
+  // divided among the ranks on this node.
+  double cores = 1;
   std::size_t max_workers = 4;
+  // The most batches in flight the memory budget holds (depth + 1 slabs are kept).
+  std::size_t max_depth = 64;
 };
 
-// The worker count for the next window (pure: tested on its own). While the consumer waits
-// for more than kWaitThreshold of the window:
-//  - workers that are mostly off the CPU inside read() (waiting on I/O, sleeps or a GIL) are
-//    doubled (more threads in flight hide the waiting; idle threads cost little);
-//  - workers that compute get one more, up to one per core (past that they only share cores
-//    with each other and the consumer).
-// Otherwise the count stays: the workers keep up. Workers that keep the GIL busy for more than
-// kLockSaturated of the window get no company: another thread would only wait for it.
-std::size_t next_worker_count(const TuneWindow& window, const TuneLimits& limits);
+// One decision: the configuration for the next window, and why.
+struct TuneDecision {
+  std::size_t workers = 0;
+  std::size_t depth = 0;
+  std::string reason;
+};
+
+// Hill climbing on two knobs with memory, so that it settles instead of oscillating:
+//  - the consumer waits (> kWaitThreshold of the window): if the workers are busy, add
+//    workers (double them when they mostly wait inside read(): I/O, sleeps; one more when they
+//    compute), within the CPU budget; if they sit idle, open more batches (double the depth),
+//    within the memory budget;
+//  - the consumer has not waited (< kCalmThreshold) for kCalmWindows windows: give back what
+//    is not used, one step at a time: idle workers first, then depth (not below kMinDepth);
+//  - in between, nothing (the dead band).
+// Each change is checked on the next window. A step up that did not raise throughput by
+// kMinGain while the consumer still waits is undone and becomes a ceiling; a step down after
+// which the consumer waits is undone and becomes a floor. So every level is left in each
+// direction at most once and the search ends.
+//
+// CPU budget: TuneLimits::cores, the training loop's core (its time not waiting) included.
+// Computing workers (on a CPU for most of a read; a process worker whenever it is busy) each
+// count as a core: no more of them busy than the cores left next to the training loop, and a
+// count that no longer fits (the loop got busier) loses a worker. Workers that wait (I/O,
+// sleeps) count their CPU time, which must fit the same cores. kCpuSlack absorbs one
+// window's noise. Memory budget: depth never above max_depth.
+class TunePolicy {
+ public:
+  explicit TunePolicy(TuneLimits limits) : limits_(limits) {}
+
+  TuneDecision decide(const TuneWindow& window);
+  const TuneLimits& limits() const { return limits_; }
+
+ private:
+  enum class Knob { workers, depth };
+  struct Probe {
+    Knob knob;
+    std::size_t from = 0;
+    bool up = false;
+    double samples_per_s = 0;  // before the change
+  };
+  // A change of one knob; `judged` ones are checked on the next window (budget cuts are not:
+  // they stand whatever happens).
+  TuneDecision change(const TuneWindow& w, Knob knob, std::size_t to, std::string reason,
+                      bool judged = true);
+
+  TuneLimits limits_;
+  std::optional<Probe> probe_;  // the last change, judged on the next window
+  std::size_t calm_windows_ = 0;
+  std::size_t workers_floor_ = 1;
+  std::size_t workers_ceiling_ = SIZE_MAX;
+  std::size_t depth_floor_ = 1;
+  std::size_t depth_ceiling_ = SIZE_MAX;
+};
 
 inline constexpr double kWaitThreshold = 0.03;
+inline constexpr double kCalmThreshold = 0.005;
+inline constexpr std::size_t kCalmWindows = 3;
+inline constexpr double kMinGain = 0.05;
+inline constexpr double kCpuSlack = 0.25;
+inline constexpr std::size_t kMinDepth = 2;
+// Workers busy for less than this share of the window while the consumer waits: they are
+// starved of batches to read, not too few.
+inline constexpr double kStarved = 0.6;
+// Workers busy for less than this share while the consumer does not wait: some can go.
+inline constexpr double kIdle = 0.5;
+// Workers on a CPU for at least this share of their reads while the budget's cores are all in
+// use are taken to be waiting for a core, not for I/O (sleepers are on it ~1-5%).
+inline constexpr double kContended = 0.2;
 // A pure-Python data set on two threads keeps it ~95% busy, down to ~35-60% when other
 // processes compete for the cores; sleepers keep it a few percent busy.
 inline constexpr double kLockSaturated = 0.35;
 
+// The cores a loader may use: `cores` (the process's affinity), divided among the ranks that
+// torchrun started on this node (LOCAL_WORLD_SIZE), at least one.
+double cpu_share(std::size_t cores, const char* local_world_size);
+
 // Turns a loader's cumulative Stats into windows of at least kMinWindow and kMinBatches
-// batches, and says when the worker count should change.
+// batches and asks the policy; restarts the window whenever the configuration changes. Each
+// change is logged at debug level and kept for Stats::tuner.
 //
-// Thread safety: one thread (the loader's consumer).
+// Advising (the user fixed the configuration): a fresh policy looks at each window, so it
+// never probes and only ever says "more", and the first time it would change something the
+// advice is logged once (info) and kept for Stats::tuner; after that it is never due again.
+//
+// Thread safety: observe() and due() belong to one thread (the loader's consumer);
+// add_stats() may be called from any thread.
 class WorkerTuner {
  public:
   static constexpr std::chrono::milliseconds kMinWindow{100};
   static constexpr std::uint64_t kMinBatches = 2;
 
-  explicit WorkerTuner(TuneLimits limits) : limits_(limits) {}
+  WorkerTuner(TuneLimits limits, bool advise_only) : policy_(limits), advise_only_(advise_only) {}
   // Whether it is time to observe (cheap: one clock read): stats() takes the engine's lock,
   // so the loader calls observe() only when this says so.
   bool due() const { return std::chrono::steady_clock::now() >= next_due_; }
-  // Returns the new worker count when a window ends and it differs from stats.workers.
-  std::optional<std::size_t> observe(const Stats& stats);
+  // The configuration to apply when a window ends and the policy changes it (never when
+  // advising). `worker_limit` as TuneWindow::worker_limit.
+  std::optional<TuneDecision> observe(const Stats& stats, std::size_t worker_limit)
+      STOKER_EXCLUDES(mu_);
+  // Fills Stats::cpu_cores, tuner_changes and tuner.
+  void add_stats(Stats& stats) const STOKER_EXCLUDES(mu_);
 
  private:
-  TuneLimits limits_;
+  TunePolicy policy_;
+  const bool advise_only_;
   std::optional<Stats> start_;  // the window's first observation
   std::chrono::steady_clock::time_point next_due_{};
+
+  mutable Mutex mu_;
+  std::uint64_t changes_ STOKER_GUARDED_BY(mu_) = 0;
+  std::string last_ STOKER_GUARDED_BY(mu_);
 };
 
 }  // namespace stoker::detail

@@ -1,8 +1,10 @@
 #include "util/log.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace stoker {
@@ -18,7 +20,20 @@ std::function<void(LogLevel, std::string_view)>& log_handler() {
   return handler;
 }
 
+LogLevel& log_level() {
+  static LogLevel level = [] {
+    const char* env = std::getenv("STOKER_LOG");
+    return env != nullptr && std::string_view(env) == "debug" ? LogLevel::debug : LogLevel::info;
+  }();
+  return level;
+}
+
 }  // namespace
+
+void set_log_level(LogLevel level) {
+  std::lock_guard lock(log_mutex());
+  log_level() = level;
+}
 
 void set_log_handler(std::function<void(LogLevel, std::string_view)> handler) {
   std::lock_guard lock(log_mutex());
@@ -29,6 +44,7 @@ namespace detail {
 
 void log(LogLevel level, std::string_view message) {
   std::lock_guard lock(log_mutex());
+  if (level < log_level()) return;
   if (log_handler()) {
     log_handler()(level, message);
   } else {
