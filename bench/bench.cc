@@ -394,6 +394,11 @@ json run_device_cuda(const BenchOptions& o) {
 
 }  // namespace
 
+WorkloadTarget workload_target(const std::string& name, const BenchOptions& options) {
+  const Workload w = make_workload(name, options);
+  return {w.description, make_dataset(w), w.batch_size, w.consumer_ms};
+}
+
 int run(const BenchOptions& options) {
   if (!options.device.empty() && options.device != "cpu") {
     const json r = options.device == "sim" ? run_device_sim(options) : run_device_cuda(options);

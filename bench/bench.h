@@ -3,8 +3,11 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "stoker/dataset.h"
 
 namespace stoker::bench {
 
@@ -22,6 +25,17 @@ struct BenchOptions {
   std::string device;           // "sim", "cuda", "cuda:N": benchmark the device stage instead
   double consumer_ms = -1;      // < 0: the workload's default (heavy only)
 };
+
+// A built-in workload as a data set and a training loop, for `stoker tune` and `stoker diagnose`.
+struct WorkloadTarget {
+  std::string description;
+  std::shared_ptr<const Dataset> dataset;
+  std::size_t batch_size = 0;
+  double consumer_ms = 0;  // the training loop's compute per batch
+};
+// tensor, tiny, heavy or overhead (options.smoke, options.consumer_ms apply); throws
+// std::invalid_argument for another name.
+WorkloadTarget workload_target(const std::string& name, const BenchOptions& options);
 
 // Runs the benchmark and prints it (a table, or one JSON object with --json). Returns the
 // process exit code.

@@ -311,18 +311,29 @@ std::optional<json> run_torchvision(const BenchOptions& o, const JpegBenchOption
   }
 }
 
+fs::path data_dir(const BenchOptions& o, const JpegBenchOptions& j) {
+  return j.data_dir.empty()
+             ? fs::temp_directory_path() /
+                   fmt::format("stoker-bench-jpeg-v{}-{}", kGeneratorVersion, o.smoke ? 96 : 2000)
+             : fs::path(j.data_dir);
+}
+
+DataSet prepare(const BenchOptions& o, const JpegBenchOptions& j) {
+  return prepare(data_dir(o, j), o.smoke ? 96 : 2000, o.smoke ? 3 : 10, o.json);
+}
+
 }  // namespace
 
+std::array<std::string, 2> jpeg_data(const BenchOptions& o, const JpegBenchOptions& j) {
+  const DataSet d = prepare(o, j);
+  return {d.folder.string(), d.records.string()};
+}
+
 int run_jpeg(const BenchOptions& o, const JpegBenchOptions& j) {
-  const std::size_t images = o.smoke ? 96 : 2000;
-  const std::size_t classes = o.smoke ? 3 : 10;
   const std::size_t epochs = o.epochs ? o.epochs : (o.smoke ? 2 : 3);
   const std::size_t workers = o.workers ? o.workers : 2;
-  const fs::path dir = j.data_dir.empty()
-                           ? fs::temp_directory_path() /
-                                 fmt::format("stoker-bench-jpeg-v{}-{}", kGeneratorVersion, images)
-                           : fs::path(j.data_dir);
-  const DataSet d = prepare(dir, images, classes, o.json);
+  const fs::path dir = data_dir(o, j);
+  const DataSet d = prepare(o, j);
 
   json result = {{"workload", "jpeg"},
                  {"smoke", o.smoke},

@@ -5,6 +5,7 @@
 // libjpeg-turbo full-image decode on 1 and 2 threads.
 #pragma once
 
+#include <array>
 #include <string>
 
 #include "bench.h"
@@ -17,6 +18,10 @@ struct JpegBenchOptions {
   std::string data_dir;
   std::string baseline_script;  // default: bench/torchvision_baseline.py in the source tree
 };
+
+// The generated JPEG folder the benchmark reads (made on first use; options.smoke: a small
+// one), and beside it its record shards: {folder, records}.
+std::array<std::string, 2> jpeg_data(const BenchOptions& options, const JpegBenchOptions& jpeg);
 
 // Runs the benchmark and prints it (a table, or one JSON object with options.json). Uses
 // options.python (which needs torch and torchvision) for the baseline unless

@@ -221,6 +221,7 @@ Stats Loader::stats() const {
   tuner_->add_stats(s);
   return s;
 }
+Report Loader::report() const { return diagnose(stats(), engine_->worker_limit() != 0); }
 
 // --- Batch ---------------------------------------------------------------------------------
 

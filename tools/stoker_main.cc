@@ -9,6 +9,7 @@
 #include "bench.h"
 #include "bench_jpeg.h"
 #include "image_commands.h"
+#include "tune_commands.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"stoker: keeps accelerators fed with training data"};
@@ -37,10 +38,12 @@ int main(int argc, char** argv) {
   cmd->add_option("--data-dir", jpeg_bench.data_dir, "jpeg: where the generated images live");
 
   auto run_image_command = stoker::tools::add_image_commands(app);
+  auto run_tune_command = stoker::tools::add_tune_commands(app);
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (const int rc = run_image_command(); rc >= 0) return rc;
+    if (const int rc = run_tune_command(); rc >= 0) return rc;
     if (cmd->parsed()) {
       // jpeg runs on its own (its baseline needs torchvision), after any other workloads.
       auto& w = bench.workloads;

@@ -3,7 +3,7 @@
 //
 // The types it speaks in have headers of their own, included here so that users include only
 // this one: options.h (LoaderOptions), batch.h (Batch, SampleError, Position), stats.h (Stats),
-// sampler.h (the epoch order).
+// sampler.h (the epoch order), report.h (Report).
 #pragma once
 
 #include <chrono>
@@ -16,6 +16,7 @@
 #include "stoker/batch.h"
 #include "stoker/dataset.h"
 #include "stoker/options.h"
+#include "stoker/report.h"
 #include "stoker/sampler.h"
 #include "stoker/stats.h"
 
@@ -65,6 +66,9 @@ class Loader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);  // clamped to at least 1
   Stats stats() const;
+  // A verdict on the run so far (input- or compute-bound, the busiest stage, whether more
+  // workers would help, what to try), from stats(): see report.h.
+  Report report() const;
 
  private:
   void restart(Position position);

@@ -87,6 +87,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("depth", &LoaderOptions::depth)
       .def_readwrite("tune_workers", &LoaderOptions::tune_workers)
       .def_readwrite("max_workers", &LoaderOptions::max_workers)
+      .def_readwrite("cpu_cores", &LoaderOptions::cpu_cores)
+      .def_readwrite("memory_budget", &LoaderOptions::memory_budget)
       .def_readwrite("device", &LoaderOptions::device)
       .def_readwrite("device_depth", &LoaderOptions::device_depth)
       .def_property(
@@ -248,6 +250,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
+      .def("report", &PyLoader::report)
       .def("close", &PyLoader::close)
       .def_property_readonly("closed", &PyLoader::closed);
 

@@ -1,5 +1,7 @@
 #include "py_loader.h"
 
+#include <pybind11/stl.h>
+
 #include <algorithm>
 #include <set>
 #include <string>
@@ -224,6 +226,30 @@ py::dict PyLoader::stats() {
   d["samples_per_second"] = s.samples_per_second();
   d["bytes_per_second"] = s.bytes_per_second();
   d["wait_fraction"] = s.wait_fraction();
+  return d;
+}
+
+py::dict PyLoader::report() {
+  auto locks = lock_call(false);
+  Report r;
+  {
+    py::gil_scoped_release nogil;
+    r = loader_->report();
+  }
+  py::dict d;
+  d["verdict"] = r.verdict;
+  d["text"] = r.text();
+  d["wait_fraction"] = r.wait_fraction;
+  d["samples_per_second"] = r.samples_per_second;
+  d["workers"] = r.workers;
+  d["worker_busy"] = r.worker_busy;
+  d["worker_cores"] = r.worker_cores;
+  d["cpu_cores"] = r.cpu_cores;
+  d["gil_busy"] = r.gil_busy;
+  d["busiest"] = r.busiest;
+  d["busiest_load"] = r.busiest_load;
+  d["more_workers"] = r.more_workers;
+  d["suggestions"] = r.suggestions;
   return d;
 }
 

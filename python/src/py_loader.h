@@ -98,6 +98,8 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
+  // Loader::report() as a dict: the verdict, its text, the numbers behind it, suggestions.
+  py::dict report();
   std::shared_ptr<RemappedDataset> remap() const { return remap_; }
 
   // Stops the workers and lets go of the data set; further calls raise. Idempotent.

@@ -13,7 +13,8 @@ from . import _stoker, transforms
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
-from ._loader import DataLoader
+from ._loader import DataLoader, Report
+from ._tune import tune
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -26,12 +27,14 @@ __all__ = [
     "ImageFolder",
     "NativeDataset",
     "RecordDataset",
+    "Report",
     "SampleError",
     "SyntheticDataset",
     "WorkerError",
     "pack",
     "sample_seed",
     "transforms",
+    "tune",
     "world",
 ]
 __version__ = "0.1.0"

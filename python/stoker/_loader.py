@@ -34,10 +34,10 @@ _AUTO_MIN_READS = 16
 _AUTO_GIL_BUSY = 0.4
 _AUTO_GIL_PARALLEL = 1.25
 
-# num_workers='auto' starts with one worker per core and lets the engine's tuner add more
-# while the training loop waits for data: many at a time when the workers themselves mostly
-# wait (a Python __getitem__ on files, sleeps, or torch ops that release the GIL), up to one
-# per core when they compute. Threads are cheap, so a waiting data set may get many.
+# num_workers='auto' starts with one worker per core of this rank's share and lets the
+# engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
+# workers at a time when they mostly wait (a Python __getitem__ on files, sleeps, or torch ops
+# that release the GIL), up to the CPU budget when they compute, fewer when they sit idle.
 _AUTO_MAX_WORKERS_NATIVE_PER_CORE = 4
 _AUTO_MAX_WORKERS_PYTHON = 32
 
@@ -45,6 +45,16 @@ _AUTO_MAX_WORKERS_PYTHON = 32
 def _cores() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, cores or 1)
+
+
+def _cpu_share() -> int:
+    """This rank's cores: ranks that torchrun started on one node (LOCAL_WORLD_SIZE) divide
+    them among themselves, as the engine's CPU budget does (src/tune/tuner.h)."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, _cores() // ranks)
 
 
 def _draw_seed(generator) -> int:
@@ -105,9 +115,11 @@ class DataLoader:
     buffer (pinned when it pays), and batches reach PyTorch as tensors without a copy.
 
     Differences from torch's, all in the user's favour or stated here:
-      num_workers: workers. 'auto' (default) starts with one thread per core and tunes the
-        count online while the training loop waits for data (no grid search); with worker
-        processes, one per core. 0 reads on the training loop's thread.
+      num_workers: workers. 'auto' (default) starts with one thread per core (of this rank's
+        share of the node under torchrun) and tunes the count and the batches in flight
+        online, both ways, within a CPU and a memory budget (no grid search); with worker
+        processes, one per core of the share. 0 reads on the training loop's thread. A fixed
+        count whose training loop waits is told once in the log what 'auto' would do.
       worker_type: 'auto' (default) starts on threads and moves to worker processes when the
         first batches show reads that keep the GIL busy (pure-Python __getitem__); 'thread'
         or 'process' to choose. Processes write samples straight into shared batch buffers
@@ -216,9 +228,9 @@ class DataLoader:
         tune = num_workers == "auto"
         max_workers = 0
         if tune:
-            num_workers = _cores()
-            max_workers = (_AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cores() if native
-                           else max(_AUTO_MAX_WORKERS_PYTHON, _cores()))
+            num_workers = _cpu_share()
+            max_workers = (_AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cpu_share() if native
+                           else max(_AUTO_MAX_WORKERS_PYTHON, _cpu_share()))
         if int(num_workers) < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 "
                              "to disable multiprocessing.")
@@ -280,8 +292,8 @@ class DataLoader:
         self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0)
         self._context = mp_context(multiprocessing_context) if not native else None
         self._worker_init_fn = worker_init_fn
-        # With processes, one worker per core unless told otherwise.
-        self._process_count = self.num_workers if workers_given else _cores()
+        # With processes, one worker per core of this rank's share unless told otherwise.
+        self._process_count = self.num_workers if workers_given else _cpu_share()
         if self.worker_type == "process":
             self.num_workers = self._process_count
             tune = False
@@ -415,6 +427,15 @@ class DataLoader:
         stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []
         return stats
 
+    def report(self) -> "Report":
+        """A verdict on the run so far, from stats(): e.g. ``input-bound: the training loop
+        waited 43% of its time; reads are the busiest stage at 97% of 2 cores; more workers
+        would not help: CPU saturated; try: record shards / ...``. ``str()`` gives that line;
+        the keys give the numbers behind it (``verdict``, ``wait_fraction``, ``busiest``,
+        ``busiest_load``, ``worker_cores``, ``cpu_cores``, ``more_workers``,
+        ``suggestions``, ...)."""
+        return Report(self._loader.report())
+
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
         self._loader.set_workers(int(workers))
@@ -502,6 +523,14 @@ class DataLoader:
         arrays = self._convert(raw)
         raw.release()  # the tensors keep the buffer; returning them all recycles it
         return self._build(arrays, raw.objects)
+
+
+class Report(dict):
+    """DataLoader.report(): a dict of the verdict and its numbers; str() is the verdict's
+    text."""
+
+    def __str__(self) -> str:
+        return self["text"]
 
 
 class _Iterator:

@@ -1,0 +1,245 @@
+#include "tune.h"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "bench_util.h"
+#include "memory/host_allocator.h"
+#include "stoker/loader.h"
+
+#ifndef STOKER_SOURCE_DIR
+#define STOKER_SOURCE_DIR "."
+#endif
+
+namespace stoker::bench {
+namespace {
+
+using json = nlohmann::json;
+
+struct Measured {
+  double samples_per_s = 0;
+  double wait_pct = 0;
+  std::size_t peak_slab_bytes = 0;
+  double converged_s = 0;  // when the tuner last changed something, from the start
+  Stats stats;
+};
+
+void spin_for(double ms) {
+  const auto until = Clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (Clock::now() < until) {
+  }
+}
+
+// Takes batches (with the training loop's compute after each) until `warmup_s` and then
+// `measure_s` more have passed, epoch after epoch; measures the second part.
+Measured drive(Loader& loader, const WorkloadTarget& t, double warmup_s, double measure_s) {
+  Measured m;
+  const auto start = Clock::now();
+  std::uint64_t changes = 0;
+  std::uint64_t samples = 0;
+  Stats at_measure;
+  bool measuring = false;
+  Clock::time_point measure_start;
+  for (;;) {
+    auto batch = loader.next();
+    if (!batch) continue;  // the next epoch
+    if (t.consumer_ms > 0) spin_for(t.consumer_ms);
+    const Stats s = loader.stats();
+    m.peak_slab_bytes = std::max(m.peak_slab_bytes, s.slab_bytes);
+    if (s.tuner_changes != changes) {
+      changes = s.tuner_changes;
+      m.converged_s = seconds_since(start);
+    }
+    if (!measuring && seconds_since(start) >= warmup_s && s.batches >= 2) {
+      measuring = true;
+      measure_start = Clock::now();
+      at_measure = s;
+      samples = 0;
+      continue;
+    }
+    samples += batch->size();
+    if (measuring && seconds_since(measure_start) >= measure_s) {
+      const double took = seconds_since(measure_start);
+      m.samples_per_s = static_cast<double>(samples) / took;
+      m.wait_pct = 100 * to_seconds(s.consumer_wait - at_measure.consumer_wait) / took;
+      m.stats = s;
+      return m;
+    }
+  }
+}
+
+LoaderOptions base_options(const WorkloadTarget& t) {
+  LoaderOptions o;
+  o.dataset = t.dataset;
+  o.batch_size = t.batch_size;
+  o.shuffle = true;
+  return o;
+}
+
+// The CPU budget a loader of `t` takes (its share of the node's cores).
+double cpu_cores(const WorkloadTarget& t) {
+  LoaderOptions o = base_options(t);
+  o.workers = 0;
+  o.depth = 1;
+  return Loader(o).stats().cpu_cores;
+}
+
+json point(std::size_t workers, std::size_t depth, const std::string& pin, const Measured& m) {
+  return {{"workers", workers},
+          {"depth", depth},
+          {"pin", pin},
+          {"samples_per_s", m.samples_per_s},
+          {"wait_pct", m.wait_pct},
+          {"peak_slab_bytes", m.peak_slab_bytes}};
+}
+
+void print_point(const json& p) {
+  fmt::print("  workers {:>3}  depth {:>3}  pin {:<4} {:>10.0f} samples/s  waited {:>5.1f}%\n",
+             p["workers"].get<std::size_t>(), p["depth"].get<std::size_t>(),
+             p["pin"].get<std::string>(), p["samples_per_s"].get<double>(),
+             p["wait_pct"].get<double>());
+  std::fflush(stdout);
+}
+
+// Writes `result` to a temporary file and has python/stoker/_plot.py draw it.
+void plot(const json& result, const TuneOptions& o) {
+  char path[] = "/tmp/stoker-tune-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error("cannot create a temporary file for the plot's data");
+  const std::string text = result.dump();
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  std::string out;
+  const int status = written ? run_command(fmt::format("{} {} {} {}", shell_quote(o.python),
+                                                       shell_quote(std::string(STOKER_SOURCE_DIR) +
+                                                                   "/python/stoker/_plot.py"),
+                                                       shell_quote(path), shell_quote(o.plot)),
+                                           out)
+                             : -1;
+  std::remove(path);
+  if (status != 0) {
+    throw std::runtime_error("the chart was not written (" + o.python +
+                             " with matplotlib is needed; --python names another)");
+  }
+}
+
+}  // namespace
+
+int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
+  if (!o.plot.empty() && !o.grid) throw std::invalid_argument("--plot needs --grid");
+  const double cores = cpu_cores(t);
+  LoaderOptions lo = base_options(t);
+  lo.workers = o.workers ? o.workers : static_cast<std::size_t>(std::lround(cores));
+  lo.depth = o.depth;
+  lo.tune_workers = true;
+  lo.memory_budget = o.memory_budget;
+  const std::size_t start_workers = lo.workers;
+  Measured tuned;
+  std::size_t budget = 0;
+  {
+    Loader loader(lo);
+    tuned = drive(loader, t, o.seconds, o.measure_s);
+    budget = o.memory_budget ? o.memory_budget : detail::default_pin_budget();
+  }
+  const Stats& s = tuned.stats;
+  json result = {{"target", t.description},
+                 {"batch_size", t.batch_size},
+                 {"consumer_ms", t.consumer_ms},
+                 {"cpu_cores", cores},
+                 {"memory_budget", budget},
+                 {"start", {{"workers", start_workers}, {"depth", o.depth}}},
+                 {"tuned",
+                  {{"workers", s.workers},
+                   {"depth", s.depth},
+                   {"pin", "auto"},
+                   {"samples_per_s", tuned.samples_per_s},
+                   {"wait_pct", tuned.wait_pct},
+                   {"converged_s", tuned.converged_s},
+                   {"changes", s.tuner_changes},
+                   {"last_change", s.tuner},
+                   {"peak_slab_bytes", tuned.peak_slab_bytes}}}};
+  if (!o.json) {
+    fmt::print("{} (batch {}, {:.2g} cores)\n", t.description, t.batch_size, cores);
+    fmt::print(
+        "tuned: workers {}, depth {} (from {} and {}): {:.0f} samples/s, waited {:.1f}%\n"
+        "  settled after {:.1f} s, {} changes, last: {}\n  peak slab memory {:.1f} MB\n",
+        s.workers, s.depth, start_workers, o.depth, tuned.samples_per_s, tuned.wait_pct,
+        tuned.converged_s, s.tuner_changes, s.tuner.empty() ? "none" : s.tuner,
+        tuned.peak_slab_bytes / 1e6);
+    std::fflush(stdout);
+  }
+  if (o.grid) {
+    if (!o.json) fmt::print("grid (each point {:.1f} s after its first batches):\n", o.measure_s);
+    json grid = json::array();
+    json best;
+    for (const char* pin : {"off", "on"}) {
+      for (std::size_t depth : o.grid_depth) {
+        for (std::size_t workers : o.grid_workers) {
+          LoaderOptions fixed = base_options(t);
+          fixed.workers = workers;
+          fixed.depth = depth;
+          fixed.pin_memory = std::string(pin) == "on" ? PinMemory::on : PinMemory::off;
+          Loader loader(fixed);
+          const json p = point(workers, depth, pin, drive(loader, t, 0, o.measure_s));
+          if (!o.json) print_point(p);
+          if (best.is_null() || p["samples_per_s"] > best["samples_per_s"]) best = p;
+          grid.push_back(p);
+        }
+      }
+    }
+    result["grid"] = grid;
+    result["best"] = best;
+    result["ratio"] = tuned.samples_per_s / best["samples_per_s"].get<double>();
+    if (!o.json) {
+      fmt::print("best fixed: workers {}, depth {}, pin {}: {:.0f} samples/s\n",
+                 best["workers"].get<std::size_t>(), best["depth"].get<std::size_t>(),
+                 best["pin"].get<std::string>(), best["samples_per_s"].get<double>());
+      fmt::print("tuned / best fixed: {:.2f}\n", result["ratio"].get<double>());
+    }
+    if (!o.plot.empty()) {
+      plot(result, o);
+      if (!o.json) fmt::print("chart: {}\n", o.plot);
+    }
+  }
+  if (o.json) fmt::print("{}\n", result.dump(2));
+  return 0;
+}
+
+int run_diagnose(const WorkloadTarget& t, const DiagnoseOptions& o) {
+  LoaderOptions lo = base_options(t);
+  lo.workers = o.workers ? o.workers : static_cast<std::size_t>(std::lround(cpu_cores(t)));
+  lo.depth = o.depth;
+  lo.tune_workers = o.tune;
+  Loader loader(lo);
+  drive(loader, t, 0, o.seconds);
+  const Report r = loader.report();
+  if (o.json) {
+    const json numbers = {{"verdict", r.verdict},
+                          {"text", r.text()},
+                          {"wait_fraction", r.wait_fraction},
+                          {"samples_per_second", r.samples_per_second},
+                          {"workers", r.workers},
+                          {"worker_busy", r.worker_busy},
+                          {"worker_cores", r.worker_cores},
+                          {"cpu_cores", r.cpu_cores},
+                          {"gil_busy", r.gil_busy},
+                          {"busiest", r.busiest},
+                          {"busiest_load", r.busiest_load},
+                          {"more_workers", r.more_workers},
+                          {"suggestions", r.suggestions}};
+    fmt::print("{}\n", numbers.dump(2));
+  } else {
+    fmt::print("{} (batch {}, workers {}, depth {})\n{}\n", t.description, t.batch_size,
+               loader.stats().workers, loader.stats().depth, r.text());
+  }
+  return 0;
+}
+
+}  // namespace stoker::bench

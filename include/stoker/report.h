@@ -1,0 +1,39 @@
+// A verdict on a loader's run, made from its Stats: is the training loop waiting for data,
+// which stage is the busiest and how loaded, would more workers help, and what to try.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "stoker/stats.h"
+
+namespace stoker {
+
+struct Report {
+  // "input-bound" (the training loop waits for data), "compute-bound" (it hardly waits),
+  // "balanced" (in between), or "no data yet" (no batch handed out).
+  std::string verdict;
+  // The numbers behind it.
+  double wait_fraction = 0;  // of the training loop's time, waiting for data
+  double samples_per_second = 0;
+  std::size_t workers = 0;
+  double worker_busy = 0;   // per worker, share of the time inside reads
+  double worker_cores = 0;  // cores the reads kept busy (CPU time over wall time)
+  double cpu_cores = 0;     // the CPU budget (Stats::cpu_cores)
+  double gil_busy = 0;      // share of the time a read held the GIL
+  std::string busiest;      // the busiest stage: "reads", "the GIL" or "the training loop"
+  double busiest_load = 0;  // its load: cores for reads, a share of the time otherwise
+  // Whether more workers would help, and why ("more workers would not help: CPU saturated").
+  std::string more_workers;
+  std::vector<std::string> suggestions;  // what to try, most promising first
+
+  // One paragraph: the verdict, the numbers, the suggestions.
+  std::string text() const;
+};
+
+// The verdict on `stats` (pure: tested on synthetic stats). `process_workers`: reads run in
+// worker processes, whose CPU time is not in Stats::worker_cpu (a busy worker counts as a
+// busy core).
+Report diagnose(const Stats& stats, bool process_workers = false);
+
+}  // namespace stoker

@@ -1,0 +1,116 @@
+"""stoker.tune(): run a data set briefly with num_workers='auto' and say what the tuner chose,
+its throughput, and optionally what a full grid of fixed configurations gives (seed 000's
+brute-force search, for comparison)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional, Sequence
+
+from ._loader import DataLoader
+
+# Batches taken before a measurement starts (threads start, slabs fault in, worker_type='auto'
+# decides).
+_WARMUP_BATCHES = 4
+
+
+def _drive(loader: DataLoader, warmup: float, measure: float,
+           step: Optional[Callable[[Any], None]]) -> dict[str, Any]:
+    """Takes batches, epoch after epoch, calling `step` on each, for `warmup` seconds (and at
+    least a few batches), then measures `measure` seconds more."""
+    start = time.perf_counter()
+    changes, converged, peak, batches = 0, 0.0, 0, 0
+    first: Optional[tuple[float, dict[str, Any]]] = None  # when the measurement started
+    while True:
+        for batch in loader:
+            if step is not None:
+                step(batch)
+            del batch
+            stats = loader.stats()
+            now = time.perf_counter()
+            peak = max(peak, stats["slab_bytes"])
+            if stats["tuner_changes"] != changes:
+                changes, converged = stats["tuner_changes"], now - start
+            batches += 1
+            if first is None:
+                if now - start >= warmup and batches >= _WARMUP_BATCHES:
+                    first = (now, stats)
+            elif now - first[0] >= measure:
+                took = now - first[0]
+                return {"samples_per_s": (stats["samples"] - first[1]["samples"]) / took,
+                        "wait_pct": 100 * (stats["consumer_wait_s"]
+                                           - first[1]["consumer_wait_s"]) / took,
+                        "converged_s": converged, "peak_slab_bytes": peak, "stats": stats}
+
+
+def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0,
+         step: Optional[Callable[[Any], None]] = None, grid: bool = False,
+         grid_workers: Sequence[int] = (1, 2, 4, 8), grid_depth: Sequence[int] = (2, 4, 8),
+         plot: Optional[str] = None, quiet: bool = False, **loader_args) -> dict[str, Any]:
+    """Runs `dataset` through a ``DataLoader(num_workers='auto')`` for `seconds`, then measures
+    the configuration the tuner chose for `measure` seconds, and prints and returns it.
+
+    step: your training step, called with each batch (default: none, which measures the
+        loader alone: then the tuner sees a training loop that always waits).
+    grid: also measure every fixed configuration, workers x depth (x pinning where a GPU
+        answers: pin_memory only changes anything there), `measure` seconds each after a
+        warm-up: much slower. The result then has ``grid``, ``best`` and ``ratio`` (tuned
+        over best).
+    plot: a .png or .svg file for the chart of the grid (needs grid=True and matplotlib).
+    loader_args: passed to every DataLoader (shuffle, device, worker_type, ...).
+
+    The result has the keys of ``stoker tune --json``: ``tuned`` (workers, depth,
+    samples_per_s, wait_pct, converged_s, changes, last_change, peak_slab_bytes,
+    worker_type), ``cpu_cores``, and with the grid ``grid``, ``best``, ``ratio``.
+    """
+    if plot is not None and not grid:
+        raise ValueError("plot= needs grid=True")
+    loader_args.setdefault("shuffle", True)
+    loader = DataLoader(dataset, batch_size, num_workers="auto", **loader_args)
+    start_workers, start_depth = loader.stats()["workers"], loader.stats()["depth"]
+    m = _drive(loader, seconds, measure, step)
+    s = m["stats"]
+    loader.close()
+    result: dict[str, Any] = {
+        "target": type(dataset).__name__, "batch_size": batch_size,
+        "cpu_cores": s["cpu_cores"], "start": {"workers": start_workers, "depth": start_depth},
+        "tuned": {"workers": s["workers"], "depth": s["depth"], "pin": "auto",
+                  "worker_type": s["worker_type"], "samples_per_s": m["samples_per_s"],
+                  "wait_pct": m["wait_pct"], "converged_s": m["converged_s"],
+                  "changes": s["tuner_changes"], "last_change": s["tuner"],
+                  "peak_slab_bytes": m["peak_slab_bytes"]}}
+    say = (lambda *a: None) if quiet else print
+    t = result["tuned"]
+    say(f"{result['target']} (batch {batch_size}, {result['cpu_cores']:g} cores)")
+    say(f"tuned: {t['workers']} {t['worker_type']} workers, depth {t['depth']} (from "
+        f"{start_workers} and {start_depth}): {t['samples_per_s']:.0f} samples/s, waited "
+        f"{t['wait_pct']:.1f}%; settled after {t['converged_s']:.1f} s, {t['changes']} "
+        f"changes, last: {t['last_change'] or 'none'}")
+    if grid:
+        torch = __import__("sys").modules.get("torch")
+        pins = (False, True) if torch is not None and torch.cuda.is_available() else (False,)
+        points = []
+        for pin in pins:
+            for depth in grid_depth:
+                for workers in grid_workers:
+                    fixed = DataLoader(dataset, batch_size, num_workers=workers,
+                                       pin_memory=pin, **loader_args)
+                    fixed.set_depth(depth)
+                    p = _drive(fixed, 0.0, measure, step)
+                    fixed.close()
+                    point = {"workers": workers, "depth": depth, "pin": "on" if pin else "off",
+                             "samples_per_s": p["samples_per_s"], "wait_pct": p["wait_pct"],
+                             "peak_slab_bytes": p["peak_slab_bytes"]}
+                    say(f"  workers {workers:>3}  depth {depth:>3}  pin {point['pin']:<4}"
+                        f"{point['samples_per_s']:>10.0f} samples/s  waited "
+                        f"{point['wait_pct']:5.1f}%")
+                    points.append(point)
+        best = max(points, key=lambda p: p["samples_per_s"])
+        result.update(grid=points, best=best, ratio=t["samples_per_s"] / best["samples_per_s"])
+        say(f"best fixed: workers {best['workers']}, depth {best['depth']}, pin {best['pin']}: "
+            f"{best['samples_per_s']:.0f} samples/s; tuned / best fixed: {result['ratio']:.2f}")
+        if plot is not None:
+            from ._plot import plot as draw
+            draw(result, plot)
+            say(f"chart: {plot}")
+    return result

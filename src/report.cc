@@ -1,0 +1,128 @@
+#include "stoker/report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/format.h"
+
+namespace stoker {
+namespace {
+
+// Waiting for more than this share of its time, the training loop is input-bound; for less
+// than kCalm, it is compute-bound.
+constexpr double kInputBound = 0.10;
+constexpr double kCalm = 0.03;
+// As the tuner's (src/tune/tuner.h): a GIL busy for more than this share is saturated; reads
+// on a CPU for less than half their time wait (I/O, sleeps); workers busy for less than kIdle
+// of the time wait for batches to read.
+constexpr double kGilSaturated = 0.35;
+constexpr double kIdle = 0.6;
+
+}  // namespace
+
+Report diagnose(const Stats& s, bool process_workers) {
+  using detail::format;
+  Report r;
+  r.workers = s.workers;
+  r.cpu_cores = s.cpu_cores;
+  if (s.batches == 0 || s.elapsed.count() <= 0) {
+    r.verdict = "no data yet";
+    return r;
+  }
+  const double elapsed = to_seconds(s.elapsed);
+  const double busy_s = to_seconds(s.workers > 0 ? s.worker_busy : s.inline_busy);
+  const double cpu_s = to_seconds(s.worker_cpu);
+  r.wait_fraction = s.wait_fraction();
+  r.samples_per_second = s.samples_per_second();
+  r.worker_busy = busy_s / (static_cast<double>(std::max<std::size_t>(1, s.workers)) * elapsed);
+  r.worker_cores = (process_workers ? std::max(cpu_s, busy_s) : cpu_s) / elapsed;
+  r.gil_busy = to_seconds(s.worker_lock_held) / elapsed;
+  const double loop_cores = 1.0 - r.wait_fraction;
+  const bool computing = process_workers || cpu_s >= 0.5 * busy_s;
+  const std::string cores = format("%.2g cores", r.cpu_cores);
+
+  if (r.wait_fraction < kInputBound) {
+    r.verdict = r.wait_fraction < kCalm ? "compute-bound" : "balanced";
+    r.busiest = "the training loop";
+    r.busiest_load = loop_cores;
+    r.more_workers = "more workers would not help: the input pipeline keeps up";
+    if (s.workers > 1 && r.worker_busy < 0.5) {
+      r.suggestions.push_back(
+          format("fewer workers would do: %zu are %.0f%% busy", s.workers, 100 * r.worker_busy));
+    }
+    return r;
+  }
+  r.verdict = "input-bound";
+  if (s.workers == 0) {
+    r.busiest = "reads";
+    r.busiest_load = r.worker_cores;
+    r.more_workers = "workers would help: every sample is read on the training loop's thread";
+    r.suggestions.push_back("workers (num_workers='auto' tunes them)");
+    return r;
+  }
+  if (r.gil_busy > kGilSaturated) {
+    r.busiest = "the GIL";
+    r.busiest_load = r.gil_busy;
+    r.more_workers = "more worker threads would not help: the GIL is saturated";
+    r.suggestions.push_back("worker_type='process'");
+    r.suggestions.push_back("__getitem__ work that releases the GIL (numpy, torch ops)");
+    return r;
+  }
+  r.busiest = "reads";
+  r.busiest_load = r.worker_cores;
+  if (r.worker_busy < kIdle) {
+    r.more_workers = format(
+        "more workers would not help: they are %.0f%% busy, waiting for "
+        "batches to read",
+        100 * r.worker_busy);
+    r.suggestions.push_back("more batches in flight (depth; prefetch_factor in Python)");
+    return r;
+  }
+  const bool saturated = r.worker_cores + loop_cores > r.cpu_cores - 0.5;
+  if (computing && saturated) {
+    r.more_workers = "more workers would not help: CPU saturated";
+    r.suggestions.push_back("record shards (stoker pack) instead of many small files");
+    r.suggestions.push_back("a RAM cache of the encoded bytes");
+    r.suggestions.push_back("uint8 output, normalised on the GPU");
+    r.suggestions.push_back("a smaller decode (DCT scaling: exact=False)");
+    return r;
+  }
+  if (computing) {
+    r.more_workers = format("more workers would help: %.1f of %s idle",
+                            r.cpu_cores - r.worker_cores - loop_cores, cores.c_str());
+  } else {
+    r.more_workers = format(
+        "more workers would help: reads are on a CPU %.0f%% of their time, "
+        "the rest waits (I/O, sleeps)",
+        100 * cpu_s / std::max(busy_s, 1e-9));
+    r.suggestions.push_back("record shards (stoker pack) or a RAM cache, if the wait is I/O");
+  }
+  r.suggestions.insert(r.suggestions.begin(), "num_workers='auto' (tune_workers), or more workers");
+  return r;
+}
+
+std::string Report::text() const {
+  using detail::format;
+  if (verdict == "no data yet") return "no data yet: no batch was handed out";
+  std::string out = format("%s: the training loop waited %.0f%% of its time (%.0f samples/s); ",
+                           verdict.c_str(), 100 * wait_fraction, samples_per_second);
+  if (busiest == "reads") {
+    out += format(
+        "reads are the busiest stage at %.0f%% of %.2g cores (%zu workers, %.0f%% "
+        "busy)",
+        100 * busiest_load / std::max(cpu_cores, 1e-9), cpu_cores, workers, 100 * worker_busy);
+  } else {
+    out += format("%s is the busiest stage at %.0f%% of the time", busiest.c_str(),
+                  100 * busiest_load);
+  }
+  out += "; " + more_workers;
+  if (!suggestions.empty()) {
+    out += "; try: ";
+    for (std::size_t i = 0; i < suggestions.size(); ++i) {
+      out += (i ? " / " : "") + suggestions[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace stoker

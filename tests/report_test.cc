@@ -1,0 +1,129 @@
+#include "stoker/report.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "stoker/loader.h"
+#include "stoker/sources.h"
+
+namespace stoker {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Ten seconds of a run: `wait_ms` of them the training loop waited; `workers` were busy for
+// `busy_ms` in all, `cpu_ms` of it on a CPU, `gil_ms` of that holding the GIL.
+Stats run(int wait_ms, std::size_t workers, int busy_ms, int cpu_ms, int gil_ms = 0) {
+  Stats s;
+  s.elapsed = milliseconds(10000);
+  s.batches = 100;
+  s.samples = 6400;
+  s.consumer_wait = milliseconds(wait_ms);
+  s.workers = workers;
+  s.worker_busy = milliseconds(busy_ms);
+  s.worker_cpu = milliseconds(cpu_ms);
+  s.worker_lock_held = milliseconds(gil_ms);
+  s.cpu_cores = 2;
+  return s;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Report, InputBoundWithTheCpuSaturated) {
+  const Report r = diagnose(run(4300, 2, 19800, 19400));
+  EXPECT_EQ(r.verdict, "input-bound");
+  EXPECT_NEAR(r.wait_fraction, 0.43, 1e-9);
+  EXPECT_EQ(r.busiest, "reads");
+  EXPECT_NEAR(r.busiest_load, 1.94, 1e-9);
+  EXPECT_EQ(r.more_workers, "more workers would not help: CPU saturated");
+  ASSERT_FALSE(r.suggestions.empty());
+  EXPECT_TRUE(has(r.suggestions[0], "record shards"));
+  const std::string text = r.text();
+  EXPECT_TRUE(has(text, "input-bound: the training loop waited 43% of its time")) << text;
+  EXPECT_TRUE(has(text, "reads are the busiest stage at 97% of 2 cores")) << text;
+  EXPECT_TRUE(has(text, "try: record shards")) << text;
+}
+
+TEST(Report, InputBoundWithIdleCores) {
+  Stats s = run(6000, 1, 9500, 9300);
+  s.cpu_cores = 8;
+  const Report r = diagnose(s);
+  EXPECT_EQ(r.verdict, "input-bound");
+  EXPECT_TRUE(has(r.more_workers, "more workers would help")) << r.more_workers;
+  EXPECT_TRUE(has(r.suggestions.at(0), "num_workers='auto'"));
+}
+
+TEST(Report, InputBoundOnWaitingReads) {
+  const Report r = diagnose(run(5000, 4, 39000, 800));
+  EXPECT_EQ(r.verdict, "input-bound");
+  EXPECT_TRUE(has(r.more_workers, "the rest waits (I/O, sleeps)")) << r.more_workers;
+}
+
+TEST(Report, InputBoundOnTheGil) {
+  const Report r = diagnose(run(5000, 2, 19000, 9500, 9000));
+  EXPECT_EQ(r.busiest, "the GIL");
+  EXPECT_NEAR(r.busiest_load, 0.9, 1e-9);
+  EXPECT_TRUE(has(r.more_workers, "GIL is saturated"));
+  EXPECT_EQ(r.suggestions.at(0), "worker_type='process'");
+}
+
+TEST(Report, InputBoundWithStarvedWorkers) {
+  const Report r = diagnose(run(3000, 8, 20000, 1000));
+  EXPECT_TRUE(has(r.more_workers, "waiting for batches")) << r.more_workers;
+  EXPECT_TRUE(has(r.suggestions.at(0), "depth"));
+}
+
+TEST(Report, ProcessWorkersCountTheirBusyTimeAsCores) {
+  // The threads only wait for the processes: little CPU time of their own.
+  const Report r = diagnose(run(4000, 2, 19500, 100), true);
+  EXPECT_NEAR(r.worker_cores, 1.95, 1e-9);
+  EXPECT_EQ(r.more_workers, "more workers would not help: CPU saturated");
+}
+
+TEST(Report, InlineReads) {
+  Stats s = run(0, 0, 0, 0);
+  s.consumer_wait = milliseconds(0);
+  s.inline_busy = milliseconds(6000);
+  s.consumer_wait = milliseconds(6000);
+  const Report r = diagnose(s);
+  EXPECT_EQ(r.verdict, "input-bound");
+  EXPECT_TRUE(has(r.more_workers, "workers would help"));
+}
+
+TEST(Report, ComputeBoundAndBalanced) {
+  Report r = diagnose(run(100, 8, 16000, 15000));
+  EXPECT_EQ(r.verdict, "compute-bound");
+  EXPECT_EQ(r.busiest, "the training loop");
+  EXPECT_NEAR(r.busiest_load, 0.99, 1e-9);
+  EXPECT_TRUE(has(r.suggestions.at(0), "fewer workers would do: 8 are 20% busy"));
+  r = diagnose(run(600, 2, 18000, 17000));
+  EXPECT_EQ(r.verdict, "balanced");
+  EXPECT_TRUE(r.suggestions.empty());
+  EXPECT_TRUE(has(r.text(), "balanced: the training loop waited 6%")) << r.text();
+}
+
+TEST(Report, NoDataYet) { EXPECT_EQ(diagnose(Stats{}).verdict, "no data yet"); }
+
+TEST(Report, FromALoader) {
+  SyntheticDataset::Options so;
+  so.samples = 64;
+  so.fields = {{"x", DType::i32, {}}};
+  LoaderOptions o;
+  o.dataset = std::make_shared<SyntheticDataset>(so);
+  o.batch_size = 8;
+  Loader loader(o);
+  EXPECT_EQ(loader.report().verdict, "no data yet");
+  while (loader.next()) {
+  }
+  const Report r = loader.report();
+  EXPECT_NE(r.verdict, "no data yet");
+  EXPECT_GT(r.cpu_cores, 0);
+  EXPECT_FALSE(r.text().empty());
+}
+
+}  // namespace
+}  // namespace stoker
