@@ -147,9 +147,12 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
   limits.cores = options.cpu_cores > 0
                      ? options.cpu_cores
                      : detail::cpu_share(affinity_cores(), std::getenv("LOCAL_WORLD_SIZE"));
-  const std::size_t max = options.max_workers
-                              ? options.max_workers
-                              : static_cast<std::size_t>(std::ceil(4 * limits.cores));
+  // Threads that wait cost little (the budget still counts their CPU time), and latency-bound
+  // reads may need many of them.
+  const std::size_t max =
+      options.max_workers
+          ? options.max_workers
+          : std::max<std::size_t>(16, static_cast<std::size_t>(std::ceil(8 * limits.cores)));
   limits.max_workers = std::clamp(max, options.workers, kMaxWorkers);
   const std::size_t memory =
       options.memory_budget ? options.memory_budget : detail::default_pin_budget();

@@ -108,7 +108,7 @@ std::string Report::text() const {
                            verdict.c_str(), 100 * wait_fraction, samples_per_second);
   if (busiest == "reads") {
     out += format(
-        "reads are the busiest stage at %.0f%% of %.2g cores (%zu workers, %.0f%% "
+        "reads are the busiest stage at %.0f%% of %.2g cores (workers %zu, %.0f%% "
         "busy)",
         100 * busiest_load / std::max(cpu_cores, 1e-9), cpu_cores, workers, 100 * worker_busy);
   } else {

@@ -38,7 +38,7 @@ _AUTO_GIL_PARALLEL = 1.25
 # engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
 # workers at a time when they mostly wait (a Python __getitem__ on files, sleeps, or torch ops
 # that release the GIL), up to the CPU budget when they compute, fewer when they sit idle.
-_AUTO_MAX_WORKERS_NATIVE_PER_CORE = 4
+_AUTO_MAX_WORKERS_NATIVE_PER_CORE = 8
 _AUTO_MAX_WORKERS_PYTHON = 32
 
 
@@ -229,7 +229,7 @@ class DataLoader:
         max_workers = 0
         if tune:
             num_workers = _cpu_share()
-            max_workers = (_AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cpu_share() if native
+            max_workers = (max(16, _AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cpu_share()) if native
                            else max(_AUTO_MAX_WORKERS_PYTHON, _cpu_share()))
         if int(num_workers) < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 "

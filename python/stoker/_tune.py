@@ -19,7 +19,8 @@ def _drive(loader: DataLoader, warmup: float, measure: float,
     """Takes batches, epoch after epoch, calling `step` on each, for `warmup` seconds (and at
     least a few batches), then measures `measure` seconds more."""
     start = time.perf_counter()
-    changes, converged, peak, batches = 0, 0.0, 0, 0
+    changes, settled, reached, peak, batches = 0, 0.0, 0.0, 0, 0
+    workers = depth = 0
     first: Optional[tuple[float, dict[str, Any]]] = None  # when the measurement started
     while True:
         for batch in loader:
@@ -30,7 +31,10 @@ def _drive(loader: DataLoader, warmup: float, measure: float,
             now = time.perf_counter()
             peak = max(peak, stats["slab_bytes"])
             if stats["tuner_changes"] != changes:
-                changes, converged = stats["tuner_changes"], now - start
+                changes, settled = stats["tuner_changes"], now - start
+                if stats["workers"] > workers or stats["depth"] > depth:
+                    reached = settled  # after that it only gives back what is not used
+            workers, depth = stats["workers"], stats["depth"]
             batches += 1
             if first is None:
                 if now - start >= warmup and batches >= _WARMUP_BATCHES:
@@ -40,7 +44,8 @@ def _drive(loader: DataLoader, warmup: float, measure: float,
                 return {"samples_per_s": (stats["samples"] - first[1]["samples"]) / took,
                         "wait_pct": 100 * (stats["consumer_wait_s"]
                                            - first[1]["consumer_wait_s"]) / took,
-                        "converged_s": converged, "peak_slab_bytes": peak, "stats": stats}
+                        "reached_s": reached, "settled_s": settled, "peak_slab_bytes": peak,
+                        "stats": stats}
 
 
 def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0,
@@ -60,7 +65,8 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
     loader_args: passed to every DataLoader (shuffle, device, worker_type, ...).
 
     The result has the keys of ``stoker tune --json``: ``tuned`` (workers, depth,
-    samples_per_s, wait_pct, converged_s, changes, last_change, peak_slab_bytes,
+    samples_per_s, wait_pct, reached_s (when it last raised workers or depth), settled_s
+    (when it last changed anything), changes, last_change, peak_slab_bytes,
     worker_type), ``cpu_cores``, and with the grid ``grid``, ``best``, ``ratio``.
     """
     if plot is not None and not grid:
@@ -76,7 +82,8 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
         "cpu_cores": s["cpu_cores"], "start": {"workers": start_workers, "depth": start_depth},
         "tuned": {"workers": s["workers"], "depth": s["depth"], "pin": "auto",
                   "worker_type": s["worker_type"], "samples_per_s": m["samples_per_s"],
-                  "wait_pct": m["wait_pct"], "converged_s": m["converged_s"],
+                  "wait_pct": m["wait_pct"], "reached_s": m["reached_s"],
+                  "settled_s": m["settled_s"],
                   "changes": s["tuner_changes"], "last_change": s["tuner"],
                   "peak_slab_bytes": m["peak_slab_bytes"]}}
     say = (lambda *a: None) if quiet else print
@@ -84,8 +91,8 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
     say(f"{result['target']} (batch {batch_size}, {result['cpu_cores']:g} cores)")
     say(f"tuned: {t['workers']} {t['worker_type']} workers, depth {t['depth']} (from "
         f"{start_workers} and {start_depth}): {t['samples_per_s']:.0f} samples/s, waited "
-        f"{t['wait_pct']:.1f}%; settled after {t['converged_s']:.1f} s, {t['changes']} "
-        f"changes, last: {t['last_change'] or 'none'}")
+        f"{t['wait_pct']:.1f}%; last raised after {t['reached_s']:.1f} s, settled after "
+        f"{t['settled_s']:.1f} s, {t['changes']} changes, last: {t['last_change'] or 'none'}")
     if grid:
         torch = __import__("sys").modules.get("torch")
         pins = (False, True) if torch is not None and torch.cuda.is_available() else (False,)

@@ -1,0 +1,68 @@
+"""stoker.tune(), DataLoader.report(), and the CPU budget that ranks on one node share."""
+
+import os
+import time
+
+import numpy as np
+
+import stoker
+
+
+class Sleepy:
+    """Reads that wait (like I/O): the training loop waits for them."""
+
+    def __init__(self, n=64, seconds=0.002):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return np.full((4,), i, dtype=np.float32), i
+
+
+def test_report_of_a_loader_whose_training_loop_waits():
+    loader = stoker.DataLoader(Sleepy(), batch_size=8, num_workers=1, worker_type="thread")
+    assert loader.report()["verdict"] == "no data yet"
+    for _ in range(2):
+        list(loader)
+    report = loader.report()
+    assert isinstance(report, stoker.Report)
+    assert report["verdict"] == "input-bound"  # nothing but reading: it always waits
+    assert str(report) == report["text"]
+    assert report["text"].startswith("input-bound: the training loop waited")
+    assert report["busiest"] == "reads"
+    assert report["cpu_cores"] == loader.stats()["cpu_cores"] > 0
+    assert "more workers would help" in report["more_workers"]
+    assert report["suggestions"]
+    loader.close()
+
+
+def test_ranks_on_one_node_divide_the_cores(monkeypatch):
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    loader = stoker.DataLoader(stoker.ArrayDataset(np.zeros((64, 4), np.float32)),
+                               batch_size=8)
+    stats = loader.stats()
+    assert stats["cpu_cores"] == max(1.0, cores / 2)
+    assert stats["workers"] == max(1, cores // 2)  # 'auto' starts with the rank's share
+    loader.close()
+
+
+def test_tune_with_a_grid_and_its_chart(tmp_path):
+    chart = tmp_path / "tune.svg"
+    steps = []
+    result = stoker.tune(Sleepy(48), batch_size=8, seconds=0.2, measure=0.1,
+                         step=steps.append, grid=True, grid_workers=(1, 2), grid_depth=(2,),
+                         plot=str(chart), quiet=True, worker_type="thread")
+    tuned = result["tuned"]
+    assert tuned["workers"] >= 1 and tuned["depth"] >= 1
+    assert tuned["samples_per_s"] > 0
+    assert tuned["peak_slab_bytes"] > 0
+    assert [(p["workers"], p["depth"], p["pin"]) for p in result["grid"]] == [
+        (1, 2, "off"), (2, 2, "off")]
+    assert result["best"] in result["grid"]
+    assert result["ratio"] == tuned["samples_per_s"] / result["best"]["samples_per_s"]
+    assert steps, "the training step was called"
+    assert "<svg" in chart.read_text()
