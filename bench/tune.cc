@@ -241,6 +241,7 @@ int run_diagnose(const WorkloadTarget& t, const DiagnoseOptions& o) {
                           {"worker_cores", r.worker_cores},
                           {"cpu_cores", r.cpu_cores},
                           {"gil_busy", r.gil_busy},
+                          {"worker_run_delay", r.worker_run_delay},
                           {"busiest", r.busiest},
                           {"busiest_load", r.busiest_load},
                           {"more_workers", r.more_workers},

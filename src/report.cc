@@ -13,10 +13,13 @@ namespace {
 constexpr double kInputBound = 0.10;
 constexpr double kCalm = 0.03;
 // As the tuner's (src/tune/tuner.h): a GIL busy for more than this share is saturated; reads
-// on a CPU for less than half their time wait (I/O, sleeps); workers busy for less than kIdle
+// on a CPU for less than half their time wait (I/O, sleeps); workers busy for less than kStarved
 // of the time wait for batches to read.
 constexpr double kGilSaturated = 0.35;
-constexpr double kIdle = 0.6;
+constexpr double kStarved = 0.6;
+// Reads runnable but waiting for a core for more than this share of their time: the machine's
+// cores are taken, if not by this loader then by others.
+constexpr double kRunDelay = 0.2;
 
 }  // namespace
 
@@ -37,8 +40,10 @@ Report diagnose(const Stats& s, bool process_workers) {
   r.worker_busy = busy_s / (static_cast<double>(std::max<std::size_t>(1, s.workers)) * elapsed);
   r.worker_cores = (process_workers ? std::max(cpu_s, busy_s) : cpu_s) / elapsed;
   r.gil_busy = to_seconds(s.worker_lock_held) / elapsed;
+  r.worker_run_delay = to_seconds(s.worker_run_delay) / std::max(busy_s, 1e-9);
   const double loop_cores = 1.0 - r.wait_fraction;
-  const bool computing = process_workers || cpu_s >= 0.5 * busy_s;
+  const double delay_s = to_seconds(s.worker_run_delay);
+  const bool computing = process_workers || cpu_s + delay_s >= 0.5 * busy_s;
   const std::string cores = format("%.2g cores", r.cpu_cores);
 
   if (r.wait_fraction < kInputBound) {
@@ -70,7 +75,7 @@ Report diagnose(const Stats& s, bool process_workers) {
   }
   r.busiest = "reads";
   r.busiest_load = r.worker_cores;
-  if (r.worker_busy < kIdle) {
+  if (r.worker_busy < kStarved) {
     r.more_workers = format(
         "more workers would not help: they are %.0f%% busy, waiting for "
         "batches to read",
@@ -78,9 +83,15 @@ Report diagnose(const Stats& s, bool process_workers) {
     r.suggestions.push_back("more batches in flight (depth; prefetch_factor in Python)");
     return r;
   }
-  const bool saturated = r.worker_cores + loop_cores > r.cpu_cores - 0.5;
+  // The budget's cores in use, or the reads waiting for a core (others use them).
+  const bool saturated =
+      r.worker_cores + loop_cores > r.cpu_cores - 0.5 || r.worker_run_delay > kRunDelay;
   if (computing && saturated) {
     r.more_workers = "more workers would not help: CPU saturated";
+    if (r.worker_run_delay > kRunDelay) {
+      r.more_workers +=
+          format(" (reads waited for a core %.0f%% of their time)", 100 * r.worker_run_delay);
+    }
     r.suggestions.push_back("record shards (stoker pack) instead of many small files");
     r.suggestions.push_back("a RAM cache of the encoded bytes");
     r.suggestions.push_back("uint8 output, normalised on the GPU");

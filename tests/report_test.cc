@@ -48,6 +48,17 @@ TEST(Report, InputBoundWithTheCpuSaturated) {
   EXPECT_TRUE(has(text, "try: record shards")) << text;
 }
 
+TEST(Report, InputBoundOnAMachineBusyWithOthers) {
+  // Half a core's worth of CPU time, but the reads waited for a core as long again.
+  Stats s = run(5000, 2, 19000, 5000);
+  s.worker_run_delay = milliseconds(9000);
+  const Report r = diagnose(s);
+  EXPECT_NEAR(r.worker_run_delay, 9.0 / 19.0, 1e-9);
+  EXPECT_EQ(r.more_workers,
+            "more workers would not help: CPU saturated (reads waited for a core 47% of their "
+            "time)");
+}
+
 TEST(Report, InputBoundWithIdleCores) {
   Stats s = run(6000, 1, 9500, 9300);
   s.cpu_cores = 8;

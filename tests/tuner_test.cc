@@ -19,7 +19,8 @@ namespace {
 // policy can be driven through whole runs without clocks. Each worker reads a sample in
 // `read_s` of wall time, `on_cpu` of it on a CPU; the workers share `cores` cores (past them
 // reads stretch, waiting for a core); batches in flight below `depth_needed` starve them; the
-// training loop consumes a sample every `loop_s`.
+// training loop consumes a sample every `loop_s`. A stretched read waits for a core: the
+// window shows it as run-queue delay, not CPU time.
 struct Pipeline {
   double read_s = 0.005;
   double on_cpu = 0.02;
@@ -42,6 +43,8 @@ struct Pipeline {
     w.samples = rate * w.elapsed_s;
     w.worker_busy_s = std::min(n * w.elapsed_s, w.samples * read_s * stretch);
     w.worker_cpu_s = w.samples * read_s * on_cpu;
+    // Stretched reads waited for a core as long as they were on one, (stretch - 1) times over.
+    w.worker_run_delay_s = w.worker_cpu_s * (stretch - 1.0);
     if (gil) w.worker_lock_held_s = w.worker_cpu_s;
     w.workers = workers;
     w.depth = depth;
@@ -140,8 +143,9 @@ TEST(TunePolicy, ComputingWorkersStopAtTheCpuBudget) {
 
 TEST(TunePolicy, RanksSharingTheCoresDoNotOversubscribeThem) {
   // Two ranks on two cores: each has one core's budget and one core's worth of CPU. Started
-  // with two computing workers each, the reads wait for a core (stretched) and look as if
-  // they waited for I/O; the tuner must not double them but give one back.
+  // with two computing workers each, the reads wait for a core (stretched): half their time
+  // off the CPU, as if they waited for I/O. The run-queue delay says they did not: the tuner
+  // must not double them but give one back.
   Pipeline decode;
   decode.read_s = 0.01;
   decode.on_cpu = 1.0;
@@ -150,6 +154,20 @@ TEST(TunePolicy, RanksSharingTheCoresDoNotOversubscribeThem) {
   const TuneRun run = drive(decode, {1, 64, 64}, 2, 4);
   EXPECT_LE(run.max_workers, 2u) << history(run);
   EXPECT_EQ(run.last.workers, 1u) << history(run);
+}
+
+TEST(TunePolicy, ComputingWorkersOnAMachineBusyWithOthersAreNotMultiplied) {
+  // Other processes leave the workers a third of a core: reads are mostly off the CPU, but
+  // runnable. One more worker is tried (the budget has room), gains nothing and is undone.
+  Pipeline decode;
+  decode.read_s = 0.01;
+  decode.on_cpu = 1.0;
+  decode.cores = 0.3;
+  decode.loop_s = 0.0001;
+  const TuneRun run = drive(decode, {2, 64, 64}, 1, 4);
+  EXPECT_LE(run.max_workers, 2u) << history(run);
+  EXPECT_EQ(run.last.workers, 1u) << history(run);
+  EXPECT_LE(run.changes, 2u) << history(run);
 }
 
 TEST(TunePolicy, ProcessWorkersCountAsCoresAndStopAtThePool) {

@@ -51,9 +51,10 @@ struct LoaderOptions {
   // consumer waits for data, more workers (doubled if they mostly wait themselves on I/O or
   // sleeps, one more if they compute) or, if the workers sit idle, more batches in flight;
   // when it has stopped waiting, idle workers and unneeded depth are given back. Never past
-  // max_workers (0: 8 x cpu_cores, at least 16), the CPU budget or the memory budget. The tuner runs
-  // inside next(), on the consumer's thread; its last change and why are in Stats::tuner.
-  // Without it, a consumer that waits is told once in the log what the tuner would do.
+  // max_workers (0: 8 x cpu_cores, at least 16), the CPU budget or the memory budget. The
+  // tuner runs inside next(), on the consumer's thread; its last change and why are in
+  // Stats::tuner. Without it, a consumer that waits is told once in the log what the tuner
+  // would do.
   bool tune_workers = false;
   std::size_t max_workers = 0;
   // The cores this loader's workers and its training loop may use together (the CPU budget):

@@ -17,12 +17,13 @@ struct Report {
   double wait_fraction = 0;  // of the training loop's time, waiting for data
   double samples_per_second = 0;
   std::size_t workers = 0;
-  double worker_busy = 0;   // per worker, share of the time inside reads
-  double worker_cores = 0;  // cores the reads kept busy (CPU time over wall time)
-  double cpu_cores = 0;     // the CPU budget (Stats::cpu_cores)
-  double gil_busy = 0;      // share of the time a read held the GIL
-  std::string busiest;      // the busiest stage: "reads", "the GIL" or "the training loop"
-  double busiest_load = 0;  // its load: cores for reads, a share of the time otherwise
+  double worker_busy = 0;       // per worker, share of the time inside reads
+  double worker_cores = 0;      // cores the reads kept busy (CPU time over wall time)
+  double cpu_cores = 0;         // the CPU budget (Stats::cpu_cores)
+  double gil_busy = 0;          // share of the time a read held the GIL
+  double worker_run_delay = 0;  // share of the reads' time runnable but waiting for a core
+  std::string busiest;          // the busiest stage: "reads", "the GIL" or "the training loop"
+  double busiest_load = 0;      // its load: cores for reads, a share of the time otherwise
   // Whether more workers would help, and why ("more workers would not help: CPU saturated").
   std::string more_workers;
   std::vector<std::string> suggestions;  // what to try, most promising first

@@ -37,6 +37,9 @@ struct Stats {
   std::uint64_t copy_bytes = 0;
   // Of worker_cpu, time holding a lock that serializes reads (the GIL; Dataset::lock_held).
   std::chrono::nanoseconds worker_lock_held{0};
+  // Time the workers were runnable but waited for a core (Linux schedstat): with worker_cpu,
+  // it tells workers that compute on an oversubscribed machine from ones that wait for I/O.
+  std::chrono::nanoseconds worker_run_delay{0};
   double cpu_cores = 0;             // the CPU budget: cores for the workers and the training loop
   std::uint64_t tuner_changes = 0;  // configurations the tuner changed (tune_workers)
   // The tuner's last change and why ("workers 2 -> 3: the training loop waits, ..."), or,
@@ -75,6 +78,7 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("copies", s.copies);
   visit("copy_bytes", s.copy_bytes);
   visit("worker_lock_held", s.worker_lock_held);
+  visit("worker_run_delay", s.worker_run_delay);
   visit("cpu_cores", s.cpu_cores);
   visit("tuner_changes", s.tuner_changes);
   visit("tuner", s.tuner);

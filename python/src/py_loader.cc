@@ -246,6 +246,7 @@ py::dict PyLoader::report() {
   d["worker_cores"] = r.worker_cores;
   d["cpu_cores"] = r.cpu_cores;
   d["gil_busy"] = r.gil_busy;
+  d["worker_run_delay"] = r.worker_run_delay;
   d["busiest"] = r.busiest;
   d["busiest_load"] = r.busiest_load;
   d["more_workers"] = r.more_workers;

@@ -1,8 +1,10 @@
 #include "exec/engine.h"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -30,6 +32,25 @@ std::int64_t thread_cpu_ns() {
   timespec t{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+// How long thread `tid` of this process (0: the calling thread) has waited on a run queue,
+// runnable but without a core (the second field of its schedstat), or -1 if it cannot be read
+// (no such thread any more, or a kernel without schedstats). With CPU and wall time, it tells
+// a worker that waits for a core (oversubscribed) from one that waits for I/O or sleeps.
+std::int64_t run_delay_ns(int tid) {
+  char path[64];
+  if (tid == 0) {
+    std::snprintf(path, sizeof path, "/proc/thread-self/schedstat");
+  } else {
+    std::snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
+  }
+  FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return -1;
+  unsigned long long on_cpu = 0, waited = 0;
+  const int fields = std::fscanf(f, "%llu %llu", &on_cpu, &waited);
+  std::fclose(f);
+  return fields == 2 ? static_cast<std::int64_t>(waited) : -1;
 }
 
 std::int64_t ns_since(std::chrono::steady_clock::time_point start) {
@@ -110,7 +131,30 @@ void Engine::set_depth(std::size_t depth) {
   pool_->trim(depth + 1);
 }
 
+void Engine::count_run_delay(Worker& worker, std::int64_t now_ns) const {
+  std::int64_t counted = worker.run_delay_counted.load(std::memory_order_relaxed);
+  while (now_ns > counted && !worker.run_delay_counted.compare_exchange_weak(
+                                 counted, now_ns, std::memory_order_relaxed)) {
+  }
+  if (now_ns > counted) run_delay_ns_.fetch_add(now_ns - counted, std::memory_order_relaxed);
+}
+
+std::int64_t Engine::sample_run_delay() const {
+  MutexLock lock(threads_mu_);
+  for (const auto& w : threads_) {
+    const int tid = w->tid.load(std::memory_order_relaxed);
+    if (tid == 0 || w->done.load(std::memory_order_acquire)) continue;
+    if (const std::int64_t ns = run_delay_ns(tid); ns >= 0) count_run_delay(*w, ns);
+  }
+  return run_delay_ns_.load(std::memory_order_relaxed);
+}
+
 void Engine::worker_main(Worker* self) {
+  // What the thread waited for a core before its first read is not the reads'.
+  if (const std::int64_t ns = run_delay_ns(0); ns >= 0) {
+    self->run_delay_counted.store(ns, std::memory_order_relaxed);
+  }
+  self->tid.store(static_cast<int>(gettid()), std::memory_order_relaxed);
   {
     MutexLock lock(mu_);
     while (!stop_ && running_workers_ <= target_workers_) {
@@ -124,6 +168,7 @@ void Engine::worker_main(Worker* self) {
     }
     --running_workers_;
   }
+  if (const std::int64_t ns = run_delay_ns(0); ns >= 0) count_run_delay(*self, ns);
   self->done.store(true, std::memory_order_release);
 }
 
@@ -485,6 +530,7 @@ Stats Engine::stats() const {
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
+  s.worker_run_delay = std::chrono::nanoseconds(sample_run_delay());
   s.worker_lock_held = config_.dataset->lock_held();
   s.skipped = skipped_.load(std::memory_order_relaxed);
   const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);

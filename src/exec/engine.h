@@ -130,9 +130,17 @@ class Engine {
   struct Worker {
     std::thread thread;
     std::atomic<bool> done{false};
+    std::atomic<int> tid{0};  // the kernel's id of the thread, once it runs
+    // Of the thread's run-queue delay (its schedstat), what run_delay_ns_ already counts.
+    std::atomic<std::int64_t> run_delay_counted{0};
   };
 
   void worker_main(Worker* self) STOKER_EXCLUDES(mu_);
+  // Adds what `worker`'s run-queue delay grew to `now_ns` since it was last counted (the
+  // sampler and the exiting thread may both report; only growth counts).
+  void count_run_delay(Worker& worker, std::int64_t now_ns) const;
+  // Counts the run-queue delay of every live worker, and returns the total so far.
+  std::int64_t sample_run_delay() const STOKER_EXCLUDES(threads_mu_);
   // Waits for the head batch (reading it inline when there are no workers) and takes it out
   // of the queue; null at the end of the epoch, which it also steps past (and says so in
   // `end_of_epoch`), or when the head is not ready by the deadline.
@@ -215,7 +223,9 @@ class Engine {
   std::atomic<std::int64_t> wait_ns_{0};
   std::atomic<std::int64_t> worker_busy_ns_{0};
   std::atomic<std::int64_t> inline_busy_ns_{0};
-  std::atomic<std::int64_t> worker_cpu_ns_{0};      // CPU time of the workers' reads
+  std::atomic<std::int64_t> worker_cpu_ns_{0};  // CPU time of the workers' reads
+  // Time the workers were runnable but waited for a core (schedstat); see sample_run_delay.
+  mutable std::atomic<std::int64_t> run_delay_ns_{0};
   std::atomic<std::uint64_t> skipped_{0};           // in batches handed out
   std::atomic<std::uint64_t> skip_budget_used_{0};  // at read time, prefetch included
   std::atomic<std::uint64_t> ready_seen_sum_{0};    // ready batches seen by waiting takes
@@ -223,7 +233,7 @@ class Engine {
 
   RecyclingPool<Ticket> tickets_{[] { return std::make_unique<Ticket>(); }};
 
-  Mutex threads_mu_;  // serializes set_workers and shutdown
+  mutable Mutex threads_mu_;  // serializes set_workers, shutdown and run-delay sampling
   std::vector<std::unique_ptr<Worker>> threads_ STOKER_GUARDED_BY(threads_mu_);
 };
 

@@ -36,12 +36,11 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   // The training loop's thread computes whenever it does not wait.
   const double loop_cores = std::clamp(1.0 - wait, 0.0, 1.0);
   const double cpu_budget = limits_.cores - loop_cores + kCpuSlack;  // for the workers
-  const double on_cpu = w.worker_busy_s > 0 ? w.worker_cpu_s / w.worker_busy_s : 1.0;
-  // Workers that compute each want a core. Off the CPU inside read() most of the time, they
-  // wait for I/O or sleeps, unless the budget's cores are all in use: then they may be
-  // waiting for a core (oversubscribed), which more workers would make worse.
-  const bool saturated = worker_cores + loop_cores > limits_.cores - 0.5;
-  const bool computing = processes || on_cpu >= 0.5 || (saturated && on_cpu >= kContended);
+  // Workers that compute each want a core: on one, or runnable and waiting for one (an
+  // oversubscribed machine, which more workers would make worse). Off the CPU otherwise,
+  // they wait for I/O or sleeps.
+  const bool computing =
+      processes || w.worker_cpu_s + w.worker_run_delay_s >= 0.5 * w.worker_busy_s;
   // Busy computing workers that fit next to the training loop (at least one).
   const double cpu_workers = std::max(1.0, std::floor(cpu_budget + 0.5));
   const std::string measured = format("waited %.0f%%, workers %.0f%% busy on %.2f of %.2f cores",
@@ -162,6 +161,7 @@ std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t w
   window.worker_busy_s = to_seconds(now.worker_busy - s.worker_busy);
   window.worker_cpu_s = to_seconds(now.worker_cpu - s.worker_cpu);
   window.worker_lock_held_s = to_seconds(now.worker_lock_held - s.worker_lock_held);
+  window.worker_run_delay_s = to_seconds(now.worker_run_delay - s.worker_run_delay);
   window.samples = static_cast<double>(now.samples - s.samples);
   window.workers = now.workers;
   window.depth = now.depth;

@@ -23,6 +23,7 @@ struct TuneWindow {
   double worker_busy_s = 0;       // summed over workers: wall time inside read()
   double worker_cpu_s = 0;        // of that, time on a CPU of this process's threads
   double worker_lock_held_s = 0;  // of worker_cpu_s, time holding the GIL
+  double worker_run_delay_s = 0;  // of worker_busy_s, time runnable but waiting for a core
   double samples = 0;             // handed out
   std::size_t workers = 0;
   std::size_t depth = 0;
@@ -62,11 +63,11 @@ struct TuneDecision {
 // direction at most once and the search ends.
 //
 // CPU budget: TuneLimits::cores, the training loop's core (its time not waiting) included.
-// Computing workers (on a CPU for most of a read; a process worker whenever it is busy) each
-// count as a core: no more of them busy than the cores left next to the training loop, and a
-// count that no longer fits (the loop got busier) loses a worker. Workers that wait (I/O,
-// sleeps) count their CPU time, which must fit the same cores. kCpuSlack absorbs one
-// window's noise. Memory budget: depth never above max_depth.
+// Computing workers (on a CPU, or runnable and waiting for one, for most of a read; a process
+// worker whenever it is busy) each count as a core: no more of them busy than the cores left
+// next to the training loop, and a count that no longer fits (the loop got busier) loses a
+// worker. Workers that wait (I/O, sleeps) count their CPU time, which must fit the same
+// cores. kCpuSlack absorbs one window's noise. Memory budget: depth never above max_depth.
 class TunePolicy {
  public:
   explicit TunePolicy(TuneLimits limits) : limits_(limits) {}
@@ -107,9 +108,6 @@ inline constexpr std::size_t kMinDepth = 2;
 inline constexpr double kStarved = 0.6;
 // Workers busy for less than this share while the consumer does not wait: some can go.
 inline constexpr double kIdle = 0.5;
-// Workers on a CPU for at least this share of their reads while the budget's cores are all in
-// use are taken to be waiting for a core, not for I/O (sleepers are on it ~1-5%).
-inline constexpr double kContended = 0.2;
 // A pure-Python data set on two threads keeps it ~95% busy, down to ~35-60% when other
 // processes compete for the cores; sleepers keep it a few percent busy.
 inline constexpr double kLockSaturated = 0.35;
