@@ -202,6 +202,35 @@ TEST(TunePolicy, LowersADepthAboveTheMemoryBudget) {
   EXPECT_LE(run.max_depth, 5u);
 }
 
+TEST(TunePolicy, AStepIsJudgedOnTheWindowAfterNextAndUndoneIfItDidNotHelp) {
+  // Four workers, busy and mostly off the CPU (doubled), and the same throughput and wait
+  // whatever their count: a step up cannot help.
+  TuneWindow w;
+  w.elapsed_s = 1;
+  w.consumer_wait_s = 0.5;
+  w.samples = 1000;
+  w.worker_busy_s = 3.6;
+  w.worker_cpu_s = 0.1;
+  w.workers = 4;
+  w.depth = 4;
+  TunePolicy policy({2, 64, 64});
+  TuneDecision d = policy.decide(w);
+  ASSERT_EQ(d.workers, 8u) << d.reason;
+  w.workers = 8;
+  w.worker_busy_s *= 2;
+  d = policy.decide(w);  // the switch-over window: not judged
+  EXPECT_EQ(d.workers, 8u) << d.reason;
+  EXPECT_NE(d.reason.find("settling"), std::string::npos) << d.reason;
+  d = policy.decide(w);
+  EXPECT_EQ(d.workers, 4u) << d.reason;
+  EXPECT_NE(d.reason.find("undone"), std::string::npos) << d.reason;
+  w.workers = 4;
+  w.worker_busy_s /= 2;
+  d = policy.decide(w);  // 8 is now the ceiling: no second try
+  EXPECT_EQ(d.workers, 4u) << d.reason;
+  EXPECT_NE(d.reason.find("at the most workers"), std::string::npos) << d.reason;
+}
+
 TEST(TunePolicy, NeverCrossesEitherBudget) {
   for (double on_cpu : {0.02, 0.3, 1.0}) {
     for (double cores : {1.0, 2.0, 4.0}) {

@@ -14,7 +14,9 @@ TuneDecision TunePolicy::change(const TuneWindow& w, Knob knob, std::size_t to, 
                                 bool judged) {
   const bool workers = knob == Knob::workers;
   const std::size_t from = workers ? w.workers : w.depth;
-  if (judged) probe_ = Probe{knob, from, to > from, w.samples / w.elapsed_s};
+  if (judged) {
+    probe_ = Probe{knob, from, to > from, w.samples / w.elapsed_s, w.consumer_wait_s / w.elapsed_s};
+  }
   calm_windows_ = 0;
   return {workers ? to : w.workers, workers ? w.depth : to,
           format("%s %zu -> %zu: %s", workers ? "workers" : "depth", from, to, reason.c_str())};
@@ -47,6 +49,11 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
                                       100 * wait, 100 * busy, worker_cores, limits_.cores);
 
   // The last change: keep it, or undo it and remember the level as a bound.
+  if (probe_ && !probe_->settled) {
+    probe_->settled = true;
+    keep.reason = "settling after the last change, " + measured;
+    return keep;
+  }
   if (probe_) {
     const Probe p = *probe_;
     probe_.reset();
@@ -58,7 +65,8 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
           format("%s %zu -> %zu: undone, %s (%s)", workers ? "workers" : "depth",
                  workers ? w.workers : w.depth, p.from, why.c_str(), measured.c_str())};
     };
-    if (p.up && wait > kWaitThreshold && samples_per_s < p.samples_per_s * (1 + kMinGain)) {
+    if (p.up && wait > kWaitThreshold && samples_per_s < p.samples_per_s * (1 + kMinGain) &&
+        wait > p.wait - kMinWaitDrop) {
       (workers ? workers_ceiling_ : depth_ceiling_) = p.from;
       return undo(format("throughput %.0f samples/s did not rise from %.0f", samples_per_s,
                          p.samples_per_s));

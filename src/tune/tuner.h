@@ -57,9 +57,11 @@ struct TuneDecision {
 //  - the consumer has not waited (< kCalmThreshold) for kCalmWindows windows: give back what
 //    is not used, one step at a time: idle workers first, then depth (not below kMinDepth);
 //  - in between, nothing (the dead band).
-// Each change is checked on the next window. A step up that did not raise throughput by
-// kMinGain while the consumer still waits is undone and becomes a ceiling; a step down after
-// which the consumer waits is undone and becomes a floor. So every level is left in each
+// Each change is checked on the window after next (the next one mixes in the switch-over:
+// threads starting, batches cut for the old count). A step up after which the consumer still
+// waits, with throughput up by less than kMinGain and the wait down by less than
+// kMinWaitDrop, is undone and becomes a ceiling; a step down after which the consumer waits
+// is undone and becomes a floor. So every level is left in each
 // direction at most once and the search ends.
 //
 // CPU budget: TuneLimits::cores, the training loop's core (its time not waiting) included.
@@ -82,6 +84,8 @@ class TunePolicy {
     std::size_t from = 0;
     bool up = false;
     double samples_per_s = 0;  // before the change
+    double wait = 0;           // the training loop's share of time waiting, before
+    bool settled = false;      // the window after the change has passed (it is not judged)
   };
   // A change of one knob; `judged` ones are checked on the next window (budget cuts are not:
   // they stand whatever happens).
@@ -101,6 +105,7 @@ inline constexpr double kWaitThreshold = 0.03;
 inline constexpr double kCalmThreshold = 0.005;
 inline constexpr std::size_t kCalmWindows = 3;
 inline constexpr double kMinGain = 0.05;
+inline constexpr double kMinWaitDrop = 0.05;
 inline constexpr double kCpuSlack = 0.25;
 inline constexpr std::size_t kMinDepth = 2;
 // Workers busy for less than this share of the window while the consumer waits: they are
@@ -129,7 +134,7 @@ double cpu_share(std::size_t cores, const char* local_world_size);
 class WorkerTuner {
  public:
   static constexpr std::chrono::milliseconds kMinWindow{100};
-  static constexpr std::uint64_t kMinBatches = 2;
+  static constexpr std::uint64_t kMinBatches = 4;
 
   WorkerTuner(TuneLimits limits, bool advise_only) : policy_(limits), advise_only_(advise_only) {}
   // Whether it is time to observe (cheap: one clock read): stats() takes the engine's lock,
