@@ -187,6 +187,7 @@ int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
   if (o.grid) {
     if (!o.json) fmt::print("grid (each point {:.1f} s after its first batches):\n", o.measure_s);
     // Each fixed point that waits would say what the tuner would do: noise here.
+    const LogLevel level = log_level();
     set_log_level(LogLevel::warning);
     json grid = json::array();
     json best;
@@ -205,6 +206,7 @@ int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
         }
       }
     }
+    set_log_level(level);
     result["grid"] = grid;
     result["best"] = best;
     result["ratio"] = tuned.samples_per_s / best["samples_per_s"].get<double>();

@@ -37,7 +37,8 @@ Report diagnose(const Stats& s, bool process_workers) {
   const double cpu_s = to_seconds(s.worker_cpu);
   r.wait_fraction = s.wait_fraction();
   r.samples_per_second = s.samples_per_second();
-  r.worker_busy = busy_s / (static_cast<double>(std::max<std::size_t>(1, s.workers)) * elapsed);
+  r.worker_busy =
+      std::min(1.0, busy_s / (static_cast<double>(std::max<std::size_t>(1, s.workers)) * elapsed));
   r.worker_cores = (process_workers ? std::max(cpu_s, busy_s) : cpu_s) / elapsed;
   r.gil_busy = to_seconds(s.worker_lock_held) / elapsed;
   r.worker_run_delay = to_seconds(s.worker_run_delay) / std::max(busy_s, 1e-9);

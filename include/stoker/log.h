@@ -17,5 +17,6 @@ void set_log_handler(std::function<void(LogLevel, std::string_view)> handler);
 // Lines below `level` are dropped (default: info, or debug where the environment has
 // STOKER_LOG=debug). Debug lines are the tuner's decisions, one per change.
 void set_log_level(LogLevel level);
+LogLevel log_level();
 
 }  // namespace stoker

@@ -13,6 +13,7 @@
 #include "py_loader.h"
 #include "py_workers.h"
 #include "stoker/encoded.h"
+#include "stoker/log.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -230,6 +231,14 @@ PYBIND11_MODULE(_stoker, m) {
       .def_property_readonly("released", &RawBatch::released);
 
   bind_options(m);
+  py::enum_<LogLevel>(m, "LogLevel")
+      .value("debug", LogLevel::debug)
+      .value("info", LogLevel::info)
+      .value("warning", LogLevel::warning);
+  m.def("set_log_level", &set_log_level, py::arg("level"),
+        "Drops stoker's C++ log lines below `level` (stderr; default info, debug with "
+        "STOKER_LOG=debug).");
+  m.def("log_level", &log_level);
   m.def("stats_fields", &stats_fields);
 
   py::class_<PyLoader>(m, "Loader")

@@ -31,7 +31,9 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   const double n = static_cast<double>(w.workers);
   const double wait = w.consumer_wait_s / w.elapsed_s;
   const double samples_per_s = w.samples / w.elapsed_s;
-  const double busy = w.worker_busy_s / (n * w.elapsed_s);  // per worker, 0..1
+  // Per worker. Busy time is counted when a chunk ends, so a window can hold more than its
+  // length of it: at most all of it was.
+  const double busy = std::min(1.0, w.worker_busy_s / (n * w.elapsed_s));
   const bool processes = w.worker_limit != 0;
   const double worker_cores =
       (processes ? std::max(w.worker_cpu_s, w.worker_busy_s) : w.worker_cpu_s) / w.elapsed_s;

@@ -20,7 +20,7 @@ std::function<void(LogLevel, std::string_view)>& log_handler() {
   return handler;
 }
 
-LogLevel& log_level() {
+LogLevel& min_level() {
   static LogLevel level = [] {
     const char* env = std::getenv("STOKER_LOG");
     return env != nullptr && std::string_view(env) == "debug" ? LogLevel::debug : LogLevel::info;
@@ -32,7 +32,12 @@ LogLevel& log_level() {
 
 void set_log_level(LogLevel level) {
   std::lock_guard lock(log_mutex());
-  log_level() = level;
+  min_level() = level;
+}
+
+LogLevel log_level() {
+  std::lock_guard lock(log_mutex());
+  return min_level();
 }
 
 void set_log_handler(std::function<void(LogLevel, std::string_view)> handler) {
@@ -44,7 +49,7 @@ namespace detail {
 
 void log(LogLevel level, std::string_view message) {
   std::lock_guard lock(log_mutex());
-  if (level < log_level()) return;
+  if (level < min_level()) return;
   if (log_handler()) {
     log_handler()(level, message);
   } else {

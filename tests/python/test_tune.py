@@ -53,6 +53,7 @@ def test_ranks_on_one_node_divide_the_cores(monkeypatch):
 def test_tune_with_a_grid_and_its_chart(tmp_path):
     chart = tmp_path / "tune.svg"
     steps = []
+    level = stoker._stoker.log_level()
     result = stoker.tune(Sleepy(48), batch_size=8, seconds=0.2, measure=0.1,
                          step=steps.append, grid=True, grid_workers=(1, 2), grid_depth=(2,),
                          plot=str(chart), quiet=True, worker_type="thread")
@@ -65,4 +66,5 @@ def test_tune_with_a_grid_and_its_chart(tmp_path):
     assert result["best"] in result["grid"]
     assert result["ratio"] == tuned["samples_per_s"] / result["best"]["samples_per_s"]
     assert steps, "the training step was called"
+    assert stoker._stoker.log_level() == level  # quieted for the grid only
     assert "<svg" in chart.read_text()
