@@ -8,7 +8,10 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "bench_util.h"
 #include "memory/host_allocator.h"
@@ -29,7 +32,7 @@ struct Measured {
   double wait_pct = 0;
   std::size_t peak_slab_bytes = 0;
   double settled_s = 0;  // when the tuner last changed something, from the start
-  // When it last raised workers or depth: after that it only gives back what is not used.
+  // From when on every second of the run delivered at least 90% of samples_per_s.
   double reached_s = 0;
   Stats stats;
 };
@@ -40,42 +43,49 @@ void spin_for(double ms) {
   }
 }
 
+// The first time from which every window of `window_s` (starting at a batch) delivered at
+// least `rate` samples/s; `timeline` holds (seconds, samples so far) after each batch.
+double reached(const std::vector<std::pair<double, double>>& timeline, double rate,
+               double window_s) {
+  double from = 0;
+  for (std::size_t i = 0, j = 0; i < timeline.size(); ++i) {
+    j = std::max(j, i);
+    while (j < timeline.size() && timeline[j].first < timeline[i].first + window_s) ++j;
+    if (j == timeline.size()) break;
+    const auto [t0, n0] = timeline[i];
+    const auto [t1, n1] = timeline[j];
+    if ((n1 - n0) / (t1 - t0) < rate) from = timeline[j].first;
+  }
+  return from;
+}
+
 // Takes batches (with the training loop's compute after each) until `warmup_s` and then
 // `measure_s` more have passed, epoch after epoch; measures the second part.
 Measured drive(Loader& loader, const WorkloadTarget& t, double warmup_s, double measure_s) {
   Measured m;
   const auto start = Clock::now();
   std::uint64_t changes = 0;
-  std::size_t workers = 0, depth = 0;
-  std::uint64_t samples = 0;
-  Stats at_measure;
-  bool measuring = false;
-  Clock::time_point measure_start;
+  std::vector<std::pair<double, double>> timeline;
+  std::optional<std::pair<double, Stats>> first;  // when the measurement started
   for (;;) {
     auto batch = loader.next();
     if (!batch) continue;  // the next epoch
     if (t.consumer_ms > 0) spin_for(t.consumer_ms);
     const Stats s = loader.stats();
+    const double now = seconds_since(start);
+    timeline.emplace_back(now, static_cast<double>(s.samples));
     m.peak_slab_bytes = std::max(m.peak_slab_bytes, s.slab_bytes);
     if (s.tuner_changes != changes) {
       changes = s.tuner_changes;
-      m.settled_s = seconds_since(start);
-      if (s.workers > workers || s.depth > depth) m.reached_s = m.settled_s;
+      m.settled_s = now;
     }
-    workers = s.workers;
-    depth = s.depth;
-    if (!measuring && seconds_since(start) >= warmup_s && s.batches >= 2) {
-      measuring = true;
-      measure_start = Clock::now();
-      at_measure = s;
-      samples = 0;
-      continue;
-    }
-    samples += batch->size();
-    if (measuring && seconds_since(measure_start) >= measure_s) {
-      const double took = seconds_since(measure_start);
-      m.samples_per_s = static_cast<double>(samples) / took;
-      m.wait_pct = 100 * to_seconds(s.consumer_wait - at_measure.consumer_wait) / took;
+    if (!first) {
+      if (now >= warmup_s && s.batches >= 2) first.emplace(now, s);
+    } else if (now - first->first >= measure_s) {
+      const double took = now - first->first;
+      m.samples_per_s = static_cast<double>(s.samples - first->second.samples) / took;
+      m.wait_pct = 100 * to_seconds(s.consumer_wait - first->second.consumer_wait) / took;
+      m.reached_s = reached(timeline, 0.9 * m.samples_per_s, 1.0);
       m.stats = s;
       return m;
     }
@@ -177,7 +187,7 @@ int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
     fmt::print("{} (batch {}, {:.2g} cores)\n", t.description, t.batch_size, cores);
     fmt::print(
         "tuned: workers {}, depth {} (from {} and {}): {:.0f} samples/s, waited {:.1f}%\n"
-        "  last raised after {:.1f} s, settled after {:.1f} s, {} changes, last: {}\n"
+        "  within 90% of that from {:.1f} s on, settled after {:.1f} s, {} changes, last: {}\n"
         "  peak slab memory {:.1f} MB (budget {:.1f} MB)\n",
         s.workers, s.depth, start_workers, o.depth, tuned.samples_per_s, tuned.wait_pct,
         tuned.reached_s, tuned.settled_s, s.tuner_changes, s.tuner.empty() ? "none" : s.tuner,

@@ -16,13 +16,29 @@ from ._loader import DataLoader
 _WARMUP_BATCHES = 4
 
 
+def _reached(timeline: list[tuple[float, int]], rate: float, window: float = 1.0) -> float:
+    """The first time from which every `window` seconds (starting at a batch) delivered at
+    least `rate` samples/s; `timeline` holds (seconds, samples so far) after each batch."""
+    reached, j = 0.0, 0
+    for i, (t0, n0) in enumerate(timeline):
+        j = max(j, i)
+        while j < len(timeline) and timeline[j][0] < t0 + window:
+            j += 1
+        if j == len(timeline):
+            break
+        t1, n1 = timeline[j]
+        if (n1 - n0) / (t1 - t0) < rate:
+            reached = t1
+    return reached
+
+
 def _drive(loader: DataLoader, warmup: float, measure: float,
            step: Optional[Callable[[Any], None]]) -> dict[str, Any]:
     """Takes batches, epoch after epoch, calling `step` on each, for `warmup` seconds (and at
     least a few batches), then measures `measure` seconds more."""
     start = time.perf_counter()
-    changes, settled, reached, peak, batches = 0, 0.0, 0.0, 0, 0
-    workers = depth = 0
+    changes, settled, peak = 0, 0.0, 0
+    timeline: list[tuple[float, int]] = []
     first: Optional[tuple[float, dict[str, Any]]] = None  # when the measurement started
     while True:
         for batch in loader:
@@ -30,24 +46,22 @@ def _drive(loader: DataLoader, warmup: float, measure: float,
                 step(batch)
             del batch
             stats = loader.stats()
-            now = time.perf_counter()
+            now = time.perf_counter() - start
+            timeline.append((now, stats["samples"]))
             peak = max(peak, stats["slab_bytes"])
             if stats["tuner_changes"] != changes:
-                changes, settled = stats["tuner_changes"], now - start
-                if stats["workers"] > workers or stats["depth"] > depth:
-                    reached = settled  # after that it only gives back what is not used
-            workers, depth = stats["workers"], stats["depth"]
-            batches += 1
+                changes, settled = stats["tuner_changes"], now
             if first is None:
-                if now - start >= warmup and batches >= _WARMUP_BATCHES:
+                if now >= warmup and len(timeline) >= _WARMUP_BATCHES:
                     first = (now, stats)
             elif now - first[0] >= measure:
                 took = now - first[0]
-                return {"samples_per_s": (stats["samples"] - first[1]["samples"]) / took,
+                rate = (stats["samples"] - first[1]["samples"]) / took
+                return {"samples_per_s": rate,
                         "wait_pct": 100 * (stats["consumer_wait_s"]
                                            - first[1]["consumer_wait_s"]) / took,
-                        "reached_s": reached, "settled_s": settled, "peak_slab_bytes": peak,
-                        "stats": stats}
+                        "reached_s": _reached(timeline, 0.9 * rate), "settled_s": settled,
+                        "peak_slab_bytes": peak, "stats": stats}
 
 
 def _fixed(dataset, batch_size: int, workers: int, depth: int, pin: bool, measure: float,
@@ -82,8 +96,9 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
     loader_args: passed to every DataLoader (shuffle, device, worker_type, ...).
 
     The result has the keys of ``stoker tune --json``: ``tuned`` (workers, depth,
-    samples_per_s, wait_pct, reached_s (when it last raised workers or depth), settled_s
-    (when it last changed anything), changes, last_change, peak_slab_bytes,
+    samples_per_s, wait_pct, reached_s (from when on every second delivered at least 90% of
+    samples_per_s), settled_s (when it last changed anything), changes, last_change,
+    peak_slab_bytes,
     worker_type), ``cpu_cores``, and with the grid ``grid``, ``best``, ``ratio``.
     """
     if plot is not None and not grid:
@@ -108,8 +123,9 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
     say(f"{result['target']} (batch {batch_size}, {result['cpu_cores']:g} cores)")
     say(f"tuned: {t['workers']} {t['worker_type']} workers, depth {t['depth']} (from "
         f"{start_workers} and {start_depth}): {t['samples_per_s']:.0f} samples/s, waited "
-        f"{t['wait_pct']:.1f}%; last raised after {t['reached_s']:.1f} s, settled after "
-        f"{t['settled_s']:.1f} s, {t['changes']} changes, last: {t['last_change'] or 'none'}")
+        f"{t['wait_pct']:.1f}%; within 90% of that from {t['reached_s']:.1f} s on, settled "
+        f"after {t['settled_s']:.1f} s, {t['changes']} changes, last: "
+        f"{t['last_change'] or 'none'}")
     if grid:
         torch = sys.modules.get("torch")
         pins = (False, True) if torch is not None and torch.cuda.is_available() else (False,)

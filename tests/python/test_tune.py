@@ -68,3 +68,11 @@ def test_tune_with_a_grid_and_its_chart(tmp_path):
     assert steps, "the training step was called"
     assert stoker._stoker.log_level() == level  # quieted for the grid only
     assert "<svg" in chart.read_text()
+
+
+def test_reached_is_where_the_throughput_stays_within_reach():
+    from stoker._tune import _reached
+    steady = [(t / 2, 50 * t) for t in range(9)]  # 100 samples/s throughout
+    assert _reached(steady, 90) == 0.0
+    slow_start = [(0, 0), (1, 10), (2, 110), (3, 210), (4, 310)]
+    assert _reached(slow_start, 90) == 1
