@@ -195,6 +195,7 @@ void Loader::set_workers(std::size_t workers) {
   engine_->set_workers(workers);
 }
 void Loader::set_depth(std::size_t depth) { engine_->set_depth(depth); }
+std::vector<SkippedSample> Loader::skipped_samples() const { return engine_->skipped_samples(); }
 Stats Loader::stats() const {
   Stats s = engine_->stats();
   stage_->add_stats(s);

@@ -282,6 +282,14 @@ TEST(Loader, SkipPolicyReplacesAndReportsFailedSamples) {
   EXPECT_EQ(std::set<std::size_t>(skipped.begin(), skipped.end()),
             (std::set<std::size_t>{3, 17, 18}));
   EXPECT_EQ(loader.stats().skipped, skipped.size());
+  // The report lists each bad sample once, however often it failed.
+  const auto report = loader.skipped_samples();
+  ASSERT_EQ(report.size(), 3u);
+  EXPECT_EQ(report[0].index, 3u);
+  EXPECT_EQ(report[1].index, 17u);
+  EXPECT_EQ(report[2].index, 18u);
+  for (const auto& s : report) EXPECT_NE(s.reason.find("cannot read"), std::string::npos);
+  EXPECT_EQ(loader.stats().bad_samples, 3u);
 }
 
 TEST(Loader, SkipBudgetRunsOut) {

@@ -248,6 +248,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
+      .def("skipped_samples", &PyLoader::skipped_samples)
       .def("close", &PyLoader::close)
       .def_property_readonly("closed", &PyLoader::closed);
 
