@@ -305,16 +305,18 @@ class DataLoader:
             self._start_processes()
         self._order = order
         self._device = self._resolve_device(device)
-        stream = 0
-        if self._device.startswith("cuda"):
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_available():
-                stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
+        torch = sys.modules.get("torch")
+        has_gpu = torch is not None and torch.cuda.is_available()
         if isinstance(pin_memory, bool):
             # As torch: True pins only where a GPU will read the batches.
-            torch = sys.modules.get("torch")
-            has_gpu = torch is not None and torch.cuda.is_available()
             pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
+        # The training loop's stream: batches copied to the GPU make it wait for their copy;
+        # with pin_memory=True a pinned slab is refilled only after the work queued on it when
+        # its batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run.
+        stream = 0
+        if has_gpu and (self._device.startswith("cuda") or pin_memory == "on"):
+            on = torch.device(self._device) if self._device.startswith("cuda") else None
+            stream = torch.cuda.current_stream(on).cuda_stream
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
             drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
