@@ -157,7 +157,7 @@ PYBIND11_MODULE(_stoker, m) {
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
-          r = pack_records(*open_image_folder(src), dest, o);
+          r = pack_image_folder(src, dest, o);
         }
         py::dict d;
         d["records"] = r.records;
