@@ -157,6 +157,12 @@ PYBIND11_MODULE(_stoker, m) {
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
+          o.progress = [](std::size_t done, std::size_t, std::uint64_t) {
+            // Ctrl-C: KeyboardInterrupt, once pack_image_folder removed its temporary output.
+            if (done % 64 != 0) return;
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          };
           r = pack_image_folder(src, dest, o);
         }
         py::dict d;

@@ -73,6 +73,26 @@ def test_pack_interrupted_leaves_nothing(tmp_path):
     assert list(out.iterdir()) == []  # neither dest nor the temporary directory beside it
 
 
+def test_python_pack_interrupted_raises_keyboard_interrupt_and_leaves_nothing(tmp_path):
+    src = tmp_path / "images" / "a"
+    src.mkdir(parents=True)
+    for i in range(400):
+        (src / f"{i:03}.jpg").write_bytes(os.urandom(256 << 10))
+    out = tmp_path / "out"
+    out.mkdir()
+    code = ("import sys, stoker\n"
+            "try:\n"
+            f"    stoker.pack({str(tmp_path / 'images')!r}, {str(out / 'packed')!r}, 1 << 20)\n"
+            "except KeyboardInterrupt:\n"
+            "    sys.exit(42)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    wait_until(lambda: any(out.iterdir()) or proc.poll() is not None, "pack to start writing")
+    rc, took = interrupt(proc)
+    print(f"stoker.pack ended {took:.3f} s after SIGINT")
+    assert rc == 42, proc.stderr.read().decode()
+    assert list(out.iterdir()) == []
+
+
 def test_pack_refuses_a_destination_that_holds_the_images(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "x.jpg").write_bytes(b"not decoded by pack")
