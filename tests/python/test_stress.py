@@ -34,6 +34,7 @@ def threads():
 @pytest.mark.parametrize("worker_type", ["thread", "process"])
 def test_two_hundred_broken_epochs(worker_type):
     rng = random.Random(7)
+    gc.collect()  # loaders of earlier tests
     threads_before, memfds_before = threads(), memfds()
     dataset = Flaky(N, p=0.002)
     batches = N // BATCH
