@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "interrupt.h"
 #include "memory/host_allocator.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
@@ -68,6 +69,7 @@ Measured drive(Loader& loader, const WorkloadTarget& t, double warmup_s, double 
   std::vector<std::pair<double, double>> timeline;
   std::optional<std::pair<double, Stats>> first;  // when the measurement started
   for (;;) {
+    tools::throw_if_interrupted();
     auto batch = loader.next();
     if (!batch) continue;  // the next epoch
     if (t.consumer_ms > 0) spin_for(t.consumer_ms);

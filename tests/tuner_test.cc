@@ -115,6 +115,15 @@ TEST(TunePolicy, OverProvisionedWorkersAndDepthAreGivenBackAndItSettles) {
   EXPECT_LT(run.last_change, 150u) << history(run);
 }
 
+TEST(TunePolicy, KeepsTheBatchesAheadOfWorkersThatOnlyJustKeepUp) {
+  Pipeline sleeper;  // five workers deliver exactly what the loop takes: busy all the time
+  sleeper.loop_s = 0.001;
+  const TuneRun run = drive(sleeper, {2, 64, 64}, 5, 8, 50);
+  EXPECT_EQ(run.changes, 0u) << history(run);
+  EXPECT_NE(run.decisions.back().reason.find("settled"), std::string::npos)
+      << run.decisions.back().reason;
+}
+
 TEST(TunePolicy, DoesNotOscillate) {
   // Pipelines whose best count sits between two steps, or just at the dead band's edges: each
   // level is left in each direction at most once, so the changes are few and then stop.

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "stoker/batch.h"
 #include "stoker/dataset.h"
@@ -69,6 +70,9 @@ class Loader {
   // A verdict on the run so far (input- or compute-bound, the busiest stage, whether more
   // workers would help, what to try), from stats(): see report.h.
   Report report() const;
+  // Each distinct sample that failed under ErrorPolicy::skip in the batches handed out so far,
+  // in index order: index, reason (its first failure's) and name (a file or record).
+  std::vector<SkippedSample> skipped_samples() const;
 
  private:
   void restart(Position position);

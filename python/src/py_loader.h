@@ -100,6 +100,8 @@ class PyLoader {
   py::dict stats();
   // Loader::report() as a dict: the verdict, its text, the numbers behind it, suggestions.
   py::dict report();
+  // Loader::skipped_samples() as (data set index, name, reason) tuples.
+  py::list skipped_samples();
   std::shared_ptr<RemappedDataset> remap() const { return remap_; }
 
   // Stops the workers and lets go of the data set; further calls raise. Idempotent.

@@ -13,7 +13,7 @@ from . import _stoker, transforms
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
-from ._loader import DataLoader, Report
+from ._loader import DataLoader, Report, SkippedSample
 from ._tune import tune
 
 SampleError = _stoker.SampleError
@@ -29,6 +29,7 @@ __all__ = [
     "RecordDataset",
     "Report",
     "SampleError",
+    "SkippedSample",
     "SyntheticDataset",
     "WorkerError",
     "pack",

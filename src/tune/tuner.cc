@@ -133,7 +133,8 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
       const std::size_t to = std::max(workers_floor_, std::min(w.workers - 1, enough));
       return change(w, Knob::workers, to, "idle workers, " + measured);
     }
-    if (w.depth > std::max(kMinDepth, depth_floor_)) {
+    // Workers busy all the time only just keep up: the batches ahead absorb their jitter.
+    if (busy < kBusy && w.depth > std::max(kMinDepth, depth_floor_)) {
       return change(w, Knob::depth, w.depth - 1, "batches ready ahead, " + measured);
     }
     keep.reason = "settled, " + measured;

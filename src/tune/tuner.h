@@ -55,7 +55,9 @@ struct TuneDecision {
 //    compute), within the CPU budget; if they sit idle, open more batches (double the depth),
 //    within the memory budget;
 //  - the consumer has not waited (< kCalmThreshold) for kCalmWindows windows: give back what
-//    is not used, one step at a time: idle workers first, then depth (not below kMinDepth);
+//    is not used, one step at a time: idle workers first, then depth (not below kMinDepth,
+//    and not while the workers are busy nearly all the time: the batches ahead absorb their
+//    jitter);
 //  - in between, nothing (the dead band).
 // Each change is checked on the window after next (the next one mixes in the switch-over:
 // threads starting, batches cut for the old count). A step up after which the consumer still
@@ -113,6 +115,8 @@ inline constexpr std::size_t kMinDepth = 2;
 inline constexpr double kStarved = 0.6;
 // Workers busy for less than this share while the consumer does not wait: some can go.
 inline constexpr double kIdle = 0.5;
+// Workers busy for more than this share keep the batches in flight they have.
+inline constexpr double kBusy = 0.9;
 // A pure-Python data set on two threads keeps it ~95% busy, down to ~35-60% when other
 // processes compete for the cores; sleepers keep it a few percent busy.
 inline constexpr double kLockSaturated = 0.35;
