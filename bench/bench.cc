@@ -31,12 +31,6 @@ namespace {
 
 using json = nlohmann::json;
 
-void spin_for(double ms) {
-  const auto until = Clock::now() + std::chrono::duration<double, std::milli>(ms);
-  while (Clock::now() < until) {
-  }
-}
-
 struct Workload {
   std::string name;
   std::string description;

@@ -13,6 +13,12 @@ extern char** environ;
 
 namespace stoker::bench {
 
+void spin_for(double ms) {
+  const auto until = Clock::now() + std::chrono::duration<double, std::milli>(ms);
+  while (Clock::now() < until) {
+  }
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0.0;
   std::sort(v.begin(), v.end());

@@ -15,6 +15,9 @@ inline double seconds_since(Clock::time_point t) {
 
 double median(std::vector<double> v);  // 0 for an empty vector
 
+// Keeps this thread busy for `ms` milliseconds: a training loop's compute.
+void spin_for(double ms);
+
 // `s` quoted for /bin/sh.
 std::string shell_quote(const std::string& s);
 

@@ -38,12 +38,6 @@ struct Measured {
   Stats stats;
 };
 
-void spin_for(double ms) {
-  const auto until = Clock::now() + std::chrono::duration<double, std::milli>(ms);
-  while (Clock::now() < until) {
-  }
-}
-
 // The first time from which every window of `window_s` (starting at a batch) delivered at
 // least `rate` samples/s; `timeline` holds (seconds, samples so far) after each batch.
 double reached(const std::vector<std::pair<double, double>>& timeline, double rate,
@@ -160,12 +154,11 @@ int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
   lo.tune_workers = true;
   lo.memory_budget = o.memory_budget;
   const std::size_t start_workers = lo.workers;
+  const std::size_t budget = o.memory_budget ? o.memory_budget : detail::default_pin_budget();
   Measured tuned;
-  std::size_t budget = 0;
   {
     Loader loader(lo);
     tuned = drive(loader, t, o.seconds, o.measure_s);
-    budget = o.memory_budget ? o.memory_budget : detail::default_pin_budget();
   }
   const Stats& s = tuned.stats;
   json result = {{"target", t.description},

@@ -93,7 +93,7 @@ Report diagnose(const Stats& s, bool process_workers) {
       r.more_workers +=
           format(" (reads waited for a core %.0f%% of their time)", 100 * r.worker_run_delay);
     }
-    r.suggestions.push_back("record shards (stoker pack) instead of many small files");
+    r.suggestions.push_back("record shards (stoker pack), if it reads many small files");
     r.suggestions.push_back("a RAM cache of the encoded bytes");
     r.suggestions.push_back("uint8 output, normalised on the GPU");
     r.suggestions.push_back("a smaller decode (DCT scaling: exact=False)");
