@@ -403,5 +403,31 @@ TEST(WorkerTuner, LoaderAddsWorkersForWaitingReadsAndKeepsEveryBatch) {
   EXPECT_GT(loader.stats().tuner_changes, 0u);
 }
 
+// The workers' run-queue delay is sampled from /proc per thread, and a retiring thread adds
+// its own last part: the total never goes back, whoever comes and goes.
+TEST(WorkerTuner, RunDelayOnlyGrowsAsWorkersComeAndGo) {
+  SyntheticDataset::Options so;
+  so.samples = 1024;  // one epoch holds all the batches taken
+  so.fields = {{"x", DType::f32, {4096}}};
+  LoaderOptions o;
+  o.dataset = std::make_shared<SyntheticDataset>(so);
+  o.batch_size = 16;
+  o.workers = 4;
+  Loader loader(o);
+  std::chrono::nanoseconds last{0};
+  std::size_t batches = 0;
+  for (std::size_t workers : {1u, 3u, 0u, 2u}) {
+    loader.set_workers(workers);
+    for (int i = 0; i < 8; ++i) {
+      ASSERT_TRUE(loader.next());
+      ++batches;
+      const auto now = loader.stats().worker_run_delay;
+      EXPECT_GE(now, last);
+      last = now;
+    }
+  }
+  EXPECT_EQ(batches, 32u);
+}
+
 }  // namespace
 }  // namespace stoker::detail

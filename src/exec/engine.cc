@@ -140,6 +140,14 @@ void Engine::count_run_delay(Worker& worker, std::int64_t now_ns) const {
 }
 
 std::int64_t Engine::sample_run_delay() const {
+  // A file read per worker: not on every stats() call (some take them per batch).
+  const std::int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+  std::int64_t last = run_delay_sampled_at_.load(std::memory_order_relaxed);
+  if (now - last < kRunDelayPeriod.count() ||
+      !run_delay_sampled_at_.compare_exchange_strong(last, now, std::memory_order_relaxed)) {
+    return run_delay_ns_.load(std::memory_order_relaxed);
+  }
   MutexLock lock(threads_mu_);
   for (const auto& w : threads_) {
     const int tid = w->tid.load(std::memory_order_relaxed);

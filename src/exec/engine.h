@@ -231,9 +231,11 @@ class Engine {
   std::atomic<std::int64_t> worker_cpu_ns_{0};  // CPU time of the workers' reads
   // Time the workers were runnable but waited for a core (schedstat); see sample_run_delay.
   mutable std::atomic<std::int64_t> run_delay_ns_{0};
-  std::atomic<std::uint64_t> skipped_{0};           // in batches handed out
-  std::atomic<std::uint64_t> skip_budget_used_{0};  // at read time, prefetch included
-  std::atomic<std::uint64_t> ready_seen_sum_{0};    // ready batches seen by waiting takes
+  static constexpr std::chrono::nanoseconds kRunDelayPeriod{std::chrono::milliseconds(10)};
+  mutable std::atomic<std::int64_t> run_delay_sampled_at_{0};  // ns of Clock; 0: never
+  std::atomic<std::uint64_t> skipped_{0};                      // in batches handed out
+  std::atomic<std::uint64_t> skip_budget_used_{0};             // at read time, prefetch included
+  std::atomic<std::uint64_t> ready_seen_sum_{0};  // ready batches seen by waiting takes
   std::atomic<std::uint64_t> waiting_takes_{0};
 
   // The report of bad samples: bounded by max_skipped, as every entry used up the budget.
