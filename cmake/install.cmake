@@ -38,6 +38,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/stokerConfig.cmake
 # Relocatable like the CMake files: the prefix is found from where stoker.pc lies, so an
 # install with `cmake --install build --prefix DIR` is right wherever DIR is.
 file(RELATIVE_PATH STOKER_PC_PREFIX "/p/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/p")
+string(REGEX REPLACE "/$" "" STOKER_PC_PREFIX "${STOKER_PC_PREFIX}")
 set(STOKER_PC_LIBS_PRIVATE "-pthread")
 foreach(_lib ${CMAKE_DL_LIBS})
   string(APPEND STOKER_PC_LIBS_PRIVATE " -l${_lib}")
