@@ -2,8 +2,8 @@
 # Builds stoker and runs every test: formatting, the release build (with the installed C++
 # package used by a consumer project), ASan+UBSan and TSan builds (TSan with clang, which also
 # checks the lock annotations), the image pipeline against Pillow, the Python package (one
-# wheel, installed into .venv-test and into a fresh virtual environment, then pytest) and
-# benchmark smoke runs.
+# wheel, installed into .venv-test for the benchmark and into a fresh virtual environment,
+# where pytest runs) and benchmark smoke runs.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
@@ -34,15 +34,15 @@ python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybin
 echo "== image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
 
-echo "== Python package: one wheel (pip wheel .), installed into .venv-test; its tests (DDP under torchrun included)"
+echo "== Python package: one wheel (pip wheel .), installed into .venv-test (for the benchmark)"
 apt_install libdlpack-dev
 rm -rf build-py/dist
 .venv-test/bin/pip wheel -q --no-deps --no-build-isolation -w build-py/dist .
 wheel=$(echo build-py/dist/stoker-*.whl)
 .venv-test/bin/pip install -q --force-reinstall --no-deps "$wheel"
-.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/python
 
-echo "== the same wheel in a fresh virtual environment (binary packages only: nothing compiled)"
+echo "== the wheel in a fresh virtual environment (binary packages only: nothing compiled) and"
+echo "   the Python tests there (DDP under torchrun included)"
 rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
 build-py/fresh-venv/bin/pip install -q --only-binary=:all: "$wheel" torch==2.13.0 pillow pytest

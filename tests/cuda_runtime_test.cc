@@ -76,6 +76,12 @@ TEST(CudaRuntime, ARuntimeWithoutADeviceLoadsAndSaysWhyNoDeviceAnswers) {
   std::string why;
   EXPECT_EQ(detail::open_cuda(rt, 0, why), nullptr);
   EXPECT_EQ(why, rt->info.why);
+
+  // Places with nothing in them are passed over, and listed.
+  TempDir empty;
+  const auto after = detail::load_cuda_runtime({empty.path(), STOKER_TEST_CUDART_DIR});
+  EXPECT_EQ(after->info.library, rt->info.library);
+  EXPECT_EQ(after->info.searched, (std::vector<std::string>{empty.path(), STOKER_TEST_CUDART_DIR}));
 #endif
 }
 

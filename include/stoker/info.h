@@ -16,7 +16,8 @@ std::string_view version();
 // (in order) the file or directory in $STOKER_CUDA_RUNTIME alone if set; else directories
 // the Python package passes (the runtime the installed PyTorch wheel ships); the system's
 // library path (libcudart.so.13, .so.12, .so.11.0); $CUDA_HOME/lib64, $CUDA_PATH/lib64 and
-// /usr/local/cuda/lib64. docs/install.md has the details.
+// /usr/local/cuda/lib64; the first runtime that sees a device is used. docs/install.md has the
+// details.
 struct CudaInfo {
   std::string library;                // the libcudart loaded; empty if none was found
   int runtime_version = 0;            // cudaRuntimeGetVersion: 12040 is CUDA 12.4

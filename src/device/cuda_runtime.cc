@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <utility>
@@ -12,8 +13,7 @@
 namespace stoker::detail {
 namespace {
 
-// Newest first: a runtime newer than the driver reports that clearly (cudaGetDeviceCount says
-// the driver is too old), which is more useful than silently taking an older one.
+// Newest first, in each place.
 constexpr const char* kSonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
                                     "libcudart.so"};
 
@@ -67,10 +67,12 @@ Hints& hints() {
 }  // namespace
 
 std::shared_ptr<const CudaRuntime> load_cuda_runtime(const std::vector<std::string>& places) {
-  auto rt = std::make_shared<CudaRuntime>();
-  std::string failures;  // libraries that exist but would not do, with why
+  std::vector<std::string> searched;
+  std::string failures;                // libraries that exist but would not do, with why
+  std::vector<void*> seen;             // one library may be found in two places
+  std::shared_ptr<CudaRuntime> first;  // the first that loaded, if none sees a device
   for (const auto& place : places) {
-    rt->info.searched.push_back(place.empty() ? "the system library path" : place);
+    searched.push_back(place.empty() ? "the system library path" : place);
     std::vector<std::string> candidates;
     std::error_code ec;
     if (place.empty() || std::filesystem::is_directory(place, ec)) {
@@ -82,31 +84,43 @@ std::shared_ptr<const CudaRuntime> load_cuda_runtime(const std::vector<std::stri
     }
     for (const auto& candidate : candidates) {
       // A bare soname is also matched against the libraries already loaded (PyTorch's).
-      if (candidate.find('/') != std::string::npos && !std::filesystem::exists(candidate, ec)) {
-        continue;
-      }
+      const bool path = candidate.find('/') != std::string::npos;
+      if (path && !std::filesystem::exists(candidate, ec)) continue;
       void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (!handle) {
         // A missing soname is the normal case on the system path; anything else is news.
-        if (candidate.find('/') != std::string::npos) failures += "; " + std::string(dlerror());
+        if (path) failures += "; " + std::string(dlerror());
         continue;
       }
+      // Never unloaded, used or not: cudart's exit handlers must find it mapped.
+      if (std::find(seen.begin(), seen.end(), handle) != seen.end()) continue;
+      seen.push_back(handle);
       auto found = std::make_shared<CudaRuntime>();
       std::string why;
       if (!resolve(handle, *found, why)) {
         failures += "; " + loaded_path(handle, candidate) + ": " + why;
-        continue;  // left loaded, as a runtime that was used would be
+        continue;
       }
       found->info.library = loaded_path(handle, candidate);
-      found->info.searched = std::move(rt->info.searched);
       probe(*found);
-      return found;
+      // A runtime newer than the driver sees no device where an older one may: go on.
+      if (found->info.available()) {
+        found->info.searched = std::move(searched);
+        return found;
+      }
+      if (!first) first = std::move(found);
     }
   }
-  std::string searched;
-  for (const auto& s : rt->info.searched) searched += (searched.empty() ? "" : ", ") + s;
-  rt->info.why = "no CUDA runtime (libcudart) found in " + searched + failures;
-  return rt;
+  if (first) {
+    first->info.searched = std::move(searched);
+    return first;
+  }
+  auto none = std::make_shared<CudaRuntime>();
+  std::string where;
+  for (const auto& s : searched) where += (where.empty() ? "" : ", ") + s;
+  none->info.why = "no CUDA runtime (libcudart) found in " + where + failures;
+  none->info.searched = std::move(searched);
+  return none;
 }
 
 std::vector<std::string> default_cuda_runtime_places(const std::vector<std::string>& hint_dirs) {

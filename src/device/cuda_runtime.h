@@ -67,8 +67,10 @@ struct CudaRuntime {
 // Where to look, in order: each place is a directory (libcudart.so.13, .so.12, .so.11.0 and
 // libcudart.so in it), a library file, or "" (those names through the dynamic linker's own
 // search: libraries already loaded, LD_LIBRARY_PATH, the ld.so cache).
-// The first place whose runtime loads and has every entry point; else `info.why` says why
-// none did. Then asks it for its versions and device count.
+// The first runtime, in the order of `places`, that loads, has every entry point and sees a
+// device; if none sees one, the first that loaded (`info.why` says why it sees none); if none
+// loaded, an empty one whose `info.why` lists the places and what was wrong with the files
+// found there.
 std::shared_ptr<const CudaRuntime> load_cuda_runtime(const std::vector<std::string>& places);
 
 // The places the process-wide runtime is searched in (see stoker::CudaInfo): `hint_dirs`
