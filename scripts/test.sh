@@ -45,7 +45,9 @@ echo "== the wheel in a fresh virtual environment (binary packages only: nothing
 echo "   the Python tests there (DDP under torchrun included)"
 rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
-build-py/fresh-venv/bin/pip install -q --only-binary=:all: "$wheel" torch==2.13.0 pillow pytest
+# --no-compile: .pyc files only for the modules the tests import, not all of torch.
+build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
+  pytest
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== benchmark smoke run (checks the harness; measures nothing)"
