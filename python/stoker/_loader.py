@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from . import _stoker
 from ._batch import converter, plan
+from ._cuda import cuda_available
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
 from ._torchvision import native_equivalent
@@ -294,9 +295,10 @@ class DataLoader:
             if torch is not None and torch.cuda.is_available():
                 stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
         if isinstance(pin_memory, bool):
-            # As torch: True pins only where a GPU will read the batches.
+            # As torch: True pins only where a GPU will read the batches (torch's GPU if torch
+            # is in use, else any the engine finds).
             torch = sys.modules.get("torch")
-            has_gpu = torch is not None and torch.cuda.is_available()
+            has_gpu = torch.cuda.is_available() if torch is not None else cuda_available()
             pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
