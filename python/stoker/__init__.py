@@ -14,7 +14,7 @@ from ._cuda import _add_wheel_runtime_hints, build_info, cuda_available
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
-from ._loader import DataLoader
+from ._loader import DataLoader, SkippedSample
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -28,6 +28,7 @@ __all__ = [
     "NativeDataset",
     "RecordDataset",
     "SampleError",
+    "SkippedSample",
     "SyntheticDataset",
     "WorkerError",
     "build_info",

@@ -20,10 +20,14 @@ cmake -S "$here" -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$tmp/build" >/dev/null
 "$tmp/build/consumer_shared"
-ldd "$tmp/build/consumer_shared" | grep -q "$prefix/.*libstoker.so" ||
+# (ldd's output kept first: grep -q stops reading at a match, and pipefail would count
+# ldd's SIGPIPE as a failure.)
+libs=$(ldd "$tmp/build/consumer_shared")
+grep -q "$prefix/.*libstoker.so" <<<"$libs" ||
   { echo "consumer_shared does not run with the installed libstoker.so"; exit 1; }
 "$tmp/build/consumer_static"
-if ldd "$tmp/build/consumer_static" | grep -q libstoker; then
+libs=$(ldd "$tmp/build/consumer_static")
+if grep -q libstoker <<<"$libs"; then
   echo "consumer_static links libstoker.so"
   exit 1
 fi
