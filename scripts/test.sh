@@ -31,8 +31,8 @@ ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest; the wheel's build tools)"
 python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11
 
-echo "== image pipeline against Pillow, command-line Ctrl-C (pytest)"
-STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image tests/cli
+echo "== image pipeline against Pillow (pytest)"
+STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
 
 echo "== Python package: one wheel (pip wheel .), installed into .venv-test (for the benchmark)"
 apt_install libdlpack-dev
@@ -40,6 +40,9 @@ rm -rf build-py/dist
 .venv-test/bin/pip wheel -q --no-deps --no-build-isolation -w build-py/dist .
 wheel=$(echo build-py/dist/stoker-*.whl)
 .venv-test/bin/pip install -q --force-reinstall --no-deps "$wheel"
+
+echo "== Ctrl-C on the command line and in stoker.pack (pytest)"
+STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/cli
 
 echo "== the wheel in a fresh virtual environment (binary packages only: nothing compiled) and"
 echo "   the Python tests there (DDP under torchrun included)"
