@@ -199,10 +199,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))
       .def("map", &SampleWriter::map, py::arg("region"), py::arg("fd"), py::arg("bytes"))
       .def("drop", &SampleWriter::drop, py::arg("region"))
-      .def("begin", &SampleWriter::begin, py::arg("region"), py::arg("offsets"),
-           py::arg("row_bytes"), py::arg("rows"))
-      .def("write", &SampleWriter::write, py::arg("sample"), py::arg("index"), py::arg("row"),
-           py::arg("seed"));
+      .def("run_job", &SampleWriter::run_job, py::arg("job"), py::arg("dataset"),
+           py::arg("use_getitems"));
   m.def(
       "inherited_fds",
       [] {
@@ -212,8 +210,6 @@ PYBIND11_MODULE(_stoker, m) {
         return out;
       },
       "The slab memfds and worker sockets of this process, which a forked worker closes.");
-  m.def("set_sample_seed", &set_sample_seed, py::arg("seed"),
-        "Sets stoker.sample_seed() on this thread (worker processes, around each sample).");
 
   py::class_<RawBatch>(m, "RawBatch")
       .def_property_readonly("epoch", &RawBatch::epoch)

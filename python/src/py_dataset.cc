@@ -19,6 +19,10 @@ namespace {
 // and the arrays in them, for the loader's life.
 constexpr std::size_t kKeptErrors = 64;
 
+// A thread reads samples under one GIL acquisition until their arrays add up to this many
+// bytes, then copies them into the slab with the GIL released.
+constexpr std::size_t kCopyRun = 256 << 10;
+
 thread_local std::optional<std::uint64_t> t_sample_seed;
 
 struct SeedScope {
@@ -34,7 +38,7 @@ class TimedGil {
  public:
   TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
            std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
-           std::size_t samples = 1)
+           std::size_t samples)
       : held_ns_(held_ns),
         cpu_ns_(cpu_ns),
         start_(Clock::now()),
@@ -162,7 +166,7 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
   }
   std::vector<PendingCopy> copies;
   {
-    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_);
+    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 1);
     drain_graveyard();
     State& st = *state_;
     if (interrupted_ && !on_engine_thread()) {
@@ -233,7 +237,7 @@ void PyDataset::finish_copies(std::vector<PendingCopy>& copies, const SampleOut&
   bury(std::move(owners));
 }
 
-bool PyDataset::reads_chunks() const { return has_getitems_ || processes_.load() != nullptr; }
+bool PyDataset::reads_chunks() const { return true; }
 
 void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                           std::span<std::exception_ptr> errors) const {
@@ -248,7 +252,66 @@ void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const 
   } else if (has_getitems_) {
     read_items(indices, outs, errors);
   } else {
-    Dataset::read_rows(indices, outs, errors);
+    read_each(indices, outs, errors);
+  }
+}
+
+void PyDataset::read_each(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                          std::span<std::exception_ptr> errors) const {
+  std::vector<std::vector<PendingCopy>> copies(indices.size());
+  std::size_t k = 0;
+  while (k < indices.size()) {
+    // One GIL acquisition for as many samples as fit in kCopyRun bytes of arrays: a cheap
+    // sample then costs no GIL round trip of its own, and large arrays are still copied
+    // with the GIL released soon after they were read.
+    const std::size_t from = k;
+    {
+      TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 0);
+      drain_graveyard();
+      State& st = *state_;
+      std::size_t bytes = 0;
+      for (; k < indices.size() && bytes < kCopyRun; ++k) {
+        if (closed_.load(std::memory_order_acquire) || (interrupted_ && !on_engine_thread())) {
+          break;
+        }
+        try {
+          start_worker();
+          const SeedScope seed(outs[k].seed());
+          const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(indices[k]));
+          if (!key) throw py::error_already_set();
+          const auto sample =
+              py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
+          if (!sample) throw py::error_already_set();
+          take_sample(indices[k], sample, outs[k], copies[k]);
+          for (const auto& c : copies[k]) bytes += c.array.bytes();
+        } catch (...) {
+          copies[k].clear();
+          errors[k] = capture_current(indices[k]);
+        }
+      }
+      gil_reads_.fetch_add(k - from, std::memory_order_relaxed);
+      if (k < indices.size() && (interrupted_ && !on_engine_thread())) {
+        // Ctrl-C on the consumer's own thread ends the whole chunk (see clear_interrupt).
+        const auto interrupt =
+            std::make_exception_ptr(PythonError(this, interrupt_ticket_, interrupt_what_));
+        for (std::size_t j = k; j < indices.size(); ++j) errors[j] = interrupt;
+        k = indices.size();
+      }
+    }
+    for (std::size_t j = from; j < k; ++j) {
+      if (errors[j]) continue;
+      try {
+        finish_copies(copies[j], outs[j]);
+      } catch (...) {
+        errors[j] = std::current_exception();
+      }
+    }
+    if (k < indices.size() && closed_.load(std::memory_order_acquire)) {
+      const auto closing =
+          std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"));
+      for (std::size_t j = k; j < indices.size(); ++j) errors[j] = closing;
+      return;
+    }
   }
 }
 
@@ -302,7 +365,7 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
     }
   }
   if (one_by_one) {
-    Dataset::read_rows(indices, outs, errors);
+    read_each(indices, outs, errors);
     return;
   }
   for (std::size_t k = 0; k < indices.size(); ++k) {

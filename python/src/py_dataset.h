@@ -91,8 +91,8 @@ class PyDataset final : public Dataset {
   std::size_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override { return fields_; }
   void read(std::size_t index, const SampleOut& out) const override;
-  // With worker processes, or a data set with __getitems__ (called once per chunk, one GIL
-  // round trip), reads go a chunk at a time (py_workers.h).
+  // Reads go a chunk at a time: to a worker process (py_workers.h), to one __getitems__ call,
+  // or one __getitem__ after another under one GIL acquisition.
   bool reads_chunks() const override;
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
@@ -155,6 +155,9 @@ class PyDataset final : public Dataset {
                    std::vector<PendingCopy>& copies) const;
   // Makes the copies with the GIL released and buries the arrays' owners.
   void finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const;
+  // The chunk's samples one __getitem__ at a time, many to a GIL acquisition (threads).
+  void read_each(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const;
   // One __getitems__ call for the chunk (threads).
   void read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                   std::span<std::exception_ptr> errors) const;

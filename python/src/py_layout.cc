@@ -30,6 +30,84 @@ constexpr const char* kBatchingHint =
     "; batching needs every sample to have the layout of sample 0 (pass collate_fn to batch "
     "samples yourself)";
 
+// torch's types for the tensor fast path of an array node (see LayoutNode), if torch is loaded.
+void note_tensor_types(LayoutNode& n) {
+  const py::dict modules = py::module_::import("sys").attr("modules");
+  if (!modules.contains("torch")) return;
+  const py::object torch = modules["torch"];
+  n.tensor_dtype = py::getattr(torch, n.element.name.c_str(), py::none());
+  if (n.tensor_dtype.is_none()) return;
+  n.tensor_type = torch.attr("Tensor");
+  n.tensor_layout = torch.attr("strided");
+}
+
+PyObject* interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw py::error_already_set();
+  return s;  // kept for the process's life
+}
+
+// A leaf that is exactly torch.Tensor, of the node's dtype and shape, on the CPU, strided and
+// contiguous, viewed through its attributes; false for anything else (the general path then
+// checks it, with its error messages). GIL held.
+bool tensor_view(const LayoutNode& n, PyObject* o, HostArray& a) {
+  if (!n.tensor_type || Py_TYPE(o) != reinterpret_cast<PyTypeObject*>(n.tensor_type.ptr())) {
+    return false;
+  }
+  static PyObject* const kDtype = interned("dtype");
+  static PyObject* const kLayout = interned("layout");
+  static PyObject* const kIsCpu = interned("is_cpu");
+  static PyObject* const kShape = interned("shape");
+  static PyObject* const kIsContiguous = interned("is_contiguous");
+  static PyObject* const kDataPtr = interned("data_ptr");
+  auto is = [o](PyObject* name, PyObject* expected) {
+    PyObject* v = PyObject_GetAttr(o, name);
+    if (v == nullptr) PyErr_Clear();
+    Py_XDECREF(v);
+    return v != nullptr && v == expected;
+  };
+  if (!is(kDtype, n.tensor_dtype.ptr()) || !is(kLayout, n.tensor_layout.ptr()) ||
+      !is(kIsCpu, Py_True)) {
+    return false;
+  }
+  const auto shape = py::reinterpret_steal<py::object>(PyObject_GetAttr(o, kShape));
+  if (!shape || !PyTuple_Check(shape.ptr()) ||
+      static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())) != n.shape.size()) {
+    PyErr_Clear();
+    return false;
+  }
+  for (std::size_t d = 0; d < n.shape.size(); ++d) {
+    if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(d))) !=
+        n.shape[d]) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  const auto contiguous =
+      py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(o, kIsContiguous));
+  const auto data = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(o, kDataPtr));
+  if (contiguous.ptr() != Py_True || !data) {
+    PyErr_Clear();
+    return false;
+  }
+  void* p = PyLong_AsVoidPtr(data.ptr());
+  if (p == nullptr && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  a.data = static_cast<const std::byte*>(p);
+  a.type = n.element;
+  a.shape = n.shape;
+  a.strides.resize(n.shape.size());
+  std::int64_t stride = static_cast<std::int64_t>(dtype_size(n.element.storage));
+  for (std::size_t d = n.shape.size(); d-- > 0;) {
+    a.strides[d] = stride;
+    stride *= n.shape[d];
+  }
+  a.owner = py::reinterpret_borrow<py::object>(o);
+  return true;
+}
+
 py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
   py::tuple t(shape.size());
   for (std::size_t i = 0; i < shape.size(); ++i) t[i] = py::int_(shape[i]);
@@ -78,6 +156,7 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
         n.element = a.type;
         n.shape = a.shape;
         n.field = add_field(path, a.type.storage, a.shape);
+        note_tensor_types(n);
         break;
       }
       case ValueKind::other:
@@ -156,6 +235,7 @@ LayoutNode layout_from_description(py::handle description, const std::string& pa
     n.element = element_type(d[2].cast<std::string>());
     for (auto v : py::reinterpret_borrow<py::tuple>(d[3]))
       n.shape.push_back(v.cast<std::int64_t>());
+    if (n.kind == Kind::array) note_tensor_types(n);
   } else if (kind == "object") {
     n.kind = Kind::object;
     n.slot = d[1].cast<std::size_t>();
@@ -208,6 +288,11 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
       write_number(n, v);
       break;
     case Kind::array: {
+      HostArray tensor;
+      if (tensor_view(n, o, tensor)) {
+        copies.push_back({n.field, std::move(tensor)});
+        break;
+      }
       if (classify(v) == ValueKind::other) {
         mismatch(n, "is a " + type_name(v) + " where sample 0 has an array");
       }

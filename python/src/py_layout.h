@@ -33,6 +33,12 @@ struct LayoutNode {
   std::size_t slot = 0;   // object
   ElementType element;    // array, number
   std::vector<std::int64_t> shape;
+  // Array: torch.Tensor, the torch dtype of `element` and torch.strided, if the program
+  // imported torch. A leaf of exactly that type is then checked and located through a few
+  // attribute reads: a DLPack export costs more than a whole cheap __getitem__.
+  py::object tensor_type;
+  py::object tensor_dtype;
+  py::object tensor_layout;
 };
 
 // Builds the layout from sample 0: array leaves and Python numbers become fields, other

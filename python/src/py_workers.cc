@@ -489,6 +489,83 @@ void SampleWriter::begin(std::uint32_t region, std::vector<std::uint64_t> offset
   }
 }
 
+py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_getitems) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(job.ptr(), &data, &size) != 0) throw py::error_already_set();
+  const auto* p = reinterpret_cast<const std::uint8_t*>(data);
+  const auto bytes = static_cast<std::size_t>(size);
+  if (bytes < 24) throw std::invalid_argument("stoker worker: bad job");
+  const auto id = get<std::uint64_t>(p);
+  const auto region = get<std::uint32_t>(p + 8);
+  const auto fields = get<std::uint32_t>(p + 12);
+  const auto rows = get<std::uint32_t>(p + 16);
+  if (bytes != 24 + 16 * std::size_t{fields} + 16 * std::size_t{rows}) {
+    throw std::invalid_argument("stoker worker: bad job");
+  }
+  std::vector<std::uint64_t> offsets(fields), row_bytes(fields);
+  for (std::size_t f = 0; f < fields; ++f) {
+    offsets[f] = get<std::uint64_t>(p + 24 + 16 * f);
+    row_bytes[f] = get<std::uint64_t>(p + 32 + 16 * f);
+  }
+  const std::uint8_t* row_at = p + 24 + 16 * std::size_t{fields};
+  begin(region, std::move(offsets), std::move(row_bytes), rows);
+
+  py::list keys(rows);
+  for (std::size_t k = 0; k < rows; ++k) {
+    keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
+  }
+  py::object samples;
+  if (use_getitems) {
+    try {
+      samples = py::list(dataset.attr("__getitems__")(keys));
+      if (py::len(samples) != rows) samples = py::object();
+    } catch (py::error_already_set&) {
+      samples = py::object();  // one by one, so that each failure names its sample
+    }
+  }
+  std::string status(rows, '\0');
+  py::object objects = slots_ > 0 ? py::object(py::list(rows)) : py::none();
+  py::list errors;
+  for (std::size_t k = 0; k < rows; ++k) {
+    const auto index = static_cast<std::size_t>(get<std::uint64_t>(row_at + 16 * k));
+    const auto seed = get<std::uint64_t>(row_at + 16 * k + 8);
+    try {
+      py::object sample;
+      {
+        set_sample_seed(seed);
+        struct Unset {
+          ~Unset() { set_sample_seed(std::nullopt); }
+        } unset;
+        sample =
+            samples
+                ? py::object(py::reinterpret_borrow<py::list>(samples)[k])
+                : py::reinterpret_steal<py::object>(PyObject_GetItem(dataset.ptr(), keys[k].ptr()));
+        if (!sample) throw py::error_already_set();
+      }
+      py::object values = write(sample, index, k, seed);
+      if (slots_ > 0) {
+        PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), values.release().ptr());
+      }
+    } catch (...) {
+      status[k] = 1;
+      try {
+        throw;
+      } catch (py::error_already_set& e) {
+        e.restore();
+      } catch (py::builtin_exception& e) {
+        e.set_error();
+      } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      } catch (...) {
+        PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+      }
+      errors.append(py::make_tuple(k, take_python_error()));
+    }
+  }
+  return py::make_tuple(id, py::bytes(status), objects, errors);
+}
+
 py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t row,
                                std::uint64_t seed) {
   // bases_ already point at the chunk's first row: rows are numbered within the job.

@@ -151,14 +151,20 @@ class SampleWriter {
 
   void map(std::uint32_t region, int fd, std::size_t bytes);  // closes fd
   void drop(std::uint32_t region);
-  // The rows of the next job: field f of row r is at offsets[f] + r * row_bytes[f].
+  // Runs a kJob payload: reads each row's sample from `dataset` (one __getitems__ call, or
+  // __getitem__ after __getitem__ if it has none or it raised) and writes it into the slab.
+  // Returns (job id, status bytes: 0 ok, 1 failed; object values per row, a list of tuples,
+  // or None without object slots; [(row, exception)]).
+  py::tuple run_job(py::bytes job, py::handle dataset, bool use_getitems);
+
+ private:
+  // The rows of the job: field f of row r is at offsets[f] + r * row_bytes[f].
   void begin(std::uint32_t region, std::vector<std::uint64_t> offsets,
              std::vector<std::uint64_t> row_bytes, std::size_t rows);
   // Checks `sample` against the layout and writes it into row `row`; returns its object
   // values (a tuple, one per slot) or None.
   py::object write(py::handle sample, std::size_t index, std::size_t row, std::uint64_t seed);
 
- private:
   LayoutNode root_;
   std::size_t slots_;
   std::map<std::uint32_t, std::pair<std::byte*, std::size_t>> regions_;

@@ -25,8 +25,6 @@ from . import _stoker
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
 _MAP = struct.Struct("=IIQ")
-_FIELD = struct.Struct("=QQ")
-_ROW = struct.Struct("=QQ")
 _RESULT = struct.Struct("=QII")
 _JOB_KIND, _MAP_KIND, _DROP_KIND = 1, 2, 3
 _PR_SET_PDEATHSIG = 1
@@ -159,47 +157,28 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
 
 
 def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes:
-    job, region, nfields, nrows, _ = _JOB.unpack_from(payload)
-    pos = _JOB.size
-    offsets, row_bytes = [], []
-    for _ in range(nfields):
-        offset, nbytes = _FIELD.unpack_from(payload, pos)
-        offsets.append(offset)
-        row_bytes.append(nbytes)
-        pos += _FIELD.size
-    rows = [_ROW.unpack_from(payload, pos + k * _ROW.size) for k in range(nrows)]
-    status = bytearray(nrows)
-    objects: Optional[list] = [None] * nrows if slots else None
-    errors = []
     if init_error is not None:
-        status[:] = b"\x01" * nrows
-        errors = [(k, init_error) for k in range(nrows)]
+        job, _, _, nrows, _ = _JOB.unpack_from(payload)
+        status = b"\x01" * nrows
+        objects, errors = None, [(k, init_error) for k in range(nrows)]
     else:
-        writer.begin(region, offsets, row_bytes, nrows)
-        samples = None
-        if use_getitems:
-            try:
-                samples = list(dataset.__getitems__([index for index, _ in rows]))
-                if len(samples) != nrows:
-                    raise ValueError(f"stoker: __getitems__ returned {len(samples)} samples "
-                                     f"for {nrows} indices")
-            except Exception:
-                samples = None  # one by one, so that each failure names its sample
-        for k, (index, seed) in enumerate(rows):
-            try:
-                _stoker.set_sample_seed(seed)
-                try:
-                    sample = samples[k] if samples is not None else dataset[index]
-                finally:
-                    _stoker.set_sample_seed(None)
-                values = writer.write(sample, index, k, seed)
-                if objects is not None:
-                    objects[k] = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as e:
-                status[k] = 1
-                errors.append((k, _error_info(e)))
+        # The rows are read and written by the extension; only the object values (all rows'
+        # in one pickle) and the errors come back through here.
+        job, status, objects, raised = writer.run_job(payload, dataset, use_getitems)
+        nrows = len(status)
+        errors = [(k, _error_info(e)) for k, e in raised]
     blob = b""
     if objects is not None or errors:
-        blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            status, objects = bytearray(status), list(objects)
+            for k, values in enumerate(objects):  # which rows' values do not pickle
+                try:
+                    pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:
+                    status[k], objects[k] = 1, None
+                    errors.append((k, _error_info(e)))
+            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
     body = _RESULT.pack(job, nrows, len(blob)) + bytes(status) + blob
     return _HEADER.pack(1, len(body)) + body

@@ -107,8 +107,6 @@ class ProcessWorkers:
 def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list):
     """A worker's reply blob -> (object values per row or None, {row: exception})."""
     objects, errors = pickle.loads(blob)
-    if objects is not None:
-        objects = [pickle.loads(o) if o is not None else None for o in objects]
     return objects, {row: _rebuild(info, worker_id, pid, indices[row]) for row, info in errors}
 
 
