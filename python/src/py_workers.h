@@ -18,6 +18,11 @@
 // (region id, byte offset), never by address, so the same jobs could be served by workers
 // elsewhere given another way to ship the rows back.
 //   parent -> child
+//     kLayout {pickle of (layout description, object slots)}: once per worker, before its
+//           first job (the layout is learned from the first sample a worker reads)
+//     kProbe {u64 sample index, u64 sample seed}: read one sample and send it back whole (the
+//           probe that learns the layout; see Dataset::probe); the reply is a kResult of one
+//           row whose blob holds ([sample], []) or (None, [(0, error)])
 //     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
 //     kDrop {u32 region}: the region was freed; unmap it
 //     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 0,
@@ -45,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -87,6 +93,12 @@ class ProcessPool {
   ProcessPool& operator=(const ProcessPool&) = delete;
 
   void start();  // GIL held: starts every worker now
+  // The layout message (PyDataset::layout_message) every worker gets before its next job.
+  // Any thread.
+  void set_layout(py::bytes message);
+  // Reads sample `index` in a worker and returns it (see kProbe). Throws the sample's
+  // failure, kept in `owner`'s table, or a WorkerDiedError. No GIL on entry.
+  py::object probe(const PyDataset& owner, std::size_t index, std::uint64_t seed);
   // Reads one chunk in one worker (see Dataset::read_rows). Object values and errors go to
   // `owner`'s tables; a dead worker fails every row it was sent.
   void run(const PyDataset& owner, std::span<const std::size_t> indices,
@@ -113,6 +125,7 @@ class ProcessPool {
     bool busy = false;
     bool dead = false;
     std::set<std::uint32_t> regions;  // regions mapped by this worker
+    bool has_layout = false;
     std::uint64_t next_job = 1;
   };
 
@@ -123,6 +136,12 @@ class ProcessPool {
   bool exchange(Link& link, const std::vector<std::uint8_t>& job, std::uint32_t region_id,
                 int region_fd, std::size_t region_bytes, std::vector<std::uint8_t>& status,
                 std::vector<std::uint8_t>& blob);
+  // Reads a kResult reply into `status` and `blob`. False if the worker is gone.
+  static bool receive_result(Link& link, std::vector<std::uint8_t>& status,
+                             std::vector<std::uint8_t>& blob);
+  // Fails every row of `errors` after a failed exchange with `link` (given back dead).
+  void fail_lost(Link* link, std::span<const std::size_t> indices,
+                 std::span<std::exception_ptr> errors);
   std::string death_message(pid_t pid) const;
 
   const std::size_t workers_;
@@ -135,17 +154,20 @@ class ProcessPool {
   std::condition_variable free_cv_;
   std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
   bool stopped_ = false;                      // guarded by mu_
+  std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL
 };
 
 // The worker process's half: the slab regions it was sent, mapped, and the layout to check
-// and write samples with (layout_from_description of the parent's data set).
+// and write samples with (layout_from_description of the parent's data set, sent once the
+// parent learned it).
 //
 // Thread safety: one thread (the worker's), GIL held.
 class SampleWriter {
  public:
-  SampleWriter(py::object description, std::size_t slots);
+  SampleWriter() = default;
   ~SampleWriter();
+  void set_layout(py::handle description, std::size_t slots);
   SampleWriter(const SampleWriter&) = delete;
   SampleWriter& operator=(const SampleWriter&) = delete;
 
@@ -156,6 +178,8 @@ class SampleWriter {
   // Returns (job id, status bytes: 0 ok, 1 failed; object values per row, a list of tuples,
   // or None without object slots; [(row, exception)]).
   py::tuple run_job(py::bytes job, py::handle dataset, bool use_getitems);
+  // The sample of a kProbe, read with its seed as stoker.sample_seed(); raises its error.
+  static py::object read_sample(py::handle dataset, std::size_t index, std::uint64_t seed);
 
  private:
   // The rows of the job: field f of row r is at offsets[f] + r * row_bytes[f].
@@ -165,8 +189,8 @@ class SampleWriter {
   // values (a tuple, one per slot) or None.
   py::object write(py::handle sample, std::size_t index, std::size_t row, std::uint64_t seed);
 
-  LayoutNode root_;
-  std::size_t slots_;
+  std::optional<LayoutNode> root_;
+  std::size_t slots_ = 0;
   std::map<std::uint32_t, std::pair<std::byte*, std::size_t>> regions_;
   std::vector<std::size_t> row_bytes_;
   std::vector<std::byte*> bases_;

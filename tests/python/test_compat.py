@@ -151,9 +151,6 @@ def test_subset_random_sampler_draws_from_its_subset():
     assert sorted(labels) == subset
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: stoker reads a custom sampler once at "
-                   "construction and again per epoch, so a seeded sampler's epochs differ from "
-                   "torch's")
 def test_seeded_weighted_sampler_gives_torchs_epochs():
     data = Pairs()
     weights = [float(i % 4 + 1) for i in range(len(data))]

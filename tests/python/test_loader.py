@@ -250,9 +250,12 @@ def test_torch_samplers_run_natively_and_custom_ones_are_followed():
             start = 49 if self.calls % 2 else 39
             return iter(range(start, start - 20, -1))
 
-    custom = stoker.DataLoader(ds, batch_size=8, sampler=Backwards())
-    assert [int(i) for b in custom for i in b[0]] == list(range(39, 19, -1))
+    backwards = Backwards()
+    custom = stoker.DataLoader(ds, batch_size=8, sampler=backwards)
+    assert backwards.calls == 0  # read when an epoch starts, as torch does
     assert [int(i) for b in custom for i in b[0]] == list(range(49, 29, -1))
+    assert [int(i) for b in custom for i in b[0]] == list(range(39, 19, -1))
+    assert backwards.calls == 2
 
     batched = stoker.DataLoader(
         ds, batch_sampler=tud.BatchSampler(tud.SequentialSampler(ds), 16, drop_last=True))
