@@ -118,14 +118,17 @@ class Dataset {
   // A data set whose fields are told by its samples (a Python data set learns them from the
   // first sample it reads) returns false until then. The loader then reads nothing at
   // construction; its first workers each call probe() on one sample of the first epoch, and
-  // the first probe that returns gives the batch slabs their layout. A probe reads sample
-  // `index` with `seed` as SampleOut::seed() would give it, returns the fields and keeps the
-  // sample for the read of that (index, seed), so nothing is read twice; or throws the
-  // sample's failure, which it keeps for that read likewise, where it fails with its batch.
-  // Probes may run concurrently, and after the fields are known (the late ones still keep
-  // their samples). Defaults: known; probe() returns fields().
+  // the first probe that returns fields gives the batch slabs their layout. A probe reads
+  // sample `index` with `seed` as SampleOut::seed() would give it, returns the fields and
+  // keeps the sample for the read of that (index, seed), so nothing is read twice. If the
+  // sample fails, it keeps the failure for that read likewise (where it fails with its
+  // batch), sets `failure` and returns no fields. An exception it throws is not the sample's
+  // (the loader closing, Ctrl-C on the consumer's thread): the consumer gets it at once.
+  // Probes may run concurrently, and after the fields are known (late ones still keep their
+  // samples). Defaults: known; probe() returns fields().
   virtual bool fields_known() const { return true; }
-  virtual std::vector<FieldSpec> probe(std::size_t /*index*/, std::uint64_t /*seed*/) const {
+  virtual std::vector<FieldSpec> probe(std::size_t /*index*/, std::uint64_t /*seed*/,
+                                       std::exception_ptr& /*failure*/) const {
     return fields();
   }
 

@@ -156,53 +156,60 @@ void PyDataset::learn(std::size_t index, py::handle sample) const {
   if (auto pool = processes_.load()) pool->set_layout(layout_message());
 }
 
-std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed) const {
+std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed,
+                                        std::exception_ptr& failure) const {
   if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
     throw std::runtime_error("stoker: the loader is closing");
   }
   if (auto pool = processes_.load()) {
     // Read in a worker process, which sends the sample back; its row is written here.
     py::object sample;
-    std::exception_ptr error;
     try {
       sample = pool->probe(*this, index, seed);
     } catch (...) {
-      error = std::current_exception();
+      failure = std::current_exception();
     }
     EngineThreadGil gil;
-    if (!error) {
+    if (!failure) {
       try {
         learn(index, sample);
       } catch (...) {
-        error = capture_current(index);
+        failure = capture_current(index);
       }
     }
-    state_->pending[{index, seed}] = {error ? py::object() : sample, error};
-    pending_.fetch_add(1, std::memory_order_relaxed);
+    keep_probed(index, seed, failure ? py::object() : sample, failure);
     sample = py::object();  // let go with the GIL held
-    if (error) std::rethrow_exception(error);
-    return fields_;
+    return failure ? std::vector<FieldSpec>{} : fields_;
   }
   TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 1);
   drain_graveyard();
-  State& st = *state_;
+  if (interrupted_ && !on_engine_thread()) {
+    throw PythonError(this, interrupt_ticket_, interrupt_what_);
+  }
   try {
     start_worker();
     py::object sample;
     {
       const SeedScope scope(seed);
-      sample = st.dataset[py::int_(index)];
+      sample = state_->dataset[py::int_(index)];
     }
     learn(index, sample);
-    st.pending[{index, seed}] = {std::move(sample), nullptr};
-    pending_.fetch_add(1, std::memory_order_relaxed);
+    keep_probed(index, seed, std::move(sample), nullptr);
+    return fields_;
   } catch (...) {
-    const auto error = capture_current(index);
-    st.pending[{index, seed}] = {py::object(), error};
-    pending_.fetch_add(1, std::memory_order_relaxed);
-    std::rethrow_exception(error);
+    failure = capture_current(index);
   }
-  return fields_;
+  // Ctrl-C on the consumer's own thread (reading inline) is not the sample's failure: it
+  // ends this call (see clear_interrupt) and the sample is read again later.
+  if (interrupted_ && !on_engine_thread()) std::rethrow_exception(std::exchange(failure, nullptr));
+  keep_probed(index, seed, py::object(), failure);
+  return {};
+}
+
+void PyDataset::keep_probed(std::size_t index, std::uint64_t seed, py::object sample,
+                            std::exception_ptr failure) const {
+  state_->pending[{index, seed}] = {std::move(sample), std::move(failure)};
+  pending_.store(state_->pending.size(), std::memory_order_relaxed);
 }
 
 bool PyDataset::take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
@@ -214,7 +221,7 @@ bool PyDataset::take_pending(std::size_t index, std::uint64_t seed, py::object& 
   sample = std::move(it->second.sample);
   error = it->second.error;
   st.pending.erase(it);
-  pending_.fetch_sub(1, std::memory_order_relaxed);
+  pending_.store(st.pending.size(), std::memory_order_relaxed);
   return true;
 }
 
@@ -495,9 +502,8 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
       one_by_one = true;
       for (std::size_t k = 0; k < indices.size(); ++k) {
         if (!samples[k] && !errors[k]) continue;
-        st.pending[{indices[k], outs[k].seed()}] = {std::move(samples[k]), errors[k]};
-        pending_.fetch_add(1, std::memory_order_relaxed);
-        errors[k] = nullptr;
+        keep_probed(indices[k], outs[k].seed(), std::move(samples[k]),
+                    std::exchange(errors[k], nullptr));
       }
     }
     if (!one_by_one) {

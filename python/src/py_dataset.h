@@ -97,7 +97,8 @@ class PyDataset final : public Dataset {
   std::size_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override;
   bool fields_known() const override { return layout_known_.load(std::memory_order_acquire); }
-  std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed) const override;
+  std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed,
+                               std::exception_ptr& failure) const override;
   void read(std::size_t index, const SampleOut& out) const override;
   // Reads go a chunk at a time: to a worker process (py_workers.h), to one __getitems__ call,
   // or one __getitem__ after another under one GIL acquisition.
@@ -158,6 +159,9 @@ class PyDataset final : public Dataset {
   void start_worker() const;
   // Learns the layout from `sample` unless known (GIL held; throws if it cannot be batched).
   void learn(std::size_t index, py::handle sample) const;
+  // Keeps a probe's sample, or its failure, for the read of (index, seed) (GIL held).
+  void keep_probed(std::size_t index, std::uint64_t seed, py::object sample,
+                   std::exception_ptr failure) const;
   // A probed sample (or its failure) kept for the read of (index, seed): true if there was
   // one (GIL held).
   bool take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
@@ -217,8 +221,9 @@ class RemappedDataset final : public Dataset {
   std::size_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override { return base_->fields(); }
   bool fields_known() const override { return base_->fields_known(); }
-  std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed) const override {
-    return base_->probe((*order_.load())[index], seed);
+  std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed,
+                               std::exception_ptr& failure) const override {
+    return base_->probe((*order_.load())[index], seed, failure);
   }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;

@@ -173,20 +173,25 @@ bool Engine::probe() {
   ++probes_started_;
   ++probes_running_;
   std::vector<FieldSpec> fields;
-  std::exception_ptr error;
+  std::exception_ptr failure;
+  std::exception_ptr aborted;
   {
     MutexUnlock unlocked(mu_);
     try {
-      fields = config_.dataset->probe(index, seed);
-      if (fields.empty()) throw std::runtime_error("the data set's sample holds no values");
+      fields = config_.dataset->probe(index, seed, failure);
+      if (fields.empty() && !failure) {
+        throw std::runtime_error("the data set's sample holds no values");
+      }
     } catch (...) {
-      error = std::current_exception();
+      aborted = std::current_exception();
     }
   }
   --probes_running_;
-  if (error) {
+  if (aborted) {
+    fail(std::make_exception_ptr(SampleError(index, aborted, describe(aborted))));
+  } else if (failure) {
     ++probes_failed_;
-    probe_error_ = std::make_exception_ptr(SampleError(index, error, describe(error)));
+    probe_error_ = std::make_exception_ptr(SampleError(index, failure, describe(failure)));
   } else if (!layout_known_) {
     pool_->set_fields(std::move(fields));
     layout_known_ = true;

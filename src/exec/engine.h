@@ -21,7 +21,8 @@
 // data sets whose workers wait for one another (a barrier in __getitem__) get all of them.
 // The data set keeps what each probe read for that row's read, failures included: an error
 // in a probed sample surfaces with its batch. If no sample of the epoch reads (or
-// kMaxProbes fail), the last failure is the consumer's error, as a SampleError.
+// kMaxProbes fail), the last failure is the consumer's error, as a SampleError; so is an
+// exception a probe throws (not the sample's: Ctrl-C on an inline consumer), at once.
 //
 // Each batch in flight has a Ticket: the slab it is written into, which batch it is, how its
 // rows are split into chunks, and what failed. Tickets stay with the engine; take() hands the

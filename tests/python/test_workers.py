@@ -146,6 +146,17 @@ def test_an_exception_that_cannot_be_rebuilt_arrives_as_runtime_error():
     loader.close()
 
 
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_skip_policy_replaces_failing_first_samples(worker_type):
+    # the first samples a worker reads also tell the layout: failing, they are skipped too
+    loader = stoker.DataLoader(wd.FailsAt({0, 1}, n=16), batch_size=8, num_workers=2,
+                               worker_type=worker_type, on_error="skip")
+    values = [int(v) for b in loader for v in b[:, 0]]
+    assert len(values) == 16 and 0 not in values and 1 not in values
+    assert loader.stats()["skipped"] >= 2
+    loader.close()
+
+
 def test_skip_policy_with_processes():
     loader = stoker.DataLoader(wd.FailsAt({3, 17, 30}), batch_size=8, num_workers=2,
                                worker_type="process", on_error="skip", seed=1)
