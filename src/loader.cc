@@ -115,9 +115,10 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
   auto backend = open_device(options);
   // A data set that learns its layout from its samples gets it from the engine's first probe.
   auto memory = slab_memory(options, internals, backend.get());
-  auto pool = options.dataset->fields_known()
-                  ? std::make_shared<detail::SlabPool>(fields, options.batch_size, std::move(memory))
-                  : std::make_shared<detail::SlabPool>(options.batch_size, std::move(memory));
+  auto pool =
+      options.dataset->fields_known()
+          ? std::make_shared<detail::SlabPool>(fields, options.batch_size, std::move(memory))
+          : std::make_shared<detail::SlabPool>(options.batch_size, std::move(memory));
   stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
                                              options.stream)
                    : detail::make_host_stage();

@@ -137,7 +137,7 @@ void PyDataset::learn(std::size_t index, py::handle sample) const {
   State& st = *state_;
   std::vector<FieldSpec> fields;
   std::size_t slots = 0;
-  LayoutBuilder builder{fields, slots, {}};
+  LayoutBuilder builder{fields, slots, {}, index};
   Node root = builder.build(sample, "");
   std::optional<std::size_t> objects_field;
   if (slots > 0) {
@@ -145,8 +145,7 @@ void PyDataset::learn(std::size_t index, py::handle sample) const {
     objects_field = builder.add_field("<objects>", DType::u8, {});
   }
   if (fields.empty()) {
-    throw py::value_error("stoker: sample " + std::to_string(index) +
-                          " holds no values to batch");
+    throw py::value_error("stoker: sample " + std::to_string(index) + " holds no values to batch");
   }
   st.root = std::move(root);
   st.slots = slots;
@@ -554,7 +553,6 @@ void PyDataset::close() noexcept {
 void PyDataset::release_workers() {
   if (auto pool = processes_.load()) pool->finish();
 }
-
 
 py::tuple PyDataset::gil_stats() const {
   return py::make_tuple(gil_reads_.load(), 1e-9 * static_cast<double>(gil_wait_ns_.load()),

@@ -27,8 +27,8 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
 }
 
 constexpr const char* kBatchingHint =
-    "; batching needs every sample to have the layout of sample 0 (pass collate_fn to batch "
-    "samples yourself)";
+    "; batching needs every sample to have the layout of the first sample read (pass collate_fn "
+    "to batch samples yourself)";
 
 // torch's types for the tensor fast path of an array node (see LayoutNode), if torch is loaded.
 void note_tensor_types(LayoutNode& n) {
@@ -151,7 +151,7 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
         n.field = add_field(path, n.element.storage, {});
         break;
       case ValueKind::array: {
-        HostArray a = import_array(v, describe(path) + " of sample 0");
+        HostArray a = import_array(v, describe(path) + " of sample " + std::to_string(index));
         n.kind = Kind::array;
         n.element = a.type;
         n.shape = a.shape;
@@ -256,12 +256,12 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
   switch (n.kind) {
     case Kind::sequence: {
       if (!PyTuple_Check(o) && !PyList_Check(o)) {
-        mismatch(n, "is a " + type_name(v) + " where sample 0 has a " +
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has a " +
                         std::string(reinterpret_cast<PyTypeObject*>(n.type.ptr())->tp_name));
       }
       const Py_ssize_t size = PySequence_Fast_GET_SIZE(o);
       if (static_cast<std::size_t>(size) != n.children.size()) {
-        mismatch(n, "has " + std::to_string(size) + " values where sample 0 has " +
+        mismatch(n, "has " + std::to_string(size) + " values where the first sample read has " +
                         std::to_string(n.children.size()));
       }
       PyObject** items = PySequence_Fast_ITEMS(o);
@@ -269,16 +269,18 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
       break;
     }
     case Kind::mapping: {
-      if (!PyDict_Check(o)) mismatch(n, "is a " + type_name(v) + " where sample 0 has a dict");
+      if (!PyDict_Check(o))
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has a dict");
       if (static_cast<std::size_t>(PyDict_Size(o)) != n.keys.size()) {
-        mismatch(n, "has " + std::to_string(PyDict_Size(o)) + " keys where sample 0 has " +
-                        std::to_string(n.keys.size()));
+        mismatch(n, "has " + std::to_string(PyDict_Size(o)) +
+                        " keys where the first sample read has " + std::to_string(n.keys.size()));
       }
       for (std::size_t i = 0; i < n.keys.size(); ++i) {
         PyObject* child = PyDict_GetItemWithError(o, n.keys[i].ptr());
         if (child == nullptr) {
           if (PyErr_Occurred()) throw py::error_already_set();
-          mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) + ", which sample 0 has");
+          mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) +
+                          ", which the first sample read has");
         }
         visit(n.children[i], child);
       }
@@ -294,16 +296,18 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
         break;
       }
       if (classify(v) == ValueKind::other) {
-        mismatch(n, "is a " + type_name(v) + " where sample 0 has an array");
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has an array");
       }
       HostArray a = import_array(v, describe(n.path) + " of sample " + std::to_string(index));
       if (a.type != n.element) {
-        mismatch(n, "has element type " + a.type.name + " where sample 0 has " + n.element.name);
+        mismatch(n, "has element type " + a.type.name + " where the first sample read has " +
+                        n.element.name);
       }
       if (a.shape != n.shape) {
         throw py::value_error("stoker: " + describe(n.path) + " of sample " +
                               std::to_string(index) + " has shape " + shape_str(a.shape) +
-                              " where sample 0 has " + shape_str(n.shape) + kBatchingHint);
+                              " where the first sample read has " + shape_str(n.shape) +
+                              kBatchingHint);
       }
       copies.push_back({n.field, std::move(a)});
       break;
@@ -330,7 +334,7 @@ void SampleVisitor::write_number(const LayoutNode& n, py::handle v) {
     if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
     std::memcpy(dst.data(), &x, sizeof x);
   } else {
-    mismatch(n, "is a " + type_name(v) + " where sample 0 has a Python " +
+    mismatch(n, "is a " + type_name(v) + " where the first sample read has a Python " +
                     (n.element.name == "bool"    ? "bool"
                      : n.element.name == "int64" ? "int"
                                                  : "float"));

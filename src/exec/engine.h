@@ -217,7 +217,7 @@ class Engine {
   std::size_t probes_running_ STOKER_GUARDED_BY(mu_) = 0;
   std::size_t probes_failed_ STOKER_GUARDED_BY(mu_) = 0;
   std::exception_ptr probe_error_ STOKER_GUARDED_BY(mu_);  // the last probe's SampleError
-  bool fatal_reported_ STOKER_GUARDED_BY(mu_) = false;  // thrown from next(): retry on the next
+  bool fatal_reported_ STOKER_GUARDED_BY(mu_) = false;     // thrown from next(): retry on the next
 
   // The sample order of epoch order_epoch_ (valid when has_order_).
   std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);
