@@ -5,7 +5,8 @@
 // sample's arrays straight into its row of the batch slab, which lives in shared memory (a
 // memfd per slab, src/memory/shared_memory.h) mapped in both processes. Only indices, small
 // object values and errors cross the socket; array bytes never do, so every byte is copied
-// once, as on threads.
+// once, as on threads. The exception: before the layout is known, each worker's first
+// sample (a probe) is sent back whole, pickled, and written by the parent.
 //
 // The parent side is the engine's own worker threads: for each chunk a thread leases one
 // child, sends it the job and blocks on the socket without the GIL until the reply, so the
