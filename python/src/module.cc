@@ -7,12 +7,14 @@
 
 #include <string>
 
+#include "device/cuda_runtime.h"
 #include "memory/shared_memory.h"
 #include "native_datasets.h"
 #include "py_dataset.h"
 #include "py_loader.h"
 #include "py_workers.h"
 #include "stoker/encoded.h"
+#include "stoker/info.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -157,7 +159,13 @@ PYBIND11_MODULE(_stoker, m) {
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
-          r = pack_records(*open_image_folder(src), dest, o);
+          o.progress = [](std::size_t done, std::size_t, std::uint64_t) {
+            // Ctrl-C: KeyboardInterrupt, once pack_image_folder removed its temporary output.
+            if (done % 64 != 0) return;
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          };
+          r = pack_image_folder(src, dest, o);
         }
         py::dict d;
         d["records"] = r.records;
@@ -246,6 +254,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
+      .def("skipped_samples", &PyLoader::skipped_samples)
       .def("close", &PyLoader::close)
       .def_property_readonly("closed", &PyLoader::closed);
 
@@ -268,6 +277,31 @@ PYBIND11_MODULE(_stoker, m) {
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");
+  m.def(
+      "version", [] { return std::string(stoker::version()); },
+      "The C++ library's version (CMake's project version).");
+  m.def(
+      "cuda_info",
+      [] {
+        CudaInfo info;
+        {
+          // The first call loads the runtime and initializes the driver: seconds, at worst.
+          py::gil_scoped_release release;
+          info = stoker::cuda_info();
+        }
+        py::dict d;
+        d["library"] = info.library.empty() ? py::object(py::none()) : py::str(info.library);
+        d["runtime_version"] = info.runtime_version;
+        d["driver_version"] = info.driver_version;
+        d["devices"] = info.devices;
+        d["why"] = info.why.empty() ? py::object(py::none()) : py::str(info.why);
+        d["searched"] = info.searched;
+        return d;
+      },
+      "What the search for the CUDA runtime found (stoker::cuda_info), loading it on the first "
+      "call.");
+  m.def("add_cuda_runtime_hints", &detail::add_cuda_runtime_hints, py::arg("dirs"),
+        "Directories to search for libcudart before the system's, if no search was made yet.");
   m.def("close_all", &PyLoader::close_all,
         "Closes every open loader (the package calls it at exit).");
   m.def("abandon_all_after_fork", &PyLoader::abandon_all_after_fork,

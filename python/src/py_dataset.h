@@ -122,7 +122,7 @@ class PyDataset final : public Dataset {
   // raised elsewhere, kept like this thread's own (the PythonError to hand the engine).
   void store_objects(const SampleOut& out, py::object values) const;
   std::exception_ptr keep_error(py::object exception, std::size_t index) const;
-  // The layout as a worker process gets it: pickled (layout_description(), object_slots()).
+  // The layout as a worker process gets it (kLayout): pickled (description, object slots).
   py::bytes layout_message() const;
 
   // The layout for the Python layer (GIL held, layout known): nested tuples
@@ -227,6 +227,7 @@ class RemappedDataset final : public Dataset {
   }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
+  std::string sample_name(std::size_t index) const override;
   bool reads_chunks() const override { return base_->reads_chunks(); }
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
