@@ -587,10 +587,6 @@ py::object take_python_error() {
   return py::reinterpret_steal<py::object>(value);
 }
 
-void PyDataset::raise_current(std::size_t index) const {
-  std::rethrow_exception(capture_current(index));
-}
-
 std::exception_ptr PyDataset::keep_error(py::object exception, std::size_t index) const {
   std::string what = Py_TYPE(exception.ptr())->tp_name;
   if (PyObject* text = PyObject_Str(exception.ptr())) {

@@ -152,7 +152,6 @@ class PyDataset final : public Dataset {
 
  private:
   PyDataset() = default;
-  [[noreturn]] void raise_current(std::size_t index) const;  // GIL held, error set
   // The C++ exception being handled, as a kept Python error (GIL held, inside a catch).
   std::exception_ptr capture_current(std::size_t index) const;
   // Calls on_worker_start the first time this worker thread reads (GIL held).

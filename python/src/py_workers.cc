@@ -598,18 +598,8 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
     const auto index = static_cast<std::size_t>(get<std::uint64_t>(row_at + 16 * k));
     const auto seed = get<std::uint64_t>(row_at + 16 * k + 8);
     try {
-      py::object sample;
-      {
-        set_sample_seed(seed);
-        struct Unset {
-          ~Unset() { set_sample_seed(std::nullopt); }
-        } unset;
-        sample =
-            samples
-                ? py::object(py::reinterpret_borrow<py::list>(samples)[k])
-                : py::reinterpret_steal<py::object>(PyObject_GetItem(dataset.ptr(), keys[k].ptr()));
-        if (!sample) throw py::error_already_set();
-      }
+      const py::object sample = samples ? py::object(py::reinterpret_borrow<py::list>(samples)[k])
+                                        : read_sample(dataset, index, seed);
       py::object values = write(sample, index, k, seed);
       if (slots_ > 0) {
         PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), values.release().ptr());

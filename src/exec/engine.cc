@@ -139,6 +139,9 @@ Ticket* Engine::find_work(bool head_only, bool& look_again) {
     look_again = probe();
     return nullptr;
   }
+  // A probe still running may be of a sample in the batch this would open: its row must find
+  // the probe's sample kept when it is read. The probe's end wakes the workers.
+  if (probes_running_ > 0) return nullptr;
   if (order_ready()) return open_next();
   // One thread computes the epoch's order; the others wait for its wake-up.
   if (!order_busy_) {

@@ -16,7 +16,8 @@
 // Layout learned from the samples (Dataset::fields_known() false, a Python data set): the
 // slab pool has no layout, so no batch can open. Until it has one, each worker (or the inline
 // consumer) probes one sample of the next batches' order at a time (Dataset::probe, mu_
-// released), and the first probe that returns gives the pool its layout. Probes take sample
+// released), and the first probe that returns gives the pool its layout; batches open once
+// no probe is running (a late one's sample may be in them). Probes take sample
 // positions in order from the next batch to open, as many at once as there are workers, so
 // data sets whose workers wait for one another (a barrier in __getitem__) get all of them.
 // The data set keeps what each probe read for that row's read, failures included: an error
