@@ -47,6 +47,24 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
       if (d < 0) invalid("field '" + f.name + "' has a negative dimension");
     }
   }
+  for (const auto& name : o.keep_on_host) {
+    if (names.contains(name)) continue;
+    std::string known;
+    for (const auto& f : fields) known += (known.empty() ? "'" : ", '") + f.name + "'";
+    invalid("keep_on_host names field '" + name +
+            "', which the dataset does not declare (it "
+            "declares " +
+            known + ")");
+  }
+}
+
+// The data set's fields, with those named in keep_on_host marked host_only.
+std::vector<FieldSpec> batch_fields(const LoaderOptions& o) {
+  auto fields = o.dataset ? o.dataset->fields() : std::vector<FieldSpec>{};
+  for (auto& f : fields) {
+    if (std::ranges::find(o.keep_on_host, f.name) != o.keep_on_host.end()) f.host_only = true;
+  }
+  return fields;
 }
 
 // The backend named by `device`, or null for the CPU (asked for, or no CUDA device answers).
@@ -110,7 +128,7 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, const detail::LoaderInter
 Loader::Loader(LoaderOptions options) : Loader(std::move(options), detail::LoaderInternals{}) {}
 
 Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) {
-  const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
+  const auto fields = batch_fields(options);
   validate(options, fields);
   auto backend = open_device(options);
   auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
