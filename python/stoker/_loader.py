@@ -129,8 +129,10 @@ class DataLoader:
         CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
         stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
         which path ran and why.
+      keep_on_host: names of fields that stay in host memory when batches go to a GPU.
       batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
-        are not supported.
+        are not supported. Arguments that do not act as in torch warn once; docs/python.md
+        lists every difference.
 
     Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
     ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
@@ -293,13 +295,11 @@ class DataLoader:
             self._start_processes()
         self._order = order
         self._device = self._resolve_device(device)
-        stream = 0
-        if self._device.startswith("cuda"):
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_available():
-                stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
+        stream = 0
+        if self._device.startswith("cuda") and has_gpu:
+            stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
         _compat.warn_unhonoured(
             native=native, worker_type=worker_type, multiprocessing_context=multiprocessing_context,
             worker_init_fn=worker_init_fn, pin_memory=pin_memory, has_gpu=has_gpu,
@@ -307,7 +307,8 @@ class DataLoader:
         engine_pin_memory = pin_memory
         if isinstance(pin_memory, bool):
             # As torch: True pins only where a GPU will read the batches.
-            engine_pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
+            engine_pin_memory = ("on" if pin_memory and has_gpu else
+                                 "auto" if pin_memory else "off")
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=int(batch_size), shuffle=self._shuffle, seed=self.seed,
             drop_last=bool(drop_last), shard=_shard(rank, world, shard_drop_last),

@@ -111,8 +111,14 @@ class Names(list):
     lambda i: collections.UserDict(x=torch.tensor(i), name=f"s{i}"),  # any Mapping
     lambda i: collections.OrderedDict(x=i, pair=(i, f"s{i}")),
 ], ids=["tuple", "list", "dict", "bare", "namedtuple", "list-subclass", "userdict", "nested"])
-def test_containers_and_strings_batch_as_torch(make):
-    theirs, ours = both(Samples(make), batch_size=4, num_workers=0)
+@pytest.mark.parametrize("workers", [
+    dict(num_workers=0),
+    dict(num_workers=1, worker_type="process", persistent_workers=True),
+], ids=["inline", "process"])
+def test_containers_and_strings_batch_as_torch(make, workers):
+    data = Samples(make)
+    theirs = list(tud.DataLoader(data, batch_size=4))
+    ours = list(stoker.DataLoader(data, batch_size=4, **workers))
     for a, b in zip(theirs, ours):
         assert_same(a, b)
 
