@@ -379,7 +379,7 @@ class DataLoader:
 
     @property
     def __class__(self):
-        return _compat.torch_compatible_class(DataLoader)
+        return _compat.torch_compatible_class(type(self))
 
     def __setattr__(self, name: str, value) -> None:
         if name in _compat.FROZEN_ATTRIBUTES and self.__dict__.get("_initialized", False):
