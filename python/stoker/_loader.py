@@ -582,6 +582,12 @@ class _Iterator:
     def __len__(self) -> int:
         return len(self._loader)
 
+    @property
+    def _workers(self) -> list:
+        """torch's list of worker processes: stoker's, or none while threads read."""
+        workers = self._loader._workers
+        return workers.processes() if workers is not None else []
+
     def __next__(self):
         if self._stale:
             raise RuntimeError("stoker: a newer iter() of this DataLoader replaced this iterator")
