@@ -124,9 +124,11 @@ def _run(test_file: str, select: list[str], limit: float, verbose: bool) -> dict
             detail = problems[0][1] if problems else "unexpected success"
         else:
             outcome, detail = "pass", ""
+        # The exception's line: the last of the traceback, before torch's repro hint.
+        detail = detail.split("\n\nTo execute this test")[0].strip()
         outcomes[test_id] = {
             "outcome": outcome,
-            "detail": detail.strip().splitlines()[-1][:300] if detail.strip() else "",
+            "detail": detail.splitlines()[-1][:300] if detail else "",
             "loaders": _loader_count[0] - before,
             "seconds": round(time.monotonic() - start, 2),
         }

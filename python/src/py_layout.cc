@@ -1,6 +1,8 @@
 #include "py_layout.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace stoker::python {
@@ -49,6 +51,19 @@ bool is_mapping(PyObject* o) {
 // The leaves default_collate keeps as they are (strings, bytes); it raises on any other object.
 bool is_text(PyObject* o) { return PyUnicode_Check(o) || PyBytes_Check(o); }
 
+// default_collate's refusal, in its words, of the tensors it cannot stack: nested and sparse
+// ones have no strided buffer (their DLPack export fails with an internal error instead).
+void check_stackable(py::handle v) {
+  if (!py::hasattr(v, "is_nested")) return;
+  std::string kind;
+  if (v.attr("is_nested").cast<bool>()) kind = "nested";
+  if (std::string(py::str(v.attr("layout"))).starts_with("torch.sparse")) kind = "sparse";
+  if (kind.empty()) return;
+  throw std::runtime_error("Batches of " + kind +
+                           " tensors are not currently supported by the default collate_fn; "
+                           "please provide a custom collate_fn to handle them appropriately.");
+}
+
 }  // namespace
 
 std::size_t LayoutBuilder::add_field(const std::string& path, DType dtype,
@@ -86,6 +101,7 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
         n.field = add_field(path, n.element.storage, {});
         break;
       case ValueKind::array: {
+        check_stackable(v);
         HostArray a = import_array(v, describe(path) + " of sample 0");
         n.kind = Kind::array;
         n.element = a.type;

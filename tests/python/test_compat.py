@@ -255,6 +255,13 @@ def test_batch_size_none_yields_samples():
         assert_same(a, b)
 
 
+def test_tensors_default_collate_cannot_stack_raise_its_error():
+    data = Samples(lambda i: torch.nested.nested_tensor([torch.ones(2), torch.ones(i + 1)]))
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        with pytest.raises(RuntimeError, match="nested tensors are not currently supported"):
+            list(loader_type(data, batch_size=2, num_workers=0))
+
+
 def test_attributes_are_torchs():
     data = Pairs()
     init = tud.DataLoader.__init__
