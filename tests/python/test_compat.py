@@ -173,6 +173,25 @@ def test_shuffle_visits_every_sample_once_per_epoch():
     assert orders[0] != orders[1]  # a new order each epoch, as torch's
 
 
+def test_seeding_makes_shuffled_epochs_repeat_as_torchs():
+    """The same torch.manual_seed (or generator seed) gives the same epochs, another seed
+    others; the permutation itself is stoker's own (docs/python.md)."""
+    def epochs(loader_type, **kwargs):
+        loader = loader_type(Pairs(40), batch_size=8, shuffle=True, num_workers=0, **kwargs)
+        return [torch.cat([y for _, y in loader]).tolist() for _ in range(2)]
+
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        runs = []
+        for seed in (3, 3, 4):
+            torch.manual_seed(seed)
+            runs.append(epochs(loader_type))
+        assert runs[0] == runs[1] != runs[2]
+        assert runs[0][0] != runs[0][1]  # a new order each epoch
+        seeded = [epochs(loader_type, generator=torch.Generator().manual_seed(7))
+                  for _ in range(2)]
+        assert seeded[0] == seeded[1]
+
+
 def test_subset_random_sampler_draws_from_its_subset():
     data = Pairs()
     subset = list(range(3, 40, 3))
