@@ -42,8 +42,11 @@ py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
 // Face's BatchEncoding), not only dicts.
 bool is_mapping(PyObject* o) {
   if (PyDict_Check(o)) return true;
-  static const py::object mapping = py::module_::import("collections.abc").attr("Mapping");
-  const int r = PyObject_IsInstance(o, mapping.ptr());
+  // Kept for the process's life: a static py::object would be released after the
+  // interpreter is gone.
+  static PyObject* const mapping =
+      py::module_::import("collections.abc").attr("Mapping").release().ptr();
+  const int r = PyObject_IsInstance(o, mapping);
   if (r < 0) throw py::error_already_set();
   return r == 1;
 }
