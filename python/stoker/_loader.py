@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Unio
 
 from . import _compat, _stoker
 from ._batch import converter, plan
+from ._cuda import cuda_available
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
 from ._torchvision import native_equivalent
@@ -314,15 +315,16 @@ class DataLoader:
         self._device = self._resolve_device(device)
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
+        # torch's GPU if torch is in use, else any the engine finds.
+        gpu = has_gpu if torch is not None else cuda_available()
         _compat.warn_unhonoured(
             native=native, worker_type=worker_type, multiprocessing_context=multiprocessing_context,
-            worker_init_fn=worker_init_fn, pin_memory=pin_memory, has_gpu=has_gpu,
+            worker_init_fn=worker_init_fn, pin_memory=pin_memory, has_gpu=gpu,
             pin_memory_device=pin_memory_device, in_order=in_order)
         engine_pin_memory = pin_memory
         if isinstance(pin_memory, bool):
             # As torch: True pins only where a GPU will read the batches.
-            engine_pin_memory = ("on" if pin_memory and has_gpu else
-                                 "auto" if pin_memory else "off")
+            engine_pin_memory = "on" if pin_memory and gpu else ("auto" if pin_memory else "off")
         # The training loop's stream: batches copied to the GPU make it wait for their copy;
         # with pin_memory=True a pinned slab is refilled only after the work queued on it when
         # its batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run.
