@@ -45,7 +45,7 @@ bool is_mapping(PyObject* o) {
   // Kept for the process's life: a static py::object would be released after the
   // interpreter is gone.
   static PyObject* const mapping =
-      py::module_::import("collections.abc").attr("Mapping").release().ptr();
+      py::object(py::module_::import("collections.abc").attr("Mapping")).release().ptr();
   const int r = PyObject_IsInstance(o, mapping);
   if (r < 0) throw py::error_already_set();
   return r == 1;
