@@ -162,10 +162,13 @@ def torch_compatible_class(cls: type) -> type:
     ``isinstance(loader, torch.utils.data.DataLoader)`` holds (isinstance consults
     ``__class__``) without stoker importing torch or deriving from it (see docs/python.md)."""
     torch = _torch()
-    if torch is None:
+    if torch is None or issubclass(cls, torch.utils.data.DataLoader):
         return cls
     if cls not in _compatible:
-        _compatible[cls] = type(cls.__name__, (cls, torch.utils.data.DataLoader),
-                                {"__module__": cls.__module__, "__doc__": cls.__doc__,
-                                 "__qualname__": cls.__qualname__})
+        try:
+            _compatible[cls] = type(cls.__name__, (cls, torch.utils.data.DataLoader),
+                                    {"__module__": cls.__module__, "__doc__": cls.__doc__,
+                                     "__qualname__": cls.__qualname__})
+        except TypeError:  # bases that cannot be combined: every isinstance check asks here
+            _compatible[cls] = cls
     return _compatible[cls]
