@@ -306,6 +306,13 @@ def test_attributes_are_torchs():
     assert init is tud.DataLoader.__init__  # torch's class is left as it was
 
 
+def test_isinstance_answers_when_torchs_name_is_stokers(monkeypatch):
+    """As in tools/torch_dataloader_suite.py, which puts stoker's class in torch's place."""
+    monkeypatch.setattr(tud, "DataLoader", stoker.DataLoader)
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=0)
+    assert isinstance(loader, tud.DataLoader) and not isinstance(loader, int)
+
+
 @pytest.mark.parametrize("name", ["batch_size", "sampler", "batch_sampler", "drop_last",
                                   "dataset", "persistent_workers"])
 def test_attributes_that_define_the_batches_cannot_be_set_after_init(name):
