@@ -53,7 +53,7 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
     invalid("shard.rank = " + std::to_string(o.shard.rank) +
             " is not below world_size = " + std::to_string(o.shard.world_size));
   }
-  if (fields.empty()) invalid("the dataset declares no fields");
+  if (fields.empty() && o.dataset->fields_known()) invalid("the dataset declares no fields");
   std::set<std::string> names;
   for (const auto& f : fields) {
     if (!names.insert(f.name).second) invalid("the dataset declares field '" + f.name + "' twice");
@@ -61,6 +61,14 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
       if (d < 0) invalid("field '" + f.name + "' has a negative dimension");
     }
   }
+}
+
+// The data set's fields, with those named in keep_on_host marked host_only (a data set that
+// learns its layout from its samples: none yet, the engine marks them then).
+std::vector<FieldSpec> batch_fields(const LoaderOptions& o) {
+  auto fields = o.dataset ? o.dataset->fields() : std::vector<FieldSpec>{};
+  if (o.dataset && o.dataset->fields_known()) detail::mark_host_only(fields, o.keep_on_host);
+  return fields;
 }
 
 // The backend named by `device`, or null for the CPU (asked for, or no CUDA device answers).
@@ -123,11 +131,15 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, const detail::LoaderInter
 Loader::Loader(LoaderOptions options) : Loader(std::move(options), detail::LoaderInternals{}) {}
 
 Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) {
-  const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
+  const auto fields = batch_fields(options);
   validate(options, fields);
   auto backend = open_device(options);
-  auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
-                                                 slab_memory(options, internals, backend.get()));
+  // A data set that learns its layout from its samples gets it from the engine's first probe.
+  auto memory = slab_memory(options, internals, backend.get());
+  auto pool =
+      options.dataset->fields_known()
+          ? std::make_shared<detail::SlabPool>(fields, options.batch_size, std::move(memory))
+          : std::make_shared<detail::SlabPool>(options.batch_size, std::move(memory));
   stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
                                              options.stream)
                    : detail::make_host_stage();
@@ -140,6 +152,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
   config.workers = options.workers;
   config.depth = options.depth;
   config.on_error = options.on_error;
+  config.keep_on_host = options.keep_on_host;
   config.max_skipped = options.max_skipped;
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
   detail::TuneLimits limits;

@@ -101,6 +101,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("pin_memory", &LoaderOptions::pin_memory)
       .def_readwrite("pin_budget", &LoaderOptions::pin_budget)
       .def_readwrite("sim", &LoaderOptions::sim)
+      .def_readwrite("keep_on_host", &LoaderOptions::keep_on_host)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("max_skipped", &LoaderOptions::max_skipped);
 }
@@ -142,7 +143,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("__len__", [](const NativeDataset& d) { return d.dataset->size(); })
       .def_readonly("element_types", &NativeDataset::element_types)
       .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
-      .def("read", &read_sample, py::arg("index"))
+      .def("read", &read_sample, py::arg("index"), py::arg("seed") = 0)
       .def("counters", &source_counters)
       .def("classes", [](const NativeDataset& d) {
         if (!d.source) throw py::type_error("stoker: not an image data set");
@@ -181,13 +182,12 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 
   py::class_<PyDataset, std::shared_ptr<PyDataset>>(m, "PyDataset")
-      .def_static("discover", &PyDataset::discover, py::arg("dataset"), py::arg("whole_sample"),
-                  py::arg("on_worker_start"), py::arg("probes"))
+      .def(py::init(&PyDataset::make), py::arg("dataset"), py::arg("whole_sample"),
+           py::arg("on_worker_start"))
       .def("__len__", &PyDataset::size)
+      .def_property_readonly("fields_known", &PyDataset::fields_known)
       .def("structure", &PyDataset::structure)
       .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
-      .def("layout_description", &PyDataset::layout_description)
-      .def("object_slots", &PyDataset::object_slots)
       .def("gil_stats", &PyDataset::gil_stats)
       .def("use_processes", &PyDataset::use_processes, py::arg("pool"));
 
@@ -207,13 +207,14 @@ PYBIND11_MODULE(_stoker, m) {
       .def("finish", &ProcessPool::finish)
       .def_property_readonly("size", &ProcessPool::size);
   py::class_<SampleWriter>(m, "SampleWriter")
-      .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))
+      .def(py::init<>())
+      .def("set_layout", &SampleWriter::set_layout, py::arg("description"), py::arg("slots"))
+      .def_static("read_sample", &SampleWriter::read_sample, py::arg("dataset"), py::arg("index"),
+                  py::arg("seed"))
       .def("map", &SampleWriter::map, py::arg("region"), py::arg("fd"), py::arg("bytes"))
       .def("drop", &SampleWriter::drop, py::arg("region"))
-      .def("begin", &SampleWriter::begin, py::arg("region"), py::arg("offsets"),
-           py::arg("row_bytes"), py::arg("rows"))
-      .def("write", &SampleWriter::write, py::arg("sample"), py::arg("index"), py::arg("row"),
-           py::arg("seed"));
+      .def("run_job", &SampleWriter::run_job, py::arg("job"), py::arg("dataset"),
+           py::arg("use_getitems"));
   m.def(
       "inherited_fds",
       [] {
@@ -223,8 +224,6 @@ PYBIND11_MODULE(_stoker, m) {
         return out;
       },
       "The slab memfds and worker sockets of this process, which a forked worker closes.");
-  m.def("set_sample_seed", &set_sample_seed, py::arg("seed"),
-        "Sets stoker.sample_seed() on this thread (worker processes, around each sample).");
 
   py::class_<RawBatch>(m, "RawBatch")
       .def_property_readonly("epoch", &RawBatch::epoch)
