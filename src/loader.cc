@@ -25,8 +25,6 @@ namespace {
 
 // Generous: more threads than this is a configuration mistake, not a tuning choice.
 constexpr std::size_t kMaxWorkers = 1024;
-// Past this many batches in flight, more only holds memory: no pipeline jitters that much.
-constexpr std::size_t kMaxTunedDepth = 64;
 
 // The cores this process may run on.
 std::size_t affinity_cores() {
@@ -166,10 +164,10 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
           ? options.max_workers
           : std::max<std::size_t>(16, static_cast<std::size_t>(std::ceil(8 * limits.cores)));
   limits.max_workers = std::clamp(max, options.workers, kMaxWorkers);
-  const std::size_t memory =
+  // Counted against each window's slab size: a data set may learn its layout from its first
+  // sample, after this.
+  limits.memory_budget =
       options.memory_budget ? options.memory_budget : detail::default_pin_budget();
-  const std::size_t slabs = memory / std::max<std::size_t>(1, engine_->pool()->slab_bytes());
-  limits.max_depth = std::clamp<std::size_t>(slabs > 0 ? slabs - 1 : 1, 1, kMaxTunedDepth);
   tuner_ = std::make_unique<detail::WorkerTuner>(limits, !options.tune_workers);
 }
 

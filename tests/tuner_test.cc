@@ -204,6 +204,29 @@ TEST(TunePolicy, StarvedWorkersGetMoreBatchesInFlightWithinTheMemoryBudget) {
   EXPECT_EQ(run.max_depth, 3u) << history(run);
 }
 
+TEST(TunePolicy, CountsTheMemoryBudgetInSlabsOfTheWindow) {
+  Pipeline jittery;
+  jittery.loop_s = 0.001;
+  jittery.depth_needed = 8;
+  TuneLimits limits{2, 64, 64};
+  limits.memory_budget = 4000;  // 4 slabs of 1000 bytes: depth 3
+  TunePolicy policy(limits);
+  std::size_t workers = 16, depth = 6, most = 0;
+  for (int i = 0; i < 50; ++i) {
+    TuneWindow w = jittery.measure(workers, depth);
+    w.slab_bytes = 1000;
+    const TuneDecision d = policy.decide(w);
+    workers = d.workers;
+    depth = d.depth;
+    if (i > 0) most = std::max(most, depth);  // the first window lowers the starting depth
+  }
+  EXPECT_EQ(most, 3u);
+  TuneWindow unknown = jittery.measure(16, 6);  // no slab size yet: nothing to count
+  EXPECT_EQ(TunePolicy(limits).decide(unknown).depth, 6u);
+  unknown.slab_bytes = 1000;
+  EXPECT_EQ(TunePolicy(limits).decide(unknown).depth, 3u);
+}
+
 TEST(TunePolicy, LowersADepthAboveTheMemoryBudget) {
   Pipeline sleeper;
   const TuneRun run = drive(sleeper, {2, 64, 5}, 8, 32, 5);

@@ -80,10 +80,14 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   }
 
   // The budgets come first: never above them.
-  if (w.depth > limits_.max_depth) {
-    depth_ceiling_ = limits_.max_depth;
-    return change(w, Knob::depth, limits_.max_depth, "the memory budget holds no more slabs",
-                  false);
+  std::size_t max_depth = limits_.max_depth;
+  if (limits_.memory_budget != 0 && w.slab_bytes != 0) {
+    const std::size_t slabs = limits_.memory_budget / w.slab_bytes;
+    max_depth = std::clamp<std::size_t>(slabs > 0 ? slabs - 1 : 1, 1, max_depth);
+  }
+  if (w.depth > max_depth) {
+    depth_ceiling_ = max_depth;
+    return change(w, Knob::depth, max_depth, "the memory budget holds no more slabs", false);
   }
   const std::size_t cap =
       std::min({limits_.max_workers, workers_ceiling_, processes ? w.worker_limit : SIZE_MAX});
@@ -95,7 +99,7 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   if (wait > kWaitThreshold) {
     calm_windows_ = 0;
     if (busy < kStarved) {  // the workers wait for batches to open, not the other way round
-      const std::size_t depth_cap = std::min(limits_.max_depth, depth_ceiling_);
+      const std::size_t depth_cap = std::min(max_depth, depth_ceiling_);
       if (w.depth < depth_cap) {
         return change(w, Knob::depth, std::min(2 * w.depth, depth_cap),
                       "workers starved of batches, " + measured);
@@ -177,6 +181,7 @@ std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t w
   window.workers = now.workers;
   window.depth = now.depth;
   window.worker_limit = worker_limit;
+  window.slab_bytes = now.slabs != 0 ? now.slab_bytes / now.slabs : 0;
   start_ = now;
   TuneDecision d =
       advise_only_ ? TunePolicy(policy_.limits()).decide(window) : policy_.decide(window);

@@ -31,6 +31,8 @@ struct TuneWindow {
   // (Dataset::worker_limit), 0 for threads. The threads only wait for the processes, so their
   // CPU time is not in worker_cpu_s: a busy process worker counts as a busy core.
   std::size_t worker_limit = 0;
+  // One slab's bytes; 0 while the data set's layout is not known yet (no memory to count).
+  std::size_t slab_bytes = 0;
 };
 
 struct TuneLimits {
@@ -38,8 +40,9 @@ struct TuneLimits {
   // divided among the ranks on this node.
   double cores = 1;
   std::size_t max_workers = 4;
-  // The most batches in flight the memory budget holds (depth + 1 slabs are kept).
-  std::size_t max_depth = 64;
+  std::size_t max_depth = 64;  // past it, more batches in flight only hold memory
+  // Slab bytes for batches in flight ((depth + 1) slabs); 0: no limit but max_depth.
+  std::size_t memory_budget = 0;
 };
 
 // One decision: the configuration for the next window, and why.
@@ -71,7 +74,8 @@ struct TuneDecision {
 // worker whenever it is busy) each count as a core: no more of them busy than the cores left
 // next to the training loop, and a count that no longer fits (the loop got busier) loses a
 // worker. Workers that wait (I/O, sleeps) count their CPU time, which must fit the same
-// cores. kCpuSlack absorbs one window's noise. Memory budget: depth never above max_depth.
+// cores. kCpuSlack absorbs one window's noise. Memory budget: depth + 1 slabs within
+// memory_budget, and depth never above max_depth.
 class TunePolicy {
  public:
   explicit TunePolicy(TuneLimits limits) : limits_(limits) {}
