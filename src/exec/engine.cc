@@ -126,11 +126,16 @@ void Engine::set_workers(std::size_t workers) {
 
 void Engine::set_depth(std::size_t depth) {
   depth = std::max<std::size_t>(depth, 1);
+  bool layout_known = false;
   {
     MutexLock lock(mu_);
     depth_ = depth;
+    layout_known = layout_known_;
     work_cv_.notify_all();
   }
+  // Before the layout is learned there are no slabs to size: the probe that learns it
+  // reserves depth_ + 1 with the depth set here.
+  if (!layout_known) return;
   // One slab beyond the window covers the batch the consumer holds; more are made on demand.
   pool_->reserve(depth + 1);
   pool_->trim(depth + 1);
