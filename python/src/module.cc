@@ -178,7 +178,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("layout_description", &PyDataset::layout_description)
       .def("object_slots", &PyDataset::object_slots)
       .def("gil_stats", &PyDataset::gil_stats)
-      .def("use_processes", &PyDataset::use_processes, py::arg("pool"));
+      .def("use_processes", &PyDataset::use_processes, py::arg("pool"))
+      .def("set_batch_jobs", &PyDataset::set_batch_jobs, py::arg("job_args"));
 
   // Worker processes (py_workers.h): the parent's pool and the worker's writer.
   py::object worker_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
@@ -194,6 +195,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("start", &ProcessPool::start)
       .def("pids", &ProcessPool::pids)
       .def("finish", &ProcessPool::finish)
+      .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
       .def_property_readonly("size", &ProcessPool::size);
   py::class_<SampleWriter>(m, "SampleWriter")
       .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))

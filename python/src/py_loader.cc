@@ -269,7 +269,8 @@ void PyLoader::raise_sample_error(const SampleError& error) {
     if (exception && !exception.is_none()) {
       // The engine appends why a failure was raised rather than skipped.
       const std::string what = cause.what();
-      std::string note = "stoker: raised while reading sample " + std::to_string(read_index);
+      std::string note = std::string("stoker: raised while reading ") + py_dataset_->item_name() +
+                         " " + std::to_string(read_index);
       if (reason.size() > what.size() && reason.compare(0, what.size(), what) == 0) {
         note += reason.substr(what.size());
       }

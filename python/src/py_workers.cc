@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -206,13 +207,13 @@ void ProcessPool::respawn(Link& link) {
   }
 }
 
-ProcessPool::Link* ProcessPool::lease() {
+ProcessPool::Link* ProcessPool::lease(std::optional<std::size_t> only) {
   std::unique_lock lock(mu_);
   for (;;) {
     if (stopped_) throw std::runtime_error("stoker: the loader is closing");
     Link* dead = nullptr;
     for (auto& link : links_) {
-      if (link->busy) continue;
+      if (link->busy || (only && link->id != *only)) continue;
       if (!link->dead) {
         link->busy = true;
         return link.get();
@@ -241,7 +242,7 @@ void ProcessPool::give_back(Link* link, bool dead) {
     link->busy = false;
     if (dead) link->dead = true;
   }
-  free_cv_.notify_one();
+  free_cv_.notify_all();  // a call may wait for this worker in particular
 }
 
 bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
@@ -259,7 +260,7 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
     if (!send_all(link.fd, m.data(), m.size())) return false;
     it = link.regions.erase(it);
   }
-  if (!link.regions.contains(region_id)) {
+  if (region_fd >= 0 && !link.regions.contains(region_id)) {
     std::vector<std::uint8_t> payload;
     put(payload, region_id);
     put(payload, std::uint32_t{0});
@@ -322,14 +323,28 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
                            "cannot write it")));
     return;
   }
+  std::string args;
+  if (owner.has_job_args()) {
+    EngineThreadGil gil;
+    try {
+      args = owner.job_args(indices);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      const py::object exception = take_python_error();
+      for (std::size_t k = 0; k < indices.size(); ++k) {
+        errors[k] = owner.keep_error(exception, indices[k]);
+      }
+      return;
+    }
+  }
   std::vector<std::uint8_t> job;
   const std::size_t fields = first.num_fields();
-  job.reserve(24 + 16 * fields + 16 * indices.size());
+  job.reserve(24 + 16 * fields + 16 * indices.size() + args.size());
   put(job, std::uint64_t{0});  // the job id, set below
   put(job, region->id);
   put(job, static_cast<std::uint32_t>(fields));
   put(job, static_cast<std::uint32_t>(indices.size()));
-  put(job, std::uint32_t{0});
+  put(job, static_cast<std::uint32_t>(args.size()));
   for (std::size_t f = 0; f < fields; ++f) {
     const auto bytes = first.bytes(f);
     const std::size_t offset = static_cast<std::size_t>(bytes.data() - region->base);
@@ -346,6 +361,7 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     put(job, static_cast<std::uint64_t>(indices[k]));
     put(job, outs[k].seed());
   }
+  job.insert(job.end(), args.begin(), args.end());
 
   Link* link = nullptr;
   try {
@@ -417,6 +433,50 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
       errors[k] = owner.keep_error(exception, indices[k]);
     }
   }
+}
+
+py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py::bytes& args) {
+  if (worker_id >= workers_) throw py::index_error("stoker: no such worker");
+  const std::string_view payload = args;
+  std::vector<std::uint8_t> job;
+  job.reserve(40 + payload.size());
+  put(job, std::uint64_t{0});  // the job id, set below
+  put(job, std::uint32_t{0});  // no region
+  put(job, std::uint32_t{0});  // no fields
+  put(job, std::uint32_t{1});
+  put(job, static_cast<std::uint32_t>(payload.size()));
+  put(job, index);
+  put(job, std::uint64_t{0});
+  job.insert(job.end(), payload.begin(), payload.end());
+
+  std::vector<std::uint8_t> status;
+  std::vector<std::uint8_t> blob;
+  std::string failure;  // why there is no reply
+  pid_t pid = 0;
+  {
+    py::gil_scoped_release nogil;  // rule 1: leasing and the exchange wait
+    Link* link = nullptr;
+    try {
+      link = lease(worker_id);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (link != nullptr) {
+      const std::uint64_t job_id = link->next_job++;
+      std::memcpy(job.data(), &job_id, sizeof job_id);
+      pid = link->pid;
+      const bool ok = exchange(*link, job, 0, -1, 0, status, blob) && status.size() == 1;
+      give_back(link, !ok);
+      if (!ok) {
+        std::lock_guard lock(mu_);
+        if (stopped_) failure = "stoker: the loader is closing";
+      }
+      if (!ok && failure.empty()) failure = death_message(pid);
+    }
+  }
+  if (!failure.empty()) return py::make_tuple(false, failure);
+  return py::make_tuple(true, status[0] != 0,
+                        py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), pid);
 }
 
 void ProcessPool::stop() noexcept {

@@ -20,9 +20,12 @@
 //   parent -> child
 //     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
 //     kDrop {u32 region}: the region was freed; unmap it
-//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 0,
+//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 args bytes,
 //            fields x {u64 offset of the chunk's first row, u64 bytes per row},
-//            rows x {u64 sample index, u64 sample seed}}
+//            rows x {u64 sample index, u64 sample seed}, args}
+//           where args, if any, is a pickle the data set's job_args made (a batch job's
+//           sample indices, python/stoker/_batches.py). A job with no fields (region 0) is a
+//           call (call()): its one row's object value is the whole reply, nothing is written.
 //   child -> parent
 //     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed), blob}
 //     where blob, if not empty, is a pickle of (object values per row, or None;
@@ -45,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -91,6 +95,11 @@ class ProcessPool {
   // `owner`'s tables; a dead worker fails every row it was sent.
   void run(const PyDataset& owner, std::span<const std::size_t> indices,
            std::span<const SampleOut> outs, std::span<std::exception_ptr> errors);
+  // Sends worker `worker_id` a call (a job with no fields: `index`, and `args` as the job's
+  // args) and waits for its reply without the GIL; jobs for one worker run in the order their
+  // callers lease it. Returns (True, failed, blob, pid), or (False, why) if the worker died
+  // (it is started afresh by its next job) or the pool stopped. GIL held on entry.
+  py::tuple call(std::size_t worker_id, std::uint64_t index, const py::bytes& args);
   // Shuts the sockets down (a thread blocked on one returns at once) and sends SIGTERM; no
   // more workers are started. Any thread, no GIL.
   void stop() noexcept;
@@ -116,7 +125,9 @@ class ProcessPool {
     std::uint64_t next_job = 1;
   };
 
-  Link* lease();  // waits for a free worker; starts a dead one afresh (takes the GIL)
+  // Waits for a free worker (worker `only`, if given); starts a dead one afresh (takes the
+  // GIL).
+  Link* lease(std::optional<std::size_t> only = std::nullopt);
   void give_back(Link* link, bool dead);
   void respawn(Link& link);  // GIL held
   // Sends the job and reads the reply without the GIL. False if the worker is gone.

@@ -46,17 +46,13 @@ def to_array(array: np.ndarray, logical: str):
     return array
 
 
-def plan(structure, collate_fn: Callable | None) -> Callable:
+def plan(structure) -> Callable:
     """A function (arrays, objects) -> the batch as the training loop sees it.
 
     `structure` is the layout PyDataset.structure() (or a native data set) describes; arrays
     are the batch's field arrays in field order, objects its object values, one list per slot.
     Tuples and lists become lists and mappings keep their type, as in torch's default_collate.
-    With a collate_fn, the samples arrive whole (one object slot) and it makes the batch.
     """
-    if collate_fn is not None:
-        return lambda arrays, objects: collate_fn(objects[0])
-
     def build(node) -> Callable:
         kind = node[0]
         if kind == "array":

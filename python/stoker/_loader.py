@@ -10,7 +10,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, Optional, Union
 
-from . import _stoker
+from . import _batches, _stoker
 from ._batch import converter, plan
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
@@ -83,6 +83,19 @@ def _enum(enum, option: str, value: str):
     return members[value]
 
 
+def _is_torch_batch_sampler(batch_sampler) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and type(batch_sampler) is torch.utils.data.BatchSampler
+
+
+def _length(sampler) -> int:
+    """len(sampler), or its length by iterating it (a sampler without __len__)."""
+    try:
+        return len(sampler)
+    except TypeError:
+        return sum(1 for _ in sampler)
+
+
 def _torch_sampler_kind(sampler) -> Optional[str]:
     """'sequential', 'random', 'distributed' for torch's own samplers stoker runs natively."""
     torch = sys.modules.get("torch")
@@ -129,8 +142,10 @@ class DataLoader:
         CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
         stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
         which path ran and why.
-      batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
-        are not supported.
+      collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
+        iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
+        the next batch of that worker's stream), in parallel, and handed to the training
+        loop without pickling its tensors.
 
     Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
     ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
@@ -169,6 +184,23 @@ class DataLoader:
         del persistent_workers, pin_memory_device  # workers always persist
         if not in_order:
             warnings.warn("stoker always delivers batches in order", stacklevel=2)
+        self._streams = None
+        self._jobs = None
+        if _batches.is_stream(dataset):
+            self._init_stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                              collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                              multiprocessing_context, generator, prefetch_factor, device,
+                              worker_type)
+            return
+        if collate_fn is not None or batch_size is None or (
+                batch_sampler is not None and not _is_torch_batch_sampler(batch_sampler)):
+            # The batch path: the engine runs batch jobs (python/stoker/_batches.py), one per
+            # engine batch; the user's arguments are kept for the attributes below.
+            user = (dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn)
+            self._jobs = self._batch_jobs(dataset, batch_size, shuffle, sampler, batch_sampler,
+                                          drop_last, collate_fn)
+            dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn = (
+                self._jobs, 1, None, None, None, False, None)
         if batch_sampler is not None:
             batch_size, sampler, drop_last = self._unwrap_batch_sampler(
                 batch_sampler, batch_size, shuffle, sampler, drop_last)
@@ -197,7 +229,10 @@ class DataLoader:
         # torchvision's ImageFolder with a pipeline stoker implements runs in C++ (native=False
         # opts out); what ran, and why, is in stats()["pipeline"].
         self._pipeline = f"python: {type(dataset).__name__}.__getitem__ in workers"
-        if isinstance(dataset, NativeDataset):
+        if self._jobs is not None:
+            self._pipeline = (f"python: batches of {type(self._jobs.dataset).__name__}, "
+                              f"fetched and collated in workers")
+        elif isinstance(dataset, NativeDataset):
             self._pipeline = "native: a stoker data set"
         elif native and collate_fn is None:
             equivalent, why = native_equivalent(dataset)
@@ -262,10 +297,12 @@ class DataLoader:
             # No reference to self from here: the C++ data set holds it, and a cycle through
             # C++ would keep the loader alive.
             thread_count = self._thread_count = [self.num_workers]
-            start = thread_worker_start(dataset, self._worker_seed, lambda: thread_count[0],
-                                        worker_init_fn)
-            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None, start,
+            start = thread_worker_start(_batches.user_dataset(dataset), self._worker_seed,
+                                        lambda: thread_count[0], worker_init_fn)
+            self._handle = _stoker.PyDataset.discover(dataset, self._jobs is not None, start,
                                                       probes)
+            if self._jobs is not None:
+                self._handle.set_batch_jobs(self._jobs.job_args)
             structure = self._handle.structure()
             if self.num_workers == 0:
                 if worker_type == "process":
@@ -310,11 +347,135 @@ class DataLoader:
         if worker_type == "process" or not self._auto_pending:
             self._log_worker_type()
         element_types = self._element_types(structure)
-        self._build = plan(structure, collate_fn)
-        self._convert = converter(element_types, self._loader.stats()["device"] not in
-                                  ("cpu", "sim"))
+        on_device = self._loader.stats()["device"] not in ("cpu", "sim")
+        self._build = plan(structure)
+        self._convert = converter(element_types, on_device)
+        if self._jobs is not None:
+            self._finish_batch_jobs(user, on_device, on_device or pin_memory == "on", seed,
+                                    generator)
 
     # --- construction helpers -------------------------------------------------------------
+
+    def _batch_jobs(self, dataset, batch_size, shuffle, sampler, batch_sampler, drop_last,
+                    collate_fn) -> "_batches.BatchJobs":
+        """The batch jobs of a map-style data set (collate_fn, any batch_sampler,
+        batch_size=None), with torch's argument checks; each epoch's batches are made by
+        _epoch_batches."""
+        if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None
+                                          or drop_last):
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+        if batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+        auto_collation = batch_sampler is not None or batch_size is not None
+        collate = collate_fn if collate_fn is not None else _batches.default_collate(
+            auto_collation)
+        if batch_sampler is not None:
+            size = _length(batch_sampler)
+        else:
+            samples = _length(sampler) if sampler is not None else len(dataset)
+            size = (samples if batch_size is None else samples // int(batch_size) if drop_last
+                    else -(-samples // int(batch_size)))
+        return _batches.BatchJobs(dataset, collate, auto_collation, size)
+
+    def _finish_batch_jobs(self, user, on_device: bool, pin: bool, seed, generator) -> None:
+        """The batch path's attributes (the user's arguments), its shuffle and its last
+        step: batches moved to the device, pinned first by worker threads."""
+        (self.dataset, batch_size, shuffle, self.sampler, self.batch_sampler, self.drop_last,
+         self.collate_fn) = user
+        self.batch_size = None if batch_size is None or self.batch_sampler is not None else int(
+            batch_size)
+        self._shuffle = bool(shuffle) and self.sampler is None and self.batch_sampler is None
+        if self._shuffle:  # stoker's permutation of the samples, seeded as the engine's
+            self.seed = int(seed) if seed is not None else _draw_seed(generator)
+        if pin:
+            self._jobs.collate_fn = _batches.pinned(self._jobs.collate_fn)
+        move = _batches.mover(self._loader.stats()["device"], pin)
+        self._build = lambda arrays, objects: move(objects[0][0])
+
+    def _epoch_batches(self, epoch: int) -> list:
+        """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None)."""
+        if self.batch_sampler is not None:
+            return [list(b) for b in self.batch_sampler]
+        if self.sampler is not None:
+            order = list(self.sampler)
+        else:
+            order = _stoker.epoch_order(len(self.dataset), self._shuffle, self.seed, epoch, 0, 1,
+                                        False).tolist()
+        if self.batch_size is None:
+            return order
+        size = self.batch_size
+        end = len(order) - len(order) % size if self.drop_last else len(order)
+        return [order[i:i + size] for i in range(0, end, size)]
+
+    def _init_stream(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                     collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                     multiprocessing_context, generator, prefetch_factor, device,
+                     worker_type) -> None:
+        """An iterable data set: each worker iterates its own copy (python/stoker/_batches.py,
+        Streams), with torch's argument checks."""
+        for name, value in (("shuffle", shuffle), ("sampler", sampler),
+                            ("batch_sampler", batch_sampler)):
+            if value not in (None, False):
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} "
+                                 f"option, but got {name}={value}")
+        if batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if worker_type not in ("auto", "thread", "process"):
+            raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
+                             f"{worker_type!r}")
+        workers = _cores() if num_workers == "auto" else int(num_workers)
+        if workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 "
+                             "to disable multiprocessing.")
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ValueError("prefetch_factor option should be a positive integer")
+        if worker_type == "process" and workers == 0:
+            raise ValueError("worker_type='process' needs num_workers >= 1")
+        self.dataset, self.sampler, self.batch_sampler = dataset, None, None
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.drop_last, self.collate_fn, self.timeout = bool(drop_last), collate_fn, float(timeout)
+        self.num_workers = workers
+        self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
+        self.seed = 0
+        self._epoch, self._resume, self._iterator = 0, None, lambda: None
+        self._pipeline = (f"python: a stream of {type(dataset).__name__}, iterated and "
+                          f"collated in each worker")
+        self._worker_seed = _draw_seed(generator)
+        self.worker_type = "process" if worker_type == "process" else "thread"
+        self.worker_type_reason = ("asked for" if worker_type != "auto" else
+                                   "auto: a stream is read on threads unless worker_type="
+                                   "'process' asks otherwise")
+        self._device = self._resolve_device(device)
+        torch = sys.modules.get("torch")
+        has_gpu = torch is not None and torch.cuda.is_available()
+        if self._device.startswith("cuda") and not has_gpu:
+            _log.info("stoker: no GPU answers; batches stay on the CPU")
+            self._device = "cpu"
+        pin = self._device.startswith("cuda") or (pin_memory is True and has_gpu)
+        collate = collate_fn if collate_fn is not None else _batches.default_collate(
+            batch_size is not None)
+        processes = None
+        if self.worker_type == "process":
+            processes = ProcessWorkers(
+                _batches.StreamJobs(dataset, collate, self.batch_size, self.drop_last), None,
+                workers, mp_context(multiprocessing_context), self._worker_seed, worker_init_fn)
+        elif pin:
+            collate = _batches.pinned(collate)
+        self._streams = _batches.Streams(
+            dataset=dataset, workers=workers, depth=self.prefetch_factor, collate_fn=collate,
+            batch_size=self.batch_size, drop_last=self.drop_last, base_seed=self._worker_seed,
+            worker_init_fn=worker_init_fn, processes=processes,
+            finish=_batches.mover(self._device, pin))
+        self._log_worker_type()
 
     @staticmethod
     def _unwrap_batch_sampler(batch_sampler, batch_size, shuffle, sampler, drop_last):
@@ -355,6 +516,8 @@ class DataLoader:
     # --- the torch DataLoader surface -----------------------------------------------------
 
     def __len__(self) -> int:
+        if self._streams is not None:
+            return len(self._streams)
         return self._loader.batches_per_epoch
 
     def __iter__(self) -> Iterator:
@@ -382,9 +545,16 @@ class DataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restoring it yields exactly the batches still to come."""
         it = self._iterator()
+        between = it is None or it._stale or it._done
+        if self._streams is not None:
+            if self._resume is not None:
+                return {"epoch": self._resume[0], "stream": self._streams.pending}
+            if between:
+                return {"epoch": self._sampler_epoch_or_next(), "stream": None}
+            return {"epoch": self._epoch - 1, "stream": self._streams.position()}
         if self._resume is not None:
             epoch, batch = self._resume
-        elif it is None or it._stale or it._done:  # between epochs: the next one from its start
+        elif between:  # between epochs: the next one from its start
             epoch, batch = self._sampler_epoch_or_next(), 0
         else:
             epoch, batch = self._loader.position()
@@ -392,6 +562,12 @@ class DataLoader:
                 "batches_per_epoch": len(self)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._streams is not None:
+            if "stream" not in state:
+                raise ValueError("stoker: the state is not a stream's")
+            self._streams.load(state["stream"])
+            self._resume = (int(state["epoch"]), 0)
+            return
         if int(state.get("batches_per_epoch", len(self))) != len(self):
             raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
                              f"this loader has {len(self)}")
@@ -408,27 +584,44 @@ class DataLoader:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
         which pipeline runs (``pipeline``) and which kind of worker reads and why
         (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
-        stats = self._loader.stats()
+        if self._streams is not None:
+            stats = {"workers": self.num_workers, "device": self._device}
+            pids = self._streams.pids()
+        else:
+            stats = self._loader.stats()
+            pids = list(self._pool.pids()) if self._pool is not None else []
         stats["pipeline"] = self._pipeline
         stats["worker_type"] = self.worker_type
         stats["worker_type_reason"] = self.worker_type_reason
-        stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []
+        stats["worker_pids"] = pids
         return stats
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
+        if self._streams is not None:
+            raise ValueError("stoker: a stream's workers each read their own shard: their "
+                             "count is fixed (num_workers=)")
         self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
         self._thread_count[0] = int(workers)
 
     def set_depth(self, depth: int) -> None:
+        if self._streams is not None:
+            raise ValueError("stoker: a stream's depth is prefetch_factor batches per worker")
         self._loader.set_depth(int(depth))
 
     def close(self) -> None:
         """Stops the workers now (also done when the loader is garbage collected)."""
+        if self._streams is not None:
+            self._streams.close()
+            return
         self._loader.close()
 
     def __del__(self) -> None:
+        streams = getattr(self, "_streams", None)
+        if streams is not None:
+            streams.close()
+            return
         loader = getattr(self, "_loader", None)
         if loader is not None and not loader.closed:
             loader.close()
@@ -441,6 +634,18 @@ class DataLoader:
         return int(epoch) if isinstance(epoch, int) else self._epoch
 
     def _start(self, epoch: int, batch: int) -> None:
+        if self._streams is not None:
+            self._streams.start(epoch)
+            return
+        if self._jobs is not None:
+            batches = self._epoch_batches(epoch)
+            if len(batches) != len(self._jobs):
+                raise ValueError(f"stoker: the batch sampler made {len(batches)} batches this "
+                                 f"epoch and {len(self._jobs)} before: stoker needs the same "
+                                 f"number in every epoch")
+            if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
+                self._jobs.batches = batches
+                self._loader.restart_fresh(epoch)
         if self._order is not None:
             order = list(self.sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
@@ -451,7 +656,8 @@ class DataLoader:
 
     def _start_processes(self) -> None:
         """Starts the worker processes and sends reads to them from now on."""
-        workers = ProcessWorkers(self.dataset, self._handle, self._process_count, self._context,
+        dataset = self._jobs if self._jobs is not None else self.dataset
+        workers = ProcessWorkers(dataset, self._handle, self._process_count, self._context,
                                  self._worker_seed, self._worker_init_fn)
         pool = workers.make_pool()
         pool.start()
@@ -494,6 +700,8 @@ class DataLoader:
         self._log_worker_type()
 
     def _next(self):
+        if self._streams is not None:
+            return self._streams.next(self.timeout)
         raw = self._loader.next(self.timeout)
         if self._auto_pending and raw is not None:
             self._choose_worker_type()

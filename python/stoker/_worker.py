@@ -5,6 +5,11 @@ layout learned from sample 0, and one end of a socket. It maps the batch slabs i
 (memfds) and, for each job, calls ``__getitem__`` (or ``__getitems__``) and writes every array
 leaf straight into its row of the slab through the extension's SampleWriter. Only the status of
 each row, pickled object values (strings, lists, ...) and pickled errors go back.
+
+On the batch path (python/stoker/_batches.py) its data set is a BatchJobs, whose jobs carry
+each batch's sample indices (the job's args), or a StreamJobs, asked for its next batch by
+calls (jobs with no fields). Their batches are object values: their large arrays go into the
+worker's shared-memory arenas (python/stoker/_arena.py), not into the pickle.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 import traceback
 from typing import Any, Optional
 
-from . import _stoker
+from . import _arena, _batches, _stoker
 
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
@@ -121,12 +126,13 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
                 os.close(fd)
             except OSError:
                 pass
+    _batches.in_worker_process = True
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
     seed = seed_worker(base_seed, worker_id)
-    set_torch_worker_info(worker_id, num_workers, seed, dataset)
-    writer = _stoker.SampleWriter(description, slots)
+    set_torch_worker_info(worker_id, num_workers, seed, _batches.user_dataset(dataset))
+    writer = _stoker.SampleWriter(description, slots) if description is not None else None
     init_error = None
     if worker_init_fn is not None:
         try:
@@ -142,6 +148,7 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
 
 
 def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
+    arenas = _arena.Arenas()
     while True:
         fds: list = []
         kind, size = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, fds))
@@ -152,14 +159,14 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
         elif kind == _DROP_KIND:
             writer.drop(struct.unpack_from("=I", payload)[0])
         elif kind == _JOB_KIND:
-            reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems)
+            reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems, arenas)
             sock.sendall(reply)
         for fd in fds:  # none expected
             os.close(fd)
 
 
-def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes:
-    job, region, nfields, nrows, _ = _JOB.unpack_from(payload)
+def _run_job(payload, dataset, writer, slots, init_error, use_getitems, arenas) -> bytes:
+    job, region, nfields, nrows, nargs = _JOB.unpack_from(payload)
     pos = _JOB.size
     offsets, row_bytes = [], []
     for _ in range(nfields):
@@ -168,6 +175,11 @@ def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes
         row_bytes.append(nbytes)
         pos += _FIELD.size
     rows = [_ROW.unpack_from(payload, pos + k * _ROW.size) for k in range(nrows)]
+    pos += nrows * _ROW.size
+    args = payload[pos:pos + nargs]
+    if nfields == 0:
+        return _run_call(job, rows[0][0], args, dataset, init_error, arenas)
+    batches = pickle.loads(args) if nargs else None
     status = bytearray(nrows)
     objects: Optional[list] = [None] * nrows if slots else None
     errors = []
@@ -177,7 +189,7 @@ def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes
     else:
         writer.begin(region, offsets, row_bytes, nrows)
         samples = None
-        if use_getitems:
+        if use_getitems and batches is None:
             try:
                 samples = list(dataset.__getitems__([index for index, _ in rows]))
                 if len(samples) != nrows:
@@ -189,17 +201,32 @@ def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes
             try:
                 _stoker.set_sample_seed(seed)
                 try:
-                    sample = samples[k] if samples is not None else dataset[index]
+                    sample = (dataset.run(index, batches[k]) if batches is not None else
+                              samples[k] if samples is not None else dataset[index])
                 finally:
                     _stoker.set_sample_seed(None)
                 values = writer.write(sample, index, k, seed)
                 if objects is not None:
-                    objects[k] = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+                    objects[k] = arenas.dumps(values)
             except Exception as e:
                 status[k] = 1
                 errors.append((k, _error_info(e)))
+    return _reply(job, status, objects, errors)
+
+
+def _reply(job: int, status: bytearray, objects, errors) -> bytes:
     blob = b""
     if objects is not None or errors:
         blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-    body = _RESULT.pack(job, nrows, len(blob)) + bytes(status) + blob
+    body = _RESULT.pack(job, len(status), len(blob)) + bytes(status) + blob
     return _HEADER.pack(1, len(body)) + body
+
+
+def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:
+    """A call (ProcessPool.call): its one value is the reply, or its error."""
+    if init_error is not None:
+        return _reply(job, bytearray(b"\x01"), None, [(0, init_error)])
+    try:
+        return _reply(job, bytearray(1), [arenas.dumps(dataset.call(index, args))], [])
+    except Exception as e:
+        return _reply(job, bytearray(b"\x01"), None, [(0, _error_info(e))])
