@@ -336,6 +336,9 @@ void PyDataset::close() noexcept {
 
 void PyDataset::release_workers() {
   if (auto pool = processes_.load()) pool->finish();
+  // The object values of batches read ahead are never delivered now; a batch job's may view
+  // a worker's shared memory, which goes with them.
+  state_->objects.clear();
 }
 
 py::object PyDataset::layout_description() const { return describe_layout(state_->root); }

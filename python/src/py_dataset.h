@@ -102,7 +102,8 @@ class PyDataset final : public Dataset {
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
   // threads finish there.
   void use_processes(std::shared_ptr<ProcessPool> pool);
-  // Stops and reaps the worker processes, if any (GIL held, after the engine has stopped).
+  // Stops and reaps the worker processes, if any, and drops the object values of batches
+  // read ahead (GIL held, after the engine has stopped).
   void release_workers();
   // Batch jobs (python/stoker/_batches.py): `job_args(indices)` returns the bytes a worker
   // process needs besides the indices to run those rows (the batches' sample indices), sent

@@ -10,6 +10,7 @@ import atexit as _atexit
 import os as _os
 
 from . import _stoker, transforms
+from ._batches import split_by_rank, split_by_worker
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
@@ -31,6 +32,8 @@ __all__ = [
     "WorkerError",
     "pack",
     "sample_seed",
+    "split_by_rank",
+    "split_by_worker",
     "transforms",
     "world",
 ]

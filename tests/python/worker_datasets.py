@@ -170,3 +170,42 @@ class Stuck:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
             time.sleep(1)
+
+
+class Counting:
+    """A stream of 0..n-1 split over the workers (round-robin by item), Stateful: its
+    state_dict() is how many of its items it has yielded, and load_state_dict() resumes."""
+
+    def __init__(self, n=40):
+        self.n = n
+        self.done = 0
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = list(range(w, self.n, k))
+        while self.done < len(mine):
+            self.done += 1
+            yield np.full(2, mine[self.done - 1], dtype=np.int64)
+        self.done = 0
+
+    def state_dict(self):
+        return {"done": self.done}
+
+    def load_state_dict(self, state):
+        self.done = state["done"]
+
+
+class StreamKillsItself:
+    """A stream whose worker 0 SIGKILLs itself after its second item."""
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        for i in range(info.id * 100, info.id * 100 + 8):
+            if info.id == 0 and i == 2:
+                os.kill(os.getpid(), 9)
+            yield np.full(2, i, dtype=np.int64)

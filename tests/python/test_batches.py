@@ -1,0 +1,181 @@
+"""The batch path: collate_fn in the workers (threads and processes), batches of worker
+processes in shared memory, streams (iterable data sets): resuming, worker death, shutdown,
+and the helpers that split a stream by rank and by worker. Side-by-side checks against torch's
+loader are in test_compat.py."""
+
+import gc
+import multiprocessing
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import stoker
+import worker_datasets as wd
+from test_workers import alive, memfds
+
+
+class Pairs(tud.Dataset):
+    def __init__(self, n=40):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((2048,), float(i)), i
+
+
+def where(samples):
+    """A collate_fn that also says which process and thread ran it."""
+    x, y = tud.default_collate(samples)
+    return x, y, os.getpid(), threading.current_thread().name
+
+
+def test_collate_fn_runs_in_worker_threads():
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=2, collate_fn=where,
+                               worker_type="thread")
+    batches = list(loader)
+    assert [int(i) for b in batches for i in b[1]] == list(range(40))
+    assert {b[2] for b in batches} == {os.getpid()}
+    assert threading.current_thread().name not in {b[3] for b in batches}
+
+
+def test_collate_fn_runs_in_worker_processes_and_its_tensors_come_in_shared_memory():
+    gc.collect()
+    before = memfds()
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=2, collate_fn=where,
+                               worker_type="process")
+    pids = set(loader.stats()["worker_pids"])
+    batches = list(loader)
+    assert [int(i) for b in batches for i in b[1]] == list(range(40))
+    assert {b[2] for b in batches} <= pids and os.getpid() not in {b[2] for b in batches}
+    assert all(torch.equal(b[0], b[1].float()[:, None].expand(-1, 2048)) for b in batches)
+    # The held batches view the workers' arenas (memfds mapped here), not pickled copies.
+    assert memfds() > before
+    again = list(loader)  # freed arenas are reused: no new memory per batch
+    assert [int(i) for b in again for i in b[1]] == list(range(40))
+    del batches, again
+    loader.close()
+    gc.collect()
+    assert memfds() == before
+    assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
+    def loader():
+        return stoker.DataLoader(wd.Counting(), batch_size=3, num_workers=workers,
+                                 worker_type=worker_type)
+
+    whole = [b[:, 0].tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it)[:, 0].tolist() for _ in range(4)]
+    state = first.state_dict()
+    first.close()
+    second = loader()
+    second.load_state_dict(state)
+    rest = [b[:, 0].tolist() for b in second]
+    assert head + rest == whole
+    assert [b[:, 0].tolist() for b in second] == whole  # then the next epoch from its start
+    second.close()
+
+
+def test_a_stream_without_state_dict_says_it_cannot_resume():
+    class Plain(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    loader = stoker.DataLoader(Plain(), batch_size=2, num_workers=1)
+    assert loader.state_dict()["stream"] is None  # between epochs: nothing to resume
+    it = iter(loader)
+    next(it)
+    with pytest.raises(TypeError, match="Stateful"):
+        loader.state_dict()
+    loader.close()
+
+
+def test_a_worker_killed_mid_stream_is_reported_and_the_others_go_on():
+    loader = stoker.DataLoader(wd.StreamKillsItself(), batch_size=2, num_workers=2,
+                               worker_type="process")
+    got = []
+    it = iter(loader)
+    with pytest.raises(stoker.WorkerError, match="killed by signal: Killed") as info:
+        for batch in it:
+            got.append(batch[:, 0].tolist())
+    assert "stream (worker 0) is lost" in str(info.value)
+    assert got == [[0, 1], [100, 101]]
+    assert [b[:, 0].tolist() for b in it] == [[102, 103], [104, 105], [106, 107]]
+    # The killed worker is started afresh for the next epoch (whose stream kills it again).
+    got = []
+    with pytest.raises(stoker.WorkerError):
+        for batch in loader:
+            got.append(batch[:, 0].tolist())
+    assert got == [[0, 1], [100, 101]]
+    loader.close()
+
+
+@pytest.mark.parametrize("how", ["close", "gc"])
+def test_close_and_gc_mid_stream_leave_no_process_no_thread_and_no_memfd(how):
+    gc.collect()
+    before, threads = memfds(), threading.active_count()
+
+    class Endless(tud.IterableDataset):
+        def __iter__(self):
+            while True:
+                yield torch.zeros(4096)
+
+    loader = stoker.DataLoader(Endless(), batch_size=4, num_workers=2, worker_type="process")
+    it = iter(loader)
+    held = next(it)
+    pids = loader.stats()["worker_pids"]
+    assert all(alive(p) for p in pids)
+    if how == "close":
+        loader.close()
+    else:
+        del it, loader
+        gc.collect()
+    del held
+    gc.collect()
+    assert not any(alive(p) for p in pids) and not multiprocessing.active_children()
+    assert memfds() == before and threading.active_count() == threads
+
+
+def test_split_by_rank_and_by_worker():
+    assert list(stoker.split_by_rank(range(10), rank=1, world_size=3)) == [1, 4, 7]
+    assert list(stoker.split_by_worker(range(5))) == list(range(5))  # not in a worker
+
+    class Sharded(tud.IterableDataset):
+        def __init__(self, rank):
+            self.rank = rank
+
+        def __iter__(self):
+            mine = stoker.split_by_rank(range(24), rank=self.rank, world_size=2)
+            return (torch.tensor(i) for i in stoker.split_by_worker(mine))
+
+    seen = []
+    for rank in (0, 1):
+        loader = stoker.DataLoader(Sharded(rank), batch_size=None, num_workers=2)
+        seen.append(sorted(int(x) for x in loader))
+    assert seen[0] == list(range(0, 24, 2)) and seen[1] == list(range(1, 24, 2))
+
+
+def test_a_map_style_batch_path_resumes_with_state_dict():
+    data = Pairs(30)
+    first = stoker.DataLoader(data, batch_size=4, shuffle=True, collate_fn=tud.default_collate,
+                              seed=7)
+    whole = [y.tolist() for _, y in first]
+    it = iter(first)
+    head = [next(it)[1].tolist() for _ in range(3)]
+    state = first.state_dict()
+    second = stoker.DataLoader(data, batch_size=4, shuffle=True,
+                               collate_fn=tud.default_collate, seed=7)
+    second.load_state_dict(state)
+    rest = [y.tolist() for _, y in second]
+    assert sorted(i for b in head + rest for i in b) == list(range(30))
+    assert [len(b) for b in head + rest] == [4] * 7 + [2]
+    assert whole != head + rest  # the next epoch's order: shuffled again
