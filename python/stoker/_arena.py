@@ -31,7 +31,9 @@ import numpy as np
 _ALIGN = 64
 _HEADER = _ALIGN  # byte 0: 1 while the training process holds the reply
 _MIN_ARENA = 1 << 20
-# Arrays smaller than this are pickled with the tree: a mapping costs more than their bytes.
+# numpy arrays smaller than this are pickled with the tree (that is cheap for them; a tensor's
+# pickle goes through torch.save's machinery, which costs far more than a copy, so every
+# tensor goes into the arena).
 _MIN_SHARED = 4096
 _TAG = b"SA"  # a reply with an arena starts with this; a plain pickle never does
 
@@ -50,8 +52,7 @@ def _shareable(obj) -> Optional[tuple[str, Any, int]]:
     if torch is not None and type(obj) is torch.Tensor:
         if (obj.device.type == "cpu" and obj.layout == torch.strided and not obj.requires_grad
                 and not obj.is_conj() and not obj.is_neg()):
-            nbytes = obj.numel() * obj.element_size()
-            return ("t", obj.dtype, nbytes) if nbytes >= _MIN_SHARED else None
+            return "t", obj.dtype, obj.numel() * obj.element_size()
         return None
     if type(obj) is np.ndarray and not obj.dtype.hasobject and obj.nbytes >= _MIN_SHARED:
         return ("n", obj.dtype, obj.nbytes)

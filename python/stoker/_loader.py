@@ -450,10 +450,16 @@ class DataLoader:
         self._pipeline = (f"python: a stream of {type(dataset).__name__}, iterated and "
                           f"collated in each worker")
         self._worker_seed = _draw_seed(generator)
-        self.worker_type = "process" if worker_type == "process" else "thread"
-        self.worker_type_reason = ("asked for" if worker_type != "auto" else
-                                   "auto: a stream is read on threads unless worker_type="
-                                   "'process' asks otherwise")
+        # auto: processes, as torch's workers: each iterates its own copy of the data set
+        # with its own globals and seeded generators, and a stream's Python code (parsing,
+        # tokenizing) runs on every core. Threads (asked for) suit streams that wait on I/O.
+        if worker_type == "auto":
+            self.worker_type = "process" if workers > 0 else "thread"
+            self.worker_type_reason = ("auto: a stream is read by worker processes, each "
+                                       "iterating its own copy, as torch's" if workers > 0 else
+                                       "num_workers=0 reads in the training loop")
+        else:
+            self.worker_type, self.worker_type_reason = worker_type, "asked for"
         self._device = self._resolve_device(device)
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
