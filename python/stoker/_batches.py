@@ -13,12 +13,14 @@ loader does; docs/architecture.md says why streams are not engine jobs.
 
 from __future__ import annotations
 
+import atexit
 import copy
 import itertools
 import pickle
 import queue
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 from . import _arena, _workers
@@ -372,8 +374,9 @@ class Streams:
         self._stateful = (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict"))
         self._pool = None
         self._epoch: Optional[StreamEpoch] = None
-        self._pending: Optional[dict] = None  # a loaded position, used by the next start()
+        self.pending: Optional[dict] = None  # a loaded position, for the next start()
         self.closed = False
+        _open_streams.add(self)
         if processes is not None:  # ProcessWorkers over this stream's jobs
             self._pool = processes.make_pool()
             self._pool.start()
@@ -398,7 +401,7 @@ class Streams:
         if self.closed:
             raise RuntimeError("stoker: the DataLoader is closed")
         self.stop()
-        pending, self._pending = self._pending, None
+        pending, self.pending = self.pending, None
         if pending is not None and pending["workers"] != self._workers:
             raise ValueError(f"stoker: the state is for a stream read by {pending['workers']} "
                              f"workers, this loader has {self._workers}")
@@ -430,7 +433,7 @@ class Streams:
         if position is not None and not self._stateful:
             raise TypeError(f"stoker: cannot resume a stream of {type(self._dataset).__name__}:"
                             f" it has no load_state_dict()")
-        self._pending = position
+        self.pending = position
 
     def stop(self) -> None:
         if self._epoch is not None:
@@ -445,6 +448,17 @@ class Streams:
         if self._pool is not None:
             self._pool.finish()
             self._pool = None
+
+
+# Streams still open at interpreter exit are closed before the interpreter goes (their
+# producer threads must not be left inside a call into the extension).
+_open_streams: "weakref.WeakSet[Streams]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for streams in list(_open_streams):
+        streams.close()
 
 
 def mover(device: str, pin: bool) -> Callable:

@@ -351,8 +351,7 @@ class DataLoader:
         self._build = plan(structure)
         self._convert = converter(element_types, on_device)
         if self._jobs is not None:
-            self._finish_batch_jobs(user, on_device, on_device or pin_memory == "on", seed,
-                                    generator)
+            self._finish_batch_jobs(user, on_device or pin_memory == "on", seed, generator)
 
     # --- construction helpers -------------------------------------------------------------
 
@@ -381,7 +380,7 @@ class DataLoader:
                     else -(-samples // int(batch_size)))
         return _batches.BatchJobs(dataset, collate, auto_collation, size)
 
-    def _finish_batch_jobs(self, user, on_device: bool, pin: bool, seed, generator) -> None:
+    def _finish_batch_jobs(self, user, pin: bool, seed, generator) -> None:
         """The batch path's attributes (the user's arguments), its shuffle and its last
         step: batches moved to the device, pinned first by worker threads."""
         (self.dataset, batch_size, shuffle, self.sampler, self.batch_sampler, self.drop_last,
