@@ -389,7 +389,8 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
       fail_all(std::make_exception_ptr(std::runtime_error("stoker: the loader is closing")));
       return;
     }
-    const std::string what = death_message(pid) + "; samples lost: " + rows_text(indices);
+    const std::string what =
+        death_message(pid) + "; " + owner.item_name() + "s lost: " + rows_text(indices);
     fail_all(std::make_exception_ptr(WorkerDiedError(pid, what)));
     return;
   }

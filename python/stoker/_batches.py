@@ -147,15 +147,20 @@ class StreamJobs:
     def state(self):
         return self.dataset.state_dict() if hasattr(self.dataset, "state_dict") else None
 
-    def call(self, epoch: int, args: bytes):
+    def call(self, epoch: int, args: bytes, init_failed: bool = False):
         """A worker process's request: the next batch of epoch `epoch` (starting the pass,
         from the state in `args`, on the first request of an epoch): (batch, state) or END.
-        Requests of an older epoch (an abandoned one's last) get END."""
+        Requests of an older epoch (an abandoned one's last) get END. If the worker's
+        worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
+        reports that error) and the stream ends there."""
         state, want_state = pickle.loads(args)
         if epoch < self._epoch:
             return END
         if epoch > self._epoch:
             self._epoch = epoch
+            if init_failed:
+                self._ended = True
+                return INIT_FAILED
             self.begin(state)
         try:
             batch = self.next_batch()
@@ -172,6 +177,7 @@ class _End:
 
 
 END = _End()
+INIT_FAILED = object()
 
 
 class _Failure:
@@ -233,8 +239,8 @@ class StreamEpoch:
         return False
 
     def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state) -> None:
-        init(w, jobs.dataset, self.workers, base_seed)
         try:
+            init(w, jobs.dataset, self.workers, base_seed)
             jobs.begin(state)
         except Exception as e:
             _note(e, w)

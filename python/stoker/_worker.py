@@ -224,9 +224,10 @@ def _reply(job: int, status: bytearray, objects, errors) -> bytes:
 
 def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:
     """A call (ProcessPool.call): its one value is the reply, or its error."""
-    if init_error is not None:
-        return _reply(job, bytearray(b"\x01"), None, [(0, init_error)])
     try:
-        return _reply(job, bytearray(1), [arenas.dumps(dataset.call(index, args))], [])
+        value = dataset.call(index, args, init_error is not None)
+        if value is _batches.INIT_FAILED:
+            return _reply(job, bytearray(b"\x01"), None, [(0, init_error)])
+        return _reply(job, bytearray(1), [arenas.dumps(value)], [])
     except Exception as e:
         return _reply(job, bytearray(b"\x01"), None, [(0, _error_info(e))])

@@ -179,3 +179,55 @@ def test_a_map_style_batch_path_resumes_with_state_dict():
     assert sorted(i for b in head + rest for i in b) == list(range(30))
     assert [len(b) for b in head + rest] == [4] * 7 + [2]
     assert whole != head + rest  # the next epoch's order: shuffled again
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_failing_worker_init_fn_ends_that_workers_stream_with_its_error(worker_type):
+    def init(worker_id):
+        if worker_id == 1:
+            raise OSError("no shard for worker 1")
+
+    loader = stoker.DataLoader(wd.Counting(12), batch_size=2, num_workers=2, worker_init_fn=init,
+                               worker_type=worker_type)
+    got = []
+    it = iter(loader)
+    with pytest.raises(OSError, match="no shard for worker 1"):
+        for batch in it:
+            got.append(batch[:, 0].tolist())
+    got += [b[:, 0].tolist() for b in it]  # worker 0's stream goes on to its end
+    assert got == [[0, 2], [4, 6], [8, 10]]
+    loader.close()
+
+
+def test_a_stream_that_stalls_raises_timeout():
+    class Stalls(tud.IterableDataset):
+        def __iter__(self):
+            yield torch.tensor(0)
+            threading.Event().wait(2)
+            yield torch.tensor(1)
+
+    loader = stoker.DataLoader(Stalls(), batch_size=None, num_workers=1, worker_type="thread",
+                               timeout=0.2)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    with pytest.raises(RuntimeError, match="timed out after 0.2 seconds"):
+        next(it)
+    loader.close()
+
+
+def test_gc_mid_epoch_of_a_collate_fn_loader_over_processes():
+    gc.collect()
+    before = memfds()
+    loader = stoker.DataLoader(Pairs(400), batch_size=8, num_workers=2,
+                               collate_fn=tud.default_collate, worker_type="process")
+    it = iter(loader)
+    held = next(it)
+    pids = loader.stats()["worker_pids"]
+    del it, loader
+    gc.collect()
+    assert not any(alive(p) for p in pids) and not multiprocessing.active_children()
+    # A batch handed out stays valid: its mapping outlives the worker that wrote it.
+    assert torch.equal(held[1], torch.arange(8)) and float(held[0][7, 5]) == 7.0
+    del held
+    gc.collect()
+    assert memfds() == before
