@@ -222,12 +222,22 @@ class StreamEpoch:
             else:
                 jobs = StreamJobs(_own_copy(dataset), collate_fn, batch_size, drop_last)
                 target, extra = self._iterate, (jobs, base_seed, init, self.states[w])
-            thread = threading.Thread(target=target, args=(w, *extra), daemon=True,
-                                      name=f"stoker stream worker {w}")
+            thread = threading.Thread(target=self._produce, args=(target, w, *extra),
+                                      daemon=True, name=f"stoker stream worker {w}")
             thread.start()
             self._threads.append(thread)
 
     # --- producers ----------------------------------------------------------------------
+
+    def _produce(self, target: Callable, w: int, *args) -> None:
+        # Whatever escapes a producer ends its worker's stream with that error, in its turn:
+        # the training loop never waits for a producer that is gone.
+        try:
+            target(w, *args)
+        except BaseException as e:
+            _note(e, w)
+            self._put(w, _Failure(e))
+            self._put(w, END)
 
     def _put(self, w: int, item) -> bool:
         while not self._stop.is_set():

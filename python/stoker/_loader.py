@@ -364,6 +364,8 @@ class DataLoader:
                                           or drop_last):
             raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
                              "shuffle, sampler, and drop_last")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
         if batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
