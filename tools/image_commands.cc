@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "interrupt.h"
 #include "source/file_util.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
@@ -51,17 +52,17 @@ class ProgressBar {
 };
 
 int run_pack(const PackArgs& a) {
-  auto source = open_image_folder(a.src);
   PackOptions o;
   o.shard_bytes = static_cast<std::uint64_t>(a.shard_mb * 1024 * 1024);
   o.overwrite = a.force;
   ProgressBar bar;
   o.progress = [&](std::size_t done, std::size_t total, std::uint64_t bytes) {
+    tools::throw_if_interrupted();  // pack_records then removes its temporary directory
     bar.update(done, total, bytes);
   };
-  const auto r = pack_records(*source, a.dest, o);
+  const auto r = pack_image_folder(a.src, a.dest, o);
   fmt::print("packed {} records ({:.1f} MB, {} classes) into {} shard(s) in {}\n", r.records,
-             r.bytes / 1e6, source->classes().size(), r.shards, a.dest);
+             r.bytes / 1e6, r.classes, r.shards, a.dest);
   return 0;
 }
 

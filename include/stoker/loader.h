@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "stoker/batch.h"
 #include "stoker/dataset.h"
@@ -65,6 +66,9 @@ class Loader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);  // clamped to at least 1
   Stats stats() const;
+  // Each distinct sample that failed under ErrorPolicy::skip in the batches handed out so far,
+  // in index order: index, reason (its first failure's) and name (a file or record).
+  std::vector<SkippedSample> skipped_samples() const;
 
  private:
   void restart(Position position);

@@ -98,6 +98,8 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
+  // Loader::skipped_samples() as (data set index, name, reason) tuples.
+  py::list skipped_samples();
   std::shared_ptr<RemappedDataset> remap() const { return remap_; }
 
   // Stops the workers and lets go of the data set; further calls raise. Idempotent.

@@ -14,7 +14,7 @@ from ._batches import split_by_rank, split_by_worker
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
-from ._loader import DataLoader
+from ._loader import DataLoader, SkippedSample
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -28,6 +28,7 @@ __all__ = [
     "NativeDataset",
     "RecordDataset",
     "SampleError",
+    "SkippedSample",
     "SyntheticDataset",
     "WorkerError",
     "pack",

@@ -209,3 +209,19 @@ class StreamKillsItself:
             if info.id == 0 and i == 2:
                 os.kill(os.getpid(), 9)
             yield np.full(2, i, dtype=np.int64)
+
+
+class Flaky:
+    """Sample i is [i] plus a 4 KB payload; each read fails with probability `p` (its own
+    random stream per process and thread)."""
+
+    def __init__(self, n, p):
+        self.n, self.p = n, p
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if random.random() < self.p:
+            raise RuntimeError(f"flaky read of sample {i}")
+        return np.array([i], dtype=np.int64), np.full(4096, i & 255, dtype=np.uint8)
