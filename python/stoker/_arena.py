@@ -117,6 +117,15 @@ class Arenas:
         return _TAG + len(head).to_bytes(4, "little") + head + tree.getvalue()
 
 
+    def discard(self, blob: bytes) -> None:
+        """A reply made by dumps() that will not be sent: its arena is free again."""
+        if blob.startswith(_TAG):
+            fd = pickle.loads(blob[6:6 + int.from_bytes(blob[2:6], "little")])[0]
+            for own, mm in self._arenas:
+                if own == fd:
+                    mm[0] = 0
+
+
 def _release(mm: mmap.mmap) -> None:
     try:
         mm[0] = 0  # the worker may reuse the arena

@@ -119,6 +119,8 @@ class StreamJobs:
         self._epoch = -1
         self._iterator = None
         self._ended = False
+        self._ahead: Optional[threading.Thread] = None  # in a worker process: see call()
+        self._dropped = None  # a batch made ahead when its epoch was abandoned
 
     def begin(self, state) -> None:
         """A new pass over the stream, from `state` (the data set's state_dict()) if given."""
@@ -147,26 +149,69 @@ class StreamJobs:
     def state(self):
         return self.dataset.state_dict() if hasattr(self.dataset, "state_dict") else None
 
-    def call(self, epoch: int, args: bytes, init_failed: bool = False):
-        """A worker process's request: the next batch of epoch `epoch` (starting the pass,
-        from the state in `args`, on the first request of an epoch): (batch, state) or END.
-        Requests of an older epoch (an abandoned one's last) get END. If the worker's
-        worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
-        reports that error) and the stream ends there."""
+    def call(self, epoch: int, args: bytes, init_failed: bool, arenas: "_arena.Arenas"):
+        """A worker process's request: the next batch of epoch `epoch`, as `arenas.dumps`
+        made it of (batch, the data set's state after it), or END. The first request of an epoch starts
+        the pass (from the state in `args`) on a thread that makes the next batch while the
+        training process takes the last one (ahead()), so the request/reply round trip is not
+        the worker's idle time. Requests of an older epoch (an abandoned one's last) get END.
+        If the worker's worker_init_fn failed, the first request of an epoch gets INIT_FAILED
+        (the worker reports that error) and the stream ends there."""
         state, want_state = pickle.loads(args)
         if epoch < self._epoch:
             return END
         if epoch > self._epoch:
+            self._stop_ahead(arenas)
             self._epoch = epoch
             if init_failed:
                 self._ended = True
                 return INIT_FAILED
             self.begin(state)
-        try:
-            batch = self.next_batch()
-        except StopIteration:
+            self._ready = queue.Queue(maxsize=1)
+            self._stopping = threading.Event()
+            self._ahead = threading.Thread(target=self.ahead, daemon=True,
+                                           args=(self._ready, self._stopping, want_state,
+                                                 arenas.dumps))
+            self._ahead.start()
+        if self._ahead is None:
             return END
-        return batch, self.state() if want_state else None
+        item = self._ready.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def ahead(self, ready: queue.Queue, stopping: threading.Event, want_state: bool,
+              dumps: Callable) -> None:
+        """Makes batches into `ready` until the stream ends or `stopping` is set."""
+        item = None
+        while item is not END and not stopping.is_set():
+            try:
+                item = dumps((self.next_batch(), self.state() if want_state else None))
+            except StopIteration:
+                item = END
+            except Exception as e:  # reported in turn; the stream goes on, as torch's
+                item = e
+            while not stopping.is_set():
+                try:
+                    ready.put(item, timeout=_PUT_POLL_S)
+                    break
+                except queue.Full:
+                    pass
+            else:
+                self._dropped = item
+
+    def _stop_ahead(self, arenas: "_arena.Arenas") -> None:
+        """Ends the previous epoch's thread (after the batch it is making), and gives back the
+        arena of a batch it made that nobody will take."""
+        if self._ahead is None:
+            return
+        self._stopping.set()
+        self._ahead.join()
+        self._ahead = None
+        for item in (*self._ready.queue, self._dropped):
+            if isinstance(item, bytes):
+                arenas.discard(item)
+        self._dropped = None
 
 
 class _End:

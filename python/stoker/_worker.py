@@ -225,9 +225,10 @@ def _reply(job: int, status: bytearray, objects, errors) -> bytes:
 def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:
     """A call (ProcessPool.call): its one value is the reply, or its error."""
     try:
-        value = dataset.call(index, args, init_error is not None)
+        value = dataset.call(index, args, init_error is not None, arenas)
         if value is _batches.INIT_FAILED:
             return _reply(job, bytearray(b"\x01"), None, [(0, init_error)])
-        return _reply(job, bytearray(1), [arenas.dumps(value)], [])
+        blob = value if isinstance(value, bytes) else arenas.dumps(value)
+        return _reply(job, bytearray(1), [blob], [])
     except Exception as e:
         return _reply(job, bytearray(b"\x01"), None, [(0, _error_info(e))])

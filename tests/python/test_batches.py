@@ -102,20 +102,18 @@ def test_a_stream_without_state_dict_says_it_cannot_resume():
 def test_a_worker_killed_mid_stream_is_reported_and_the_others_go_on():
     loader = stoker.DataLoader(wd.StreamKillsItself(), batch_size=2, num_workers=2,
                                worker_type="process")
-    got = []
-    it = iter(loader)
-    with pytest.raises(stoker.WorkerError, match="killed by signal: Killed") as info:
-        for batch in it:
-            got.append(batch[:, 0].tolist())
-    assert "stream (worker 0) is lost" in str(info.value)
-    assert got == [[0, 1], [100, 101]]
-    assert [b[:, 0].tolist() for b in it] == [[102, 103], [104, 105], [106, 107]]
-    # The killed worker is started afresh for the next epoch (whose stream kills it again).
-    got = []
-    with pytest.raises(stoker.WorkerError):
-        for batch in loader:
-            got.append(batch[:, 0].tolist())
-    assert got == [[0, 1], [100, 101]]
+    for _ in range(2):  # the killed worker is started afresh for the next epoch
+        got = []
+        it = iter(loader)
+        with pytest.raises(stoker.WorkerError, match="killed by signal: Killed") as info:
+            for batch in it:
+                got.append(batch[:, 0].tolist())
+        assert "stream (worker 0) is lost" in str(info.value)
+        got += [b[:, 0].tolist() for b in it]
+        # Worker 0 dies making its second batch; its first may have been made but not sent.
+        assert [b for b in got if b[0] < 100] in ([], [[0, 1]])
+        assert [b for b in got if b[0] >= 100] == [[100, 101], [102, 103], [104, 105],
+                                                   [106, 107]]
     loader.close()
 
 
