@@ -21,9 +21,9 @@ import queue
 import sys
 import threading
 import weakref
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
-from . import _arena, _workers
+from . import _arena, _stoker, _workers
 
 # Set in worker processes (python/stoker/_worker.py): no pinning there, the training process
 # reads their batches from shared memory.
@@ -76,11 +76,11 @@ class BatchJobs:
         return self.size
 
     def __getitem__(self, k: int):
-        if self.batches is None:  # read ahead before the first epoch: dropped at iter()
-            return None
-        return self.run(k, self.batches[k])
+        return self.run(k, self.batches[k] if self.batches is not None else None)
 
     def run(self, k: int, batch):
+        if batch is None:  # read ahead before the first epoch: dropped at iter()
+            return None
         try:
             if not self.auto_collation:
                 return self.collate_fn(self.dataset[batch])
@@ -242,7 +242,7 @@ class StreamEpoch:
     """
 
     def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
-                 drop_last: bool, epoch: int, base_seed: int, init: Callable[[int], None],
+                 drop_last: bool, epoch: int, base_seed: int, init: Callable,
                  pool, states: Optional[list], ended: Optional[list], cursor: int,
                  want_state: bool, finish: Callable) -> None:
         self._finish = finish
@@ -294,14 +294,8 @@ class StreamEpoch:
         return False
 
     def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state) -> None:
-        try:
-            init(w, jobs.dataset, self.workers, base_seed)
-            jobs.begin(state)
-        except Exception as e:
-            _note(e, w)
-            self._put(w, _Failure(e))
-            self._put(w, END)
-            return
+        init(w, jobs.dataset, self.workers, base_seed)  # an error ends the stream (_produce)
+        jobs.begin(state)
         while not self._stop.is_set():
             try:
                 batch = jobs.next_batch()
@@ -317,8 +311,6 @@ class StreamEpoch:
                 return
 
     def _ask_process(self, w: int, pool, epoch: int, args: bytes) -> None:
-        from . import _stoker
-
         while not self._stop.is_set():
             reply = pool.call(w, epoch, args)
             if not reply[0]:
