@@ -151,10 +151,10 @@ class StreamJobs:
 
     def call(self, epoch: int, args: bytes, init_failed: bool, arenas: "_arena.Arenas"):
         """A worker process's request: the next batch of epoch `epoch`, as `arenas.dumps`
-        made it of (batch, the data set's state after it), or END. The first request of an epoch starts
-        the pass (from the state in `args`) on a thread that makes the next batch while the
-        training process takes the last one (ahead()), so the request/reply round trip is not
-        the worker's idle time. Requests of an older epoch (an abandoned one's last) get END.
+        made it of (batch, the data set's state after it), or END. The first request of an
+        epoch starts the pass (from the state in `args`) on a thread that makes the next batch
+        while the training process takes the last one (ahead()), so the request/reply round
+        trip is not the worker's idle time. Requests of an older epoch (an abandoned one's last) get END.
         If the worker's worker_init_fn failed, the first request of an epoch gets INIT_FAILED
         (the worker reports that error) and the stream ends there."""
         state, want_state = pickle.loads(args)
