@@ -6,7 +6,11 @@ loader are in test_compat.py."""
 import gc
 import multiprocessing
 import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +20,8 @@ import torch.utils.data as tud
 import stoker
 import worker_datasets as wd
 from test_workers import alive, memfds
+
+HERE = Path(__file__).resolve().parent
 
 
 class Pairs(tud.Dataset):
@@ -229,3 +235,24 @@ def test_gc_mid_epoch_of_a_collate_fn_loader_over_processes():
     del held
     gc.collect()
     assert memfds() == before
+
+
+def test_ctrl_c_stops_a_loop_over_a_stream_promptly():
+    script = textwrap.dedent(f"""
+        import os, signal, sys, threading
+        sys.path.insert(0, {str(HERE)!r})
+        import torch, stoker, worker_datasets as wd
+        loader = stoker.DataLoader(wd.SlowStream(), batch_size=4, num_workers=2)
+        print(*loader.stats()["worker_pids"], flush=True)
+        threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        try:
+            for batch in loader:
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    lines = result.stdout.split("\n")
+    assert "interrupted" in lines and result.returncode == 0, result.stderr
+    assert len(lines[0].split()) == 2 and not any(alive(int(p)) for p in lines[0].split())

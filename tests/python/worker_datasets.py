@@ -225,3 +225,19 @@ class Flaky:
         if random.random() < self.p:
             raise RuntimeError(f"flaky read of sample {i}")
         return np.array([i], dtype=np.int64), np.full(4096, i & 255, dtype=np.uint8)
+
+
+class SlowStream:
+    """A stream of `n` items, `seconds` apart, split over the workers."""
+
+    def __init__(self, n=100000, seconds=0.05):
+        self.n, self.seconds = n, seconds
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(w, self.n, k):
+            time.sleep(self.seconds)
+            yield np.full(2, i, dtype=np.int64)
