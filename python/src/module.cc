@@ -202,6 +202,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("pids", &ProcessPool::pids)
       .def("finish", &ProcessPool::finish)
       .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
+      .def("stop", &ProcessPool::stop)
       .def_property_readonly("size", &ProcessPool::size);
   py::class_<SampleWriter>(m, "SampleWriter")
       .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))

@@ -367,12 +367,15 @@ class StreamEpoch:
             return self._finish(batch)
         return None
 
-    def stop(self) -> None:
-        """Ends the epoch's producers; each finishes at most the batch it is making."""
+    def stop(self, wait: bool) -> None:
+        """Ends the epoch's producers; each finishes at most the batch it is making. With
+        `wait`, returns when they have ended (only for producers that cannot be inside user
+        code, which may never return: those of worker processes once their pool stopped);
+        otherwise waits a little and leaves the rest to end on their own (daemon threads)."""
         self._stop.set()
         for thread in getattr(self, "_threads", ()):
             if thread is not threading.current_thread():
-                thread.join(_PUT_POLL_S * 2)
+                thread.join(None if wait else _PUT_POLL_S * 2)
 
 
 def _own_copy(dataset):
@@ -488,16 +491,18 @@ class Streams:
                             f" it has no load_state_dict()")
         self.pending = position
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = False) -> None:
         if self._epoch is not None:
-            self._epoch.stop()
+            self._epoch.stop(wait)
             self._epoch = None
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        self.stop()
+        if self._pool is not None:
+            self._pool.stop()  # producers waiting on their workers return at once
+        self.stop(wait=self._pool is not None)  # they end before the pool closes their sockets
         if self._pool is not None:
             self._pool.finish()
             self._pool = None
