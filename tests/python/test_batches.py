@@ -256,3 +256,13 @@ def test_ctrl_c_stops_a_loop_over_a_stream_promptly():
     lines = result.stdout.split("\n")
     assert "interrupted" in lines and result.returncode == 0, result.stderr
     assert len(lines[0].split()) == 2 and not any(alive(int(p)) for p in lines[0].split())
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_shuffled_batch_jobs_visit_every_sample_once_per_epoch(worker_type):
+    loader = stoker.DataLoader(Pairs(30), batch_size=4, shuffle=True, num_workers=2,
+                               collate_fn=tud.default_collate, worker_type=worker_type)
+    epochs = [[int(i) for _, y in loader for i in y] for _ in range(2)]
+    assert all(sorted(e) == list(range(30)) for e in epochs)
+    assert epochs[0] != epochs[1] and len(loader) == 8
+    loader.close()
