@@ -11,6 +11,7 @@ import os as _os
 
 from . import _stoker, transforms
 from ._batches import split_by_rank, split_by_worker
+from ._cuda import _add_wheel_runtime_hints, build_info, cuda_available
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
@@ -31,6 +32,8 @@ __all__ = [
     "SkippedSample",
     "SyntheticDataset",
     "WorkerError",
+    "build_info",
+    "cuda_available",
     "pack",
     "sample_seed",
     "split_by_rank",
@@ -38,7 +41,10 @@ __all__ = [
     "transforms",
     "world",
 ]
-__version__ = "0.1.0"
+__version__ = _stoker.version()  # CMakeLists.txt's project() version, the one source
+
+# Before the first search for the CUDA runtime: PyTorch's wheel's runtime, if installed.
+_add_wheel_runtime_hints()
 
 # Workers must stop before the interpreter tears down the objects they use.
 _atexit.register(_stoker.close_all)
