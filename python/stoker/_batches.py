@@ -119,8 +119,9 @@ class StreamJobs:
         self._epoch = -1
         self._iterator = None
         self._ended = False
-        self._ahead: Optional[threading.Thread] = None  # in a worker process: see call()
-        self._dropped = None  # a batch made ahead when its epoch was abandoned
+        # In a worker process (call()): the next batch, made before it was asked for.
+        self._ready = None
+        self._want_state = False
 
     def begin(self, state) -> None:
         """A new pass over the stream, from `state` (the data set's state_dict()) if given."""
@@ -152,66 +153,44 @@ class StreamJobs:
     def call(self, epoch: int, args: bytes, init_failed: bool, arenas: "_arena.Arenas"):
         """A worker process's request: the next batch of epoch `epoch`, as `arenas.dumps`
         made it of (batch, the data set's state after it), or END. The first request of an
-        epoch starts the pass (from the state in `args`) on a thread that makes the next batch
-        while the training process takes the last one (ahead()), so the request/reply round
-        trip is not the worker's idle time. Requests of an older epoch (an abandoned one's last) get END.
-        If the worker's worker_init_fn failed, the first request of an epoch gets INIT_FAILED
-        (the worker reports that error) and the stream ends there."""
-        state, want_state = pickle.loads(args)
+        epoch starts the pass (from the state in `args`). Requests of an older epoch (an
+        abandoned one's last) get END. If the worker's worker_init_fn failed, the first
+        request of an epoch gets INIT_FAILED (the worker reports that error) and the stream
+        ends there."""
+        state, self._want_state = pickle.loads(args)
         if epoch < self._epoch:
             return END
         if epoch > self._epoch:
-            self._stop_ahead(arenas)
+            if isinstance(self._ready, bytes):  # made for an abandoned epoch: nobody takes it
+                arenas.discard(self._ready)
+            self._ready = None
             self._epoch = epoch
             if init_failed:
                 self._ended = True
                 return INIT_FAILED
             self.begin(state)
-            self._ready = queue.Queue(maxsize=1)
-            self._stopping = threading.Event()
-            self._ahead = threading.Thread(target=self.ahead, daemon=True,
-                                           args=(self._ready, self._stopping, want_state,
-                                                 arenas.dumps))
-            self._ahead.start()
-        if self._ahead is None:
-            return END
-        item = self._ready.get()
+        item, self._ready = self._ready, None
+        if item is None:
+            item = self._make(arenas)
         if isinstance(item, BaseException):
             raise item
         return item
 
-    def ahead(self, ready: queue.Queue, stopping: threading.Event, want_state: bool,
-              dumps: Callable) -> None:
-        """Makes batches into `ready` until the stream ends or `stopping` is set."""
-        item = None
-        while item is not END and not stopping.is_set():
-            try:
-                item = dumps((self.next_batch(), self.state() if want_state else None))
-            except StopIteration:
-                item = END
-            except Exception as e:  # reported in turn; the stream goes on, as torch's
-                item = e
-            while not stopping.is_set():
-                try:
-                    ready.put(item, timeout=_PUT_POLL_S)
-                    break
-                except queue.Full:
-                    pass
-            else:
-                self._dropped = item
+    def prepare(self, arenas: "_arena.Arenas") -> None:
+        """Makes the batch the next request will ask for, right after the worker answered
+        the last one: the worker works while the training process takes that batch and asks
+        again, rather than waiting for the request (one thread: no GIL hand-offs)."""
+        if self._epoch >= 0 and self._ready is None and not self._ended:
+            self._ready = self._make(arenas)
 
-    def _stop_ahead(self, arenas: "_arena.Arenas") -> None:
-        """Ends the previous epoch's thread (after the batch it is making), and gives back the
-        arena of a batch it made that nobody will take."""
-        if self._ahead is None:
-            return
-        self._stopping.set()
-        self._ahead.join()
-        self._ahead = None
-        for item in (*self._ready.queue, self._dropped):
-            if isinstance(item, bytes):
-                arenas.discard(item)
-        self._dropped = None
+    def _make(self, arenas: "_arena.Arenas"):
+        """The next batch dumped into an arena, END, or the exception that made it fail."""
+        try:
+            return arenas.dumps((self.next_batch(), self.state() if self._want_state else None))
+        except StopIteration:
+            return END
+        except Exception as e:  # reported in turn; the stream goes on, as torch's
+            return e
 
 
 class _End:

@@ -161,6 +161,8 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
         elif kind == _JOB_KIND:
             reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems, arenas)
             sock.sendall(reply)
+            if isinstance(dataset, _batches.StreamJobs):
+                dataset.prepare(arenas)
         for fd in fds:  # none expected
             os.close(fd)
 
