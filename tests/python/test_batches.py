@@ -62,9 +62,23 @@ def test_collate_fn_runs_in_worker_processes_and_its_tensors_come_in_shared_memo
     assert all(torch.equal(b[0], b[1].float()[:, None].expand(-1, 2048)) for b in batches)
     # The held batches view the workers' arenas (memfds mapped here), not pickled copies.
     assert memfds() > before
-    again = list(loader)  # freed arenas are reused: no new memory per batch
-    assert [int(i) for b in again for i in b[1]] == list(range(40))
-    del batches, again
+    del batches
+
+    def arenas():
+        n = 0
+        for p in pids:
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                try:
+                    n += os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:stoker-batch")
+                except FileNotFoundError:  # closed meanwhile (a message's fds)
+                    pass
+        return n
+
+    made = arenas()  # as many as batches were alive at once so far, in each worker
+    for _ in range(5):  # 50 batches more, freed as they go: their arenas are reused
+        assert [int(i) for b in loader for i in b[1]] == list(range(40))
+    depth = loader.prefetch_factor * loader.num_workers  # batches in flight
+    assert arenas() - made <= depth
     loader.close()
     gc.collect()
     assert memfds() == before
