@@ -119,16 +119,18 @@ class StreamJobs:
         self._epoch = -1
         self._iterator = None
         self._ended = False
-        # In a worker process (call()): the next batch, made before it was asked for.
-        self._ready = None
+        # In a worker process (call()): batches made before they were asked for, up to
+        # `_ahead` of them.
+        self._ready: list = []
         self._want_state = False
+        self._ahead = 1
 
     def begin(self, state) -> None:
         """A new pass over the stream, from `state` (the data set's state_dict()) if given."""
         if state is not None:
             self.dataset.load_state_dict(state)
-        self._ended = False
         self._iterator = iter(self.dataset)
+        self._ended = False
 
     def next_batch(self):
         """The next batch; StopIteration at the end of the stream."""
@@ -150,38 +152,44 @@ class StreamJobs:
     def state(self):
         return self.dataset.state_dict() if hasattr(self.dataset, "state_dict") else None
 
-    def call(self, epoch: int, args: bytes, init_failed: bool, arenas: "_arena.Arenas"):
-        """A worker process's request: the next batch of epoch `epoch`, as `arenas.dumps`
-        made it of (batch, the data set's state after it), or END. The first request of an
-        epoch starts the pass (from the state in `args`). Requests of an older epoch (an
-        abandoned one's last) get END. If the worker's worker_init_fn failed, the first
-        request of an epoch gets INIT_FAILED (the worker reports that error) and the stream
-        ends there."""
-        state, self._want_state = pickle.loads(args)
+    def call(self, epoch: int, args: bytes, init_failed: bool,
+             arenas: "_arena.Arenas") -> list:
+        """A worker process's request for the next batches of epoch `epoch`: the ones made
+        since the last request (prepare()), else the next one; each item a batch as
+        `arenas.dumps` made it of (batch, the data set's state after it), an exception, or
+        END. The first request of an epoch starts the pass (from the state in `args`).
+        Requests of an older epoch (an abandoned one's last) get [END]. If the worker's
+        worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
+        reports that error) and the stream ends there."""
+        state, self._want_state, self._ahead = pickle.loads(args)
         if epoch < self._epoch:
-            return END
+            return [END]
         if epoch > self._epoch:
-            if isinstance(self._ready, bytes):  # made for an abandoned epoch: nobody takes it
-                arenas.discard(self._ready)
-            self._ready = None
+            for item in self._ready:  # made for an abandoned epoch: nobody takes them
+                if isinstance(item, bytes):
+                    arenas.discard(item)
+            self._ready = []
             self._epoch = epoch
+            self._ended = True  # until the pass has begun: an error here ends the stream
             if init_failed:
-                self._ended = True
                 return INIT_FAILED
             self.begin(state)
-        item, self._ready = self._ready, None
-        if item is None:
-            item = self._make(arenas)
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        if not self._ready:
+            self._ready.append(self._make(arenas))
+        items, self._ready = self._ready, []
+        return items
 
-    def prepare(self, arenas: "_arena.Arenas") -> None:
-        """Makes the batch the next request will ask for, right after the worker answered
-        the last one: the worker works while the training process takes that batch and asks
-        again, rather than waiting for the request (one thread: no GIL hand-offs)."""
-        if self._epoch >= 0 and self._ready is None and not self._ended:
-            self._ready = self._make(arenas)
+    def prepare(self, arenas: "_arena.Arenas") -> bool:
+        """Makes one more batch for the next request, if fewer than `ahead` wait and the
+        stream goes on; whether it made one. The worker calls it between requests, so it
+        works while the training process takes its batches and asks again, and a reply
+        carries every batch made meanwhile (one round trip for several batches when the
+        training process is slow to ask)."""
+        if (self._epoch < 0 or len(self._ready) >= self._ahead
+                or (self._ready and self._ready[-1] is END)):
+            return False
+        self._ready.append(self._make(arenas))
+        return True
 
     def _make(self, arenas: "_arena.Arenas"):
         """The next batch dumped into an arena, END, or the exception that made it fail."""
@@ -241,7 +249,8 @@ class StreamEpoch:
             if self.ended[w]:
                 continue
             if pool is not None:
-                args = pickle.dumps((self.states[w], want_state), protocol=pickle.HIGHEST_PROTOCOL)
+                args = pickle.dumps((self.states[w], want_state, depth),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
                 target, extra = self._ask_process, (pool, epoch, args)
             else:
                 jobs = StreamJobs(_own_copy(dataset), collate_fn, batch_size, drop_last)
@@ -301,16 +310,14 @@ class StreamEpoch:
             _, failed, blob, pid = reply
             try:
                 objects, errors = pickle.loads(blob)
-                item = (_workers.rebuild_error(errors[0][1], f"stoker: raised in DataLoader "
-                                               f"worker process {w} (pid {pid}) while reading "
-                                               f"its stream") if failed else
-                        _arena.loads(objects[0], pid))
+                items = ([_Failure(_workers.rebuild_error(errors[0][1], _where(w, pid)))]
+                         if failed else [_from_worker(item, w, pid)
+                                         for item in _arena.loads(objects[0], pid)])
             except Exception as e:  # a reply that does not unpickle here
-                item, failed = e, True
-            if failed:
-                item = _Failure(item)
-            if not self._put(w, item) or item is END:
-                return
+                items = [_Failure(e)]
+            for item in items:
+                if not self._put(w, item) or item is END:
+                    return
 
     # --- the training loop's side --------------------------------------------------------
 
@@ -355,6 +362,19 @@ class StreamEpoch:
         for thread in getattr(self, "_threads", ()):
             if thread is not threading.current_thread():
                 thread.join(None if wait else _PUT_POLL_S * 2)
+
+
+def _where(w: int, pid: int) -> str:
+    return f"stoker: raised in DataLoader worker process {w} (pid {pid}) while reading its stream"
+
+
+def _from_worker(item, w: int, pid: int):
+    """One item of a stream worker's reply (_worker._run_call), as the queue holds it."""
+    if isinstance(item, bytes):
+        return _arena.loads(item, pid)
+    if isinstance(item, tuple):  # ("error", the worker's exception info)
+        return _Failure(_workers.rebuild_error(item[1], _where(w, pid)))
+    return item  # END
 
 
 def _own_copy(dataset):

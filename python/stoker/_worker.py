@@ -18,6 +18,7 @@ import ctypes
 import os
 import pickle
 import random
+import select
 import signal
 import socket
 import struct
@@ -161,8 +162,10 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
         elif kind == _JOB_KIND:
             reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems, arenas)
             sock.sendall(reply)
-            if isinstance(dataset, _batches.StreamJobs):
-                dataset.prepare(arenas)
+            # A stream worker makes its next batches until the next request comes.
+            while (isinstance(dataset, _batches.StreamJobs) and dataset.prepare(arenas)
+                   and not select.select([sock], [], [], 0)[0]):
+                pass
         for fd in fds:  # none expected
             os.close(fd)
 
@@ -227,10 +230,11 @@ def _reply(job: int, status: bytearray, objects, errors) -> bytes:
 def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:
     """A call (ProcessPool.call): its one value is the reply, or its error."""
     try:
-        value = dataset.call(index, args, init_error is not None, arenas)
-        if value is _batches.INIT_FAILED:
+        items = dataset.call(index, args, init_error is not None, arenas)
+        if items is _batches.INIT_FAILED:
             return _reply(job, bytearray(b"\x01"), None, [(0, init_error)])
-        blob = value if isinstance(value, bytes) else arenas.dumps(value)
-        return _reply(job, bytearray(1), [blob], [])
+        items = [("error", _error_info(i)) if isinstance(i, BaseException) else i for i in items]
+        return _reply(job, bytearray(1), [pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)],
+                      [])
     except Exception as e:
         return _reply(job, bytearray(b"\x01"), None, [(0, _error_info(e))])
