@@ -3,6 +3,7 @@ processes in shared memory, streams (iterable data sets): resuming, worker death
 and the helpers that split a stream by rank and by worker. Side-by-side checks against torch's
 loader are in test_compat.py."""
 
+import collections
 import gc
 import multiprocessing
 import os
@@ -280,3 +281,15 @@ def test_shuffled_batch_jobs_visit_every_sample_once_per_epoch(worker_type):
     assert all(sorted(e) == list(range(30)) for e in epochs)
     assert epochs[0] != epochs[1] and len(loader) == 8
     loader.close()
+
+
+def test_the_device_step_reaches_tensors_in_any_nesting():
+    # What device= does to a collate_fn's output (CUDA itself is not on this machine): every
+    # tensor is mapped, containers keep their types, other leaves stay as they are.
+    Pair = collections.namedtuple("Pair", "x name")
+    batch = {"a": [torch.zeros(2), (torch.ones(1), "s")], "b": Pair(torch.ones(3), 7)}
+    moved = stoker._batches._tree_map(batch, lambda t: t + 1)
+    assert type(moved) is dict and type(moved["a"][1]) is tuple and type(moved["b"]) is Pair
+    assert torch.equal(moved["a"][0], torch.ones(2)) and moved["a"][1][1] == "s"
+    assert torch.equal(moved["b"].x, torch.full((3,), 2.0)) and moved["b"].name == 7
+    assert stoker._batches.mover("cpu", False)(batch) is batch
