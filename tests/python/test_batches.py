@@ -293,3 +293,15 @@ def test_the_device_step_reaches_tensors_in_any_nesting():
     assert torch.equal(moved["a"][0], torch.ones(2)) and moved["a"][1][1] == "s"
     assert torch.equal(moved["b"].x, torch.full((3,), 2.0)) and moved["b"].name == 7
     assert stoker._batches.mover("cpu", False)(batch) is batch
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_batch_job_fetches_with_one_getitems_call_as_torch(worker_type):
+    data = wd.Batched(20)
+    theirs = list(tud.DataLoader(data, batch_sampler=[[0, 1, 2], [3], [4, 5, 6, 7]],
+                                 num_workers=2))
+    ours = list(stoker.DataLoader(data, batch_sampler=[[0, 1, 2], [3], [4, 5, 6, 7]],
+                                  num_workers=2, worker_type=worker_type))
+    for a, b in zip(theirs, ours, strict=True):
+        assert torch.equal(a["i"], b["i"]) and torch.equal(a["group"], b["group"])
+    assert [b["group"].tolist() for b in ours] == [[3, 3, 3], [1], [4, 4, 4, 4]]
