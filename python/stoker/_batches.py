@@ -50,8 +50,31 @@ def default_collate(auto_collation: bool) -> Callable:
     torch = _torch()
     if torch is None:
         raise TypeError("stoker: batching without torch needs a collate_fn")
-    data = torch.utils.data
-    return data.default_collate if auto_collation else data.default_convert
+    return _default_collate if auto_collation else torch.utils.data.default_convert
+
+
+def _default_collate(batch):
+    """torch's default_collate, except where it stacks a batch's tensors: in a worker, torch's
+    stacks them into a new shared-memory segment per batch (the way its workers hand batches
+    over); stoker's hand them over otherwise, so this stacks them into ordinary memory."""
+    global _collate_fn_map
+    from torch.utils.data._utils import collate
+
+    if _collate_fn_map is None:
+        _collate_fn_map = {**collate.default_collate_fn_map, _torch().Tensor: _stack}
+    return collate.collate(batch, collate_fn_map=_collate_fn_map)
+
+
+_collate_fn_map = None
+
+
+def _stack(batch, *, collate_fn_map=None):
+    torch = _torch()
+    if batch[0].is_nested or batch[0].layout != torch.strided:  # torch's errors
+        from torch.utils.data._utils import collate
+
+        return collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+    return torch.stack(batch, 0)
 
 
 def user_dataset(dataset):

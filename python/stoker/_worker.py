@@ -114,7 +114,7 @@ def _error_info(exc: BaseException):
 def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
          num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
          parent_pid: Optional[int],
-         use_getitems: bool, death_signal: bool) -> None:
+         use_getitems: bool, death_signal: bool, import_torch: bool) -> None:
     # Ctrl-C is the training loop's to handle: it stops the workers through close().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if death_signal:
@@ -128,6 +128,8 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
             except OSError:
                 pass
     _batches.in_worker_process = True
+    if import_torch:  # spawned by a process that uses torch: get_worker_info() must answer
+        import torch  # noqa: F401
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)

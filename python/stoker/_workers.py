@@ -81,7 +81,8 @@ class ProcessWorkers:
                   # PR_SET_PDEATHSIG fires when the thread that forked exits, not the process:
                   # only for workers started from the main thread (a restarted worker is
                   # started by an engine thread); EOF on the socket covers the others.
-                  threading.current_thread() is threading.main_thread()))
+                  threading.current_thread() is threading.main_thread(),
+                  "torch" in sys.modules))
         try:
             process.start()
         finally:

@@ -305,3 +305,16 @@ def test_a_batch_job_fetches_with_one_getitems_call_as_torch(worker_type):
     for a, b in zip(theirs, ours, strict=True):
         assert torch.equal(a["i"], b["i"]) and torch.equal(a["group"], b["group"])
     assert [b["group"].tolist() for b in ours] == [[3, 3, 3], [1], [4, 4, 4, 4]]
+
+
+def test_streams_and_batch_jobs_under_spawn():
+    # The jobs (data set, collate) are pickled into spawned workers.
+    stream = stoker.DataLoader(wd.Counting(12), batch_size=2, num_workers=2,
+                               worker_type="process", multiprocessing_context="spawn")
+    assert [b[:, 0].tolist() for b in stream] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10],
+                                                  [9, 11]]
+    stream.close()
+    jobs = stoker.DataLoader(wd.Batched(8), batch_sampler=[[0, 1], [2, 3, 4]], num_workers=1,
+                             worker_type="process", multiprocessing_context="spawn")
+    assert [b["i"].tolist() for b in jobs] == [[0, 1], [2, 3, 4]]
+    jobs.close()
