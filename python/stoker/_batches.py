@@ -246,8 +246,8 @@ class StreamEpoch:
     ended), so a deterministic stream gives torch's batches in torch's order.
 
     Producers run on threads of their own: with worker threads a producer iterates its copy
-    of the data set; with worker processes it asks its worker for one batch at a time
-    (ProcessPool.call, the GIL released while it waits) and decodes the reply. Nothing here
+    of the data set; with worker processes it asks its worker for the batches it made since
+    the last request (ProcessPool.call, the GIL released while it waits) and decodes them. Nothing here
     holds the loader, so an abandoned epoch never keeps a loader alive; stop() ends it.
     """
 
