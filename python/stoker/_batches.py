@@ -453,6 +453,9 @@ class Streams:
         self._pool = None
         self._epoch: Optional[StreamEpoch] = None
         self.pending: Optional[dict] = None  # a loaded position, for the next start()
+        # Passes started: worker processes tell a new pass from an abandoned one's last
+        # requests by it (whatever epoch numbers set_epoch() gives).
+        self._passes = 0
         self.closed = False
         _open_streams.add(self)
         if processes is not None:  # ProcessWorkers over this stream's jobs
@@ -475,10 +478,12 @@ class Streams:
         if self._worker_init_fn is not None:
             self._worker_init_fn(w)
 
-    def start(self, epoch: int) -> None:
+    def start(self) -> None:
+        """Starts the next pass over the stream (a new epoch)."""
         if self.closed:
             raise RuntimeError("stoker: the DataLoader is closed")
         self.stop()
+        self._passes += 1
         pending, self.pending = self.pending, None
         if pending is not None and pending["workers"] != self._workers:
             raise ValueError(f"stoker: the state is for a stream read by {pending['workers']} "
@@ -486,7 +491,7 @@ class Streams:
         self._epoch = StreamEpoch(
             dataset=self._dataset, workers=self._workers, depth=self._depth,
             collate_fn=self._collate_fn, batch_size=self._batch_size,
-            drop_last=self._drop_last, epoch=epoch, base_seed=self._base_seed,
+            drop_last=self._drop_last, epoch=self._passes, base_seed=self._base_seed,
             init=self._init_thread, pool=self._pool,
             states=pending and pending["states"], ended=pending and pending["ended"],
             cursor=pending["cursor"] if pending else 0, want_state=self._stateful,

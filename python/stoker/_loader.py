@@ -678,7 +678,7 @@ class DataLoader:
 
     def _start(self, epoch: int, batch: int) -> None:
         if self._streams is not None:
-            self._streams.start(epoch)
+            self._streams.start()
             return
         if self._jobs is not None:
             batches = self._epoch_batches(epoch)

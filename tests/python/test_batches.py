@@ -318,3 +318,12 @@ def test_streams_and_batch_jobs_under_spawn():
                              worker_type="process", multiprocessing_context="spawn")
     assert [b["i"].tolist() for b in jobs] == [[0, 1], [2, 3, 4]]
     jobs.close()
+
+
+def test_a_stream_reads_whole_after_set_epoch_goes_back():
+    loader = stoker.DataLoader(wd.Counting(8), batch_size=2, num_workers=2,
+                               worker_type="process")
+    whole = [b[:, 0].tolist() for b in loader]
+    loader.set_epoch(0)  # an earlier epoch number: still a new pass for the workers
+    assert [b[:, 0].tolist() for b in loader] == whole == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    loader.close()
