@@ -29,6 +29,8 @@ Workloads:
   padding  variable-size samples (float32 of L x 64, L from 16 to 256: audio frames or
            embeddings) with a collate_fn that pads them (pad_sequence) and stacks their
            lengths; batch 64, shuffled.
+           stream and padding then measure torch's best and stoker twice more, alternately,
+           and compare their medians (the load of a shared machine moves both).
 The user's-data-set workloads (bytecode, cheap, tvfolder, tvjitter) also report the peak
 proportional set size (PSS: shared pages counted once) of the training process and all its
 workers while loading, for stoker and for PyTorch's best.
@@ -161,7 +163,7 @@ def tiny(runs: int, smoke: bool) -> dict:
         "torch_best_workers": best,
         "stoker_samples_per_s": rate,
         "stoker_workers": stoker_loader.stats()["workers"],
-        "speedup": rate / torch_rates[best],
+        "speedup": rate / statistics.median(best_rates),
     }
 
 
@@ -234,10 +236,14 @@ def _touch(batch) -> None:
 
 
 def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
-            loader_args: dict | None = None, samples: int | None = None, **extra) -> dict:
+            loader_args: dict | None = None, samples: int | None = None, rounds: int = 1,
+            **extra) -> dict:
     """Samples/s over `runs` epochs after a warm-up epoch, and the peak PSS, for torch's
     DataLoader with each num_workers and for stoker.DataLoader's defaults; both get
-    `loader_args` (default: shuffle=True). `samples`: an epoch's, if not len(dataset)."""
+    `loader_args` (default: shuffle=True). `samples`: an epoch's, if not len(dataset).
+    With `rounds` > 1, torch's best and stoker are then measured `rounds - 1` more times,
+    alternately, and the ratio is that of their medians: a machine whose load changes moves
+    both, not one of them."""
     n = samples if samples is not None else len(dataset)
     loader_args = {"shuffle": True} if loader_args is None else loader_args
 
@@ -267,6 +273,18 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
     stats = stoker_loader.stats()
     stoker_loader.close()
     best = max(torch_rates, key=torch_rates.get)
+    best_rates, stoker_rates = [torch_rates[best]], [rate]
+    for _ in range(0 if smoke else rounds - 1):
+        loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=best,
+                                persistent_workers=best > 0, **loader_args)
+        best_rates.append(measure(loader)[0])
+        del loader
+        stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **loader_args)
+        stoker_rates.append(measure(stoker_loader)[0])
+        stoker_loader.close()
+    rate = statistics.median(stoker_rates)
+    if len(stoker_rates) > 1:
+        extra = {**extra, "rounds": {"torch_best": best_rates, "stoker": stoker_rates}}
     return {
         "workload": name,
         "samples": n,
@@ -357,7 +375,7 @@ class SmallTensorStream(tud.IterableDataset):
 def stream(runs: int, smoke: bool) -> dict:
     samples = 20000 if smoke else 200000
     return compare("stream", SmallTensorStream(samples), 256, runs, smoke, loader_args={},
-                   samples=samples)
+                   samples=samples, rounds=3)
 
 
 class VariableLength(tud.Dataset):
@@ -382,7 +400,7 @@ def pad_collate(samples):
 
 def padding(runs: int, smoke: bool) -> dict:
     return compare("padding", VariableLength(2000 if smoke else 20000), 64, runs, smoke,
-                   loader_args={"shuffle": True, "collate_fn": pad_collate})
+                   loader_args={"shuffle": True, "collate_fn": pad_collate}, rounds=3)
 
 
 def _jpeg_folder(images: int) -> pathlib.Path:
@@ -513,6 +531,13 @@ def main() -> None:
             print(f"{r['workload']}: samples/s, torch by num_workers {{{torch_r}}}; stoker "
                   f"{r['stoker_samples_per_s']:,.0f}")
             print(f"  stoker / torch best: {r['speedup']:.2f}x")
+            if "rounds" in r:
+                rounds = r["rounds"]
+                print(f"  medians of {len(rounds['stoker'])} alternated rounds: torch best "
+                      f"{statistics.median(rounds['torch_best']):,.0f}, stoker "
+                      f"{statistics.median(rounds['stoker']):,.0f} (torch best "
+                      f"{', '.join(f'{v:,.0f}' for v in rounds['torch_best'])}; stoker "
+                      f"{', '.join(f'{v:,.0f}' for v in rounds['stoker'])})")
             if "stoker_peak_pss_mb" in r:
                 print(f"  stoker: {r['stoker_workers']} {r['stoker_worker_type']} workers, "
                       f"{r['stoker_pipeline'] or 'python'}; peak PSS stoker "
