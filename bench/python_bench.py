@@ -163,7 +163,7 @@ def tiny(runs: int, smoke: bool) -> dict:
         "torch_best_workers": best,
         "stoker_samples_per_s": rate,
         "stoker_workers": stoker_loader.stats()["workers"],
-        "speedup": rate / statistics.median(best_rates),
+        "speedup": rate / torch_rates[best],
     }
 
 
@@ -294,7 +294,7 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
         "stoker_workers": stats["workers"],
         "stoker_worker_type": stats.get("worker_type", "thread"),
         "stoker_pipeline": stats.get("pipeline", ""),
-        "speedup": rate / torch_rates[best],
+        "speedup": rate / statistics.median(best_rates),
         "torch_best_peak_pss_mb": torch_pss[best] / 2**20,
         "stoker_peak_pss_mb": pss / 2**20,
         **extra,
