@@ -94,11 +94,14 @@ class BatchJobs:
         self.auto_collation = auto_collation
         self.size = size
         self.batches: Optional[list] = None
+        self.job_batches: Optional[dict] = None  # a worker process's current job's batches
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, k: int):
+        if self.job_batches is not None:  # in a worker process: the job's own
+            return self.run(k, self.job_batches[k])
         return self.run(k, self.batches[k] if self.batches is not None else None)
 
     def run(self, k: int, batch):

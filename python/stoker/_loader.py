@@ -295,7 +295,9 @@ class DataLoader:
             self._shuffle = True
             generator = sampler.generator if sampler.generator is not None else generator
         elif kind is None and sampler is not None:
-            order = list(sampler)
+            # A custom sampler is read when each epoch starts, once, as torch reads it; until
+            # then the engine runs over positions 0..len-1 (and reads nothing).
+            order = list(range(len(sampler)))
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
         # PyTorch's base seed of the workers: worker i is seeded with base + i.
@@ -307,21 +309,17 @@ class DataLoader:
         self._auto_start = None
         if native:
             self._handle = dataset._handle
-            structure = dataset._structure()
             self.worker_type, reason = "thread", "a native data set reads in C++, on threads"
         else:
-            # With skip, a broken first sample must not stop the loader before it starts.
-            probes = min(16, max_skipped + 1) if on_error == "skip" else 1
             # No reference to self from here: the C++ data set holds it, and a cycle through
             # C++ would keep the loader alive.
             thread_count = self._thread_count = [self.num_workers]
             start = thread_worker_start(_batches.user_dataset(dataset), self._worker_seed,
                                         lambda: thread_count[0], worker_init_fn)
-            self._handle = _stoker.PyDataset.discover(dataset, self._jobs is not None, start,
-                                                      probes)
+            # Reads nothing: the layout comes from the first sample a worker reads.
+            self._handle = _stoker.PyDataset(dataset, self._jobs is not None, start)
             if self._jobs is not None:
                 self._handle.set_batch_jobs(self._jobs.job_args)
-            structure = self._handle.structure()
             if self.num_workers == 0:
                 if worker_type == "process":
                     raise ValueError("worker_type='process' needs num_workers >= 1")
@@ -341,7 +339,8 @@ class DataLoader:
             self.num_workers = self._process_count
             tune = False
             self._start_processes()
-        self._order = order
+        self._order = None  # the custom sampler's order of the epoch running, once read
+        self._custom_order = order is not None
         self._device = self._resolve_device(device)
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
@@ -357,10 +356,15 @@ class DataLoader:
         if has_gpu and (self._device.startswith("cuda") or pin_memory == "on"):
             on = torch.device(self._device) if self._device.startswith("cuda") else None
             stream = torch.cuda.current_stream(on).cuda_stream
+        # Construction reads nothing, as torch's: a Python data set's workers start with the
+        # first iter(), and so do those following a custom sampler (a native data set's
+        # otherwise prefetch at once).
+        self._reading = native and order is None
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
             drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
-            workers=self.num_workers, depth=self.prefetch_factor * max(1, self.num_workers),
+            workers=self.num_workers if self._reading else 0,
+            depth=self.prefetch_factor * max(1, self.num_workers),
             on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
             max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
             stream=stream, pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(pin_memory)),
@@ -368,11 +372,11 @@ class DataLoader:
             shared_slabs=not native and self.worker_type == "process" or self._auto_pending)
         if worker_type == "process" or not self._auto_pending:
             self._log_worker_type()
-        element_types = self._element_types(structure)
-        on_device = self._loader.stats()["device"] not in ("cpu", "sim")
-        self._build = plan(structure)
-        self._convert = converter(element_types, on_device)
+        self._build = self._convert = None
+        if native:
+            self._make_batches(dataset._structure())
         if self._jobs is not None:
+            on_device = self._loader.stats()["device"] not in ("cpu", "sim")
             self._finish_batch_jobs(user, on_device or pin_memory == "on", seed, generator)
 
     # --- construction helpers -------------------------------------------------------------
@@ -417,6 +421,7 @@ class DataLoader:
         if pin:
             self._jobs.collate_fn = _batches.pinned(self._jobs.collate_fn)
         move = _batches.mover(self._loader.stats()["device"], pin)
+        self._convert = lambda raw: None  # a batch job's batch is its one object value
         self._build = lambda arrays, objects: move(objects[0][0])
 
     def _epoch_batches(self, epoch: int) -> list:
@@ -495,8 +500,8 @@ class DataLoader:
         processes = None
         if self.worker_type == "process":
             processes = ProcessWorkers(
-                _batches.StreamJobs(dataset, collate, self.batch_size, self.drop_last), None,
-                workers, mp_context(multiprocessing_context), self._worker_seed, worker_init_fn)
+                _batches.StreamJobs(dataset, collate, self.batch_size, self.drop_last), workers,
+                mp_context(multiprocessing_context), self._worker_seed, worker_init_fn)
         elif pin:
             collate = _batches.pinned(collate)
         self._streams = _batches.Streams(
@@ -527,6 +532,13 @@ class DataLoader:
             if torch is not None and torch.cuda.is_available():
                 name = f"cuda:{torch.cuda.current_device()}"
         return name
+
+    def _make_batches(self, structure) -> None:
+        """How a delivered batch becomes what the training loop gets, once the layout is
+        known (a Python data set's, from the first sample read)."""
+        self._build = plan(structure)
+        self._convert = converter(self._element_types(structure),
+                                  self._loader.stats()["device"] not in ("cpu", "sim"))
 
     @staticmethod
     def _element_types(structure) -> list[str]:
@@ -644,7 +656,8 @@ class DataLoader:
         if self._streams is not None:
             raise ValueError("stoker: a stream's workers each read their own shard: their "
                              "count is fixed (num_workers=)")
-        self._loader.set_workers(int(workers))
+        if self._reading:
+            self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
         self._thread_count[0] = int(workers)
 
@@ -689,18 +702,22 @@ class DataLoader:
             if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
                 self._jobs.batches = batches
                 self._loader.restart_fresh(epoch)
-        if self._order is not None:
+        if self._custom_order:
             order = list(self.sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
-                self._order = order
                 self._loader.set_order(order)
-                self._loader.restart_fresh(epoch)
+                if self._order is not None:
+                    self._loader.restart_fresh(epoch)
+                self._order = order
         self._loader.restore(epoch, batch)
+        if not self._reading:
+            self._reading = True
+            self._loader.set_workers(self.num_workers)
 
     def _start_processes(self) -> None:
         """Starts the worker processes and sends reads to them from now on."""
         dataset = self._jobs if self._jobs is not None else self.dataset
-        workers = ProcessWorkers(dataset, self._handle, self._process_count, self._context,
+        workers = ProcessWorkers(dataset, self._process_count, self._context,
                                  self._worker_seed, self._worker_init_fn)
         pool = workers.make_pool()
         pool.start()
@@ -750,6 +767,8 @@ class DataLoader:
             self._choose_worker_type()
         if raw is None:
             return None
+        if self._build is None:
+            self._make_batches(self._handle.structure())
         arrays = self._convert(raw)
         raw.release()  # the tensors keep the buffer; returning them all recycles it
         return self._build(arrays, raw.objects)

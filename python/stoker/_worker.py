@@ -1,15 +1,11 @@
 """The loop of a stoker worker process (python/src/py_workers.h has the protocol).
 
-A worker gets its data set (inherited by fork, or pickled for spawn/forkserver), the batch
-layout learned from sample 0, and one end of a socket. It maps the batch slabs it is sent
+A worker gets its data set (inherited by fork, or pickled for spawn/forkserver) and one end
+of a socket; the batch layout comes as a message once the loader learned it from the first
+sample a worker read (which a probe sends back whole). It maps the batch slabs it is sent
 (memfds) and, for each job, calls ``__getitem__`` (or ``__getitems__``) and writes every array
 leaf straight into its row of the slab through the extension's SampleWriter. Only the status of
 each row, pickled object values (strings, lists, ...) and pickled errors go back.
-
-On the batch path (python/stoker/_batches.py) its data set is a BatchJobs, whose jobs carry
-each batch's sample indices (the job's args), or a StreamJobs, asked for its next batch by
-calls (jobs with no fields). Their batches are object values: their large arrays go into the
-worker's shared-memory arenas (python/stoker/_arena.py), not into the pickle.
 """
 
 from __future__ import annotations
@@ -30,11 +26,12 @@ from . import _arena, _batches, _stoker
 
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
-_MAP = struct.Struct("=IIQ")
 _FIELD = struct.Struct("=QQ")
 _ROW = struct.Struct("=QQ")
+_MAP = struct.Struct("=IIQ")
 _RESULT = struct.Struct("=QII")
-_JOB_KIND, _MAP_KIND, _DROP_KIND = 1, 2, 3
+_PROBE = struct.Struct("=QQ")
+_JOB_KIND, _MAP_KIND, _DROP_KIND, _LAYOUT_KIND, _PROBE_KIND = 1, 2, 3, 4, 5
 _PR_SET_PDEATHSIG = 1
 
 
@@ -111,7 +108,7 @@ def _error_info(exc: BaseException):
     return (type(exc).__module__, type(exc).__qualname__, str(exc), text, pickled)
 
 
-def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
+def main(sock: socket.socket, dataset, worker_id: int,
          num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
          parent_pid: Optional[int],
          use_getitems: bool, death_signal: bool, import_torch: bool) -> None:
@@ -135,7 +132,7 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
         torch.set_num_threads(1)
     seed = seed_worker(base_seed, worker_id)
     set_torch_worker_info(worker_id, num_workers, seed, _batches.user_dataset(dataset))
-    writer = _stoker.SampleWriter(description, slots) if description is not None else None
+    writer = _stoker.SampleWriter()
     init_error = None
     if worker_init_fn is not None:
         try:
@@ -143,14 +140,14 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
         except Exception as e:  # reported with every job, as the reason its rows fail
             init_error = _error_info(e)
     try:
-        _serve(sock, dataset, writer, slots, init_error, use_getitems)
+        _serve(sock, dataset, writer, init_error, use_getitems)
     except (_Closed, ConnectionError):  # the loader closed (while a reply was on its way)
         pass
     finally:
         sock.close()
 
 
-def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
+def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
     arenas = _arena.Arenas()
     while True:
         fds: list = []
@@ -161,9 +158,12 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
             writer.map(region, fds.pop(0), nbytes)
         elif kind == _DROP_KIND:
             writer.drop(struct.unpack_from("=I", payload)[0])
+        elif kind == _LAYOUT_KIND:
+            writer.set_layout(*pickle.loads(payload))
+        elif kind == _PROBE_KIND:
+            sock.sendall(_probe(payload, dataset, init_error))
         elif kind == _JOB_KIND:
-            reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems, arenas)
-            sock.sendall(reply)
+            sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems, arenas))
             # A stream worker makes its next batches until the next request comes.
             while (isinstance(dataset, _batches.StreamJobs) and dataset.prepare(arenas)
                    and not select.select([sock], [], [], 0)[0]):
@@ -172,61 +172,59 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
             os.close(fd)
 
 
-def _run_job(payload, dataset, writer, slots, init_error, use_getitems, arenas) -> bytes:
-    job, region, nfields, nrows, nargs = _JOB.unpack_from(payload)
-    pos = _JOB.size
-    offsets, row_bytes = [], []
-    for _ in range(nfields):
-        offset, nbytes = _FIELD.unpack_from(payload, pos)
-        offsets.append(offset)
-        row_bytes.append(nbytes)
-        pos += _FIELD.size
-    rows = [_ROW.unpack_from(payload, pos + k * _ROW.size) for k in range(nrows)]
-    pos += nrows * _ROW.size
-    args = payload[pos:pos + nargs]
+def _reply(job: int, status: bytes, blob: bytes) -> bytes:
+    body = _RESULT.pack(job, len(status), len(blob)) + status + blob
+    return _HEADER.pack(1, len(body)) + body
+
+
+def _probe(payload, dataset, init_error) -> bytes:
+    """The sample the parent learns the layout from, sent back whole (or its error)."""
+    index, seed = _PROBE.unpack_from(payload)
+    try:
+        if init_error is not None:
+            return _reply(0, b"\x01", pickle.dumps((None, [(0, init_error)])))
+        sample = _stoker.SampleWriter.read_sample(dataset, index, seed)
+        return _reply(0, b"\x00", pickle.dumps(([sample], []), protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as e:
+        return _reply(0, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))
+
+
+def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> bytes:
+    job, _, nfields, nrows, nargs = _JOB.unpack_from(payload)
     if nfields == 0:
-        return _run_call(job, rows[0][0], args, dataset, init_error, arenas)
-    batches = pickle.loads(args) if nargs else None
-    status = bytearray(nrows)
-    objects: Optional[list] = [None] * nrows if slots else None
-    errors = []
+        return _run_call(job, _ROW.unpack_from(payload, _JOB.size)[0],
+                         payload[len(payload) - nargs:], dataset, init_error, arenas)
+    if nargs:  # a batch job's batches: the extension reads the job without them
+        rows = _JOB.size + nfields * _FIELD.size
+        dataset.job_batches = dict(zip(
+            (_ROW.unpack_from(payload, rows + k * _ROW.size)[0] for k in range(nrows)),
+            pickle.loads(payload[len(payload) - nargs:])))
+        payload = payload[:len(payload) - nargs]
     if init_error is not None:
-        status[:] = b"\x01" * nrows
-        errors = [(k, init_error) for k in range(nrows)]
+        job, _, _, nrows, _ = _JOB.unpack_from(payload)
+        status = b"\x01" * nrows
+        objects, errors = None, [(k, init_error) for k in range(nrows)]
     else:
-        writer.begin(region, offsets, row_bytes, nrows)
-        samples = None
-        if use_getitems and batches is None:
+        # The rows are read and written by the extension; only the object values (all rows'
+        # in one pickle) and the errors come back through here.
+        job, status, objects, raised = writer.run_job(payload, dataset, use_getitems)
+        errors = [(k, _error_info(e)) for k, e in raised]
+    if objects is not None:
+        # Each row's values pickled apart (a batch job's tensors into an arena), so that one
+        # that does not pickle fails only its row.
+        status, objects = bytearray(status), list(objects)
+        for k, values in enumerate(objects):
+            if values is None:
+                continue
             try:
-                samples = list(dataset.__getitems__([index for index, _ in rows]))
-                if len(samples) != nrows:
-                    raise ValueError(f"stoker: __getitems__ returned {len(samples)} samples "
-                                     f"for {nrows} indices")
-            except Exception:
-                samples = None  # one by one, so that each failure names its sample
-        for k, (index, seed) in enumerate(rows):
-            try:
-                _stoker.set_sample_seed(seed)
-                try:
-                    sample = (dataset.run(index, batches[k]) if batches is not None else
-                              samples[k] if samples is not None else dataset[index])
-                finally:
-                    _stoker.set_sample_seed(None)
-                values = writer.write(sample, index, k, seed)
-                if objects is not None:
-                    objects[k] = arenas.dumps(values)
+                objects[k] = arenas.dumps(values)
             except Exception as e:
-                status[k] = 1
+                status[k], objects[k] = 1, None
                 errors.append((k, _error_info(e)))
-    return _reply(job, status, objects, errors)
-
-
-def _reply(job: int, status: bytearray, objects, errors) -> bytes:
     blob = b""
     if objects is not None or errors:
         blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-    body = _RESULT.pack(job, len(status), len(blob)) + bytes(status) + blob
-    return _HEADER.pack(1, len(body)) + body
+    return _reply(job, bytes(status), blob)
 
 
 def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:
@@ -234,9 +232,10 @@ def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) ->
     try:
         items = dataset.call(index, args, init_error is not None, arenas)
         if items is _batches.INIT_FAILED:
-            return _reply(job, bytearray(b"\x01"), None, [(0, init_error)])
+            return _reply(job, b"\x01", pickle.dumps((None, [(0, init_error)])))
         items = [("error", _error_info(i)) if isinstance(i, BaseException) else i for i in items]
-        return _reply(job, bytearray(1), [pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)],
-                      [])
+        blob = pickle.dumps(([pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)], []),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        return _reply(job, b"\x00", blob)
     except Exception as e:
-        return _reply(job, bytearray(b"\x01"), None, [(0, _error_info(e))])
+        return _reply(job, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))
