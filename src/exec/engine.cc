@@ -111,6 +111,8 @@ void Engine::set_depth(std::size_t depth) {
 }
 
 void Engine::worker_main(Worker* self) {
+  Tracer::name_thread("worker " + std::to_string(workers_started_.fetch_add(1) + 1));
+  Tracer::set_current(config_.tracer);  // a worker process's reads are timed on this thread
   {
     MutexLock lock(mu_);
     while (!stop_ && running_workers_ <= target_workers_) {
@@ -201,6 +203,8 @@ Ticket* Engine::open_next() {
   ticket->chunks_done = 0;
   ticket->cancelled.store(false, std::memory_order_relaxed);
   ticket->next = nullptr;
+  ticket->opened_ns = tracing() ? Tracer::now_ns() : 0;
+  ticket->ready_ns = 0;
   {
     MutexLock failures(ticket->failure_mu);
     ticket->failure.reset();
@@ -236,23 +240,44 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
   const std::size_t begin = ticket->next_chunk++ * ticket->chunk_rows;
   const std::size_t end = std::min(begin + ticket->chunk_rows, ticket->size);
   const std::span<const std::size_t> rows = ticket->slab->rows();
+  bool traced = false;
   {
     MutexUnlock unlocked(mu_);
+    traced = tracing();  // once per chunk: a trace begun mid-chunk starts with the next one
     const auto start = Clock::now();
     const std::int64_t cpu_start = thread_cpu_ns();
     if (config_.dataset->reads_chunks()) {
       if (!ticket->cancelled.load(std::memory_order_relaxed)) read_chunk(ticket, begin, end);
     } else {
+      // While tracing, one clock read per row: a read ends where the next begins.
+      std::int64_t read_start = traced ? Tracer::now_ns() : 0;
       for (std::size_t row = begin; row < end; ++row) {
         // Cancelled (restart or shutdown): stop at the next row, not at the end of the chunk.
         if (ticket->cancelled.load(std::memory_order_relaxed)) break;
         if (row + 1 < end) config_.dataset->prefetch(rows[row + 1]);
         read_row(ticket, row);
+        if (traced) {
+          const std::int64_t read_end = Tracer::now_ns();
+          config_.tracer->record(
+              {.start_ns = read_start, .end_ns = read_end, .a = rows[row], .name = TraceName::read});
+          read_start = read_end;
+        }
       }
     }
-    busy_ns.fetch_add(ns_since(start), std::memory_order_relaxed);
+    const std::int64_t busy = ns_since(start);
+    busy_ns.fetch_add(busy, std::memory_order_relaxed);
     if (&busy_ns == &worker_busy_ns_) {
       worker_cpu_ns_.fetch_add(thread_cpu_ns() - cpu_start, std::memory_order_relaxed);
+    }
+    if (traced) {
+      const std::int64_t start_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(start.time_since_epoch()).count();
+      config_.tracer->record({.start_ns = start_ns,
+                              .end_ns = start_ns + busy,
+                              .a = ticket->epoch,
+                              .b = ticket->number,
+                              .c = end - begin,
+                              .name = TraceName::chunk});
     }
   }
   ++ticket->chunks_done;
@@ -262,6 +287,7 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
     return;
   }
   if (ticket->ready()) {
+    if (traced) ticket->ready_ns = Tracer::now_ns();
     ++ready_;
     if (ticket == head_) ready_cv_.notify_one();
   }
@@ -363,8 +389,25 @@ void Engine::cancel_in_flight() {
 
 Engine::Taken Engine::take(Deadline deadline) {
   Taken taken;
-  Ticket* ticket = take_head(deadline, taken.end_of_epoch);
+  const bool traced = tracing();
+  std::pair<std::size_t, std::size_t> queue;
+  Ticket* ticket = take_head(deadline, taken.end_of_epoch, traced, queue);
   if (ticket == nullptr) return taken;
+  if (traced) {
+    const std::int64_t now = Tracer::now_ns();
+    config_.tracer->record({.start_ns = ticket->opened_ns,
+                            .end_ns = now,
+                            .a = static_cast<std::uint64_t>(ticket->ready_ns),
+                            .b = ticket->epoch,
+                            .c = ticket->number,
+                            .name = TraceName::batch});
+    config_.tracer->record(
+        {.start_ns = now, .a = queue.first, .b = queue.second, .name = TraceName::queue});
+    config_.tracer->record({.start_ns = now,
+                            .a = pool_->locked_slabs() * pool_->slab_bytes(),
+                            .b = LockedBytes::in_use(),
+                            .name = TraceName::pinned});
+  }
   std::optional<SampleFailure> failure;
   {
     MutexLock failures(ticket->failure_mu);
@@ -389,7 +432,8 @@ std::optional<Batch> Engine::next() {
   return Batch(std::shared_ptr<BatchOwner>(pool_, taken.slab.release()), std::move(taken.info));
 }
 
-Ticket* Engine::take_head(Deadline deadline, bool& end_of_epoch) {
+Ticket* Engine::take_head(Deadline deadline, bool& end_of_epoch, bool traced,
+                          std::pair<std::size_t, std::size_t>& queue) {
   MutexLock lock(mu_);
   if (!started_set_) {
     started_ = Clock::now();
@@ -444,6 +488,7 @@ Ticket* Engine::take_head(Deadline deadline, bool& end_of_epoch) {
   --in_flight_;
   --ready_;
   ++delivered_;
+  if (traced) queue = {in_flight_, ready_};
   work_cv_.notify_one();
   return ticket;
 }
