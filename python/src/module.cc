@@ -229,6 +229,7 @@ PYBIND11_MODULE(_stoker, m) {
 
   bind_options(m);
   m.def("stats_fields", &stats_fields);
+  m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
   py::class_<PyLoader>(m, "Loader")
       .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"),
@@ -248,6 +249,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
+      .def("trace", &PyLoader::trace, py::arg("path"),
+           py::arg("max_events") = TraceOptions{}.max_events)
       .def("close", &PyLoader::close)
       .def_property_readonly("closed", &PyLoader::closed);
 

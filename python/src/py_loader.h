@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -98,6 +99,9 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
+  // Loader::trace to `path`, or Loader::stop_trace with None. A file that cannot be created
+  // or written raises OSError (FileNotFoundError, PermissionError, ...) naming it.
+  void trace(const std::optional<std::string>& path, std::size_t max_events);
   std::shared_ptr<RemappedDataset> remap() const { return remap_; }
 
   // Stops the workers and lets go of the data set; further calls raise. Idempotent.

@@ -16,6 +16,7 @@
 #include "gil.h"
 #include "memory/shared_memory.h"
 #include "py_dataset.h"
+#include "trace/trace.h"
 
 namespace stoker::python {
 namespace {
@@ -358,9 +359,22 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   std::memcpy(job.data(), &job_id, sizeof job_id);
   std::vector<std::uint8_t> status;
   std::vector<std::uint8_t> blob;
+  // The replies carry no timings: the job is timed here, from sending it to its reply, and
+  // drawn on the worker process's own track.
+  detail::Tracer* tracer = detail::Tracer::current();
+  const bool traced = tracer != nullptr && tracer->on();
+  const std::int64_t sent = traced ? detail::Tracer::now_ns() : 0;
   const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, blob) &&
                   status.size() == indices.size();
   const pid_t pid = link->pid;
+  if (traced) {
+    tracer->record({.start_ns = sent,
+                    .end_ns = detail::Tracer::now_ns(),
+                    .a = indices.size(),
+                    .b = indices.front(),
+                    .process = pid,
+                    .name = detail::TraceName::job});
+  }
   const std::size_t worker_id = link->id;
   if (!ok) {
     bool closing;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -131,6 +132,9 @@ class DataLoader:
         which path ran and why.
       batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
         are not supported.
+
+    ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
+    goes, as a timeline to open in Perfetto.
 
     Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
     ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
@@ -424,11 +428,41 @@ class DataLoader:
     def set_depth(self, depth: int) -> None:
         self._loader.set_depth(int(depth))
 
+    def trace(self, path: Optional[Union[str, os.PathLike]], *,
+              max_events: int = _stoker.TRACE_MAX_EVENTS) -> None:
+        """Records a timeline of the loading from the next batch on, written to ``path`` as
+        Chrome trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing): each
+        worker's sample reads and chunks (a worker process's jobs on its own track), each batch
+        from opened to ready to taken, the training loop's waits for data and its steps in
+        between, copies to the device, queue depth and pinned bytes. The file is written by
+        ``trace(None)``, ``close()``, garbage collection, or the next ``trace(path)``. Past
+        ``max_events`` events it keeps the newest and says so (its metadata and the log).
+        Raises OSError if the file cannot be created."""
+        self._loader.trace(None if path is None else os.fspath(path), max_events)
+
+    @contextlib.contextmanager
+    def tracing(self, path: Union[str, os.PathLike], *,
+                max_events: int = _stoker.TRACE_MAX_EVENTS) -> Iterator["DataLoader"]:
+        """``with loader.tracing("run.json"):`` traces what runs inside; the file is written on
+        leaving the block."""
+        self.trace(path, max_events=max_events)
+        try:
+            yield self
+        finally:
+            self.trace(None)
+
     def close(self) -> None:
-        """Stops the workers now (also done when the loader is garbage collected)."""
-        self._loader.close()
+        """Stops the workers now (also done when the loader is garbage collected) and writes
+        a trace still recording."""
+        if self._loader.closed:
+            return
+        try:
+            self._loader.trace(None)
+        finally:
+            self._loader.close()
 
     def __del__(self) -> None:
+        # The C++ loader writes a trace still recording as it goes (a failure is logged).
         loader = getattr(self, "_loader", None)
         if loader is not None and not loader.closed:
             loader.close()

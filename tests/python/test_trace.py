@@ -1,0 +1,110 @@
+"""DataLoader.trace / tracing: the Chrome trace-event JSON file, when it is written (trace(None),
+the with block, close, garbage collection), its cap, and worker processes on their own tracks."""
+
+import collections
+import gc
+import json
+
+import numpy as np
+import pytest
+
+import stoker
+from worker_datasets import Mixed
+
+
+def _loader(n=64, **kwargs):
+    x = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
+    kwargs.setdefault("num_workers", 2)
+    return stoker.DataLoader(stoker.ArrayDataset(x), batch_size=8, **kwargs)
+
+
+def _events(path):
+    with open(path) as f:
+        trace = json.load(f)
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"]
+               if e["ph"] == "M" and e["name"] == "thread_name"}
+    by_name = collections.defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e["ph"] != "M":
+            by_name[e["name"]].append(e)
+    return trace, threads, by_name
+
+
+def test_trace_none_writes_a_timeline_of_the_run(tmp_path):
+    path = tmp_path / "run.json"
+    loader = _loader()
+    loader.trace(path)
+    for _ in range(2):
+        for _batch in loader:
+            pass
+    loader.trace(None)
+    trace, threads, events = _events(path)
+    assert trace["otherData"]["dropped_events"] == 0
+    for name in ("read", "chunk", "wait for batch", "step", "queue", "pinned bytes"):
+        assert events[name], name
+    assert {threads[(e["pid"], e["tid"])] for e in events["read"]} == {"worker 1", "worker 2"}
+    assert {threads[(e["pid"], e["tid"])] for e in events["step"]} == {"consumer"}
+    assert {e["ph"] for e in events["ready"]} == {"b", "e"}
+    loader.close()
+
+
+def test_tracing_block_close_and_garbage_collection_write_the_file(tmp_path):
+    loader = _loader()
+    with loader.tracing(tmp_path / "with.json"):
+        next(iter(loader))
+    assert _events(tmp_path / "with.json")[2]["wait for batch"]
+
+    loader.trace(tmp_path / "close.json")
+    next(iter(loader))
+    loader.close()
+    assert _events(tmp_path / "close.json")[2]["wait for batch"]
+
+    loader = _loader()
+    loader.trace(str(tmp_path / "gc.json"))
+    next(iter(loader))
+    del loader
+    gc.collect()
+    assert _events(tmp_path / "gc.json")[2]["wait for batch"]
+
+
+def test_cap_keeps_the_newest_events(tmp_path):
+    path = tmp_path / "cap.json"
+    loader = _loader(n=512)
+    with loader.tracing(path, max_events=100):
+        for _ in range(2):
+            for _batch in loader:
+                pass
+    trace, _, events = _events(path)
+    meta = trace["otherData"]
+    assert meta["max_events"] == 100 and meta["dropped_events"] > 0
+    assert "kept the newest" in meta["note"]
+    # ArrayDataset's sequential order: the last batch of the second epoch is samples 504-511.
+    assert {e["args"]["sample"] for e in events["read"]} >= set(range(504, 512))
+    loader.close()
+
+
+def test_a_path_that_cannot_be_created_raises_oserror(tmp_path):
+    loader = _loader()
+    with pytest.raises(FileNotFoundError, match="missing"):
+        loader.trace(tmp_path / "missing" / "run.json")
+    next(iter(loader))  # untraced, and still working
+    loader.close()
+
+
+def test_worker_process_jobs_are_on_their_own_tracks(tmp_path):
+    path = tmp_path / "processes.json"
+    loader = stoker.DataLoader(Mixed(64), batch_size=8, num_workers=2, worker_type="process")
+    with loader.tracing(path):
+        for _batch in loader:
+            pass
+    pids = set(loader.stats()["worker_pids"])
+    loader.close()
+    trace, threads, events = _events(path)
+    jobs = events["job"]
+    assert jobs and {e["pid"] for e in jobs} <= pids
+    assert all(threads[(e["pid"], e["tid"])].startswith("reads") for e in jobs)
+    processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+                 if e["ph"] == "M" and e["name"] == "process_name"}
+    assert all(processes[e["pid"]] == f"worker process {e['pid']}" for e in jobs)
+    # The engine threads that sent the jobs show them as chunks of their own.
+    assert events["chunk"]
