@@ -277,9 +277,10 @@ json run_trace_cost(const Workload& w, const BenchOptions& o, json result) {
                           {"traced_samples_per_s", on},
                           {"traced_over_untraced", ratio}};
   if (!o.json) {
-    fmt::print("  samples/s, median of {} alternated runs: untraced {:.0f}, traced {:.0f}; "
-               "traced / untraced = {:.3f}\n",
-               o.trace_cost_runs, median(off), median(on), ratio);
+    fmt::print(
+        "  samples/s, median of {} alternated runs: untraced {:.0f}, traced {:.0f}; "
+        "traced / untraced = {:.3f}\n",
+        o.trace_cost_runs, median(off), median(on), ratio);
     std::fflush(stdout);
   }
   return result;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "progress.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
@@ -236,8 +237,9 @@ std::uint64_t rchar() {
   return 0;
 }
 
+// `label` names the run on the progress line; `quiet` (--json) draws none.
 Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransform& t,
-               std::size_t workers, std::size_t epochs) {
+               std::size_t workers, std::size_t epochs, const std::string& label, bool quiet) {
   ImageDatasetOptions io;
   io.source = source;
   io.transform = t;
@@ -248,6 +250,9 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
   o.workers = workers;
   o.depth = 4;
   Loader loader(o);
+  tools::ProgressBar bar("jpeg: stoker, " + label + ", batches",
+                         epochs * loader.batches_per_epoch(), quiet);
+  std::size_t taken = 0;
   Run r;
   std::size_t images = 0;
   std::vector<double> waits;
@@ -256,7 +261,10 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
     const auto wait_before = loader.stats().consumer_wait;
     const auto start = Clock::now();
     images = 0;
-    while (auto b = loader.next()) images += b->size();
+    while (auto b = loader.next()) {
+      images += b->size();
+      bar.update(++taken);
+    }
     const double s = seconds_since(start);
     r.epoch_times.push_back(s);
     waits.push_back(100.0 * to_seconds(loader.stats().consumer_wait - wait_before) / s);
@@ -377,10 +385,11 @@ int run_jpeg(const BenchOptions& o, const JpegBenchOptions& j) {
     }
     json p;
     auto folder = open_image_folder(d.folder.string());
-    const Run from_folder = run_stoker(folder, t, workers, epochs);
-    const Run from_records = run_stoker(open_records(d.records.string()), t, workers, epochs);
-    const Run from_cache =
-        run_stoker(cache_in_ram(folder, std::size_t{4} << 30), t, workers, epochs);
+    const Run from_folder = run_stoker(folder, t, workers, epochs, pipeline + ", folder", o.json);
+    const Run from_records = run_stoker(open_records(d.records.string()), t, workers, epochs,
+                                        pipeline + ", records", o.json);
+    const Run from_cache = run_stoker(cache_in_ram(folder, std::size_t{4} << 30), t, workers,
+                                      epochs, pipeline + ", RAM cache", o.json);
     p["stoker"] = {{"folder", to_json(from_folder)},
                    {"records", to_json(from_records)},
                    {"ram_cache", to_json(from_cache)}};

@@ -156,7 +156,9 @@ void Loader::tune() {
   }
 }
 
-std::optional<Batch> Loader::next() { return std::move(next_for(std::chrono::nanoseconds::max()).batch); }
+std::optional<Batch> Loader::next() {
+  return std::move(next_for(std::chrono::nanoseconds::max()).batch);
+}
 
 NextResult Loader::next_for(std::chrono::nanoseconds timeout) {
   using Clock = detail::Engine::Clock;

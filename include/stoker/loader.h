@@ -32,9 +32,10 @@ struct LoaderInternals;
 }  // namespace detail
 
 // Thread safety: next(), next_for(), set_epoch(), restore(), position(), trace() and
-// stop_trace() belong to one consumer thread. set_workers(), set_depth(), stats() and the const accessors may be called
-// from any thread, concurrently with next(). Destroying the loader with batches in flight is
-// allowed: it stops the workers (each finishes at most the sample it is reading) and returns.
+// stop_trace() belong to one consumer thread. set_workers(), set_depth(), stats() and the const
+// accessors may be called from any thread, concurrently with next(). Destroying the loader with
+// batches in flight is allowed: it stops the workers (each finishes at most the sample it is
+// reading) and returns.
 class Loader {
  public:
   // Throws std::invalid_argument for an impossible option (no dataset, batch size 0, rank

@@ -258,8 +258,10 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
         read_row(ticket, row);
         if (traced) {
           const std::int64_t read_end = Tracer::now_ns();
-          config_.tracer->record(
-              {.start_ns = read_start, .end_ns = read_end, .a = rows[row], .name = TraceName::read});
+          config_.tracer->record({.start_ns = read_start,
+                                  .end_ns = read_end,
+                                  .a = rows[row],
+                                  .name = TraceName::read});
           read_start = read_end;
         }
       }

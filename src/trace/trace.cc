@@ -15,8 +15,7 @@
 namespace stoker::detail {
 
 struct Tracer::Buffer {
-  Buffer(int thread_id, std::string thread_name)
-      : tid(thread_id), name(std::move(thread_name)) {}
+  Buffer(int thread_id, std::string thread_name) : tid(thread_id), name(std::move(thread_name)) {}
   const int tid;
   const std::string name;
   Mutex mu;  // its thread per event, and start() / stop(): never contended in between
@@ -42,9 +41,7 @@ struct Track {
 
 // The time an event is kept or dropped by: a batch's is when it was taken (the writer leaves
 // out its parts from before the window).
-std::int64_t key(const TraceEvent& e) {
-  return e.name == TraceName::batch ? e.end_ns : e.start_ns;
-}
+std::int64_t key(const TraceEvent& e) { return e.name == TraceName::batch ? e.end_ns : e.start_ns; }
 
 // Writes the events as Chrome trace-event JSON (the JSON Object Format), times in microseconds
 // from `origin`; the trace is whole from `complete_from` on. Names and metadata go through
@@ -80,8 +77,8 @@ class JsonWriter {
         break;
       case TraceName::chunk:
         span("worker", "chunk", pid_, tid, e);
-        std::fprintf(file_, R"({"epoch": %llu, "batch": %llu, "rows": %llu}})", ull(e.a),
-                     ull(e.b), ull(e.c));
+        std::fprintf(file_, R"({"epoch": %llu, "batch": %llu, "rows": %llu}})", ull(e.a), ull(e.b),
+                     ull(e.c));
         break;
       case TraceName::job:
         span("worker process", "job", e.process, e.process, e);
@@ -97,8 +94,8 @@ class JsonWriter {
         break;
       case TraceName::copy:
         span("device", "copy to device", pid_, tid, e);
-        std::fprintf(file_, R"({"bytes": %llu, "epoch": %llu, "batch": %llu}})", ull(e.a),
-                     ull(e.b), ull(e.c));
+        std::fprintf(file_, R"({"bytes": %llu, "epoch": %llu, "batch": %llu}})", ull(e.a), ull(e.b),
+                     ull(e.c));
         break;
       case TraceName::batch:
         batch(e);
@@ -136,15 +133,15 @@ class JsonWriter {
   // Opens a complete event; the caller prints its args object and the closing brace.
   void span(const char* cat, const char* name, int pid, int tid, const TraceEvent& e) {
     separator();
-    std::fprintf(file_, R"({"ph": "X", "cat": "%s", "name": "%s", "pid": %d, "tid": %d)", cat,
-                 name, pid, tid);
+    std::fprintf(file_, R"({"ph": "X", "cat": "%s", "name": "%s", "pid": %d, "tid": %d)", cat, name,
+                 pid, tid);
     time("ts", e.start_ns);
     std::fprintf(file_, ", \"dur\": %lld.%03lld, \"args\": ",
                  static_cast<long long>((e.end_ns - e.start_ns) / 1000),
                  static_cast<long long>((e.end_ns - e.start_ns) % 1000));
   }
-  void counter(const char* name, std::int64_t ns, const char* k1, std::uint64_t v1,
-               const char* k2, std::uint64_t v2) {
+  void counter(const char* name, std::int64_t ns, const char* k1, std::uint64_t v1, const char* k2,
+               std::uint64_t v2) {
     separator();
     std::fprintf(file_, R"({"ph": "C", "name": "%s", "pid": %d)", name, pid_);
     time("ts", ns);
@@ -159,8 +156,8 @@ class JsonWriter {
     std::snprintf(id, sizeof id, "0x%llx", (ull(e.b) << 32) | (ull(e.c) & 0xffffffffULL));
     const auto part = [&](const char* ph, const char* name, std::int64_t ns) {
       separator();
-      std::fprintf(file_, R"({"ph": "%s", "cat": "batch", "name": "%s", "id": "%s", "pid": %d)",
-                   ph, name, id, pid_);
+      std::fprintf(file_, R"({"ph": "%s", "cat": "batch", "name": "%s", "id": "%s", "pid": %d)", ph,
+                   name, id, pid_);
       time("ts", ns);
       std::fprintf(file_, R"(, "args": {"epoch": %llu, "batch": %llu}})", ull(e.b), ull(e.c));
     };
@@ -357,8 +354,8 @@ void Tracer::stop() {
     out.name_thread(getpid(), t.tid, t.name);
     for (const TraceEvent& e : t.events) {
       out.event(t.tid, e);
-      if (e.process != 0 && std::find(processes.begin(), processes.end(), e.process) ==
-                                processes.end()) {
+      if (e.process != 0 &&
+          std::find(processes.begin(), processes.end(), e.process) == processes.end()) {
         processes.push_back(e.process);
       }
     }

@@ -34,17 +34,17 @@ namespace stoker::detail {
 
 // What an event is; its arguments a, b, c mean what the comment says.
 enum class TraceName : std::uint8_t {
-  read,     // span: one sample read by a worker; a = sample index
-  chunk,    // span: rows of one batch read by one worker; a = epoch, b = batch, c = rows
-  job,      // span: a chunk read by a worker process (event.process), job sent to reply;
-            // a = rows, b = first sample index
-  wait,     // span: the consumer in next() until a batch or the end of an epoch came
-  step,     // span: the consumer from taking a batch to asking for the next (its training step)
-  batch,    // one batch, start = opened (0 if before the trace), end = taken by the consumer's
-            // stage; a = ready time (ns, 0 if unknown), b = epoch, c = batch
-  copy,     // span: issuing a batch's host-to-device copy; a = bytes, b = epoch, c = batch
-  queue,    // counter: a = batches in flight, b = of those ready
-  pinned,   // counter: a = this loader's page-locked slab bytes, b = the whole process's
+  read,    // span: one sample read by a worker; a = sample index
+  chunk,   // span: rows of one batch read by one worker; a = epoch, b = batch, c = rows
+  job,     // span: a chunk read by a worker process (event.process), job sent to reply;
+           // a = rows, b = first sample index
+  wait,    // span: the consumer in next() until a batch or the end of an epoch came
+  step,    // span: the consumer from taking a batch to asking for the next (its training step)
+  batch,   // one batch, start = opened (0 if before the trace), end = taken by the consumer's
+           // stage; a = ready time (ns, 0 if unknown), b = epoch, c = batch
+  copy,    // span: issuing a batch's host-to-device copy; a = bytes, b = epoch, c = batch
+  queue,   // counter: a = batches in flight, b = of those ready
+  pinned,  // counter: a = this loader's page-locked slab bytes, b = the whole process's
 };
 
 struct TraceEvent {
