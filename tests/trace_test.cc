@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -45,9 +46,11 @@ json read_json(const TempPath& path) {
   return json::parse(f);  // throws if it is not JSON
 }
 
-LoaderOptions options(std::size_t samples, std::size_t batch, std::size_t workers) {
+// Reads of 20 us or more, so that each is traced (shorter ones are drawn as their chunk only).
+LoaderOptions options(std::size_t samples, std::size_t batch, std::size_t workers,
+                      std::chrono::microseconds delay = std::chrono::microseconds(20)) {
   LoaderOptions o;
-  o.dataset = std::make_shared<IndexDataset<>>(samples, 64);
+  o.dataset = std::make_shared<IndexDataset<>>(samples, 64, std::set<std::size_t>{}, delay);
   o.batch_size = batch;
   o.workers = workers;
   return o;
@@ -138,6 +141,18 @@ TEST(Trace, SmallRunHasEveryKindOfEventOnItsThread) {
                                    "pinned bytes/process"}));
   // A step lies between each two batches the consumer took.
   EXPECT_GE(s.names.at("X").count("step"), 15u);
+}
+
+TEST(Trace, ReadsTooQuickToDrawShowAsTheirChunksOnly) {
+  TempPath path("quick");
+  Loader loader(options(64, 8, 2, std::chrono::microseconds(0)));
+  loader.trace(path.str());
+  drain(loader);
+  drain(loader);
+  loader.stop_trace();
+  const Summary s = summarize(read_json(path));
+  EXPECT_EQ(s.names.at("X").count("read"), 0u);
+  EXPECT_GE(s.names.at("X").count("chunk"), 8u);
 }
 
 TEST(Trace, InlineReadsAreOnTheConsumerThread) {

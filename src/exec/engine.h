@@ -233,6 +233,9 @@ class Engine {
   std::atomic<std::uint64_t> ready_seen_sum_{0};    // ready batches seen by waiting takes
   std::atomic<std::uint64_t> waiting_takes_{0};
   std::atomic<std::size_t> workers_started_{0};  // numbers the worker threads' trace tracks
+  // The pinned bytes last traced, and in which recording: take()'s, the consumer's.
+  std::size_t pinned_traced_ = 0;
+  std::uint64_t pinned_trace_ = 0;
 
   RecyclingPool<Ticket> tickets_{[] { return std::make_unique<Ticket>(); }};
 

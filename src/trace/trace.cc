@@ -271,6 +271,7 @@ void Tracer::start(const std::string& path, const TraceOptions& options) {
       b->capacity = max_events_;
     }
   }
+  recording_.fetch_add(1, std::memory_order_relaxed);
   on_.store(true, std::memory_order_relaxed);
 }
 
@@ -308,26 +309,41 @@ void Tracer::stop() {
 
   // One window for all tracks: from where the last wrapped ring still has everything.
   std::int64_t whole_from = origin;
-  std::size_t total = 0;
   for (Track& t : tracks) {
     std::erase_if(t.events, [&](const TraceEvent& e) { return key(e) < origin; });
     if (t.wrapped && !t.events.empty()) whole_from = std::max(whole_from, key(t.events.front()));
+  }
+  std::size_t total = 0;
+  for (Track& t : tracks) {
+    dropped += std::erase_if(t.events, [&](const TraceEvent& e) { return key(e) < whole_from; });
     total += t.events.size();
   }
+  // Then the newest max_events of those: all later than the nth newest time, and as many at
+  // that time as fit.
   if (total > max_events) {
     std::vector<std::int64_t> keys;
     keys.reserve(total);
     for (const Track& t : tracks) {
       for (const TraceEvent& e : t.events) keys.push_back(key(e));
     }
-    auto nth = keys.end() - static_cast<std::ptrdiff_t>(max_events);
+    const auto nth = keys.end() - static_cast<std::ptrdiff_t>(max_events);
     std::nth_element(keys.begin(), nth, keys.end());
-    whole_from = std::max(whole_from, *nth);
-  }
-  if (whole_from > origin) {
+    const std::int64_t cut = *nth;
+    std::size_t room = max_events - static_cast<std::size_t>(std::count_if(
+                                        keys.begin(), keys.end(), [&](auto k) { return k > cut; }));
+    bool tie_dropped = false;
     for (Track& t : tracks) {
-      dropped += std::erase_if(t.events, [&](const TraceEvent& e) { return key(e) < whole_from; });
+      dropped += std::erase_if(t.events, [&](const TraceEvent& e) {
+        if (key(e) > cut) return false;
+        if (key(e) == cut && room > 0) {
+          --room;
+          return false;
+        }
+        tie_dropped = tie_dropped || key(e) == cut;
+        return true;
+      });
     }
+    whole_from = cut + (tie_dropped ? 1 : 0);
   }
 
   nlohmann::json metadata = {

@@ -77,7 +77,9 @@ class Tracer {
   // Stops recording and writes the file (std::system_error naming it if writing fails; the
   // trace is dropped either way). Nothing if no trace is recording.
   void stop();
-  bool recording() const noexcept { return file_ != nullptr; }
+  // Which recording this is (1, 2, ...; 0 before the first): tells events to stamp once
+  // per recording apart.
+  std::uint64_t recording() const noexcept { return recording_.load(std::memory_order_relaxed); }
 
   // The name of the calling thread's track in every trace ("worker 3"); the default is
   // "thread <tid>". Takes effect for tracers the thread has not recorded into yet.
@@ -95,6 +97,7 @@ class Tracer {
 
   const std::uint64_t id_;  // never reused, unlike an address: keys the threads' caches
   std::atomic<bool> on_{false};
+  std::atomic<std::uint64_t> recording_{0};
 
   Mutex buffers_mu_;  // taken once per thread and recording, not per event
   std::vector<std::unique_ptr<Buffer>> buffers_ STOKER_GUARDED_BY(buffers_mu_);

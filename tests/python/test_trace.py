@@ -7,6 +7,7 @@ import gc
 import io
 import json
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -16,10 +17,23 @@ from stoker._progress import progress
 from worker_datasets import Mixed
 
 
-def _loader(n=64, **kwargs):
-    x = np.arange(n * 4, dtype=np.float32).reshape(n, 4)
-    kwargs.setdefault("num_workers", 2)
-    return stoker.DataLoader(stoker.ArrayDataset(x), batch_size=8, **kwargs)
+class _Slow:
+    """Samples that take 20 us or more, so that each read is traced (quicker ones are drawn as
+    their chunk only)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(20e-6)
+        return np.full(4, i, dtype=np.float32)
+
+
+def _loader(n=64):
+    return stoker.DataLoader(_Slow(n), batch_size=8, num_workers=2, worker_type="thread")
 
 
 def _events(path):
@@ -83,7 +97,7 @@ def test_cap_keeps_the_newest_events(tmp_path):
     meta = trace["otherData"]
     assert meta["max_events"] == 100 and meta["dropped_events"] > 0
     assert "kept the newest" in meta["note"]
-    # ArrayDataset's sequential order: the last batch of the second epoch is samples 504-511.
+    # Sequential order: the last batch of the second epoch is samples 504-511.
     assert {e["args"]["sample"] for e in events["read"]} >= set(range(504, 512))
     loader.close()
 
