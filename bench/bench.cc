@@ -17,6 +17,7 @@
 
 #include "bench_util.h"
 #include "device/sim_backend.h"
+#include "interrupt.h"
 #include "progress.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
@@ -155,6 +156,7 @@ Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset
     const auto wait_before = loader.stats().consumer_wait;
     samples_per_epoch = bytes_per_epoch = 0;
     while (auto batch = loader.next()) {
+      tools::throw_if_interrupted();
       if (e == 0 && samples_per_epoch == 0) {
         m.first_batch_ms = 1e3 * std::chrono::duration<double>(Clock::now() - created).count();
       }
@@ -215,8 +217,9 @@ std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::str
   const std::string script = o.baseline_script.empty()
                                  ? std::string(STOKER_SOURCE_DIR) + "/bench/torch_dataloader.py"
                                  : o.baseline_script;
-  char log_path[] = "/tmp/stoker-baseline-XXXXXX";
-  const int log_fd = mkstemp(log_path);
+  std::string log_path =
+      (std::filesystem::temp_directory_path() / "stoker-baseline-XXXXXX").string();
+  const int log_fd = mkstemp(log_path.data());
   if (log_fd < 0) {
     error = "cannot create a temporary file for the baseline's log";
     return std::nullopt;
@@ -228,9 +231,15 @@ std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::str
       shell_quote(o.python), shell_quote(script), w.name, w.samples, w.epochs, w.batch_size,
       w.latency_ms, w.consumer_ms, o.verbose ? "&2" : log_path);
   std::string out;
-  const int status = run_command(cmd, out);
+  int status = 0;
+  try {
+    status = run_command(cmd, out);
+  } catch (...) {  // interrupted
+    std::remove(log_path.c_str());
+    throw;
+  }
   const std::string log = read_file(log_path);
-  std::remove(log_path);
+  std::remove(log_path.c_str());
   if (status != 0) {
     error =
         fmt::format("the PyTorch baseline failed (is torch installed for {}?):\n{}", o.python, log);
@@ -267,9 +276,14 @@ json run_trace_cost(const Workload& w, const BenchOptions& o, json result) {
   close(fd);
   const auto dataset = make_dataset(w);
   std::vector<double> off, on;
-  for (std::size_t run = 0; run < o.trace_cost_runs; ++run) {
-    off.push_back(run_stoker(w, dataset, "", o.json).samples_per_s);
-    on.push_back(run_stoker(w, dataset, path, o.json).samples_per_s);
+  try {
+    for (std::size_t run = 0; run < o.trace_cost_runs; ++run) {
+      off.push_back(run_stoker(w, dataset, "", o.json).samples_per_s);
+      on.push_back(run_stoker(w, dataset, path, o.json).samples_per_s);
+    }
+  } catch (...) {
+    std::remove(path);  // Ctrl-C leaves nothing behind
+    throw;
   }
   std::remove(path);
   const double ratio = median(on) / median(off);
@@ -429,7 +443,10 @@ json run_device_cuda(const BenchOptions& o) {
     for (std::size_t e = 0; e < (o.epochs ? o.epochs : 3); ++e) {
       const auto bytes_before = loader.stats().copy_bytes;
       const auto start = Clock::now();
-      while (auto b = loader.next()) b->synchronize();
+      while (auto b = loader.next()) {
+        tools::throw_if_interrupted();
+        b->synchronize();
+      }
       rates.push_back(static_cast<double>(loader.stats().copy_bytes - bytes_before) /
                       seconds_since(start) / 1e9);
     }

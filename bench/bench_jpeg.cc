@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "bench_util.h"
+#include "interrupt.h"
 #include "progress.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
@@ -146,7 +147,7 @@ DataSet prepare(const fs::path& dir, std::size_t images, std::size_t classes, bo
     std::atomic<std::size_t> next{0};
     auto work = [&] {
       std::vector<std::uint8_t> rgb;
-      for (std::size_t i; (i = next.fetch_add(1)) < images;) {
+      for (std::size_t i; !tools::interrupted() && (i = next.fetch_add(1)) < images;) {
         int w = 0, h = 0;
         generate_image(0x5eed0000 + i, w, h, rgb);
         const auto jpeg = testing::encode_jpeg(rgb, w, h, 3, 90);
@@ -157,10 +158,20 @@ DataSet prepare(const fs::path& dir, std::size_t images, std::size_t classes, bo
                 static_cast<std::streamsize>(jpeg.size()));
       }
     };
-    std::thread other(work);
-    work();
-    other.join();
-    pack_records(*open_image_folder(d.folder.string()), d.records.string());
+    try {
+      std::thread other(work);
+      work();
+      other.join();
+      tools::throw_if_interrupted();
+      PackOptions pack;
+      pack.progress = [](std::size_t, std::size_t, std::uint64_t) {
+        tools::throw_if_interrupted();
+      };
+      pack_records(*open_image_folder(d.folder.string()), d.records.string(), pack);
+    } catch (...) {
+      fs::remove_all(dir);  // no half-made data set left behind
+      throw;
+    }
     std::ofstream(marker) << stamp << "\n";
     d.generate_s = seconds_since(start);
   }
@@ -191,7 +202,7 @@ double bare_decode_images_per_s(const std::vector<std::vector<std::byte>>& files
     cinfo.err = jpeg_std_error(&jerr);
     jpeg_create_decompress(&cinfo);
     std::vector<std::uint8_t> pixels;
-    for (std::size_t i; (i = next.fetch_add(1)) < files.size();) {
+    for (std::size_t i; !tools::interrupted() && (i = next.fetch_add(1)) < files.size();) {
       jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(files[i].data()),
                    files[i].size());
       jpeg_read_header(&cinfo, TRUE);
@@ -212,6 +223,7 @@ double bare_decode_images_per_s(const std::vector<std::vector<std::byte>>& files
   for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (auto& t : pool) t.join();
+  tools::throw_if_interrupted();
   return static_cast<double>(files.size()) / seconds_since(start);
 }
 
@@ -262,6 +274,7 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
     const auto start = Clock::now();
     images = 0;
     while (auto b = loader.next()) {
+      tools::throw_if_interrupted();
       images += b->size();
       bar.update(++taken);
     }

@@ -1,7 +1,15 @@
 #include "bench_util.h"
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
-#include <cstdio>
+#include <cerrno>
+
+#include "interrupt.h"
+
+extern char** environ;
 
 namespace stoker::bench {
 
@@ -20,11 +28,47 @@ std::string shell_quote(const std::string& s) {
 
 int run_command(const std::string& command, std::string& out) {
   out.clear();
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
+  // popen, with the child known, so that Ctrl-C reaches it (tools/interrupt.h).
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, fds[0]);
+  posix_spawn_file_actions_addclose(&actions, fds[1]);
+  // A process group of its own: a signal passed on reaches the shell and what it started.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
+  pid_t pid = 0;
+  const int spawned =
+      posix_spawn(&pid, "/bin/sh", &actions, &attributes, const_cast<char* const*>(argv), environ);
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (spawned != 0) {
+    close(fds[0]);
+    return -1;
+  }
+  tools::set_interrupt_group(pid);
   char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, pipe)) out.append(buf, n);
-  return pclose(pipe);
+  for (;;) {
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n > 0) {
+      out.append(buf, static_cast<std::size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  tools::set_interrupt_group(0);
+  tools::throw_if_interrupted();
+  return status;
 }
 
 }  // namespace stoker::bench

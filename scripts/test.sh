@@ -30,8 +30,8 @@ ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest)"
 python_venv .venv-test torch==2.13.0 numpy pillow pytest
 
-echo "== image pipeline against Pillow (pytest)"
-STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
+echo "== image pipeline against Pillow, command-line Ctrl-C (pytest)"
+STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image tests/cli
 
 echo "== Python package: pip install . and its tests (DDP under torchrun included)"
 apt_install libdlpack-dev

@@ -77,31 +77,30 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, const detail::LoaderInter
                                detail::DeviceBackend* backend) {
   detail::SlabMemory memory;
   memory.lock_limit = o.pin_budget ? o.pin_budget : detail::default_pin_budget();
-  if (const auto& shared = internals.slab_allocator) {
-    // Slabs from elsewhere (shared memory that worker processes write into): page-locked by
-    // registering them with the device, within the same budget, where batches go to one (or
-    // pin_memory is on and a CUDA device answers); never mlock'ed.
-    memory.pageable = shared;
-    if (o.pin_memory == PinMemory::off) return memory;
-    if (backend) {
-      memory.locked = backend->registered_allocator(shared);
-    } else if (o.pin_memory == PinMemory::on) {
-      std::string why;
-      auto cuda = detail::open_cuda(0, why);
-      if (cuda) memory.locked = cuda->registered_allocator(shared);
-    }
+  // Slabs from elsewhere (shared memory that worker processes write into) are page-locked by
+  // registering them with the device, within the same budget; never mlock'ed.
+  const auto& shared = internals.slab_allocator;
+  if (shared) memory.pageable = shared;
+  if (o.pin_memory == PinMemory::off) return memory;
+  if (backend) {  // the copy stage reads the slabs
+    memory.locked = shared ? backend->registered_allocator(shared) : backend->pinned_allocator();
     return memory;
   }
-  if (o.pin_memory == PinMemory::off) return memory;
-  if (backend) {
-    memory.locked = backend->pinned_allocator();
-  } else if (o.pin_memory == PinMemory::on) {
-    // Batches stay on the host, and the caller copies them to a GPU itself (torch's
-    // pin_memory=True, then .to("cuda", non_blocking=True)): CUDA-pinned if a device answers,
-    // so that copy is a DMA that overlaps compute; else mlock'ed.
+  if (o.pin_memory != PinMemory::on) return memory;
+  // Batches stay on the host, and the caller copies them to a GPU itself (torch's
+  // pin_memory=True, then .to("cuda", non_blocking=True)): CUDA-pinned if a device answers,
+  // so that copy is a DMA that overlaps compute, with a fence per slab so that the slab is
+  // not refilled under that DMA; else mlock'ed.
+  std::shared_ptr<detail::DeviceBackend> device = internals.host_device;
+  if (!device) {
     std::string why;
-    auto cuda = detail::open_cuda(0, why);
-    memory.locked = cuda ? cuda->pinned_allocator() : detail::locked_allocator();
+    device = detail::open_cuda(0, why);
+  }
+  if (device) {
+    memory.locked = shared ? device->registered_allocator(shared) : device->pinned_allocator();
+    if (memory.locked) memory.make_fence = detail::release_fences(device, o.stream);
+  } else if (!shared) {
+    memory.locked = detail::locked_allocator();
   }
   return memory;
 }
@@ -239,6 +238,7 @@ void Loader::set_workers(std::size_t workers) {
   engine_->set_workers(workers);
 }
 void Loader::set_depth(std::size_t depth) { engine_->set_depth(depth); }
+std::vector<SkippedSample> Loader::skipped_samples() const { return engine_->skipped_samples(); }
 Stats Loader::stats() const {
   Stats s = engine_->stats();
   stage_->add_stats(s);

@@ -7,11 +7,17 @@
 
 namespace stoker::detail {
 
+class DeviceBackend;
+
 struct LoaderInternals {
   // Where every batch slab comes from, instead of the pageable/page-locked choice that
   // LoaderOptions::pin_memory makes (null: that choice). Slabs other processes must see
   // (shared memory for worker processes) are one more HostAllocator plugged in here.
   std::shared_ptr<HostAllocator> slab_allocator;
+  // The device that, with PinMemory::on and batches on the host, the consumer copies batches
+  // to itself: it pins the slabs and fences their reuse (null: the first CUDA device, if one
+  // answers). Tests put the simulated device here.
+  std::shared_ptr<DeviceBackend> host_device;
 };
 
 }  // namespace stoker::detail

@@ -122,6 +122,17 @@ TEST(CorruptCorpus, SkipFinishesTheEpochAndNamesExactlyTheBadFiles) {
       }
       EXPECT_EQ(named, bad) << "workers " << workers;
       for (std::size_t i : delivered) EXPECT_FALSE(bad.count(i)) << "bad sample " << i << " kept";
+      // The loader's report: each bad file once (replacements that failed too included),
+      // named by its path, with its reason; the same after the second epoch.
+      std::set<std::size_t> reported;
+      for (const auto& s : loader.skipped_samples()) {
+        EXPECT_TRUE(reported.insert(s.index).second) << "sample " << s.index << " twice";
+        EXPECT_EQ(s.name, corpus[s.index].path.string());
+        EXPECT_NE(s.reason.find(corpus[s.index].reason), std::string::npos) << s.reason;
+      }
+      EXPECT_EQ(reported, bad) << "workers " << workers;
+      EXPECT_EQ(loader.stats().bad_samples, bad.size());
+      EXPECT_GE(loader.stats().skipped, bad.size() * (epoch + 1));
     }
   }
 }

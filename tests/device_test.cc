@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device/sim_backend.h"
+#include "loader_internals.h"
 #include "memory/host_allocator.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
@@ -107,6 +108,54 @@ TEST(SimDevice, ConsumerNeverSeesABatchBeforeItsCopyAndNoBufferIsReusedEarly) {
     for (std::size_t i = 0; i < 600; ++i) expected.push_back(i);
   }
   EXPECT_EQ(order, expected);
+}
+
+TEST(SimDevice, APinnedHostBatchIsNotRefilledUnderTheConsumersOwnCopy) {
+  // torch's pin_memory=True idiom: the batch stays on the host, the training loop copies it
+  // with x.to("cuda", non_blocking=True) and drops x at once. The copy runs later on the
+  // consumer's stream (2 ms of real time each here); a slab refilled before it ran would
+  // show up as another batch's bytes in the copy.
+  SimStream stream(/*time_scale=*/1.0);
+  detail::LoaderInternals internals;
+  internals.host_device = detail::open_sim({});
+  LoaderOptions o;
+  o.dataset = std::make_shared<IndexDataset<>>(320, 4096);
+  o.batch_size = 16;
+  o.workers = 2;
+  o.depth = 2;
+  o.pin_memory = PinMemory::on;
+  o.stream = &stream;
+  struct Copy {
+    std::vector<std::size_t> indices;
+    std::vector<std::byte> index_field, payload_field;
+  };
+  std::vector<Copy> copies(20);
+  {
+    Loader loader(o, internals);
+    std::size_t n = 0;
+    while (auto b = loader.next()) {
+      ASSERT_LT(n, copies.size());
+      EXPECT_EQ(b->device(), "cpu");
+      Copy& c = copies[n++];
+      c.indices.assign(b->indices().begin(), b->indices().end());
+      c.index_field.resize(b->bytes(0).size());
+      c.payload_field.resize(b->bytes(1).size());
+      stream.copy(c.index_field.data(), b->bytes(0).data(), c.index_field.size(), 0.002);
+      stream.copy(c.payload_field.data(), b->bytes(1).data(), c.payload_field.size(), 0);
+    }  // the batch is given back here, its copy still queued
+    EXPECT_EQ(n, copies.size());
+    EXPECT_EQ(loader.stats().locked_slabs, loader.stats().slabs);
+    stream.synchronize();  // (without the fences: hundreds of wrong rows below)
+  }
+  for (const Copy& c : copies) {
+    const auto* index = reinterpret_cast<const std::int64_t*>(c.index_field.data());
+    for (std::size_t r = 0; r < c.indices.size(); ++r) {
+      EXPECT_EQ(index[r], static_cast<std::int64_t>(c.indices[r]));
+      EXPECT_EQ(static_cast<std::uint8_t>(c.payload_field[r * 4096]), c.indices[r] & 255);
+      EXPECT_EQ(static_cast<std::uint8_t>(c.payload_field[(r + 1) * 4096 - 1]),
+                c.indices[r] & 255);
+    }
+  }
 }
 
 // The simulated step of 24 batches of 8 rows (10 KB each).

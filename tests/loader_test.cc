@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <numeric>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -282,6 +284,14 @@ TEST(Loader, SkipPolicyReplacesAndReportsFailedSamples) {
   EXPECT_EQ(std::set<std::size_t>(skipped.begin(), skipped.end()),
             (std::set<std::size_t>{3, 17, 18}));
   EXPECT_EQ(loader.stats().skipped, skipped.size());
+  // The report lists each bad sample once, however often it failed.
+  const auto report = loader.skipped_samples();
+  ASSERT_EQ(report.size(), 3u);
+  EXPECT_EQ(report[0].index, 3u);
+  EXPECT_EQ(report[1].index, 17u);
+  EXPECT_EQ(report[2].index, 18u);
+  for (const auto& s : report) EXPECT_NE(s.reason.find("cannot read"), std::string::npos);
+  EXPECT_EQ(loader.stats().bad_samples, 3u);
 }
 
 TEST(Loader, SkipBudgetRunsOut) {
@@ -313,6 +323,67 @@ TEST(Loader, DestroyMidEpochWithBatchesInFlight) {
   }
   // Every worker stopped at the next row: far fewer reads than the batches in flight hold.
   EXPECT_LT(ds->reads.load(), 3u * 64u * 8u);
+}
+
+// Fails one read in `one_in`, at random (each thread its own stream).
+class FlakyDataset : public IndexDataset<> {
+ public:
+  FlakyDataset(std::size_t n, unsigned one_in) : IndexDataset(n, 64), one_in_(one_in) {}
+  void read(std::size_t index, const SampleOut& out) const override {
+    thread_local std::minstd_rand rng(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    if (rng() % one_in_ == 0) throw std::runtime_error("flaky read of " + std::to_string(index));
+    IndexDataset::read(index, out);
+  }
+
+ private:
+  unsigned one_in_;
+};
+
+std::size_t thread_count() {
+  return static_cast<std::size_t>(
+      std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                    std::filesystem::directory_iterator{}));
+}
+
+TEST(Loader, TwoHundredEpochsWithEarlyBreaksDestroyedLoadersAndFailingReads) {
+  // tests/python/test_stress.py does the same through Python, with threads and processes.
+  constexpr std::size_t kSamples = 384, kBatch = 16, kBatches = kSamples / kBatch;
+  const std::size_t threads_before = thread_count();
+  auto ds = std::make_shared<FlakyDataset>(kSamples, 500);
+  std::mt19937 rng(7);
+  std::unique_ptr<Loader> loader;
+  std::size_t failed = 0, finished = 0;
+  for (std::uint64_t epoch = 0; epoch < 200; ++epoch) {
+    if (epoch % 25 == 0) {  // the old loader goes mid-epoch, with batches in flight
+      loader.reset();
+      loader = std::make_unique<Loader>(options(ds, kBatch, 1 + epoch / 25 % 3));
+    }
+    loader->set_epoch(epoch);
+    const std::size_t stop = rng() % 2 ? kBatches : rng() % (kBatches + 1);
+    for (std::size_t k = 0; k < stop; ++k) {
+      try {
+        auto b = loader->next();
+        ASSERT_TRUE(b) << "epoch " << epoch << " batch " << k;
+        ASSERT_EQ(b->size(), kBatch);
+        for (std::size_t r = 0; r < kBatch; ++r) ASSERT_EQ(b->indices()[r], k * kBatch + r);
+        for (std::size_t r = 0; r < kBatch; ++r) {
+          ASSERT_EQ(b->as<const std::int64_t>(0)[r], static_cast<std::int64_t>(k * kBatch + r));
+        }
+      } catch (const SampleError& e) {  // costs its own batch; the epoch goes on
+        ASSERT_GE(e.index(), k * kBatch);
+        ASSERT_LT(e.index(), (k + 1) * kBatch);
+        ++failed;
+      }
+    }
+    if (stop == kBatches) {
+      EXPECT_FALSE(loader->next());
+      ++finished;
+    }
+  }
+  loader.reset();
+  EXPECT_GT(failed, 0u);
+  EXPECT_GT(finished, 50u);
+  EXPECT_EQ(thread_count(), threads_before);
 }
 
 TEST(Loader, DestroyBeforeTheFirstBatchAndWhileStartingUp) {

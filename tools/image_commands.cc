@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "interrupt.h"
 #include "progress.h"
 #include "source/file_util.h"
 #include "stoker/encoded.h"
@@ -27,24 +29,23 @@ struct PackArgs {
 };
 
 int run_pack(const PackArgs& a) {
-  auto source = open_image_folder(a.src);
   PackOptions o;
   o.shard_bytes = static_cast<std::uint64_t>(a.shard_mb * 1024 * 1024);
   o.overwrite = a.force;
-  PackResult r;
-  {
-    ProgressBar bar("pack", source->size());  // erased before the summary
-    const auto start = std::chrono::steady_clock::now();
-    o.progress = [&](std::size_t done, std::size_t, std::uint64_t bytes) {
-      if (!bar.shown()) return;
-      const std::chrono::duration<double> s = std::chrono::steady_clock::now() - start;
-      bar.update(done, fmt::format("files, {:.1f} MB, {:.1f} MB/s", bytes / 1e6,
-                                   s.count() > 0 ? bytes / 1e6 / s.count() : 0.0));
-    };
-    r = pack_records(*source, a.dest, o);
-  }
+  std::optional<ProgressBar> bar;  // erased before the summary
+  const auto start = std::chrono::steady_clock::now();
+  o.progress = [&](std::size_t done, std::size_t total, std::uint64_t bytes) {
+    tools::throw_if_interrupted();  // pack_records then removes its temporary directory
+    if (!bar) bar.emplace("pack", total);
+    if (!bar->shown()) return;
+    const std::chrono::duration<double> s = std::chrono::steady_clock::now() - start;
+    bar->update(done, fmt::format("files, {:.1f} MB, {:.1f} MB/s", bytes / 1e6,
+                                  s.count() > 0 ? bytes / 1e6 / s.count() : 0.0));
+  };
+  const auto r = pack_image_folder(a.src, a.dest, o);
+  bar.reset();
   fmt::print("packed {} records ({:.1f} MB, {} classes) into {} shard(s) in {}\n", r.records,
-             r.bytes / 1e6, source->classes().size(), r.shards, a.dest);
+             r.bytes / 1e6, r.classes, r.shards, a.dest);
   return 0;
 }
 

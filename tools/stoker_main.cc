@@ -9,6 +9,7 @@
 #include "bench.h"
 #include "bench_jpeg.h"
 #include "image_commands.h"
+#include "interrupt.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"stoker: keeps accelerators fed with training data"};
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   auto run_image_command = stoker::tools::add_image_commands(app);
 
   CLI11_PARSE(app, argc, argv);
+  stoker::tools::install_interrupt_handler();
   try {
     if (const int rc = run_image_command(); rc >= 0) return rc;
     if (cmd->parsed()) {
@@ -56,6 +58,9 @@ int main(int argc, char** argv) {
       }
       return stoker::bench::run_jpeg(bench, jpeg_bench);
     }
+  } catch (const stoker::tools::Interrupted&) {
+    fmt::print(stderr, "stoker: interrupted\n");
+    return 130;  // as a shell reports a command ended by SIGINT
   } catch (const std::exception& e) {
     fmt::print(stderr, "stoker: {}\n", e.what());
     return 1;

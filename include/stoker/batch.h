@@ -38,6 +38,7 @@ class SampleError : public std::runtime_error {
 struct SkippedSample {
   std::size_t index;   // the sample that failed
   std::string reason;  // its exception's what()
+  std::string name{};  // the data set's name for it (Dataset::sample_name), if it has one
 };
 
 // Where a loader stands in its sample order: `batch` batches of epoch `epoch` have been handed

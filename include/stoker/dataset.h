@@ -114,6 +114,10 @@ class Dataset {
   // exception, with its type kept, together with the sample index (see SampleError).
   virtual void read(std::size_t index, const SampleOut& out) const = 0;
 
+  // What reports of failed samples call sample `index` besides its index: a file path, or a
+  // shard and record. Default: nothing (the index says it all).
+  virtual std::string sample_name(std::size_t /*index*/) const { return {}; }
+
   // A hint, called just before the previous sample is read: `index` is read next by this
   // thread. A dataset whose bytes are in memory can start bringing them into cache, which
   // overlaps that sample's memory latency with the current copy. Default: nothing.

@@ -73,6 +73,7 @@ struct PackResult {
   std::size_t records = 0;
   std::size_t shards = 0;
   std::uint64_t bytes = 0;  // payload bytes
+  std::size_t classes = 0;
 };
 
 // Writes every sample of `source` (bytes, label, name, and the class list) into record shards
@@ -81,6 +82,11 @@ struct PackResult {
 // sees a partial pack. Throws std::runtime_error naming the file and the reason.
 PackResult pack_records(const EncodedSource& source, const std::string& dest,
                         const PackOptions& options = {});
+
+// pack_records over open_image_folder(src) (what `stoker pack` does). Refuses a `dest` that is
+// `src` or contains it: replacing it would delete the images being packed.
+PackResult pack_image_folder(const std::string& src, const std::string& dest,
+                             const PackOptions& options = {});
 
 // Keeps the encoded bytes of `source` in RAM, up to `budget_bytes` (first come, first kept),
 // so that later epochs never touch the disk: the RAM-disk trick without root or tmpfs. The

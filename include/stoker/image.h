@@ -138,6 +138,7 @@ class ImageDataset final : public Dataset {
   std::size_t size() const override;
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
+  std::string sample_name(std::size_t index) const override;
 
   const std::shared_ptr<EncodedSource>& source() const { return options_.source; }
   const ImageTransform& transform() const { return options_.transform; }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "stoker/batch.h"
 #include "stoker/dataset.h"
@@ -69,6 +70,9 @@ class Loader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);  // clamped to at least 1
   Stats stats() const;
+  // Each distinct sample that failed under ErrorPolicy::skip in the batches handed out so far,
+  // in index order: index, reason (its first failure's) and name (a file or record).
+  std::vector<SkippedSample> skipped_samples() const;
 
   // Records a timeline of the loader's work from the next batch on, written to `path` as
   // Chrome trace-event JSON (Perfetto, chrome://tracing) by stop_trace() or the destructor:

@@ -23,7 +23,10 @@ struct Stats {
   std::chrono::nanoseconds worker_busy{0};    // summed over workers: time spent in read()
   std::chrono::nanoseconds inline_busy{0};    // read() time on the consumer (workers = 0)
   std::chrono::nanoseconds worker_cpu{0};     // of worker_busy, time on a CPU (the rest waited)
-  std::uint64_t skipped = 0;                  // rows replaced (skip policy) in batches handed out
+  // Skip policy, in the batches handed out: failed reads (a replacement that failed too
+  // counts again), and the distinct samples among them (Loader::skipped_samples).
+  std::uint64_t skipped = 0;
+  std::uint64_t bad_samples = 0;
   std::size_t workers = 0;
   std::size_t depth = 0;
   std::size_t in_flight = 0;        // batches being read or ready, now
@@ -58,6 +61,7 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("inline_busy", s.inline_busy);
   visit("worker_cpu", s.worker_cpu);
   visit("skipped", s.skipped);
+  visit("bad_samples", s.bad_samples);
   visit("workers", s.workers);
   visit("depth", s.depth);
   visit("in_flight", s.in_flight);

@@ -157,7 +157,13 @@ PYBIND11_MODULE(_stoker, m) {
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
-          r = pack_records(*open_image_folder(src), dest, o);
+          o.progress = [](std::size_t done, std::size_t, std::uint64_t) {
+            // Ctrl-C: KeyboardInterrupt, once pack_image_folder removed its temporary output.
+            if (done % 64 != 0) return;
+            py::gil_scoped_acquire gil;
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          };
+          r = pack_image_folder(src, dest, o);
         }
         py::dict d;
         d["records"] = r.records;
@@ -249,6 +255,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
+      .def("skipped_samples", &PyLoader::skipped_samples)
       .def("trace", &PyLoader::trace, py::arg("path"),
            py::arg("max_events") = TraceOptions{}.max_events)
       .def("close", &PyLoader::close)

@@ -488,4 +488,8 @@ void RemappedDataset::prefetch(std::size_t index) const {
   base_->prefetch((*order_.load())[index]);
 }
 
+std::string RemappedDataset::sample_name(std::size_t index) const {
+  return base_->sample_name((*order_.load())[index]);
+}
+
 }  // namespace stoker::python

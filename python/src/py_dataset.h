@@ -194,6 +194,7 @@ class RemappedDataset final : public Dataset {
   std::vector<FieldSpec> fields() const override { return base_->fields(); }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
+  std::string sample_name(std::size_t index) const override;
   bool reads_chunks() const override { return base_->reads_chunks(); }
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;

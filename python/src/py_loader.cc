@@ -211,6 +211,18 @@ void PyLoader::set_depth(std::size_t depth) {
   loader_->set_depth(depth);
 }
 
+py::list PyLoader::skipped_samples() {
+  auto locks = lock_call(false);
+  std::vector<SkippedSample> report;
+  {
+    py::gil_scoped_release nogil;
+    report = loader_->skipped_samples();
+  }
+  py::list out;
+  for (const auto& s : report) out.append(py::make_tuple(dataset_index(s.index), s.name, s.reason));
+  return out;
+}
+
 py::dict PyLoader::stats() {
   auto locks = lock_call(false);
   Stats s;

@@ -99,6 +99,8 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
+  // Loader::skipped_samples() as (data set index, name, reason) tuples.
+  py::list skipped_samples();
   // Loader::trace to `path`, or Loader::stop_trace with None. A file that cannot be created
   // or written raises OSError (FileNotFoundError, PermissionError, ...) naming it.
   void trace(const std::optional<std::string>& path, std::size_t max_events);

@@ -13,7 +13,7 @@ from . import _stoker, transforms
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
-from ._loader import DataLoader
+from ._loader import DataLoader, SkippedSample
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -27,6 +27,7 @@ __all__ = [
     "NativeDataset",
     "RecordDataset",
     "SampleError",
+    "SkippedSample",
     "SyntheticDataset",
     "WorkerError",
     "pack",

@@ -9,7 +9,7 @@ import sys
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 
 from . import _stoker
 from ._batch import converter, plan
@@ -41,6 +41,23 @@ _AUTO_GIL_PARALLEL = 1.25
 # per core when they compute. Threads are cheap, so a waiting data set may get many.
 _AUTO_MAX_WORKERS_NATIVE_PER_CORE = 4
 _AUTO_MAX_WORKERS_PYTHON = 32
+
+
+class SkippedSample(NamedTuple):
+    """A sample that failed under on_error='skip' (DataLoader.skipped_samples())."""
+    index: int  # in the data set
+    name: str  # a file path or record, where the data set has one; else ''
+    reason: str  # the exception, as its first failure raised it
+
+
+def _sample_name(dataset, index: int) -> str:
+    """torchvision's DatasetFolder convention: ``samples[i]`` is ``(path, class)``."""
+    samples = getattr(dataset, "samples", None)
+    try:
+        path = samples[index][0]
+    except Exception:  # not that convention
+        return ""
+    return path if isinstance(path, str) else ""
 
 
 def _cores() -> int:
@@ -292,16 +309,18 @@ class DataLoader:
             self._start_processes()
         self._order = order
         self._device = self._resolve_device(device)
-        stream = 0
-        if self._device.startswith("cuda"):
-            torch = sys.modules.get("torch")
-            if torch is not None and torch.cuda.is_available():
-                stream = torch.cuda.current_stream(torch.device(self._device)).cuda_stream
+        torch = sys.modules.get("torch")
+        has_gpu = torch is not None and torch.cuda.is_available()
         if isinstance(pin_memory, bool):
             # As torch: True pins only where a GPU will read the batches.
-            torch = sys.modules.get("torch")
-            has_gpu = torch is not None and torch.cuda.is_available()
             pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
+        # The training loop's stream: batches copied to the GPU make it wait for their copy;
+        # with pin_memory=True a pinned slab is refilled only after the work queued on it when
+        # its batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run.
+        stream = 0
+        if has_gpu and (self._device.startswith("cuda") or pin_memory == "on"):
+            on = torch.device(self._device) if self._device.startswith("cuda") else None
+            stream = torch.cuda.current_stream(on).cuda_stream
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
             drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
@@ -418,6 +437,18 @@ class DataLoader:
         stats["worker_type_reason"] = self.worker_type_reason
         stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []
         return stats
+
+    def skipped_samples(self) -> list[SkippedSample]:
+        """Each distinct sample that failed under ``on_error='skip'`` in the batches handed
+        out so far, in index order, with its name (file path or record, where the data set
+        has one) and the reason. ``stats()["skipped"]`` counts failed reads (a replacement
+        that failed too counts again), ``stats()["bad_samples"]`` the samples listed here."""
+        report: dict[int, SkippedSample] = {}
+        for index, name, reason in self._loader.skipped_samples():
+            if index not in report:
+                report[index] = SkippedSample(index, name or _sample_name(self.dataset, index),
+                                              reason)
+        return [report[i] for i in sorted(report)]
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""

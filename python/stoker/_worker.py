@@ -135,7 +135,7 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
             init_error = _error_info(e)
     try:
         _serve(sock, dataset, writer, slots, init_error, use_getitems)
-    except _Closed:
+    except (_Closed, ConnectionError):  # the loader closed (while a reply was on its way)
         pass
     finally:
         sock.close()

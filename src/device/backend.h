@@ -4,10 +4,12 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "memory/host_allocator.h"
+#include "memory/slab_pool.h"
 #include "stoker/options.h"
 
 namespace stoker::detail {
@@ -58,6 +60,14 @@ class DeviceBackend {
   virtual bool query(DeviceEvent& event) = 0;
   virtual void synchronize(DeviceEvent& event) = 0;
 };
+
+// Fences for page-locked slabs whose batches are handed out on the host (pin_memory on, batches
+// on the CPU) and copied to `backend` by the consumer itself: each records an event on the
+// consumer's `stream` when its batch is given back, and the slab is not refilled before it
+// completes. (Batches the copy stage delivers need none: a device slot returns its slab only
+// after its own copy completed.)
+std::function<std::unique_ptr<ReleaseFence>()> release_fences(
+    std::shared_ptr<DeviceBackend> backend, DeviceBackend::Stream stream);
 
 // The CUDA device `ordinal`, or null with the reason in `why` (no driver, no device, or
 // stoker built without CUDA).

@@ -376,7 +376,7 @@ bool Engine::on_failure(Ticket* ticket, std::size_t row, std::size_t index, std:
     const std::uint64_t used = skip_budget_used_.fetch_add(1, std::memory_order_relaxed) + 1;
     if (used <= config_.max_skipped && attempt < kMaxReplacements) {
       MutexLock guard(ticket->failure_mu);
-      ticket->skipped.push_back({index, std::move(reason)});
+      ticket->skipped.push_back({index, std::move(reason), sample_name(index)});
       return true;
     }
     skip_budget_used_.fetch_sub(1, std::memory_order_relaxed);  // raised, not skipped
@@ -437,6 +437,10 @@ Engine::Taken Engine::take(Deadline deadline) {
     failure = std::move(ticket->failure);
     taken.info = {ticket->epoch, ticket->number, ticket->size, std::move(ticket->skipped)};
   }
+  if (!taken.info.skipped.empty()) {
+    MutexLock bad(bad_mu_);
+    for (const auto& s : taken.info.skipped) bad_.try_emplace(s.index, s);
+  }
   taken.slab.reset(std::exchange(ticket->slab, nullptr));
   tickets_.release(ticket);
   if (failure) throw SampleError(failure->index, failure->cause, failure->reason);
@@ -453,6 +457,22 @@ std::optional<Batch> Engine::next() {
   Taken taken = take(std::nullopt);
   if (!taken.slab) return std::nullopt;
   return Batch(std::shared_ptr<BatchOwner>(pool_, taken.slab.release()), std::move(taken.info));
+}
+
+std::vector<SkippedSample> Engine::skipped_samples() const {
+  MutexLock bad(bad_mu_);
+  std::vector<SkippedSample> out;
+  out.reserve(bad_.size());
+  for (const auto& [index, sample] : bad_) out.push_back(sample);
+  return out;
+}
+
+std::string Engine::sample_name(std::size_t index) const noexcept {
+  try {
+    return config_.dataset->sample_name(index);
+  } catch (...) {
+    return {};  // a report without the name rather than a lost failure
+  }
 }
 
 Ticket* Engine::take_head(Deadline deadline, bool& end_of_epoch, bool traced,
@@ -555,6 +575,10 @@ Stats Engine::stats() const {
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
   s.worker_lock_held = config_.dataset->lock_held();
   s.skipped = skipped_.load(std::memory_order_relaxed);
+  {
+    MutexLock bad(bad_mu_);
+    s.bad_samples = bad_.size();
+  }
   const std::uint64_t calls = waiting_takes_.load(std::memory_order_relaxed);
   s.mean_ready_at_next =
       calls ? static_cast<double>(ready_seen_sum_.load(std::memory_order_relaxed)) / calls : 0.0;

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -126,7 +127,10 @@ class Engine {
   Position position() const STOKER_EXCLUDES(mu_);
   void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
   void set_depth(std::size_t depth) STOKER_EXCLUDES(mu_);
-  Stats stats() const STOKER_EXCLUDES(mu_);
+  Stats stats() const STOKER_EXCLUDES(mu_, bad_mu_);
+  // Each distinct sample that failed in a batch handed out (skip policy), by index, with its
+  // first reason.
+  std::vector<SkippedSample> skipped_samples() const STOKER_EXCLUDES(bad_mu_);
   std::size_t worker_limit() const { return config_.dataset->worker_limit(); }
 
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }
@@ -178,6 +182,7 @@ class Engine {
   std::size_t replacement(const Ticket* ticket, std::size_t index, std::size_t attempt) const;
   // Records a failed read. Returns true if the row should be retried with another sample.
   bool on_failure(Ticket* ticket, std::size_t row, std::size_t index, std::size_t attempt);
+  std::string sample_name(std::size_t index) const noexcept;
   void cancel_in_flight() STOKER_REQUIRES(mu_);
   // One relaxed load while tracing is off.
   bool tracing() const { return config_.tracer != nullptr && config_.tracer->on(); }
@@ -236,6 +241,10 @@ class Engine {
   // The pinned bytes last traced, and in which recording: take()'s, the consumer's.
   std::size_t pinned_traced_ = 0;
   std::uint64_t pinned_trace_ = 0;
+
+  // The report of bad samples: bounded by max_skipped, as every entry used up the budget.
+  mutable Mutex bad_mu_;
+  std::map<std::size_t, SkippedSample> bad_ STOKER_GUARDED_BY(bad_mu_);
 
   RecyclingPool<Ticket> tickets_{[] { return std::make_unique<Ticket>(); }};
 

@@ -290,6 +290,10 @@ std::vector<FieldSpec> ImageDataset::fields() const {
           {"label", DType::i64, {}}};
 }
 
+std::string ImageDataset::sample_name(std::size_t index) const {
+  return options_.source->name(index);
+}
+
 void ImageDataset::read(std::size_t index, const SampleOut& out) const {
   if (index >= size()) {
     throw std::out_of_range("stoker::ImageDataset: index " + std::to_string(index) +

@@ -18,17 +18,26 @@ std::string mib(std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"
 
 }  // namespace
 
-Slab::Slab(SlabPool& pool, std::byte* memory, HostAllocator& allocator)
-    : pool_(pool), memory_(memory), allocator_(allocator), indices_(pool.layout().batch_size) {
+Slab::Slab(SlabPool& pool, std::byte* memory, HostAllocator& allocator,
+           std::unique_ptr<ReleaseFence> fence)
+    : pool_(pool),
+      memory_(memory),
+      allocator_(allocator),
+      fence_(std::move(fence)),
+      indices_(pool.layout().batch_size) {
   for (std::size_t offset : pool.layout().field_offsets) field_bases_.push_back(memory + offset);
 }
 
-void Slab::give_back() noexcept { pool_.release(this); }
+void Slab::give_back() noexcept {
+  if (fence_) fence_->record();
+  pool_.release(this);
+}
 const SlabLayout& Slab::layout() const noexcept { return pool_.layout(); }
 
 SlabPool::SlabPool(std::vector<FieldSpec> fields, std::size_t batch_size, SlabMemory memory)
     : memory_(std::move(memory)),
-      slabs_([this] { return make_slab(); }, {}, [this](Slab& slab) { destroy(slab); }) {
+      slabs_([this] { return make_slab(); }, [](Slab& slab) { slab.wait_released(); },
+             [this](Slab& slab) { destroy(slab); }) {
   layout_.fields = std::move(fields);
   layout_.batch_size = batch_size;
   std::size_t offset = 0;
@@ -68,7 +77,9 @@ std::unique_ptr<Slab> SlabPool::make_slab() {
   HostAllocator* allocator = memory ? memory_.locked.get() : memory_.pageable.get();
   if (!memory) memory = memory_.pageable->allocate(layout_.slab_bytes);
   try {
-    return std::make_unique<Slab>(*this, memory, *allocator);
+    const bool locked = allocator == memory_.locked.get();
+    return std::make_unique<Slab>(*this, memory, *allocator,
+                                  locked && memory_.make_fence ? memory_.make_fence() : nullptr);
   } catch (...) {
     allocator->deallocate(memory, layout_.slab_bytes);
     if (allocator->kind() != MemoryKind::pageable) LockedBytes::give_back(layout_.slab_bytes);
@@ -77,6 +88,7 @@ std::unique_ptr<Slab> SlabPool::make_slab() {
 }
 
 void SlabPool::destroy(Slab& slab) noexcept {
+  slab.wait_released();
   slab.allocator().deallocate(slab.host(), layout_.slab_bytes);
   if (slab.allocator().kind() != MemoryKind::pageable) LockedBytes::give_back(layout_.slab_bytes);
 }

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -16,12 +17,27 @@
 
 namespace stoker::detail {
 
+// What may still read a slab after its batch was given back: a user's own non_blocking copy
+// out of a page-locked batch (torch's x.to("cuda", non_blocking=True) returns before the DMA
+// ran). Recorded when the batch gives its slab back, waited for before the slab is filled
+// again, as PyTorch's pinned allocator does with its events.
+//
+// Thread safety: record() and wait() are ordered by the pool (give back, then reuse).
+class ReleaseFence {
+ public:
+  virtual ~ReleaseFence() = default;
+  virtual void record() noexcept = 0;
+  virtual void wait() noexcept = 0;
+};
+
 // How a pool gets slab memory: page-locked from `locked` while the process-wide LockedBytes
 // total stays within `lock_limit`, pageable otherwise (said once in the log).
 struct SlabMemory {
   std::shared_ptr<HostAllocator> pageable = pageable_allocator();
   std::shared_ptr<HostAllocator> locked;  // null: never lock
   std::size_t lock_limit = 0;
+  // A fence for each page-locked slab (null: none), for batches handed out on the host.
+  std::function<std::unique_ptr<ReleaseFence>()> make_fence;
 };
 
 class SlabPool;
@@ -29,12 +45,17 @@ class SlabPool;
 // One batch buffer, and the data set index of each row written into it.
 class Slab final : public BatchOwner {
  public:
-  Slab(SlabPool& pool, std::byte* memory, HostAllocator& allocator);
+  Slab(SlabPool& pool, std::byte* memory, HostAllocator& allocator,
+       std::unique_ptr<ReleaseFence> fence = nullptr);
 
   std::byte* field(std::size_t f) const noexcept { return field_bases_[f]; }
   std::byte* const* fields() const noexcept { return field_bases_.data(); }  // for SampleOut
   std::span<std::size_t> rows() noexcept { return indices_; }
   HostAllocator& allocator() const noexcept { return allocator_; }
+  // Waits until nothing reads the slab any more (its fence, if it has one).
+  void wait_released() const noexcept {
+    if (fence_) fence_->wait();
+  }
 
   void give_back() noexcept override;
   const SlabLayout& layout() const noexcept override;
@@ -45,6 +66,7 @@ class Slab final : public BatchOwner {
   SlabPool& pool_;
   std::byte* const memory_;
   HostAllocator& allocator_;
+  const std::unique_ptr<ReleaseFence> fence_;
   std::vector<std::byte*> field_bases_;  // field f's array, batch_size rows
   std::vector<std::size_t> indices_;     // batch_size entries
 };

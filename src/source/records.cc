@@ -341,6 +341,7 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
   PackResult result;
   try {
     const auto classes = source.classes();
+    result.classes = classes.size();
     const auto shard_name = [&](std::size_t n) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "part-%05zu%s", n, records::kShardSuffix);
@@ -379,6 +380,17 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
     throw;
   }
   return result;
+}
+
+PackResult pack_image_folder(const std::string& src, const std::string& dest,
+                             const PackOptions& options) {
+  const fs::path from = fs::weakly_canonical(fs::absolute(src));
+  const fs::path to = fs::weakly_canonical(fs::absolute(dest));
+  if (std::mismatch(to.begin(), to.end(), from.begin(), from.end()).first == to.end()) {
+    throw std::runtime_error(dest + ": is or contains the image folder being packed (" + src +
+                             "); choose another destination");
+  }
+  return pack_records(*open_image_folder(src), dest, options);
 }
 
 }  // namespace stoker

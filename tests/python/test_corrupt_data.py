@@ -1,6 +1,7 @@
 """Bad files through the Python package: under on_error='raise' the SampleError names the
-sample, the file and the reason; under 'skip' the epoch has all its rows. The full corpus, with
-the batches' skipped lists checked sample by sample, is tests/corrupt_data_test.cc."""
+sample, the file and the reason; under 'skip' the epoch has all its rows and skipped_samples()
+lists exactly the bad files. The full corpus, with the batches' skipped lists checked sample by
+sample, is tests/corrupt_data_test.cc."""
 
 import io
 import struct
@@ -82,6 +83,44 @@ def test_skip_finishes_the_epoch_with_every_row(tmp_path, workers):
     for _ in range(2):
         rows = sum(images.shape[0] for images, _ in loader)
         assert rows == len(ds) == 16
-    # Counts failures, replacements that failed too included (skipped_samples() is issue 10's
-    # report of distinct samples).
+    # Counts failures, replacements that failed too included; the report lists each bad file
+    # once, by index (ImageFolder's order: sorted by name), path and reason.
     assert loader.stats()["skipped"] >= 2 * len(BAD)
+    assert loader.stats()["bad_samples"] == len(BAD)
+    report = loader.skipped_samples()
+    files = sorted((tmp_path / "x").iterdir())
+    assert [s.index for s in report] == [i for i, f in enumerate(files) if f.name in BAD]
+    for s in report:
+        assert s.name == str(files[s.index])
+        assert BAD[files[s.index].name][1] in s.reason, s
+
+
+class BrokenFiles:
+    """A Python data set over files, torchvision's DatasetFolder-style ``samples``."""
+
+    def __init__(self, root):
+        self.samples = [(str(p), 0) for p in sorted(root.iterdir())]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        path = self.samples[index][0]
+        if "bad" in path:
+            raise OSError(f"cannot decode {path}")
+        return np.full(3, index, dtype=np.int64)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_skipped_samples_of_a_python_data_set_name_its_files(tmp_path, worker_type):
+    for i in range(12):
+        (tmp_path / (f"bad{i}.bin" if i % 4 == 1 else f"good{i}.bin")).write_bytes(b"x")
+    ds = BrokenFiles(tmp_path)
+    loader = stoker.DataLoader(ds, batch_size=3, num_workers=2, worker_type=worker_type,
+                               on_error="skip", shuffle=True, seed=3)
+    for batch in loader:
+        assert all("bad" not in ds.samples[int(i)][0] for i in batch[:, 0])
+    bad = [i for i, (path, _) in enumerate(ds.samples) if "bad" in path]
+    report = loader.skipped_samples()
+    assert [s.index for s in report] == bad
+    assert all(s.name == ds.samples[s.index][0] and "cannot decode" in s.reason for s in report)

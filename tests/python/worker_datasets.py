@@ -170,3 +170,19 @@ class Stuck:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         while True:
             time.sleep(1)
+
+
+class Flaky:
+    """Sample i is [i] plus a 4 KB payload; each read fails with probability `p` (its own
+    random stream per process and thread)."""
+
+    def __init__(self, n, p):
+        self.n, self.p = n, p
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if random.random() < self.p:
+            raise RuntimeError(f"flaky read of sample {i}")
+        return np.array([i], dtype=np.int64), np.full(4096, i & 255, dtype=np.uint8)
