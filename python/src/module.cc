@@ -150,18 +150,19 @@ PYBIND11_MODULE(_stoker, m) {
   m.def(
       "pack",
       [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes,
-         bool overwrite) {
+         bool overwrite, const py::object& on_progress) {
         PackResult r;
         {
           py::gil_scoped_release nogil;
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
-          o.progress = [](std::size_t done, std::size_t, std::uint64_t) {
+          o.progress = [&on_progress](std::size_t done, std::size_t total, std::uint64_t) {
             // Ctrl-C: KeyboardInterrupt, once pack_image_folder removed its temporary output.
-            if (done % 64 != 0) return;
+            if (done % 64 != 0 && done != total) return;
             py::gil_scoped_acquire gil;
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+            if (!on_progress.is_none()) on_progress(done, total);  // (files done, files)
           };
           r = pack_image_folder(src, dest, o);
         }
@@ -171,7 +172,8 @@ PYBIND11_MODULE(_stoker, m) {
         d["bytes"] = r.bytes;
         return d;
       },
-      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"));
+      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
+      py::arg("on_progress") = py::none());
   m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 

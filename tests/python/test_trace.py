@@ -152,3 +152,15 @@ def test_progress_is_silent_off_a_terminal_when_quiet_and_without_tqdm(monkeypat
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # as if tqdm were not installed
     assert list(progress(iter("abc"), total=3)) == ["a", "b", "c"]
     assert terminal.getvalue() == ""
+
+
+def test_pack_draws_a_tqdm_bar_on_a_terminal(tmp_path, monkeypatch):
+    pytest.importorskip("tqdm")
+    Image = pytest.importorskip("PIL.Image")
+    for i in range(3):
+        (tmp_path / "src" / f"c{i}").mkdir(parents=True)
+        Image.fromarray(np.full((8, 8, 3), i * 40, np.uint8)).save(tmp_path / "src" / f"c{i}" / "a.jpg")
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert stoker.pack(tmp_path / "src", tmp_path / "packed")["records"] == 3
+    assert "pack" in terminal.getvalue() and "3/3" in terminal.getvalue()
