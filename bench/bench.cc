@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -122,11 +121,9 @@ json to_json(const Measurement& m) {
           {"epoch_times_s", m.epoch_times}};
 }
 
-// `path` with the workload's name before its extension, when a run has several workloads.
+// The workload's trace file: --trace, named with the workload when there are several.
 std::string trace_path(const BenchOptions& o, const Workload& w) {
-  if (o.trace.empty() || o.workloads.size() <= 1) return o.trace;
-  const std::filesystem::path p(o.trace);
-  return (p.parent_path() / (p.stem().string() + "-" + w.name + p.extension().string())).string();
+  return o.trace.empty() || o.workloads.size() <= 1 ? o.trace : with_name(o.trace, w.name);
 }
 
 // The stoker side; traced into `trace` unless it is empty.
