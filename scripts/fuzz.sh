@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev
 
 build build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
-  -DSTOKER_SANITIZE=address,undefined -DSTOKER_FUZZ=ON -DSTOKER_CUDA=OFF \
+  -DSTOKER_SANITIZE=address,undefined -DSTOKER_FUZZ=ON \
   -DSTOKER_BUILD_TESTS=OFF -DSTOKER_BUILD_TOOLS=OFF
 
 seconds=${FUZZ_SECONDS:-15}

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds stoker and runs every test: formatting, the release build, ASan+UBSan and TSan
-# builds (TSan with clang, which also checks the lock annotations), the image pipeline against
-# Pillow, the Python package (pip install . into .venv-test, then pytest) and benchmark smoke
-# runs.
+# Builds stoker and runs every test: formatting, the release build (with the installed C++
+# package used by a consumer project), ASan+UBSan and TSan builds (TSan with clang, which also
+# checks the lock annotations), the image pipeline against Pillow, the Python package (one
+# wheel, installed into .venv-test for the benchmark and into a fresh virtual environment,
+# where pytest runs) and benchmark smoke runs.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
@@ -10,7 +11,7 @@ apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
 echo "== format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
-echo "== release build and tests"
+echo "== release build and tests (install_consumer: cmake --install, then find_package(stoker))"
 build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
@@ -27,16 +28,30 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
-echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest)"
-python_venv .venv-test torch==2.13.0 numpy pillow pytest
+echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest; the wheel's build tools)"
+python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11
 
-echo "== image pipeline against Pillow, command-line Ctrl-C (pytest)"
-STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image tests/cli
+echo "== image pipeline against Pillow (pytest)"
+STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
 
-echo "== Python package: pip install . and its tests (DDP under torchrun included)"
+echo "== Python package: one wheel (pip wheel .), installed into .venv-test (for the benchmark)"
 apt_install libdlpack-dev
-.venv-test/bin/pip install -q .
-.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/python
+rm -rf build-py/dist
+.venv-test/bin/pip wheel -q --no-deps --no-build-isolation -w build-py/dist .
+wheel=$(echo build-py/dist/stoker-*.whl)
+.venv-test/bin/pip install -q --force-reinstall --no-deps "$wheel"
+
+echo "== Ctrl-C on the command line and in stoker.pack (pytest)"
+STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/cli
+
+echo "== the wheel in a fresh virtual environment (binary packages only: nothing compiled) and"
+echo "   the Python tests there (DDP under torchrun included)"
+rm -rf build-py/fresh-venv
+python3 -m venv build-py/fresh-venv
+# --no-compile: .pyc files only for the modules the tests import, not all of torch.
+build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
+  pytest
+build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --no-baseline --json >/dev/null

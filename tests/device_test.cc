@@ -152,8 +152,7 @@ TEST(SimDevice, APinnedHostBatchIsNotRefilledUnderTheConsumersOwnCopy) {
     for (std::size_t r = 0; r < c.indices.size(); ++r) {
       EXPECT_EQ(index[r], static_cast<std::int64_t>(c.indices[r]));
       EXPECT_EQ(static_cast<std::uint8_t>(c.payload_field[r * 4096]), c.indices[r] & 255);
-      EXPECT_EQ(static_cast<std::uint8_t>(c.payload_field[(r + 1) * 4096 - 1]),
-                c.indices[r] & 255);
+      EXPECT_EQ(static_cast<std::uint8_t>(c.payload_field[(r + 1) * 4096 - 1]), c.indices[r] & 255);
     }
   }
 }

@@ -1,5 +1,6 @@
 // The stoker command line.
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <exception>
@@ -10,10 +11,36 @@
 #include "bench_jpeg.h"
 #include "image_commands.h"
 #include "interrupt.h"
+#include "stoker/info.h"
+
+namespace {
+
+// `stoker info`: the version and what the search for a CUDA runtime found (the Python
+// package's stoker.build_info() says the same).
+void print_info() {
+  const stoker::CudaInfo cuda = stoker::cuda_info();
+  fmt::print("stoker {}\n", stoker::version());
+  fmt::print("cuda runtime: {}\n", cuda.library.empty() ? "none found" : cuda.library);
+  if (!cuda.library.empty()) {
+    fmt::print("cuda runtime version: {}.{}\n", cuda.runtime_version / 1000,
+               cuda.runtime_version % 1000 / 10);
+    fmt::print("cuda driver version: {}\n", cuda.driver_version
+                                                ? fmt::format("{}.{}", cuda.driver_version / 1000,
+                                                              cuda.driver_version % 1000 / 10)
+                                                : "none");
+  }
+  fmt::print("cuda devices: {}\n", cuda.devices);
+  if (!cuda.why.empty()) fmt::print("why no device: {}\n", cuda.why);
+  fmt::print("searched: {}\n", fmt::join(cuda.searched, ", "));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"stoker: keeps accelerators fed with training data"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "stoker " + std::string(stoker::version()));
+  auto* info = app.add_subcommand("info", "Show the version and the CUDA runtime found");
 
   stoker::bench::BenchOptions bench;
   auto* cmd = app.add_subcommand(
@@ -49,6 +76,10 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   stoker::tools::install_interrupt_handler();
   try {
+    if (info->parsed()) {
+      print_info();
+      return 0;
+    }
     if (const int rc = run_image_command(); rc >= 0) return rc;
     if (cmd->parsed()) {
       // jpeg runs on its own (its baseline needs torchvision), after any other workloads.

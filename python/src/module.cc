@@ -7,12 +7,14 @@
 
 #include <string>
 
+#include "device/cuda_runtime.h"
 #include "memory/shared_memory.h"
 #include "native_datasets.h"
 #include "py_dataset.h"
 #include "py_loader.h"
 #include "py_workers.h"
 #include "stoker/encoded.h"
+#include "stoker/info.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -282,6 +284,31 @@ PYBIND11_MODULE(_stoker, m) {
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");
+  m.def(
+      "version", [] { return std::string(stoker::version()); },
+      "The C++ library's version (CMake's project version).");
+  m.def(
+      "cuda_info",
+      [] {
+        CudaInfo info;
+        {
+          // The first call loads the runtime and initializes the driver: seconds, at worst.
+          py::gil_scoped_release release;
+          info = stoker::cuda_info();
+        }
+        py::dict d;
+        d["library"] = info.library.empty() ? py::object(py::none()) : py::str(info.library);
+        d["runtime_version"] = info.runtime_version;
+        d["driver_version"] = info.driver_version;
+        d["devices"] = info.devices;
+        d["why"] = info.why.empty() ? py::object(py::none()) : py::str(info.why);
+        d["searched"] = info.searched;
+        return d;
+      },
+      "What the search for the CUDA runtime found (stoker::cuda_info), loading it on the first "
+      "call.");
+  m.def("add_cuda_runtime_hints", &detail::add_cuda_runtime_hints, py::arg("dirs"),
+        "Directories to search for libcudart before the system's, if no search was made yet.");
   m.def("close_all", &PyLoader::close_all,
         "Closes every open loader (the package calls it at exit).");
   m.def("abandon_all_after_fork", &PyLoader::abandon_all_after_fork,

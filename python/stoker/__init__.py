@@ -10,6 +10,7 @@ import atexit as _atexit
 import os as _os
 
 from . import _stoker, transforms
+from ._cuda import _add_wheel_runtime_hints, build_info, cuda_available
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
@@ -30,12 +31,17 @@ __all__ = [
     "SkippedSample",
     "SyntheticDataset",
     "WorkerError",
+    "build_info",
+    "cuda_available",
     "pack",
     "sample_seed",
     "transforms",
     "world",
 ]
-__version__ = "0.1.0"
+__version__ = _stoker.version()  # CMakeLists.txt's project() version, the one source
+
+# Before the first search for the CUDA runtime: PyTorch's wheel's runtime, if installed.
+_add_wheel_runtime_hints()
 
 # Workers must stop before the interpreter tears down the objects they use.
 _atexit.register(_stoker.close_all)

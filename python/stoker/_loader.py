@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
 
 from . import _stoker
 from ._batch import converter, plan
+from ._cuda import cuda_available
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
 from ._torchvision import native_equivalent
@@ -312,8 +313,10 @@ class DataLoader:
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
         if isinstance(pin_memory, bool):
-            # As torch: True pins only where a GPU will read the batches.
-            pin_memory = "on" if pin_memory and has_gpu else ("auto" if pin_memory else "off")
+            # As torch: True pins only where a GPU will read the batches (torch's GPU if torch
+            # is in use, else any the engine finds).
+            gpu = has_gpu if torch is not None else cuda_available()
+            pin_memory = "on" if pin_memory and gpu else ("auto" if pin_memory else "off")
         # The training loop's stream: batches copied to the GPU make it wait for their copy;
         # with pin_memory=True a pinned slab is refilled only after the work queued on it when
         # its batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run.

@@ -1,6 +1,6 @@
 // A device that batches are copied to (cuda, or the simulated one), seen by the copy stage.
-// Backends are split by file and build target: cuda_backend.cc is compiled only where CMake
-// finds a CUDA toolkit, cuda_unavailable.cc otherwise; callers never test for CUDA.
+// Backends are split by file: cuda_backend.cc over the CUDA runtime found at run time
+// (cuda_runtime.h), sim_backend.cc; callers never test for CUDA.
 #pragma once
 
 #include <cstddef>
@@ -69,9 +69,13 @@ class DeviceBackend {
 std::function<std::unique_ptr<ReleaseFence>()> release_fences(
     std::shared_ptr<DeviceBackend> backend, DeviceBackend::Stream stream);
 
-// The CUDA device `ordinal`, or null with the reason in `why` (no driver, no device, or
-// stoker built without CUDA).
+struct CudaRuntime;
+// The CUDA device `ordinal` of the process-wide runtime, or null with the reason in `why` (no
+// runtime found, no driver, no such device).
 std::unique_ptr<DeviceBackend> open_cuda(int ordinal, std::string& why);
+// The same over a given runtime (load_cuda_runtime), which the backend keeps loaded.
+std::unique_ptr<DeviceBackend> open_cuda(std::shared_ptr<const CudaRuntime> runtime, int ordinal,
+                                         std::string& why);
 // The simulated device (sim_backend.h).
 std::unique_ptr<DeviceBackend> open_sim(const SimDevice& options);
 
