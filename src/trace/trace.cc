@@ -98,7 +98,7 @@ class JsonWriter {
                      ull(e.c));
         break;
       case TraceName::batch:
-        batch(e);
+        batch(tid, e);
         break;
       case TraceName::queue:
         counter("queue", e.start_ns, "in flight", e.a, "ready", e.b);
@@ -149,15 +149,17 @@ class JsonWriter {
   }
   // A batch as nested async slices under one id: "batch" from opened to taken, "ready" from
   // complete to taken (the time it waited for the consumer). Parts from before the window (or
-  // not stamped: the batch was opened or completed before the trace began) are left out.
-  void batch(const TraceEvent& e) {
+  // not stamped: the batch was opened or completed before the trace began) are left out. `tid`
+  // is the thread that took it.
+  void batch(int tid, const TraceEvent& e) {
     const auto ready = static_cast<std::int64_t>(e.a);
     char id[40];
     std::snprintf(id, sizeof id, "0x%llx", (ull(e.b) << 32) | (ull(e.c) & 0xffffffffULL));
     const auto part = [&](const char* ph, const char* name, std::int64_t ns) {
       separator();
-      std::fprintf(file_, R"({"ph": "%s", "cat": "batch", "name": "%s", "id": "%s", "pid": %d)", ph,
-                   name, id, pid_);
+      std::fprintf(file_,
+                   R"({"ph": "%s", "cat": "batch", "name": "%s", "id": "%s", "pid": %d, "tid": %d)",
+                   ph, name, id, pid_, tid);
       time("ts", ns);
       std::fprintf(file_, R"(, "args": {"epoch": %llu, "batch": %llu}})", ull(e.b), ull(e.c));
     };
@@ -169,8 +171,9 @@ class JsonWriter {
     if (opened) part("e", "batch", e.end_ns);
     if (!opened && !was_ready) {
       separator();
-      std::fprintf(file_, R"({"ph": "i", "s": "p", "cat": "batch", "name": "taken", "pid": %d)",
-                   pid_);
+      std::fprintf(file_,
+                   R"({"ph": "i", "s": "p", "cat": "batch", "name": "taken", "pid": %d, "tid": %d)",
+                   pid_, tid);
       time("ts", e.end_ns);
       std::fprintf(file_, R"(, "args": {"epoch": %llu, "batch": %llu}})", ull(e.b), ull(e.c));
     }
