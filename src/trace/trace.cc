@@ -230,13 +230,14 @@ Tracer::Buffer& Tracer::buffer() {
 
 Tracer::Buffer& Tracer::add_buffer() {
   const int tid = static_cast<int>(gettid());
+  std::string name = thread_name.empty() ? "thread " + std::to_string(tid) : thread_name;
   MutexLock lock(buffers_mu_);
-  // A thread whose cache entry was evicted finds its buffer again.
+  // A thread whose cache entry was evicted finds its buffer again (by name too: the kernel
+  // reuses the ids of threads that ended).
   for (auto& b : buffers_) {
-    if (b->tid == tid) return *b;
+    if (b->tid == tid && b->name == name) return *b;
   }
-  auto b = std::make_unique<Buffer>(
-      tid, thread_name.empty() ? "thread " + std::to_string(tid) : thread_name);
+  auto b = std::make_unique<Buffer>(tid, std::move(name));
   {
     MutexLock buffer_lock(b->mu);
     b->capacity = max_events_;
