@@ -23,13 +23,12 @@ class ProgressBar {
   // `done` of `total` steps, with a short note after the bar ("12.3 MB/s"); redrawn at most
   // ten times a second.
   void update(std::size_t done, std::string_view note = {});
-  void set_label(std::string label) { label_ = std::move(label); }
 
  private:
   using Clock = std::chrono::steady_clock;
   const bool shown_;
-  std::string label_;
-  std::size_t total_;
+  const std::string label_;
+  const std::size_t total_;
   Clock::time_point last_{};
   bool drawn_ = false;
 };
