@@ -22,6 +22,7 @@ namespace stoker::python {
 namespace {
 
 enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kResult = 1 };
+constexpr std::uint32_t kTimeRows = 1;  // a job's flag
 
 // How long a worker that closed its socket is given to become a zombie, so that its exit
 // status can be read; an exit takes microseconds, a hung one is reported without a status.
@@ -247,7 +248,8 @@ void ProcessPool::give_back(Link* link, bool dead) {
 
 bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
                            std::uint32_t region_id, int region_fd, std::size_t region_bytes,
-                           std::vector<std::uint8_t>& status, std::vector<std::uint8_t>& blob) {
+                           std::vector<std::uint8_t>& status, std::vector<std::int64_t>& times,
+                           std::vector<std::uint8_t>& blob) {
   // Regions freed since this worker mapped them (slabs trimmed): let it unmap them.
   for (auto it = link.regions.begin(); it != link.regions.end();) {
     if (detail::shared_region_alive(*it)) {
@@ -278,11 +280,15 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
   std::vector<std::uint8_t> payload(get<std::uint32_t>(header + 4));
   if (!recv_all(link.fd, payload.data(), payload.size())) return false;
   if (payload.size() < 16) return false;
-  const auto rows = get<std::uint32_t>(payload.data() + 8);
-  const auto blob_bytes = get<std::uint32_t>(payload.data() + 12);
-  if (payload.size() != 16 + rows + std::size_t{blob_bytes}) return false;
-  status.assign(payload.begin() + 16, payload.begin() + 16 + rows);
-  blob.assign(payload.begin() + 16 + rows, payload.end());
+  const std::size_t rows = get<std::uint32_t>(payload.data() + 8);
+  const std::size_t blob_bytes = get<std::uint32_t>(payload.data() + 12);
+  const std::size_t time_bytes = payload.size() - std::min(payload.size(), 16 + rows + blob_bytes);
+  if (payload.size() != 16 + rows + blob_bytes + time_bytes) return false;
+  if (time_bytes != 0 && time_bytes != 16 * rows) return false;
+  status.assign(payload.begin() + 16, payload.begin() + 16 + static_cast<std::ptrdiff_t>(rows));
+  times.resize(time_bytes / 8);
+  if (time_bytes != 0) std::memcpy(times.data(), payload.data() + 16 + rows, time_bytes);
+  blob.assign(payload.end() - static_cast<std::ptrdiff_t>(blob_bytes), payload.end());
   return true;
 }
 
@@ -330,7 +336,10 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   put(job, region->id);
   put(job, static_cast<std::uint32_t>(fields));
   put(job, static_cast<std::uint32_t>(indices.size()));
-  put(job, std::uint32_t{0});
+  // The replies carry the rows' times only while tracing (the job's flags).
+  detail::Tracer* tracer = detail::Tracer::current();
+  const bool traced = tracer != nullptr && tracer->on();
+  put(job, traced ? kTimeRows : std::uint32_t{0});
   for (std::size_t f = 0; f < fields; ++f) {
     const auto bytes = first.bytes(f);
     const std::size_t offset = static_cast<std::size_t>(bytes.data() - region->base);
@@ -358,22 +367,28 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   const std::uint64_t job_id = link->next_job++;
   std::memcpy(job.data(), &job_id, sizeof job_id);
   std::vector<std::uint8_t> status;
+  std::vector<std::int64_t> times;
   std::vector<std::uint8_t> blob;
-  // The replies carry no timings: the job is timed here, from sending it to its reply, and
-  // drawn on the worker process's own track.
-  detail::Tracer* tracer = detail::Tracer::current();
-  const bool traced = tracer != nullptr && tracer->on();
   const std::int64_t sent = traced ? detail::Tracer::now_ns() : 0;
-  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, blob) &&
+  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, times, blob) &&
                   status.size() == indices.size();
   const pid_t pid = link->pid;
   if (traced) {
+    // On the worker process's own track: the job, from sending it to its reply, and each row
+    // as the worker timed it (steady_clock is CLOCK_MONOTONIC, one clock for both processes).
     tracer->record({.start_ns = sent,
                     .end_ns = detail::Tracer::now_ns(),
                     .a = indices.size(),
                     .b = indices.front(),
                     .process = pid,
                     .name = detail::TraceName::job});
+    for (std::size_t k = 0; ok && 2 * k + 1 < times.size(); ++k) {
+      tracer->record({.start_ns = times[2 * k],
+                      .end_ns = times[2 * k + 1],
+                      .a = indices[k],
+                      .process = pid,
+                      .name = detail::TraceName::read});
+    }
   }
   const std::size_t worker_id = link->id;
   if (!ok) {

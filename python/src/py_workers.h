@@ -20,11 +20,15 @@
 //   parent -> child
 //     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
 //     kDrop {u32 region}: the region was freed; unmap it
-//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 0,
+//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 flags,
 //            fields x {u64 offset of the chunk's first row, u64 bytes per row},
 //            rows x {u64 sample index, u64 sample seed}}
+//            flags: kTimeRows (1) asks for the rows' times (the loader is being traced)
 //   child -> parent
-//     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed), blob}
+//     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed),
+//              [with kTimeRows: rows x {i64 start, i64 end}, CLOCK_MONOTONIC ns, one
+//              machine's clock for both ends; a row starts where the previous one ended, so
+//              the first one carries a __getitems__ call], blob}
 //     where blob, if not empty, is a pickle of (object values per row, or None;
 //     [(row, (module, qualname, message, traceback text, pickled exception or None))]).
 // A child that dies shows as EOF on its socket; the rows it was reading fail with a
@@ -119,10 +123,11 @@ class ProcessPool {
   Link* lease();  // waits for a free worker; starts a dead one afresh (takes the GIL)
   void give_back(Link* link, bool dead);
   void respawn(Link& link);  // GIL held
-  // Sends the job and reads the reply without the GIL. False if the worker is gone.
+  // Sends the job and reads the reply without the GIL. False if the worker is gone. The rows'
+  // times, if the job asked for them, go to `times` (start, end per row).
   bool exchange(Link& link, const std::vector<std::uint8_t>& job, std::uint32_t region_id,
                 int region_fd, std::size_t region_bytes, std::vector<std::uint8_t>& status,
-                std::vector<std::uint8_t>& blob);
+                std::vector<std::int64_t>& times, std::vector<std::uint8_t>& blob);
   std::string death_message(pid_t pid) const;
 
   const std::size_t workers_;

@@ -9,6 +9,7 @@ each row, pickled object values (strings, lists, ...) and pickled errors go back
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 import pickle
@@ -17,6 +18,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 import traceback
 from typing import Any, Optional
 
@@ -28,6 +30,7 @@ _MAP = struct.Struct("=IIQ")
 _FIELD = struct.Struct("=QQ")
 _ROW = struct.Struct("=QQ")
 _RESULT = struct.Struct("=QII")
+_TIME_ROWS = 1  # a job's flag: reply with each row's (start, end), CLOCK_MONOTONIC ns
 _JOB_KIND, _MAP_KIND, _DROP_KIND = 1, 2, 3
 _PR_SET_PDEATHSIG = 1
 
@@ -159,7 +162,7 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
 
 
 def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes:
-    job, region, nfields, nrows, _ = _JOB.unpack_from(payload)
+    job, region, nfields, nrows, flags = _JOB.unpack_from(payload)
     pos = _JOB.size
     offsets, row_bytes = [], []
     for _ in range(nfields):
@@ -171,9 +174,15 @@ def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes
     status = bytearray(nrows)
     objects: Optional[list] = [None] * nrows if slots else None
     errors = []
+    # While the loader is traced: a row starts where the previous one ended (the first one
+    # with the job, so it carries a __getitems__ call); time.monotonic_ns is the parent's
+    # steady clock.
+    times = array.array("q") if flags & _TIME_ROWS else None
+    start = time.monotonic_ns() if times is not None else 0
     if init_error is not None:
         status[:] = b"\x01" * nrows
         errors = [(k, init_error) for k in range(nrows)]
+        times = None  # nothing was read
     else:
         writer.begin(region, offsets, row_bytes, nrows)
         samples = None
@@ -198,8 +207,13 @@ def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes
             except Exception as e:
                 status[k] = 1
                 errors.append((k, _error_info(e)))
+            if times is not None:
+                end = time.monotonic_ns()
+                times.extend((start, end))
+                start = end
     blob = b""
     if objects is not None or errors:
         blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-    body = _RESULT.pack(job, nrows, len(blob)) + bytes(status) + blob
+    body = (_RESULT.pack(job, nrows, len(blob)) + bytes(status)
+            + (times.tobytes() if times is not None else b"") + blob)
     return _HEADER.pack(1, len(body)) + body

@@ -71,8 +71,8 @@ class JsonWriter {
 
   void event(int tid, const TraceEvent& e) {
     switch (e.name) {
-      case TraceName::read:
-        span("worker", "read", pid_, tid, e);
+      case TraceName::read:  // on a worker process's track if it read there
+        span("worker", "read", e.process ? e.process : pid_, e.process ? e.process : tid, e);
         std::fprintf(file_, R"({"sample": %llu}})", ull(e.a));
         break;
       case TraceName::chunk:
@@ -382,7 +382,7 @@ void Tracer::stop() {
   }
   for (std::int32_t pid : processes) {
     out.name_process(pid, "worker process " + std::to_string(pid));
-    out.name_thread(pid, pid, "reads (job sent to reply, timed by the engine thread)");
+    out.name_thread(pid, pid, "jobs and reads");
   }
   out.end();
   const bool failed = std::ferror(file) != 0;

@@ -34,7 +34,7 @@ namespace stoker::detail {
 
 // What an event is; its arguments a, b, c mean what the comment says.
 enum class TraceName : std::uint8_t {
-  read,    // span: one sample read by a worker; a = sample index
+  read,    // span: one sample read by a worker thread or process (event.process); a = index
   chunk,   // span: rows of one batch read by one worker; a = epoch, b = batch, c = rows
   job,     // span: a chunk read by a worker process (event.process), job sent to reply;
            // a = rows, b = first sample index

@@ -14,7 +14,7 @@ import pytest
 
 import stoker
 from stoker._progress import progress
-from worker_datasets import Mixed
+from worker_datasets import Batched, Mixed
 
 
 class _Slow:
@@ -110,9 +110,10 @@ def test_a_path_that_cannot_be_created_raises_oserror(tmp_path):
     loader.close()
 
 
-def test_worker_process_jobs_are_on_their_own_tracks(tmp_path):
+@pytest.mark.parametrize("dataset", [Mixed, Batched], ids=["getitem", "getitems"])
+def test_worker_process_jobs_are_on_their_own_tracks(tmp_path, dataset):
     path = tmp_path / "processes.json"
-    loader = stoker.DataLoader(Mixed(64), batch_size=8, num_workers=2, worker_type="process")
+    loader = stoker.DataLoader(dataset(64), batch_size=8, num_workers=2, worker_type="process")
     with loader.tracing(path):
         for _batch in loader:
             pass
@@ -121,10 +122,15 @@ def test_worker_process_jobs_are_on_their_own_tracks(tmp_path):
     trace, threads, events = _events(path)
     jobs = events["job"]
     assert jobs and {e["pid"] for e in jobs} <= pids
-    assert all(threads[(e["pid"], e["tid"])].startswith("reads") for e in jobs)
+    assert all(threads[(e["pid"], e["tid"])] == "jobs and reads" for e in jobs)
     processes = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
                  if e["ph"] == "M" and e["name"] == "process_name"}
     assert all(processes[e["pid"]] == f"worker process {e['pid']}" for e in jobs)
+    # The processes time their rows (the replies carry the times), on their own tracks: the
+    # last batch's at least (the first ones may have been read before the trace began).
+    reads = events["read"]
+    assert set(range(56, 64)) <= {e["args"]["sample"] for e in reads} <= set(range(64))
+    assert {e["pid"] for e in reads} <= pids
     # The engine threads that sent the jobs show them as chunks of their own.
     assert events["chunk"]
 
