@@ -86,7 +86,8 @@ class Tracer {
   static void name_thread(std::string name);
   static void name_thread_once(const char* name);  // unless the thread has a name
   // The tracer code on the calling thread records for when it is not handed one (a worker
-  // process's reads, timed by the engine thread that sent the job): set by engine threads.
+  // process's job and the reads it timed, recorded by the engine thread that sent the job):
+  // set by engine threads.
   static Tracer* current() noexcept;
   static void set_current(Tracer* tracer) noexcept;
 
