@@ -151,8 +151,8 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
   m.def(
       "pack",
-      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes,
-         bool overwrite, const py::object& on_progress) {
+      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes, bool overwrite,
+         const py::object& on_progress) {
         PackResult r;
         {
           py::gil_scoped_release nogil;
