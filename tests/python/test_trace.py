@@ -164,8 +164,9 @@ def test_pack_draws_a_tqdm_bar_on_a_terminal(tmp_path, monkeypatch):
     pytest.importorskip("tqdm")
     Image = pytest.importorskip("PIL.Image")
     for i in range(3):
-        (tmp_path / "src" / f"c{i}").mkdir(parents=True)
-        Image.fromarray(np.full((8, 8, 3), i * 40, np.uint8)).save(tmp_path / "src" / f"c{i}" / "a.jpg")
+        folder = tmp_path / "src" / f"c{i}"
+        folder.mkdir(parents=True)
+        Image.fromarray(np.full((8, 8, 3), i * 40, np.uint8)).save(folder / "a.jpg")
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     assert stoker.pack(tmp_path / "src", tmp_path / "packed")["records"] == 3
