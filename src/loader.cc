@@ -40,7 +40,7 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
     invalid("shard.rank = " + std::to_string(o.shard.rank) +
             " is not below world_size = " + std::to_string(o.shard.world_size));
   }
-  if (fields.empty()) invalid("the dataset declares no fields");
+  if (fields.empty() && o.dataset->fields_known()) invalid("the dataset declares no fields");
   std::set<std::string> names;
   for (const auto& f : fields) {
     if (!names.insert(f.name).second) invalid("the dataset declares field '" + f.name + "' twice");
@@ -114,8 +114,12 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
   const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
   validate(options, fields);
   auto backend = open_device(options);
-  auto pool = std::make_shared<detail::SlabPool>(fields, options.batch_size,
-                                                 slab_memory(options, internals, backend.get()));
+  // A data set that learns its layout from its samples gets it from the engine's first probe.
+  auto memory = slab_memory(options, internals, backend.get());
+  auto pool =
+      options.dataset->fields_known()
+          ? std::make_shared<detail::SlabPool>(fields, options.batch_size, std::move(memory))
+          : std::make_shared<detail::SlabPool>(options.batch_size, std::move(memory));
   stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
                                              options.stream, *tracer_)
                    : detail::make_host_stage();

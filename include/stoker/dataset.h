@@ -101,8 +101,9 @@ class SampleOut {
 // A map-style data set.
 //
 // Thread safety: read() is called concurrently from several worker threads (each call with
-// its own SampleOut) and must be safe for that; size() and fields() must be constant for the
-// dataset's lifetime.
+// its own SampleOut) and must be safe for that; size() must be constant for the dataset's
+// lifetime, and so must fields(), except that a data set whose layout is learned from its
+// samples (fields_known() false) returns none until its first successful probe().
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -113,6 +114,23 @@ class Dataset {
   // Writes sample `index` (< size()) into `out`. Throws on failure; the loader reports the
   // exception, with its type kept, together with the sample index (see SampleError).
   virtual void read(std::size_t index, const SampleOut& out) const = 0;
+
+  // A data set whose fields are told by its samples (a Python data set learns them from the
+  // first sample it reads) returns false until then. The loader then reads nothing at
+  // construction; its first workers each call probe() on one sample of the first epoch, and
+  // the first probe that returns fields gives the batch slabs their layout. A probe reads
+  // sample `index` with `seed` as SampleOut::seed() would give it, returns the fields and
+  // keeps the sample for the read of that (index, seed), so nothing is read twice. If the
+  // sample fails, it keeps the failure for that read likewise (where it fails with its
+  // batch), sets `failure` and returns no fields. An exception it throws is not the sample's
+  // (the loader closing, Ctrl-C on the consumer's thread): the consumer gets it at once.
+  // Probes may run concurrently, and after the fields are known (late ones still keep their
+  // samples). Defaults: known; probe() returns fields().
+  virtual bool fields_known() const { return true; }
+  virtual std::vector<FieldSpec> probe(std::size_t /*index*/, std::uint64_t /*seed*/,
+                                       std::exception_ptr& /*failure*/) const {
+    return fields();
+  }
 
   // What reports of failed samples call sample `index` besides its index: a file path, or a
   // shard and record. Default: nothing (the index says it all).

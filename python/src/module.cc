@@ -180,13 +180,12 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 
   py::class_<PyDataset, std::shared_ptr<PyDataset>>(m, "PyDataset")
-      .def_static("discover", &PyDataset::discover, py::arg("dataset"), py::arg("whole_sample"),
-                  py::arg("on_worker_start"), py::arg("probes"))
+      .def(py::init(&PyDataset::make), py::arg("dataset"), py::arg("whole_sample"),
+           py::arg("on_worker_start"))
       .def("__len__", &PyDataset::size)
+      .def_property_readonly("fields_known", &PyDataset::fields_known)
       .def("structure", &PyDataset::structure)
       .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
-      .def("layout_description", &PyDataset::layout_description)
-      .def("object_slots", &PyDataset::object_slots)
       .def("gil_stats", &PyDataset::gil_stats)
       .def("use_processes", &PyDataset::use_processes, py::arg("pool"));
 
@@ -206,13 +205,14 @@ PYBIND11_MODULE(_stoker, m) {
       .def("finish", &ProcessPool::finish)
       .def_property_readonly("size", &ProcessPool::size);
   py::class_<SampleWriter>(m, "SampleWriter")
-      .def(py::init<py::object, std::size_t>(), py::arg("description"), py::arg("slots"))
+      .def(py::init<>())
+      .def("set_layout", &SampleWriter::set_layout, py::arg("description"), py::arg("slots"))
+      .def_static("read_sample", &SampleWriter::read_sample, py::arg("dataset"), py::arg("index"),
+                  py::arg("seed"))
       .def("map", &SampleWriter::map, py::arg("region"), py::arg("fd"), py::arg("bytes"))
       .def("drop", &SampleWriter::drop, py::arg("region"))
-      .def("begin", &SampleWriter::begin, py::arg("region"), py::arg("offsets"),
-           py::arg("row_bytes"), py::arg("rows"))
-      .def("write", &SampleWriter::write, py::arg("sample"), py::arg("index"), py::arg("row"),
-           py::arg("seed"));
+      .def("run_job", &SampleWriter::run_job, py::arg("job"), py::arg("dataset"),
+           py::arg("use_getitems"));
   m.def(
       "inherited_fds",
       [] {
@@ -222,8 +222,6 @@ PYBIND11_MODULE(_stoker, m) {
         return out;
       },
       "The slab memfds and worker sockets of this process, which a forked worker closes.");
-  m.def("set_sample_seed", &set_sample_seed, py::arg("seed"),
-        "Sets stoker.sample_seed() on this thread (worker processes, around each sample).");
 
   py::class_<RawBatch>(m, "RawBatch")
       .def_property_readonly("epoch", &RawBatch::epoch)

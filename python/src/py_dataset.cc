@@ -19,6 +19,10 @@ namespace {
 // and the arrays in them, for the loader's life.
 constexpr std::size_t kKeptErrors = 64;
 
+// A thread reads samples under one GIL acquisition until their arrays add up to this many
+// bytes, then copies them into the slab with the GIL released.
+constexpr std::size_t kCopyRun = 256 << 10;
+
 thread_local std::optional<std::uint64_t> t_sample_seed;
 
 struct SeedScope {
@@ -34,7 +38,7 @@ class TimedGil {
  public:
   TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
            std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
-           std::size_t samples = 1)
+           std::size_t samples)
       : held_ns_(held_ns),
         cpu_ns_(cpu_ns),
         start_(Clock::now()),
@@ -96,10 +100,16 @@ struct PyDataset::State {
   std::unordered_map<std::thread::id, std::size_t> workers;  // worker id by thread
   // Object values by slab (the base of the objects field) and row: a tuple per row.
   std::unordered_map<const std::byte*, std::vector<py::object>> objects;
+  // Probed samples (or their failures) by (index, seed), until their rows are read.
+  struct Pending {
+    py::object sample;
+    std::exception_ptr error;
+  };
+  std::map<std::pair<std::size_t, std::uint64_t>, Pending> pending;
 };
 
-std::shared_ptr<PyDataset> PyDataset::discover(py::object dataset, bool whole_sample,
-                                               py::object on_worker_start, std::size_t probes) {
+std::shared_ptr<PyDataset> PyDataset::make(py::object dataset, bool whole_sample,
+                                           py::object on_worker_start) {
   std::shared_ptr<PyDataset> self(new PyDataset());
   self->state_ = std::make_unique<State>();
   State& st = *self->state_;
@@ -108,33 +118,115 @@ std::shared_ptr<PyDataset> PyDataset::discover(py::object dataset, bool whole_sa
   self->size_ = py::len(st.dataset);
   self->has_getitems_ = py::hasattr(st.dataset, "__getitems__");
   if (self->size_ == 0) throw py::value_error("stoker: the data set is empty");
-
-  LayoutBuilder builder{self->fields_, st.slots, {}};
   if (whole_sample) {
+    LayoutBuilder builder{self->fields_, st.slots, {}};
     st.root.kind = Node::Kind::object;
     st.root.slot = st.slots++;
-  } else {
-    // The first sample that reads: with the skip policy a broken sample 0 must not stop the
-    // loader before it starts (the engine skips it again later, and reports it).
-    const std::size_t attempts = std::min(std::max<std::size_t>(probes, 1), self->size_);
-    for (std::size_t i = 0;; ++i) {
+    self->objects_field_ = builder.add_field("<objects>", DType::u8, {});
+    self->layout_known_.store(true, std::memory_order_release);
+  }
+  return self;
+}
+
+std::vector<FieldSpec> PyDataset::fields() const {
+  return fields_known() ? fields_ : std::vector<FieldSpec>{};
+}
+
+void PyDataset::learn(std::size_t index, py::handle sample) const {
+  if (fields_known()) return;
+  State& st = *state_;
+  std::vector<FieldSpec> fields;
+  std::size_t slots = 0;
+  LayoutBuilder builder{fields, slots, {}, index};
+  Node root = builder.build(sample, "");
+  std::optional<std::size_t> objects_field;
+  if (slots > 0) {
+    // One byte per row, never read: its address names the (slab, row) the values belong to.
+    objects_field = builder.add_field("<objects>", DType::u8, {});
+  }
+  if (fields.empty()) {
+    throw py::value_error("stoker: sample " + std::to_string(index) + " holds no values to batch");
+  }
+  st.root = std::move(root);
+  st.slots = slots;
+  fields_ = std::move(fields);
+  objects_field_ = objects_field;
+  layout_known_.store(true, std::memory_order_release);
+  if (auto pool = processes_.load()) pool->set_layout(layout_message());
+}
+
+std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed,
+                                        std::exception_ptr& failure) const {
+  if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
+    throw std::runtime_error("stoker: the loader is closing");
+  }
+  if (auto pool = processes_.load()) {
+    // Read in a worker process, which sends the sample back; its row is written here.
+    py::object sample;
+    try {
+      sample = pool->probe(*this, index, seed);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    EngineThreadGil gil;
+    if (!failure) {
       try {
-        const py::object sample = st.dataset[py::int_(i)];
-        st.root = builder.build(sample, "");
-        break;
-      } catch (py::error_already_set&) {
-        if (i + 1 >= attempts) throw;
-        self->fields_.clear();
-        st.slots = 0;
+        learn(index, sample);
+      } catch (...) {
+        failure = capture_current(index);
       }
     }
+    keep_probed(index, seed, failure ? py::object() : sample, failure);
+    sample = py::object();  // let go with the GIL held
+    return failure ? std::vector<FieldSpec>{} : fields_;
   }
-  if (st.slots > 0) {
-    // One byte per row, never read: its address names the (slab, row) the values belong to.
-    self->objects_field_ = builder.add_field("<objects>", DType::u8, {});
+  TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 1);
+  drain_graveyard();
+  if (interrupted_ && !on_engine_thread()) {
+    throw PythonError(this, interrupt_ticket_, interrupt_what_);
   }
-  if (self->fields_.empty()) throw py::value_error("stoker: sample 0 holds no values");
-  return self;
+  try {
+    start_worker();
+    py::object sample;
+    {
+      const SeedScope scope(seed);
+      sample = state_->dataset[py::int_(index)];
+    }
+    learn(index, sample);
+    keep_probed(index, seed, std::move(sample), nullptr);
+    return fields_;
+  } catch (...) {
+    failure = capture_current(index);
+  }
+  // Ctrl-C on the consumer's own thread (reading inline) is not the sample's failure: it
+  // ends this call (see clear_interrupt) and the sample is read again later.
+  if (interrupted_ && !on_engine_thread()) std::rethrow_exception(std::exchange(failure, nullptr));
+  keep_probed(index, seed, py::object(), failure);
+  return {};
+}
+
+void PyDataset::keep_probed(std::size_t index, std::uint64_t seed, py::object sample,
+                            std::exception_ptr failure) const {
+  state_->pending[{index, seed}] = {std::move(sample), std::move(failure)};
+  pending_.store(state_->pending.size(), std::memory_order_relaxed);
+}
+
+bool PyDataset::take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
+                             std::exception_ptr& error) const {
+  if (pending_.load(std::memory_order_relaxed) == 0) return false;
+  State& st = *state_;
+  const auto it = st.pending.find({index, seed});
+  if (it == st.pending.end()) return false;
+  sample = std::move(it->second.sample);
+  error = it->second.error;
+  st.pending.erase(it);
+  pending_.store(st.pending.size(), std::memory_order_relaxed);
+  return true;
+}
+
+py::bytes PyDataset::layout_message() const {
+  return py::module_::import("pickle").attr("dumps")(
+      py::make_tuple(describe_layout(state_->root), state_->slots));
 }
 
 PyDataset::~PyDataset() {
@@ -162,20 +254,26 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
   }
   std::vector<PendingCopy> copies;
   {
-    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_);
+    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 1);
     drain_graveyard();
     State& st = *state_;
     if (interrupted_ && !on_engine_thread()) {
       throw PythonError(this, interrupt_ticket_, interrupt_what_);
     }
+    py::object sample;
+    std::exception_ptr probed_error;
+    if (take_pending(index, out.seed(), sample, probed_error) && probed_error) {
+      std::rethrow_exception(probed_error);
+    }
     try {
-      start_worker();
-      const SeedScope seed(out.seed());
-      const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(index));
-      if (!key) throw py::error_already_set();
-      const auto sample =
-          py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
-      if (!sample) throw py::error_already_set();
+      if (!sample) {
+        start_worker();
+        const SeedScope seed(out.seed());
+        const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(index));
+        if (!key) throw py::error_already_set();
+        sample = py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
+        if (!sample) throw py::error_already_set();
+      }
       take_sample(index, sample, out, copies);
     } catch (...) {
       copies.clear();
@@ -233,7 +331,7 @@ void PyDataset::finish_copies(std::vector<PendingCopy>& copies, const SampleOut&
   bury(std::move(owners));
 }
 
-bool PyDataset::reads_chunks() const { return has_getitems_ || processes_.load() != nullptr; }
+bool PyDataset::reads_chunks() const { return true; }
 
 void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                           std::span<std::exception_ptr> errors) const {
@@ -244,11 +342,113 @@ void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const 
     return;
   }
   if (auto pool = processes_.load()) {
-    pool->run(*this, indices, outs, errors);
+    read_in_processes(*pool, indices, outs, errors);
   } else if (has_getitems_) {
     read_items(indices, outs, errors);
   } else {
-    Dataset::read_rows(indices, outs, errors);
+    read_each(indices, outs, errors);
+  }
+}
+
+void PyDataset::read_each(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                          std::span<std::exception_ptr> errors) const {
+  std::vector<std::vector<PendingCopy>> copies(indices.size());
+  std::size_t k = 0;
+  while (k < indices.size()) {
+    // One GIL acquisition for as many samples as fit in kCopyRun bytes of arrays: a cheap
+    // sample then costs no GIL round trip of its own, and large arrays are still copied
+    // with the GIL released soon after they were read.
+    const std::size_t from = k;
+    {
+      TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 0);
+      drain_graveyard();
+      State& st = *state_;
+      std::size_t bytes = 0;
+      for (; k < indices.size() && bytes < kCopyRun; ++k) {
+        if (closed_.load(std::memory_order_acquire) || (interrupted_ && !on_engine_thread())) {
+          break;
+        }
+        py::object sample;
+        if (take_pending(indices[k], outs[k].seed(), sample, errors[k]) && errors[k]) continue;
+        try {
+          if (!sample) {
+            start_worker();
+            const SeedScope seed(outs[k].seed());
+            const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(indices[k]));
+            if (!key) throw py::error_already_set();
+            sample =
+                py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
+            if (!sample) throw py::error_already_set();
+          }
+          take_sample(indices[k], sample, outs[k], copies[k]);
+          for (const auto& c : copies[k]) bytes += c.array.bytes();
+        } catch (...) {
+          copies[k].clear();
+          errors[k] = capture_current(indices[k]);
+        }
+      }
+      gil_reads_.fetch_add(k - from, std::memory_order_relaxed);
+      if (k < indices.size() && (interrupted_ && !on_engine_thread())) {
+        // Ctrl-C on the consumer's own thread ends the whole chunk (see clear_interrupt).
+        const auto interrupt =
+            std::make_exception_ptr(PythonError(this, interrupt_ticket_, interrupt_what_));
+        for (std::size_t j = k; j < indices.size(); ++j) errors[j] = interrupt;
+        k = indices.size();
+      }
+    }
+    for (std::size_t j = from; j < k; ++j) {
+      if (errors[j]) continue;
+      try {
+        finish_copies(copies[j], outs[j]);
+      } catch (...) {
+        errors[j] = std::current_exception();
+      }
+    }
+    if (k < indices.size() && closed_.load(std::memory_order_acquire)) {
+      const auto closing =
+          std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"));
+      for (std::size_t j = k; j < indices.size(); ++j) errors[j] = closing;
+      return;
+    }
+  }
+}
+
+void PyDataset::read_in_processes(ProcessPool& pool, std::span<const std::size_t> indices,
+                                  std::span<const SampleOut> outs,
+                                  std::span<std::exception_ptr> errors) const {
+  if (pending_.load(std::memory_order_relaxed) == 0) {
+    pool.run(*this, indices, outs, errors);
+    return;
+  }
+  // Rows probed by a worker process (sent back whole) are written here; the runs of rows
+  // between them go to the workers as usual.
+  std::vector<bool> here(indices.size());
+  {
+    EngineThreadGil gil;
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      py::object sample;
+      if (!take_pending(indices[k], outs[k].seed(), sample, errors[k])) continue;
+      here[k] = true;
+      if (errors[k]) continue;
+      std::vector<PendingCopy> copies;
+      try {
+        take_sample(indices[k], sample, outs[k], copies);
+        copy_pending(copies, outs[k]);
+      } catch (...) {
+        errors[k] = capture_current(indices[k]);
+      }
+    }
+  }
+  for (std::size_t k = 0; k < indices.size();) {
+    if (here[k]) {
+      ++k;
+      continue;
+    }
+    std::size_t end = k;
+    while (end < indices.size() && !here[end]) ++end;
+    pool.run(*this, indices.subspan(k, end - k), outs.subspan(k, end - k),
+             errors.subspan(k, end - k));
+    k = end;
   }
 }
 
@@ -266,16 +466,27 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
       for (auto& error : errors) error = interrupt;
       return;
     }
-    py::object samples;
+    // Probed rows are not asked for again.
+    std::vector<py::object> samples(indices.size());
+    py::list keys;
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      if (!take_pending(indices[k], outs[k].seed(), samples[k], errors[k])) {
+        keys.append(py::int_(indices[k]));
+      }
+    }
     try {
-      start_worker();
-      const SeedScope seed(outs[0].seed());
-      py::list keys(indices.size());
-      for (std::size_t k = 0; k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
-      samples = py::list(st.dataset.attr("__getitems__")(keys));
-      if (py::len(samples) != indices.size()) {
-        throw py::value_error("stoker: __getitems__ returned " + std::to_string(py::len(samples)) +
-                              " samples for " + std::to_string(indices.size()) + " indices");
+      if (!keys.empty()) {
+        start_worker();
+        const SeedScope seed(outs[0].seed());
+        const py::list got(st.dataset.attr("__getitems__")(keys));
+        if (got.size() != keys.size()) {
+          throw py::value_error("stoker: __getitems__ returned " + std::to_string(got.size()) +
+                                " samples for " + std::to_string(keys.size()) + " indices");
+        }
+        std::size_t j = 0;
+        for (std::size_t k = 0; k < indices.size(); ++k) {
+          if (!samples[k] && !errors[k]) samples[k] = got[j++];
+        }
       }
     } catch (const py::error_already_set& e) {
       if (e.matches(PyExc_KeyboardInterrupt) && !on_engine_thread()) {
@@ -286,14 +497,19 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
         return;
       }
       // Which sample failed is unknown: read them one by one, so that each failure names
-      // its own sample (and the skip policy replaces only those).
+      // its own sample (and the skip policy replaces only those); probed ones stay probed.
       one_by_one = true;
+      for (std::size_t k = 0; k < indices.size(); ++k) {
+        if (!samples[k] && !errors[k]) continue;
+        keep_probed(indices[k], outs[k].seed(), std::move(samples[k]),
+                    std::exchange(errors[k], nullptr));
+      }
     }
     if (!one_by_one) {
-      const auto list = py::reinterpret_borrow<py::list>(samples);
       for (std::size_t k = 0; k < indices.size(); ++k) {
+        if (errors[k]) continue;
         try {
-          take_sample(indices[k], list[k], outs[k], copies[k]);
+          take_sample(indices[k], samples[k], outs[k], copies[k]);
         } catch (...) {
           copies[k].clear();
           errors[k] = capture_current(indices[k]);
@@ -302,7 +518,7 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
     }
   }
   if (one_by_one) {
-    Dataset::read_rows(indices, outs, errors);
+    read_each(indices, outs, errors);
     return;
   }
   for (std::size_t k = 0; k < indices.size(); ++k) {
@@ -325,6 +541,7 @@ std::size_t PyDataset::worker_limit() const {
 }
 
 void PyDataset::use_processes(std::shared_ptr<ProcessPool> pool) {
+  if (fields_known()) pool->set_layout(layout_message());
   processes_.store(std::move(pool));
 }
 
@@ -336,10 +553,6 @@ void PyDataset::close() noexcept {
 void PyDataset::release_workers() {
   if (auto pool = processes_.load()) pool->finish();
 }
-
-py::object PyDataset::layout_description() const { return describe_layout(state_->root); }
-
-std::size_t PyDataset::object_slots() const { return state_->slots; }
 
 py::tuple PyDataset::gil_stats() const {
   return py::make_tuple(gil_reads_.load(), 1e-9 * static_cast<double>(gil_wait_ns_.load()),
@@ -372,10 +585,6 @@ py::object take_python_error() {
   Py_XDECREF(type);
   Py_XDECREF(trace);
   return py::reinterpret_steal<py::object>(value);
-}
-
-void PyDataset::raise_current(std::size_t index) const {
-  std::rethrow_exception(capture_current(index));
 }
 
 std::exception_ptr PyDataset::keep_error(py::object exception, std::size_t index) const {

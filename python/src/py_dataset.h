@@ -1,26 +1,33 @@
 // A Python map-style data set (__len__ and __getitem__) as a stoker::Dataset, plus the custom
 // sampler order wrapper.
 //
-// Layout: sample 0 is read once, on the constructing thread, and its structure (tuples, lists
-// and dicts, nested) becomes the batch layout. Every array-like leaf (numpy array or scalar,
-// torch tensor, anything exporting DLPack or a buffer) and every Python bool/int/float becomes
-// a fixed-shape field; any other leaf (str, None, objects) is an "object" value, which the
-// batch returns as a Python list. A later sample whose structure, shape or element type
-// differs fails with an error naming the sample and the field.
+// Layout: made without reading anything. The first sample a worker reads (a probe, see
+// Dataset::probe: the engine's first workers each read one, on threads or in worker
+// processes) gives the batch layout: its structure (tuples, lists and dicts, nested) with
+// every array-like leaf (numpy array or scalar, torch tensor, anything exporting DLPack or a
+// buffer) and every Python bool/int/float a fixed-shape field, and any other leaf (str, None,
+// objects) an "object" value, which the batch returns as a Python list. A probed sample (or
+// its exception) is kept until its row is read, so no sample is read twice. A later sample
+// whose structure, shape or element type differs fails with an error naming the sample and
+// the field. With whole_sample (a user collate_fn) the layout is one object value, known at
+// once.
 //
-// A read, on a worker thread: take the GIL, call __getitem__, check the sample against the
-// layout and note where each array's bytes are, release the GIL, copy the arrays into their
-// slots of the batch slab. The sample's arrays stay referenced during the copy and are let go
-// (which needs the GIL) at the start of a later read ("graveyard"): one GIL acquisition per
-// sample. Object values are kept in a table keyed by (slab, row) until the batch is delivered.
+// A read, on a worker thread: take the GIL, call __getitem__ for as many samples of the chunk
+// as fit in a run of array bytes, check each against the layout and note where its arrays'
+// bytes are, release the GIL, copy the arrays into their rows of the batch slab. The
+// samples' arrays stay referenced during the copy and are let go (which needs the GIL) at the
+// start of a later read ("graveyard"). Object values are kept in a table keyed by (slab,
+// row) until the batch is delivered.
 //
 // Errors: an exception from __getitem__ is kept here, with its traceback, under a ticket; the
 // engine carries a PythonError (plain C++) with the ticket, and the loader binding takes the
 // exception back when it raises it in the training loop (gil.h, rule 3).
 //
-// Thread safety: read() may be called from any number of engine threads. The Python-facing
-// members (discover, structure, take_objects, take_error) need the GIL; the GIL guards all
-// Python state here. close() may be called from any thread.
+// Thread safety: read(), read_rows() and probe() may be called from any number of engine
+// threads. The Python-facing members (structure, take_objects, take_error, ...) need the
+// GIL; the GIL guards all Python state here. fields() and fields_known() may be called from
+// any thread (the layout is published once, with a release store). close() may be called
+// from any thread.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -79,20 +86,22 @@ void set_sample_seed(std::optional<std::uint64_t> seed);
 
 class PyDataset final : public Dataset {
  public:
-  // Reads sample 0 to learn the layout (GIL held), or, if it raises, samples 1, 2, ... up to
-  // `probes` samples in all (the skip policy passes more than one). With `whole_sample`, the
-  // sample is one object value (for a user collate_fn, which wants the samples as they are).
+  // Reads nothing (GIL held; takes len(dataset)). With `whole_sample`, the sample is one
+  // object value (for a user collate_fn, which wants the samples as they are).
   // `on_worker_start(worker_id)`, if not None, is called on each worker thread before its
   // first read.
-  static std::shared_ptr<PyDataset> discover(py::object dataset, bool whole_sample,
-                                             py::object on_worker_start, std::size_t probes);
+  static std::shared_ptr<PyDataset> make(py::object dataset, bool whole_sample,
+                                         py::object on_worker_start);
   ~PyDataset() override;
 
   std::size_t size() const override { return size_; }
-  std::vector<FieldSpec> fields() const override { return fields_; }
+  std::vector<FieldSpec> fields() const override;
+  bool fields_known() const override { return layout_known_.load(std::memory_order_acquire); }
+  std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed,
+                               std::exception_ptr& failure) const override;
   void read(std::size_t index, const SampleOut& out) const override;
-  // With worker processes, or a data set with __getitems__ (called once per chunk, one GIL
-  // round trip), reads go a chunk at a time (py_workers.h).
+  // Reads go a chunk at a time: to a worker process (py_workers.h), to one __getitems__ call,
+  // or one __getitem__ after another under one GIL acquisition.
   bool reads_chunks() const override;
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
@@ -104,9 +113,6 @@ class PyDataset final : public Dataset {
   void use_processes(std::shared_ptr<ProcessPool> pool);
   // Stops and reaps the worker processes, if any (GIL held, after the engine has stopped).
   void release_workers();
-  // The layout as worker processes rebuild it (layout_from_description) and its slot count.
-  py::object layout_description() const;
-  std::size_t object_slots() const;
   // How the reads used the GIL, summed over threads: (reads, seconds waiting to take it at
   // the start of a read, seconds holding it, CPU seconds of the thread while holding it).
   // The auto worker type decides from these.
@@ -116,8 +122,10 @@ class PyDataset final : public Dataset {
   // raised elsewhere, kept like this thread's own (the PythonError to hand the engine).
   void store_objects(const SampleOut& out, py::object values) const;
   std::exception_ptr keep_error(py::object exception, std::size_t index) const;
+  // The layout as a worker process gets it (kLayout): pickled (description, object slots).
+  py::bytes layout_message() const;
 
-  // The layout for the Python layer (GIL held): nested tuples
+  // The layout for the Python layer (GIL held, layout known): nested tuples
   //   ("seq", type, [child...]) | ("map", type, [key...], [child...])
   //   | ("array", field, element type name) | ("object", slot).
   py::object structure() const;
@@ -144,17 +152,32 @@ class PyDataset final : public Dataset {
 
  private:
   PyDataset() = default;
-  [[noreturn]] void raise_current(std::size_t index) const;  // GIL held, error set
   // The C++ exception being handled, as a kept Python error (GIL held, inside a catch).
   std::exception_ptr capture_current(std::size_t index) const;
   // Calls on_worker_start the first time this worker thread reads (GIL held).
   void start_worker() const;
+  // Learns the layout from `sample` unless known (GIL held; throws if it cannot be batched).
+  void learn(std::size_t index, py::handle sample) const;
+  // Keeps a probe's sample, or its failure, for the read of (index, seed) (GIL held).
+  void keep_probed(std::size_t index, std::uint64_t seed, py::object sample,
+                   std::exception_ptr failure) const;
+  // A probed sample (or its failure) kept for the read of (index, seed): true if there was
+  // one (GIL held).
+  bool take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
+                    std::exception_ptr& error) const;
+  // Reads a chunk through the worker processes, writing here the rows that were probed.
+  void read_in_processes(ProcessPool& pool, std::span<const std::size_t> indices,
+                         std::span<const SampleOut> outs,
+                         std::span<std::exception_ptr> errors) const;
   // Checks `sample` against the layout, writes its numbers, notes its copies, keeps its
   // object values (GIL held; throws like the visitor).
   void take_sample(std::size_t index, py::handle sample, const SampleOut& out,
                    std::vector<PendingCopy>& copies) const;
   // Makes the copies with the GIL released and buries the arrays' owners.
   void finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const;
+  // The chunk's samples one __getitem__ at a time, many to a GIL acquisition (threads).
+  void read_each(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const;
   // One __getitems__ call for the chunk (threads).
   void read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                   std::span<std::exception_ptr> errors) const;
@@ -162,8 +185,12 @@ class PyDataset final : public Dataset {
   void drain_graveyard() const;                       // GIL held
 
   std::size_t size_ = 0;
-  std::vector<FieldSpec> fields_;
-  std::optional<std::size_t> objects_field_;
+  // Written once, with the GIL, before layout_known_ is set.
+  mutable std::vector<FieldSpec> fields_;
+  mutable std::optional<std::size_t> objects_field_;
+  mutable std::atomic<bool> layout_known_{false};
+  // Probed samples not yet read into their rows (State::pending), for reads without the GIL.
+  mutable std::atomic<std::size_t> pending_{0};
   std::atomic<bool> closed_{false};
   // The consumer thread's KeyboardInterrupt (see clear_interrupt). GIL-guarded.
   mutable bool interrupted_ = false;
@@ -192,6 +219,11 @@ class RemappedDataset final : public Dataset {
 
   std::size_t size() const override { return size_; }
   std::vector<FieldSpec> fields() const override { return base_->fields(); }
+  bool fields_known() const override { return base_->fields_known(); }
+  std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed,
+                               std::exception_ptr& failure) const override {
+    return base_->probe((*order_.load())[index], seed, failure);
+  }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
   std::string sample_name(std::size_t index) const override;

@@ -27,8 +27,86 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
 }
 
 constexpr const char* kBatchingHint =
-    "; batching needs every sample to have the layout of sample 0 (pass collate_fn to batch "
-    "samples yourself)";
+    "; batching needs every sample to have the layout of the first sample read (pass collate_fn "
+    "to batch samples yourself)";
+
+// torch's types for the tensor fast path of an array node (see LayoutNode), if torch is loaded.
+void note_tensor_types(LayoutNode& n) {
+  const py::dict modules = py::module_::import("sys").attr("modules");
+  if (!modules.contains("torch")) return;
+  const py::object torch = modules["torch"];
+  n.tensor_dtype = py::getattr(torch, n.element.name.c_str(), py::none());
+  if (n.tensor_dtype.is_none()) return;
+  n.tensor_type = torch.attr("Tensor");
+  n.tensor_layout = torch.attr("strided");
+}
+
+PyObject* interned(const char* name) {
+  PyObject* s = PyUnicode_InternFromString(name);
+  if (s == nullptr) throw py::error_already_set();
+  return s;  // kept for the process's life
+}
+
+// A leaf that is exactly torch.Tensor, of the node's dtype and shape, on the CPU, strided and
+// contiguous, viewed through its attributes; false for anything else (the general path then
+// checks it, with its error messages). GIL held.
+bool tensor_view(const LayoutNode& n, PyObject* o, HostArray& a) {
+  if (!n.tensor_type || Py_TYPE(o) != reinterpret_cast<PyTypeObject*>(n.tensor_type.ptr())) {
+    return false;
+  }
+  static PyObject* const kDtype = interned("dtype");
+  static PyObject* const kLayout = interned("layout");
+  static PyObject* const kIsCpu = interned("is_cpu");
+  static PyObject* const kShape = interned("shape");
+  static PyObject* const kIsContiguous = interned("is_contiguous");
+  static PyObject* const kDataPtr = interned("data_ptr");
+  auto is = [o](PyObject* name, PyObject* expected) {
+    PyObject* v = PyObject_GetAttr(o, name);
+    if (v == nullptr) PyErr_Clear();
+    Py_XDECREF(v);
+    return v != nullptr && v == expected;
+  };
+  if (!is(kDtype, n.tensor_dtype.ptr()) || !is(kLayout, n.tensor_layout.ptr()) ||
+      !is(kIsCpu, Py_True)) {
+    return false;
+  }
+  const auto shape = py::reinterpret_steal<py::object>(PyObject_GetAttr(o, kShape));
+  if (!shape || !PyTuple_Check(shape.ptr()) ||
+      static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())) != n.shape.size()) {
+    PyErr_Clear();
+    return false;
+  }
+  for (std::size_t d = 0; d < n.shape.size(); ++d) {
+    if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(d))) !=
+        n.shape[d]) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  const auto contiguous =
+      py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(o, kIsContiguous));
+  const auto data = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(o, kDataPtr));
+  if (contiguous.ptr() != Py_True || !data) {
+    PyErr_Clear();
+    return false;
+  }
+  void* p = PyLong_AsVoidPtr(data.ptr());
+  if (p == nullptr && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  a.data = static_cast<const std::byte*>(p);
+  a.type = n.element;
+  a.shape = n.shape;
+  a.strides.resize(n.shape.size());
+  std::int64_t stride = static_cast<std::int64_t>(dtype_size(n.element.storage));
+  for (std::size_t d = n.shape.size(); d-- > 0;) {
+    a.strides[d] = stride;
+    stride *= n.shape[d];
+  }
+  a.owner = py::reinterpret_borrow<py::object>(o);
+  return true;
+}
 
 py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
   py::tuple t(shape.size());
@@ -73,11 +151,12 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
         n.field = add_field(path, n.element.storage, {});
         break;
       case ValueKind::array: {
-        HostArray a = import_array(v, describe(path) + " of sample 0");
+        HostArray a = import_array(v, describe(path) + " of sample " + std::to_string(index));
         n.kind = Kind::array;
         n.element = a.type;
         n.shape = a.shape;
         n.field = add_field(path, a.type.storage, a.shape);
+        note_tensor_types(n);
         break;
       }
       case ValueKind::other:
@@ -156,6 +235,7 @@ LayoutNode layout_from_description(py::handle description, const std::string& pa
     n.element = element_type(d[2].cast<std::string>());
     for (auto v : py::reinterpret_borrow<py::tuple>(d[3]))
       n.shape.push_back(v.cast<std::int64_t>());
+    if (n.kind == Kind::array) note_tensor_types(n);
   } else if (kind == "object") {
     n.kind = Kind::object;
     n.slot = d[1].cast<std::size_t>();
@@ -176,12 +256,12 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
   switch (n.kind) {
     case Kind::sequence: {
       if (!PyTuple_Check(o) && !PyList_Check(o)) {
-        mismatch(n, "is a " + type_name(v) + " where sample 0 has a " +
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has a " +
                         std::string(reinterpret_cast<PyTypeObject*>(n.type.ptr())->tp_name));
       }
       const Py_ssize_t size = PySequence_Fast_GET_SIZE(o);
       if (static_cast<std::size_t>(size) != n.children.size()) {
-        mismatch(n, "has " + std::to_string(size) + " values where sample 0 has " +
+        mismatch(n, "has " + std::to_string(size) + " values where the first sample read has " +
                         std::to_string(n.children.size()));
       }
       PyObject** items = PySequence_Fast_ITEMS(o);
@@ -189,16 +269,18 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
       break;
     }
     case Kind::mapping: {
-      if (!PyDict_Check(o)) mismatch(n, "is a " + type_name(v) + " where sample 0 has a dict");
+      if (!PyDict_Check(o))
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has a dict");
       if (static_cast<std::size_t>(PyDict_Size(o)) != n.keys.size()) {
-        mismatch(n, "has " + std::to_string(PyDict_Size(o)) + " keys where sample 0 has " +
-                        std::to_string(n.keys.size()));
+        mismatch(n, "has " + std::to_string(PyDict_Size(o)) +
+                        " keys where the first sample read has " + std::to_string(n.keys.size()));
       }
       for (std::size_t i = 0; i < n.keys.size(); ++i) {
         PyObject* child = PyDict_GetItemWithError(o, n.keys[i].ptr());
         if (child == nullptr) {
           if (PyErr_Occurred()) throw py::error_already_set();
-          mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) + ", which sample 0 has");
+          mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) +
+                          ", which the first sample read has");
         }
         visit(n.children[i], child);
       }
@@ -208,17 +290,24 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
       write_number(n, v);
       break;
     case Kind::array: {
+      HostArray tensor;
+      if (tensor_view(n, o, tensor)) {
+        copies.push_back({n.field, std::move(tensor)});
+        break;
+      }
       if (classify(v) == ValueKind::other) {
-        mismatch(n, "is a " + type_name(v) + " where sample 0 has an array");
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has an array");
       }
       HostArray a = import_array(v, describe(n.path) + " of sample " + std::to_string(index));
       if (a.type != n.element) {
-        mismatch(n, "has element type " + a.type.name + " where sample 0 has " + n.element.name);
+        mismatch(n, "has element type " + a.type.name + " where the first sample read has " +
+                        n.element.name);
       }
       if (a.shape != n.shape) {
         throw py::value_error("stoker: " + describe(n.path) + " of sample " +
                               std::to_string(index) + " has shape " + shape_str(a.shape) +
-                              " where sample 0 has " + shape_str(n.shape) + kBatchingHint);
+                              " where the first sample read has " + shape_str(n.shape) +
+                              kBatchingHint);
       }
       copies.push_back({n.field, std::move(a)});
       break;
@@ -245,7 +334,7 @@ void SampleVisitor::write_number(const LayoutNode& n, py::handle v) {
     if (x == -1.0 && PyErr_Occurred()) throw py::error_already_set();
     std::memcpy(dst.data(), &x, sizeof x);
   } else {
-    mismatch(n, "is a " + type_name(v) + " where sample 0 has a Python " +
+    mismatch(n, "is a " + type_name(v) + " where the first sample read has a Python " +
                     (n.element.name == "bool"    ? "bool"
                      : n.element.name == "int64" ? "int"
                                                  : "float"));

@@ -1,8 +1,8 @@
-// The batch layout of a Python data set, learned from sample 0, and the code that checks a
-// sample against it and writes it into a batch row. Shared by the two kinds of worker: the
-// engine's threads (py_dataset.cc) and worker processes (py_workers.cc), which rebuild the
-// layout from describe_layout() (plain, picklable tuples) so that a spawned worker, which
-// never saw sample 0, checks and writes samples exactly as a thread does.
+// The batch layout of a Python data set, learned from the first sample read, and the code
+// that checks a sample against it and writes it into a batch row. Shared by the two kinds of
+// worker: the engine's threads (py_dataset.cc) and worker processes (py_workers.cc), which rebuild
+// the layout from describe_layout() (plain, picklable tuples) so that a spawned worker, which never
+// saw that sample, checks and writes samples exactly as a thread does.
 //
 // Thread safety: everything here needs the GIL.
 #pragma once
@@ -26,21 +26,28 @@ struct LayoutNode {
   enum class Kind : std::uint8_t { sequence, mapping, array, number, object };
   Kind kind = Kind::object;
   std::string path;
-  py::object type;               // sequence, mapping: sample 0's container type
+  py::object type;               // sequence, mapping: the first sample's container type
   std::vector<py::object> keys;  // mapping
   std::vector<LayoutNode> children;
   std::size_t field = 0;  // array, number
   std::size_t slot = 0;   // object
   ElementType element;    // array, number
   std::vector<std::int64_t> shape;
+  // Array: torch.Tensor, the torch dtype of `element` and torch.strided, if the program
+  // imported torch. A leaf of exactly that type is then checked and located through a few
+  // attribute reads: a DLPack export costs more than a whole cheap __getitem__.
+  py::object tensor_type;
+  py::object tensor_dtype;
+  py::object tensor_layout;
 };
 
-// Builds the layout from sample 0: array leaves and Python numbers become fields, other
-// leaves object slots.
+// Builds the layout from the first sample read (sample `index`): array leaves and Python
+// numbers become fields, other leaves object slots.
 struct LayoutBuilder {
   std::vector<FieldSpec>& fields;
   std::size_t& slots;
   std::set<std::string> names;
+  std::size_t index = 0;
 
   std::size_t add_field(const std::string& path, DType dtype, std::vector<std::int64_t> shape);
   LayoutNode build(py::handle v, const std::string& path);

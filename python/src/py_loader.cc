@@ -105,8 +105,6 @@ PyLoader::PyLoader(PyLoaderOptions options)
   }
   batches_per_epoch_ = loader_->batches_per_epoch();
   samples_per_epoch_ = loader_->samples_per_epoch();
-  array_fields_ = loader_->fields().size();
-  if (py_dataset_ && py_dataset_->objects_field()) --array_fields_;
   registry().insert(this);
 }
 
@@ -275,11 +273,13 @@ py::object PyLoader::deliver(Batch batch) {
     for (auto& i : indices) i = dataset_index(i);
     for (auto& s : skipped) s.index = dataset_index(s.index);
   }
-  py::list objects =
-      (py_dataset_ && py_dataset_->objects_field()) ? py_dataset_->take_objects(batch) : py::list();
+  // A Python data set's layout is known once a batch exists.
+  const bool objects_field = py_dataset_ && py_dataset_->objects_field();
+  const std::size_t array_fields = batch.fields().size() - (objects_field ? 1 : 0);
+  py::list objects = objects_field ? py_dataset_->take_objects(batch) : py::list();
   auto holder = std::make_shared<BatchHolder>(BatchHolder{std::move(batch)});
   return py::cast(RawBatch(std::move(holder), std::move(objects), std::move(indices),
-                           std::move(skipped), array_fields_));
+                           std::move(skipped), array_fields));
 }
 
 void PyLoader::raise_sample_error(const SampleError& error) {

@@ -133,7 +133,6 @@ class PyLoader {
   std::shared_ptr<RemappedDataset> remap_;
   std::size_t batches_per_epoch_ = 0;
   std::size_t samples_per_epoch_ = 0;
-  std::size_t array_fields_ = 0;
 
   // Held shared by every call, exclusively by close(): the loader outlives any call in
   // progress, also one from another Python thread (set_workers next to a blocked next()).

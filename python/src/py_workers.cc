@@ -21,7 +21,7 @@
 namespace stoker::python {
 namespace {
 
-enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kResult = 1 };
+enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kLayout = 4, kProbe = 5, kResult = 1 };
 constexpr std::uint32_t kTimeRows = 1;  // a job's flag
 
 // How long a worker that closed its socket is given to become a zombie, so that its exit
@@ -201,6 +201,7 @@ void ProcessPool::respawn(Link& link) {
   link.pid = pid;
   link.dead = false;
   link.regions.clear();
+  link.has_layout = false;
   if (stopped_) {
     // stop() ran while this worker started: it was not among those it told to stop.
     shutdown(fd, SHUT_RDWR);
@@ -271,9 +272,24 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
     if (!send_all(link.fd, m.data(), m.size(), region_fd)) return false;
     link.regions.insert(region_id);
   }
+  if (!link.has_layout) {
+    std::vector<std::uint8_t> layout;
+    {
+      std::lock_guard lock(mu_);
+      layout = layout_message_;
+    }
+    const auto m = message(kLayout, layout);
+    if (!send_all(link.fd, m.data(), m.size())) return false;
+    link.has_layout = true;
+  }
   const auto m = message(kJob, job);
   if (!send_all(link.fd, m.data(), m.size())) return false;
+  return receive_result(link, status, times, blob);
+}
 
+bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
+                                 std::vector<std::int64_t>& times,
+                                 std::vector<std::uint8_t>& blob) {
   std::uint8_t header[8];
   if (!recv_all(link.fd, header, sizeof header)) return false;
   if (get<std::uint32_t>(header) != kResult) return false;
@@ -290,6 +306,67 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
   if (time_bytes != 0) std::memcpy(times.data(), payload.data() + 16 + rows, time_bytes);
   blob.assign(payload.end() - static_cast<std::ptrdiff_t>(blob_bytes), payload.end());
   return true;
+}
+
+void ProcessPool::set_layout(py::bytes message) {
+  const std::string_view bytes = message;
+  std::lock_guard lock(mu_);
+  layout_message_.assign(bytes.begin(), bytes.end());
+}
+
+void ProcessPool::fail_lost(Link* link, std::span<const std::size_t> indices,
+                            std::span<std::exception_ptr> errors) {
+  const pid_t pid = link->pid;
+  bool closing;
+  {
+    std::lock_guard lock(mu_);
+    closing = stopped_;
+  }
+  give_back(link, true);
+  const auto error =
+      closing ? std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"))
+              : std::make_exception_ptr(WorkerDiedError(
+                    pid, death_message(pid) + "; samples lost: " + rows_text(indices)));
+  for (auto& e : errors) e = error;
+}
+
+py::object ProcessPool::probe(const PyDataset& owner, std::size_t index, std::uint64_t seed) {
+  Link* link = lease();
+  std::vector<std::uint8_t> payload;
+  put(payload, static_cast<std::uint64_t>(index));
+  put(payload, seed);
+  const auto m = message(kProbe, payload);
+  std::vector<std::uint8_t> status;
+  std::vector<std::int64_t> times;  // none: a probe is not timed
+  std::vector<std::uint8_t> blob;
+  if (!send_all(link->fd, m.data(), m.size()) || !receive_result(*link, status, times, blob) ||
+      status.size() != 1 || blob.empty()) {
+    std::exception_ptr error;
+    fail_lost(link, {&index, 1}, {&error, 1});
+    std::rethrow_exception(error);
+  }
+  const pid_t pid = link->pid;
+  const std::size_t worker_id = link->id;
+  give_back(link, false);
+  EngineThreadGil gil;
+  std::exception_ptr error;
+  try {
+    py::list keys(1);
+    keys[0] = py::int_(index);
+    const py::tuple decoded = decode_(
+        py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
+    const py::dict failures = decoded[1];
+    if (status[0] == 0 && failures.empty()) {
+      return py::reinterpret_borrow<py::list>(decoded[0])[0];
+    }
+    error = failures.empty() ? std::make_exception_ptr(std::runtime_error(
+                                   "stoker: worker process failed without a reason"))
+                             : owner.keep_error(failures[py::int_(0)], index);
+  } catch (py::error_already_set& e) {
+    e.restore();
+    error = owner.keep_error(take_python_error(), index);
+  }
+  std::rethrow_exception(error);
 }
 
 std::string ProcessPool::death_message(pid_t pid) const {
@@ -392,18 +469,7 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   }
   const std::size_t worker_id = link->id;
   if (!ok) {
-    bool closing;
-    {
-      std::lock_guard lock(mu_);
-      closing = stopped_;
-    }
-    give_back(link, true);
-    if (closing) {
-      fail_all(std::make_exception_ptr(std::runtime_error("stoker: the loader is closing")));
-      return;
-    }
-    const std::string what = death_message(pid) + "; samples lost: " + rows_text(indices);
-    fail_all(std::make_exception_ptr(WorkerDiedError(pid, what)));
+    fail_lost(link, indices, errors);
     return;
   }
   give_back(link, false);
@@ -474,8 +540,10 @@ void ProcessPool::finish() {
 
 // --- SampleWriter --------------------------------------------------------------------------
 
-SampleWriter::SampleWriter(py::object description, std::size_t slots)
-    : root_(layout_from_description(description)), slots_(slots) {}
+void SampleWriter::set_layout(py::handle description, std::size_t slots) {
+  root_ = layout_from_description(description);
+  slots_ = slots;
+}
 
 SampleWriter::~SampleWriter() {
   for (auto& [id, region] : regions_) munmap(region.first, region.second);
@@ -518,6 +586,94 @@ void SampleWriter::begin(std::uint32_t region, std::vector<std::uint64_t> offset
   }
 }
 
+py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_getitems) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(job.ptr(), &data, &size) != 0) throw py::error_already_set();
+  const auto* p = reinterpret_cast<const std::uint8_t*>(data);
+  const auto bytes = static_cast<std::size_t>(size);
+  if (bytes < 24) throw std::invalid_argument("stoker worker: bad job");
+  const auto id = get<std::uint64_t>(p);
+  const auto region = get<std::uint32_t>(p + 8);
+  const auto fields = get<std::uint32_t>(p + 12);
+  const auto rows = get<std::uint32_t>(p + 16);
+  const bool timed = (get<std::uint32_t>(p + 20) & kTimeRows) != 0;
+  if (bytes != 24 + 16 * std::size_t{fields} + 16 * std::size_t{rows}) {
+    throw std::invalid_argument("stoker worker: bad job");
+  }
+  std::vector<std::uint64_t> offsets(fields), row_bytes(fields);
+  for (std::size_t f = 0; f < fields; ++f) {
+    offsets[f] = get<std::uint64_t>(p + 24 + 16 * f);
+    row_bytes[f] = get<std::uint64_t>(p + 32 + 16 * f);
+  }
+  const std::uint8_t* row_at = p + 24 + 16 * std::size_t{fields};
+  if (!root_) throw std::logic_error("stoker worker: a job before the layout");
+  begin(region, std::move(offsets), std::move(row_bytes), rows);
+
+  // While the loader is traced, each row's (start, end): a row starts where the previous one
+  // ended, the first one with the job (so it carries a __getitems__ call).
+  std::vector<std::int64_t> times;
+  std::int64_t start = timed ? detail::Tracer::now_ns() : 0;
+  py::list keys(rows);
+  for (std::size_t k = 0; k < rows; ++k) {
+    keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
+  }
+  py::object samples;
+  if (use_getitems) {
+    try {
+      samples = py::list(dataset.attr("__getitems__")(keys));
+      if (py::len(samples) != rows) samples = py::object();
+    } catch (py::error_already_set&) {
+      samples = py::object();  // one by one, so that each failure names its sample
+    }
+  }
+  std::string status(rows, '\0');
+  py::object objects = slots_ > 0 ? py::object(py::list(rows)) : py::none();
+  py::list errors;
+  for (std::size_t k = 0; k < rows; ++k) {
+    const auto index = static_cast<std::size_t>(get<std::uint64_t>(row_at + 16 * k));
+    const auto seed = get<std::uint64_t>(row_at + 16 * k + 8);
+    try {
+      const py::object sample = samples ? py::object(py::reinterpret_borrow<py::list>(samples)[k])
+                                        : read_sample(dataset, index, seed);
+      py::object values = write(sample, index, k, seed);
+      if (slots_ > 0) {
+        PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), values.release().ptr());
+      }
+    } catch (...) {
+      status[k] = 1;
+      try {
+        throw;
+      } catch (py::error_already_set& e) {
+        e.restore();
+      } catch (py::builtin_exception& e) {
+        e.set_error();
+      } catch (const std::exception& e) {
+        PyErr_SetString(PyExc_RuntimeError, e.what());
+      } catch (...) {
+        PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
+      }
+      errors.append(py::make_tuple(k, take_python_error()));
+    }
+    if (timed) {
+      const std::int64_t end = detail::Tracer::now_ns();
+      times.insert(times.end(), {start, end});
+      start = end;
+    }
+  }
+  return py::make_tuple(
+      id, py::bytes(status), objects, errors,
+      py::bytes(reinterpret_cast<const char*>(times.data()), times.size() * sizeof(std::int64_t)));
+}
+
+py::object SampleWriter::read_sample(py::handle dataset, std::size_t index, std::uint64_t seed) {
+  set_sample_seed(seed);
+  struct Unset {
+    ~Unset() { set_sample_seed(std::nullopt); }
+  } unset;
+  return dataset[py::int_(index)];
+}
+
 py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t row,
                                std::uint64_t seed) {
   // bases_ already point at the chunk's first row: rows are numbered within the job.
@@ -532,7 +688,7 @@ py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t
     }
   }
   std::vector<PendingCopy> copies;
-  SampleVisitor{index, out, copies, slots_ > 0 ? objects.ptr() : nullptr}.visit(root_, sample);
+  SampleVisitor{index, out, copies, slots_ > 0 ? objects.ptr() : nullptr}.visit(*root_, sample);
   copy_pending(copies, out);
   return objects;
 }

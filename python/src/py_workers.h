@@ -5,7 +5,8 @@
 // sample's arrays straight into its row of the batch slab, which lives in shared memory (a
 // memfd per slab, src/memory/shared_memory.h) mapped in both processes. Only indices, small
 // object values and errors cross the socket; array bytes never do, so every byte is copied
-// once, as on threads.
+// once, as on threads. The exception: before the layout is known, each worker's first
+// sample (a probe) is sent back whole, pickled, and written by the parent.
 //
 // The parent side is the engine's own worker threads: for each chunk a thread leases one
 // child, sends it the job and blocks on the socket without the GIL until the reply, so the
@@ -18,6 +19,11 @@
 // (region id, byte offset), never by address, so the same jobs could be served by workers
 // elsewhere given another way to ship the rows back.
 //   parent -> child
+//     kLayout {pickle of (layout description, object slots)}: once per worker, before its
+//           first job (the layout is learned from the first sample a worker reads)
+//     kProbe {u64 sample index, u64 sample seed}: read one sample and send it back whole (the
+//           probe that learns the layout; see Dataset::probe); the reply is a kResult of one
+//           row whose blob holds ([sample], []) or (None, [(0, error)])
 //     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
 //     kDrop {u32 region}: the region was freed; unmap it
 //     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 flags,
@@ -49,6 +55,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -91,6 +98,12 @@ class ProcessPool {
   ProcessPool& operator=(const ProcessPool&) = delete;
 
   void start();  // GIL held: starts every worker now
+  // The layout message (PyDataset::layout_message) every worker gets before its next job.
+  // Any thread.
+  void set_layout(py::bytes message);
+  // Reads sample `index` in a worker and returns it (see kProbe). Throws the sample's
+  // failure, kept in `owner`'s table, or a WorkerDiedError. No GIL on entry.
+  py::object probe(const PyDataset& owner, std::size_t index, std::uint64_t seed);
   // Reads one chunk in one worker (see Dataset::read_rows). Object values and errors go to
   // `owner`'s tables; a dead worker fails every row it was sent.
   void run(const PyDataset& owner, std::span<const std::size_t> indices,
@@ -117,6 +130,7 @@ class ProcessPool {
     bool busy = false;
     bool dead = false;
     std::set<std::uint32_t> regions;  // regions mapped by this worker
+    bool has_layout = false;
     std::uint64_t next_job = 1;
   };
 
@@ -128,6 +142,13 @@ class ProcessPool {
   bool exchange(Link& link, const std::vector<std::uint8_t>& job, std::uint32_t region_id,
                 int region_fd, std::size_t region_bytes, std::vector<std::uint8_t>& status,
                 std::vector<std::int64_t>& times, std::vector<std::uint8_t>& blob);
+  // Reads a kResult reply into `status`, `times` (if it has them) and `blob`. False if the
+  // worker is gone.
+  static bool receive_result(Link& link, std::vector<std::uint8_t>& status,
+                             std::vector<std::int64_t>& times, std::vector<std::uint8_t>& blob);
+  // Fails every row of `errors` after a failed exchange with `link` (given back dead).
+  void fail_lost(Link* link, std::span<const std::size_t> indices,
+                 std::span<std::exception_ptr> errors);
   std::string death_message(pid_t pid) const;
 
   const std::size_t workers_;
@@ -140,32 +161,44 @@ class ProcessPool {
   std::condition_variable free_cv_;
   std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
   bool stopped_ = false;                      // guarded by mu_
+  std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL
 };
 
 // The worker process's half: the slab regions it was sent, mapped, and the layout to check
-// and write samples with (layout_from_description of the parent's data set).
+// and write samples with (layout_from_description of the parent's data set, sent once the
+// parent learned it).
 //
 // Thread safety: one thread (the worker's), GIL held.
 class SampleWriter {
  public:
-  SampleWriter(py::object description, std::size_t slots);
+  SampleWriter() = default;
   ~SampleWriter();
+  void set_layout(py::handle description, std::size_t slots);
   SampleWriter(const SampleWriter&) = delete;
   SampleWriter& operator=(const SampleWriter&) = delete;
 
   void map(std::uint32_t region, int fd, std::size_t bytes);  // closes fd
   void drop(std::uint32_t region);
-  // The rows of the next job: field f of row r is at offsets[f] + r * row_bytes[f].
+  // Runs a kJob payload: reads each row's sample from `dataset` (one __getitems__ call, or
+  // __getitem__ after __getitem__ if it has none or it raised) and writes it into the slab.
+  // Returns (job id, status bytes: 0 ok, 1 failed; object values per row, a list of tuples,
+  // or None without object slots; [(row, exception)]; the rows' (start, end) times as bytes
+  // for the reply if the job asked for them, else empty).
+  py::tuple run_job(py::bytes job, py::handle dataset, bool use_getitems);
+  // The sample of a kProbe, read with its seed as stoker.sample_seed(); raises its error.
+  static py::object read_sample(py::handle dataset, std::size_t index, std::uint64_t seed);
+
+ private:
+  // The rows of the job: field f of row r is at offsets[f] + r * row_bytes[f].
   void begin(std::uint32_t region, std::vector<std::uint64_t> offsets,
              std::vector<std::uint64_t> row_bytes, std::size_t rows);
   // Checks `sample` against the layout and writes it into row `row`; returns its object
   // values (a tuple, one per slot) or None.
   py::object write(py::handle sample, std::size_t index, std::size_t row, std::uint64_t seed);
 
- private:
-  LayoutNode root_;
-  std::size_t slots_;
+  std::optional<LayoutNode> root_;
+  std::size_t slots_ = 0;
   std::map<std::uint32_t, std::pair<std::byte*, std::size_t>> regions_;
   std::vector<std::size_t> row_bytes_;
   std::vector<std::byte*> bases_;

@@ -264,7 +264,9 @@ class DataLoader:
             self._shuffle = True
             generator = sampler.generator if sampler.generator is not None else generator
         elif kind is None and sampler is not None:
-            order = list(sampler)
+            # A custom sampler is read when each epoch starts, once, as torch reads it; until
+            # then the engine runs over positions 0..len-1 (and reads nothing).
+            order = list(range(len(sampler)))
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
         # PyTorch's base seed of the workers: worker i is seeded with base + i.
@@ -276,19 +278,15 @@ class DataLoader:
         self._auto_start = None
         if native:
             self._handle = dataset._handle
-            structure = dataset._structure()
             self.worker_type, reason = "thread", "a native data set reads in C++, on threads"
         else:
-            # With skip, a broken first sample must not stop the loader before it starts.
-            probes = min(16, max_skipped + 1) if on_error == "skip" else 1
             # No reference to self from here: the C++ data set holds it, and a cycle through
             # C++ would keep the loader alive.
             thread_count = self._thread_count = [self.num_workers]
             start = thread_worker_start(dataset, self._worker_seed, lambda: thread_count[0],
                                         worker_init_fn)
-            self._handle = _stoker.PyDataset.discover(dataset, collate_fn is not None, start,
-                                                      probes)
-            structure = self._handle.structure()
+            # Reads nothing: the layout comes from the first sample a worker reads.
+            self._handle = _stoker.PyDataset(dataset, collate_fn is not None, start)
             if self.num_workers == 0:
                 if worker_type == "process":
                     raise ValueError("worker_type='process' needs num_workers >= 1")
@@ -308,7 +306,8 @@ class DataLoader:
             self.num_workers = self._process_count
             tune = False
             self._start_processes()
-        self._order = order
+        self._order = None  # the custom sampler's order of the epoch running, once read
+        self._custom_order = order is not None
         self._device = self._resolve_device(device)
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
@@ -324,10 +323,15 @@ class DataLoader:
         if has_gpu and (self._device.startswith("cuda") or pin_memory == "on"):
             on = torch.device(self._device) if self._device.startswith("cuda") else None
             stream = torch.cuda.current_stream(on).cuda_stream
+        # Construction reads nothing, as torch's: a Python data set's workers start with the
+        # first iter(), and so do those following a custom sampler (a native data set's
+        # otherwise prefetch at once).
+        self._reading = native and order is None
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
             drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
-            workers=self.num_workers, depth=self.prefetch_factor * max(1, self.num_workers),
+            workers=self.num_workers if self._reading else 0,
+            depth=self.prefetch_factor * max(1, self.num_workers),
             on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
             max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
             stream=stream, pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(pin_memory)),
@@ -335,10 +339,9 @@ class DataLoader:
             shared_slabs=not native and self.worker_type == "process" or self._auto_pending)
         if worker_type == "process" or not self._auto_pending:
             self._log_worker_type()
-        element_types = self._element_types(structure)
-        self._build = plan(structure, collate_fn)
-        self._convert = converter(element_types, self._loader.stats()["device"] not in
-                                  ("cpu", "sim"))
+        self._build = self._convert = None
+        if native:
+            self._make_batches(dataset._structure())
 
     # --- construction helpers -------------------------------------------------------------
 
@@ -363,6 +366,13 @@ class DataLoader:
             if torch is not None and torch.cuda.is_available():
                 name = f"cuda:{torch.cuda.current_device()}"
         return name
+
+    def _make_batches(self, structure) -> None:
+        """How a delivered batch becomes what the training loop gets, once the layout is
+        known (a Python data set's, from the first sample read)."""
+        self._build = plan(structure, self.collate_fn)
+        self._convert = converter(self._element_types(structure),
+                                  self._loader.stats()["device"] not in ("cpu", "sim"))
 
     @staticmethod
     def _element_types(structure) -> list[str]:
@@ -455,7 +465,8 @@ class DataLoader:
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
-        self._loader.set_workers(int(workers))
+        if self._reading:
+            self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
         self._thread_count[0] = int(workers)
 
@@ -509,17 +520,21 @@ class DataLoader:
         return int(epoch) if isinstance(epoch, int) else self._epoch
 
     def _start(self, epoch: int, batch: int) -> None:
-        if self._order is not None:
+        if self._custom_order:
             order = list(self.sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
-                self._order = order
                 self._loader.set_order(order)
-                self._loader.restart_fresh(epoch)
+                if self._order is not None:
+                    self._loader.restart_fresh(epoch)
+                self._order = order
         self._loader.restore(epoch, batch)
+        if not self._reading:
+            self._reading = True
+            self._loader.set_workers(self.num_workers)
 
     def _start_processes(self) -> None:
         """Starts the worker processes and sends reads to them from now on."""
-        workers = ProcessWorkers(self.dataset, self._handle, self._process_count, self._context,
+        workers = ProcessWorkers(self.dataset, self._process_count, self._context,
                                  self._worker_seed, self._worker_init_fn)
         pool = workers.make_pool()
         pool.start()
@@ -567,6 +582,8 @@ class DataLoader:
             self._choose_worker_type()
         if raw is None:
             return None
+        if self._build is None:
+            self._make_batches(self._handle.structure())
         arrays = self._convert(raw)
         raw.release()  # the tensors keep the buffer; returning them all recycles it
         return self._build(arrays, raw.objects)

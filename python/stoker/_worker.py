@@ -1,7 +1,8 @@
 """The loop of a stoker worker process (python/src/py_workers.h has the protocol).
 
-A worker gets its data set (inherited by fork, or pickled for spawn/forkserver), the batch
-layout learned from sample 0, and one end of a socket. It maps the batch slabs it is sent
+A worker gets its data set (inherited by fork, or pickled for spawn/forkserver) and one end
+of a socket; the batch layout comes as a message once the loader learned it from the first
+sample a worker read (which a probe sends back whole). It maps the batch slabs it is sent
 (memfds) and, for each job, calls ``__getitem__`` (or ``__getitems__``) and writes every array
 leaf straight into its row of the slab through the extension's SampleWriter. Only the status of
 each row, pickled object values (strings, lists, ...) and pickled errors go back.
@@ -9,7 +10,6 @@ each row, pickled object values (strings, lists, ...) and pickled errors go back
 
 from __future__ import annotations
 
-import array
 import ctypes
 import os
 import pickle
@@ -18,7 +18,6 @@ import signal
 import socket
 import struct
 import sys
-import time
 import traceback
 from typing import Any, Optional
 
@@ -27,11 +26,9 @@ from . import _stoker
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
 _MAP = struct.Struct("=IIQ")
-_FIELD = struct.Struct("=QQ")
-_ROW = struct.Struct("=QQ")
 _RESULT = struct.Struct("=QII")
-_TIME_ROWS = 1  # a job's flag: reply with each row's (start, end), CLOCK_MONOTONIC ns
-_JOB_KIND, _MAP_KIND, _DROP_KIND = 1, 2, 3
+_PROBE = struct.Struct("=QQ")
+_JOB_KIND, _MAP_KIND, _DROP_KIND, _LAYOUT_KIND, _PROBE_KIND = 1, 2, 3, 4, 5
 _PR_SET_PDEATHSIG = 1
 
 
@@ -108,7 +105,7 @@ def _error_info(exc: BaseException):
     return (type(exc).__module__, type(exc).__qualname__, str(exc), text, pickled)
 
 
-def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
+def main(sock: socket.socket, dataset, worker_id: int,
          num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
          parent_pid: Optional[int],
          use_getitems: bool, death_signal: bool) -> None:
@@ -129,7 +126,7 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
         torch.set_num_threads(1)
     seed = seed_worker(base_seed, worker_id)
     set_torch_worker_info(worker_id, num_workers, seed, dataset)
-    writer = _stoker.SampleWriter(description, slots)
+    writer = _stoker.SampleWriter()
     init_error = None
     if worker_init_fn is not None:
         try:
@@ -137,14 +134,14 @@ def main(sock: socket.socket, dataset, description, slots: int, worker_id: int,
         except Exception as e:  # reported with every job, as the reason its rows fail
             init_error = _error_info(e)
     try:
-        _serve(sock, dataset, writer, slots, init_error, use_getitems)
+        _serve(sock, dataset, writer, init_error, use_getitems)
     except (_Closed, ConnectionError):  # the loader closed (while a reply was on its way)
         pass
     finally:
         sock.close()
 
 
-def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
+def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
     while True:
         fds: list = []
         kind, size = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, fds))
@@ -154,66 +151,55 @@ def _serve(sock, dataset, writer, slots, init_error, use_getitems) -> None:
             writer.map(region, fds.pop(0), nbytes)
         elif kind == _DROP_KIND:
             writer.drop(struct.unpack_from("=I", payload)[0])
+        elif kind == _LAYOUT_KIND:
+            writer.set_layout(*pickle.loads(payload))
+        elif kind == _PROBE_KIND:
+            sock.sendall(_probe(payload, dataset, init_error))
         elif kind == _JOB_KIND:
-            reply = _run_job(payload, dataset, writer, slots, init_error, use_getitems)
-            sock.sendall(reply)
+            sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems))
         for fd in fds:  # none expected
             os.close(fd)
 
 
-def _run_job(payload, dataset, writer, slots, init_error, use_getitems) -> bytes:
-    job, region, nfields, nrows, flags = _JOB.unpack_from(payload)
-    pos = _JOB.size
-    offsets, row_bytes = [], []
-    for _ in range(nfields):
-        offset, nbytes = _FIELD.unpack_from(payload, pos)
-        offsets.append(offset)
-        row_bytes.append(nbytes)
-        pos += _FIELD.size
-    rows = [_ROW.unpack_from(payload, pos + k * _ROW.size) for k in range(nrows)]
-    status = bytearray(nrows)
-    objects: Optional[list] = [None] * nrows if slots else None
-    errors = []
-    # While the loader is traced: a row starts where the previous one ended (the first one
-    # with the job, so it carries a __getitems__ call); time.monotonic_ns is the parent's
-    # steady clock.
-    times = array.array("q") if flags & _TIME_ROWS else None
-    start = time.monotonic_ns() if times is not None else 0
+def _reply(job: int, status: bytes, blob: bytes, times: bytes = b"") -> bytes:
+    body = _RESULT.pack(job, len(status), len(blob)) + status + times + blob
+    return _HEADER.pack(1, len(body)) + body
+
+
+def _probe(payload, dataset, init_error) -> bytes:
+    """The sample the parent learns the layout from, sent back whole (or its error)."""
+    index, seed = _PROBE.unpack_from(payload)
+    try:
+        if init_error is not None:
+            return _reply(0, b"\x01", pickle.dumps((None, [(0, init_error)])))
+        sample = _stoker.SampleWriter.read_sample(dataset, index, seed)
+        return _reply(0, b"\x00", pickle.dumps(([sample], []), protocol=pickle.HIGHEST_PROTOCOL))
+    except Exception as e:
+        return _reply(0, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))
+
+
+def _run_job(payload, dataset, writer, init_error, use_getitems) -> bytes:
     if init_error is not None:
-        status[:] = b"\x01" * nrows
-        errors = [(k, init_error) for k in range(nrows)]
-        times = None  # nothing was read
+        job, _, _, nrows, _ = _JOB.unpack_from(payload)
+        status = b"\x01" * nrows
+        objects, errors, times = None, [(k, init_error) for k in range(nrows)], b""
     else:
-        writer.begin(region, offsets, row_bytes, nrows)
-        samples = None
-        if use_getitems:
-            try:
-                samples = list(dataset.__getitems__([index for index, _ in rows]))
-                if len(samples) != nrows:
-                    raise ValueError(f"stoker: __getitems__ returned {len(samples)} samples "
-                                     f"for {nrows} indices")
-            except Exception:
-                samples = None  # one by one, so that each failure names its sample
-        for k, (index, seed) in enumerate(rows):
-            try:
-                _stoker.set_sample_seed(seed)
-                try:
-                    sample = samples[k] if samples is not None else dataset[index]
-                finally:
-                    _stoker.set_sample_seed(None)
-                values = writer.write(sample, index, k, seed)
-                if objects is not None:
-                    objects[k] = pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as e:
-                status[k] = 1
-                errors.append((k, _error_info(e)))
-            if times is not None:
-                end = time.monotonic_ns()
-                times.extend((start, end))
-                start = end
+        # The rows are read and written by the extension; only the object values (all rows'
+        # in one pickle) and the errors come back through here.
+        # `times`: the rows' (start, end) when the job asked for them (the loader is traced)
+        job, status, objects, raised, times = writer.run_job(payload, dataset, use_getitems)
+        errors = [(k, _error_info(e)) for k, e in raised]
     blob = b""
     if objects is not None or errors:
-        blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-    body = (_RESULT.pack(job, nrows, len(blob)) + bytes(status)
-            + (times.tobytes() if times is not None else b"") + blob)
-    return _HEADER.pack(1, len(body)) + body
+        try:
+            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            status, objects = bytearray(status), list(objects)
+            for k, values in enumerate(objects):  # which rows' values do not pickle
+                try:
+                    pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:
+                    status[k], objects[k] = 1, None
+                    errors.append((k, _error_info(e)))
+            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+    return _reply(job, bytes(status), blob, times)

@@ -34,11 +34,9 @@ class ProcessWorkers:
     """Starts, restarts and reaps the worker processes of one loader; the C++ ProcessPool
     (python/src/py_workers.h) drives them."""
 
-    def __init__(self, dataset, handle, count: int, context, base_seed: int,
+    def __init__(self, dataset, count: int, context, base_seed: int,
                  worker_init_fn: Optional[Callable[[int], None]]) -> None:
         self._dataset = dataset
-        self._description = handle.layout_description()
-        self._slots = handle.object_slots()
         self._count = count
         self._context = context
         self._base_seed = base_seed
@@ -71,7 +69,7 @@ class ProcessWorkers:
         close_fds = (list(_stoker.inherited_fds()) + [parent.fileno()]) if forked else []
         process = self._context.Process(
             target=_worker.main, name=f"stoker worker {worker_id}", daemon=True,
-            args=(child, self._dataset, self._description, self._slots, worker_id, self._count,
+            args=(child, self._dataset, worker_id, self._count,
                   self._base_seed, self._worker_init_fn, close_fds, parent_pid,
                   self._use_getitems,
                   # PR_SET_PDEATHSIG fires when the thread that forked exits, not the process:
@@ -107,8 +105,6 @@ class ProcessWorkers:
 def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list):
     """A worker's reply blob -> (object values per row or None, {row: exception})."""
     objects, errors = pickle.loads(blob)
-    if objects is not None:
-        objects = [pickle.loads(o) if o is not None else None for o in objects]
     return objects, {row: _rebuild(info, worker_id, pid, indices[row]) for row, info in errors}
 
 

@@ -116,8 +116,9 @@ class CopyStage final : public DeviceStage {
         stream_(stream),
         tracer_(tracer),
         ring_(depth) {
-    // The window plus the batch the consumer holds; more are made if it holds more.
-    slots_->reserve(depth_ + 1);
+    // The window plus the batch the consumer holds; more are made if it holds more. A pool
+    // whose layout is learned from the samples gets its slots with its first batch.
+    if (pool_->has_layout()) slots_->reserve(depth_ + 1);
   }
   ~CopyStage() override { discard(); }
 
@@ -183,21 +184,36 @@ class CopyStage final : public DeviceStage {
     // Without waiting, only a free slot is used: the consumer holding many batches must not
     // make us allocate device memory for prefetching.
     const bool waits = !deadline || *deadline != Engine::kNoWait;
-    DeviceSlot* slot = slots_->acquire(/*grow=*/waits);
-    if (slot == nullptr) return false;
+    // Until the engine has learned the layout (from its first batch), slots have no size: the
+    // first batch is taken before its slot is made.
+    const bool sized = pool_->has_layout();
+    DeviceSlot* slot = sized ? slots_->acquire(/*grow=*/waits) : nullptr;
+    if (sized && slot == nullptr) return false;
+    auto put_back = [&] {
+      if (slot != nullptr) slots_->put_back(slot);
+    };
     Engine::Taken taken;
     try {
       taken = engine.take(deadline);
     } catch (...) {
-      slots_->put_back(slot);
+      put_back();
       push({nullptr, {}, std::current_exception(), engine.position()});
       return true;
     }
     if (!taken.slab) {
-      slots_->put_back(slot);
+      put_back();
       if (!taken.end_of_epoch) return false;
       push({nullptr, {}, nullptr, engine.position()});
       return true;
+    }
+    if (slot == nullptr) {
+      try {
+        slots_->reserve(depth_ + 1);
+        slot = slots_->acquire(/*grow=*/true);
+      } catch (...) {
+        push({nullptr, {}, std::current_exception(), engine.position()});
+        return true;
+      }
     }
     try {
       const bool traced = tracer_.on();

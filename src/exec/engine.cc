@@ -13,6 +13,8 @@ namespace {
 // counts as failed (a data set where most samples fail should not spin).
 constexpr std::size_t kMaxReplacements = 16;
 constexpr std::uint64_t kReplacementSalt = 0x5bd1e9955bd1e995ULL;
+// Probes that fail in a row before the layout is given up on (engine.h).
+constexpr std::size_t kMaxProbes = 4096;
 
 std::string describe(const std::exception_ptr& error) {
   try {
@@ -55,11 +57,13 @@ Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
       pool_(std::move(pool)),
       samples_per_epoch_(samples_per_rank(config_.order)),
       batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)) {
+  bool layout_known = pool_->has_layout();
   {
     MutexLock lock(mu_);
     depth_ = config_.depth;
+    layout_known_ = layout_known;
   }
-  pool_->reserve(config_.depth + 1);
+  if (layout_known) pool_->reserve(config_.depth + 1);
   tickets_.reserve(config_.depth + 1);
   set_workers(config_.workers);
 }
@@ -143,6 +147,13 @@ Ticket* Engine::find_work(bool head_only, bool& look_again) {
   look_again = false;
   if (Ticket* ticket = claimable(head_only)) return ticket;
   if ((head_only && head_ != nullptr) || !can_open()) return nullptr;
+  if (!layout_known_) {
+    look_again = probe();
+    return nullptr;
+  }
+  // A probe still running may be of a sample in the batch this would open: its row must find
+  // the probe's sample kept when it is read. The probe's end wakes the workers.
+  if (probes_running_ > 0) return nullptr;
   if (order_ready()) return open_next();
   // One thread computes the epoch's order; the others wait for its wake-up.
   if (!order_busy_) {
@@ -158,6 +169,56 @@ Ticket* Engine::claimable(bool head_only) const {
     if (head_only) break;
   }
   return nullptr;
+}
+
+bool Engine::probe() {
+  if (!order_ready()) {
+    if (order_busy_) return false;
+    compute_order();
+    return true;
+  }
+  const std::size_t position = open_batch_ * config_.batch_size + probes_started_;
+  if (position >= samples_per_epoch_ || probes_failed_ >= kMaxProbes) {
+    // Nothing left to probe: once the last probes are back, their failure is the consumer's.
+    if (probes_running_ == 0 && probe_error_) fail(probe_error_);
+    return false;
+  }
+  const std::size_t index = order_[position];
+  const std::uint64_t seed = mix(config_.order.seed, open_epoch_, index);
+  ++probes_started_;
+  ++probes_running_;
+  std::vector<FieldSpec> fields;
+  std::exception_ptr failure;
+  std::exception_ptr aborted;
+  {
+    MutexUnlock unlocked(mu_);
+    try {
+      fields = config_.dataset->probe(index, seed, failure);
+      if (fields.empty() && !failure) {
+        throw std::runtime_error("the data set's sample holds no values");
+      }
+    } catch (...) {
+      aborted = std::current_exception();
+    }
+  }
+  --probes_running_;
+  if (aborted) {
+    fail(std::make_exception_ptr(SampleError(index, aborted, describe(aborted))));
+  } else if (failure) {
+    ++probes_failed_;
+    probe_error_ = std::make_exception_ptr(SampleError(index, failure, describe(failure)));
+  } else if (!layout_known_) {
+    pool_->set_fields(std::move(fields));
+    layout_known_ = true;
+    probe_error_ = nullptr;
+    // The first slabs, made by this worker for all (as the constructor does when the layout
+    // is known up front).
+    const std::size_t slabs = depth_ + 1;
+    MutexUnlock unlocked(mu_);
+    pool_->reserve(slabs);
+  }
+  wake_all();
+  return true;
 }
 
 bool Engine::can_open() const {
@@ -540,6 +601,7 @@ void Engine::restart(Position position) {
   MutexLock lock(mu_);
   if (position.epoch == epoch_ && position.batch == delivered_) return;
   cancel_in_flight();
+  probes_started_ = 0;  // before the layout is known, probe from the new position
   epoch_ = position.epoch;
   delivered_ = position.batch;
   open_epoch_ = epoch_;
@@ -583,7 +645,7 @@ Stats Engine::stats() const {
   s.mean_ready_at_next =
       calls ? static_cast<double>(ready_seen_sum_.load(std::memory_order_relaxed)) / calls : 0.0;
   s.slabs = pool_->slabs();
-  s.slab_bytes = s.slabs * pool_->slab_bytes();
+  s.slab_bytes = pool_->has_layout() ? s.slabs * pool_->slab_bytes() : 0;
   s.locked_slabs = pool_->locked_slabs();
   return s;
 }

@@ -13,6 +13,18 @@
 // current position cancels what is in flight (workers stop at the next row) and reopens from
 // the new position. Nothing is ever reordered, because opening follows the sample order.
 //
+// Layout learned from the samples (Dataset::fields_known() false, a Python data set): the
+// slab pool has no layout, so no batch can open. Until it has one, each worker (or the inline
+// consumer) probes one sample of the next batches' order at a time (Dataset::probe, mu_
+// released), and the first probe that returns gives the pool its layout; batches open once
+// no probe is running (a late one's sample may be in them). Probes take sample
+// positions in order from the next batch to open, as many at once as there are workers, so
+// data sets whose workers wait for one another (a barrier in __getitem__) get all of them.
+// The data set keeps what each probe read for that row's read, failures included: an error
+// in a probed sample surfaces with its batch. If no sample of the epoch reads (or
+// kMaxProbes fail), the last failure is the consumer's error, as a SampleError; so is an
+// exception a probe throws (not the sample's: Ctrl-C on an inline consumer), at once.
+//
 // Each batch in flight has a Ticket: the slab it is written into, which batch it is, how its
 // rows are split into chunks, and what failed. Tickets stay with the engine; take() hands the
 // consumer's stage the slab and what the batch is (Batch::Info), and the stage makes a Batch.
@@ -155,6 +167,9 @@ class Engine {
   // next one opened. Null if there is none now; sets `look_again` if the lock was released
   // meanwhile (to compute an epoch's order), so the caller must look again before waiting.
   Ticket* find_work(bool head_only, bool& look_again) STOKER_REQUIRES(mu_);
+  // Before the layout is known: probes the next sample position with mu_ released (see the
+  // top of this file), or computes the order it needs. Returns whether the lock was released.
+  bool probe() STOKER_REQUIRES(mu_);
   // A batch with an unclaimed chunk: the head only, or the oldest in the queue.
   Ticket* claimable(bool head_only) const STOKER_REQUIRES(mu_);
   bool can_open() const STOKER_REQUIRES(mu_);
@@ -213,7 +228,14 @@ class Engine {
   std::size_t in_flight_ STOKER_GUARDED_BY(mu_) = 0;
   std::size_t ready_ STOKER_GUARDED_BY(mu_) = 0;
   std::exception_ptr fatal_ STOKER_GUARDED_BY(mu_);
-  bool fatal_reported_ STOKER_GUARDED_BY(mu_) = false;  // thrown from next(): retry on the next
+
+  // Learning the layout from the samples (see the top of this file).
+  bool layout_known_ STOKER_GUARDED_BY(mu_) = false;
+  std::size_t probes_started_ STOKER_GUARDED_BY(mu_) = 0;  // sample positions handed out
+  std::size_t probes_running_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t probes_failed_ STOKER_GUARDED_BY(mu_) = 0;
+  std::exception_ptr probe_error_ STOKER_GUARDED_BY(mu_);  // the last probe's SampleError
+  bool fatal_reported_ STOKER_GUARDED_BY(mu_) = false;     // thrown from next(): retry on the next
 
   // The sample order of epoch order_epoch_ (valid when has_order_).
   std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);

@@ -35,18 +35,27 @@ void Slab::give_back() noexcept {
 const SlabLayout& Slab::layout() const noexcept { return pool_.layout(); }
 
 SlabPool::SlabPool(std::vector<FieldSpec> fields, std::size_t batch_size, SlabMemory memory)
+    : SlabPool(batch_size, std::move(memory)) {
+  set_fields(std::move(fields));
+}
+
+SlabPool::SlabPool(std::size_t batch_size, SlabMemory memory)
     : memory_(std::move(memory)),
       slabs_([this] { return make_slab(); }, [](Slab& slab) { slab.wait_released(); },
              [this](Slab& slab) { destroy(slab); }) {
-  layout_.fields = std::move(fields);
   layout_.batch_size = batch_size;
+}
+
+void SlabPool::set_fields(std::vector<FieldSpec> fields) {
+  layout_.fields = std::move(fields);
   std::size_t offset = 0;
   for (const auto& f : layout_.fields) {
     layout_.field_bytes.push_back(f.bytes());
     layout_.field_offsets.push_back(offset);
-    offset = round_up(offset + f.bytes() * batch_size, kFieldAlignment);
+    offset = round_up(offset + f.bytes() * layout_.batch_size, kFieldAlignment);
   }
   layout_.slab_bytes = std::max<std::size_t>(offset, kFieldAlignment);
+  has_layout_.store(true, std::memory_order_release);
 }
 
 std::byte* SlabPool::try_lock_slab() {

@@ -73,10 +73,17 @@ class Slab final : public BatchOwner {
 
 // A pool of slabs for one batch layout.
 //
-// Thread safety: every member may be called from any thread.
+// Thread safety: every member may be called from any thread, except that a pool made before
+// its layout was known gets it from set_fields() once, before any slab is acquired or
+// reserved and before anything reads the layout, which the caller orders (the engine does
+// under its lock; has_layout() may be read at any time).
 class SlabPool {
  public:
   SlabPool(std::vector<FieldSpec> fields, std::size_t batch_size, SlabMemory memory = {});
+  // A pool whose layout a data set learns from its samples: no slabs until set_fields().
+  SlabPool(std::size_t batch_size, SlabMemory memory);
+  void set_fields(std::vector<FieldSpec> fields);
+  bool has_layout() const { return has_layout_.load(std::memory_order_acquire); }
   SlabPool(const SlabPool&) = delete;
   SlabPool& operator=(const SlabPool&) = delete;
 
@@ -101,6 +108,7 @@ class SlabPool {
   void destroy(Slab& slab) noexcept;
 
   SlabLayout layout_;
+  std::atomic<bool> has_layout_{false};
   const SlabMemory memory_;
   std::atomic<bool> lock_failed_{false};  // locking failed once: stop trying
   std::atomic<bool> budget_said_{false};  // the budget log line was written

@@ -3,7 +3,9 @@ passes gives what PyTorch gives. Known, deliberate or not yet fixed differences 
 xfails naming the reason, so a fix shows up here (and in docs/python.md's list)."""
 
 import collections
+import multiprocessing
 import random
+import time
 
 import numpy as np
 import pytest
@@ -151,9 +153,6 @@ def test_subset_random_sampler_draws_from_its_subset():
     assert sorted(labels) == subset
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: stoker reads a custom sampler once at "
-                   "construction and again per epoch, so a seeded sampler's epochs differ from "
-                   "torch's")
 def test_seeded_weighted_sampler_gives_torchs_epochs():
     data = Pairs()
     weights = [float(i % 4 + 1) for i in range(len(data))]
@@ -232,3 +231,94 @@ def test_reiteration_and_len():
     second = [y.tolist() for _, y in loader]
     assert first == second  # unshuffled: the same every epoch
     random.shuffle(first)  # lists, not views of recycled memory
+
+
+# --- construction reads nothing; the first samples are read by the workers ---------------
+
+class Counted(Pairs):
+    """Counts the __getitem__ calls made in this process."""
+
+    def __init__(self, n=12):
+        super().__init__(n)
+        self.calls = 0
+
+    def __getitem__(self, i):
+        self.calls += 1
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_construction_and_len_read_nothing(workers):
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        data = Counted()
+        loader = loader_type(data, batch_size=5, num_workers=workers)
+        assert len(loader) == 3 and data.calls == 0, loader_type
+
+
+class Synchronized(tud.Dataset):
+    """Each worker's first __getitem__ waits until every worker has reached its own (torch's
+    test_dataloader has such data sets): a loader that reads a sample alone first hangs."""
+
+    def __init__(self, workers, n=8):
+        self.barrier = multiprocessing.get_context("fork").Barrier(workers)
+        self.synced = set()
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        info = tud.get_worker_info()
+        if info is not None and info.id not in self.synced:
+            self.synced.add(info.id)
+            self.barrier.wait(timeout=20)  # broken, rather than a hang, if a worker is missing
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_workers_that_wait_for_each_other(worker_type):
+    theirs = list(tud.DataLoader(Synchronized(2), batch_size=2, num_workers=2))
+    ours = list(stoker.DataLoader(Synchronized(2), batch_size=2, num_workers=2,
+                                  worker_type=worker_type))
+    assert_same(theirs, ours)
+
+
+class SlowFirst(Pairs):
+    """The first sample a process reads takes a while (opening a file, a cache warming)."""
+
+    def __init__(self):
+        super().__init__(8)
+        self.slow = True
+
+    def __getitem__(self, i):
+        if self.slow:
+            self.slow = False
+            time.sleep(1.5)
+        return super().__getitem__(i)
+
+
+def test_a_slow_first_sample_times_out_in_the_first_next():
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        loader = loader_type(SlowFirst(), batch_size=4, num_workers=1, timeout=0.3)
+        with pytest.raises(RuntimeError, match="DataLoader timed out after 0.3 seconds"):
+            next(iter(loader))
+        del loader
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_failing_first_sample_fails_its_batch_only(workers):
+    class FirstFails(Pairs):
+        def __getitem__(self, i):
+            if i == 0:
+                raise ValueError("sample zero")
+            return super().__getitem__(i)
+
+    results = []
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        loader = loader_type(FirstFails(12), batch_size=4, num_workers=workers)
+        it = iter(loader)
+        with pytest.raises(ValueError, match="sample zero"):
+            next(it)
+        results.append(list(it))
+    assert len(results[0]) == 2
+    assert_same(*results)

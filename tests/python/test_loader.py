@@ -250,9 +250,12 @@ def test_torch_samplers_run_natively_and_custom_ones_are_followed():
             start = 49 if self.calls % 2 else 39
             return iter(range(start, start - 20, -1))
 
-    custom = stoker.DataLoader(ds, batch_size=8, sampler=Backwards())
-    assert [int(i) for b in custom for i in b[0]] == list(range(39, 19, -1))
+    backwards = Backwards()
+    custom = stoker.DataLoader(ds, batch_size=8, sampler=backwards)
+    assert backwards.calls == 0  # read when an epoch starts, as torch does
     assert [int(i) for b in custom for i in b[0]] == list(range(49, 29, -1))
+    assert [int(i) for b in custom for i in b[0]] == list(range(39, 19, -1))
+    assert backwards.calls == 2
 
     batched = stoker.DataLoader(
         ds, batch_sampler=tud.BatchSampler(tud.SequentialSampler(ds), 16, drop_last=True))
@@ -280,7 +283,7 @@ def test_ctrl_c_interrupts_a_blocked_next_promptly():
 
     class Hang(Squares):
         def __getitem__(self, i):
-            if i > 0:  # sample 0 is read once to learn the layout
+            if i > 0:  # the batch is being read, then blocks
                 release.wait(30)
             return super().__getitem__(i)
 
@@ -304,7 +307,7 @@ def test_ctrl_c_without_workers_ends_the_batch_being_read():
     class Hang(Squares):
         def __getitem__(self, i):
             reads.append(i)
-            if i > 0 and not release.is_set():  # sample 0 is read once to learn the layout
+            if i > 0 and not release.is_set():  # the batch is being read, then blocks
                 release.wait(30)
             return super().__getitem__(i)
 
@@ -410,8 +413,7 @@ def test_sample_seed_is_a_function_of_seed_epoch_and_index():
             return 32
 
         def __getitem__(self, i):
-            # None while the loader reads sample 0 to learn the layout
-            return np.array([(stoker.sample_seed() or 0) >> 1], dtype=np.int64)
+            return np.array([stoker.sample_seed() >> 1], dtype=np.int64)
 
     def seeds(workers):
         loader = stoker.DataLoader(Seeds(), batch_size=8, shuffle=True, seed=9,

@@ -81,7 +81,9 @@ def test_a_custom_sampler_order_is_followed_by_processes():
                                worker_type="process", sampler=order)
     batches = list(loader)
     assert [int(i) for b in batches for i in b["i"]] == order
-    assert all(int(g) == 2 for b in batches for g in b["group"])  # still one job per chunk
+    # still one job per chunk, but for the first chunk, whose first samples tell the layout
+    assert [int(g) for g in batches[0]["group"]] == [1, 1, 2, 2]
+    assert all(int(g) == 2 for b in batches[1:] for g in b["group"])
     loader.close()
 
 
@@ -141,6 +143,17 @@ def test_an_exception_that_cannot_be_rebuilt_arrives_as_runtime_error():
                                worker_type="process")
     with pytest.raises(RuntimeError, match="OddError: left and right"):
         list(loader)
+    loader.close()
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_skip_policy_replaces_failing_first_samples(worker_type):
+    # the first samples a worker reads also tell the layout: failing, they are skipped too
+    loader = stoker.DataLoader(wd.FailsAt({0, 1}, n=16), batch_size=8, num_workers=2,
+                               worker_type=worker_type, on_error="skip")
+    values = [int(v) for b in loader for v in b[:, 0]]
+    assert len(values) == 16 and 0 not in values and 1 not in values
+    assert loader.stats()["skipped"] >= 2
     loader.close()
 
 
@@ -339,9 +352,15 @@ def test_getitems_is_called_once_per_chunk(worker_type):
     loader = stoker.DataLoader(dataset, batch_size=8, num_workers=2, worker_type=worker_type)
     batches = list(loader)
     assert [int(i) for b in batches for i in b["i"]] == list(range(64))
-    # two workers: each batch is two chunks of four rows, each one __getitems__ call
-    assert all(int(g) == 4 for b in batches for g in b["group"])
-    assert dataset.single_calls == 1  # sample 0, read to learn the layout
+    # two workers: each batch is two chunks of four rows, each one __getitems__ call, except
+    # the first samples read (one per worker at most, by __getitem__), which tell the layout
+    first = [int(g) for g in batches[0]["group"]]
+    probed = first.count(1)
+    assert 1 <= probed <= 2
+    assert first == [1] * probed + [4 - probed] * (4 - probed) + [4] * 4
+    assert all(int(g) == 4 for b in batches[1:] for g in b["group"])
+    # on threads this process's copy of the data set read them; with processes a worker's
+    assert dataset.single_calls == (probed if worker_type == "thread" else 0)
     loader.close()
 
 

@@ -145,7 +145,7 @@ class WorkerInfo:
         from torch.utils.data import get_worker_info
 
         info = get_worker_info()
-        if info is None:  # sample 0, read on the loader's thread to learn the layout
+        if info is None:  # read on the training loop's thread (num_workers=0)
             return {"i": i, "id": -1, "num_workers": 0, "seed": 0, "same_dataset": True,
                     "init_worker": -1, "random": 0.0, "numpy": 0.0, "torch": 0.0,
                     "pid": os.getpid()}
