@@ -50,6 +50,14 @@ void validate(const LoaderOptions& o, const std::vector<FieldSpec>& fields) {
   }
 }
 
+// The data set's fields, with those named in keep_on_host marked host_only (a data set that
+// learns its layout from its samples: none yet, the engine marks them then).
+std::vector<FieldSpec> batch_fields(const LoaderOptions& o) {
+  auto fields = o.dataset ? o.dataset->fields() : std::vector<FieldSpec>{};
+  if (o.dataset && o.dataset->fields_known()) detail::mark_host_only(fields, o.keep_on_host);
+  return fields;
+}
+
 // The backend named by `device`, or null for the CPU (asked for, or no CUDA device answers).
 std::unique_ptr<detail::DeviceBackend> open_device(const LoaderOptions& o) {
   if (o.device == "cpu") return nullptr;
@@ -111,7 +119,7 @@ Loader::Loader(LoaderOptions options) : Loader(std::move(options), detail::Loade
 
 Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     : tracer_(std::make_unique<detail::Tracer>()) {
-  const auto fields = options.dataset ? options.dataset->fields() : std::vector<FieldSpec>{};
+  const auto fields = batch_fields(options);
   validate(options, fields);
   auto backend = open_device(options);
   // A data set that learns its layout from its samples gets it from the engine's first probe.
@@ -132,6 +140,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
   config.workers = options.workers;
   config.depth = options.depth;
   config.on_error = options.on_error;
+  config.keep_on_host = options.keep_on_host;
   config.max_skipped = options.max_skipped;
   config.tracer = tracer_.get();
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));

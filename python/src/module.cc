@@ -98,6 +98,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("pin_memory", &LoaderOptions::pin_memory)
       .def_readwrite("pin_budget", &LoaderOptions::pin_budget)
       .def_readwrite("sim", &LoaderOptions::sim)
+      .def_readwrite("keep_on_host", &LoaderOptions::keep_on_host)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("max_skipped", &LoaderOptions::max_skipped);
 }
@@ -139,7 +140,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("__len__", [](const NativeDataset& d) { return d.dataset->size(); })
       .def_readonly("element_types", &NativeDataset::element_types)
       .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
-      .def("read", &read_sample, py::arg("index"))
+      .def("read", &read_sample, py::arg("index"), py::arg("seed") = 0)
       .def("counters", &source_counters)
       .def("classes", [](const NativeDataset& d) {
         if (!d.source) throw py::type_error("stoker: not an image data set");

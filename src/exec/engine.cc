@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -171,6 +172,21 @@ Ticket* Engine::claimable(bool head_only) const {
   return nullptr;
 }
 
+void mark_host_only(std::vector<FieldSpec>& fields, const std::vector<std::string>& names) {
+  for (const auto& name : names) {
+    auto it = std::ranges::find(fields, name, &FieldSpec::name);
+    if (it != fields.end()) {
+      it->host_only = true;
+      continue;
+    }
+    std::string known;
+    for (const auto& f : fields) known += (known.empty() ? "'" : ", '") + f.name + "'";
+    throw std::invalid_argument("stoker::LoaderOptions: keep_on_host names field '" + name +
+                                "', which the dataset does not declare (it declares " + known +
+                                ")");
+  }
+}
+
 bool Engine::probe() {
   if (!order_ready()) {
     if (order_busy_) return false;
@@ -208,6 +224,13 @@ bool Engine::probe() {
     ++probes_failed_;
     probe_error_ = std::make_exception_ptr(SampleError(index, failure, describe(failure)));
   } else if (!layout_known_) {
+    try {
+      mark_host_only(fields, config_.keep_on_host);
+    } catch (...) {  // the consumer's error, at each next()
+      fail(std::current_exception());
+      wake_all();
+      return true;
+    }
     pool_->set_fields(std::move(fields));
     layout_known_ = true;
     probe_error_ = nullptr;

@@ -107,10 +107,15 @@ struct EngineConfig {
   std::size_t depth = 1;
   ErrorPolicy on_error = ErrorPolicy::raise;
   std::size_t max_skipped = 0;
+  std::vector<std::string> keep_on_host;  // marked once the layout is known
   // Where workers and take() stamp their work while tracing is on; null: never traced. It
   // outlives the engine.
   Tracer* tracer = nullptr;
 };
+
+// Marks the fields named in `names` host_only (LoaderOptions::keep_on_host). Throws
+// std::invalid_argument for a name the data set does not have, with the names it has.
+void mark_host_only(std::vector<FieldSpec>& fields, const std::vector<std::string>& names);
 
 class Engine {
  public:
