@@ -15,6 +15,10 @@ inline double seconds_since(Clock::time_point t) {
 
 double median(std::vector<double> v);  // 0 for an empty vector
 
+// `path` with "-<name>" before its extension ("run.json" -> "run-tiny.json"): one trace file
+// per run when a command makes several.
+std::string with_name(const std::string& path, const std::string& name);
+
 // `s` quoted for /bin/sh.
 std::string shell_quote(const std::string& s);
 

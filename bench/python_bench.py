@@ -56,6 +56,7 @@ import torch
 import torch.utils.data as tud
 
 import stoker
+from stoker._progress import progress
 
 TORCH_WORKERS = (0, 1, 2, 4)
 
@@ -509,7 +510,8 @@ def main() -> None:
     args = parser.parse_args()
     runs = 1 if args.smoke else args.runs
     workloads = {**WORKLOADS, "jpeg": lambda r, s: jpeg(r, s, args.stoker_bin)}
-    results = [workloads[w](runs, args.smoke) for w in args.workload]
+    results = [workloads[w](runs, args.smoke)
+               for w in progress(args.workload, desc="workloads", quiet=args.json)]
     if args.json:
         print(json.dumps(results, indent=2))
         return

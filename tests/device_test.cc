@@ -236,6 +236,27 @@ TEST(SimDevice, HostOnlyFieldsStayOnTheHost) {
   EXPECT_EQ(loader.stats().copy_bytes, loader.stats().copies * 10u * 32u);
 }
 
+TEST(SimDevice, KeepOnHostNamesFieldsThatStayOnTheHost) {
+  SimStream stream;
+  auto ds = std::make_shared<IndexDataset<>>(50, 32);
+  auto o = sim_options(ds, 10, &stream);
+  o.keep_on_host = {ds->fields()[0].name};
+  Loader loader(o);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_FALSE(b->on_device(0));
+  EXPECT_EQ(b->as<const std::int64_t>(0)[3], 3);
+  EXPECT_TRUE(b->on_device(1));
+
+  o.keep_on_host = {"no such field"};
+  try {
+    Loader unknown(o);
+    FAIL() << "a field the data set does not declare was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'no such field'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SimDevice, ErrorsAndPositionKeepTheirPlaceThroughTheCopyStage) {
   SimStream stream;
   auto o =

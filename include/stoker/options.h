@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "stoker/dataset.h"
 #include "stoker/sampler.h"
@@ -67,6 +68,9 @@ struct LoaderOptions {
   // it, further slabs are pageable (said once in the log).
   std::size_t pin_budget = 0;
   SimDevice sim;
+  // Fields (by FieldSpec::name) that stay in host memory when batches go to a device, as if
+  // the data set had marked them host_only: metadata such as ids or sizes.
+  std::vector<std::string> keep_on_host;
 
   ErrorPolicy on_error = ErrorPolicy::raise;
   // With ErrorPolicy::skip: failed samples tolerated over the loader's life; the next one

@@ -98,6 +98,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("pin_memory", &LoaderOptions::pin_memory)
       .def_readwrite("pin_budget", &LoaderOptions::pin_budget)
       .def_readwrite("sim", &LoaderOptions::sim)
+      .def_readwrite("keep_on_host", &LoaderOptions::keep_on_host)
       .def_readwrite("on_error", &LoaderOptions::on_error)
       .def_readwrite("max_skipped", &LoaderOptions::max_skipped);
 }
@@ -139,7 +140,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("__len__", [](const NativeDataset& d) { return d.dataset->size(); })
       .def_readonly("element_types", &NativeDataset::element_types)
       .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
-      .def("read", &read_sample, py::arg("index"))
+      .def("read", &read_sample, py::arg("index"), py::arg("seed") = 0)
       .def("counters", &source_counters)
       .def("classes", [](const NativeDataset& d) {
         if (!d.source) throw py::type_error("stoker: not an image data set");
@@ -151,19 +152,20 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
   m.def(
       "pack",
-      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes,
-         bool overwrite) {
+      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes, bool overwrite,
+         const py::object& on_progress) {
         PackResult r;
         {
           py::gil_scoped_release nogil;
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
-          o.progress = [](std::size_t done, std::size_t, std::uint64_t) {
+          o.progress = [&on_progress](std::size_t done, std::size_t total, std::uint64_t) {
             // Ctrl-C: KeyboardInterrupt, once pack_image_folder removed its temporary output.
-            if (done % 64 != 0) return;
+            if (done % 64 != 0 && done != total) return;
             py::gil_scoped_acquire gil;
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+            if (!on_progress.is_none()) on_progress(done, total);  // (files done, files)
           };
           r = pack_image_folder(src, dest, o);
         }
@@ -173,7 +175,8 @@ PYBIND11_MODULE(_stoker, m) {
         d["bytes"] = r.bytes;
         return d;
       },
-      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"));
+      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
+      py::arg("on_progress") = py::none());
   m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 
@@ -238,6 +241,7 @@ PYBIND11_MODULE(_stoker, m) {
 
   bind_options(m);
   m.def("stats_fields", &stats_fields);
+  m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
   py::class_<PyLoader>(m, "Loader")
       .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"),
@@ -258,6 +262,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
       .def("skipped_samples", &PyLoader::skipped_samples)
+      .def("trace", &PyLoader::trace, py::arg("path"),
+           py::arg("max_events") = TraceOptions{}.max_events)
       .def("close", &PyLoader::close)
       .def_property_readonly("closed", &PyLoader::closed);
 

@@ -136,7 +136,7 @@ py::dict source_counters(const NativeDataset& dataset) {
   return d;
 }
 
-py::list read_sample(const NativeDataset& dataset, std::size_t index) {
+py::list read_sample(const NativeDataset& dataset, std::size_t index, std::uint64_t seed) {
   if (index >= dataset.dataset->size()) {
     throw py::index_error("stoker: sample " + std::to_string(index) + " of a data set of " +
                           std::to_string(dataset.dataset->size()));
@@ -155,7 +155,7 @@ py::list read_sample(const NativeDataset& dataset, std::size_t index) {
   }
   {
     py::gil_scoped_release nogil;
-    dataset.dataset->read(index, SampleOut(bytes, bases.data(), 0, 0));
+    dataset.dataset->read(index, SampleOut(bytes, bases.data(), 0, seed));
   }
   return out;
 }

@@ -44,7 +44,7 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
 py::dict source_counters(const NativeDataset& dataset);
 
 // Reads sample `index` of a native data set into fresh numpy arrays, one per field (with the
-// GIL released during the read).
-py::list read_sample(const NativeDataset& dataset, std::size_t index);
+// GIL released during the read), with `seed` for its random augmentations.
+py::list read_sample(const NativeDataset& dataset, std::size_t index, std::uint64_t seed);
 
 }  // namespace stoker::python

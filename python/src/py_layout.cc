@@ -1,6 +1,8 @@
 #include "py_layout.h"
 
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace stoker::python {
@@ -114,6 +116,35 @@ py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
   return t;
 }
 
+// torch's default_collate batches any collections.abc.Mapping as a mapping (UserDict, Hugging
+// Face's BatchEncoding), not only dicts.
+bool is_mapping(PyObject* o) {
+  if (PyDict_Check(o)) return true;
+  // Kept for the process's life: a static py::object would be released after the
+  // interpreter is gone.
+  static PyObject* const mapping =
+      py::object(py::module_::import("collections.abc").attr("Mapping")).release().ptr();
+  const int r = PyObject_IsInstance(o, mapping);
+  if (r < 0) throw py::error_already_set();
+  return r == 1;
+}
+
+// The leaves default_collate keeps as they are (strings, bytes); it raises on any other object.
+bool is_text(PyObject* o) { return PyUnicode_Check(o) || PyBytes_Check(o); }
+
+// default_collate's refusal, in its words, of the tensors it cannot stack: nested and sparse
+// ones have no strided buffer (their DLPack export fails with an internal error instead).
+void check_stackable(py::handle v) {
+  if (!py::hasattr(v, "is_nested")) return;
+  std::string kind;
+  if (v.attr("is_nested").cast<bool>()) kind = "nested";
+  if (std::string(py::str(v.attr("layout"))).starts_with("torch.sparse")) kind = "sparse";
+  if (kind.empty()) return;
+  throw std::runtime_error("Batches of " + kind +
+                           " tensors are not currently supported by the default collate_fn; "
+                           "please provide a custom collate_fn to handle them appropriately.");
+}
+
 }  // namespace
 
 std::size_t LayoutBuilder::add_field(const std::string& path, DType dtype,
@@ -136,12 +167,12 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
     for (std::size_t i = 0; i < seq.size(); ++i) {
       n.children.push_back(build(seq[i], join_path(path, std::to_string(i))));
     }
-  } else if (PyDict_Check(o)) {
+  } else if (is_mapping(o)) {
     n.kind = Kind::mapping;
     n.type = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(Py_TYPE(o)));
-    for (auto item : py::reinterpret_borrow<py::dict>(v)) {
-      n.keys.push_back(py::reinterpret_borrow<py::object>(item.first));
-      n.children.push_back(build(item.second, join_path(path, py::str(item.first))));
+    for (auto key : py::reinterpret_borrow<py::iterable>(v)) {
+      n.keys.push_back(py::reinterpret_borrow<py::object>(key));
+      n.children.push_back(build(v[key], join_path(path, py::str(key))));
     }
   } else {
     switch (classify(v)) {
@@ -151,6 +182,7 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
         n.field = add_field(path, n.element.storage, {});
         break;
       case ValueKind::array: {
+        check_stackable(v);
         HostArray a = import_array(v, describe(path) + " of sample " + std::to_string(index));
         n.kind = Kind::array;
         n.element = a.type;
@@ -160,6 +192,16 @@ LayoutNode LayoutBuilder::build(py::handle v, const std::string& path) {
         break;
       }
       case ValueKind::other:
+        if (!is_text(o)) {
+          // As torch's default_collate: an image still in PIL form, None or any other object
+          // cannot be batched, and a list of them would silently differ from PyTorch.
+          throw py::type_error(
+              "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or "
+              "lists; found " +
+              std::string(py::repr(py::type::handle_of(v))) + " (stoker: " + describe(path) +
+              " of sample " + std::to_string(index) +
+              "; pass collate_fn to batch such samples yourself)");
+        }
         n.kind = Kind::object;
         n.slot = slots++;
         break;
@@ -269,16 +311,38 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
       break;
     }
     case Kind::mapping: {
-      if (!PyDict_Check(o))
-        mismatch(n, "is a " + type_name(v) + " where the first sample read has a dict");
-      if (static_cast<std::size_t>(PyDict_Size(o)) != n.keys.size()) {
-        mismatch(n, "has " + std::to_string(PyDict_Size(o)) +
-                        " keys where the first sample read has " + std::to_string(n.keys.size()));
+      if (PyDict_Check(o)) {
+        if (static_cast<std::size_t>(PyDict_Size(o)) != n.keys.size()) {
+          mismatch(n, "has " + std::to_string(PyDict_Size(o)) +
+                          " keys where the first sample read has " + std::to_string(n.keys.size()));
+        }
+        for (std::size_t i = 0; i < n.keys.size(); ++i) {
+          PyObject* child = PyDict_GetItemWithError(o, n.keys[i].ptr());
+          if (child == nullptr) {
+            if (PyErr_Occurred()) throw py::error_already_set();
+            mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) +
+                            ", which the first sample read has");
+          }
+          visit(n.children[i], child);
+        }
+        break;
+      }
+      if (!is_mapping(o)) {
+        mismatch(n, "is a " + type_name(v) + " where the first sample read has a " +
+                        std::string(reinterpret_cast<PyTypeObject*>(n.type.ptr())->tp_name));
+      }
+      const Py_ssize_t size = PyObject_Size(o);
+      if (size < 0) throw py::error_already_set();
+      if (static_cast<std::size_t>(size) != n.keys.size()) {
+        mismatch(n, "has " + std::to_string(size) + " keys where the first sample read has " +
+                        std::to_string(n.keys.size()));
       }
       for (std::size_t i = 0; i < n.keys.size(); ++i) {
-        PyObject* child = PyDict_GetItemWithError(o, n.keys[i].ptr());
-        if (child == nullptr) {
-          if (PyErr_Occurred()) throw py::error_already_set();
+        const py::object child =
+            py::reinterpret_steal<py::object>(PyObject_GetItem(o, n.keys[i].ptr()));
+        if (!child) {
+          if (!PyErr_ExceptionMatches(PyExc_KeyError)) throw py::error_already_set();
+          PyErr_Clear();
           mismatch(n, "has no key " + std::string(py::repr(n.keys[i])) +
                           ", which the first sample read has");
         }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "gil.h"
@@ -235,6 +236,22 @@ py::dict PyLoader::stats() {
   d["bytes_per_second"] = s.bytes_per_second();
   d["wait_fraction"] = s.wait_fraction();
   return d;
+}
+
+void PyLoader::trace(const std::optional<std::string>& path, std::size_t max_events) {
+  auto locks = lock_call(true);
+  try {
+    py::gil_scoped_release nogil;  // writing a large trace takes a while
+    if (path) {
+      loader_->trace(*path, {.max_events = max_events});
+    } else {
+      loader_->stop_trace();
+    }
+  } catch (const std::system_error& e) {
+    // OSError(errno, message) becomes the errno's subclass, as Python's own file errors do.
+    PyErr_SetObject(PyExc_OSError, py::make_tuple(e.code().value(), std::string(e.what())).ptr());
+    throw py::error_already_set();
+  }
 }
 
 std::size_t PyLoader::dataset_index(std::size_t loader_index) const {

@@ -17,11 +17,22 @@
 #include "gil.h"
 #include "memory/shared_memory.h"
 #include "py_dataset.h"
+#include "trace/trace.h"
 
 namespace stoker::python {
 namespace {
 
 enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kLayout = 4, kProbe = 5, kResult = 1 };
+constexpr std::uint32_t kTimeRows = 1;  // a job's flag
+// A job's flags word: kTimeRows, and the bytes of its args from bit 8 up.
+constexpr unsigned kArgsShift = 8;
+
+std::uint32_t job_flags(std::size_t args_bytes, bool time_rows) {
+  if (args_bytes >= (std::size_t{1} << (32 - kArgsShift))) {
+    throw std::length_error("stoker: a job's arguments are too large");
+  }
+  return static_cast<std::uint32_t>(args_bytes << kArgsShift) | (time_rows ? kTimeRows : 0);
+}
 
 // How long a worker that closed its socket is given to become a zombie, so that its exit
 // status can be read; an exit takes microseconds, a hung one is reported without a status.
@@ -248,7 +259,8 @@ void ProcessPool::give_back(Link* link, bool dead) {
 
 bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
                            std::uint32_t region_id, int region_fd, std::size_t region_bytes,
-                           std::vector<std::uint8_t>& status, std::vector<std::uint8_t>& blob) {
+                           std::vector<std::uint8_t>& status, std::vector<std::int64_t>& times,
+                           std::vector<std::uint8_t>& blob) {
   // Regions freed since this worker mapped them (slabs trimmed): let it unmap them.
   for (auto it = link.regions.begin(); it != link.regions.end();) {
     if (detail::shared_region_alive(*it)) {
@@ -282,10 +294,11 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
   }
   const auto m = message(kJob, job);
   if (!send_all(link.fd, m.data(), m.size())) return false;
-  return receive_result(link, status, blob);
+  return receive_result(link, status, times, blob);
 }
 
 bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
+                                 std::vector<std::int64_t>& times,
                                  std::vector<std::uint8_t>& blob) {
   std::uint8_t header[8];
   if (!recv_all(link.fd, header, sizeof header)) return false;
@@ -293,11 +306,15 @@ bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
   std::vector<std::uint8_t> payload(get<std::uint32_t>(header + 4));
   if (!recv_all(link.fd, payload.data(), payload.size())) return false;
   if (payload.size() < 16) return false;
-  const auto rows = get<std::uint32_t>(payload.data() + 8);
-  const auto blob_bytes = get<std::uint32_t>(payload.data() + 12);
-  if (payload.size() != 16 + rows + std::size_t{blob_bytes}) return false;
-  status.assign(payload.begin() + 16, payload.begin() + 16 + rows);
-  blob.assign(payload.begin() + 16 + rows, payload.end());
+  const std::size_t rows = get<std::uint32_t>(payload.data() + 8);
+  const std::size_t blob_bytes = get<std::uint32_t>(payload.data() + 12);
+  const std::size_t time_bytes = payload.size() - std::min(payload.size(), 16 + rows + blob_bytes);
+  if (payload.size() != 16 + rows + blob_bytes + time_bytes) return false;
+  if (time_bytes != 0 && time_bytes != 16 * rows) return false;
+  status.assign(payload.begin() + 16, payload.begin() + 16 + static_cast<std::ptrdiff_t>(rows));
+  times.resize(time_bytes / 8);
+  if (time_bytes != 0) std::memcpy(times.data(), payload.data() + 16 + rows, time_bytes);
+  blob.assign(payload.end() - static_cast<std::ptrdiff_t>(blob_bytes), payload.end());
   return true;
 }
 
@@ -330,8 +347,9 @@ py::object ProcessPool::probe(const PyDataset& owner, std::size_t index, std::ui
   put(payload, seed);
   const auto m = message(kProbe, payload);
   std::vector<std::uint8_t> status;
+  std::vector<std::int64_t> times;  // none: a probe is not timed
   std::vector<std::uint8_t> blob;
-  if (!send_all(link->fd, m.data(), m.size()) || !receive_result(*link, status, blob) ||
+  if (!send_all(link->fd, m.data(), m.size()) || !receive_result(*link, status, times, blob) ||
       status.size() != 1 || blob.empty()) {
     std::exception_ptr error;
     fail_lost(link, {&index, 1}, {&error, 1}, "samples");
@@ -419,7 +437,10 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   put(job, region->id);
   put(job, static_cast<std::uint32_t>(fields));
   put(job, static_cast<std::uint32_t>(indices.size()));
-  put(job, static_cast<std::uint32_t>(args.size()));
+  // The replies carry the rows' times only while tracing (the job's flags).
+  detail::Tracer* tracer = detail::Tracer::current();
+  const bool traced = tracer != nullptr && tracer->on();
+  put(job, job_flags(args.size(), traced));
   for (std::size_t f = 0; f < fields; ++f) {
     const auto bytes = first.bytes(f);
     const std::size_t offset = static_cast<std::size_t>(bytes.data() - region->base);
@@ -448,10 +469,29 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   const std::uint64_t job_id = link->next_job++;
   std::memcpy(job.data(), &job_id, sizeof job_id);
   std::vector<std::uint8_t> status;
+  std::vector<std::int64_t> times;
   std::vector<std::uint8_t> blob;
-  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, blob) &&
+  const std::int64_t sent = traced ? detail::Tracer::now_ns() : 0;
+  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, times, blob) &&
                   status.size() == indices.size();
   const pid_t pid = link->pid;
+  if (traced) {
+    // On the worker process's own track: the job, from sending it to its reply, and each row
+    // as the worker timed it (steady_clock is CLOCK_MONOTONIC, one clock for both processes).
+    tracer->record({.start_ns = sent,
+                    .end_ns = detail::Tracer::now_ns(),
+                    .a = indices.size(),
+                    .b = indices.front(),
+                    .process = pid,
+                    .name = detail::TraceName::job});
+    for (std::size_t k = 0; ok && 2 * k + 1 < times.size(); ++k) {
+      tracer->record({.start_ns = times[2 * k],
+                      .end_ns = times[2 * k + 1],
+                      .a = indices[k],
+                      .process = pid,
+                      .name = detail::TraceName::read});
+    }
+  }
   const std::size_t worker_id = link->id;
   if (!ok) {
     fail_lost(link, indices, errors, owner.has_job_args() ? "batches" : "samples");
@@ -508,7 +548,7 @@ py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py
   put(job, std::uint32_t{0});  // no region
   put(job, std::uint32_t{0});  // no fields
   put(job, std::uint32_t{1});
-  put(job, static_cast<std::uint32_t>(payload.size()));
+  put(job, job_flags(payload.size(), false));
   put(job, index);
   put(job, std::uint64_t{0});
   job.insert(job.end(), payload.begin(), payload.end());
@@ -529,7 +569,8 @@ py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py
       const std::uint64_t job_id = link->next_job++;
       std::memcpy(job.data(), &job_id, sizeof job_id);
       pid = link->pid;
-      const bool ok = exchange(*link, job, 0, -1, 0, status, blob) && status.size() == 1;
+      std::vector<std::int64_t> times;  // a call asks for none
+      const bool ok = exchange(*link, job, 0, -1, 0, status, times, blob) && status.size() == 1;
       give_back(link, !ok);
       if (!ok) {
         std::lock_guard lock(mu_);
@@ -626,6 +667,7 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   const auto region = get<std::uint32_t>(p + 8);
   const auto fields = get<std::uint32_t>(p + 12);
   const auto rows = get<std::uint32_t>(p + 16);
+  const bool timed = (get<std::uint32_t>(p + 20) & kTimeRows) != 0;
   if (bytes != 24 + 16 * std::size_t{fields} + 16 * std::size_t{rows}) {
     throw std::invalid_argument("stoker worker: bad job");
   }
@@ -638,6 +680,10 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   if (!root_) throw std::logic_error("stoker worker: a job before the layout");
   begin(region, std::move(offsets), std::move(row_bytes), rows);
 
+  // While the loader is traced, each row's (start, end): a row starts where the previous one
+  // ended, the first one with the job (so it carries a __getitems__ call).
+  std::vector<std::int64_t> times;
+  std::int64_t start = timed ? detail::Tracer::now_ns() : 0;
   py::list keys(rows);
   for (std::size_t k = 0; k < rows; ++k) {
     keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
@@ -683,8 +729,15 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
       }
       errors.append(py::make_tuple(k, take_python_error()));
     }
+    if (timed) {
+      const std::int64_t end = detail::Tracer::now_ns();
+      times.insert(times.end(), {start, end});
+      start = end;
+    }
   }
-  return py::make_tuple(id, py::bytes(status), objects, errors);
+  return py::make_tuple(
+      id, py::bytes(status), objects, errors,
+      py::bytes(reinterpret_cast<const char*>(times.data()), times.size() * sizeof(std::int64_t)));
 }
 
 py::object SampleWriter::read_sample(py::handle dataset, std::size_t index, std::uint64_t seed) {

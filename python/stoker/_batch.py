@@ -46,26 +46,44 @@ def to_array(array: np.ndarray, logical: str):
     return array
 
 
-def plan(structure) -> Callable:
+def plan(structure, collate_fn: Callable | None) -> Callable:
     """A function (arrays, objects) -> the batch as the training loop sees it.
 
     `structure` is the layout PyDataset.structure() (or a native data set) describes; arrays
     are the batch's field arrays in field order, objects its object values, one list per slot.
-    Tuples and lists become lists and mappings keep their type, as in torch's default_collate.
+    Containers come out as torch's default_collate makes them: tuples become lists, lists and
+    namedtuples and mappings keep their type; strings are a tuple per column inside a tuple or
+    list (default_collate transposes those with zip) and a list elsewhere.
+    With a collate_fn, the samples arrive whole (one object slot) and it makes the batch.
     """
-    def build(node) -> Callable:
+    if collate_fn is not None:
+        return lambda arrays, objects: collate_fn(objects[0])
+
+    def build(node, in_sequence=False) -> Callable:
         kind = node[0]
         if kind == "array":
             field = node[1]
             return lambda arrays, objects: arrays[field]
         if kind == "object":
             slot = node[1]
+            if in_sequence:
+                return lambda arrays, objects: tuple(objects[slot])
             return lambda arrays, objects: objects[slot]
         if kind == "seq":
-            typ, children = node[1], [build(c) for c in node[2]]
+            typ, children = node[1], [build(c, True) for c in node[2]]
             if hasattr(typ, "_fields"):  # a namedtuple keeps its type
                 return lambda arrays, objects: typ(*(c(arrays, objects) for c in children))
-            return lambda arrays, objects: [c(arrays, objects) for c in children]
+            if issubclass(typ, tuple) or typ is list:
+                return lambda arrays, objects: [c(arrays, objects) for c in children]
+
+            def sequence(arrays, objects):
+                values = [c(arrays, objects) for c in children]
+                try:
+                    return typ(values)  # a list subclass keeps its type
+                except TypeError:
+                    return values
+
+            return sequence
         typ, keys, children = node[1], node[2], [build(c) for c in node[3]]
 
         def mapping(arrays, objects):

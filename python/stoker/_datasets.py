@@ -6,11 +6,14 @@ from typing import Sequence
 
 from . import _stoker
 from ._batch import element_dtype, to_array
+from ._progress import Bar
 
 
 class NativeDataset:
-    """Base of the data sets stoker reads in C++. Indexing one returns a sample (for
-    inspection; a DataLoader never goes through Python for it)."""
+    """Base of the data sets stoker reads in C++. Indexing one returns a sample: for
+    inspection, and for a wrapper such as torch's Subset, ConcatDataset or random_split read by
+    a DataLoader, where it takes the sample's seed (``stoker.sample_seed()``) so that random
+    augmentations differ per sample and epoch as they do natively."""
 
     _handle: "_stoker.NativeDataset"
     _names: tuple[str, ...]
@@ -22,7 +25,8 @@ class NativeDataset:
     def __getitem__(self, index: int):
         if not -len(self) <= index < len(self):
             raise IndexError(f"index {index} is out of range for {len(self)} samples")
-        values = [to_array(a, t) for a, t in zip(self._handle.read(index % len(self)),
+        seed = _stoker.sample_seed() or 0  # None outside a DataLoader's read
+        values = [to_array(a, t) for a, t in zip(self._handle.read(index % len(self), seed),
                                                  self._handle.element_types)]
         return dict(zip(self._names, values)) if self._as_dict else tuple(values)
 
@@ -119,5 +123,8 @@ class RecordDataset(_ImageDataset):
 
 def pack(src, dest, shard_bytes: int = 1 << 30, overwrite: bool = False) -> dict:
     """Packs the image folder `src` into record shards in the directory `dest` (what
-    ``stoker pack SRC DEST`` does), atomically: `dest` appears only when complete."""
-    return _stoker.pack(str(src), str(dest), int(shard_bytes), bool(overwrite))
+    ``stoker pack SRC DEST`` does), atomically: `dest` appears only when complete. Shows a
+    tqdm bar on a terminal when tqdm is installed."""
+    with Bar("pack", unit="file") as bar:
+        return _stoker.pack(str(src), str(dest), int(shard_bytes), bool(overwrite),
+                            bar.update_to)

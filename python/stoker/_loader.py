@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import time
-import warnings
+import types
 import weakref
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Union
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from . import _batches, _stoker
+from . import _batches, _compat, _stoker
 from ._batch import converter, plan
 from ._cuda import cuda_available
 from ._datasets import NativeDataset
@@ -160,10 +161,15 @@ class DataLoader:
         CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
         stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
         which path ran and why.
+      keep_on_host: names of fields that stay in host memory when batches go to a GPU.
       collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
         iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
         the next batch of that worker's stream), in parallel, and handed to the training
-        loop without pickling its tensors.
+        loop without pickling its tensors. Arguments that do not act as in torch warn once; docs/python.md
+        lists every difference.
+
+    ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
+    goes, as a timeline to open in Perfetto.
 
     Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
     ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
@@ -198,10 +204,26 @@ class DataLoader:
         device_depth: int = 2,
         worker_type: str = "auto",
         native: bool = True,
+        keep_on_host: Sequence[str] = (),
     ) -> None:
-        del persistent_workers, pin_memory_device  # workers always persist
-        if not in_order:
-            warnings.warn("stoker always delivers batches in order", stacklevel=2)
+        _compat.check_arguments(
+            num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers, sampler=sampler, shuffle=shuffle,
+            batch_sampler=batch_sampler, batch_size=batch_size, drop_last=drop_last)
+        torch_arguments = dict(batch_size=batch_size, shuffle=shuffle,
+                               sampler=sampler, batch_sampler=batch_sampler,
+                               drop_last=drop_last, generator=generator, collate_fn=collate_fn,
+                               prefetch_factor=prefetch_factor)
+        # stoker's own arguments as given, also public, so that the loader can be made again
+        # from its attributes (as Lightning does to add a DistributedSampler).
+        stoker_arguments = dict(
+            worker_init_fn=worker_init_fn, pin_memory=pin_memory,
+            persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
+            in_order=in_order, device=device, on_error=on_error, max_skipped=max_skipped,
+            pin_budget=pin_budget, device_depth=device_depth, native=native,
+            keep_on_host=keep_on_host)
+        if collate_fn is not None and collate_fn is _compat.default_collate():
+            collate_fn = None  # stoker's own batching is default_collate's
         self._streams = None
         self._jobs = None
         if _batches.is_stream(dataset):
@@ -209,6 +231,10 @@ class DataLoader:
                               collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
                               multiprocessing_context, generator, prefetch_factor, device,
                               worker_type)
+            for name, value in stoker_arguments.items():
+                setattr(self, name, value)
+            self.generator = generator
+            self._initialized = True
             return
         if collate_fn is not None or batch_size is None or (
                 batch_sampler is not None and not _is_torch_batch_sampler(batch_sampler)):
@@ -220,29 +246,21 @@ class DataLoader:
             dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn = (
                 self._jobs, 1, None, None, None, False, None)
         if batch_sampler is not None:
-            batch_size, sampler, drop_last = self._unwrap_batch_sampler(
-                batch_sampler, batch_size, shuffle, sampler, drop_last)
+            batch_size, sampler, drop_last = self._unwrap_batch_sampler(batch_sampler)
         if batch_size is None:
             raise ValueError("stoker batches samples: batch_size=None is not supported")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
 
         self.dataset = dataset
-        self.batch_size = int(batch_size)
-        self.drop_last = bool(drop_last)
-        self.sampler = sampler
-        self.collate_fn = collate_fn
+        self._sampler = sampler  # the one the engine follows (torch's `sampler` may differ)
         self.timeout = float(timeout)
         self._epoch = 0  # the next epoch iter() starts, without a sampler that says
         self._resume: Optional[tuple[int, int]] = None
         # The current iterator, held weakly: it holds the loader, and a reference cycle would
         # leave loaders to the cyclic garbage collector, which runs on whatever thread happens
         # to allocate (possibly a worker of this loader).
-        self._iterator = lambda: None
+        self._iterator = None
 
         # torchvision's ImageFolder with a pipeline stoker implements runs in C++ (native=False
         # opts out); what ran, and why, is in stats()["pipeline"].
@@ -272,13 +290,9 @@ class DataLoader:
             num_workers = _cores()
             max_workers = (_AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cores() if native
                            else max(_AUTO_MAX_WORKERS_PYTHON, _cores()))
-        if int(num_workers) < 0:
-            raise ValueError("num_workers option should be non-negative; use num_workers=0 "
-                             "to disable multiprocessing.")
         self.num_workers = int(num_workers)
-        if prefetch_factor is not None and prefetch_factor < 1:
-            raise ValueError("prefetch_factor option should be a positive integer")
-        self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
+        self.multiprocessing_context = multiprocessing_context  # checked as torch checks it
+        depth = (2 if not prefetch_factor else int(prefetch_factor)) * max(1, self.num_workers)
 
         # Which samples, in which order: natively (sequential, random, sharded), or a custom
         # sampler's order read at the start of each epoch.
@@ -331,8 +345,9 @@ class DataLoader:
                 self.worker_type, reason = worker_type, "asked for"
         self.worker_type_reason = reason
         self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0)
-        self._context = mp_context(multiprocessing_context) if not native else None
+        self._context = mp_context(self.multiprocessing_context) if not native else None
         self._worker_init_fn = worker_init_fn
+        self._persistent_asked = persistent_workers
         # With processes, one worker per core unless told otherwise.
         self._process_count = self.num_workers if workers_given else _cores()
         if self.worker_type == "process":
@@ -344,16 +359,21 @@ class DataLoader:
         self._device = self._resolve_device(device)
         torch = sys.modules.get("torch")
         has_gpu = torch is not None and torch.cuda.is_available()
+        # torch's GPU if torch is in use, else any the engine finds.
+        gpu = has_gpu if torch is not None else cuda_available()
+        _compat.warn_unhonoured(
+            native=native, worker_type=worker_type, multiprocessing_context=multiprocessing_context,
+            worker_init_fn=worker_init_fn, pin_memory=pin_memory, has_gpu=gpu,
+            pin_memory_device=pin_memory_device, in_order=in_order)
+        engine_pin_memory = pin_memory
         if isinstance(pin_memory, bool):
-            # As torch: True pins only where a GPU will read the batches (torch's GPU if torch
-            # is in use, else any the engine finds).
-            gpu = has_gpu if torch is not None else cuda_available()
-            pin_memory = "on" if pin_memory and gpu else ("auto" if pin_memory else "off")
+            # As torch: True pins only where a GPU will read the batches.
+            engine_pin_memory = "on" if pin_memory and gpu else ("auto" if pin_memory else "off")
         # The training loop's stream: batches copied to the GPU make it wait for their copy;
         # with pin_memory=True a pinned slab is refilled only after the work queued on it when
         # its batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run.
         stream = 0
-        if has_gpu and (self._device.startswith("cuda") or pin_memory == "on"):
+        if has_gpu and (self._device.startswith("cuda") or engine_pin_memory == "on"):
             on = torch.device(self._device) if self._device.startswith("cuda") else None
             stream = torch.cuda.current_stream(on).cuda_stream
         # Construction reads nothing, as torch's: a Python data set's workers start with the
@@ -361,23 +381,36 @@ class DataLoader:
         # otherwise prefetch at once).
         self._reading = native and order is None
         self._loader = _stoker.Loader(self._handle, _options(
-            batch_size=self.batch_size, shuffle=self._shuffle, seed=self.seed,
-            drop_last=self.drop_last, shard=_shard(rank, world, shard_drop_last),
-            workers=self.num_workers if self._reading else 0,
-            depth=self.prefetch_factor * max(1, self.num_workers),
+            batch_size=int(batch_size), shuffle=self._shuffle, seed=self.seed,
+            drop_last=bool(drop_last), shard=_shard(rank, world, shard_drop_last),
+            workers=self.num_workers if self._reading else 0, depth=depth,
             on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
             max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
-            stream=stream, pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(pin_memory)),
-            pin_budget=int(pin_budget), tune_workers=tune, max_workers=max_workers), order,
+            stream=stream,
+            pin_memory=_enum(_stoker.PinMemory, "pin_memory", str(engine_pin_memory)),
+            pin_budget=int(pin_budget), tune_workers=tune, max_workers=max_workers,
+            keep_on_host=[str(name) for name in keep_on_host]), order,
             shared_slabs=not native and self.worker_type == "process" or self._auto_pending)
         if worker_type == "process" or not self._auto_pending:
             self._log_worker_type()
+        self._collate_fn = collate_fn  # None: stoker's own batching (default_collate's)
         self._build = self._convert = None
         if native:
             self._make_batches(dataset._structure())
         if self._jobs is not None:
             on_device = self._loader.stats()["device"] not in ("cpu", "sim")
             self._finish_batch_jobs(user, on_device or pin_memory == "on", seed, generator)
+        self._samples = _compat.sized(self.dataset)
+        self._follows_len = order is None and world == 1 and self._jobs is None
+        self._engine_batch_size, self._engine_drop_last = int(batch_size), bool(drop_last)
+
+        # torch's public attributes, with its values; then the ones that define the batches
+        # are frozen, as in torch.
+        for name, value in _compat.public_attributes(self, **torch_arguments).items():
+            setattr(self, name, value)
+        for name, value in stoker_arguments.items():
+            setattr(self, name, value)
+        self._initialized = True
 
     # --- construction helpers -------------------------------------------------------------
 
@@ -469,6 +502,7 @@ class DataLoader:
         if worker_type == "process" and workers == 0:
             raise ValueError("worker_type='process' needs num_workers >= 1")
         self.dataset, self.sampler, self.batch_sampler = dataset, None, None
+        self._sampler = None
         self.batch_size = None if batch_size is None else int(batch_size)
         self.drop_last, self.collate_fn, self.timeout = bool(drop_last), collate_fn, float(timeout)
         self.num_workers = workers
@@ -512,11 +546,8 @@ class DataLoader:
         self._log_worker_type()
 
     @staticmethod
-    def _unwrap_batch_sampler(batch_sampler, batch_size, shuffle, sampler, drop_last):
+    def _unwrap_batch_sampler(batch_sampler):
         torch = sys.modules.get("torch")
-        if batch_size != 1 or shuffle or sampler is not None or drop_last:
-            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
-                             "shuffle, sampler, and drop_last")
         if torch is None or type(batch_sampler) is not torch.utils.data.BatchSampler:
             raise ValueError("stoker needs batches of one size: batch_sampler may only be a "
                              "torch.utils.data.BatchSampler (pass its sampler instead)")
@@ -536,7 +567,7 @@ class DataLoader:
     def _make_batches(self, structure) -> None:
         """How a delivered batch becomes what the training loop gets, once the layout is
         known (a Python data set's, from the first sample read)."""
-        self._build = plan(structure)
+        self._build = plan(structure, self._collate_fn)
         self._convert = converter(self._element_types(structure),
                                   self._loader.stats()["device"] not in ("cpu", "sim"))
 
@@ -556,13 +587,52 @@ class DataLoader:
 
     # --- the torch DataLoader surface -----------------------------------------------------
 
+    __class_getitem__ = classmethod(types.GenericAlias)  # DataLoader[T], as torch's
+
+    @property
+    def __class__(self):
+        return _compat.torch_compatible_class(type(self))
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _compat.FROZEN_ATTRIBUTES and self.__dict__.get("_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after "
+                             f"{type(self).__name__} is initialized")
+        super().__setattr__(name, value)
+
+    @property
+    def multiprocessing_context(self):
+        return self._multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context) -> None:
+        self._multiprocessing_context = _compat.check_multiprocessing_context(
+            context, self.num_workers)
+
+    @property
+    def _iterator(self):
+        """The current epoch's iterator, or None (torch's attribute; frameworks reset it)."""
+        return self._iterator_ref()
+
+    @_iterator.setter
+    def _iterator(self, iterator) -> None:
+        self._iterator_ref = weakref.ref(iterator) if iterator is not None else lambda: None
+
     def __len__(self) -> int:
         if self._streams is not None:
             return len(self._streams)
+        samples = _compat.sized(self.dataset)
+        if self._follows_len and samples is not None and samples != self._samples:
+            # As torch's, len() follows a data set that grew or shrank (iter() warns).
+            return _compat.batches(samples, self._engine_batch_size, self._engine_drop_last)
         return self._loader.batches_per_epoch
 
     def __iter__(self) -> Iterator:
-        previous = self._iterator()
+        samples = _compat.sized(self.dataset)
+        if samples is not None and samples != self._samples:
+            _compat.warn(f"the data set has {samples} samples, {self._samples} when this "
+                         f"DataLoader was made: it reads those {self._samples} (make a new "
+                         "DataLoader to read them all)")
+        previous = self._iterator
         if previous is not None:
             previous._stale = True
         if self._resume is not None:
@@ -574,18 +644,18 @@ class DataLoader:
             self._start(epoch, 0)
         self._epoch = epoch + 1
         iterator = _Iterator(self)
-        self._iterator = weakref.ref(iterator)
+        self._iterator = iterator
         return iterator
 
     def set_epoch(self, epoch: int) -> None:
         """Starts `epoch` at the next iter() (as ``sampler.set_epoch`` does for a sampler)."""
-        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
+        if self._sampler is not None and hasattr(self._sampler, "set_epoch"):
+            self._sampler.set_epoch(epoch)
         self._epoch = int(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restoring it yields exactly the batches still to come."""
-        it = self._iterator()
+        it = self._iterator
         between = it is None or it._stale or it._done
         if self._streams is not None:
             if self._resume is not None:
@@ -616,8 +686,8 @@ class DataLoader:
             raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
                              f"seed {self.seed}: pass seed= (or the same generator) to resume")
         self._resume = (int(state["epoch"]), int(state["batch"]))
-        if self.sampler is not None and hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(self._resume[0])
+        if self._sampler is not None and hasattr(self._sampler, "set_epoch"):
+            self._sampler.set_epoch(self._resume[0])
 
     # --- stoker's own --------------------------------------------------------------------
 
@@ -666,18 +736,48 @@ class DataLoader:
             raise ValueError("stoker: a stream's depth is prefetch_factor batches per worker")
         self._loader.set_depth(int(depth))
 
+    def trace(self, path: Optional[Union[str, os.PathLike]], *,
+              max_events: int = _stoker.TRACE_MAX_EVENTS) -> None:
+        """Records a timeline of the loading from the next batch on, written to ``path`` as
+        Chrome trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing): each
+        worker's sample reads and chunks (a worker process's jobs on its own track), each batch
+        from opened to ready to taken, the training loop's waits for data and its steps in
+        between, copies to the device, queue depth and pinned bytes. The file is written by
+        ``trace(None)``, ``close()``, garbage collection, or the next ``trace(path)``. Past
+        ``max_events`` events it keeps the newest and says so (its metadata and the log).
+        Raises OSError if the file cannot be created."""
+        self._loader.trace(None if path is None else os.fspath(path), max_events)
+
+    @contextlib.contextmanager
+    def tracing(self, path: Union[str, os.PathLike], *,
+                max_events: int = _stoker.TRACE_MAX_EVENTS) -> Iterator["DataLoader"]:
+        """``with loader.tracing("run.json"):`` traces what runs inside; the file is written on
+        leaving the block."""
+        self.trace(path, max_events=max_events)
+        try:
+            yield self
+        finally:
+            self.trace(None)
+
     def close(self) -> None:
-        """Stops the workers now (also done when the loader is garbage collected)."""
+        """Stops the workers now (also done when the loader is garbage collected) and writes
+        a trace still recording."""
         if self._streams is not None:
             self._streams.close()
             return
-        self._loader.close()
+        if self._loader.closed:
+            return
+        try:
+            self._loader.trace(None)
+        finally:
+            self._loader.close()
 
     def __del__(self) -> None:
         streams = getattr(self, "_streams", None)
         if streams is not None:
             streams.close()
             return
+        # The C++ loader writes a trace still recording as it goes (a failure is logged).
         loader = getattr(self, "_loader", None)
         if loader is not None and not loader.closed:
             loader.close()
@@ -686,7 +786,7 @@ class DataLoader:
 
     def _sampler_epoch_or_next(self) -> int:
         """The epoch the next iter() starts: the sampler's (set_epoch), else one more."""
-        epoch = getattr(self.sampler, "epoch", None)
+        epoch = getattr(self._sampler, "epoch", None)
         return int(epoch) if isinstance(epoch, int) else self._epoch
 
     def _start(self, epoch: int, batch: int) -> None:
@@ -703,7 +803,7 @@ class DataLoader:
                 self._jobs.batches = batches
                 self._loader.restart_fresh(epoch)
         if self._custom_order:
-            order = list(self.sampler)
+            order = list(self._sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
                 self._loader.set_order(order)
                 if self._order is not None:
@@ -716,6 +816,10 @@ class DataLoader:
 
     def _start_processes(self) -> None:
         """Starts the worker processes and sends reads to them from now on."""
+        if not self._persistent_asked:
+            _compat.warn("worker processes persist across epochs (persistent_workers=False is "
+                         "not honoured): changes made to the data set in this process after "
+                         "they started are not seen by them")
         dataset = self._jobs if self._jobs is not None else self.dataset
         workers = ProcessWorkers(dataset, self._process_count, self._context,
                                  self._worker_seed, self._worker_init_fn)
@@ -787,6 +891,12 @@ class _Iterator:
 
     def __len__(self) -> int:
         return len(self._loader)
+
+    @property
+    def _workers(self) -> list:
+        """torch's list of worker processes: stoker's, or none while threads read."""
+        workers = self._loader._workers
+        return workers.processes() if workers is not None else []
 
     def __next__(self):
         if self._stale:

@@ -28,6 +28,7 @@ _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
 _FIELD = struct.Struct("=QQ")
 _ROW = struct.Struct("=QQ")
+_ARGS_SHIFT = 8  # a job's flags: the bytes of its args from bit 8 up
 _MAP = struct.Struct("=IIQ")
 _RESULT = struct.Struct("=QII")
 _PROBE = struct.Struct("=QQ")
@@ -172,8 +173,8 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
             os.close(fd)
 
 
-def _reply(job: int, status: bytes, blob: bytes) -> bytes:
-    body = _RESULT.pack(job, len(status), len(blob)) + status + blob
+def _reply(job: int, status: bytes, blob: bytes, times: bytes = b"") -> bytes:
+    body = _RESULT.pack(job, len(status), len(blob)) + status + times + blob
     return _HEADER.pack(1, len(body)) + body
 
 
@@ -190,7 +191,8 @@ def _probe(payload, dataset, init_error) -> bytes:
 
 
 def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> bytes:
-    job, _, nfields, nrows, nargs = _JOB.unpack_from(payload)
+    job, _, nfields, nrows, flags = _JOB.unpack_from(payload)
+    nargs = flags >> _ARGS_SHIFT
     if nfields == 0:
         return _run_call(job, _ROW.unpack_from(payload, _JOB.size)[0],
                          payload[len(payload) - nargs:], dataset, init_error, arenas)
@@ -203,11 +205,12 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
     if init_error is not None:
         job, _, _, nrows, _ = _JOB.unpack_from(payload)
         status = b"\x01" * nrows
-        objects, errors = None, [(k, init_error) for k in range(nrows)]
+        objects, errors, times = None, [(k, init_error) for k in range(nrows)], b""
     else:
         # The rows are read and written by the extension; only the object values (all rows'
         # in one pickle) and the errors come back through here.
-        job, status, objects, raised = writer.run_job(payload, dataset, use_getitems)
+        # `times`: the rows' (start, end) when the job asked for them (the loader is traced)
+        job, status, objects, raised, times = writer.run_job(payload, dataset, use_getitems)
         errors = [(k, _error_info(e)) for k, e in raised]
     if objects is not None:
         # Each row's values pickled apart (a batch job's tensors into an arena), so that one
@@ -224,7 +227,7 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
     blob = b""
     if objects is not None or errors:
         blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-    return _reply(job, bytes(status), blob)
+    return _reply(job, bytes(status), blob, times)
 
 
 def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:

@@ -88,6 +88,11 @@ class ProcessWorkers:
             self._processes[worker_id] = process
         return parent.detach(), process.pid
 
+    def processes(self) -> list:
+        """The worker processes now running (multiprocessing.Process objects), by worker id."""
+        with self._lock:
+            return [self._processes[i] for i in sorted(self._processes)]
+
     def _reap(self) -> None:
         """Called by the pool when the loader closes: SIGTERM was sent; wait briefly, then
         SIGKILL, and reap every worker."""

@@ -68,6 +68,24 @@ def test_train_pipeline_uint8_is_deterministic_across_workers(folder):
     assert torch.equal(a, b)
 
 
+def test_subset_and_concat_of_a_native_data_set_draw_new_augmentations(folder):
+    """torch's wrappers read a native data set through Python: each read takes the sample's
+    seed, so crops and flips change from epoch to epoch and from sample to sample."""
+    pipeline = T.Compose([T.RandomResizedCrop(32), T.RandomHorizontalFlip(),
+                          T.PILToTensor(layout="hwc")])
+    ds = stoker.ImageFolder(folder, transform=pipeline)
+    for wrapped in (torch.utils.data.Subset(ds, [0, 1, 2, 3]),
+                    torch.utils.data.ConcatDataset([ds, ds]),
+                    torch.utils.data.random_split(ds, [0.5, 0.5])[0]):
+        loader = stoker.DataLoader(wrapped, batch_size=4, num_workers=2)
+        first, second = (torch.cat([images for images, _ in loader]) for _ in range(2))
+        assert not torch.equal(first, second)
+    twice = torch.cat([images for images, _ in
+                       stoker.DataLoader(torch.utils.data.ConcatDataset([ds, ds]),
+                                         batch_size=19, num_workers=2)])
+    assert not torch.equal(twice[:19], twice[19:])  # the same files, other samples
+
+
 def test_records_round_trip_and_ram_cache_stops_storage_reads(folder, tmp_path):
     result = stoker.pack(folder, tmp_path / "packed")
     assert result["records"] == 19
