@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -18,6 +17,7 @@
 #include "bench_util.h"
 #include "device/sim_backend.h"
 #include "interrupt.h"
+#include "progress.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
 #include "support/sim_step.h"
@@ -115,7 +115,14 @@ json to_json(const Measurement& m) {
           {"epoch_times_s", m.epoch_times}};
 }
 
-Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset) {
+// The workload's trace file: --trace, named with the workload when there are several.
+std::string trace_path(const BenchOptions& o, const Workload& w) {
+  return o.trace.empty() || o.workloads.size() <= 1 ? o.trace : with_name(o.trace, w.name);
+}
+
+// The stoker side; traced into `trace` unless it is empty.
+Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset,
+                       const std::string& trace, bool quiet) {
   LoaderOptions o;
   o.dataset = std::move(dataset);
   o.batch_size = w.batch_size;
@@ -129,6 +136,10 @@ Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset
   std::vector<double> waits;
   const auto created = Clock::now();
   Loader loader(o);
+  if (!trace.empty()) loader.trace(trace);
+  tools::ProgressBar bar(w.name + ": stoker, batches", w.epochs * loader.batches_per_epoch(),
+                         quiet);
+  std::size_t taken = 0;
   std::size_t samples_per_epoch = 0;
   std::size_t bytes_per_epoch = 0;
   for (std::size_t e = 0; e < w.epochs; ++e) {
@@ -145,6 +156,7 @@ Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset
         bytes_per_epoch += batch->bytes(f).size();
       }
       if (w.consumer_ms > 0) spin_for(w.consumer_ms);
+      bar.update(++taken);
     }
     const double t = seconds_since(start);
     m.epoch_times.push_back(t);
@@ -158,6 +170,7 @@ Measurement run_stoker(const Workload& w, std::shared_ptr<const Dataset> dataset
   m.wait_pct = median(steady_waits);
   m.samples_per_s = samples_per_epoch / m.epoch_s;
   m.gb_per_s = bytes_per_epoch / m.epoch_s / 1e9;
+  loader.stop_trace();  // written here, outside the timed epochs, and a failure is reported
   return m;
 }
 
@@ -245,6 +258,39 @@ void print_row(const std::string& who, double sps, double gbps, double first_ms,
   fmt::print("  {:<34} {:>12.0f} {:>9.2f} {:>15.1f} {:>8.1f}\n", who, sps, gbps, first_ms, wait);
 }
 
+// The stoker side untraced and traced (into a temporary file, written after the timed
+// epochs), alternated o.trace_cost_runs times: medians and their ratio.
+json run_trace_cost(const Workload& w, const BenchOptions& o, json result) {
+  char path[] = "/tmp/stoker-trace-cost-XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) throw std::runtime_error("cannot create a temporary file for the trace");
+  close(fd);
+  const auto dataset = make_dataset(w);
+  std::vector<double> off, on;
+  try {
+    for (std::size_t run = 0; run < o.trace_cost_runs; ++run) {
+      off.push_back(run_stoker(w, dataset, "", o.json).samples_per_s);
+      on.push_back(run_stoker(w, dataset, path, o.json).samples_per_s);
+    }
+  } catch (...) {
+    std::remove(path);  // Ctrl-C leaves nothing behind
+    throw;
+  }
+  std::remove(path);
+  const double ratio = median(on) / median(off);
+  result["trace_cost"] = {{"untraced_samples_per_s", off},
+                          {"traced_samples_per_s", on},
+                          {"traced_over_untraced", ratio}};
+  if (!o.json) {
+    fmt::print(
+        "  samples/s, median of {} alternated runs: untraced {:.0f}, traced {:.0f}; "
+        "traced / untraced = {:.3f}\n",
+        o.trace_cost_runs, median(off), median(on), ratio);
+    std::fflush(stdout);
+  }
+  return result;
+}
+
 json run_workload(const Workload& w, const BenchOptions& o) {
   json result = {{"workload", w.name},
                  {"description", w.description},
@@ -255,12 +301,15 @@ json run_workload(const Workload& w, const BenchOptions& o) {
     fmt::print("\n{}: {} samples, {}\n", w.name, w.samples, w.description);
     std::fflush(stdout);
   }
-  const Measurement m = run_stoker(w, make_dataset(w));
+  if (o.trace_cost_runs > 0) return run_trace_cost(w, o, std::move(result));
+  const Measurement m = run_stoker(w, make_dataset(w), trace_path(o, w), o.json);
   result["stoker"] = to_json(m);
 
   std::optional<json> torch;
   if (o.baseline && w.torch_baseline) {
     std::string error;
+    tools::ProgressBar bar(w.name + ": PyTorch DataLoader (a subprocess)", 0, o.json);
+    bar.update(0);
     torch = run_torch(w, o, error);
     if (torch) {
       result["torch"] = (*torch)["best"];

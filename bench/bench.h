@@ -24,6 +24,13 @@ struct BenchOptions {
   std::size_t epochs = 0;       // 0: the workload's default
   std::string device;           // "sim", "cuda", "cuda:N": benchmark the device stage instead
   double consumer_ms = -1;      // < 0: the workload's default (heavy only)
+  // A timeline of the stoker side (Loader::trace) written here; with several workloads, one
+  // file each, named with the workload ("run.json" -> "run-tiny.json"); jpeg: one per pipeline
+  // and source ("run-jpeg-train-folder.json").
+  std::string trace;
+  // Instead of the comparison: the stoker side untraced and traced, alternated this many times
+  // (0: not), with the medians and their ratio: what tracing costs.
+  std::size_t trace_cost_runs = 0;
 };
 
 // A built-in workload as a data set and a training loop, for `stoker tune` and `stoker diagnose`.

@@ -20,6 +20,7 @@
 
 #include "bench_util.h"
 #include "interrupt.h"
+#include "progress.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
@@ -248,8 +249,11 @@ std::uint64_t rchar() {
   return 0;
 }
 
+// `label` names the run on the progress line (none with --json) and its trace file (with
+// --trace).
 Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransform& t,
-               std::size_t workers, std::size_t epochs) {
+               std::size_t workers, std::size_t epochs, const std::string& label,
+               const BenchOptions& bench) {
   ImageDatasetOptions io;
   io.source = source;
   io.transform = t;
@@ -260,6 +264,10 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
   o.workers = workers;
   o.depth = 4;
   Loader loader(o);
+  if (!bench.trace.empty()) loader.trace(with_name(bench.trace, "jpeg-" + label));
+  tools::ProgressBar bar("jpeg: stoker, " + label + ", batches",
+                         epochs * loader.batches_per_epoch(), bench.json);
+  std::size_t taken = 0;
   Run r;
   std::size_t images = 0;
   std::vector<double> waits;
@@ -271,6 +279,7 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
     while (auto b = loader.next()) {
       tools::throw_if_interrupted();
       images += b->size();
+      bar.update(++taken);
     }
     const double s = seconds_since(start);
     r.epoch_times.push_back(s);
@@ -284,6 +293,7 @@ Run run_stoker(const std::shared_ptr<EncodedSource>& source, const ImageTransfor
   r.first_epoch_images_per_s = static_cast<double>(images) / r.epoch_times[0];
   r.wait_pct = median(std::vector<double>(waits.begin() + (epochs > 1 ? 1 : 0), waits.end()));
   r.cached = source->counters().cached;
+  loader.stop_trace();  // written outside the timed epochs, a failure reported
   return r;
 }
 
@@ -403,10 +413,11 @@ int run_jpeg(const BenchOptions& o, const JpegBenchOptions& j) {
     }
     json p;
     auto folder = open_image_folder(d.folder.string());
-    const Run from_folder = run_stoker(folder, t, workers, epochs);
-    const Run from_records = run_stoker(open_records(d.records.string()), t, workers, epochs);
-    const Run from_cache =
-        run_stoker(cache_in_ram(folder, std::size_t{4} << 30), t, workers, epochs);
+    const Run from_folder = run_stoker(folder, t, workers, epochs, pipeline + "-folder", o);
+    const Run from_records =
+        run_stoker(open_records(d.records.string()), t, workers, epochs, pipeline + "-records", o);
+    const Run from_cache = run_stoker(cache_in_ram(folder, std::size_t{4} << 30), t, workers,
+                                      epochs, pipeline + "-ram-cache", o);
     p["stoker"] = {{"folder", to_json(from_folder)},
                    {"records", to_json(from_records)},
                    {"ram_cache", to_json(from_cache)}};

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 
 #include "interrupt.h"
 
@@ -24,6 +25,11 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string with_name(const std::string& path, const std::string& name) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + "-" + name + p.extension().string())).string();
 }
 
 std::string shell_quote(const std::string& s) {

@@ -18,6 +18,10 @@ double median(std::vector<double> v);  // 0 for an empty vector
 // Keeps this thread busy for `ms` milliseconds: a training loop's compute.
 void spin_for(double ms);
 
+// `path` with "-<name>" before its extension ("run.json" -> "run-tiny.json"): one trace file
+// per run when a command makes several.
+std::string with_name(const std::string& path, const std::string& name);
+
 // `s` quoted for /bin/sh.
 std::string shell_quote(const std::string& s);
 

@@ -23,6 +23,14 @@ Workloads:
            (RandomResizedCrop, flip, ToTensor, Normalize) on generated JPEGs, unchanged;
            batch 64 (needs torchvision: run with .venv-vision).
   tvjitter the same with ColorJitter added (a transform stoker does not run natively).
+  stream   an IterableDataset of small tensors (200000 float32 samples of 32 plus an int64
+           label, made with torch ops), sharded over the workers with get_worker_info();
+           batch 256, default collate, in the workers.
+  padding  variable-size samples (float32 of L x 64, L from 16 to 256: audio frames or
+           embeddings) with a collate_fn that pads them (pad_sequence) and stacks their
+           lengths; batch 64, shuffled.
+           stream and padding then measure torch's best and stoker twice more, alternately,
+           and compare their medians (the load of a shared machine moves both).
 The user's-data-set workloads (bytecode, cheap, tvfolder, tvjitter) also report the peak
 proportional set size (PSS: shared pages counted once) of the training process and all its
 workers while loading, for stoker and for PyTorch's best.
@@ -48,6 +56,7 @@ import torch
 import torch.utils.data as tud
 
 import stoker
+from stoker._progress import progress
 
 TORCH_WORKERS = (0, 1, 2, 4)
 
@@ -228,10 +237,17 @@ def _touch(batch) -> None:
             _touch(v)
 
 
-def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool, **extra) -> dict:
+def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
+            loader_args: dict | None = None, samples: int | None = None, rounds: int = 1,
+            **extra) -> dict:
     """Samples/s over `runs` epochs after a warm-up epoch, and the peak PSS, for torch's
-    DataLoader with each num_workers and for stoker.DataLoader's defaults."""
-    n = len(dataset)
+    DataLoader with each num_workers and for stoker.DataLoader's defaults; both get
+    `loader_args` (default: shuffle=True). `samples`: an epoch's, if not len(dataset).
+    With `rounds` > 1, torch's best and stoker are then measured `rounds - 1` more times,
+    alternately, and the ratio is that of their medians: a machine whose load changes moves
+    both, not one of them."""
+    n = samples if samples is not None else len(dataset)
+    loader_args = {"shuffle": True} if loader_args is None else loader_args
 
     def measure(loader) -> tuple[float, int]:
         # `runs` epochs back to back, timed as one span after a warm-up epoch: stoker starts
@@ -250,15 +266,27 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool, **extra
 
     torch_rates, torch_pss = {}, {}
     for w in (0, 2) if smoke else TORCH_WORKERS:
-        loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=w,
-                                persistent_workers=w > 0)
+        loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=w,
+                                persistent_workers=w > 0, **loader_args)
         torch_rates[w], torch_pss[w] = measure(loader)
         del loader
-    stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, shuffle=True)
+    stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **loader_args)
     rate, pss = measure(stoker_loader)
     stats = stoker_loader.stats()
     stoker_loader.close()
     best = max(torch_rates, key=torch_rates.get)
+    best_rates, stoker_rates = [torch_rates[best]], [rate]
+    for _ in range(0 if smoke else rounds - 1):
+        loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=best,
+                                persistent_workers=best > 0, **loader_args)
+        best_rates.append(measure(loader)[0])
+        del loader
+        stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **loader_args)
+        stoker_rates.append(measure(stoker_loader)[0])
+        stoker_loader.close()
+    rate = statistics.median(stoker_rates)
+    if len(stoker_rates) > 1:
+        extra = {**extra, "rounds": {"torch_best": best_rates, "stoker": stoker_rates}}
     return {
         "workload": name,
         "samples": n,
@@ -268,7 +296,7 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool, **extra
         "stoker_workers": stats["workers"],
         "stoker_worker_type": stats.get("worker_type", "thread"),
         "stoker_pipeline": stats.get("pipeline", ""),
-        "speedup": rate / torch_rates[best],
+        "speedup": rate / statistics.median(best_rates),
         "torch_best_peak_pss_mb": torch_pss[best] / 2**20,
         "torch_peak_pss_mb": {w: v / 2**20 for w, v in torch_pss.items()},
         "stoker_peak_pss_mb": pss / 2**20,
@@ -331,6 +359,51 @@ class CheapDataset:
 
 def cheap(runs: int, smoke: bool) -> dict:
     return compare("cheap", CheapDataset(5000 if smoke else 50000), 256, runs, smoke)
+
+
+class SmallTensorStream(tud.IterableDataset):
+    """A stream of small tensors, each worker reading its share (torch's documented pattern)."""
+
+    def __init__(self, samples: int) -> None:
+        self.samples = samples
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        base = torch.arange(32, dtype=torch.float32)
+        for i in range(first, self.samples, step):
+            yield base * i, i
+
+
+def stream(runs: int, smoke: bool) -> dict:
+    samples = 20000 if smoke else 200000
+    return compare("stream", SmallTensorStream(samples), 256, runs, smoke, loader_args={},
+                   samples=samples, rounds=3)
+
+
+class VariableLength(tud.Dataset):
+    """Samples of L x 64 float32, L from 16 to 256 (fixed per index)."""
+
+    def __init__(self, samples: int) -> None:
+        self.lengths = np.random.default_rng(0).integers(16, 257, samples).tolist()
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int):
+        length = self.lengths[i]
+        return torch.full((length, 64), float(i)), length
+
+
+def pad_collate(samples):
+    """Pads a batch of (L x 64, L) samples to the longest L."""
+    frames = torch.nn.utils.rnn.pad_sequence([x for x, _ in samples], batch_first=True)
+    return frames, torch.tensor([n for _, n in samples])
+
+
+def padding(runs: int, smoke: bool) -> dict:
+    return compare("padding", VariableLength(2000 if smoke else 20000), 64, runs, smoke,
+                   loader_args={"shuffle": True, "collate_fn": pad_collate}, rounds=3)
 
 
 def _jpeg_folder(images: int) -> pathlib.Path:
@@ -419,12 +492,13 @@ def jpeg(runs: int, smoke: bool, stoker_bin: str) -> dict:
 
 
 WORKLOADS = {"seed003": seed003, "tiny": tiny, "bytecode": bytecode, "cheap": cheap,
-             "tvfolder": tvfolder, "tvjitter": tvjitter}
+             "stream": stream, "padding": padding, "tvfolder": tvfolder, "tvjitter": tvjitter}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", nargs="+", default=["seed003", "tiny", "bytecode", "cheap"],
+    parser.add_argument("--workload", nargs="+",
+                        default=["seed003", "tiny", "bytecode", "cheap", "stream", "padding"],
                         choices=list(WORKLOADS) + ["jpeg"])
     parser.add_argument("--stoker-bin", default=str(pathlib.Path(__file__).resolve().parents[1]
                                                    / "build" / "stoker"),
@@ -436,7 +510,8 @@ def main() -> None:
     args = parser.parse_args()
     runs = 1 if args.smoke else args.runs
     workloads = {**WORKLOADS, "jpeg": lambda r, s: jpeg(r, s, args.stoker_bin)}
-    results = [workloads[w](runs, args.smoke) for w in args.workload]
+    results = [workloads[w](runs, args.smoke)
+               for w in progress(args.workload, desc="workloads", quiet=args.json)]
     if args.json:
         print(json.dumps(results, indent=2))
         return
@@ -460,6 +535,13 @@ def main() -> None:
             print(f"{r['workload']}: samples/s, torch by num_workers {{{torch_r}}}; stoker "
                   f"{r['stoker_samples_per_s']:,.0f}")
             print(f"  stoker / torch best: {r['speedup']:.2f}x")
+            if "rounds" in r:
+                rounds = r["rounds"]
+                print(f"  medians of {len(rounds['stoker'])} alternated rounds: torch best "
+                      f"{statistics.median(rounds['torch_best']):,.0f}, stoker "
+                      f"{statistics.median(rounds['stoker']):,.0f} (torch best "
+                      f"{', '.join(f'{v:,.0f}' for v in rounds['torch_best'])}; stoker "
+                      f"{', '.join(f'{v:,.0f}' for v in rounds['stoker'])})")
             if "stoker_peak_pss_mb" in r:
                 same = r["torch_peak_pss_mb"].get(r["stoker_workers"])
                 print(f"  stoker: {r['stoker_workers']} {r['stoker_worker_type']} workers, "

@@ -17,6 +17,7 @@
 #include "memory/batch_owner.h"
 #include "memory/host_allocator.h"
 #include "memory/slab_pool.h"
+#include "trace/trace.h"
 #include "tune/tuner.h"
 #include "util/log.h"
 
@@ -128,7 +129,8 @@ detail::SlabMemory slab_memory(const LoaderOptions& o, const detail::LoaderInter
 
 Loader::Loader(LoaderOptions options) : Loader(std::move(options), detail::LoaderInternals{}) {}
 
-Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) {
+Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
+    : tracer_(std::make_unique<detail::Tracer>()) {
   const auto fields = batch_fields(options);
   validate(options, fields);
   auto backend = open_device(options);
@@ -139,7 +141,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
           ? std::make_shared<detail::SlabPool>(fields, options.batch_size, std::move(memory))
           : std::make_shared<detail::SlabPool>(options.batch_size, std::move(memory));
   stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
-                                             options.stream)
+                                             options.stream, *tracer_)
                    : detail::make_host_stage();
 
   detail::EngineConfig config;
@@ -152,6 +154,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
   config.on_error = options.on_error;
   config.keep_on_host = options.keep_on_host;
   config.max_skipped = options.max_skipped;
+  config.tracer = tracer_.get();
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
   detail::TuneLimits limits;
   limits.cores = options.cpu_cores > 0
@@ -174,6 +177,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals) 
 Loader::~Loader() {
   stage_.reset();  // batches taken ahead go back before the engine stops
   engine_.reset();
+  // tracer_ writes a trace still recording when it goes, now that nothing records into it.
 }
 
 void Loader::tune() {
@@ -186,18 +190,58 @@ void Loader::tune() {
 }
 
 std::optional<Batch> Loader::next() {
-  tune();
-  return std::move(stage_->next(*engine_, std::nullopt).batch);
+  return std::move(next_for(std::chrono::nanoseconds::max()).batch);
 }
 
 NextResult Loader::next_for(std::chrono::nanoseconds timeout) {
   using Clock = detail::Engine::Clock;
+  const bool traced = tracer_->on();
+  if (traced) trace_call();
   tune();
-  const auto now = Clock::now();
-  // A timeout past the clock's range (nanoseconds::max()) waits as next() does.
-  if (timeout >= Clock::time_point::max() - now) return stage_->next(*engine_, std::nullopt);
-  return stage_->next(*engine_, now + timeout);
+  detail::Engine::Deadline deadline;
+  if (timeout != std::chrono::nanoseconds::max()) {
+    // A timeout past the clock's range waits for as long as it takes, as next() does.
+    const auto now = Clock::now();
+    if (timeout < Clock::time_point::max() - now) deadline = now + timeout;
+  }
+  NextResult result;
+  try {
+    result = stage_->next(*engine_, deadline);
+  } catch (...) {
+    if (traced) trace_return(false);
+    throw;
+  }
+  if (traced && result.status != NextResult::Status::timed_out) {
+    trace_return(result.status == NextResult::Status::batch);
+  }
+  return result;
 }
+
+void Loader::trace_call() {
+  const std::int64_t now = detail::Tracer::now_ns();
+  detail::Tracer::name_thread_once("consumer");
+  if (taken_at_ != 0) {
+    tracer_->record({.start_ns = taken_at_, .end_ns = now, .name = detail::TraceName::step});
+    taken_at_ = 0;
+  }
+  if (wait_since_ == 0) wait_since_ = now;  // a timed-out call's wait goes on
+}
+
+void Loader::trace_return(bool batch) {
+  const std::int64_t now = detail::Tracer::now_ns();
+  if (wait_since_ != 0) {
+    tracer_->record({.start_ns = wait_since_, .end_ns = now, .name = detail::TraceName::wait});
+  }
+  wait_since_ = 0;
+  taken_at_ = batch ? now : 0;
+}
+
+void Loader::trace(const std::string& path, const TraceOptions& options) {
+  tracer_->start(path, options);
+  wait_since_ = taken_at_ = 0;
+}
+
+void Loader::stop_trace() { tracer_->stop(); }
 void Loader::set_epoch(std::uint64_t epoch) { restart({epoch, 0}); }
 Position Loader::position() const { return stage_->position(*engine_); }
 

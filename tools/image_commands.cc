@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "interrupt.h"
+#include "progress.h"
 #include "source/file_util.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
@@ -26,41 +28,22 @@ struct PackArgs {
   bool force = false;
 };
 
-// A one-line progress bar on a terminal, redrawn at most ten times a second.
-class ProgressBar {
- public:
-  ProgressBar() : tty_(::isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
-  void update(std::size_t done, std::size_t total, std::uint64_t bytes) {
-    if (!tty_) return;
-    const auto now = Clock::now();
-    if (done != total && now - last_ < std::chrono::milliseconds(100)) return;
-    last_ = now;
-    const double s = std::chrono::duration<double>(now - start_).count();
-    constexpr int kWidth = 30;
-    const int filled = total ? static_cast<int>(kWidth * done / total) : kWidth;
-    fmt::print(stderr, "\r[{}{}] {}/{} files, {:.1f} MB, {:.1f} MB/s ", std::string(filled, '#'),
-               std::string(kWidth - filled, '.'), done, total, bytes / 1e6,
-               s > 0 ? bytes / 1e6 / s : 0.0);
-    if (done == total) fmt::print(stderr, "\n");
-  }
-
- private:
-  using Clock = std::chrono::steady_clock;
-  bool tty_;
-  Clock::time_point start_;
-  Clock::time_point last_{};
-};
-
 int run_pack(const PackArgs& a) {
   PackOptions o;
   o.shard_bytes = static_cast<std::uint64_t>(a.shard_mb * 1024 * 1024);
   o.overwrite = a.force;
-  ProgressBar bar;
+  std::optional<ProgressBar> bar;  // erased before the summary
+  const auto start = std::chrono::steady_clock::now();
   o.progress = [&](std::size_t done, std::size_t total, std::uint64_t bytes) {
     tools::throw_if_interrupted();  // pack_records then removes its temporary directory
-    bar.update(done, total, bytes);
+    if (!bar) bar.emplace("pack", total);
+    if (!bar->shown()) return;
+    const std::chrono::duration<double> s = std::chrono::steady_clock::now() - start;
+    bar->update(done, fmt::format("files, {:.1f} MB, {:.1f} MB/s", bytes / 1e6,
+                                  s.count() > 0 ? bytes / 1e6 / s.count() : 0.0));
   };
   const auto r = pack_image_folder(a.src, a.dest, o);
+  bar.reset();
   fmt::print("packed {} records ({:.1f} MB, {} classes) into {} shard(s) in {}\n", r.records,
              r.bytes / 1e6, r.classes, r.shards, a.dest);
   return 0;

@@ -62,6 +62,13 @@ int main(int argc, char** argv) {
   cmd->add_option("--device", bench.device,
                   "sim or cuda[:N]: benchmark the device stage (overlap, H2D rate)");
   cmd->add_option("--consumer-ms", bench.consumer_ms, "heavy: consumer compute per batch");
+  cmd->add_option("--trace", bench.trace,
+                  "Write a timeline of the stoker side (Chrome trace-event JSON, for Perfetto); "
+                  "one file per workload when there are several, and per pipeline and source "
+                  "for jpeg (FILE-jpeg-train-folder.json, ...)");
+  cmd->add_option("--trace-cost", bench.trace_cost_runs,
+                  "Instead: run the stoker side untraced and traced, alternated N times, and "
+                  "print what tracing costs");
   stoker::bench::JpegBenchOptions jpeg_bench;
   cmd->add_option("--data-dir", jpeg_bench.data_dir, "jpeg: where the generated images live");
 

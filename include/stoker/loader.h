@@ -3,7 +3,7 @@
 //
 // The types it speaks in have headers of their own, included here so that users include only
 // this one: options.h (LoaderOptions), batch.h (Batch, SampleError, Position), stats.h (Stats),
-// sampler.h (the epoch order), report.h (Report).
+// sampler.h (the epoch order), trace.h (TraceOptions), report.h (Report).
 #pragma once
 
 #include <chrono>
@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "stoker/batch.h"
@@ -20,6 +21,7 @@
 #include "stoker/report.h"
 #include "stoker/sampler.h"
 #include "stoker/stats.h"
+#include "stoker/trace.h"
 
 namespace stoker {
 
@@ -27,13 +29,15 @@ namespace detail {
 class Engine;
 class DeviceStage;
 class WorkerTuner;
+class Tracer;
 struct LoaderInternals;
 }  // namespace detail
 
-// Thread safety: next(), next_for(), set_epoch(), restore() and position() belong to one
-// consumer thread. set_workers(), set_depth(), stats() and the const accessors may be called
-// from any thread, concurrently with next(). Destroying the loader with batches in flight is
-// allowed: it stops the workers (each finishes at most the sample it is reading) and returns.
+// Thread safety: next(), next_for(), set_epoch(), restore(), position(), trace() and
+// stop_trace() belong to one consumer thread. set_workers(), set_depth(), stats() and the const
+// accessors may be called from any thread, concurrently with next(). Destroying the loader with
+// batches in flight is allowed: it stops the workers (each finishes at most the sample it is
+// reading) and returns.
 class Loader {
  public:
   // Throws std::invalid_argument for an impossible option (no dataset, batch size 0, rank
@@ -74,10 +78,30 @@ class Loader {
   // in index order: index, reason (its first failure's) and name (a file or record).
   std::vector<SkippedSample> skipped_samples() const;
 
+  // Records a timeline of the loader's work from the next batch on, written to `path` as
+  // Chrome trace-event JSON (Perfetto, chrome://tracing) by stop_trace() or the destructor:
+  // each worker's sample reads and chunks, each batch from opened to ready to taken, the
+  // consumer's waits and steps, device copies, queue depth and pinned bytes. Throws
+  // std::system_error if `path` cannot be created; a trace already recording is written
+  // first. Off until called; while off every event site costs one relaxed atomic load.
+  void trace(const std::string& path, const TraceOptions& options = {});
+  // Stops recording and writes the file; throws std::system_error if writing fails. Nothing
+  // if no trace is recording. (The destructor writes it too, logging a failure.)
+  void stop_trace();
+
  private:
   void restart(Position position);
   void tune();
+  // The consumer's side of the trace: a step ends where next() is called, a wait where it
+  // hands out a batch or the end of an epoch.
+  void trace_call();
+  void trace_return(bool batch);
 
+  std::unique_ptr<detail::Tracer> tracer_;  // first: the engine and the stage record into it
+  // While tracing (detail::Tracer::now_ns(); 0: none): when the current wait began, and when
+  // the last batch was handed out.
+  std::int64_t wait_since_ = 0;
+  std::int64_t taken_at_ = 0;
   std::unique_ptr<detail::Engine> engine_;
   std::unique_ptr<detail::DeviceStage> stage_;
   std::unique_ptr<detail::WorkerTuner> tuner_;  // with LoaderOptions::tune_workers

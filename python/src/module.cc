@@ -155,19 +155,20 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
   m.def(
       "pack",
-      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes,
-         bool overwrite) {
+      [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes, bool overwrite,
+         const py::object& on_progress) {
         PackResult r;
         {
           py::gil_scoped_release nogil;
           PackOptions o;
           o.shard_bytes = shard_bytes;
           o.overwrite = overwrite;
-          o.progress = [](std::size_t done, std::size_t, std::uint64_t) {
+          o.progress = [&on_progress](std::size_t done, std::size_t total, std::uint64_t) {
             // Ctrl-C: KeyboardInterrupt, once pack_image_folder removed its temporary output.
-            if (done % 64 != 0) return;
+            if (done % 64 != 0 && done != total) return;
             py::gil_scoped_acquire gil;
             if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+            if (!on_progress.is_none()) on_progress(done, total);  // (files done, files)
           };
           r = pack_image_folder(src, dest, o);
         }
@@ -177,7 +178,8 @@ PYBIND11_MODULE(_stoker, m) {
         d["bytes"] = r.bytes;
         return d;
       },
-      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"));
+      py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
+      py::arg("on_progress") = py::none());
   m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 
@@ -189,7 +191,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("structure", &PyDataset::structure)
       .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
       .def("gil_stats", &PyDataset::gil_stats)
-      .def("use_processes", &PyDataset::use_processes, py::arg("pool"));
+      .def("use_processes", &PyDataset::use_processes, py::arg("pool"))
+      .def("set_batch_jobs", &PyDataset::set_batch_jobs, py::arg("job_args"));
 
   // Worker processes (py_workers.h): the parent's pool and the worker's writer.
   py::object worker_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
@@ -205,6 +208,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("start", &ProcessPool::start)
       .def("pids", &ProcessPool::pids)
       .def("finish", &ProcessPool::finish)
+      .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
+      .def("stop", &ProcessPool::stop)
       .def_property_readonly("size", &ProcessPool::size);
   py::class_<SampleWriter>(m, "SampleWriter")
       .def(py::init<>())
@@ -247,6 +252,7 @@ PYBIND11_MODULE(_stoker, m) {
         "STOKER_LOG=debug).");
   m.def("log_level", &log_level);
   m.def("stats_fields", &stats_fields);
+  m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
   py::class_<PyLoader>(m, "Loader")
       .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"),
@@ -268,6 +274,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("stats", &PyLoader::stats)
       .def("report", &PyLoader::report)
       .def("skipped_samples", &PyLoader::skipped_samples)
+      .def("trace", &PyLoader::trace, py::arg("path"),
+           py::arg("max_events") = TraceOptions{}.max_events)
       .def("close", &PyLoader::close)
       .def_property_readonly("closed", &PyLoader::closed);
 

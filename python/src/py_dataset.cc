@@ -89,6 +89,7 @@ std::optional<std::uint64_t> current_sample_seed() { return t_sample_seed; }
 struct PyDataset::State {
   py::object dataset;
   py::object on_worker_start;
+  py::object job_args;
   Node root;
   std::size_t slots = 0;
   struct KeptError {
@@ -552,6 +553,9 @@ void PyDataset::close() noexcept {
 
 void PyDataset::release_workers() {
   if (auto pool = processes_.load()) pool->finish();
+  // The object values of batches read ahead are never delivered now; a batch job's may view
+  // a worker's shared memory, which goes with them.
+  state_->objects.clear();
 }
 
 py::tuple PyDataset::gil_stats() const {
@@ -624,6 +628,17 @@ void PyDataset::drain_graveyard() const {
     dead.swap(graveyard_);
   }
   // `dead` goes here, with the GIL held.
+}
+
+void PyDataset::set_batch_jobs(py::object job_args) {
+  state_->job_args = std::move(job_args);
+  has_job_args_ = true;
+}
+
+std::string PyDataset::job_args(std::span<const std::size_t> indices) const {
+  py::list keys(indices.size());
+  for (std::size_t k = 0; k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
+  return state_->job_args(keys).cast<std::string>();
 }
 
 py::object PyDataset::structure() const { return structure_of(state_->root); }

@@ -111,8 +111,16 @@ class PyDataset final : public Dataset {
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
   // threads finish there.
   void use_processes(std::shared_ptr<ProcessPool> pool);
-  // Stops and reaps the worker processes, if any (GIL held, after the engine has stopped).
+  // Stops and reaps the worker processes, if any, and drops the object values of batches
+  // read ahead (GIL held, after the engine has stopped).
   void release_workers();
+  // Batch jobs (python/stoker/_batches.py): `job_args(indices)` returns the bytes a worker
+  // process needs besides the indices to run those rows (the batches' sample indices), sent
+  // with each job (GIL held); errors then name the item "batch" rather than "sample".
+  void set_batch_jobs(py::object job_args);
+  bool has_job_args() const { return has_job_args_; }
+  std::string job_args(std::span<const std::size_t> indices) const;  // GIL held; throws
+  const char* item_name() const { return has_job_args_ ? "batch" : "sample"; }
   // How the reads used the GIL, summed over threads: (reads, seconds waiting to take it at
   // the start of a read, seconds holding it, CPU seconds of the thread while holding it).
   // The auto worker type decides from these.
@@ -198,6 +206,7 @@ class PyDataset final : public Dataset {
   mutable std::string interrupt_what_;
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
   bool has_getitems_ = false;
+  bool has_job_args_ = false;  // set before the loader starts
   std::atomic<std::shared_ptr<ProcessPool>> processes_;
   mutable std::atomic<std::uint64_t> gil_reads_{0};
   mutable std::atomic<std::int64_t> gil_wait_ns_{0};

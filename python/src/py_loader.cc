@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "gil.h"
@@ -264,6 +265,22 @@ py::dict PyLoader::report() {
   return d;
 }
 
+void PyLoader::trace(const std::optional<std::string>& path, std::size_t max_events) {
+  auto locks = lock_call(true);
+  try {
+    py::gil_scoped_release nogil;  // writing a large trace takes a while
+    if (path) {
+      loader_->trace(*path, {.max_events = max_events});
+    } else {
+      loader_->stop_trace();
+    }
+  } catch (const std::system_error& e) {
+    // OSError(errno, message) becomes the errno's subclass, as Python's own file errors do.
+    PyErr_SetObject(PyExc_OSError, py::make_tuple(e.code().value(), std::string(e.what())).ptr());
+    throw py::error_already_set();
+  }
+}
+
 std::size_t PyLoader::dataset_index(std::size_t loader_index) const {
   if (!remap_) return loader_index;
   const auto order = remap_->order();
@@ -308,7 +325,8 @@ void PyLoader::raise_sample_error(const SampleError& error) {
     if (exception && !exception.is_none()) {
       // The engine appends why a failure was raised rather than skipped.
       const std::string what = cause.what();
-      std::string note = "stoker: raised while reading sample " + std::to_string(read_index);
+      std::string note = std::string("stoker: raised while reading ") + py_dataset_->item_name() +
+                         " " + std::to_string(read_index);
       if (reason.size() > what.size() && reason.compare(0, what.size(), what) == 0) {
         note += reason.substr(what.size());
       }

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -102,6 +103,9 @@ class PyLoader {
   py::dict report();
   // Loader::skipped_samples() as (data set index, name, reason) tuples.
   py::list skipped_samples();
+  // Loader::trace to `path`, or Loader::stop_trace with None. A file that cannot be created
+  // or written raises OSError (FileNotFoundError, PermissionError, ...) naming it.
+  void trace(const std::optional<std::string>& path, std::size_t max_events);
   std::shared_ptr<RemappedDataset> remap() const { return remap_; }
 
   // Stops the workers and lets go of the data set; further calls raise. Idempotent.

@@ -10,17 +10,29 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 #include <thread>
 #include <utility>
 
 #include "gil.h"
 #include "memory/shared_memory.h"
 #include "py_dataset.h"
+#include "trace/trace.h"
 
 namespace stoker::python {
 namespace {
 
 enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kLayout = 4, kProbe = 5, kResult = 1 };
+constexpr std::uint32_t kTimeRows = 1;  // a job's flag
+// A job's flags word: kTimeRows, and the bytes of its args from bit 8 up.
+constexpr unsigned kArgsShift = 8;
+
+std::uint32_t job_flags(std::size_t args_bytes, bool time_rows) {
+  if (args_bytes >= (std::size_t{1} << (32 - kArgsShift))) {
+    throw std::length_error("stoker: a job's arguments are too large");
+  }
+  return static_cast<std::uint32_t>(args_bytes << kArgsShift) | (time_rows ? kTimeRows : 0);
+}
 
 // How long a worker that closed its socket is given to become a zombie, so that its exit
 // status can be read; an exit takes microseconds, a hung one is reported without a status.
@@ -207,13 +219,13 @@ void ProcessPool::respawn(Link& link) {
   }
 }
 
-ProcessPool::Link* ProcessPool::lease() {
+ProcessPool::Link* ProcessPool::lease(std::optional<std::size_t> only) {
   std::unique_lock lock(mu_);
   for (;;) {
     if (stopped_) throw std::runtime_error("stoker: the loader is closing");
     Link* dead = nullptr;
     for (auto& link : links_) {
-      if (link->busy) continue;
+      if (link->busy || (only && link->id != *only)) continue;
       if (!link->dead) {
         link->busy = true;
         return link.get();
@@ -242,12 +254,13 @@ void ProcessPool::give_back(Link* link, bool dead) {
     link->busy = false;
     if (dead) link->dead = true;
   }
-  free_cv_.notify_one();
+  free_cv_.notify_all();  // a call may wait for this worker in particular
 }
 
 bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
                            std::uint32_t region_id, int region_fd, std::size_t region_bytes,
-                           std::vector<std::uint8_t>& status, std::vector<std::uint8_t>& blob) {
+                           std::vector<std::uint8_t>& status, std::vector<std::int64_t>& times,
+                           std::vector<std::uint8_t>& blob) {
   // Regions freed since this worker mapped them (slabs trimmed): let it unmap them.
   for (auto it = link.regions.begin(); it != link.regions.end();) {
     if (detail::shared_region_alive(*it)) {
@@ -260,7 +273,7 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
     if (!send_all(link.fd, m.data(), m.size())) return false;
     it = link.regions.erase(it);
   }
-  if (!link.regions.contains(region_id)) {
+  if (region_fd >= 0 && !link.regions.contains(region_id)) {
     std::vector<std::uint8_t> payload;
     put(payload, region_id);
     put(payload, std::uint32_t{0});
@@ -269,7 +282,7 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
     if (!send_all(link.fd, m.data(), m.size(), region_fd)) return false;
     link.regions.insert(region_id);
   }
-  if (!link.has_layout) {
+  if (region_fd >= 0 && !link.has_layout) {  // a call (no region) writes no rows
     std::vector<std::uint8_t> layout;
     {
       std::lock_guard lock(mu_);
@@ -281,10 +294,11 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
   }
   const auto m = message(kJob, job);
   if (!send_all(link.fd, m.data(), m.size())) return false;
-  return receive_result(link, status, blob);
+  return receive_result(link, status, times, blob);
 }
 
 bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
+                                 std::vector<std::int64_t>& times,
                                  std::vector<std::uint8_t>& blob) {
   std::uint8_t header[8];
   if (!recv_all(link.fd, header, sizeof header)) return false;
@@ -292,11 +306,15 @@ bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
   std::vector<std::uint8_t> payload(get<std::uint32_t>(header + 4));
   if (!recv_all(link.fd, payload.data(), payload.size())) return false;
   if (payload.size() < 16) return false;
-  const auto rows = get<std::uint32_t>(payload.data() + 8);
-  const auto blob_bytes = get<std::uint32_t>(payload.data() + 12);
-  if (payload.size() != 16 + rows + std::size_t{blob_bytes}) return false;
-  status.assign(payload.begin() + 16, payload.begin() + 16 + rows);
-  blob.assign(payload.begin() + 16 + rows, payload.end());
+  const std::size_t rows = get<std::uint32_t>(payload.data() + 8);
+  const std::size_t blob_bytes = get<std::uint32_t>(payload.data() + 12);
+  const std::size_t time_bytes = payload.size() - std::min(payload.size(), 16 + rows + blob_bytes);
+  if (payload.size() != 16 + rows + blob_bytes + time_bytes) return false;
+  if (time_bytes != 0 && time_bytes != 16 * rows) return false;
+  status.assign(payload.begin() + 16, payload.begin() + 16 + static_cast<std::ptrdiff_t>(rows));
+  times.resize(time_bytes / 8);
+  if (time_bytes != 0) std::memcpy(times.data(), payload.data() + 16 + rows, time_bytes);
+  blob.assign(payload.end() - static_cast<std::ptrdiff_t>(blob_bytes), payload.end());
   return true;
 }
 
@@ -307,7 +325,7 @@ void ProcessPool::set_layout(py::bytes message) {
 }
 
 void ProcessPool::fail_lost(Link* link, std::span<const std::size_t> indices,
-                            std::span<std::exception_ptr> errors) {
+                            std::span<std::exception_ptr> errors, const char* items) {
   const pid_t pid = link->pid;
   bool closing;
   {
@@ -318,7 +336,7 @@ void ProcessPool::fail_lost(Link* link, std::span<const std::size_t> indices,
   const auto error =
       closing ? std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"))
               : std::make_exception_ptr(WorkerDiedError(
-                    pid, death_message(pid) + "; samples lost: " + rows_text(indices)));
+                    pid, death_message(pid) + "; " + items + " lost: " + rows_text(indices)));
   for (auto& e : errors) e = error;
 }
 
@@ -329,11 +347,12 @@ py::object ProcessPool::probe(const PyDataset& owner, std::size_t index, std::ui
   put(payload, seed);
   const auto m = message(kProbe, payload);
   std::vector<std::uint8_t> status;
+  std::vector<std::int64_t> times;  // none: a probe is not timed
   std::vector<std::uint8_t> blob;
-  if (!send_all(link->fd, m.data(), m.size()) || !receive_result(*link, status, blob) ||
+  if (!send_all(link->fd, m.data(), m.size()) || !receive_result(*link, status, times, blob) ||
       status.size() != 1 || blob.empty()) {
     std::exception_ptr error;
-    fail_lost(link, {&index, 1}, {&error, 1});
+    fail_lost(link, {&index, 1}, {&error, 1}, "samples");
     std::rethrow_exception(error);
   }
   const pid_t pid = link->pid;
@@ -397,14 +416,31 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
                            "cannot write it")));
     return;
   }
+  std::string args;
+  if (owner.has_job_args()) {
+    EngineThreadGil gil;
+    try {
+      args = owner.job_args(indices);
+    } catch (py::error_already_set& e) {
+      e.restore();
+      const py::object exception = take_python_error();
+      for (std::size_t k = 0; k < indices.size(); ++k) {
+        errors[k] = owner.keep_error(exception, indices[k]);
+      }
+      return;
+    }
+  }
   std::vector<std::uint8_t> job;
   const std::size_t fields = first.num_fields();
-  job.reserve(24 + 16 * fields + 16 * indices.size());
+  job.reserve(24 + 16 * fields + 16 * indices.size() + args.size());
   put(job, std::uint64_t{0});  // the job id, set below
   put(job, region->id);
   put(job, static_cast<std::uint32_t>(fields));
   put(job, static_cast<std::uint32_t>(indices.size()));
-  put(job, std::uint32_t{0});
+  // The replies carry the rows' times only while tracing (the job's flags).
+  detail::Tracer* tracer = detail::Tracer::current();
+  const bool traced = tracer != nullptr && tracer->on();
+  put(job, job_flags(args.size(), traced));
   for (std::size_t f = 0; f < fields; ++f) {
     const auto bytes = first.bytes(f);
     const std::size_t offset = static_cast<std::size_t>(bytes.data() - region->base);
@@ -421,6 +457,7 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     put(job, static_cast<std::uint64_t>(indices[k]));
     put(job, outs[k].seed());
   }
+  job.insert(job.end(), args.begin(), args.end());
 
   Link* link = nullptr;
   try {
@@ -432,13 +469,32 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
   const std::uint64_t job_id = link->next_job++;
   std::memcpy(job.data(), &job_id, sizeof job_id);
   std::vector<std::uint8_t> status;
+  std::vector<std::int64_t> times;
   std::vector<std::uint8_t> blob;
-  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, blob) &&
+  const std::int64_t sent = traced ? detail::Tracer::now_ns() : 0;
+  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, times, blob) &&
                   status.size() == indices.size();
   const pid_t pid = link->pid;
+  if (traced) {
+    // On the worker process's own track: the job, from sending it to its reply, and each row
+    // as the worker timed it (steady_clock is CLOCK_MONOTONIC, one clock for both processes).
+    tracer->record({.start_ns = sent,
+                    .end_ns = detail::Tracer::now_ns(),
+                    .a = indices.size(),
+                    .b = indices.front(),
+                    .process = pid,
+                    .name = detail::TraceName::job});
+    for (std::size_t k = 0; ok && 2 * k + 1 < times.size(); ++k) {
+      tracer->record({.start_ns = times[2 * k],
+                      .end_ns = times[2 * k + 1],
+                      .a = indices[k],
+                      .process = pid,
+                      .name = detail::TraceName::read});
+    }
+  }
   const std::size_t worker_id = link->id;
   if (!ok) {
-    fail_lost(link, indices, errors);
+    fail_lost(link, indices, errors, owner.has_job_args() ? "batches" : "samples");
     return;
   }
   give_back(link, false);
@@ -481,6 +537,51 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
       errors[k] = owner.keep_error(exception, indices[k]);
     }
   }
+}
+
+py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py::bytes& args) {
+  if (worker_id >= workers_) throw py::index_error("stoker: no such worker");
+  const std::string_view payload = args;
+  std::vector<std::uint8_t> job;
+  job.reserve(40 + payload.size());
+  put(job, std::uint64_t{0});  // the job id, set below
+  put(job, std::uint32_t{0});  // no region
+  put(job, std::uint32_t{0});  // no fields
+  put(job, std::uint32_t{1});
+  put(job, job_flags(payload.size(), false));
+  put(job, index);
+  put(job, std::uint64_t{0});
+  job.insert(job.end(), payload.begin(), payload.end());
+
+  std::vector<std::uint8_t> status;
+  std::vector<std::uint8_t> blob;
+  std::string failure;  // why there is no reply
+  pid_t pid = 0;
+  {
+    py::gil_scoped_release nogil;  // rule 1: leasing and the exchange wait
+    Link* link = nullptr;
+    try {
+      link = lease(worker_id);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    if (link != nullptr) {
+      const std::uint64_t job_id = link->next_job++;
+      std::memcpy(job.data(), &job_id, sizeof job_id);
+      pid = link->pid;
+      std::vector<std::int64_t> times;  // a call asks for none
+      const bool ok = exchange(*link, job, 0, -1, 0, status, times, blob) && status.size() == 1;
+      give_back(link, !ok);
+      if (!ok) {
+        std::lock_guard lock(mu_);
+        if (stopped_) failure = "stoker: the loader is closing";
+      }
+      if (!ok && failure.empty()) failure = death_message(pid);
+    }
+  }
+  if (!failure.empty()) return py::make_tuple(false, failure);
+  return py::make_tuple(true, status[0] != 0,
+                        py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), pid);
 }
 
 void ProcessPool::stop() noexcept {
@@ -566,6 +667,7 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   const auto region = get<std::uint32_t>(p + 8);
   const auto fields = get<std::uint32_t>(p + 12);
   const auto rows = get<std::uint32_t>(p + 16);
+  const bool timed = (get<std::uint32_t>(p + 20) & kTimeRows) != 0;
   if (bytes != 24 + 16 * std::size_t{fields} + 16 * std::size_t{rows}) {
     throw std::invalid_argument("stoker worker: bad job");
   }
@@ -578,6 +680,10 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   if (!root_) throw std::logic_error("stoker worker: a job before the layout");
   begin(region, std::move(offsets), std::move(row_bytes), rows);
 
+  // While the loader is traced, each row's (start, end): a row starts where the previous one
+  // ended, the first one with the job (so it carries a __getitems__ call).
+  std::vector<std::int64_t> times;
+  std::int64_t start = timed ? detail::Tracer::now_ns() : 0;
   py::list keys(rows);
   for (std::size_t k = 0; k < rows; ++k) {
     keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
@@ -606,6 +712,10 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
       }
     } catch (...) {
       status[k] = 1;
+      if (slots_ > 0) {  // PyList_New left the row's item NULL
+        Py_INCREF(Py_None);
+        PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), Py_None);
+      }
       try {
         throw;
       } catch (py::error_already_set& e) {
@@ -619,8 +729,15 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
       }
       errors.append(py::make_tuple(k, take_python_error()));
     }
+    if (timed) {
+      const std::int64_t end = detail::Tracer::now_ns();
+      times.insert(times.end(), {start, end});
+      start = end;
+    }
   }
-  return py::make_tuple(id, py::bytes(status), objects, errors);
+  return py::make_tuple(
+      id, py::bytes(status), objects, errors,
+      py::bytes(reinterpret_cast<const char*>(times.data()), times.size() * sizeof(std::int64_t)));
 }
 
 py::object SampleWriter::read_sample(py::handle dataset, std::size_t index, std::uint64_t seed) {

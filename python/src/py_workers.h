@@ -26,11 +26,19 @@
 //           row whose blob holds ([sample], []) or (None, [(0, error)])
 //     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
 //     kDrop {u32 region}: the region was freed; unmap it
-//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 0,
+//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 flags,
 //            fields x {u64 offset of the chunk's first row, u64 bytes per row},
-//            rows x {u64 sample index, u64 sample seed}}
+//            rows x {u64 sample index, u64 sample seed}, args}
+//            flags: kTimeRows (1) asks for the rows' times (the loader is being traced);
+//            bits 8-31: the bytes of args, a pickle the data set's job_args made (a batch
+//            job's sample indices, python/stoker/_batches.py), if any. A job with no fields
+//            (region 0) is a call (call()): its one row's object value is the whole reply,
+//            nothing is written.
 //   child -> parent
-//     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed), blob}
+//     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed),
+//              [with kTimeRows: rows x {i64 start, i64 end}, CLOCK_MONOTONIC ns, one
+//              machine's clock for both ends; a row starts where the previous one ended, so
+//              the first one carries a __getitems__ call], blob}
 //     where blob, if not empty, is a pickle of (object values per row, or None;
 //     [(row, (module, qualname, message, traceback text, pickled exception or None))]).
 // A child that dies shows as EOF on its socket; the rows it was reading fail with a
@@ -104,6 +112,11 @@ class ProcessPool {
   // `owner`'s tables; a dead worker fails every row it was sent.
   void run(const PyDataset& owner, std::span<const std::size_t> indices,
            std::span<const SampleOut> outs, std::span<std::exception_ptr> errors);
+  // Sends worker `worker_id` a call (a job with no fields: `index`, and `args` as the job's
+  // args) and waits for its reply without the GIL; jobs for one worker run in the order their
+  // callers lease it. Returns (True, failed, blob, pid), or (False, why) if the worker died
+  // (it is started afresh by its next job) or the pool stopped. GIL held on entry.
+  py::tuple call(std::size_t worker_id, std::uint64_t index, const py::bytes& args);
   // Shuts the sockets down (a thread blocked on one returns at once) and sends SIGTERM; no
   // more workers are started. Any thread, no GIL.
   void stop() noexcept;
@@ -130,19 +143,24 @@ class ProcessPool {
     std::uint64_t next_job = 1;
   };
 
-  Link* lease();  // waits for a free worker; starts a dead one afresh (takes the GIL)
+  // Waits for a free worker (worker `only`, if given); starts a dead one afresh (takes the
+  // GIL).
+  Link* lease(std::optional<std::size_t> only = std::nullopt);
   void give_back(Link* link, bool dead);
   void respawn(Link& link);  // GIL held
-  // Sends the job and reads the reply without the GIL. False if the worker is gone.
+  // Sends the job and reads the reply without the GIL. False if the worker is gone. The rows'
+  // times, if the job asked for them, go to `times` (start, end per row).
   bool exchange(Link& link, const std::vector<std::uint8_t>& job, std::uint32_t region_id,
                 int region_fd, std::size_t region_bytes, std::vector<std::uint8_t>& status,
-                std::vector<std::uint8_t>& blob);
-  // Reads a kResult reply into `status` and `blob`. False if the worker is gone.
+                std::vector<std::int64_t>& times, std::vector<std::uint8_t>& blob);
+  // Reads a kResult reply into `status`, `times` (if it has them) and `blob`. False if the
+  // worker is gone.
   static bool receive_result(Link& link, std::vector<std::uint8_t>& status,
-                             std::vector<std::uint8_t>& blob);
-  // Fails every row of `errors` after a failed exchange with `link` (given back dead).
+                             std::vector<std::int64_t>& times, std::vector<std::uint8_t>& blob);
+  // Fails every row of `errors` after a failed exchange with `link` (given back dead); the
+  // message names the lost rows as `items` ("samples", "batches").
   void fail_lost(Link* link, std::span<const std::size_t> indices,
-                 std::span<std::exception_ptr> errors);
+                 std::span<std::exception_ptr> errors, const char* items);
   std::string death_message(pid_t pid) const;
 
   const std::size_t workers_;
@@ -177,7 +195,8 @@ class SampleWriter {
   // Runs a kJob payload: reads each row's sample from `dataset` (one __getitems__ call, or
   // __getitem__ after __getitem__ if it has none or it raised) and writes it into the slab.
   // Returns (job id, status bytes: 0 ok, 1 failed; object values per row, a list of tuples,
-  // or None without object slots; [(row, exception)]).
+  // or None without object slots; [(row, exception)]; the rows' (start, end) times as bytes
+  // for the reply if the job asked for them, else empty).
   py::tuple run_job(py::bytes job, py::handle dataset, bool use_getitems);
   // The sample of a kProbe, read with its seed as stoker.sample_seed(); raises its error.
   static py::object read_sample(py::handle dataset, std::size_t index, std::uint64_t seed);

@@ -10,6 +10,7 @@ import atexit as _atexit
 import os as _os
 
 from . import _stoker, transforms
+from ._batches import split_by_rank, split_by_worker
 from ._cuda import _add_wheel_runtime_hints, build_info, cuda_available
 from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
@@ -37,6 +38,8 @@ __all__ = [
     "cuda_available",
     "pack",
     "sample_seed",
+    "split_by_rank",
+    "split_by_worker",
     "transforms",
     "tune",
     "world",

@@ -6,6 +6,7 @@ from typing import Sequence
 
 from . import _stoker
 from ._batch import element_dtype, to_array
+from ._progress import Bar
 
 
 class NativeDataset:
@@ -122,5 +123,8 @@ class RecordDataset(_ImageDataset):
 
 def pack(src, dest, shard_bytes: int = 1 << 30, overwrite: bool = False) -> dict:
     """Packs the image folder `src` into record shards in the directory `dest` (what
-    ``stoker pack SRC DEST`` does), atomically: `dest` appears only when complete."""
-    return _stoker.pack(str(src), str(dest), int(shard_bytes), bool(overwrite))
+    ``stoker pack SRC DEST`` does), atomically: `dest` appears only when complete. Shows a
+    tqdm bar on a terminal when tqdm is installed."""
+    with Bar("pack", unit="file") as bar:
+        return _stoker.pack(str(src), str(dest), int(shard_bytes), bool(overwrite),
+                            bar.update_to)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -10,7 +11,7 @@ import types
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from . import _compat, _stoker
+from . import _batches, _compat, _stoker
 from ._batch import converter, plan
 from ._cuda import cuda_available
 from ._datasets import NativeDataset
@@ -111,6 +112,19 @@ def _enum(enum, option: str, value: str):
     return members[value]
 
 
+def _is_torch_batch_sampler(batch_sampler) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and type(batch_sampler) is torch.utils.data.BatchSampler
+
+
+def _length(sampler) -> int:
+    """len(sampler), or its length by iterating it (a sampler without __len__)."""
+    try:
+        return len(sampler)
+    except TypeError:
+        return sum(1 for _ in sampler)
+
+
 def _torch_sampler_kind(sampler) -> Optional[str]:
     """'sequential', 'random', 'distributed' for torch's own samplers stoker runs natively."""
     torch = sys.modules.get("torch")
@@ -160,9 +174,14 @@ class DataLoader:
         stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
         which path ran and why.
       keep_on_host: names of fields that stay in host memory when batches go to a GPU.
-      batch_size=None, IterableDataset, and batch samplers other than torch's BatchSampler
-        are not supported. Arguments that do not act as in torch warn once; docs/python.md
+      collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
+        iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
+        the next batch of that worker's stream), in parallel, and handed to the training
+        loop without pickling its tensors. Arguments that do not act as in torch warn once; docs/python.md
         lists every difference.
+
+    ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
+    goes, as a timeline to open in Perfetto.
 
     Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
     ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
@@ -217,6 +236,27 @@ class DataLoader:
             keep_on_host=keep_on_host)
         if collate_fn is not None and collate_fn is _compat.default_collate():
             collate_fn = None  # stoker's own batching is default_collate's
+        self._streams = None
+        self._jobs = None
+        if _batches.is_stream(dataset):
+            self._init_stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                              collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                              multiprocessing_context, generator, prefetch_factor, device,
+                              worker_type)
+            for name, value in stoker_arguments.items():
+                setattr(self, name, value)
+            self.generator = generator
+            self._initialized = True
+            return
+        if collate_fn is not None or batch_size is None or (
+                batch_sampler is not None and not _is_torch_batch_sampler(batch_sampler)):
+            # The batch path: the engine runs batch jobs (python/stoker/_batches.py), one per
+            # engine batch; the user's arguments are kept for the attributes below.
+            user = (dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn)
+            self._jobs = self._batch_jobs(dataset, batch_size, shuffle, sampler, batch_sampler,
+                                          drop_last, collate_fn)
+            dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, collate_fn = (
+                self._jobs, 1, None, None, None, False, None)
         if batch_sampler is not None:
             batch_size, sampler, drop_last = self._unwrap_batch_sampler(batch_sampler)
         if batch_size is None:
@@ -237,7 +277,10 @@ class DataLoader:
         # torchvision's ImageFolder with a pipeline stoker implements runs in C++ (native=False
         # opts out); what ran, and why, is in stats()["pipeline"].
         self._pipeline = f"python: {type(dataset).__name__}.__getitem__ in workers"
-        if isinstance(dataset, NativeDataset):
+        if self._jobs is not None:
+            self._pipeline = (f"python: batches of {type(self._jobs.dataset).__name__}, "
+                              f"fetched and collated in workers")
+        elif isinstance(dataset, NativeDataset):
             self._pipeline = "native: a stoker data set"
         elif native and collate_fn is None:
             equivalent, why = native_equivalent(dataset)
@@ -297,10 +340,12 @@ class DataLoader:
             # No reference to self from here: the C++ data set holds it, and a cycle through
             # C++ would keep the loader alive.
             thread_count = self._thread_count = [self.num_workers]
-            start = thread_worker_start(dataset, self._worker_seed, lambda: thread_count[0],
-                                        worker_init_fn)
+            start = thread_worker_start(_batches.user_dataset(dataset), self._worker_seed,
+                                        lambda: thread_count[0], worker_init_fn)
             # Reads nothing: the layout comes from the first sample a worker reads.
-            self._handle = _stoker.PyDataset(dataset, collate_fn is not None, start)
+            self._handle = _stoker.PyDataset(dataset, self._jobs is not None, start)
+            if self._jobs is not None:
+                self._handle.set_batch_jobs(self._jobs.job_args)
             if self.num_workers == 0:
                 if worker_type == "process":
                     raise ValueError("worker_type='process' needs num_workers >= 1")
@@ -364,8 +409,11 @@ class DataLoader:
         self._build = self._convert = None
         if native:
             self._make_batches(dataset._structure())
-        self._samples = _compat.sized(dataset)
-        self._follows_len = order is None and world == 1
+        if self._jobs is not None:
+            on_device = self._loader.stats()["device"] not in ("cpu", "sim")
+            self._finish_batch_jobs(user, on_device or pin_memory == "on", seed, generator)
+        self._samples = _compat.sized(self.dataset)
+        self._follows_len = order is None and world == 1 and self._jobs is None
         self._engine_batch_size, self._engine_drop_last = int(batch_size), bool(drop_last)
 
         # torch's public attributes, with its values; then the ones that define the batches
@@ -377,6 +425,137 @@ class DataLoader:
         self._initialized = True
 
     # --- construction helpers -------------------------------------------------------------
+
+    def _batch_jobs(self, dataset, batch_size, shuffle, sampler, batch_sampler, drop_last,
+                    collate_fn) -> "_batches.BatchJobs":
+        """The batch jobs of a map-style data set (collate_fn, any batch_sampler,
+        batch_size=None), with torch's argument checks; each epoch's batches are made by
+        _epoch_batches."""
+        if batch_sampler is not None and (batch_size != 1 or shuffle or sampler is not None
+                                          or drop_last):
+            raise ValueError("batch_sampler option is mutually exclusive with batch_size, "
+                             "shuffle, sampler, and drop_last")
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+        if batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+        auto_collation = batch_sampler is not None or batch_size is not None
+        collate = collate_fn if collate_fn is not None else _batches.default_collate(
+            auto_collation)
+        if batch_sampler is not None:
+            size = _length(batch_sampler)
+        else:
+            samples = _length(sampler) if sampler is not None else len(dataset)
+            size = (samples if batch_size is None else samples // int(batch_size) if drop_last
+                    else -(-samples // int(batch_size)))
+        return _batches.BatchJobs(dataset, collate, auto_collation, size)
+
+    def _finish_batch_jobs(self, user, pin: bool, seed, generator) -> None:
+        """The batch path's attributes (the user's arguments), its shuffle and its last
+        step: batches moved to the device, pinned first by worker threads."""
+        (self.dataset, batch_size, shuffle, self.sampler, self.batch_sampler, self.drop_last,
+         self.collate_fn) = user
+        self.batch_size = None if batch_size is None or self.batch_sampler is not None else int(
+            batch_size)
+        self._shuffle = bool(shuffle) and self.sampler is None and self.batch_sampler is None
+        if self._shuffle:  # stoker's permutation of the samples, seeded as the engine's
+            self.seed = int(seed) if seed is not None else _draw_seed(generator)
+        if pin:
+            self._jobs.collate_fn = _batches.pinned(self._jobs.collate_fn)
+        move = _batches.mover(self._loader.stats()["device"], pin)
+        self._convert = lambda raw: None  # a batch job's batch is its one object value
+        self._build = lambda arrays, objects: move(objects[0][0])
+
+    def _epoch_batches(self, epoch: int) -> list:
+        """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None)."""
+        if self.batch_sampler is not None:
+            return [list(b) for b in self.batch_sampler]
+        if self.sampler is not None:
+            order = list(self.sampler)
+        else:
+            order = _stoker.epoch_order(len(self.dataset), self._shuffle, self.seed, epoch, 0, 1,
+                                        False).tolist()
+        if self.batch_size is None:
+            return order
+        size = self.batch_size
+        end = len(order) - len(order) % size if self.drop_last else len(order)
+        return [order[i:i + size] for i in range(0, end, size)]
+
+    def _init_stream(self, dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                     collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
+                     multiprocessing_context, generator, prefetch_factor, device,
+                     worker_type) -> None:
+        """An iterable data set: each worker iterates its own copy (python/stoker/_batches.py,
+        Streams), with torch's argument checks."""
+        for name, value in (("shuffle", shuffle), ("sampler", sampler),
+                            ("batch_sampler", batch_sampler)):
+            if value not in (None, False):
+                raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} "
+                                 f"option, but got {name}={value}")
+        if batch_size is None and drop_last:
+            raise ValueError("batch_size=None option disables auto-batching and is mutually "
+                             "exclusive with drop_last")
+        if batch_size is not None and int(batch_size) < 1:
+            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if worker_type not in ("auto", "thread", "process"):
+            raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
+                             f"{worker_type!r}")
+        workers = _cores() if num_workers == "auto" else int(num_workers)
+        if workers < 0:
+            raise ValueError("num_workers option should be non-negative; use num_workers=0 "
+                             "to disable multiprocessing.")
+        if prefetch_factor is not None and prefetch_factor < 1:
+            raise ValueError("prefetch_factor option should be a positive integer")
+        if worker_type == "process" and workers == 0:
+            raise ValueError("worker_type='process' needs num_workers >= 1")
+        self.dataset, self.sampler, self.batch_sampler = dataset, None, None
+        self._sampler = None
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.drop_last, self.collate_fn, self.timeout = bool(drop_last), collate_fn, float(timeout)
+        self.num_workers = workers
+        self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
+        self.seed = 0
+        self._epoch, self._resume, self._iterator = 0, None, lambda: None
+        self._pipeline = (f"python: a stream of {type(dataset).__name__}, iterated and "
+                          f"collated in each worker")
+        self._worker_seed = _draw_seed(generator)
+        # auto: processes, as torch's workers: each iterates its own copy of the data set
+        # with its own globals and seeded generators, and a stream's Python code (parsing,
+        # tokenizing) runs on every core. Threads (asked for) suit streams that wait on I/O.
+        if worker_type == "auto":
+            self.worker_type = "process" if workers > 0 else "thread"
+            self.worker_type_reason = ("auto: a stream is read by worker processes, each "
+                                       "iterating its own copy, as torch's" if workers > 0 else
+                                       "num_workers=0 reads in the training loop")
+        else:
+            self.worker_type, self.worker_type_reason = worker_type, "asked for"
+        self._device = self._resolve_device(device)
+        torch = sys.modules.get("torch")
+        has_gpu = torch is not None and torch.cuda.is_available()
+        if self._device.startswith("cuda") and not has_gpu:
+            _log.info("stoker: no GPU answers; batches stay on the CPU")
+            self._device = "cpu"
+        pin = self._device.startswith("cuda") or (pin_memory is True and has_gpu)
+        collate = collate_fn if collate_fn is not None else _batches.default_collate(
+            batch_size is not None)
+        processes = None
+        if self.worker_type == "process":
+            processes = ProcessWorkers(
+                _batches.StreamJobs(dataset, collate, self.batch_size, self.drop_last), workers,
+                mp_context(multiprocessing_context), self._worker_seed, worker_init_fn)
+        elif pin:
+            collate = _batches.pinned(collate)
+        self._streams = _batches.Streams(
+            dataset=dataset, workers=workers, depth=self.prefetch_factor, collate_fn=collate,
+            batch_size=self.batch_size, drop_last=self.drop_last, base_seed=self._worker_seed,
+            worker_init_fn=worker_init_fn, processes=processes,
+            finish=_batches.mover(self._device, pin))
+        self._log_worker_type()
 
     @staticmethod
     def _unwrap_batch_sampler(batch_sampler):
@@ -451,6 +630,8 @@ class DataLoader:
         self._iterator_ref = weakref.ref(iterator) if iterator is not None else lambda: None
 
     def __len__(self) -> int:
+        if self._streams is not None:
+            return len(self._streams)
         samples = _compat.sized(self.dataset)
         if self._follows_len and samples is not None and samples != self._samples:
             # As torch's, len() follows a data set that grew or shrank (iter() warns).
@@ -487,9 +668,16 @@ class DataLoader:
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restoring it yields exactly the batches still to come."""
         it = self._iterator
+        between = it is None or it._stale or it._done
+        if self._streams is not None:
+            if self._resume is not None:
+                return {"epoch": self._resume[0], "stream": self._streams.pending}
+            if between:
+                return {"epoch": self._sampler_epoch_or_next(), "stream": None}
+            return {"epoch": self._epoch - 1, "stream": self._streams.position()}
         if self._resume is not None:
             epoch, batch = self._resume
-        elif it is None or it._stale or it._done:  # between epochs: the next one from its start
+        elif between:  # between epochs: the next one from its start
             epoch, batch = self._sampler_epoch_or_next(), 0
         else:
             epoch, batch = self._loader.position()
@@ -497,6 +685,12 @@ class DataLoader:
                 "batches_per_epoch": len(self)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._streams is not None:
+            if "stream" not in state:
+                raise ValueError("stoker: the state is not a stream's")
+            self._streams.load(state["stream"])
+            self._resume = (int(state["epoch"]), 0)
+            return
         if int(state.get("batches_per_epoch", len(self))) != len(self):
             raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
                              f"this loader has {len(self)}")
@@ -513,11 +707,16 @@ class DataLoader:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
         which pipeline runs (``pipeline``) and which kind of worker reads and why
         (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
-        stats = self._loader.stats()
+        if self._streams is not None:
+            stats = {"workers": self.num_workers, "device": self._device}
+            pids = self._streams.pids()
+        else:
+            stats = self._loader.stats()
+            pids = list(self._pool.pids()) if self._pool is not None else []
         stats["pipeline"] = self._pipeline
         stats["worker_type"] = self.worker_type
         stats["worker_type_reason"] = self.worker_type_reason
-        stats["worker_pids"] = list(self._pool.pids()) if self._pool is not None else []
+        stats["worker_pids"] = pids
         return stats
 
     def report(self) -> "Report":
@@ -534,6 +733,8 @@ class DataLoader:
         out so far, in index order, with its name (file path or record, where the data set
         has one) and the reason. ``stats()["skipped"]`` counts failed reads (a replacement
         that failed too counts again), ``stats()["bad_samples"]`` the samples listed here."""
+        if self._streams is not None:  # a stream's errors are always raised
+            return []
         report: dict[int, SkippedSample] = {}
         for index, name, reason in self._loader.skipped_samples():
             if index not in report:
@@ -543,19 +744,61 @@ class DataLoader:
 
     def set_workers(self, workers: int) -> None:
         """Changes the worker count while running; nothing is lost or reordered."""
+        if self._streams is not None:
+            raise ValueError("stoker: a stream's workers each read their own shard: their "
+                             "count is fixed (num_workers=)")
         if self._reading:
             self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
         self._thread_count[0] = int(workers)
 
     def set_depth(self, depth: int) -> None:
+        if self._streams is not None:
+            raise ValueError("stoker: a stream's depth is prefetch_factor batches per worker")
         self._loader.set_depth(int(depth))
 
+    def trace(self, path: Optional[Union[str, os.PathLike]], *,
+              max_events: int = _stoker.TRACE_MAX_EVENTS) -> None:
+        """Records a timeline of the loading from the next batch on, written to ``path`` as
+        Chrome trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing): each
+        worker's sample reads and chunks (a worker process's jobs on its own track), each batch
+        from opened to ready to taken, the training loop's waits for data and its steps in
+        between, copies to the device, queue depth and pinned bytes. The file is written by
+        ``trace(None)``, ``close()``, garbage collection, or the next ``trace(path)``. Past
+        ``max_events`` events it keeps the newest and says so (its metadata and the log).
+        Raises OSError if the file cannot be created."""
+        self._loader.trace(None if path is None else os.fspath(path), max_events)
+
+    @contextlib.contextmanager
+    def tracing(self, path: Union[str, os.PathLike], *,
+                max_events: int = _stoker.TRACE_MAX_EVENTS) -> Iterator["DataLoader"]:
+        """``with loader.tracing("run.json"):`` traces what runs inside; the file is written on
+        leaving the block."""
+        self.trace(path, max_events=max_events)
+        try:
+            yield self
+        finally:
+            self.trace(None)
+
     def close(self) -> None:
-        """Stops the workers now (also done when the loader is garbage collected)."""
-        self._loader.close()
+        """Stops the workers now (also done when the loader is garbage collected) and writes
+        a trace still recording."""
+        if self._streams is not None:
+            self._streams.close()
+            return
+        if self._loader.closed:
+            return
+        try:
+            self._loader.trace(None)
+        finally:
+            self._loader.close()
 
     def __del__(self) -> None:
+        streams = getattr(self, "_streams", None)
+        if streams is not None:
+            streams.close()
+            return
+        # The C++ loader writes a trace still recording as it goes (a failure is logged).
         loader = getattr(self, "_loader", None)
         if loader is not None and not loader.closed:
             loader.close()
@@ -568,6 +811,18 @@ class DataLoader:
         return int(epoch) if isinstance(epoch, int) else self._epoch
 
     def _start(self, epoch: int, batch: int) -> None:
+        if self._streams is not None:
+            self._streams.start()
+            return
+        if self._jobs is not None:
+            batches = self._epoch_batches(epoch)
+            if len(batches) != len(self._jobs):
+                raise ValueError(f"stoker: the batch sampler made {len(batches)} batches this "
+                                 f"epoch and {len(self._jobs)} before: stoker needs the same "
+                                 f"number in every epoch")
+            if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
+                self._jobs.batches = batches
+                self._loader.restart_fresh(epoch)
         if self._custom_order:
             order = list(self._sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
@@ -586,7 +841,8 @@ class DataLoader:
             _compat.warn("worker processes persist across epochs (persistent_workers=False is "
                          "not honoured): changes made to the data set in this process after "
                          "they started are not seen by them")
-        workers = ProcessWorkers(self.dataset, self._process_count, self._context,
+        dataset = self._jobs if self._jobs is not None else self.dataset
+        workers = ProcessWorkers(dataset, self._process_count, self._context,
                                  self._worker_seed, self._worker_init_fn)
         pool = workers.make_pool()
         pool.start()
@@ -629,6 +885,8 @@ class DataLoader:
         self._log_worker_type()
 
     def _next(self):
+        if self._streams is not None:
+            return self._streams.next(self.timeout)
         raw = self._loader.next(self.timeout)
         if self._auto_pending and raw is not None:
             self._choose_worker_type()

@@ -14,6 +14,7 @@ import ctypes
 import os
 import pickle
 import random
+import select
 import signal
 import socket
 import struct
@@ -21,10 +22,13 @@ import sys
 import traceback
 from typing import Any, Optional
 
-from . import _stoker
+from . import _arena, _batches, _stoker
 
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
+_FIELD = struct.Struct("=QQ")
+_ROW = struct.Struct("=QQ")
+_ARGS_SHIFT = 8  # a job's flags: the bytes of its args from bit 8 up
 _MAP = struct.Struct("=IIQ")
 _RESULT = struct.Struct("=QII")
 _PROBE = struct.Struct("=QQ")
@@ -108,7 +112,7 @@ def _error_info(exc: BaseException):
 def main(sock: socket.socket, dataset, worker_id: int,
          num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
          parent_pid: Optional[int],
-         use_getitems: bool, death_signal: bool) -> None:
+         use_getitems: bool, death_signal: bool, import_torch: bool) -> None:
     # Ctrl-C is the training loop's to handle: it stops the workers through close().
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if death_signal:
@@ -121,11 +125,14 @@ def main(sock: socket.socket, dataset, worker_id: int,
                 os.close(fd)
             except OSError:
                 pass
+    _batches.in_worker_process = True
+    if import_torch:  # spawned by a process that uses torch: get_worker_info() must answer
+        import torch  # noqa: F401
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(1)
     seed = seed_worker(base_seed, worker_id)
-    set_torch_worker_info(worker_id, num_workers, seed, dataset)
+    set_torch_worker_info(worker_id, num_workers, seed, _batches.user_dataset(dataset))
     writer = _stoker.SampleWriter()
     init_error = None
     if worker_init_fn is not None:
@@ -142,6 +149,7 @@ def main(sock: socket.socket, dataset, worker_id: int,
 
 
 def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
+    arenas = _arena.Arenas()
     while True:
         fds: list = []
         kind, size = _HEADER.unpack(_recv_exactly(sock, _HEADER.size, fds))
@@ -156,13 +164,17 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
         elif kind == _PROBE_KIND:
             sock.sendall(_probe(payload, dataset, init_error))
         elif kind == _JOB_KIND:
-            sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems))
+            sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems, arenas))
+            # A stream worker makes its next batches until the next request comes.
+            while (isinstance(dataset, _batches.StreamJobs) and dataset.prepare(arenas)
+                   and not select.select([sock], [], [], 0)[0]):
+                pass
         for fd in fds:  # none expected
             os.close(fd)
 
 
-def _reply(job: int, status: bytes, blob: bytes) -> bytes:
-    body = _RESULT.pack(job, len(status), len(blob)) + status + blob
+def _reply(job: int, status: bytes, blob: bytes, times: bytes = b"") -> bytes:
+    body = _RESULT.pack(job, len(status), len(blob)) + status + times + blob
     return _HEADER.pack(1, len(body)) + body
 
 
@@ -178,27 +190,55 @@ def _probe(payload, dataset, init_error) -> bytes:
         return _reply(0, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))
 
 
-def _run_job(payload, dataset, writer, init_error, use_getitems) -> bytes:
+def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> bytes:
+    job, _, nfields, nrows, flags = _JOB.unpack_from(payload)
+    nargs = flags >> _ARGS_SHIFT
+    if nfields == 0:
+        return _run_call(job, _ROW.unpack_from(payload, _JOB.size)[0],
+                         payload[len(payload) - nargs:], dataset, init_error, arenas)
+    if nargs:  # a batch job's batches: the extension reads the job without them
+        rows = _JOB.size + nfields * _FIELD.size
+        dataset.job_batches = dict(zip(
+            (_ROW.unpack_from(payload, rows + k * _ROW.size)[0] for k in range(nrows)),
+            pickle.loads(payload[len(payload) - nargs:])))
+        payload = payload[:len(payload) - nargs]
     if init_error is not None:
         job, _, _, nrows, _ = _JOB.unpack_from(payload)
         status = b"\x01" * nrows
-        objects, errors = None, [(k, init_error) for k in range(nrows)]
+        objects, errors, times = None, [(k, init_error) for k in range(nrows)], b""
     else:
         # The rows are read and written by the extension; only the object values (all rows'
         # in one pickle) and the errors come back through here.
-        job, status, objects, raised = writer.run_job(payload, dataset, use_getitems)
+        # `times`: the rows' (start, end) when the job asked for them (the loader is traced)
+        job, status, objects, raised, times = writer.run_job(payload, dataset, use_getitems)
         errors = [(k, _error_info(e)) for k, e in raised]
+    if objects is not None:
+        # Each row's values pickled apart (a batch job's tensors into an arena), so that one
+        # that does not pickle fails only its row.
+        status, objects = bytearray(status), list(objects)
+        for k, values in enumerate(objects):
+            if values is None:
+                continue
+            try:
+                objects[k] = arenas.dumps(values)
+            except Exception as e:
+                status[k], objects[k] = 1, None
+                errors.append((k, _error_info(e)))
     blob = b""
     if objects is not None or errors:
-        try:
-            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception:
-            status, objects = bytearray(status), list(objects)
-            for k, values in enumerate(objects):  # which rows' values do not pickle
-                try:
-                    pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
-                except Exception as e:
-                    status[k], objects[k] = 1, None
-                    errors.append((k, _error_info(e)))
-            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
-    return _reply(job, bytes(status), blob)
+        blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+    return _reply(job, bytes(status), blob, times)
+
+
+def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) -> bytes:
+    """A call (ProcessPool.call): its one value is the reply, or its error."""
+    try:
+        items = dataset.call(index, args, init_error is not None, arenas)
+        if items is _batches.INIT_FAILED:
+            return _reply(job, b"\x01", pickle.dumps((None, [(0, init_error)])))
+        items = [("error", _error_info(i)) if isinstance(i, BaseException) else i for i in items]
+        blob = pickle.dumps(([pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)], []),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        return _reply(job, b"\x00", blob)
+    except Exception as e:
+        return _reply(job, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))

@@ -4,6 +4,7 @@ multiprocessing, served by python/stoker/_worker.py) and PyTorch's worker semant
 
 from __future__ import annotations
 
+import functools
 import importlib
 import multiprocessing
 import os
@@ -13,7 +14,7 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
-from . import _stoker, _worker
+from . import _arena, _stoker, _worker
 
 # How long close() gives worker processes to exit after SIGTERM before SIGKILL.
 _GRACE_S = 0.5
@@ -49,7 +50,9 @@ class ProcessWorkers:
     def make_pool(self):
         """The C++ pool that drives these workers. It holds this object (not the other way
         round, so that no reference cycle runs through C++, where the collector cannot see it)."""
-        return _stoker.ProcessPool(self._spawn, _decode_reply, self._reap, self._count)
+        item = "batch" if hasattr(self._dataset, "job_args") else "sample"
+        return _stoker.ProcessPool(self._spawn, functools.partial(_decode_reply, item=item),
+                                   self._reap, self._count)
 
     def _spawn(self, worker_id: int):
         """Starts worker `worker_id` (again); returns (fd of the parent's end, pid)."""
@@ -75,7 +78,8 @@ class ProcessWorkers:
                   # PR_SET_PDEATHSIG fires when the thread that forked exits, not the process:
                   # only for workers started from the main thread (a restarted worker is
                   # started by an engine thread); EOF on the socket covers the others.
-                  threading.current_thread() is threading.main_thread()))
+                  threading.current_thread() is threading.main_thread(),
+                  "torch" in sys.modules))
         try:
             process.start()
         finally:
@@ -107,15 +111,20 @@ class ProcessWorkers:
             p.close()
 
 
-def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list):
+def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):
     """A worker's reply blob -> (object values per row or None, {row: exception})."""
     objects, errors = pickle.loads(blob)
-    return objects, {row: _rebuild(info, worker_id, pid, indices[row]) for row, info in errors}
+    if objects is not None:
+        objects = [_arena.loads(o, pid) if isinstance(o, bytes) else o for o in objects]
+    return objects, {row: rebuild_error(info, f"stoker: raised in DataLoader worker process "
+                                              f"{worker_id} (pid {pid}) while reading {item} "
+                                              f"{indices[row]}")
+                     for row, info in errors}
 
 
-def _rebuild(info, worker_id: int, pid: int, index: int) -> BaseException:
+def rebuild_error(info, where: str) -> BaseException:
     """The worker's exception, with its type where it can be rebuilt here (as torch's
-    ExceptionWrapper), else RuntimeError; its traceback text goes into a note."""
+    ExceptionWrapper), else RuntimeError; `where` and its traceback text go into a note."""
     module, qualname, message, text, pickled = info
     exception: Optional[BaseException] = None
     if pickled is not None:
@@ -131,8 +140,7 @@ def _rebuild(info, worker_id: int, pid: int, index: int) -> BaseException:
             exception = cls(message)
         except Exception:
             exception = RuntimeError(f"{module}.{qualname}: {message}")
-    note = (f"stoker: raised in DataLoader worker process {worker_id} (pid {pid}) while "
-            f"reading sample {index}; original traceback:\n{text.rstrip()}")
+    note = f"{where}; original traceback:\n{text.rstrip()}"
     if hasattr(exception, "add_note"):
         exception.add_note(note)
     return exception
@@ -175,13 +183,18 @@ def thread_worker_start(dataset, base_seed: int, num_workers: Callable[[], int],
     """on_worker_start for worker threads: sets this thread's worker info, then runs
     worker_init_fn(worker_id), once per thread."""
     def start(worker_id: int) -> None:
-        if install_thread_worker_info():
-            from torch.utils.data._utils.worker import WorkerInfo
-
-            extra = {"worker_method": "thread"} if "worker_method" in getattr(
-                WorkerInfo, "__dataclass_fields__", {}) else {}
-            _thread_info.info = WorkerInfo(id=worker_id, num_workers=num_workers(),
-                                           seed=base_seed + worker_id, dataset=dataset, **extra)
+        set_thread_worker_info(worker_id, num_workers(), base_seed + worker_id, dataset)
         if worker_init_fn is not None:
             worker_init_fn(worker_id)
     return start
+
+
+def set_thread_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:
+    """What get_worker_info() answers on this thread from now on."""
+    if install_thread_worker_info():
+        from torch.utils.data._utils.worker import WorkerInfo
+
+        extra = {"worker_method": "thread"} if "worker_method" in getattr(
+            WorkerInfo, "__dataclass_fields__", {}) else {}
+        _thread_info.info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                       dataset=dataset, **extra)

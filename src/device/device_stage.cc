@@ -109,11 +109,12 @@ DeviceSlots::DeviceSlots(std::unique_ptr<DeviceBackend> backend, std::shared_ptr
 class CopyStage final : public DeviceStage {
  public:
   CopyStage(std::unique_ptr<DeviceBackend> backend, std::shared_ptr<SlabPool> pool,
-            std::size_t depth, DeviceBackend::Stream stream)
+            std::size_t depth, DeviceBackend::Stream stream, Tracer& tracer)
       : pool_(pool),
         slots_(std::make_shared<DeviceSlots>(std::move(backend), std::move(pool))),
         depth_(depth),
         stream_(stream),
+        tracer_(tracer),
         ring_(depth) {
     // The window plus the batch the consumer holds; more are made if it holds more. A pool
     // whose layout is learned from the samples gets its slots with its first batch.
@@ -215,7 +216,17 @@ class CopyStage final : public DeviceStage {
       }
     }
     try {
-      copy(*taken.slab, taken.info.size, *slot);
+      const bool traced = tracer_.on();
+      const std::int64_t start = traced ? Tracer::now_ns() : 0;
+      const std::size_t bytes = copy(*taken.slab, taken.info.size, *slot);
+      if (traced) {
+        tracer_.record({.start_ns = start,
+                        .end_ns = Tracer::now_ns(),
+                        .a = bytes,
+                        .b = taken.info.epoch,
+                        .c = taken.info.number,
+                        .name = TraceName::copy});
+      }
     } catch (...) {
       slots_->put_back(slot);
       push({nullptr, {}, std::current_exception(), engine.position()});
@@ -226,8 +237,10 @@ class CopyStage final : public DeviceStage {
     return true;
   }
 
-  void copy(const Slab& host, std::size_t rows, DeviceSlot& slot) {
+  // Issues the copy of a batch's device fields; returns their bytes.
+  std::size_t copy(const Slab& host, std::size_t rows, DeviceSlot& slot) {
     DeviceBackend& backend = slots_->backend();
+    std::size_t copied = 0;
     backend.copy_wait(slot.released());  // the consumer's kernels are done with the buffer
     const auto fields = pool_->fields();
     const auto field_bytes = pool_->field_bytes();
@@ -236,16 +249,19 @@ class CopyStage final : public DeviceStage {
       const std::byte* src = host.field(f);
       const std::size_t bytes = field_bytes[f] * rows;
       backend.copy(slot.memory() + (src - host.host()), src, bytes);
-      copy_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+      copied += bytes;
     }
     backend.copy_record(slot.copied());
+    copy_bytes_.fetch_add(copied, std::memory_order_relaxed);
     copies_.fetch_add(1, std::memory_order_relaxed);
+    return copied;
   }
 
   const std::shared_ptr<SlabPool> pool_;
   const std::shared_ptr<DeviceSlots> slots_;
   const std::size_t depth_;
   const DeviceBackend::Stream stream_;
+  Tracer& tracer_;
   std::vector<Entry> ring_;
   Position position_;
   std::size_t head_ = 0;
@@ -256,8 +272,8 @@ class CopyStage final : public DeviceStage {
 
 std::unique_ptr<DeviceStage> make_copy_stage(std::unique_ptr<DeviceBackend> backend,
                                              std::shared_ptr<SlabPool> pool, std::size_t depth,
-                                             DeviceBackend::Stream stream) {
-  return std::make_unique<CopyStage>(std::move(backend), std::move(pool), depth, stream);
+                                             DeviceBackend::Stream stream, Tracer& tracer) {
+  return std::make_unique<CopyStage>(std::move(backend), std::move(pool), depth, stream, tracer);
 }
 
 }  // namespace stoker::detail

@@ -23,6 +23,7 @@
 #include "memory/slab_pool.h"
 #include "stoker/batch.h"
 #include "stoker/stats.h"
+#include "trace/trace.h"
 
 namespace stoker::detail {
 
@@ -41,10 +42,11 @@ class DeviceStage {
 
 // Batches stay in their host slabs ("cpu").
 std::unique_ptr<DeviceStage> make_host_stage();
-// Copies to `backend`, `depth` batches ahead; `stream` is the consumer's stream.
+// Copies to `backend`, `depth` batches ahead; `stream` is the consumer's stream. Issuing each
+// copy is stamped into `tracer` (which outlives the stage) while it is on.
 std::unique_ptr<DeviceStage> make_copy_stage(std::unique_ptr<DeviceBackend> backend,
                                              std::shared_ptr<SlabPool> pool, std::size_t depth,
-                                             DeviceBackend::Stream stream);
+                                             DeviceBackend::Stream stream, Tracer& tracer);
 
 class DeviceSlots;
 

@@ -43,6 +43,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "memory/recycling_pool.h"
@@ -51,6 +52,7 @@
 #include "stoker/batch.h"
 #include "stoker/options.h"
 #include "stoker/stats.h"
+#include "trace/trace.h"
 #include "util/mutex.h"
 
 namespace stoker::detail {
@@ -85,6 +87,9 @@ struct Ticket {
   std::size_t chunks_done = 0;  // finished
   std::atomic<bool> cancelled{false};
   Ticket* next = nullptr;  // the engine's in-flight queue
+  // While tracing (Tracer::now_ns(); 0: not traced): when the batch was opened and completed.
+  std::int64_t opened_ns = 0;
+  std::int64_t ready_ns = 0;
 
   Mutex failure_mu;
   std::optional<SampleFailure> failure STOKER_GUARDED_BY(failure_mu);  // the first failed row
@@ -103,6 +108,9 @@ struct EngineConfig {
   ErrorPolicy on_error = ErrorPolicy::raise;
   std::size_t max_skipped = 0;
   std::vector<std::string> keep_on_host;  // marked once the layout is known
+  // Where workers and take() stamp their work while tracing is on; null: never traced. It
+  // outlives the engine.
+  Tracer* tracer = nullptr;
 };
 
 // Marks the fields named in `names` host_only (LoaderOptions::keep_on_host). Throws
@@ -165,7 +173,9 @@ class Engine {
   // Waits for the head batch (reading it inline when there are no workers) and takes it out
   // of the queue; null at the end of the epoch, which it also steps past (and says so in
   // `end_of_epoch`), or when the head is not ready by the deadline.
-  Ticket* take_head(Deadline deadline, bool& end_of_epoch) STOKER_EXCLUDES(mu_);
+  // `traced` asks for the queue right after the take, in `queue` (in flight, ready).
+  Ticket* take_head(Deadline deadline, bool& end_of_epoch, bool traced,
+                    std::pair<std::size_t, std::size_t>& queue) STOKER_EXCLUDES(mu_);
   // A batch with a chunk to run: an open one (only the head, for the inline consumer), or the
   // next one opened. Null if there is none now; sets `look_again` if the lock was released
   // meanwhile (to compute an epoch's order), so the caller must look again before waiting.
@@ -202,6 +212,8 @@ class Engine {
   bool on_failure(Ticket* ticket, std::size_t row, std::size_t index, std::size_t attempt);
   std::string sample_name(std::size_t index) const noexcept;
   void cancel_in_flight() STOKER_REQUIRES(mu_);
+  // One relaxed load while tracing is off.
+  bool tracing() const { return config_.tracer != nullptr && config_.tracer->on(); }
   void wake_all() STOKER_REQUIRES(mu_);
 
   const EngineConfig config_;
@@ -264,6 +276,10 @@ class Engine {
   std::atomic<std::uint64_t> skip_budget_used_{0};             // at read time, prefetch included
   std::atomic<std::uint64_t> ready_seen_sum_{0};  // ready batches seen by waiting takes
   std::atomic<std::uint64_t> waiting_takes_{0};
+  std::atomic<std::size_t> workers_started_{0};  // numbers the worker threads' trace tracks
+  // The pinned bytes last traced, and in which recording: take()'s, the consumer's.
+  std::size_t pinned_traced_ = 0;
+  std::uint64_t pinned_trace_ = 0;
 
   // The report of bad samples: bounded by max_skipped, as every entry used up the budget.
   mutable Mutex bad_mu_;

@@ -4,6 +4,7 @@ xfails naming the reason, so a fix shows up here (and in docs/python.md's list).
 
 import collections
 import collections.abc
+import gc
 import multiprocessing
 import random
 import time
@@ -69,6 +70,22 @@ def assert_same(a, b, path="batch"):
             assert_same(x, y, f"{path}[{k}]")
     else:
         assert a == b, f"{path}: {b!r} != {a!r}"
+
+
+def until_error(loader, error, convert=lambda batch: batch):
+    """The batches `loader` gives before it raises `error`, and the error. torch's iterator
+    is shut down here: a worker process forked later (by the next test) while its queue's
+    feeder threads still run can inherit the import lock mid-import."""
+    got = []
+    it = iter(loader)
+    with pytest.raises(error) as info:
+        for batch in it:
+            got.append(convert(batch))
+    exception = info.value
+    exception.__traceback__ = None  # its frames hold the iterator
+    del it, info
+    gc.collect()
+    return got, exception
 
 
 def both(dataset, **kwargs):
@@ -238,8 +255,7 @@ def test_a_failing_sample_raises_its_type(error):
             return super().__getitem__(i)
 
     for loader_type in (tud.DataLoader, stoker.DataLoader):
-        with pytest.raises(error):
-            list(loader_type(Broken(), batch_size=4, num_workers=2))
+        until_error(loader_type(Broken(), batch_size=4, num_workers=2), error)
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -255,22 +271,178 @@ def test_impossible_options_raise_value_error_as_torch(kwargs):
         stoker.DataLoader(Pairs(), **kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: IterableDataset is not supported yet")
-def test_iterable_dataset_streams():
-    class Stream(tud.IterableDataset):
+class Shards(tud.IterableDataset):
+    """torch's documented pattern: each worker reads its share of range(start, end); shares of
+    unequal length, so that workers run out at different times."""
+
+    def __init__(self, start=0, end=23):
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(self._items(self.start, self.end))
+        per = -(-(self.end - self.start) // info.num_workers)
+        lo = self.start + info.id * per
+        return iter(self._items(lo, min(lo + per, self.end)))
+
+    def _items(self, lo, hi):
+        return [{"x": torch.tensor([float(i), -i]), "i": i} for i in range(lo, hi)]
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (1, "thread"), (2, "thread"),
+                                                 (3, "thread"), (2, "process"),
+                                                 (3, "process")])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterable_dataset_shards_and_order_as_torch(workers, worker_type, drop_last):
+    kwargs = dict(batch_size=4, num_workers=workers, drop_last=drop_last)
+    theirs = list(tud.DataLoader(Shards(), **kwargs))
+    loader = stoker.DataLoader(Shards(), worker_type=worker_type, **kwargs)
+    for _ in range(2):  # every epoch the same
+        ours = list(loader)
+        assert len(ours) == len(theirs)
+        for a, b in zip(theirs, ours):
+            assert_same(a, b)
+    loader.close()
+
+
+def test_an_iterable_without_getitem_is_a_stream():
+    # torch takes it for a map-style data set (and fails at len()); stoker reads it as a stream.
+    class Plain:
         def __iter__(self):
-            return iter(torch.tensor([float(i)]) for i in range(10))
+            return iter(range(7))
 
-    theirs, ours = both(Stream(), batch_size=4)
+    ours = list(stoker.DataLoader(Plain(), batch_size=3, num_workers=0))
+    assert [o.tolist() for o in ours] == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_len_of_a_stream_only_when_the_data_set_has_one():
+    class Sized(Shards):
+        def __len__(self):
+            return self.end - self.start
+
+    for drop_last in (False, True):
+        t = tud.DataLoader(Sized(), batch_size=4, drop_last=drop_last)
+        s = stoker.DataLoader(Sized(), batch_size=4, drop_last=drop_last)
+        assert len(s) == len(t)
+    assert len(stoker.DataLoader(Sized(), batch_size=None)) == 23
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        with pytest.raises(TypeError):
+            len(loader_type(Shards(), batch_size=4))
+
+
+def test_worker_init_fn_configures_each_workers_copy_as_in_torchs_docs():
+    def init(worker_id):
+        info = tud.get_worker_info()
+        copy = info.dataset  # this worker's copy: its range is cut to the worker's share
+        per = (copy.end - copy.start) // info.num_workers
+        copy.start, copy.end = copy.start + worker_id * per, copy.start + (worker_id + 1) * per
+
+    class Whole(Shards):
+        def __iter__(self):
+            return iter(self._items(self.start, self.end))
+
+    for worker_type in ("thread", "process"):
+        theirs = list(tud.DataLoader(Whole(0, 24), batch_size=5, num_workers=2,
+                                     worker_init_fn=init))
+        ours = list(stoker.DataLoader(Whole(0, 24), batch_size=5, num_workers=2,
+                                      worker_init_fn=init, worker_type=worker_type))
+        assert len(ours) == len(theirs) == 6
+        for a, b in zip(theirs, ours):
+            assert_same(a, b)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_an_error_in_a_stream_is_raised_in_the_loop_with_its_type(worker_type):
+    class Breaks(tud.IterableDataset):
+        def __iter__(self):
+            for i in range(20):
+                if i == 5:
+                    raise KeyError("stream broke")
+                yield torch.tensor(i)
+
+    for loader in (tud.DataLoader(Breaks(), batch_size=2, num_workers=2),
+                   stoker.DataLoader(Breaks(), batch_size=2, num_workers=2,
+                                     worker_type=worker_type)):
+        got, error = until_error(loader, KeyError, lambda batch: batch.tolist())
+        assert "stream broke" in str(error)
+        assert got == [[0, 1], [0, 1], [2, 3], [2, 3]]  # each worker's two batches, in turn
+
+
+def test_stream_options_torch_refuses_are_refused():
+    for kwargs in (dict(shuffle=True), dict(sampler=[0, 1]), dict(batch_sampler=[[0]]),
+                   dict(batch_size=None, drop_last=True)):
+        for loader_type in (tud.DataLoader, stoker.DataLoader):
+            with pytest.raises(ValueError):
+                loader_type(Shards(), **kwargs)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_size_none_yields_samples(workers):
+    theirs, ours = both(Pairs(5), batch_size=None, num_workers=workers)
+    assert len(ours) == 5
     for a, b in zip(theirs, ours):
         assert_same(a, b)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 15: batch_size=None is not supported yet")
-def test_batch_size_none_yields_samples():
-    theirs, ours = both(Pairs(5), batch_size=None)
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_batch_sampler_of_varying_sizes_as_torch(worker_type):
+    class Buckets:
+        """Batches of similar lengths, of as many samples as fit a token budget."""
+
+        def __init__(self, lengths, budget):
+            self.lengths, self.budget = lengths, budget
+
+        def __iter__(self):
+            order = sorted(range(len(self.lengths)), key=self.lengths.__getitem__)
+            batch = []
+            for i in order:
+                if batch and (len(batch) + 1) * self.lengths[i] > self.budget:
+                    yield batch
+                    batch = []
+                batch.append(i)
+            yield batch
+
+        def __len__(self):
+            return sum(1 for _ in self)
+
+    def pad(samples):
+        return torch.nn.utils.rnn.pad_sequence([s for s, _ in samples], batch_first=True), \
+            torch.tensor([i for _, i in samples])
+
+    class Ragged(Pairs):
+        def __getitem__(self, i):
+            return torch.arange(float((i * 7) % 13 + 1)), i
+
+    data = Ragged(40)
+    sampler = Buckets([len(data[i][0]) for i in range(len(data))], budget=30)
+    theirs = list(tud.DataLoader(data, batch_sampler=sampler, collate_fn=pad))
+    ours = list(stoker.DataLoader(data, batch_sampler=sampler, collate_fn=pad, num_workers=2,
+                                  worker_type=worker_type))
+    assert len({len(b[1]) for b in theirs}) > 2  # the sizes do vary
+    assert len(ours) == len(theirs)
     for a, b in zip(theirs, ours):
         assert_same(a, b)
+    # Also with default_collate.
+    theirs, ours = both(Pairs(), batch_sampler=[[0, 1, 2], [3], [4, 5]])
+    for a, b in zip(theirs, ours):
+        assert_same(a, b)
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_an_error_in_collate_fn_is_raised_with_its_type(worker_type):
+    def collate(samples):
+        if samples[0][1] == 8:
+            raise ZeroDivisionError("bad batch")
+        return tud.default_collate(samples)
+
+    for loader in (tud.DataLoader(Pairs(20), batch_size=4, num_workers=2, collate_fn=collate),
+                   stoker.DataLoader(Pairs(20), batch_size=4, num_workers=2, collate_fn=collate,
+                                     worker_type=worker_type)):
+        got, error = until_error(loader, ZeroDivisionError, lambda batch: batch[1].tolist())
+        assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    notes = "\n".join(getattr(error, "__notes__", []))
+    assert "batch 2" in notes and "samples [8, 9, 10, 11]" in notes
 
 
 def test_tensors_default_collate_cannot_stack_raise_its_error():

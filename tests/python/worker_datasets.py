@@ -172,6 +172,45 @@ class Stuck:
             time.sleep(1)
 
 
+class Counting:
+    """A stream of 0..n-1 split over the workers (round-robin by item), Stateful: its
+    state_dict() is how many of its items it has yielded, and load_state_dict() resumes."""
+
+    def __init__(self, n=40):
+        self.n = n
+        self.done = 0
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = list(range(w, self.n, k))
+        while self.done < len(mine):
+            self.done += 1
+            yield np.full(2, mine[self.done - 1], dtype=np.int64)
+        self.done = 0
+
+    def state_dict(self):
+        return {"done": self.done}
+
+    def load_state_dict(self, state):
+        self.done = state["done"]
+
+
+class StreamKillsItself:
+    """A stream whose worker 0 SIGKILLs itself after its second item."""
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        for i in range(info.id * 100, info.id * 100 + 8):
+            if info.id == 0 and i == 2:
+                os.kill(os.getpid(), 9)
+            yield np.full(2, i, dtype=np.int64)
+
+
 class Flaky:
     """Sample i is [i] plus a 4 KB payload; each read fails with probability `p` (its own
     random stream per process and thread)."""
@@ -186,3 +225,19 @@ class Flaky:
         if random.random() < self.p:
             raise RuntimeError(f"flaky read of sample {i}")
         return np.array([i], dtype=np.int64), np.full(4096, i & 255, dtype=np.uint8)
+
+
+class SlowStream:
+    """A stream of `n` items, `seconds` apart, split over the workers."""
+
+    def __init__(self, n=100000, seconds=0.05):
+        self.n, self.seconds = n, seconds
+
+    def __iter__(self):
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(w, self.n, k):
+            time.sleep(self.seconds)
+            yield np.full(2, i, dtype=np.int64)

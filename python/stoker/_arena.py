@@ -1,0 +1,168 @@
+"""Batches made in a worker process, handed to the training process without pickling their
+arrays: the tensors and numpy arrays of a reply are written into a shared-memory *arena* (a
+memfd the worker owns) and only the tree around them (structure, dtypes, shapes, offsets and
+small objects) is pickled. The training process maps the arena and its tensors view it.
+
+An arena holds one reply at a time. Its first byte says who has it: the worker sets it to 1
+when it writes a reply there, and the training process sets it back to 0 when the last array
+viewing that reply is freed (a finalizer on the mapping's base array). The worker reuses an
+arena whose byte is 0, so steady state makes no new memory: its pages stay faulted in, as a
+recycled slab's do. An arena is never handed back to the system while the worker lives (the
+training process may still be mapping a reply's fd when the worker picks its next job), and
+goes with the worker: a memfd has no name, so nothing is left in /dev/shm.
+
+The training process opens the worker's memfd through /proc/<pid>/fd/<fd> (same user; the
+worker is its child) rather than having it passed over the socket, so the reply protocol of
+python/src/py_workers.h stays bytes only.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+import sys
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+_ALIGN = 64
+_HEADER = _ALIGN  # byte 0: 1 while the training process holds the reply
+_MIN_ARENA = 1 << 20
+# numpy arrays smaller than this are pickled with the tree (that is cheap for them; a tensor's
+# pickle goes through torch.save's machinery, which costs far more than a copy, so every
+# tensor goes into the arena).
+_MIN_SHARED = 4096
+_TAG = b"SA"  # a reply with an arena starts with this; a plain pickle never does
+
+
+def _round_up(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _shareable(obj) -> Optional[tuple[str, Any, int]]:
+    """('t' | 'n', dtype, bytes) for a leaf whose bytes go into the arena, else None."""
+    torch = _torch()
+    if torch is not None and type(obj) is torch.Tensor:
+        if (obj.device.type == "cpu" and obj.layout == torch.strided and not obj.requires_grad
+                and not obj.is_conj() and not obj.is_neg()):
+            return "t", obj.dtype, obj.numel() * obj.element_size()
+        return None
+    if type(obj) is np.ndarray and not obj.dtype.hasobject and obj.nbytes >= _MIN_SHARED:
+        return ("n", obj.dtype, obj.nbytes)
+    return None
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file, leaves: list) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._leaves = leaves
+
+    def persistent_id(self, obj):
+        kind = _shareable(obj)
+        if kind is None:
+            return None
+        self._leaves.append(obj)
+        return len(self._leaves) - 1
+
+
+class Arenas:
+    """A worker process's arenas (one thread uses it)."""
+
+    def __init__(self) -> None:
+        self._arenas: list[tuple[int, mmap.mmap]] = []  # (fd, mapping), by size
+
+    def _take(self, nbytes: int) -> tuple[int, mmap.mmap]:
+        for fd, mm in self._arenas:  # the smallest free one that fits
+            if len(mm) >= nbytes and mm[0] == 0:
+                return fd, mm
+        size = max(_MIN_ARENA, 1 << (nbytes - 1).bit_length())
+        fd = os.memfd_create("stoker-batch", os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)
+        mm = mmap.mmap(fd, size)
+        self._arenas.append((fd, mm))
+        self._arenas.sort(key=lambda a: len(a[1]))
+        return fd, mm
+
+    def dumps(self, obj) -> bytes:
+        """`obj` pickled, its large arrays written into a free arena."""
+        leaves: list = []
+        tree = io.BytesIO()
+        _Pickler(tree, leaves).dump(obj)
+        if not leaves:
+            return tree.getvalue()
+        metas, offset = [], _HEADER
+        for leaf in leaves:
+            kind, dtype, nbytes = _shareable(leaf)
+            name = str(dtype).removeprefix("torch.") if kind == "t" else dtype.str
+            metas.append((kind, name, tuple(leaf.shape), offset, nbytes))
+            offset = _round_up(offset + nbytes, _ALIGN)
+        fd, mm = self._take(offset)
+        torch = _torch()
+        for leaf, (kind, _, _, start, nbytes) in zip(leaves, metas):
+            if kind == "t":
+                dest = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start)
+                dest.view(leaf.dtype).view(leaf.shape).copy_(leaf)
+            else:
+                dest = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start)
+                np.copyto(dest.view(leaf.dtype).reshape(leaf.shape), leaf)
+        mm[0] = 1
+        head = pickle.dumps((fd, len(mm), metas), protocol=pickle.HIGHEST_PROTOCOL)
+        return _TAG + len(head).to_bytes(4, "little") + head + tree.getvalue()
+
+
+    def discard(self, blob: bytes) -> None:
+        """A reply made by dumps() that will not be sent: its arena is free again."""
+        if blob.startswith(_TAG):
+            fd = pickle.loads(blob[6:6 + int.from_bytes(blob[2:6], "little")])[0]
+            for own, mm in self._arenas:
+                if own == fd:
+                    mm[0] = 0
+
+
+def _release(mm: mmap.mmap) -> None:
+    try:
+        mm[0] = 0  # the worker may reuse the arena
+    except (ValueError, TypeError):
+        pass  # closed at interpreter exit
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, leaves: list) -> None:
+        super().__init__(file)
+        self._leaves = leaves
+
+    def persistent_load(self, pid):
+        return self._leaves[pid]
+
+
+def loads(blob: bytes, pid: int):
+    """What Arenas.dumps made in worker `pid`, its arrays viewing the worker's arena."""
+    if not blob.startswith(_TAG):
+        return pickle.loads(blob)
+    head = 6 + int.from_bytes(blob[2:6], "little")
+    fd, nbytes, metas = pickle.loads(blob[6:head])
+    local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        mm = mmap.mmap(local, nbytes)
+    finally:
+        os.close(local)
+    base = np.frombuffer(mm, dtype=np.uint8)
+    # Runs when the last array viewing `base` is gone (they all hold it).
+    weakref.finalize(base, _release, mm)
+    torch = _torch()
+    leaves = []
+    for kind, dtype, shape, start, size in metas:
+        raw = base[start:start + size]
+        if kind == "t":
+            leaves.append(torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape))
+        else:
+            leaves.append(raw.view(np.dtype(dtype)).reshape(shape))
+    del base
+    return _Unpickler(io.BytesIO(blob[head:]), leaves).load()

@@ -1,0 +1,329 @@
+"""The batch path: collate_fn in the workers (threads and processes), batches of worker
+processes in shared memory, streams (iterable data sets): resuming, worker death, shutdown,
+and the helpers that split a stream by rank and by worker. Side-by-side checks against torch's
+loader are in test_compat.py."""
+
+import collections
+import gc
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import stoker
+import worker_datasets as wd
+from test_workers import alive, memfds
+
+HERE = Path(__file__).resolve().parent
+
+
+class Pairs(tud.Dataset):
+    def __init__(self, n=40):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.full((2048,), float(i)), i
+
+
+def where(samples):
+    """A collate_fn that also says which process and thread ran it."""
+    x, y = tud.default_collate(samples)
+    return x, y, os.getpid(), threading.current_thread().name
+
+
+def test_collate_fn_runs_in_worker_threads():
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=2, collate_fn=where,
+                               worker_type="thread")
+    batches = list(loader)
+    assert [int(i) for b in batches for i in b[1]] == list(range(40))
+    assert {b[2] for b in batches} == {os.getpid()}
+    assert threading.current_thread().name not in {b[3] for b in batches}
+
+
+def test_collate_fn_runs_in_worker_processes_and_its_tensors_come_in_shared_memory():
+    gc.collect()
+    before = memfds()
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=2, collate_fn=where,
+                               worker_type="process")
+    pids = set(loader.stats()["worker_pids"])
+    batches = list(loader)
+    assert [int(i) for b in batches for i in b[1]] == list(range(40))
+    assert {b[2] for b in batches} <= pids and os.getpid() not in {b[2] for b in batches}
+    assert all(torch.equal(b[0], b[1].float()[:, None].expand(-1, 2048)) for b in batches)
+    # The held batches view the workers' arenas (memfds mapped here), not pickled copies.
+    assert memfds() > before
+    del batches
+
+    def arenas():
+        n = 0
+        for p in pids:
+            for fd in os.listdir(f"/proc/{p}/fd"):
+                try:
+                    n += os.readlink(f"/proc/{p}/fd/{fd}").startswith("/memfd:stoker-batch")
+                except FileNotFoundError:  # closed meanwhile (a message's fds)
+                    pass
+        return n
+
+    made = arenas()  # as many as batches were alive at once so far, in each worker
+    for _ in range(5):  # 50 batches more, freed as they go: their arenas are reused
+        assert [int(i) for b in loader for i in b[1]] == list(range(40))
+    depth = loader.prefetch_factor * loader.num_workers  # batches in flight
+    assert arenas() - made <= depth
+    loader.close()
+    gc.collect()
+    assert memfds() == before
+    assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
+    def loader():
+        return stoker.DataLoader(wd.Counting(), batch_size=3, num_workers=workers,
+                                 worker_type=worker_type)
+
+    whole = [b[:, 0].tolist() for b in loader()]
+    first = loader()
+    it = iter(first)
+    head = [next(it)[:, 0].tolist() for _ in range(4)]
+    state = first.state_dict()
+    first.close()
+    second = loader()
+    second.load_state_dict(state)
+    rest = [b[:, 0].tolist() for b in second]
+    assert head + rest == whole
+    assert [b[:, 0].tolist() for b in second] == whole  # then the next epoch from its start
+    second.close()
+
+
+def test_a_stream_without_state_dict_says_it_cannot_resume():
+    class Plain(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    loader = stoker.DataLoader(Plain(), batch_size=2, num_workers=1)
+    assert loader.state_dict()["stream"] is None  # between epochs: nothing to resume
+    it = iter(loader)
+    next(it)
+    with pytest.raises(TypeError, match="Stateful"):
+        loader.state_dict()
+    loader.close()
+
+
+def test_a_worker_killed_mid_stream_is_reported_and_the_others_go_on():
+    loader = stoker.DataLoader(wd.StreamKillsItself(), batch_size=2, num_workers=2,
+                               worker_type="process")
+    for _ in range(2):  # the killed worker is started afresh for the next epoch
+        got = []
+        it = iter(loader)
+        with pytest.raises(stoker.WorkerError, match="killed by signal: Killed") as info:
+            for batch in it:
+                got.append(batch[:, 0].tolist())
+        assert "stream (worker 0) is lost" in str(info.value)
+        got += [b[:, 0].tolist() for b in it]
+        # Worker 0 dies making its second batch; its first may have been made but not sent.
+        assert [b for b in got if b[0] < 100] in ([], [[0, 1]])
+        assert [b for b in got if b[0] >= 100] == [[100, 101], [102, 103], [104, 105],
+                                                   [106, 107]]
+    loader.close()
+
+
+@pytest.mark.parametrize("how", ["close", "gc"])
+def test_close_and_gc_mid_stream_leave_no_process_no_thread_and_no_memfd(how):
+    gc.collect()
+    before, threads = memfds(), threading.active_count()
+
+    class Endless(tud.IterableDataset):
+        def __iter__(self):
+            while True:
+                yield torch.zeros(4096)
+
+    loader = stoker.DataLoader(Endless(), batch_size=4, num_workers=2, worker_type="process")
+    it = iter(loader)
+    held = next(it)
+    pids = loader.stats()["worker_pids"]
+    assert all(alive(p) for p in pids)
+    if how == "close":
+        loader.close()
+    else:
+        del it, loader
+        gc.collect()
+    del held
+    gc.collect()
+    assert not any(alive(p) for p in pids) and not multiprocessing.active_children()
+    assert memfds() == before and threading.active_count() == threads
+
+
+def test_split_by_rank_and_by_worker():
+    assert list(stoker.split_by_rank(range(10), rank=1, world_size=3)) == [1, 4, 7]
+    assert list(stoker.split_by_worker(range(5))) == list(range(5))  # not in a worker
+
+    class Sharded(tud.IterableDataset):
+        def __init__(self, rank):
+            self.rank = rank
+
+        def __iter__(self):
+            mine = stoker.split_by_rank(range(24), rank=self.rank, world_size=2)
+            return (torch.tensor(i) for i in stoker.split_by_worker(mine))
+
+    seen = []
+    for rank in (0, 1):
+        loader = stoker.DataLoader(Sharded(rank), batch_size=None, num_workers=2)
+        seen.append(sorted(int(x) for x in loader))
+    assert seen[0] == list(range(0, 24, 2)) and seen[1] == list(range(1, 24, 2))
+
+
+def test_a_map_style_batch_path_resumes_with_state_dict():
+    data = Pairs(30)
+    first = stoker.DataLoader(data, batch_size=4, shuffle=True, collate_fn=tud.default_collate,
+                              seed=7)
+    whole = [y.tolist() for _, y in first]
+    it = iter(first)
+    head = [next(it)[1].tolist() for _ in range(3)]
+    state = first.state_dict()
+    second = stoker.DataLoader(data, batch_size=4, shuffle=True,
+                               collate_fn=tud.default_collate, seed=7)
+    second.load_state_dict(state)
+    rest = [y.tolist() for _, y in second]
+    assert sorted(i for b in head + rest for i in b) == list(range(30))
+    assert [len(b) for b in head + rest] == [4] * 7 + [2]
+    assert whole != head + rest  # the next epoch's order: shuffled again
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_failing_worker_init_fn_ends_that_workers_stream_with_its_error(worker_type):
+    def init(worker_id):
+        if worker_id == 1:
+            raise OSError("no shard for worker 1")
+
+    loader = stoker.DataLoader(wd.Counting(12), batch_size=2, num_workers=2, worker_init_fn=init,
+                               worker_type=worker_type)
+    got = []
+    it = iter(loader)
+    with pytest.raises(OSError, match="no shard for worker 1"):
+        for batch in it:
+            got.append(batch[:, 0].tolist())
+    got += [b[:, 0].tolist() for b in it]  # worker 0's stream goes on to its end
+    assert got == [[0, 2], [4, 6], [8, 10]]
+    loader.close()
+
+
+def test_a_stream_that_stalls_raises_timeout():
+    class Stalls(tud.IterableDataset):
+        def __iter__(self):
+            yield torch.tensor(0)
+            threading.Event().wait(2)
+            yield torch.tensor(1)
+
+    loader = stoker.DataLoader(Stalls(), batch_size=None, num_workers=1, worker_type="thread",
+                               timeout=0.2)
+    it = iter(loader)
+    assert int(next(it)) == 0
+    with pytest.raises(RuntimeError, match="timed out after 0.2 seconds"):
+        next(it)
+    loader.close()
+
+
+def test_gc_mid_epoch_of_a_collate_fn_loader_over_processes():
+    gc.collect()
+    before = memfds()
+    loader = stoker.DataLoader(Pairs(400), batch_size=8, num_workers=2,
+                               collate_fn=tud.default_collate, worker_type="process")
+    it = iter(loader)
+    held = next(it)
+    pids = loader.stats()["worker_pids"]
+    del it, loader
+    gc.collect()
+    assert not any(alive(p) for p in pids) and not multiprocessing.active_children()
+    # A batch handed out stays valid: its mapping outlives the worker that wrote it.
+    assert torch.equal(held[1], torch.arange(8)) and float(held[0][7, 5]) == 7.0
+    del held
+    gc.collect()
+    assert memfds() == before
+
+
+def test_ctrl_c_stops_a_loop_over_a_stream_promptly():
+    script = textwrap.dedent(f"""
+        import os, signal, sys, threading
+        sys.path.insert(0, {str(HERE)!r})
+        import torch, stoker, worker_datasets as wd
+        loader = stoker.DataLoader(wd.SlowStream(), batch_size=4, num_workers=2)
+        print(*loader.stats()["worker_pids"], flush=True)
+        threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        try:
+            for batch in loader:
+                pass
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    lines = result.stdout.split("\n")
+    assert "interrupted" in lines and result.returncode == 0, result.stderr
+    assert len(lines[0].split()) == 2 and not any(alive(int(p)) for p in lines[0].split())
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_shuffled_batch_jobs_visit_every_sample_once_per_epoch(worker_type):
+    loader = stoker.DataLoader(Pairs(30), batch_size=4, shuffle=True, num_workers=2,
+                               collate_fn=tud.default_collate, worker_type=worker_type)
+    epochs = [[int(i) for _, y in loader for i in y] for _ in range(2)]
+    assert all(sorted(e) == list(range(30)) for e in epochs)
+    assert epochs[0] != epochs[1] and len(loader) == 8
+    loader.close()
+
+
+def test_the_device_step_reaches_tensors_in_any_nesting():
+    # What device= does to a collate_fn's output (CUDA itself is not on this machine): every
+    # tensor is mapped, containers keep their types, other leaves stay as they are.
+    Pair = collections.namedtuple("Pair", "x name")
+    batch = {"a": [torch.zeros(2), (torch.ones(1), "s")], "b": Pair(torch.ones(3), 7)}
+    moved = stoker._batches._tree_map(batch, lambda t: t + 1)
+    assert type(moved) is dict and type(moved["a"][1]) is tuple and type(moved["b"]) is Pair
+    assert torch.equal(moved["a"][0], torch.ones(2)) and moved["a"][1][1] == "s"
+    assert torch.equal(moved["b"].x, torch.full((3,), 2.0)) and moved["b"].name == 7
+    assert stoker._batches.mover("cpu", False)(batch) is batch
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_a_batch_job_fetches_with_one_getitems_call_as_torch(worker_type):
+    data = wd.Batched(20)
+    theirs = list(tud.DataLoader(data, batch_sampler=[[0, 1, 2], [3], [4, 5, 6, 7]],
+                                 num_workers=2))
+    ours = list(stoker.DataLoader(data, batch_sampler=[[0, 1, 2], [3], [4, 5, 6, 7]],
+                                  num_workers=2, worker_type=worker_type))
+    for a, b in zip(theirs, ours, strict=True):
+        assert torch.equal(a["i"], b["i"]) and torch.equal(a["group"], b["group"])
+    assert [b["group"].tolist() for b in ours] == [[3, 3, 3], [1], [4, 4, 4, 4]]
+
+
+def test_streams_and_batch_jobs_under_spawn():
+    # The jobs (data set, collate) are pickled into spawned workers.
+    stream = stoker.DataLoader(wd.Counting(12), batch_size=2, num_workers=2,
+                               worker_type="process", multiprocessing_context="spawn")
+    assert [b[:, 0].tolist() for b in stream] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10],
+                                                  [9, 11]]
+    stream.close()
+    jobs = stoker.DataLoader(wd.Batched(8), batch_sampler=[[0, 1], [2, 3, 4]], num_workers=1,
+                             worker_type="process", multiprocessing_context="spawn")
+    assert [b["i"].tolist() for b in jobs] == [[0, 1], [2, 3, 4]]
+    jobs.close()
+
+
+def test_a_stream_reads_whole_after_set_epoch_goes_back():
+    loader = stoker.DataLoader(wd.Counting(8), batch_size=2, num_workers=2,
+                               worker_type="process")
+    whole = [b[:, 0].tolist() for b in loader]
+    loader.set_epoch(0)  # an earlier epoch number: still a new pass for the workers
+    assert [b[:, 0].tolist() for b in loader] == whole == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    loader.close()
