@@ -153,6 +153,8 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
   config.depth = options.depth;
   config.on_error = options.on_error;
   config.keep_on_host = options.keep_on_host;
+  config.memory_budget =
+      options.memory_budget ? options.memory_budget : detail::default_pin_budget();
   config.max_skipped = options.max_skipped;
   config.tracer = tracer_.get();
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));

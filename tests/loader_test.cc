@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <set>
@@ -12,6 +13,7 @@
 #include "device/backend.h"
 #include "loader_internals.h"
 #include "sampler/sampler.h"
+#include "stoker/log.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -384,6 +386,39 @@ TEST(Loader, TwoHundredEpochsWithEarlyBreaksDestroyedLoadersAndFailingReads) {
   EXPECT_GT(failed, 0u);
   EXPECT_GT(finished, 50u);
   EXPECT_EQ(thread_count(), threads_before);
+}
+
+TEST(Loader, ADepthAboveTheMemoryBudgetIsLoweredAndTheBudgetHolds) {
+  std::vector<std::string> lines;
+  std::mutex lines_mu;
+  set_log_handler([&](LogLevel, std::string_view line) {
+    std::lock_guard lock(lines_mu);
+    lines.emplace_back(line);
+  });
+  auto ds = std::make_shared<IndexDataset<>>(2000, 4096);
+  auto o = options(ds, 16, 2);
+  o.depth = 8;
+  const std::size_t slab = Loader(o).stats().slab_bytes / (o.depth + 1);
+  o.memory_budget = 4 * slab + slab / 2;  // 4 slabs: depth 3
+  Loader loader(o);
+  EXPECT_EQ(loader.stats().depth, 3u);
+  loader.set_depth(10);  // asked again: still within the budget
+  std::size_t rows = 0, most = 0;
+  while (auto b = loader.next()) {
+    rows += b->size();
+    most = std::max(most, loader.stats().slab_bytes);
+  }
+  EXPECT_EQ(rows, 2000u);
+  EXPECT_EQ(loader.stats().depth, 3u);
+  EXPECT_LE(most, o.memory_budget);
+  set_log_handler({});
+  ASSERT_EQ(std::count_if(lines.begin(), lines.end(),
+                          [](const std::string& l) {
+                            return l.find("batches in flight lowered from 8 to 3") !=
+                                   std::string::npos;
+                          }),
+            1);
+  EXPECT_EQ(lines.size(), 1u);  // said once, not again for set_depth(10)
 }
 
 TEST(Loader, DestroyBeforeTheFirstBatchAndWhileStartingUp) {

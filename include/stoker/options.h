@@ -62,8 +62,9 @@ struct LoaderOptions {
   // 0 takes the process's CPU affinity divided among the ranks torchrun started on this node
   // (LOCAL_WORLD_SIZE), so ranks sharing a machine do not oversubscribe it.
   double cpu_cores = 0;
-  // Slab bytes the tuner may keep for batches in flight ((depth + 1) slabs); 0: a quarter of
-  // MemAvailable. The tuner lowers a depth that does not fit and never raises one past it.
+  // Slab bytes for batches in flight ((depth + 1) slabs); 0: a quarter of MemAvailable. A
+  // depth (given, set or tuned) that does not fit is lowered, said once in the log; the tuner
+  // never raises one past it.
   std::size_t memory_budget = 0;
 
   // Where batches are delivered: "cpu" (host slabs), "cuda" or "cuda:N" (copied on a side

@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "util/log.h"
+
 namespace stoker::detail {
 namespace {
 
@@ -80,12 +82,14 @@ Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
       samples_per_epoch_(samples_per_rank(config_.order)),
       batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)) {
   bool layout_known = pool_->has_layout();
+  std::size_t depth = config_.depth;
+  if (layout_known) depth = fit_depth(depth);
   {
     MutexLock lock(mu_);
-    depth_ = config_.depth;
+    depth_ = depth;
     layout_known_ = layout_known;
   }
-  if (layout_known) pool_->reserve(config_.depth + 1);
+  if (layout_known) pool_->reserve(depth + 1);
   tickets_.reserve(config_.depth + 1);
   set_workers(config_.workers);
 }
@@ -139,6 +143,7 @@ void Engine::set_depth(std::size_t depth) {
   bool layout_known = false;
   {
     MutexLock lock(mu_);
+    if (layout_known_) depth = fit_depth(depth);
     depth_ = depth;
     layout_known = layout_known_;
     work_cv_.notify_all();
@@ -292,6 +297,7 @@ bool Engine::probe() {
     pool_->set_fields(std::move(fields));
     layout_known_ = true;
     probe_error_ = nullptr;
+    depth_ = fit_depth(depth_);
     // The first slabs, made by this worker for all (as the constructor does when the layout
     // is known up front).
     const std::size_t slabs = depth_ + 1;
@@ -300,6 +306,22 @@ bool Engine::probe() {
   }
   wake_all();
   return true;
+}
+
+std::size_t Engine::fit_depth(std::size_t depth) const {
+  const std::size_t slab = pool_->slab_bytes();
+  if (config_.memory_budget == 0 || slab == 0) return depth;
+  // One slab beyond the window is the batch the consumer holds; depth 1 is the least.
+  const std::size_t fits = std::max<std::size_t>(config_.memory_budget / slab, 2) - 1;
+  if (depth <= fits) return depth;
+  if (!budget_said_.exchange(true)) {
+    const auto mib = [](std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; };
+    log(LogLevel::warning, "memory budget of " + mib(config_.memory_budget) + " holds " +
+                               std::to_string(fits + 1) + " batch slabs of " + mib(slab) +
+                               ": batches in flight lowered from " + std::to_string(depth) +
+                               " to " + std::to_string(fits));
+  }
+  return fits;
 }
 
 bool Engine::can_open() const {

@@ -108,6 +108,9 @@ struct EngineConfig {
   ErrorPolicy on_error = ErrorPolicy::raise;
   std::size_t max_skipped = 0;
   std::vector<std::string> keep_on_host;  // marked once the layout is known
+  // Slab bytes for the batches in flight (depth + 1 slabs); 0: no limit. A depth that does
+  // not fit is lowered (said once in the log).
+  std::size_t memory_budget = 0;
   // Where workers and take() stamp their work while tracing is on; null: never traced. It
   // outlives the engine.
   Tracer* tracer = nullptr;
@@ -212,6 +215,8 @@ class Engine {
   bool on_failure(Ticket* ticket, std::size_t row, std::size_t index, std::size_t attempt);
   std::string sample_name(std::size_t index) const noexcept;
   void cancel_in_flight() STOKER_REQUIRES(mu_);
+  // `depth`, lowered so that depth + 1 slabs fit the memory budget once the layout is known.
+  std::size_t fit_depth(std::size_t depth) const;
   // One relaxed load while tracing is off.
   bool tracing() const { return config_.tracer != nullptr && config_.tracer->on(); }
   void wake_all() STOKER_REQUIRES(mu_);
@@ -284,6 +289,8 @@ class Engine {
   // The report of bad samples: bounded by max_skipped, as every entry used up the budget.
   mutable Mutex bad_mu_;
   std::map<std::size_t, SkippedSample> bad_ STOKER_GUARDED_BY(bad_mu_);
+
+  mutable std::atomic<bool> budget_said_{false};  // the memory budget's log line was written
 
   RecyclingPool<Ticket> tickets_{[] { return std::make_unique<Ticket>(); }};
 
