@@ -238,6 +238,7 @@ class DataLoader:
             collate_fn = None  # stoker's own batching is default_collate's
         self._streams = None
         self._jobs = None
+        self._samples = None  # the map-style data set's length when the loader was made
         if _batches.is_stream(dataset):
             self._init_stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                               collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
@@ -322,8 +323,9 @@ class DataLoader:
             generator = sampler.generator if sampler.generator is not None else generator
         elif kind is None and sampler is not None:
             # A custom sampler is read when each epoch starts, once, as torch reads it; until
-            # then the engine runs over positions 0..len-1 (and reads nothing).
-            order = list(range(len(sampler)))
+            # then the engine has as many positions (and reads nothing). A sampler may be
+            # longer than the data set (replacement, num_samples): placeholders are sample 0.
+            order = [0] * len(sampler)
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
         # PyTorch's base seed of the workers: worker i is seeded with base + i.
@@ -629,6 +631,16 @@ class DataLoader:
     def _iterator(self, iterator) -> None:
         self._iterator_ref = weakref.ref(iterator) if iterator is not None else lambda: None
 
+    @property
+    def _auto_collation(self) -> bool:
+        """torch's: whether samples are batched (a batch sampler is in use)."""
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self):
+        """torch's: what yields the indices of one item (a batch, or a sample)."""
+        return self.batch_sampler if self._auto_collation else self.sampler
+
     def __len__(self) -> int:
         if self._streams is not None:
             return len(self._streams)
@@ -640,7 +652,7 @@ class DataLoader:
 
     def __iter__(self) -> Iterator:
         samples = _compat.sized(self.dataset)
-        if samples is not None and samples != self._samples:
+        if self._samples is not None and samples is not None and samples != self._samples:
             _compat.warn(f"the data set has {samples} samples, {self._samples} when this "
                          f"DataLoader was made: it reads those {self._samples} (make a new "
                          "DataLoader to read them all)")
