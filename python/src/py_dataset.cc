@@ -565,6 +565,10 @@ py::tuple PyDataset::gil_stats() const {
 }
 
 std::exception_ptr PyDataset::capture_current(std::size_t index) const {
+  return keep_error(take_current_exception(), index);
+}
+
+py::object take_current_exception() {
   try {
     throw;
   } catch (py::error_already_set& e) {
@@ -576,7 +580,7 @@ std::exception_ptr PyDataset::capture_current(std::size_t index) const {
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
   }
-  return keep_error(take_python_error(), index);
+  return take_python_error();
 }
 
 py::object take_python_error() {

@@ -81,6 +81,9 @@ std::optional<std::uint64_t> current_sample_seed();
 // The Python error that is set, taken as an exception object with its traceback attached;
 // the error indicator is cleared. GIL held, an error set.
 py::object take_python_error();
+// The exception being handled (inside a catch block), as a Python exception object: a Python
+// error as it was, a C++ one as RuntimeError with its message. GIL held.
+py::object take_current_exception();
 // Sets it (a worker process, around each __getitem__).
 void set_sample_seed(std::optional<std::uint64_t> seed);
 

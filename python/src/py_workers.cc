@@ -716,18 +716,7 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
         Py_INCREF(Py_None);
         PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), Py_None);
       }
-      try {
-        throw;
-      } catch (py::error_already_set& e) {
-        e.restore();
-      } catch (py::builtin_exception& e) {
-        e.set_error();
-      } catch (const std::exception& e) {
-        PyErr_SetString(PyExc_RuntimeError, e.what());
-      } catch (...) {
-        PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
-      }
-      errors.append(py::make_tuple(k, take_python_error()));
+      errors.append(py::make_tuple(k, take_current_exception()));
     }
     if (timed) {
       const std::int64_t end = detail::Tracer::now_ns();
