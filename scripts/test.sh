@@ -49,8 +49,9 @@ echo "   the Python tests there (DDP under torchrun included)"
 rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
 # --no-compile: .pyc files only for the modules the tests import, not all of torch.
+# matplotlib and tqdm: tune's chart and the progress bars, optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest
+  pytest matplotlib tqdm
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== benchmark smoke run (checks the harness; measures nothing)"
