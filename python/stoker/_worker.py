@@ -212,9 +212,9 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
         # `times`: the rows' (start, end) when the job asked for them (the loader is traced)
         job, status, objects, raised, times = writer.run_job(payload, dataset, use_getitems)
         errors = [(k, _error_info(e)) for k, e in raised]
-    if objects is not None:
-        # Each row's values pickled apart (a batch job's tensors into an arena), so that one
-        # that does not pickle fails only its row.
+    if objects is not None and nargs:
+        # A batch job's rows are whole batches: each pickled apart, its tensors into an arena,
+        # so that one that does not pickle fails only its row.
         status, objects = bytearray(status), list(objects)
         for k, values in enumerate(objects):
             if values is None:
@@ -226,7 +226,18 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
                 errors.append((k, _error_info(e)))
     blob = b""
     if objects is not None or errors:
-        blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+        # Samples' small values: one pickle per chunk (per row only to find one that fails).
+        try:
+            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            status, objects = bytearray(status), list(objects)
+            for k, values in enumerate(objects):
+                try:
+                    pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as e:
+                    status[k], objects[k] = 1, None
+                    errors.append((k, _error_info(e)))
+            blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
     return _reply(job, bytes(status), blob, times)
 
 

@@ -114,7 +114,7 @@ class ProcessWorkers:
 def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):
     """A worker's reply blob -> (object values per row or None, {row: exception})."""
     objects, errors = pickle.loads(blob)
-    if objects is not None:
+    if objects is not None and item == "batch":  # whole batches, their tensors in arenas
         objects = [_arena.loads(o, pid) if isinstance(o, bytes) else o for o in objects]
     return objects, {row: rebuild_error(info, f"stoker: raised in DataLoader worker process "
                                               f"{worker_id} (pid {pid}) while reading {item} "
