@@ -200,36 +200,22 @@ py::tuple PyLoader::position() {
 }
 
 void PyLoader::set_workers(std::size_t workers) {
-  auto locks = lock_call(false);
-  py::gil_scoped_release nogil;  // joins retired workers, which may be waiting for the GIL
-  loader_->set_workers(workers);
+  released([&](Loader& loader) { loader.set_workers(workers); });
 }
 
 void PyLoader::set_depth(std::size_t depth) {
-  auto locks = lock_call(false);
-  py::gil_scoped_release nogil;
-  loader_->set_depth(depth);
+  released([&](Loader& loader) { loader.set_depth(depth); });
 }
 
 py::list PyLoader::skipped_samples() {
-  auto locks = lock_call(false);
-  std::vector<SkippedSample> report;
-  {
-    py::gil_scoped_release nogil;
-    report = loader_->skipped_samples();
-  }
+  const auto report = released([](Loader& loader) { return loader.skipped_samples(); });
   py::list out;
   for (const auto& s : report) out.append(py::make_tuple(dataset_index(s.index), s.name, s.reason));
   return out;
 }
 
 py::dict PyLoader::stats() {
-  auto locks = lock_call(false);
-  Stats s;
-  {
-    py::gil_scoped_release nogil;
-    s = loader_->stats();
-  }
+  const Stats s = released([](Loader& loader) { return loader.stats(); });
   py::dict d;
   for_each_stat(s, [&](const char* name, const auto& value) {
     d[py::str(py_stat_name(name, value))] = py_stat_value(value);
@@ -241,12 +227,7 @@ py::dict PyLoader::stats() {
 }
 
 py::dict PyLoader::report() {
-  auto locks = lock_call(false);
-  Report r;
-  {
-    py::gil_scoped_release nogil;
-    r = loader_->report();
-  }
+  const Report r = released([](Loader& loader) { return loader.report(); });
   py::dict d;
   d["verdict"] = r.verdict;
   d["text"] = r.text();

@@ -124,6 +124,14 @@ class PyLoader {
     std::unique_lock<detail::Mutex> call;
   };
   CallLocks lock_call(bool consumer);
+  // `call(*loader_)` from any thread's side (not the consumer's), with the GIL released; its
+  // result.
+  template <class Call>
+  auto released(Call&& call) {
+    auto locks = lock_call(false);
+    py::gil_scoped_release nogil;  // set_workers joins retired workers, which may want the GIL
+    return call(*loader_);
+  }
   py::object deliver(Batch batch);
   [[noreturn]] void raise_sample_error(const SampleError& error);
   std::size_t dataset_index(std::size_t loader_index) const;  // through the custom order
