@@ -192,6 +192,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
       .def("gil_stats", &PyDataset::gil_stats)
       .def("use_processes", &PyDataset::use_processes, py::arg("pool"))
+      .def("use_remote", &PyDataset::use_remote, py::arg("remote"))
       .def("set_batch_jobs", &PyDataset::set_batch_jobs, py::arg("job_args"));
 
   // Worker processes (py_workers.h): the parent's pool and the worker's writer.

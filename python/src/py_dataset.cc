@@ -90,6 +90,7 @@ struct PyDataset::State {
   py::object dataset;
   py::object on_worker_start;
   py::object job_args;
+  py::object remote;  // see use_remote
   Node root;
   std::size_t slots = 0;
   struct KeptError {
@@ -154,6 +155,7 @@ void PyDataset::learn(std::size_t index, py::handle sample) const {
   objects_field_ = objects_field;
   layout_known_.store(true, std::memory_order_release);
   if (auto pool = processes_.load()) pool->set_layout(layout_message());
+  if (has_remote_.load(std::memory_order_acquire)) st.remote.attr("set_layout")(layout_message());
 }
 
 std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed,
@@ -342,6 +344,10 @@ void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const 
     for (auto& e : errors) e = closing;
     return;
   }
+  if (has_remote_.load(std::memory_order_acquire) && fields_known() &&
+      pending_.load(std::memory_order_relaxed) == 0 && read_remote(indices, outs, errors)) {
+    return;
+  }
   if (auto pool = processes_.load()) {
     read_in_processes(*pool, indices, outs, errors);
   } else if (has_getitems_) {
@@ -412,6 +418,81 @@ void PyDataset::read_each(std::span<const std::size_t> indices, std::span<const 
       return;
     }
   }
+}
+
+bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                            std::span<std::exception_ptr> errors) const {
+  // The worker's buffer holds the fields one after another, each the chunk's rows.
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t total = 0;
+  for (std::size_t f = 0; f < outs.front().num_fields(); ++f) {
+    offsets.push_back(total);
+    total += outs.size() * outs.front().bytes(f).size();
+  }
+  const std::vector<std::uint8_t> job = encode_job(1, offsets, indices, outs, {}, false);
+  // The reply and the view of its rows live from the call to the end of the copy, which is
+  // made without the GIL; they are let go with it.
+  struct Reply {
+    py::object value;
+    std::optional<py::buffer_info> rows;
+    ~Reply() {
+      if (!value && !rows) return;
+      EngineThreadGil gil;
+      rows.reset();
+      value = py::object();
+    }
+  } reply;
+  const auto fail_all = [&] {
+    const py::object exception = take_python_error();
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      errors[k] = keep_error(exception, indices[k]);
+    }
+  };
+  {
+    EngineThreadGil gil;
+    try {
+      reply.value = state_->remote.attr("run")(
+          py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
+      if (reply.value.is_none()) return false;
+      reply.rows.emplace(py::buffer(reply.value[py::int_(1)]).request());
+      const auto got = static_cast<std::uint64_t>(reply.rows->size * reply.rows->itemsize);
+      if (got < total) {
+        throw py::value_error("stoker: a remote worker returned " + std::to_string(got) +
+                              " bytes of rows for " + std::to_string(total));
+      }
+    } catch (py::error_already_set& e) {
+      e.restore();
+      fail_all();
+      return true;
+    }
+  }
+  // The one copy of the rows on this node: from Ray's object store into the slab.
+  const auto* rows = static_cast<const std::byte*>(reply.rows->ptr);
+  for (std::size_t f = 0; f < offsets.size(); ++f) {
+    std::memcpy(outs.front().bytes(f).data(), rows + offsets[f],
+                outs.size() * outs.front().bytes(f).size());
+  }
+  EngineThreadGil gil;
+  try {
+    const auto status = py::bytes(reply.value[py::int_(0)]).cast<std::string>();
+    const py::object objects = reply.value[py::int_(2)];
+    const py::dict failures = reply.value[py::int_(3)];
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      const py::int_ row(k);
+      if (failures.contains(row)) {
+        errors[k] = keep_error(failures[row], indices[k]);
+      } else if (k >= status.size() || status[k] != 0) {
+        errors[k] = std::make_exception_ptr(
+            std::runtime_error("stoker: remote worker failed without a reason"));
+      } else if (!objects.is_none()) {
+        store_objects(outs[k], py::reinterpret_borrow<py::list>(objects)[k]);
+      }
+    }
+  } catch (py::error_already_set& e) {
+    e.restore();
+    fail_all();
+  }
+  return true;
 }
 
 void PyDataset::read_in_processes(ProcessPool& pool, std::span<const std::size_t> indices,
@@ -544,6 +625,12 @@ std::size_t PyDataset::worker_limit() const {
 void PyDataset::use_processes(std::shared_ptr<ProcessPool> pool) {
   if (fields_known()) pool->set_layout(layout_message());
   processes_.store(std::move(pool));
+}
+
+void PyDataset::use_remote(py::object remote) {
+  if (fields_known()) remote.attr("set_layout")(layout_message());
+  state_->remote = std::move(remote);
+  has_remote_.store(true, std::memory_order_release);
 }
 
 void PyDataset::close() noexcept {

@@ -114,6 +114,14 @@ class PyDataset final : public Dataset {
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
   // threads finish there.
   void use_processes(std::shared_ptr<ProcessPool> pool);
+  // From now on a chunk goes to a remote worker when one is free (python/stoker/_remote.py,
+  // GIL held): `remote.run(job)` takes a kJob payload (py_workers.h) whose region 1 is the
+  // worker's own buffer, waits for its reply (Ray releases the GIL while waiting) and returns
+  // (status bytes, the rows as a buffer, object values per row or None, {row: exception}), or
+  // None when no remote worker is free or left, and the chunk is read here as before (a unit
+  // lost with its worker is issued again by run() itself). `remote.set_layout(message)` gets
+  // the layout message once it is known.
+  void use_remote(py::object remote);
   // Stops and reaps the worker processes, if any, and drops the object values of batches
   // read ahead (GIL held, after the engine has stopped).
   void release_workers();
@@ -176,6 +184,10 @@ class PyDataset final : public Dataset {
   // one (GIL held).
   bool take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
                     std::exception_ptr& error) const;
+  // Reads a chunk through a remote worker and copies its rows into the slab; false if none
+  // was free (nothing read).
+  bool read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                   std::span<std::exception_ptr> errors) const;
   // Reads a chunk through the worker processes, writing here the rows that were probed.
   void read_in_processes(ProcessPool& pool, std::span<const std::size_t> indices,
                          std::span<const SampleOut> outs,
@@ -211,6 +223,7 @@ class PyDataset final : public Dataset {
   bool has_getitems_ = false;
   bool has_job_args_ = false;  // set before the loader starts
   std::atomic<std::shared_ptr<ProcessPool>> processes_;
+  std::atomic<bool> has_remote_{false};  // State::remote is set
   mutable std::atomic<std::uint64_t> gil_reads_{0};
   mutable std::atomic<std::int64_t> gil_wait_ns_{0};
   mutable std::atomic<std::int64_t> gil_held_ns_{0};

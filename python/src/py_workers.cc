@@ -137,6 +137,37 @@ std::string rows_text(std::span<const std::size_t> indices) {
 
 }  // namespace
 
+std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
+                                     std::span<const std::size_t> indices,
+                                     std::span<const SampleOut> outs, const std::string& args,
+                                     bool time_rows) {
+  std::vector<std::uint8_t> job;
+  const std::size_t fields = offsets.size();
+  job.reserve(24 + 16 * fields + 16 * indices.size() + args.size());
+  put(job, std::uint64_t{0});  // the job id: the sender's
+  put(job, region);
+  put(job, static_cast<std::uint32_t>(fields));
+  put(job, static_cast<std::uint32_t>(indices.size()));
+  put(job, job_flags(args.size(), time_rows));
+  for (std::size_t f = 0; f < fields; ++f) {
+    const auto bytes = outs.front().bytes(f);
+    for (std::size_t k = 1; k < outs.size(); ++k) {
+      // The engine's chunks are consecutive rows of one slab.
+      if (outs[k].bytes(f).data() != bytes.data() + k * bytes.size()) {
+        throw std::logic_error("stoker: a chunk's rows are not consecutive");
+      }
+    }
+    put(job, offsets[f]);
+    put(job, static_cast<std::uint64_t>(bytes.size()));
+  }
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    put(job, static_cast<std::uint64_t>(indices[k]));
+    put(job, outs[k].seed());
+  }
+  job.insert(job.end(), args.begin(), args.end());
+  return job;
+}
+
 void set_worker_error_type(py::handle type) {
   Py_XINCREF(type.ptr());
   Py_XDECREF(g_worker_error_type);
@@ -430,34 +461,14 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
       return;
     }
   }
-  std::vector<std::uint8_t> job;
-  const std::size_t fields = first.num_fields();
-  job.reserve(24 + 16 * fields + 16 * indices.size() + args.size());
-  put(job, std::uint64_t{0});  // the job id, set below
-  put(job, region->id);
-  put(job, static_cast<std::uint32_t>(fields));
-  put(job, static_cast<std::uint32_t>(indices.size()));
   // The replies carry the rows' times only while tracing (the job's flags).
   detail::Tracer* tracer = detail::Tracer::current();
   const bool traced = tracer != nullptr && tracer->on();
-  put(job, job_flags(args.size(), traced));
-  for (std::size_t f = 0; f < fields; ++f) {
-    const auto bytes = first.bytes(f);
-    const std::size_t offset = static_cast<std::size_t>(bytes.data() - region->base);
-    for (std::size_t k = 1; k < outs.size(); ++k) {
-      // The engine's chunks are consecutive rows of one slab.
-      if (outs[k].bytes(f).data() != bytes.data() + k * bytes.size()) {
-        throw std::logic_error("stoker: a chunk's rows are not consecutive");
-      }
-    }
-    put(job, static_cast<std::uint64_t>(offset));
-    put(job, static_cast<std::uint64_t>(bytes.size()));
+  std::vector<std::uint64_t> offsets;
+  for (std::size_t f = 0; f < first.num_fields(); ++f) {
+    offsets.push_back(static_cast<std::uint64_t>(first.bytes(f).data() - region->base));
   }
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    put(job, static_cast<std::uint64_t>(indices[k]));
-    put(job, outs[k].seed());
-  }
-  job.insert(job.end(), args.begin(), args.end());
+  std::vector<std::uint8_t> job = encode_job(region->id, offsets, indices, outs, args, traced);
 
   Link* link = nullptr;
   try {

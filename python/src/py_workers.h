@@ -17,7 +17,9 @@
 // Protocol (a unix stream socketpair per child; native byte order, both ends on one machine;
 // every message is a header {u32 kind, u32 payload bytes} and a payload). It names memory by
 // (region id, byte offset), never by address, so the same jobs could be served by workers
-// elsewhere given another way to ship the rows back.
+// elsewhere given another way to ship the rows back: remote workers on Ray do
+// (python/stoker/_remote.py, PyDataset::use_remote), with a buffer of their own as region 1
+// and the rows returned through Ray's object store.
 //   parent -> child
 //     kLayout {pickle of (layout description, object slots)}: once per worker, before its
 //           first job (the layout is learned from the first sample a worker reads)
@@ -89,6 +91,15 @@ class WorkerDiedError : public std::runtime_error {
 // The Python exception type WorkerDiedError becomes (stoker.WorkerError). Set once at import.
 void set_worker_error_type(py::handle type);
 py::handle worker_error_type();
+
+// A kJob payload for a chunk (consecutive rows of one slab: `outs`): field f of its first row
+// at byte `offsets[f]` of region `region`, the rows' (index, seed), `args`; the job id is left
+// 0, for the sender to set. Worker processes get it over their socket, remote workers
+// (python/stoker/_remote.py) through Ray, with the offsets of a buffer of their own.
+std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
+                                     std::span<const std::size_t> indices,
+                                     std::span<const SampleOut> outs, const std::string& args,
+                                     bool time_rows);
 
 class ProcessPool {
  public:

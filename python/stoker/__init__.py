@@ -16,6 +16,7 @@ from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
 from ._loader import DataLoader, Report, SkippedSample
+from ._remote import RayWorkers, ray_workers
 from ._tune import tune
 
 SampleError = _stoker.SampleError
@@ -28,6 +29,7 @@ __all__ = [
     "DistributedSampler",
     "ImageFolder",
     "NativeDataset",
+    "RayWorkers",
     "RecordDataset",
     "Report",
     "SampleError",
@@ -37,6 +39,7 @@ __all__ = [
     "build_info",
     "cuda_available",
     "pack",
+    "ray_workers",
     "sample_seed",
     "split_by_rank",
     "split_by_worker",

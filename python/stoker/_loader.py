@@ -217,6 +217,7 @@ class DataLoader:
         worker_type: str = "auto",
         native: bool = True,
         keep_on_host: Sequence[str] = (),
+        remote=None,
     ) -> None:
         _compat.check_arguments(
             num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
@@ -233,12 +234,18 @@ class DataLoader:
             persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
             in_order=in_order, device=device, on_error=on_error, max_skipped=max_skipped,
             pin_budget=pin_budget, device_depth=device_depth, native=native,
-            keep_on_host=keep_on_host)
+            keep_on_host=keep_on_host, remote=remote)
         if collate_fn is not None and collate_fn is _compat.default_collate():
             collate_fn = None  # stoker's own batching is default_collate's
         self._streams = None
         self._jobs = None
+        self._remote = None
         self._samples = None  # the map-style data set's length when the loader was made
+        if remote is not None and (_batches.is_stream(dataset) or collate_fn is not None
+                                   or batch_size is None or batch_sampler is not None):
+            raise ValueError("stoker: remote workers read samples of a map-style data set into "
+                             "the batch buffers; streams, collate_fn and batch samplers run "
+                             "on local workers only")
         if _batches.is_stream(dataset):
             self._init_stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                               collate_fn, pin_memory, drop_last, timeout, worker_init_fn,
@@ -290,6 +297,12 @@ class DataLoader:
             elif why != "not a torchvision data set":
                 self._pipeline += f" ({why})"
         native = isinstance(dataset, NativeDataset)
+        if remote is not None and native:
+            raise ValueError("stoker: remote workers run Python data sets (stoker's native "
+                             "data sets are not served by remote workers yet)")
+        if remote is not None and worker_type == "process":
+            raise ValueError("stoker: remote workers go with worker threads (worker_type="
+                             "'thread' or 'auto')")
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
                              "batches are already tensors")
@@ -297,7 +310,9 @@ class DataLoader:
             raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
                              f"{worker_type!r}")
         workers_given = num_workers != "auto"
-        tune = num_workers == "auto"
+        # The tuner counts local threads: with remote workers the count stays as given.
+        tune = num_workers == "auto" and remote is None
+        self._remote_count = remote.count if remote is not None else 0
         max_workers = 0
         if tune:
             num_workers = _cpu_share()
@@ -305,7 +320,8 @@ class DataLoader:
                            else max(_AUTO_MAX_WORKERS_PYTHON, _cpu_share()))
         self.num_workers = int(num_workers)
         self.multiprocessing_context = multiprocessing_context  # checked as torch checks it
-        depth = (2 if not prefetch_factor else int(prefetch_factor)) * max(1, self.num_workers)
+        depth = (2 if not prefetch_factor else int(prefetch_factor)) * max(
+            1, self.num_workers + self._remote_count)
 
         # Which samples, in which order: natively (sequential, random, sharded), or a custom
         # sampler's order read at the start of each epoch.
@@ -352,13 +368,16 @@ class DataLoader:
                 if worker_type == "process":
                     raise ValueError("worker_type='process' needs num_workers >= 1")
                 self.worker_type, reason = "thread", "num_workers=0 reads in the training loop"
+            elif remote is not None:
+                self.worker_type, reason = "thread", "remote workers take the excess"
             elif worker_type == "auto":
                 self.worker_type = "thread"
                 reason = "auto: measuring the first batches on threads"
             else:
                 self.worker_type, reason = worker_type, "asked for"
         self.worker_type_reason = reason
-        self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0)
+        self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0
+                              and remote is None)
         self._context = mp_context(self.multiprocessing_context) if not native else None
         self._worker_init_fn = worker_init_fn
         self._persistent_asked = persistent_workers
@@ -368,6 +387,15 @@ class DataLoader:
             self.num_workers = self._process_count
             tune = False
             self._start_processes()
+        if remote is not None:
+            # Engine threads num_workers.. drive the remote workers; reads there are local
+            # when no remote worker is free.
+            from ._remote import RemoteWorkers
+
+            self._remote = RemoteWorkers(remote, dataset, self.num_workers,
+                                         self.num_workers + remote.count, self._worker_seed,
+                                         worker_init_fn)
+            self._handle.use_remote(self._remote)
         self._order = None  # the custom sampler's order of the epoch running, once read
         self._custom_order = order is not None
         self._device = self._resolve_device(device)
@@ -397,7 +425,7 @@ class DataLoader:
         self._loader = _stoker.Loader(self._handle, _options(
             batch_size=int(batch_size), shuffle=self._shuffle, seed=self.seed,
             drop_last=bool(drop_last), shard=_shard(rank, world, shard_drop_last),
-            workers=self.num_workers if self._reading else 0, depth=depth,
+            workers=self._engine_workers() if self._reading else 0, depth=depth,
             on_error=_enum(_stoker.ErrorPolicy, "on_error", on_error),
             max_skipped=int(max_skipped), device=self._device, device_depth=int(device_depth),
             stream=stream,
@@ -729,6 +757,8 @@ class DataLoader:
         stats["worker_type"] = self.worker_type
         stats["worker_type_reason"] = self.worker_type_reason
         stats["worker_pids"] = pids
+        if self._remote is not None:
+            stats["remote"] = self._remote.stats()
         return stats
 
     def report(self) -> "Report":
@@ -759,9 +789,9 @@ class DataLoader:
         if self._streams is not None:
             raise ValueError("stoker: a stream's workers each read their own shard: their "
                              "count is fixed (num_workers=)")
-        if self._reading:
-            self._loader.set_workers(int(workers))
         self.num_workers = int(workers)
+        if self._reading:
+            self._loader.set_workers(self._engine_workers())
         self._thread_count[0] = int(workers)
 
     def set_depth(self, depth: int) -> None:
@@ -800,6 +830,8 @@ class DataLoader:
             return
         if self._loader.closed:
             return
+        if self._remote is not None:
+            self._remote.stop()  # threads waiting for a remote worker return at once
         try:
             self._loader.trace(None)
         finally:
@@ -813,6 +845,9 @@ class DataLoader:
         # The C++ loader writes a trace still recording as it goes (a failure is logged).
         loader = getattr(self, "_loader", None)
         if loader is not None and not loader.closed:
+            remote = getattr(self, "_remote", None)
+            if remote is not None:
+                remote.stop()
             loader.close()
 
     # --- internals ------------------------------------------------------------------------
@@ -845,7 +880,7 @@ class DataLoader:
         self._loader.restore(epoch, batch)
         if not self._reading:
             self._reading = True
-            self._loader.set_workers(self.num_workers)
+            self._loader.set_workers(self._engine_workers())
 
     def _start_processes(self) -> None:
         """Starts the worker processes and sends reads to them from now on."""
@@ -860,6 +895,10 @@ class DataLoader:
         pool.start()
         self._workers, self._pool = workers, pool
         self._handle.use_processes(pool)
+
+    def _engine_workers(self) -> int:
+        """The engine's worker threads: the local workers and one per remote worker."""
+        return self.num_workers + self._remote_count
 
     def _log_worker_type(self) -> None:
         _log.info("stoker: %s workers (%s)", self.worker_type, self.worker_type_reason)
