@@ -107,6 +107,10 @@ class RemoteWorker:
             except Exception as e:  # reported with every job, as the reason its rows fail
                 self._init_error = _worker._error_info(e)
 
+    def pid(self) -> int:
+        """This worker's process id on its node."""
+        return os.getpid()
+
     def run(self, job: bytes, layout: Optional[bytes]):
         """Reads a kJob's rows into the buffer; returns (status bytes, the rows as a numpy
         array over the buffer, the reply's blob, where this worker runs). Ray copies the array

@@ -241,3 +241,24 @@ class SlowStream:
         for i in range(w, self.n, k):
             time.sleep(self.seconds)
             yield np.full(2, i, dtype=np.int64)
+
+
+class Seeded:
+    """Samples that depend on the index and on the sample's seed (stoker.sample_seed()), with
+    a string value; reading one takes `delay` seconds (so that every worker gets some)."""
+
+    def __init__(self, n=96, delay=0.002):
+        self.n = n
+        self.delay = delay
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import stoker
+
+        if self.delay:
+            time.sleep(self.delay)
+        noise = np.random.default_rng(stoker.sample_seed()).integers(0, 255, 6, dtype=np.uint8)
+        return {"image": np.full((2, 6), i % 256, dtype=np.uint8) ^ noise,
+                "label": np.int64(i), "name": f"sample-{i}"}

@@ -1,0 +1,217 @@
+"""Remote workers on Ray (python/stoker/_remote.py), on a real local cluster: a head node with
+no CPUs (the driver's) and two worker nodes of one CPU each, all on this machine (Ray's
+Cluster binds them to its own address), started once for the module and torn down at its end,
+leaving no Ray process behind. Skipped without ray."""
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+import stoker  # noqa: E402
+import worker_datasets as wd  # noqa: E402
+
+_STORE = 100 << 20  # each node's object store: small, the machine is shared
+
+
+def _node(**extra):
+    return dict(num_cpus=1, object_store_memory=_STORE, **extra)
+
+
+def _ray_processes(session: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if session.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    # The actors unpickle the test data sets: their nodes (started from here) import this
+    # folder's modules.
+    here = str(Path(__file__).parent)
+    old_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, old_path) if p)
+    c = Cluster(initialize_head=True, head_node_args=dict(
+        _node(include_dashboard=False), num_cpus=0))
+    c.add_node(**_node())
+    c.add_node(**_node())
+    ray.init(address=c.address, log_to_driver=False)
+    session = ray._private.worker._global_node.get_session_dir_path()
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if old_path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old_path
+        for _ in range(100):  # processes exit a little after shutdown returns
+            if not _ray_processes(session):
+                break
+            time.sleep(0.1)
+        assert _ray_processes(session) == []
+
+
+def _crash(cluster, node, loader):
+    """`node` crashes: its Ray processes and the remote workers' processes on it are killed.
+    (Calls go straight from the driver to an actor, so an actor whose raylet alone was killed
+    could still answer for a while.)"""
+    pids = ray.get([actor.pid.remote() for actor in loader._remote.actors])
+    cluster.remove_node(node, allow_graceful=False)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _batches(loader, epochs=1):
+    out = []
+    for epoch in range(epochs):
+        if isinstance(loader.sampler, stoker.DistributedSampler):
+            loader.sampler.set_epoch(epoch)
+        out.extend(list(loader))
+    return out
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x["name"] == y["name"]
+        assert np.array_equal(np.asarray(x["label"]), np.asarray(y["label"]))
+        assert np.array_equal(np.asarray(x["image"]), np.asarray(y["image"]))
+
+
+def _loader(dataset, remote=None, workers=1, **kwargs):
+    kwargs.setdefault("batch_size", 8)
+    return stoker.DataLoader(dataset, num_workers=workers, remote=remote, seed=7, **kwargs)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_remote_batches_are_those_of_a_local_loader(cluster, rank):
+    # Shuffled, 2 epochs, one DDP rank of 2: remote + local workers deliver exactly the
+    # batches a local loader does, in order.
+    data = wd.Seeded(n=96)
+
+    def sampler():
+        return stoker.DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
+
+    expected = _batches(_loader(data, workers=2, sampler=sampler()), epochs=2)
+    loader = _loader(data, stoker.ray_workers(2), sampler=sampler())
+    got = _batches(loader, epochs=2)
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["jobs"] > 0 and remote["rows_bytes"] > 0
+    assert remote["lost_workers"] == 0 and remote["alive"] == 2
+
+
+def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(cluster):
+    data = wd.Seeded(n=128, delay=0.004)
+    expected = _batches(_loader(data, shuffle=True))
+    loader = _loader(data, stoker.ray_workers(2), shuffle=True)
+    got = []
+    for k, batch in enumerate(loader):
+        got.append(batch)
+        if k == 2:
+            ray.kill(loader._remote.actors[0])
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["lost_workers"] == 1 and remote["reissued"] >= 1
+    assert remote["alive"] == 1
+
+
+def test_a_node_removed_mid_epoch_loses_and_repeats_nothing(cluster):
+    # A node of its own for the actor (a custom resource pins it there), removed mid-epoch.
+    node = cluster.add_node(**_node(resources={"victim": 1}))
+    data = wd.Seeded(n=128, delay=0.004)
+    expected = _batches(_loader(data, shuffle=True))
+    loader = _loader(data, stoker.ray_workers(1, resources={"victim": 1}), shuffle=True)
+    got = []
+    for k, batch in enumerate(loader):
+        got.append(batch)
+        if k == 2:
+            _crash(cluster, node, loader)
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["lost_workers"] == 1 and remote["alive"] == 0, remote
+
+
+def test_all_remote_workers_gone_falls_back_to_local_with_one_log_line(cluster, caplog):
+    data = wd.Seeded(n=128, delay=0.004)
+    expected = _batches(_loader(data, shuffle=True))
+    loader = _loader(data, stoker.ray_workers(2), shuffle=True)
+    got = []
+    with caplog.at_level(logging.INFO, logger="stoker"):
+        for k, batch in enumerate(loader):
+            got.append(batch)
+            if k == 2:
+                for actor in loader._remote.actors:
+                    ray.kill(actor)
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["alive"] == 0 and remote["local_jobs"] > 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "no remote worker left" in warnings[0]
+
+
+def test_state_dict_resumes_mid_epoch_with_remote_workers(cluster):
+    data = wd.Seeded(n=96)
+    expected = _batches(_loader(data, shuffle=True))
+    first = _loader(data, stoker.ray_workers(2), shuffle=True)
+    it = iter(first)
+    head = [next(it) for _ in range(5)]
+    state = first.state_dict()
+    first.close()
+    second = _loader(data, stoker.ray_workers(2), shuffle=True)
+    second.load_state_dict(state)
+    rest = list(second)
+    jobs = second.stats()["remote"]["jobs"]
+    second.close()
+    _same(head + rest, expected)
+    assert jobs > 0
+
+
+def test_a_sample_failing_remotely_raises_its_error_naming_the_sample(cluster):
+    loader = _loader(wd.FailsAt({21}, n=40), stoker.ray_workers(2), workers=0)
+    with pytest.raises(ValueError, match="bad sample 21") as info:
+        list(loader)
+    loader.close()
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "sample 21" in notes
+
+
+def test_close_kills_the_actors(cluster):
+    loader = _loader(wd.Seeded(n=32), stoker.ray_workers(2))
+    list(loader)
+    actors = list(loader._remote.actors)
+    loader.close()
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.run.remote(b"", None), timeout=60)
+
+
+def test_remote_refuses_what_it_does_not_serve(cluster):
+    with pytest.raises(ValueError, match="collate_fn"):
+        stoker.DataLoader(wd.Seeded(n=8), batch_size=2, collate_fn=list,
+                          remote=stoker.ray_workers(1))
+    with pytest.raises(ValueError, match="at least one"):
+        stoker.ray_workers(0)
