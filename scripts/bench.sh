@@ -23,3 +23,10 @@ echo "== torchvision's ImageFolder + PIL transforms: stoker.DataLoader against t
 python_venv .venv-vision torch==2.14.1 torchvision==0.29.1 numpy pillow
 .venv-vision/bin/pip install -q .
 .venv-vision/bin/python bench/python_bench.py --workload tvfolder tvjitter
+
+if .venv-test/bin/python -c "import ray, stoker" 2>/dev/null; then
+  echo
+  echo "== remote workers on Ray: local-only against local + a Ray node on the other core"
+  echo "   (bench/ray_bench.py; .venv-test from scripts/test.sh, which installs ray there)"
+  .venv-test/bin/python bench/ray_bench.py
+fi

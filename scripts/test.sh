@@ -41,6 +41,10 @@ rm -rf build-py/dist
 wheel=$(echo build-py/dist/stoker-*.whl)
 .venv-test/bin/pip install -q --force-reinstall --no-deps "$wheel"
 
+echo "== remote workers on a local Ray cluster of two nodes (pytest; ray in .venv-test only)"
+.venv-test/bin/pip install -q ray
+.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/python/test_remote.py
+
 echo "== Ctrl-C on the command line and in stoker.pack (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/cli
 
@@ -64,5 +68,6 @@ python3 -m py_compile bench/torch_dataloader.py
 ./build/stoker diagnose --smoke --seconds 0.5 --json >/dev/null
 python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/python_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/ray_bench.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"
