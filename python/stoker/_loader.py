@@ -11,7 +11,7 @@ import types
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from . import _batches, _compat, _stoker
+from . import _batches, _compat, _remote, _stoker
 from ._batch import converter, plan
 from ._cuda import cuda_available
 from ._datasets import NativeDataset
@@ -310,18 +310,23 @@ class DataLoader:
             raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
                              f"{worker_type!r}")
         workers_given = num_workers != "auto"
-        # The tuner counts local threads: with remote workers the count stays as given.
+        # The engine's tuner counts threads: with remote workers the local count stays fixed
+        # and, with 'auto', the loader asks for remote workers itself (_tune_remote).
         tune = num_workers == "auto" and remote is None
-        self._remote_count = remote.count if remote is not None else 0
+        self._remote_auto = num_workers == "auto" and remote is not None
+        self._remote_last: Optional[dict] = None
+        self._remote_batches = 0
+        remote_count = remote.count if remote is not None else 0
         max_workers = 0
-        if tune:
+        if num_workers == "auto":
             num_workers = _cpu_share()
+        if tune:
             max_workers = (max(16, _AUTO_MAX_WORKERS_NATIVE_PER_CORE * _cpu_share()) if native
                            else max(_AUTO_MAX_WORKERS_PYTHON, _cpu_share()))
         self.num_workers = int(num_workers)
         self.multiprocessing_context = multiprocessing_context  # checked as torch checks it
         depth = (2 if not prefetch_factor else int(prefetch_factor)) * max(
-            1, self.num_workers + self._remote_count)
+            1, self.num_workers + remote_count)
 
         # Which samples, in which order: natively (sequential, random, sharded), or a custom
         # sampler's order read at the start of each epoch.
@@ -390,11 +395,11 @@ class DataLoader:
         if remote is not None:
             # Engine threads num_workers.. drive the remote workers; reads there are local
             # when no remote worker is free.
-            from ._remote import RemoteWorkers
-
-            self._remote = RemoteWorkers(remote, dataset, self.num_workers,
+            self._remote = _remote.RemoteWorkers(remote, dataset, self.num_workers,
                                          self.num_workers + remote.count, self._worker_seed,
                                          worker_init_fn)
+            if self._remote_auto:
+                self._remote.set_active(0)  # local first
             self._handle.use_remote(self._remote)
         self._order = None  # the custom sampler's order of the epoch running, once read
         self._custom_order = order is not None
@@ -897,8 +902,32 @@ class DataLoader:
         self._handle.use_processes(pool)
 
     def _engine_workers(self) -> int:
-        """The engine's worker threads: the local workers and one per remote worker."""
-        return self.num_workers + self._remote_count
+        """The engine's worker threads: the local workers and one per remote worker in use."""
+        return self.num_workers + (self._remote.active if self._remote is not None else 0)
+
+    def _tune_remote(self) -> None:
+        """num_workers='auto' with remote=: every few batches, asks for one more remote
+        worker or gives one back (_remote.next_active), from the stretch since the last
+        decision."""
+        self._remote_batches += 1
+        if self._remote_batches % _remote.TUNE_BATCHES:
+            return
+        stats, last = self._loader.stats(), self._remote_last
+        self._remote_last = stats
+        elapsed = stats["elapsed_s"] - last["elapsed_s"] if last is not None else 0.0
+        if elapsed <= 0:
+            return
+        wait = (stats["consumer_wait_s"] - last["consumer_wait_s"]) / elapsed
+        # worker_cpu_s also counts the threads waiting on remote workers, which use little.
+        load = ((stats["worker_cpu_s"] - last["worker_cpu_s"]) / elapsed
+                / max(1.0, min(self.num_workers, stats["cpu_cores"])))
+        before = self._remote.active
+        active = _remote.next_active(before, self._remote.size, wait, load)
+        if active != before:
+            self._remote.set_active(active)
+            self._loader.set_workers(self._engine_workers())
+            _log.info("stoker: remote workers %d -> %d (the training loop waited %.0f%%, "
+                      "local workers %.0f%% busy)", before, active, 100 * wait, 100 * load)
 
     def _log_worker_type(self) -> None:
         _log.info("stoker: %s workers (%s)", self.worker_type, self.worker_type_reason)
@@ -941,6 +970,8 @@ class DataLoader:
         raw = self._loader.next(self.timeout)
         if self._auto_pending and raw is not None:
             self._choose_worker_type()
+        if self._remote_auto and raw is not None:
+            self._tune_remote()
         if raw is None:
             return None
         if self._build is None:

@@ -43,6 +43,27 @@ _LOST = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "ObjectLost
          "TaskUnschedulableError", "ActorUnschedulableError")
 
 
+# num_workers='auto' with remote=: remote workers are asked for one at a time while the
+# training loop waits more than _GROW_WAIT of its time and the local workers are CPU-saturated
+# (their CPU time over wall time, per core of their share, at least _SATURATED), and given
+# back one at a time while it waits less than _SHRINK_WAIT. Decided every TUNE_BATCHES
+# batches, from the engine's stats over that stretch.
+TUNE_BATCHES = 8
+_GROW_WAIT = 0.10
+_SHRINK_WAIT = 0.02
+_SATURATED = 0.8
+
+
+def next_active(active: int, count: int, wait_fraction: float, local_load: float) -> int:
+    """How many of `count` remote workers to use next, `active` being used now: local first
+    (Pecan's rule), remote workers only for the excess."""
+    if wait_fraction > _GROW_WAIT and local_load >= _SATURATED and active < count:
+        return active + 1
+    if wait_fraction < _SHRINK_WAIT and active > 0:
+        return active - 1
+    return active
+
+
 @dataclasses.dataclass(frozen=True)
 class RayWorkers:
     """What ``DataLoader(remote=...)`` starts: ``ray_workers(n, ...)`` says how."""
@@ -167,6 +188,7 @@ class RemoteWorkers:
         self._reissue_after = spec.reissue_after
         self._lock = threading.Lock()
         self._free = list(range(spec.count))[::-1]  # guarded by _lock
+        self._active = spec.count  # actors 0.._active-1 take units; guarded by _lock
         self._alive = spec.count  # guarded by _lock
         self._has_layout = [False] * spec.count  # guarded by _lock
         self._layout: Optional[bytes] = None
@@ -179,6 +201,15 @@ class RemoteWorkers:
     def size(self) -> int:
         return len(self.actors)
 
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def set_active(self, active: int) -> None:
+        """Units go to the first `active` actors only (the others stay up, idle)."""
+        with self._lock:
+            self._active = max(0, min(int(active), len(self.actors)))
+
     def set_layout(self, message: bytes) -> None:
         self._layout = message
 
@@ -187,10 +218,12 @@ class RemoteWorkers:
         exception}); None if no actor is free or left (the chunk is then read locally)."""
         while True:
             with self._lock:
-                if self._stopped or not self._free:
+                usable = [k for k in self._free if k < self._active]
+                if self._stopped or not usable:
                     self._counts["local_jobs"] += 1
                     return None
-                k = self._free.pop()
+                k = usable[-1]
+                self._free.remove(k)
                 layout = None if self._has_layout[k] else self._layout
             started = time.monotonic()
             try:
@@ -257,6 +290,7 @@ class RemoteWorkers:
         counts["bytes_per_s"] = counts["rows_bytes"] / elapsed
         counts["workers"] = len(self.actors)
         counts["alive"] = alive
+        counts["active"] = self._active
         return counts
 
     def stop(self) -> None:

@@ -102,23 +102,25 @@ def _loader(dataset, remote=None, workers=1, **kwargs):
     return stoker.DataLoader(dataset, num_workers=workers, remote=remote, seed=7, **kwargs)
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_remote_batches_are_those_of_a_local_loader(cluster, rank):
-    # Shuffled, 2 epochs, one DDP rank of 2: remote + local workers deliver exactly the
-    # batches a local loader does, in order.
+@pytest.mark.parametrize("rank, workers", [(0, 0), (1, 1)])
+def test_remote_batches_are_those_of_a_local_loader(cluster, rank, workers):
+    # Shuffled, 2 epochs, one DDP rank of 2: remote workers alone (every unit but the probed
+    # samples goes to an actor: there are as many threads as actors), or with a local one,
+    # deliver exactly the batches a local loader does, in order.
     data = wd.Seeded(n=96)
 
     def sampler():
         return stoker.DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
 
     expected = _batches(_loader(data, workers=2, sampler=sampler()), epochs=2)
-    loader = _loader(data, stoker.ray_workers(2), sampler=sampler())
+    loader = _loader(data, stoker.ray_workers(2), workers=workers, sampler=sampler())
     got = _batches(loader, epochs=2)
     remote = loader.stats()["remote"]
     loader.close()
     _same(got, expected)
-    assert remote["jobs"] > 0 and remote["rows_bytes"] > 0
     assert remote["lost_workers"] == 0 and remote["alive"] == 2
+    if workers == 0:
+        assert remote["jobs"] > 0 and remote["rows_bytes"] > 0
 
 
 def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(cluster):
@@ -181,7 +183,7 @@ def test_state_dict_resumes_mid_epoch_with_remote_workers(cluster):
     head = [next(it) for _ in range(5)]
     state = first.state_dict()
     first.close()
-    second = _loader(data, stoker.ray_workers(2), shuffle=True)
+    second = _loader(data, stoker.ray_workers(2), workers=0, shuffle=True)
     second.load_state_dict(state)
     rest = list(second)
     jobs = second.stats()["remote"]["jobs"]
@@ -215,3 +217,16 @@ def test_remote_refuses_what_it_does_not_serve(cluster):
                           remote=stoker.ray_workers(1))
     with pytest.raises(ValueError, match="at least one"):
         stoker.ray_workers(0)
+
+
+def test_auto_starts_local_only_and_asks_for_no_remote_worker_for_waits_that_use_no_cpu(
+        cluster):
+    # Samples that sleep: the loop waits, but the local workers use no CPU, so remote ones
+    # would not help (the policy itself: test_tune.py).
+    loader = stoker.DataLoader(wd.Seeded(n=256, delay=0.004), batch_size=8,
+                               num_workers="auto", remote=stoker.ray_workers(2))
+    assert loader.stats()["remote"]["active"] == 0
+    assert len(list(loader)) == 32
+    remote = loader.stats()["remote"]
+    loader.close()
+    assert remote["active"] == 0 and remote["jobs"] == 0

@@ -76,3 +76,16 @@ def test_reached_is_where_the_throughput_stays_within_reach():
     assert _reached(steady, 90) == 0.0
     slow_start = [(0, 0), (1, 10), (2, 110), (3, 210), (4, 310)]
     assert _reached(slow_start, 90) == 1
+
+
+def test_remote_workers_are_asked_for_only_past_saturated_local_workers():
+    from stoker._remote import next_active
+
+    # The loop waits and the local workers are saturated: one more, up to the count.
+    assert next_active(0, 2, wait_fraction=0.5, local_load=0.95) == 1
+    assert next_active(2, 2, wait_fraction=0.5, local_load=0.95) == 2
+    # The loop waits but local cores are idle (I/O, a slow storage): no remote worker helps.
+    assert next_active(0, 2, wait_fraction=0.5, local_load=0.3) == 0
+    # The loop no longer waits: one given back; in between, no change.
+    assert next_active(2, 2, wait_fraction=0.0, local_load=0.95) == 1
+    assert next_active(1, 2, wait_fraction=0.05, local_load=0.95) == 1
