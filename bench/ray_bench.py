@@ -6,6 +6,8 @@ A CPU-bound data set (SHA-256 rounds over a buffer, which release the GIL, then 
   local-only     the training process pinned to core 0 (taskset): its loop and one worker
   local+remote   the same, plus one remote worker: a Ray actor on a Ray node pinned to core 1
   two local      the training process on cores 0 and 1 with two local workers, no Ray
+  auto+remote    as local+remote with num_workers='auto': the loader asks for the remote
+                 worker itself (local first) once its local worker is saturated
 
 and prints samples/s for each, local+remote / local-only (the issue's target: >= 1.6) and
 local+remote / two local (target: >= 0.85). The Ray node is a ray.cluster_utils.Cluster
@@ -64,12 +66,12 @@ def measure(setup: str, address: str, n: int, rounds: int, epochs: int) -> dict:
     import stoker
 
     remote = None
-    if setup == "local+remote":
+    if setup in ("local+remote", "auto+remote"):
         import ray
 
         ray.init(address=address, log_to_driver=False)
         remote = stoker.ray_workers(1)
-    workers = 2 if setup == "two-local" else 1
+    workers = {"two-local": 2, "auto+remote": "auto"}.get(setup, 1)
     loader = stoker.DataLoader(HashCrops(n, rounds), batch_size=16, shuffle=True, seed=1,
                                num_workers=workers, remote=remote, worker_type="thread")
     rate = 0.0
@@ -111,7 +113,8 @@ def main() -> None:
         num_cpus=1, object_store_memory=200 << 20, include_dashboard=False))
     results = []
     try:
-        for setup, cores in (("local-only", "0"), ("local+remote", "0"), ("two-local", "0,1")):
+        for setup, cores in (("local-only", "0"), ("local+remote", "0"), ("two-local", "0,1"),
+                             ("auto+remote", "0")):
             out = subprocess.run(
                 ["taskset", "-c", cores, sys.executable, os.path.abspath(__file__),
                  "--measure", setup, "--address", cluster.address, "--samples",

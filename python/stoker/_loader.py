@@ -326,7 +326,7 @@ class DataLoader:
         self.num_workers = int(num_workers)
         self.multiprocessing_context = multiprocessing_context  # checked as torch checks it
         depth = (2 if not prefetch_factor else int(prefetch_factor)) * max(
-            1, self.num_workers + remote_count)
+            1, self.num_workers + _remote.SLOTS * remote_count)
 
         # Which samples, in which order: natively (sequential, random, sharded), or a custom
         # sampler's order read at the start of each epoch.
@@ -393,8 +393,8 @@ class DataLoader:
             tune = False
             self._start_processes()
         if remote is not None:
-            # Engine threads num_workers.. drive the remote workers; reads there are local
-            # when no remote worker is free.
+            # Engine threads num_workers.. drive the remote workers; a unit is read locally
+            # when no remote worker's slot is free.
             self._remote = _remote.RemoteWorkers(remote, dataset, self.num_workers,
                                          self.num_workers + remote.count, self._worker_seed,
                                          worker_init_fn)
@@ -902,8 +902,9 @@ class DataLoader:
         self._handle.use_processes(pool)
 
     def _engine_workers(self) -> int:
-        """The engine's worker threads: the local workers and one per remote worker in use."""
-        return self.num_workers + (self._remote.active if self._remote is not None else 0)
+        """The engine's worker threads: the local workers and one per slot of the remote
+        workers in use (_remote.SLOTS each)."""
+        return self.num_workers + (self._remote.threads if self._remote is not None else 0)
 
     def _tune_remote(self) -> None:
         """num_workers='auto' with remote=: every few batches, asks for one more remote

@@ -43,6 +43,10 @@ _LOST = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "ObjectLost
          "TaskUnschedulableError", "ActorUnschedulableError")
 
 
+# Units in flight per actor: while it reads one, the next waits at the actor (Ray runs an
+# actor's calls one at a time, in order), so the actor does not idle through each round trip.
+SLOTS = 2
+
 # num_workers='auto' with remote=: remote workers are asked for one at a time while the
 # training loop waits more than _GROW_WAIT of its time and the local workers are CPU-saturated
 # (their CPU time over wall time, per core of their share, at least _SATURATED), and given
@@ -187,7 +191,9 @@ class RemoteWorkers:
                        for k in range(spec.count)]
         self._reissue_after = spec.reissue_after
         self._lock = threading.Lock()
-        self._free = list(range(spec.count))[::-1]  # guarded by _lock
+        # One entry per slot of a live actor that no unit holds.
+        self._free = [k for k in range(spec.count) for _ in range(SLOTS)][::-1]  # _lock
+        self._dead: set[int] = set()  # guarded by _lock
         self._active = spec.count  # actors 0.._active-1 take units; guarded by _lock
         self._alive = spec.count  # guarded by _lock
         self._has_layout = [False] * spec.count  # guarded by _lock
@@ -204,6 +210,11 @@ class RemoteWorkers:
     @property
     def active(self) -> int:
         return self._active
+
+    @property
+    def threads(self) -> int:
+        """The engine threads that serve the actors in use: one per slot."""
+        return SLOTS * self._active
 
     def set_active(self, active: int) -> None:
         """Units go to the first `active` actors only (the others stay up, idle)."""
@@ -233,13 +244,15 @@ class RemoteWorkers:
                 if type(e).__name__ not in _LOST and not any(
                         c.__name__ in _LOST for c in type(e).__mro__):
                     with self._lock:
-                        self._free.append(k)
+                        if k not in self._dead:
+                            self._free.append(k)
                     raise
                 self._lose(k, e, job)
                 continue
             waited = time.monotonic() - started
             with self._lock:
-                self._free.append(k)
+                if k not in self._dead:
+                    self._free.append(k)
                 self._has_layout[k] = True
                 self._counts["jobs"] += 1
                 self._counts["rows_bytes"] += rows.nbytes
@@ -256,9 +269,13 @@ class RemoteWorkers:
     def _lose(self, k: int, error: BaseException, job: bytes) -> None:
         """Worker k is gone (or late, and given up): its unit is issued again by the caller."""
         with self._lock:
+            self._counts["reissued"] += 1
+            if k in self._dead:  # its other unit, lost with it
+                return
+            self._dead.add(k)
+            self._free = [j for j in self._free if j != k]
             self._alive -= 1
             self._counts["lost_workers"] += 1
-            self._counts["reissued"] += 1
             alive, stopped = self._alive, self._stopped
         try:
             self._ray.kill(self.actors[k])  # a late one would otherwise go on with its unit

@@ -105,7 +105,7 @@ def _loader(dataset, remote=None, workers=1, **kwargs):
 @pytest.mark.parametrize("rank, workers", [(0, 0), (1, 1)])
 def test_remote_batches_are_those_of_a_local_loader(cluster, rank, workers):
     # Shuffled, 2 epochs, one DDP rank of 2: remote workers alone (every unit but the probed
-    # samples goes to an actor: there are as many threads as actors), or with a local one,
+    # samples goes to an actor: there are as many threads as actor slots), or with a local one,
     # deliver exactly the batches a local loader does, in order.
     data = wd.Seeded(n=96)
 
