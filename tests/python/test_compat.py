@@ -684,3 +684,48 @@ def test_a_failing_first_sample_fails_its_batch_only(workers):
         results.append(list(it))
     assert len(results[0]) == 2
     assert_same(*results)
+
+
+def failures_per_epoch(loader, error):
+    """What each next() of two epochs gave: 'batch', or `error` (torch's worker processes
+    raise it again with the worker's traceback as its message)."""
+    epochs = []
+    for _ in range(2):
+        seen, it = [], iter(loader)
+        for _ in range(len(loader) + 1):  # one more: the end of the epoch
+            try:
+                next(it)
+                seen.append("batch")
+            except StopIteration:
+                break
+            except error:
+                seen.append(error.__name__)
+        epochs.append(seen)
+    return epochs
+
+
+class FailsBelow(Pairs):
+    """Samples below `bad` raise LookupError(index): the layout is not known until the first
+    sample that reads, if any."""
+
+    def __init__(self, n, bad):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i < self.bad:
+            raise LookupError(i)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("workers, worker_type", [(0, "auto"), (3, "thread"), (2, "process")])
+@pytest.mark.parametrize("bad", [41, 7])
+def test_batches_of_failing_samples_each_raise_the_samples_type_then_the_epoch_ends(
+        workers, worker_type, bad):
+    # Every sample failing (bad=41) is torch's test_error: each batch raises, then the epoch
+    # ends; bad=7 learns the layout only after three failed batches.
+    kwargs = dict(batch_size=3, num_workers=workers)
+    theirs = failures_per_epoch(tud.DataLoader(FailsBelow(41, bad), **kwargs), LookupError)
+    ours = failures_per_epoch(stoker.DataLoader(FailsBelow(41, bad), worker_type=worker_type,
+                                                **kwargs), LookupError)
+    assert theirs == ours
