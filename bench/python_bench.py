@@ -239,15 +239,17 @@ def _touch(batch) -> None:
 
 def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
             loader_args: dict | None = None, samples: int | None = None, rounds: int = 1,
-            **extra) -> dict:
+            stoker_args: dict | None = None, **extra) -> dict:
     """Samples/s over `runs` epochs after a warm-up epoch, and the peak PSS, for torch's
     DataLoader with each num_workers and for stoker.DataLoader's defaults; both get
-    `loader_args` (default: shuffle=True). `samples`: an epoch's, if not len(dataset).
+    `loader_args` (default: shuffle=True), stoker also `stoker_args`. `samples`: an epoch's,
+    if not len(dataset).
     With `rounds` > 1, torch's best and stoker are then measured `rounds - 1` more times,
     alternately, and the ratio is that of their medians: a machine whose load changes moves
     both, not one of them."""
     n = samples if samples is not None else len(dataset)
     loader_args = {"shuffle": True} if loader_args is None else loader_args
+    stoker_args = {**loader_args, **(stoker_args or {})}
 
     def measure(loader) -> tuple[float, int]:
         # `runs` epochs back to back, timed as one span after a warm-up epoch: stoker starts
@@ -270,7 +272,7 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
                                 persistent_workers=w > 0, **loader_args)
         torch_rates[w], torch_pss[w] = measure(loader)
         del loader
-    stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **loader_args)
+    stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **stoker_args)
     rate, pss = measure(stoker_loader)
     stats = stoker_loader.stats()
     stoker_loader.close()
@@ -281,7 +283,7 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
                                 persistent_workers=best > 0, **loader_args)
         best_rates.append(measure(loader)[0])
         del loader
-        stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **loader_args)
+        stoker_loader = stoker.DataLoader(dataset, batch_size=batch_size, **stoker_args)
         stoker_rates.append(measure(stoker_loader)[0])
         stoker_loader.close()
     rate = statistics.median(stoker_rates)
@@ -377,8 +379,11 @@ class SmallTensorStream(tud.IterableDataset):
 
 def stream(runs: int, smoke: bool) -> dict:
     samples = 20000 if smoke else 200000
+    # A stream's num_workers='auto' is one worker (an unsharded stream is read once, as with
+    # torch's default); this one shards itself, so one per core, as a user would pass.
     return compare("stream", SmallTensorStream(samples), 256, runs, smoke, loader_args={},
-                   samples=samples, rounds=3)
+                   samples=samples, rounds=3,
+                   stoker_args={"num_workers": len(os.sched_getaffinity(0))})
 
 
 class VariableLength(tud.Dataset):

@@ -507,7 +507,11 @@ class DataLoader:
         if worker_type not in ("auto", "thread", "process"):
             raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
                              f"{worker_type!r}")
-        workers = _cores() if num_workers == "auto" else int(num_workers)
+        # 'auto' is one worker: every worker iterates its own copy of the stream, so a data
+        # set that does not shard itself by get_worker_info() would be read once per worker
+        # (torch's default, num_workers=0, reads it once). A sharded stream's num_workers is
+        # the user's to give, as with torch.
+        workers = 1 if num_workers == "auto" else int(num_workers)
         if workers < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 "
                              "to disable multiprocessing.")

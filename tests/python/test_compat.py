@@ -306,6 +306,19 @@ def test_iterable_dataset_shards_and_order_as_torch(workers, worker_type, drop_l
     loader.close()
 
 
+def test_a_stream_that_does_not_shard_is_read_once_by_default():
+    # Each worker iterates its own copy: by default (torch's num_workers=0, stoker's 'auto')
+    # every item comes once.
+    class Counting(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    theirs = list(tud.DataLoader(Counting(), batch_size=None))
+    loader = stoker.DataLoader(Counting(), batch_size=None)
+    assert theirs == list(loader) == list(range(10))
+    loader.close()
+
+
 def test_an_iterable_without_getitem_is_a_stream():
     # torch takes it for a map-style data set (and fails at len()); stoker reads it as a stream.
     class Plain:
