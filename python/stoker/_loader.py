@@ -554,9 +554,9 @@ class DataLoader:
         pin = self._device.startswith("cuda") or (pin_memory is True and has_gpu)
         collate = collate_fn if collate_fn is not None else _batches.default_collate(
             batch_size is not None)
-        processes = None
+        processes = self._workers = None  # torch's iterator lists the worker processes
         if self.worker_type == "process":
-            processes = ProcessWorkers(
+            processes = self._workers = ProcessWorkers(
                 _batches.StreamJobs(dataset, collate, self.batch_size, self.drop_last), workers,
                 mp_context(multiprocessing_context), self._worker_seed, worker_init_fn)
         elif pin:
