@@ -805,3 +805,22 @@ def test_keeping_every_batch_under_a_low_open_files_limit_works_or_says_why(load
     # in the worker); torch's loader either copes or says to raise the limit. stoker's copes:
     # out of descriptors, its worker pickles the batches whole.
     subprocess.run([sys.executable, "-c", _KEEP_EVERY_BATCH, loader], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_worker_processes_of_a_dropped_loader_exit_with_code_zero(stream):
+    # torch's iterator lists its worker processes (_workers); once the loader is gone they
+    # exit cleanly, and their Process objects still answer.
+    dataset = Shards() if stream else Pairs()
+    for loader_type, extra in ((tud.DataLoader, {}), (stoker.DataLoader,
+                                                      {"worker_type": "process"})):
+        loader = loader_type(dataset, batch_size=4, num_workers=2, **extra)
+        it = iter(loader)
+        next(it)
+        workers = list(it._workers)
+        assert len(workers) == 2, loader_type
+        del it, loader
+        gc.collect()
+        for w in workers:
+            w.join(10)
+            assert (w.is_alive(), w.exitcode) == (False, 0), loader_type
