@@ -118,25 +118,29 @@ TEST(LayoutProbe, TheFirstSamplesTellTheLayoutAndAreReadOnce) {
 TEST(LayoutProbe, BatchesWhoseSamplesAllFailRaiseInTheirPlacesAndTheEpochEnds) {
   std::set<std::size_t> all;
   for (std::size_t i = 0; i < 20; ++i) all.insert(i);
-  for (std::size_t workers : {0, 1, 2}) {
-    auto ds = std::make_shared<ProbedDataset>(20, all);
-    Loader loader(options(ds, workers));
-    for (int epoch = 0; epoch < 2; ++epoch) {
-      std::vector<std::size_t> failed;  // each batch's first sample
-      for (std::size_t call = 0; call <= loader.batches_per_epoch(); ++call) {
-        try {
-          if (!loader.next()) break;
-          ADD_FAILURE() << "a batch with no sample that reads, workers " << workers;
-        } catch (const SampleError& e) {
-          failed.push_back(e.index());
-          EXPECT_NE(std::string(e.what()).find("probe of a bad sample"), std::string::npos);
+  for (const char* device : {"cpu", "sim"}) {
+    for (std::size_t workers : {0, 1, 2}) {
+      auto ds = std::make_shared<ProbedDataset>(20, all);
+      auto o = options(ds, workers);
+      o.device = device;
+      Loader loader(o);
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        std::vector<std::size_t> failed;  // each batch's first sample
+        for (std::size_t call = 0; call <= loader.batches_per_epoch(); ++call) {
+          try {
+            if (!loader.next()) break;
+            ADD_FAILURE() << "a batch with no sample that reads, workers " << workers;
+          } catch (const SampleError& e) {
+            failed.push_back(e.index());
+            EXPECT_NE(std::string(e.what()).find("probe of a bad sample"), std::string::npos);
+          }
         }
+        EXPECT_EQ(failed, (std::vector<std::size_t>{0, 8, 16})) << "workers " << workers;
       }
-      EXPECT_EQ(failed, (std::vector<std::size_t>{0, 8, 16})) << "workers " << workers;
+      EXPECT_EQ(loader.stats().slabs, 0u);  // nothing to hold
+      std::lock_guard lock(ds->mu_);
+      EXPECT_TRUE(ds->reads_.empty()) << "a probed sample read again, workers " << workers;
     }
-    EXPECT_EQ(loader.stats().slabs, 0u);  // nothing to hold
-    std::lock_guard lock(ds->mu_);
-    EXPECT_TRUE(ds->reads_.empty()) << "a probed sample read again, workers " << workers;
   }
 }
 
