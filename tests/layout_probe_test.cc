@@ -129,17 +129,20 @@ TEST(LayoutProbe, BatchesWhoseSamplesAllFailRaiseInTheirPlacesAndTheEpochEnds) {
         for (std::size_t call = 0; call <= loader.batches_per_epoch(); ++call) {
           try {
             if (!loader.next()) break;
-            ADD_FAILURE() << "a batch with no sample that reads, workers " << workers;
+            ADD_FAILURE() << "a batch with no sample that reads, " << device << ", workers "
+                          << workers;
           } catch (const SampleError& e) {
             failed.push_back(e.index());
             EXPECT_NE(std::string(e.what()).find("probe of a bad sample"), std::string::npos);
           }
         }
-        EXPECT_EQ(failed, (std::vector<std::size_t>{0, 8, 16})) << "workers " << workers;
+        EXPECT_EQ(failed, (std::vector<std::size_t>{0, 8, 16}))
+            << device << ", workers " << workers;
       }
       EXPECT_EQ(loader.stats().slabs, 0u);  // nothing to hold
       std::lock_guard lock(ds->mu_);
-      EXPECT_TRUE(ds->reads_.empty()) << "a probed sample read again, workers " << workers;
+      EXPECT_TRUE(ds->reads_.empty())
+          << "a probed sample read again, " << device << ", workers " << workers;
     }
   }
 }
