@@ -238,7 +238,7 @@ def _touch(batch) -> None:
 
 
 def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
-            loader_args: dict | None = None, samples: int | None = None, rounds: int = 1,
+            loader_args: dict | None = None, samples: int | None = None, rounds: int = 3,
             stoker_args: dict | None = None, **extra) -> dict:
     """Samples/s over `runs` epochs after a warm-up epoch, and the peak PSS, for torch's
     DataLoader with each num_workers and for stoker.DataLoader's defaults; both get
@@ -341,7 +341,7 @@ def bytecode(runs: int, smoke: bool) -> dict:
         return [_rate(dataset, range(k, len(dataset), 8)) for k in range(3 if not smoke else 1)]
 
     before = one_process_rates()
-    result = compare("bytecode", dataset, 64, runs, smoke, rounds=3)
+    result = compare("bytecode", dataset, 64, runs, smoke)
     one_process = statistics.median(before + one_process_rates())
     limit = len(os.sched_getaffinity(0)) * one_process
     torch_best = statistics.median(result.get("rounds", {}).get(
@@ -366,7 +366,7 @@ class CheapDataset:
 
 
 def cheap(runs: int, smoke: bool) -> dict:
-    return compare("cheap", CheapDataset(5000 if smoke else 50000), 256, runs, smoke, rounds=3)
+    return compare("cheap", CheapDataset(5000 if smoke else 50000), 256, runs, smoke)
 
 
 class SmallTensorStream(tud.IterableDataset):
@@ -388,8 +388,7 @@ def stream(runs: int, smoke: bool) -> dict:
     # A stream's num_workers='auto' is one worker (an unsharded stream is read once, as with
     # torch's default); this one shards itself, so one per core, as a user would pass.
     return compare("stream", SmallTensorStream(samples), 256, runs, smoke, loader_args={},
-                   samples=samples, rounds=3,
-                   stoker_args={"num_workers": len(os.sched_getaffinity(0))})
+                   samples=samples, stoker_args={"num_workers": len(os.sched_getaffinity(0))})
 
 
 class VariableLength(tud.Dataset):
@@ -414,7 +413,7 @@ def pad_collate(samples):
 
 def padding(runs: int, smoke: bool) -> dict:
     return compare("padding", VariableLength(2000 if smoke else 20000), 64, runs, smoke,
-                   loader_args={"shuffle": True, "collate_fn": pad_collate}, rounds=3)
+                   loader_args={"shuffle": True, "collate_fn": pad_collate})
 
 
 def _jpeg_folder(images: int) -> pathlib.Path:
