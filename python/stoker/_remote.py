@@ -241,8 +241,7 @@ class RemoteWorkers:
                 status, rows, blob, where = self._ray.get(
                     self.actors[k].run.remote(job, layout), timeout=self._reissue_after)
             except Exception as e:
-                if type(e).__name__ not in _LOST and not any(
-                        c.__name__ in _LOST for c in type(e).__mro__):
+                if not any(c.__name__ in _LOST for c in type(e).__mro__):
                     with self._lock:
                         if k not in self._dead:
                             self._free.append(k)

@@ -68,9 +68,9 @@ def cluster():
 
 
 def _crash(cluster, node, loader):
-    """`node` crashes: its Ray processes and the remote workers' processes on it are killed.
-    (Calls go straight from the driver to an actor, so an actor whose raylet alone was killed
-    could still answer for a while.)"""
+    """`node` crashes: its Ray processes and the remote workers' processes on it are killed
+    (calls go straight from the driver to an actor, so an actor whose raylet alone was killed
+    could still answer for a while)."""
     pids = ray.get([actor.pid.remote() for actor in loader._remote.actors])
     cluster.remove_node(node, allow_graceful=False)
     for pid in pids:
@@ -78,6 +78,12 @@ def _crash(cluster, node, loader):
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # Until Ray's health check has found the node dead, it could place later tests' actors
+    # there.
+    for _ in range(1200):
+        if not any(n["NodeID"] == node.node_id and n["Alive"] for n in ray.nodes()):
+            break
+        time.sleep(0.1)
 
 
 def _batches(loader, epochs=1):
@@ -173,6 +179,19 @@ def test_all_remote_workers_gone_falls_back_to_local_with_one_log_line(cluster, 
     assert remote["alive"] == 0 and remote["local_jobs"] > 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "no remote worker left" in warnings[0]
+
+
+def test_a_unit_later_than_reissue_after_is_issued_again(cluster):
+    # Sample 9 takes a minute in an actor: its unit is issued again after 5 s (locally, the
+    # only actor being given up), and the batches are a local loader's.
+    data = wd.SlowInActors(index=9, seconds=60)
+    expected = _batches(_loader(data))
+    loader = _loader(data, stoker.ray_workers(1, reissue_after=5), workers=0)
+    got = _batches(loader)
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["reissued"] >= 1 and remote["lost_workers"] == 1
 
 
 def test_state_dict_resumes_mid_epoch_with_remote_workers(cluster):

@@ -262,3 +262,20 @@ class Seeded:
         noise = np.random.default_rng(stoker.sample_seed()).integers(0, 255, 6, dtype=np.uint8)
         return {"image": np.full((2, 6), i % 256, dtype=np.uint8) ^ noise,
                 "label": np.int64(i), "name": f"sample-{i}"}
+
+
+class SlowInActors(Seeded):
+    """Seeded, but sample `index` takes `seconds` when a Ray actor reads it (not locally)."""
+
+    def __init__(self, index, seconds, n=64):
+        super().__init__(n=n, delay=0)
+        self.index = index
+        self.seconds = seconds
+
+    def __getitem__(self, i):
+        if i == self.index and "ray" in sys.modules:
+            import ray
+
+            if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+                time.sleep(self.seconds)
+        return super().__getitem__(i)
