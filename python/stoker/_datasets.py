@@ -18,6 +18,12 @@ class NativeDataset:
     _handle: "_stoker.NativeDataset"
     _names: tuple[str, ...]
     _as_dict: bool
+    _made_with: tuple  # (args, kwargs) of the constructor: pickled instead of the handle
+
+    def __reduce__(self):
+        # Made again where it is unpickled (a remote worker): the handle is a C++ object.
+        args, kwargs = self._made_with
+        return (_make, (type(self), args, kwargs))
 
     def __len__(self) -> int:
         return len(self._handle)
@@ -38,6 +44,10 @@ class NativeDataset:
         return ("seq", tuple, leaves)
 
 
+def _make(cls, args, kwargs):
+    return cls(*args, **kwargs)
+
+
 class ArrayDataset(NativeDataset):
     """Samples held in memory: one array (numpy array or CPU tensor, C-contiguous) per field,
     with the samples along the first dimension, used without a copy.
@@ -47,6 +57,7 @@ class ArrayDataset(NativeDataset):
     """
 
     def __init__(self, *arrays, **named_arrays) -> None:
+        self._made_with = (arrays, named_arrays)
         if arrays and named_arrays:
             raise TypeError("ArrayDataset takes arrays either by position or by name, not both")
         if named_arrays:
@@ -71,6 +82,7 @@ class SyntheticDataset(NativeDataset):
         cpu_work: float = 0.0,
         classes: int = 10,
     ) -> None:
+        self._made_with = ((samples, fields, latency, cpu_work, classes), {})
         spec = [(str(n), element_dtype(t), tuple(int(d) for d in s)) for n, t, s in fields]
         self._names = tuple(n for n, _, _ in spec)
         self._as_dict = False
@@ -85,6 +97,7 @@ class _ImageDataset(NativeDataset):
                  max_pixels: int = 89_478_485) -> None:
         from .transforms import Compose
 
+        self._made_with = ((path, transform, cache_bytes, max_pixels), {})
         if not isinstance(transform, Compose):
             raise TypeError("transform must be a stoker.transforms.Compose (torchvision's "
                             "ImageNet pipelines, run in C++)")

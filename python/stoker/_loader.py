@@ -303,8 +303,10 @@ class DataLoader:
                 self._pipeline += f" ({why})"
         native = isinstance(dataset, NativeDataset)
         if remote is not None and native:
-            raise ValueError("stoker: remote workers run Python data sets (stoker's native "
-                             "data sets are not served by remote workers yet)")
+            # Served through its __getitem__ (the same C++ read, with the sample's seed), by
+            # the local workers too: one more copy per sample than the native path.
+            native = False
+            self._pipeline += " (read through __getitem__, on local and remote workers)"
         if remote is not None and worker_type == "process":
             raise ValueError("stoker: remote workers go with worker threads (worker_type="
                              "'thread' or 'auto')")

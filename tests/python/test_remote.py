@@ -249,3 +249,29 @@ def test_auto_starts_local_only_and_asks_for_no_remote_worker_for_waits_that_use
     remote = loader.stats()["remote"]
     loader.close()
     assert remote["active"] == 0 and remote["jobs"] == 0
+
+
+def test_a_native_image_pipeline_runs_on_remote_workers(cluster, tmp_path):
+    # stoker.ImageFolder with its random crops and flips in C++: the actors make it again from
+    # its arguments and read each sample with its seed, so the batches are the native ones.
+    from PIL import Image
+
+    from stoker import transforms as T
+
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (tmp_path / c).mkdir()
+        for k in range(12):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(
+                tmp_path / c / f"{k}.jpg")
+    data = stoker.ImageFolder(tmp_path, transform=T.train(16))
+    expected = _batches(_loader(data, shuffle=True))
+    loader = _loader(data, stoker.ray_workers(2), workers=0, shuffle=True)
+    got = _batches(loader)
+    stats = loader.stats()
+    loader.close()
+    assert len(got) == len(expected) == 3
+    for (x, y), (ex, ey) in zip(got, expected):
+        assert np.array_equal(np.asarray(x), np.asarray(ex))
+        assert np.array_equal(np.asarray(y), np.asarray(ey))
+    assert stats["remote"]["jobs"] > 0 and "__getitem__" in stats["pipeline"]
