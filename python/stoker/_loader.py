@@ -178,6 +178,9 @@ class DataLoader:
         stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
         which path ran and why.
       keep_on_host: names of fields that stay in host memory when batches go to a GPU.
+      remote: ``stoker.ray_workers(n, ...)`` adds n Ray actors, anywhere in a Ray cluster,
+        as workers that take the excess of a map-style data set's reads; the batches stay
+        exactly those of a local loader, in order (docs/remote.md).
       collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
         iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
         the next batch of that worker's stream), in parallel, and handed to the training
