@@ -344,12 +344,8 @@ void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const 
     for (auto& e : errors) e = closing;
     return;
   }
-  if (has_remote_.load(std::memory_order_acquire) && fields_known() &&
-      pending_.load(std::memory_order_relaxed) == 0 && read_remote(indices, outs, errors)) {
-    return;
-  }
-  if (auto pool = processes_.load()) {
-    read_in_processes(*pool, indices, outs, errors);
+  if (has_remote_.load(std::memory_order_acquire) || processes_.load()) {
+    read_elsewhere(indices, outs, errors);
   } else if (has_getitems_) {
     read_items(indices, outs, errors);
   } else {
@@ -495,15 +491,30 @@ bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<cons
   return true;
 }
 
-void PyDataset::read_in_processes(ProcessPool& pool, std::span<const std::size_t> indices,
-                                  std::span<const SampleOut> outs,
-                                  std::span<std::exception_ptr> errors) const {
-  if (pending_.load(std::memory_order_relaxed) == 0) {
-    pool.run(*this, indices, outs, errors);
+void PyDataset::read_run(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                         std::span<std::exception_ptr> errors) const {
+  if (has_remote_.load(std::memory_order_acquire) && fields_known() &&
+      read_remote(indices, outs, errors)) {
     return;
   }
-  // Rows probed by a worker process (sent back whole) are written here; the runs of rows
-  // between them go to the workers as usual.
+  if (auto pool = processes_.load()) {
+    pool->run(*this, indices, outs, errors);
+  } else if (has_getitems_) {
+    read_items(indices, outs, errors);
+  } else {
+    read_each(indices, outs, errors);
+  }
+}
+
+void PyDataset::read_elsewhere(std::span<const std::size_t> indices,
+                               std::span<const SampleOut> outs,
+                               std::span<std::exception_ptr> errors) const {
+  if (pending_.load(std::memory_order_relaxed) == 0) {
+    read_run(indices, outs, errors);
+    return;
+  }
+  // Probed rows (sent back whole by a worker process, or read here) are written here; the
+  // runs of rows between them go to the workers as usual.
   std::vector<bool> here(indices.size());
   {
     EngineThreadGil gil;
@@ -528,8 +539,7 @@ void PyDataset::read_in_processes(ProcessPool& pool, std::span<const std::size_t
     }
     std::size_t end = k;
     while (end < indices.size() && !here[end]) ++end;
-    pool.run(*this, indices.subspan(k, end - k), outs.subspan(k, end - k),
-             errors.subspan(k, end - k));
+    read_run(indices.subspan(k, end - k), outs.subspan(k, end - k), errors.subspan(k, end - k));
     k = end;
   }
 }

@@ -188,10 +188,14 @@ class PyDataset final : public Dataset {
   // was free (nothing read).
   bool read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                    std::span<std::exception_ptr> errors) const;
-  // Reads a chunk through the worker processes, writing here the rows that were probed.
-  void read_in_processes(ProcessPool& pool, std::span<const std::size_t> indices,
-                         std::span<const SampleOut> outs,
-                         std::span<std::exception_ptr> errors) const;
+  // Reads a chunk through remote workers or worker processes, writing here the rows that
+  // were probed (read_run for the runs between them).
+  void read_elsewhere(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                      std::span<std::exception_ptr> errors) const;
+  // Reads a run of rows with none probed: through a free remote worker, else the worker
+  // processes, else on this thread.
+  void read_run(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                std::span<std::exception_ptr> errors) const;
   // Checks `sample` against the layout, writes its numbers, notes its copies, keeps its
   // object values (GIL held; throws like the visitor).
   void take_sample(std::size_t index, py::handle sample, const SampleOut& out,
