@@ -415,8 +415,8 @@ class DataLoader:
             # Engine threads num_workers.. drive the remote workers; a unit is read locally
             # when no remote worker's slot is free.
             self._remote = _remote.RemoteWorkers(remote, dataset, self.num_workers,
-                                         self.num_workers + remote.count, self._worker_seed,
-                                         worker_init_fn)
+                                                 self.num_workers + remote.count,
+                                                 self._worker_seed, worker_init_fn)
             if self._remote_auto:
                 self._remote.set_active(0)  # local first
             self._handle.use_remote(self._remote)
@@ -818,9 +818,9 @@ class DataLoader:
         if self._streams is not None:
             raise ValueError("stoker: a stream's workers each read their own shard: their "
                              "count is fixed (num_workers=)")
-        self.num_workers = int(workers)
         if self._reading:
-            self._loader.set_workers(self._engine_workers())
+            self._loader.set_workers(self._engine_workers(int(workers)))
+        self.num_workers = int(workers)
         self._thread_count[0] = int(workers)
 
     def set_depth(self, depth: int) -> None:
@@ -925,10 +925,11 @@ class DataLoader:
         self._workers, self._pool = workers, pool
         self._handle.use_processes(pool)
 
-    def _engine_workers(self) -> int:
-        """The engine's worker threads: the local workers and one per slot of the remote
-        workers in use (_remote.SLOTS each)."""
-        return self.num_workers + (self._remote.threads if self._remote is not None else 0)
+    def _engine_workers(self, local: Optional[int] = None) -> int:
+        """The engine's worker threads: the local workers (`local`, else num_workers) and one
+        per slot of the remote workers in use (_remote.SLOTS each)."""
+        local = self.num_workers if local is None else local
+        return local + (self._remote.threads if self._remote is not None else 0)
 
     def _tune_remote(self) -> None:
         """num_workers='auto' with remote=: every few batches, asks for one more remote
