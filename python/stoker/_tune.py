@@ -113,7 +113,8 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
     second delivered at least 90% of samples_per_s), settled_s (when it last changed
     anything), changes, last_change, peak_slab_bytes, worker_type), ``cpu_cores``,
     ``rounds``, and with the grid ``grid`` (each point with its ``runs``), ``best``,
-    ``ratio``.
+    ``ratio``, and ``choice_ratio`` (the tuned configuration's own grid point over the best,
+    where the grid has it).
     """
     if plot is not None and not grid:
         raise ValueError("plot= needs grid=True")
@@ -194,8 +195,16 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
             points.append(point)
         best = max(points, key=lambda p: p["samples_per_s"])
         result.update(grid=points, best=best, ratio=t["samples_per_s"] / best["samples_per_s"])
+        # The tuned configuration as a fixed point of the same grid, where it has one: how
+        # well the tuner chose, apart from how its own runs went.
+        same = [p for p in points
+                if (p["workers"], p["depth"], p["pin"]) == (t["workers"], t["depth"], "off")]
+        if same:
+            result["choice_ratio"] = same[0]["samples_per_s"] / best["samples_per_s"]
         say(f"best fixed: workers {best['workers']}, depth {best['depth']}, pin {best['pin']}: "
-            f"{best['samples_per_s']:.0f} samples/s; tuned / best fixed: {result['ratio']:.2f}")
+            f"{best['samples_per_s']:.0f} samples/s; tuned / best fixed: {result['ratio']:.2f}"
+            + (f"; the tuned configuration as a fixed point / best: "
+               f"{result['choice_ratio']:.2f}" if same else ""))
         if plot is not None:
             from ._plot import plot as draw
             draw(result, plot)
