@@ -54,6 +54,18 @@ build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel"
   pytest matplotlib tqdm
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
+echo "== PyTorch's own DataLoader tests with stoker's loader (given their file)"
+# test/test_dataloader.py of the PyTorch repository is not part of this one: set
+# STOKER_TORCH_DATALOADER_TESTS to its path (about half an hour on 2 cores).
+python3 -m py_compile tools/torch_dataloader_suite.py
+if [ -n "${STOKER_TORCH_DATALOADER_TESTS:-}" ]; then
+  .venv-test/bin/pip install -q expecttest
+  .venv-test/bin/python tools/torch_dataloader_suite.py "$STOKER_TORCH_DATALOADER_TESTS" \
+    --min-share 95
+else
+  echo "skipped: STOKER_TORCH_DATALOADER_TESTS is not set"
+fi
+
 echo "== benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --no-baseline --json >/dev/null
 ./build/stoker bench --smoke --device sim --json >/dev/null

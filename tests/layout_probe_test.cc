@@ -115,9 +115,43 @@ TEST(LayoutProbe, TheFirstSamplesTellTheLayoutAndAreReadOnce) {
   }
 }
 
-TEST(LayoutProbe, NoSampleThatReadsIsTheConsumersError) {
+TEST(LayoutProbe, BatchesWhoseSamplesAllFailRaiseInTheirPlacesAndTheEpochEnds) {
+  std::set<std::size_t> all;
+  for (std::size_t i = 0; i < 20; ++i) all.insert(i);
+  for (const char* device : {"cpu", "sim"}) {
+    for (std::size_t workers : {0, 1, 2}) {
+      auto ds = std::make_shared<ProbedDataset>(20, all);
+      auto o = options(ds, workers);
+      o.device = device;
+      Loader loader(o);
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        std::vector<std::size_t> failed;  // each batch's first sample
+        for (std::size_t call = 0; call <= loader.batches_per_epoch(); ++call) {
+          try {
+            if (!loader.next()) break;
+            ADD_FAILURE() << "a batch with no sample that reads, " << device << ", workers "
+                          << workers;
+          } catch (const SampleError& e) {
+            failed.push_back(e.index());
+            EXPECT_NE(std::string(e.what()).find("probe of a bad sample"), std::string::npos);
+          }
+        }
+        EXPECT_EQ(failed, (std::vector<std::size_t>{0, 8, 16}))
+            << device << ", workers " << workers;
+      }
+      EXPECT_EQ(loader.stats().slabs, 0u);  // nothing to hold
+      std::lock_guard lock(ds->mu_);
+      EXPECT_TRUE(ds->reads_.empty())
+          << "a probed sample read again, " << device << ", workers " << workers;
+    }
+  }
+}
+
+TEST(LayoutProbe, UnderSkipNoSampleThatReadsIsTheConsumersError) {
   auto ds = std::make_shared<ProbedDataset>(6, std::set<std::size_t>{0, 1, 2, 3, 4, 5});
-  Loader loader(options(ds, 2));
+  auto o = options(ds, 2);
+  o.on_error = ErrorPolicy::skip;
+  Loader loader(o);
   EXPECT_THROW(loader.next(), SampleError);
   EXPECT_EQ(loader.stats().slabs, 0u);
 }

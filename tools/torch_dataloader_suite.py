@@ -10,6 +10,9 @@ report counts, of the tests that pass with torch's loader, those that also pass 
     .venv-test/bin/python tools/torch_dataloader_suite.py /path/to/test_dataloader.py
     .venv-test/bin/python tools/torch_dataloader_suite.py FILE -k TestDataLoader.test_len -v
 
+With ``--min-share 95`` it exits with status 1 when fewer than 95% of them pass (what
+scripts/test.sh runs when given the file).
+
 The replacement reaches every place the tests make a loader: the module's own
 ``from torch.utils.data import DataLoader``, ``torch.utils.data.DataLoader(...)``, the
 processes the tests start with the spawn method (they import this file first, as their
@@ -168,6 +171,8 @@ def main() -> None:
     parser.add_argument("--torch-from", metavar="JSON",
                         help="take torch's outcomes from an earlier --json instead of running "
                              "the file with torch's loader again (it does not change)")
+    parser.add_argument("--min-share", type=float, metavar="PERCENT",
+                        help="exit with status 1 if fewer pass with stoker's loader")
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--child-json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -203,6 +208,8 @@ def main() -> None:
     share = 100.0 * len(ok) / max(1, len(passing))
     print(f"\n{len(ok)} of {len(passing)} tests that pass with torch's DataLoader pass with "
           f"stoker's ({share:.0f}%); of the {len(builds)} that build a loader, {len(builds_ok)}.")
+    if args.min_share is not None and share < args.min_share:
+        raise SystemExit(f"fewer than {args.min_share:g}% pass")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <string>
 #include <system_error>
@@ -161,8 +162,11 @@ py::object PyLoader::next(double timeout_s) {
     // here; the batch waited for stays with the loader for the next call.
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
     if (timeout_s > 0 && Clock::now() - start >= timeout) {
-      // torch's message, with the number as Python prints it
-      const std::string seconds = py::str(py::float_(timeout_s));
+      // torch's message, which prints the timeout as the user gave it: most often a whole
+      // number, so one is printed without Python's ".0".
+      const std::string seconds = timeout_s == std::floor(timeout_s)
+                                      ? std::to_string(static_cast<long long>(timeout_s))
+                                      : static_cast<std::string>(py::str(py::float_(timeout_s)));
       throw std::runtime_error("DataLoader timed out after " + seconds + " seconds");
     }
   }

@@ -590,7 +590,6 @@ void ProcessPool::stop() noexcept {
   stopped_ = true;
   for (auto& link : links_) {
     if (link->fd >= 0) shutdown(link->fd, SHUT_RDWR);
-    if (!link->dead && link->pid > 0) kill(link->pid, SIGTERM);
   }
   free_cv_.notify_all();
 }

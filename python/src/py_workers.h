@@ -117,8 +117,9 @@ class ProcessPool {
   // callers lease it. Returns (True, failed, blob, pid), or (False, why) if the worker died
   // (it is started afresh by its next job) or the pool stopped. GIL held on entry.
   py::tuple call(std::size_t worker_id, std::uint64_t index, const py::bytes& args);
-  // Shuts the sockets down (a thread blocked on one returns at once) and sends SIGTERM; no
-  // more workers are started. Any thread, no GIL.
+  // Shuts the sockets down (a thread blocked on one returns at once; a worker reading its
+  // socket sees EOF and exits, with code 0, as torch's workers do when asked); no more
+  // workers are started. reap() terminates those still busy. Any thread, no GIL.
   void stop() noexcept;
   // stop(), then reap() and close the sockets (GIL held). Idempotent.
   void finish();

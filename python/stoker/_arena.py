@@ -18,7 +18,9 @@ python/src/py_workers.h stays bytes only.
 
 from __future__ import annotations
 
+import errno
 import io
+import logging
 import mmap
 import os
 import pickle
@@ -36,6 +38,10 @@ _MIN_ARENA = 1 << 20
 # tensor goes into the arena).
 _MIN_SHARED = 4096
 _TAG = b"SA"  # a reply with an arena starts with this; a plain pickle never does
+# Making another arena failed for want of file descriptors or memory (every arena holds a
+# batch the training loop keeps): the reply is pickled whole instead.
+_OUT_OF_ARENAS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC)
+_log = logging.getLogger("stoker")
 
 
 def _round_up(n: int, to: int) -> int:
@@ -77,6 +83,7 @@ class Arenas:
 
     def __init__(self) -> None:
         self._arenas: list[tuple[int, mmap.mmap]] = []  # (fd, mapping), by size
+        self._pickled_said = False
 
     def _take(self, nbytes: int) -> tuple[int, mmap.mmap]:
         for fd, mm in self._arenas:  # the smallest free one that fits
@@ -103,7 +110,19 @@ class Arenas:
             name = str(dtype).removeprefix("torch.") if kind == "t" else dtype.str
             metas.append((kind, name, tuple(leaf.shape), offset, nbytes))
             offset = _round_up(offset + nbytes, _ALIGN)
-        fd, mm = self._take(offset)
+        try:
+            fd, mm = self._take(offset)
+        except OSError as e:
+            if e.errno not in _OUT_OF_ARENAS:
+                raise
+            if not self._pickled_said:
+                self._pickled_said = True
+                _log.warning("stoker: worker process %d cannot make another shared-memory arena "
+                             "(%s; the training loop holds a batch in each of its %d): batches "
+                             "are pickled whole until one is freed (slower; raise ulimit -n, "
+                             "or keep copies of fewer batches)", os.getpid(), e.strerror,
+                             len(self._arenas))
+            return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         torch = _torch()
         for leaf, (kind, _, _, start, nbytes) in zip(leaves, metas):
             if kind == "t":

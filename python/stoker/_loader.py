@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import types
+import warnings
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
@@ -162,7 +163,8 @@ class DataLoader:
         share of the node under torchrun) and tunes the count and the batches in flight
         online, both ways, within a CPU and a memory budget (no grid search); with worker
         processes, one per core of the share. 0 reads on the training loop's thread. A fixed
-        count whose training loop waits is told once in the log what 'auto' would do.
+        count whose training loop waits is told once in the log what 'auto' would do. An
+        iterable data set's 'auto' is one worker (each worker iterates its own copy).
       worker_type: 'auto' (default) starts on threads and moves to worker processes when the
         first batches show reads that keep the GIL busy (pure-Python __getitem__); 'thread'
         or 'process' to choose. Processes write samples straight into shared batch buffers
@@ -174,7 +176,9 @@ class DataLoader:
         copied on a side stream while the previous batch trains (the "data prefetcher"), with
         the current stream made to wait for the copy. Falls back to the CPU, with one log line,
         where no GPU answers.
-      persistent_workers: workers always persist (and the next epoch is prefetched).
+      persistent_workers: workers always persist (and the next epoch is prefetched); None
+        (default) is torch's False without the warning that an explicit False gives worker
+        processes.
       prefetch_factor: batches in flight are ``prefetch_factor * max(1, num_workers)``.
       on_error: 'raise' (default) raises a failed sample's exception, with its type and
         traceback and a note naming the sample; 'skip' replaces the sample with another one
@@ -216,7 +220,7 @@ class DataLoader:
         generator=None,
         *,
         prefetch_factor: Optional[int] = None,
-        persistent_workers: bool = False,
+        persistent_workers: Optional[bool] = None,
         pin_memory_device: str = "",
         in_order: bool = True,
         device=None,
@@ -241,13 +245,14 @@ class DataLoader:
         # from its attributes (as Lightning does to add a DistributedSampler).
         stoker_arguments = dict(
             worker_init_fn=worker_init_fn, pin_memory=pin_memory,
-            persistent_workers=persistent_workers, pin_memory_device=pin_memory_device,
+            persistent_workers=bool(persistent_workers), pin_memory_device=pin_memory_device,
             in_order=in_order, device=device, on_error=on_error, max_skipped=max_skipped,
             pin_budget=pin_budget, device_depth=device_depth, native=native,
             keep_on_host=keep_on_host)
         if collate_fn is not None and collate_fn is _compat.default_collate():
             collate_fn = None  # stoker's own batching is default_collate's
         self._streams = None
+        self._stream_len = None  # a stream's len(dataset) when len(loader) was last asked
         self._jobs = None
         self._samples = None  # the map-style data set's length when the loader was made
         if _batches.is_stream(dataset):
@@ -278,7 +283,7 @@ class DataLoader:
 
         self.dataset = dataset
         self._sampler = sampler  # the one the engine follows (torch's `sampler` may differ)
-        self.timeout = float(timeout)
+        self.timeout = timeout  # as given, as torch keeps it (its timeout message prints it)
         self._epoch = 0  # the next epoch iter() starts, without a sampler that says
         self._resume: Optional[tuple[int, int]] = None
         # The current iterator, held weakly: it holds the loader, and a reference cycle would
@@ -518,7 +523,11 @@ class DataLoader:
         if worker_type not in ("auto", "thread", "process"):
             raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
                              f"{worker_type!r}")
-        workers = _cores() if num_workers == "auto" else int(num_workers)
+        # 'auto' is one worker: every worker iterates its own copy of the stream, so a data
+        # set that does not shard itself by get_worker_info() would be read once per worker
+        # (torch's default, num_workers=0, reads it once). A sharded stream's num_workers is
+        # the user's to give, as with torch.
+        workers = 1 if num_workers == "auto" else int(num_workers)
         if workers < 0:
             raise ValueError("num_workers option should be non-negative; use num_workers=0 "
                              "to disable multiprocessing.")
@@ -529,7 +538,7 @@ class DataLoader:
         self.dataset, self.sampler, self.batch_sampler = dataset, None, None
         self._sampler = None
         self.batch_size = None if batch_size is None else int(batch_size)
-        self.drop_last, self.collate_fn, self.timeout = bool(drop_last), collate_fn, float(timeout)
+        self.drop_last, self.collate_fn, self.timeout = bool(drop_last), collate_fn, timeout
         self.num_workers = workers
         self.prefetch_factor = 2 if prefetch_factor is None else int(prefetch_factor)
         self.seed = 0
@@ -556,9 +565,9 @@ class DataLoader:
         pin = self._device.startswith("cuda") or (pin_memory is True and has_gpu)
         collate = collate_fn if collate_fn is not None else _batches.default_collate(
             batch_size is not None)
-        processes = None
+        processes = self._workers = None  # torch's iterator lists the worker processes
         if self.worker_type == "process":
-            processes = ProcessWorkers(
+            processes = self._workers = ProcessWorkers(
                 _batches.StreamJobs(dataset, collate, self.batch_size, self.drop_last), workers,
                 mp_context(multiprocessing_context), self._worker_seed, worker_init_fn)
         elif pin:
@@ -654,6 +663,7 @@ class DataLoader:
 
     def __len__(self) -> int:
         if self._streams is not None:
+            self._stream_len = len(self.dataset)
             return len(self._streams)
         samples = _compat.sized(self.dataset)
         if self._follows_len and samples is not None and samples != self._samples:
@@ -860,7 +870,8 @@ class DataLoader:
 
     def _start_processes(self) -> None:
         """Starts the worker processes and sends reads to them from now on."""
-        if not self._persistent_asked:
+        # Only when passed: a warning for torch's default could not be silenced.
+        if self._persistent_asked is False:
             _compat.warn("worker processes persist across epochs (persistent_workers=False is "
                          "not honoured): changes made to the data set in this process after "
                          "they started are not seen by them")
@@ -944,6 +955,11 @@ class _Iterator:
         self._loader = loader
         self._stale = False
         self._done = False
+        # A stream yielding more than the len() it reported (workers that do not shard it)
+        # warns from then on, as torch's iterator does: it counts what it yields against the
+        # data set's len() as of the last len(loader) before this iter().
+        self._reported_len = loader._stream_len
+        self._yielded = 0
 
     def __iter__(self) -> "_Iterator":
         return self
@@ -966,4 +982,18 @@ class _Iterator:
         if batch is None:
             self._done = True
             raise StopIteration
+        self._yielded += 1
+        if self._reported_len is not None and self._yielded > self._reported_len:
+            self._warn_longer_than_reported()
         return batch
+
+    def _warn_longer_than_reported(self) -> None:
+        message = (f"Length of IterableDataset {self._loader.dataset} was reported to be "
+                   f"{self._reported_len} (when accessing len(dataloader)), but "
+                   f"{self._yielded} samples have been fetched. ")
+        if self._loader.num_workers > 0:
+            message += ("For multiprocessing data-loading, this could be caused by not "
+                        "properly configuring the IterableDataset replica at each worker. "
+                        "Please see https://pytorch.org/docs/stable/data.html"
+                        "#torch.utils.data.IterableDataset for examples.")
+        warnings.warn(message, UserWarning, stacklevel=3)

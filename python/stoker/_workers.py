@@ -12,11 +12,15 @@ import pickle
 import socket
 import sys
 import threading
+import time
 from typing import Any, Callable, Optional
 
 from . import _arena, _stoker, _worker
 
-# How long close() gives worker processes to exit after SIGTERM before SIGKILL.
+# How long close() gives worker processes to exit when asked (EOF on their socket: one
+# waiting for a job exits at once, with code 0) before SIGTERM, and after SIGTERM before
+# SIGKILL.
+_ASKED_S = 0.1
 _GRACE_S = 0.5
 
 
@@ -94,12 +98,17 @@ class ProcessWorkers:
             return [self._processes[i] for i in sorted(self._processes)]
 
     def _reap(self) -> None:
-        """Called by the pool when the loader closes: SIGTERM was sent; wait briefly, then
-        SIGKILL, and reap every worker."""
+        """Called by the pool when the loader closes, its sockets shut down: waits briefly for
+        the workers to exit, then SIGTERM, then SIGKILL, and reaps every worker. Their Process
+        objects stay open (torch's iterator lists them: exitcode and join() answer) and close
+        their descriptors when collected."""
         with self._lock:
             processes = list(self._processes.values()) + self._retired
             self._processes.clear()
             self._retired = []
+        deadline = time.monotonic() + _ASKED_S
+        for p in processes:
+            p.join(max(0.0, deadline - time.monotonic()))
         for p in processes:
             if p.exitcode is None:
                 p.terminate()
@@ -108,7 +117,6 @@ class ProcessWorkers:
             if p.exitcode is None:
                 p.kill()
                 p.join()
-            p.close()
 
 
 def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):

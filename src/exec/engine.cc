@@ -212,6 +212,10 @@ Ticket* Engine::find_work(bool head_only, bool& look_again) {
   if (Ticket* ticket = claimable(head_only)) return ticket;
   if ((head_only && head_ != nullptr) || !can_open()) return nullptr;
   if (!layout_known_) {
+    if (config_.on_error == ErrorPolicy::raise && probes_running_ == 0 && order_ready() &&
+        probes_started_ >= batch_rows(open_batch_)) {
+      return open_next();  // every sample of it failed its probe
+    }
     look_again = probe();
     return nullptr;
   }
@@ -257,7 +261,11 @@ bool Engine::probe() {
     return true;
   }
   const std::size_t position = open_batch_ * config_.batch_size + probes_started_;
-  if (position >= samples_per_epoch_ || probes_failed_ >= kMaxProbes) {
+  if (config_.on_error == ErrorPolicy::raise) {
+    // No further than the batches that may open: the failed ones open as they are probed.
+    const std::size_t batches = std::min(open_batch_ + depth_ - in_flight_, batches_per_epoch_);
+    if (position >= std::min(batches * config_.batch_size, samples_per_epoch_)) return false;
+  } else if (position >= samples_per_epoch_ || probes_failed_ >= kMaxProbes) {
     // Nothing left to probe: once the last probes are back, their failure is the consumer's.
     if (probes_running_ == 0 && probe_error_) fail(probe_error_);
     return false;
@@ -355,11 +363,16 @@ void Engine::fail(std::exception_ptr error) {
 }
 
 Ticket* Engine::open_next() {
+  const std::size_t size = batch_rows(open_batch_);
   Ticket* ticket = nullptr;
   try {
     ticket = tickets_.acquire();
     try {
-      ticket->slab = pool_->acquire();
+      if (layout_known_) {
+        ticket->slab = pool_->acquire();
+      } else {
+        ticket->slabless_rows.resize(size);
+      }
     } catch (...) {
       tickets_.release(ticket);
       throw;
@@ -368,8 +381,8 @@ Ticket* Engine::open_next() {
     fail(std::current_exception());
     return nullptr;
   }
+  if (!layout_known_) probes_started_ -= size;  // the probes of the next batch on
   const std::size_t first = open_batch_ * config_.batch_size;
-  const std::size_t size = std::min(config_.batch_size, samples_per_epoch_ - first);
   ticket->epoch = open_epoch_;
   ticket->number = open_batch_;
   ticket->size = size;
@@ -384,8 +397,7 @@ Ticket* Engine::open_next() {
     ticket->failure.reset();
     ticket->skipped.clear();
   }
-  std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size,
-              ticket->slab->rows().begin());
+  std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size, ticket->rows().begin());
   ticket->chunk_rows = (size + std::max<std::size_t>(target_workers_, 1) - 1) /
                        std::max<std::size_t>(target_workers_, 1);
   ticket->chunks = (size + ticket->chunk_rows - 1) / ticket->chunk_rows;
@@ -406,14 +418,15 @@ Ticket* Engine::open_next() {
 }
 
 void Engine::retire(Ticket* ticket) noexcept {
-  pool_->release(std::exchange(ticket->slab, nullptr));
+  if (ticket->slab != nullptr) pool_->release(std::exchange(ticket->slab, nullptr));
+  ticket->slabless_rows.clear();
   tickets_.release(ticket);
 }
 
 void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
   const std::size_t begin = ticket->next_chunk++ * ticket->chunk_rows;
   const std::size_t end = std::min(begin + ticket->chunk_rows, ticket->size);
-  const std::span<const std::size_t> rows = ticket->slab->rows();
+  const std::span<const std::size_t> rows = ticket->rows();
   bool traced = false;
   {
     MutexUnlock unlocked(mu_);
@@ -474,13 +487,12 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
 }
 
 void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
-  Slab& slab = *ticket->slab;
-  const std::span<const std::size_t> indices = slab.rows().subspan(begin, end - begin);
+  const std::span<const std::size_t> indices = ticket->rows().subspan(begin, end - begin);
   std::vector<SampleOut> outs;
   outs.reserve(indices.size());
   for (std::size_t row = begin; row < end; ++row) {
-    const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, slab.rows()[row]);
-    outs.emplace_back(pool_->field_bytes(), slab.fields(), row, seed);
+    const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, indices[row - begin]);
+    outs.emplace_back(pool_->field_bytes(), field_bases(*ticket), row, seed);
   }
   std::vector<std::exception_ptr> errors(indices.size());
   try {
@@ -494,7 +506,7 @@ void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
   for (std::size_t k = 0; k < errors.size(); ++k) {
     if (!errors[k]) continue;
     const std::size_t row = begin + k;
-    const std::size_t index = slab.rows()[row];
+    const std::size_t index = indices[k];
     bool retry = false;
     try {
       std::rethrow_exception(errors[k]);
@@ -514,17 +526,17 @@ std::size_t Engine::replacement(const Ticket* ticket, std::size_t index,
 }
 
 void Engine::read_row(Ticket* ticket, std::size_t row) {
-  read_row(ticket, row, ticket->slab->rows()[row], 0);
+  read_row(ticket, row, ticket->rows()[row], 0);
 }
 
 void Engine::read_row(Ticket* ticket, std::size_t row, std::size_t index,
                       std::size_t first_attempt) {
-  Slab& slab = *ticket->slab;
   for (std::size_t attempt = first_attempt;; ++attempt) {
     try {
       const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, index);
-      config_.dataset->read(index, SampleOut(pool_->field_bytes(), slab.fields(), row, seed));
-      slab.rows()[row] = index;
+      config_.dataset->read(index,
+                            SampleOut(pool_->field_bytes(), field_bases(*ticket), row, seed));
+      ticket->rows()[row] = index;
       return;
     } catch (...) {
       if (!on_failure(ticket, row, index, attempt)) return;

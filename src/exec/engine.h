@@ -21,9 +21,14 @@
 // positions in order from the next batch to open, as many at once as there are workers, so
 // data sets whose workers wait for one another (a barrier in __getitem__) get all of them.
 // The data set keeps what each probe read for that row's read, failures included: an error
-// in a probed sample surfaces with its batch. If no sample of the epoch reads (or
-// kMaxProbes fail), the last failure is the consumer's error, as a SampleError; so is an
-// exception a probe throws (not the sample's: Ctrl-C on an inline consumer), at once.
+// in a probed sample surfaces with its batch. Under ErrorPolicy::raise probes go no further
+// than the batches that may open, and a batch whose samples all failed their probes opens
+// without a slab (it has nothing to hold): its rows are read only to fail with their kept
+// failures, so each such batch raises its own sample's exception in its place in the order
+// and the epoch ends, as with any failed batch. Under skip (a failed sample is replaced by
+// any other) probes go on through the epoch; if no sample of it reads (or kMaxProbes fail),
+// the last failure is the consumer's error, as a SampleError. An exception a probe throws
+// (not the sample's: Ctrl-C on an inline consumer) is the consumer's error at once.
 //
 // Each batch in flight has a Ticket: the slab it is written into, which batch it is, how its
 // rows are split into chunks, and what failed. Tickets stay with the engine; take() hands the
@@ -33,6 +38,7 @@
 // rows are written only by the worker that claimed their chunk, outside the lock.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -42,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -91,11 +98,15 @@ struct Ticket {
   std::int64_t opened_ns = 0;
   std::int64_t ready_ns = 0;
 
+  // The rows of a batch opened without a slab (every sample failed its probe, see above).
+  std::vector<std::size_t> slabless_rows;
+
   Mutex failure_mu;
   std::optional<SampleFailure> failure STOKER_GUARDED_BY(failure_mu);  // the first failed row
   std::vector<SkippedSample> skipped STOKER_GUARDED_BY(failure_mu);
 
   bool ready() const { return chunks_done == chunks; }
+  std::span<std::size_t> rows() { return slab != nullptr ? slab->rows() : slabless_rows; }
 };
 
 struct EngineConfig {
@@ -194,12 +205,21 @@ class Engine {
   // Computes that order with mu_ released (callers look at the state again afterwards).
   void compute_order() STOKER_REQUIRES(mu_);
   // Opens the next batch in sample order; requires can_open() and order_ready(). Returns null
-  // if no slab could be had (see fail()).
+  // if no slab could be had (see fail()). Before the layout is known it opens a batch whose
+  // samples all failed their probes, without a slab.
   Ticket* open_next() STOKER_REQUIRES(mu_);
   // A failure not tied to a sample (no memory for a slab or an order): no more batches are
   // opened, and the consumer gets the error once nothing in flight is left to hand out; its
   // following next() clears it and opening resumes.
   void fail(std::exception_ptr error) STOKER_REQUIRES(mu_);
+  // The rows of batch `number` of an epoch (the last may be short).
+  std::size_t batch_rows(std::size_t number) const {
+    return std::min(config_.batch_size, samples_per_epoch_ - number * config_.batch_size);
+  }
+  // Where SampleOut writes a ticket's rows: nowhere for a batch without a slab.
+  static std::byte* const* field_bases(const Ticket& ticket) {
+    return ticket.slab != nullptr ? ticket.slab->fields() : nullptr;
+  }
   // Returns a ticket that nobody reads any more, with its slab.
   void retire(Ticket* ticket) noexcept;
   // Claims one chunk of `ticket`, reads its rows with mu_ released, and marks it done.

@@ -7,7 +7,10 @@ import collections.abc
 import gc
 import multiprocessing
 import random
+import subprocess
+import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -306,6 +309,45 @@ def test_iterable_dataset_shards_and_order_as_torch(workers, worker_type, drop_l
     loader.close()
 
 
+def test_a_stream_that_does_not_shard_is_read_once_by_default():
+    # Each worker iterates its own copy: by default (torch's num_workers=0, stoker's 'auto')
+    # every item comes once.
+    class Counting(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    theirs = list(tud.DataLoader(Counting(), batch_size=None))
+    loader = stoker.DataLoader(Counting(), batch_size=None)
+    assert theirs == list(loader) == list(range(10))
+    loader.close()
+
+
+def test_a_stream_longer_than_its_len_warns_once_len_was_asked():
+    # Two workers that do not shard a stream of 6 yield 12 items: past the 6 len() reported,
+    # each next() warns, as torch's does; not before len() was asked.
+    class Six(tud.IterableDataset):
+        def __iter__(self):
+            return iter(range(6))
+
+        def __len__(self):
+            return 6
+
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        loader = loader_type(Six(), batch_size=None, num_workers=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert len(list(loader)) == 12
+        assert len(loader) == 6
+        it = iter(loader)
+        for k in range(12):
+            if k < 6:
+                next(it)
+            else:
+                with pytest.warns(UserWarning, match=f"but {k + 1} samples have been fetched"):
+                    next(it)
+        del it, loader
+
+
 def test_an_iterable_without_getitem_is_a_stream():
     # torch takes it for a map-style data set (and fails at len()); stoker reads it as a stream.
     class Plain:
@@ -560,12 +602,21 @@ def test_argument_errors_are_torchs(kwargs, error, words):
     (dict(in_order=False), "in_order=False is not used"),
     (dict(num_workers=2, worker_type="thread", multiprocessing_context="spawn"),
      "multiprocessing_context is not used"),
-    (dict(num_workers=1, worker_type="process"), "persistent_workers=False is not honoured"),
+    (dict(num_workers=1, worker_type="process", persistent_workers=False),
+     "persistent_workers=False is not honoured"),
 ])
 def test_arguments_stoker_does_not_honour_warn(kwargs, words):
     with pytest.warns(UserWarning, match=words):
         loader = stoker.DataLoader(Pairs(), batch_size=4, **kwargs)
     loader.close()
+
+
+def test_torchs_default_persistent_workers_does_not_warn(recwarn):
+    loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=1, worker_type="process")
+    assert loader.persistent_workers is False
+    list(loader)
+    loader.close()
+    assert not [w for w in recwarn if "persistent_workers" in str(w.message)]
 
 
 def test_pin_memory_without_a_gpu_warns_as_torch():
@@ -684,3 +735,92 @@ def test_a_failing_first_sample_fails_its_batch_only(workers):
         results.append(list(it))
     assert len(results[0]) == 2
     assert_same(*results)
+
+
+def failures_per_epoch(loader, error):
+    """What each next() of two epochs gave: 'batch', or `error` (torch's worker processes
+    raise it again with the worker's traceback as its message)."""
+    epochs = []
+    for _ in range(2):
+        seen, it = [], iter(loader)
+        for _ in range(len(loader) + 1):  # one more: the end of the epoch
+            try:
+                next(it)
+                seen.append("batch")
+            except StopIteration:
+                break
+            except error:
+                seen.append(error.__name__)
+        epochs.append(seen)
+    return epochs
+
+
+class FailsBelow(Pairs):
+    """Samples below `bad` raise LookupError(index): the layout is not known until the first
+    sample that reads, if any."""
+
+    def __init__(self, n, bad):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i < self.bad:
+            raise LookupError(i)
+        return super().__getitem__(i)
+
+
+@pytest.mark.parametrize("workers, worker_type", [(0, "auto"), (3, "thread"), (2, "process")])
+@pytest.mark.parametrize("bad", [41, 7])
+def test_batches_of_failing_samples_each_raise_the_samples_type_then_the_epoch_ends(
+        workers, worker_type, bad):
+    # Every sample failing (bad=41) is torch's test_error: each batch raises, then the epoch
+    # ends; bad=7 learns the layout only after three failed batches.
+    kwargs = dict(batch_size=3, num_workers=workers)
+    theirs = failures_per_epoch(tud.DataLoader(FailsBelow(41, bad), **kwargs), LookupError)
+    ours = failures_per_epoch(stoker.DataLoader(FailsBelow(41, bad), worker_type=worker_type,
+                                                **kwargs), LookupError)
+    assert theirs == ours
+
+
+_KEEP_EVERY_BATCH = """
+import resource, sys, torch, torch.utils.data as tud, stoker
+loader_type = {"torch": tud.DataLoader, "stoker": stoker.DataLoader}[sys.argv[1]]
+
+class Random(tud.IterableDataset):
+    def __iter__(self):
+        return (torch.randn(2, 2) for _ in range(200))
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+try:
+    kept = list(loader_type(Random(), num_workers=1, multiprocessing_context="fork"))
+    assert len(kept) == 200 and all(t.shape == (1, 2, 2) for t in kept)
+except RuntimeError as e:
+    assert "ulimit -n" in str(e), e
+"""
+
+
+@pytest.mark.parametrize("loader", ["torch", "stoker"])
+def test_keeping_every_batch_under_a_low_open_files_limit_works_or_says_why(loader):
+    # torch's test_fd_limit_exceeded: each batch kept holds shared memory (a file descriptor
+    # in the worker); torch's loader either copes or says to raise the limit. stoker's copes:
+    # out of descriptors, its worker pickles the batches whole.
+    subprocess.run([sys.executable, "-c", _KEEP_EVERY_BATCH, loader], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_worker_processes_of_a_dropped_loader_exit_with_code_zero(stream):
+    # torch's iterator lists its worker processes (_workers); once the loader is gone they
+    # exit cleanly, and their Process objects still answer.
+    dataset = Shards() if stream else Pairs()
+    for loader_type, extra in ((tud.DataLoader, {}), (stoker.DataLoader,
+                                                      {"worker_type": "process"})):
+        loader = loader_type(dataset, batch_size=4, num_workers=2, **extra)
+        it = iter(loader)
+        next(it)
+        workers = list(it._workers)
+        assert len(workers) == 2, loader_type
+        del it, loader
+        gc.collect()
+        for w in workers:
+            w.join(10)
+            assert (w.is_alive(), w.exitcode) == (False, 0), loader_type
