@@ -38,15 +38,15 @@ _AUTO_MIN_READS = 16
 # checked on the CPU time scaled by the share of their runnable time the reading threads got a
 # core (CPU time plus run-queue delay, Stats::worker_run_delay, over CPU time): unscaled, a
 # pure-Python read on two threads measured ~50% at a load average of 3.5 on 2 cores and
-# 12-17% at 9-13, below the threshold.
+# 12-17% with 10-14 other sessions spinning (load 4-13), below the threshold.
 # The scale overstates (threads woken to take the GIL wait for a core too) and is at most
 # _AUTO_LOAD_SCALE (the tuner's kRunDelayScale, src/tune/tuner.h): a sleeper's reads wait for
-# a core after each wake-up, and a larger scale would make their few percent look like a busy
-# GIL. Load only ever lowers the unscaled share, so the upper bound (work in parallel) is
-# checked on it.
+# a core after each wake-up, and the scale must not make their 1-5% look like a busy GIL; at
+# 6 both stay on their side of the threshold down to and up to 6.7% unscaled. Load only ever
+# lowers the unscaled share, so the upper bound (work in parallel) is checked on it.
 _AUTO_GIL_BUSY = 0.4
 _AUTO_GIL_PARALLEL = 1.25
-_AUTO_LOAD_SCALE = 8.0
+_AUTO_LOAD_SCALE = 6.0
 
 # num_workers='auto' starts with one worker per core of this rank's share and lets the
 # engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many

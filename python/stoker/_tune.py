@@ -80,10 +80,11 @@ def _tuned(dataset, batch_size: int, seconds: float, measure: float, step,
            loader_args: dict) -> dict[str, Any]:
     """One run of the tuner from a cold start, then its measurement."""
     loader = DataLoader(dataset, batch_size, num_workers="auto", **loader_args)
-    start = loader.stats()
+    # A Python data set's workers start with the first iter(): its stats say 0 until then.
+    start = {"workers": loader.num_workers, "depth": loader.stats()["depth"]}
     m = _drive(loader, seconds, measure, step)
     loader.close()
-    m["start"] = {"workers": start["workers"], "depth": start["depth"]}
+    m["start"] = start
     return m
 
 

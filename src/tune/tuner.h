@@ -126,10 +126,12 @@ inline constexpr double kBusy = 0.9;
 inline constexpr double kLockSaturated = 0.35;
 // The GIL's CPU time is scaled by the workers' (CPU time + run-queue delay) / CPU time, at
 // most this much: unscaled, a pure-Python data set on two threads measured ~50% at a load
-// average of 3.5 on 2 cores and 12-17% at 9-13; but sleepers wait for a core after each
-// wake-up too, and a larger scale would make their 1-3% look like a busy GIL. The Python
-// package's worker_type='auto' uses the same scale (_AUTO_LOAD_SCALE).
-inline constexpr double kRunDelayScale = 8;
+// average of 3.5 on 2 cores and 12-17% with 10-14 other sessions spinning (load 4-13); but
+// sleepers wait for a core after each wake-up too, and the scale must not make their 1-5%
+// look like a busy GIL. At 6, both stay on their side of 40% (worker_type='auto') down to
+// and up to 6.7% unscaled. The Python package's worker_type='auto' uses the same scale
+// (_AUTO_LOAD_SCALE).
+inline constexpr double kRunDelayScale = 6;
 
 // The cores a loader may use: `cores` (the process's affinity), divided among the ranks that
 // torchrun started on this node (LOCAL_WORLD_SIZE), at least one.
