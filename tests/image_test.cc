@@ -146,6 +146,38 @@ TEST(Resample, ColumnsPassWritesFlippedNormalizedLayouts) {
   EXPECT_NEAR(f[3], (100 / 255.0f - 0.5f) / 0.5f, 1e-6);
 }
 
+TEST(Resample, WritePixelsConvertsWithoutResampling) {
+  // The same 2x2 image as above, u8 HWC rows of 8 bytes (6 of pixels, 2 of padding): what
+  // resample_columns writes, write_pixels writes from plain pixels.
+  const std::vector<std::uint8_t> hwc_in = {10, 20, 30, 40,  50,  60,  0, 0,
+                                            70, 80, 90, 100, 110, 120, 0, 0};
+  std::vector<std::uint8_t> chw(12);
+  image::OutputArgs a;
+  a.out = std::as_writable_bytes(std::span(chw));
+  a.width = a.height = 2;
+  image::write_pixels(hwc_in.data(), 8, a);
+  EXPECT_EQ(chw, (std::vector<std::uint8_t>{10, 40, 70, 100, 20, 50, 80, 110, 30, 60, 90, 120}));
+
+  std::vector<std::uint8_t> hwc(12);
+  a.out = std::as_writable_bytes(std::span(hwc));
+  a.layout = ImageLayout::hwc;
+  a.flip = true;
+  image::write_pixels(hwc_in.data(), 8, a);
+  EXPECT_EQ(hwc, (std::vector<std::uint8_t>{40, 50, 60, 10, 20, 30, 100, 110, 120, 70, 80, 90}));
+
+  std::vector<float> f(12);
+  a.out = std::as_writable_bytes(std::span(f));
+  a.dtype = DType::f32;
+  a.layout = ImageLayout::chw;
+  a.flip = false;
+  image::normalize_args({0.5f, 0.25f, 0.0f}, {0.5f, 0.25f, 2.0f}, a);
+  image::write_pixels(hwc_in.data(), 8, a);
+  EXPECT_NEAR(f[0], (10 / 255.0f - 0.5f) / 0.5f, 1e-6);
+  EXPECT_NEAR(f[4], (20 / 255.0f - 0.25f) / 0.25f, 1e-6);
+  EXPECT_NEAR(f[11], (120 / 255.0f - 0.0f) / 2.0f, 1e-6);
+  EXPECT_NEAR(f[3], (100 / 255.0f - 0.5f) / 0.5f, 1e-6);
+}
+
 // ---------------------------------------------------------------- crop rules
 
 TEST(RandomResizedCrop, DrawIsAPureFunctionOfTheSeedAndInBounds) {

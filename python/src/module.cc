@@ -151,6 +151,8 @@ PYBIND11_MODULE(_stoker, m) {
       });
 
   m.def("array_dataset", &make_array_dataset, py::arg("names"), py::arg("arrays"));
+  m.def("to_tensor", &to_tensor, py::arg("pixels"), py::arg("mean") = std::vector<float>{},
+        py::arg("std") = std::vector<float>{});
   m.def("image_dataset", &make_image_dataset, py::arg("kind"), py::arg("path"),
         py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
   m.def(

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "gil.h"
+#include "image/resample.h"
 #include "stoker/image.h"
 #include "stoker/sources.h"
 
@@ -156,6 +157,40 @@ py::list read_sample(const NativeDataset& dataset, std::size_t index, std::uint6
   {
     py::gil_scoped_release nogil;
     dataset.dataset->read(index, SampleOut(bytes, bases.data(), 0, seed));
+  }
+  return out;
+}
+
+py::array to_tensor(const py::array& pixels, const std::vector<float>& mean,
+                    const std::vector<float>& std) {
+  if (pixels.ndim() != 3 || pixels.shape(2) != 3 ||
+      !pixels.dtype().is(py::dtype::of<std::uint8_t>())) {
+    throw py::type_error("stoker: to_tensor takes uint8 RGB pixels of shape [H, W, 3]");
+  }
+  if (pixels.strides(2) != 1 || pixels.strides(1) != 3) {
+    throw py::value_error("stoker: to_tensor takes pixels whose rows are contiguous");
+  }
+  const auto height = static_cast<int>(pixels.shape(0));
+  const auto width = static_cast<int>(pixels.shape(1));
+  py::array_t<float> out({py::ssize_t{3}, pixels.shape(0), pixels.shape(1)});
+  image::OutputArgs args;
+  args.out = std::span(reinterpret_cast<std::byte*>(out.mutable_data()),
+                       static_cast<std::size_t>(out.nbytes()));
+  args.dtype = DType::f32;
+  args.width = width;
+  args.height = height;
+  if (mean.empty() && std.empty()) {
+    args.scale = {1.0f / 255, 1.0f / 255, 1.0f / 255};
+  } else if (mean.size() == 3 && std.size() == 3) {
+    image::normalize_args({mean[0], mean[1], mean[2]}, {std[0], std[1], std[2]}, args);
+  } else {
+    throw py::value_error("stoker: to_tensor's mean and std have 3 values each, or none");
+  }
+  const auto* in = static_cast<const std::uint8_t*>(pixels.data());
+  const auto row_stride = static_cast<std::size_t>(pixels.strides(0));
+  {
+    py::gil_scoped_release nogil;
+    image::write_pixels(in, row_stride, args);
   }
   return out;
 }

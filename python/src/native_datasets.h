@@ -2,6 +2,7 @@
 // the GIL.
 #pragma once
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <memory>
@@ -30,6 +31,12 @@ NativeDataset make_array_dataset(const std::vector<std::string>& names, const py
 // A SyntheticDataset; `fields` holds (name, element type name, shape) tuples.
 NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields, double latency_s,
                                      double cpu_work_s, std::int64_t classes);
+
+// ToTensor (+ Normalize, with `mean` and `std`) of an RGB image that Python code produced (the
+// pixels of a PIL image after transforms stoker does not implement): uint8 [H, W, 3] in,
+// float32 [3, H, W] out, in one pass with the GIL released.
+py::array to_tensor(const py::array& pixels, const std::vector<float>& mean,
+                    const std::vector<float>& std);
 
 // An ImageDataset over an image folder ("folder") or record shards ("records") at `path`,
 // optionally behind a RAM cache of `cache_bytes`. `transform` holds ImageTransform's settings

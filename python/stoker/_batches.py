@@ -78,8 +78,9 @@ def _stack(batch, *, collate_fn_map=None):
 
 
 def user_dataset(dataset):
-    """The data set get_worker_info() names: the user's, not the job wrapper around it."""
-    return dataset.dataset if isinstance(dataset, (BatchJobs, StreamJobs)) else dataset
+    """The data set get_worker_info() names: the user's, not the wrapper stoker reads it through
+    (a job wrapper, or _torchvision.HybridFolder)."""
+    return dataset.dataset if getattr(type(dataset), "wraps_user_dataset", False) else dataset
 
 
 class BatchJobs:
@@ -87,6 +88,8 @@ class BatchJobs:
     and collated. ``batches`` is set for each epoch by the loader (a list of index lists, or
     of indices with ``batch_size=None``); worker processes get a job's batches with the job
     (``job_args``), since their copy of this object is the one they started with."""
+
+    wraps_user_dataset = True  # user_dataset() unwraps it
 
     def __init__(self, dataset, collate_fn: Callable, auto_collation: bool, size: int) -> None:
         self.dataset = dataset
@@ -135,6 +138,8 @@ class StreamJobs:
     """One worker's stream: iterates its copy of the data set and forms batches from it, as
     torch's _IterableDatasetFetcher does. In a worker process, ``call`` serves the training
     process's requests (python/stoker/_worker.py)."""
+
+    wraps_user_dataset = True  # user_dataset() unwraps it
 
     def __init__(self, dataset, collate_fn: Callable, batch_size: Optional[int],
                  drop_last: bool) -> None:

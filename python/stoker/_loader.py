@@ -17,7 +17,7 @@ from ._batch import converter, plan
 from ._cuda import cuda_available
 from ._datasets import NativeDataset
 from ._distributed import DistributedSampler
-from ._torchvision import native_equivalent
+from ._torchvision import hybrid_equivalent, native_equivalent
 from ._workers import ProcessWorkers, mp_context, thread_worker_start
 
 _log = logging.getLogger("stoker")
@@ -186,8 +186,10 @@ class DataLoader:
       native: torchvision's ImageFolder (or DatasetFolder with its default loader) whose
         transform stoker implements (RandomResizedCrop, RandomHorizontalFlip, Resize,
         CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
-        stoker's own random draws; native=False runs it in Python. stats()["pipeline"] says
-        which path ran and why.
+        stoker's own random draws. With steps stoker does not implement, the pipeline's
+        native head (decode and crop, flip) and tail (ToTensor + Normalize) run in C++ and
+        only the other steps in Python, in the workers. native=False runs it all in Python.
+        stats()["pipeline"] says which path ran and why.
       keep_on_host: names of fields that stay in host memory when batches go to a GPU.
       collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
         iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
@@ -304,7 +306,13 @@ class DataLoader:
             if equivalent is not None:
                 self._pipeline, dataset = f"native: {why}", equivalent
             elif why != "not a torchvision data set":
-                self._pipeline += f" ({why})"
+                # The ends of the pipeline that stoker implements run natively, the rest in
+                # Python, in workers.
+                hybrid, hybrid_why = hybrid_equivalent(dataset)
+                if hybrid is not None:
+                    self._pipeline, dataset = f"python: {hybrid_why} ({why})", hybrid
+                else:
+                    self._pipeline += f" ({why})"
         native = isinstance(dataset, NativeDataset)
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
@@ -362,6 +370,7 @@ class DataLoader:
                                         lambda: thread_count[0], worker_init_fn)
             # Reads nothing: the layout comes from the first sample a worker reads.
             self._handle = _stoker.PyDataset(dataset, self._jobs is not None, start)
+            self._read_dataset = dataset  # what worker processes read (self.dataset or a wrapper)
             if self._jobs is not None:
                 self._handle.set_batch_jobs(self._jobs.job_args)
             if self.num_workers == 0:
@@ -875,8 +884,7 @@ class DataLoader:
             _compat.warn("worker processes persist across epochs (persistent_workers=False is "
                          "not honoured): changes made to the data set in this process after "
                          "they started are not seen by them")
-        dataset = self._jobs if self._jobs is not None else self.dataset
-        workers = ProcessWorkers(dataset, self._process_count, self._context,
+        workers = ProcessWorkers(self._read_dataset, self._process_count, self._context,
                                  self._worker_seed, self._worker_init_fn)
         pool = workers.make_pool()
         pool.start()

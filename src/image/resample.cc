@@ -283,6 +283,33 @@ void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const Ax
   kernels().columns(rows, row_stride, cy, args, acc.data(), line.data());
 }
 
+void write_pixels(const std::uint8_t* hwc, std::size_t row_stride, const OutputArgs& args) {
+  const auto w = static_cast<std::size_t>(args.width);
+  const auto h = static_cast<std::size_t>(args.height);
+  const bool chw = args.layout == ImageLayout::chw;
+  // Element (y, x, c) of the output, in elements: CHW or HWC.
+  auto at = [&](std::size_t y, std::size_t x, std::size_t c) {
+    return chw ? (c * h + y) * w + x : (y * w + x) * 3 + c;
+  };
+  for (std::size_t y = 0; y < h; ++y) {
+    const std::uint8_t* in = hwc + y * row_stride;
+    for (std::size_t c = 0; c < 3; ++c) {
+      if (args.dtype == DType::f32) {
+        auto* out = reinterpret_cast<float*>(args.out.data());
+        const float scale = args.scale[c], bias = args.bias[c];
+        for (std::size_t x = 0; x < w; ++x) {
+          out[at(y, args.flip ? w - 1 - x : x, c)] =
+              static_cast<float>(in[3 * x + c]) * scale + bias;
+        }
+      } else {
+        auto* out = reinterpret_cast<std::uint8_t*>(args.out.data());
+        for (std::size_t x = 0; x < w; ++x)
+          out[at(y, args.flip ? w - 1 - x : x, c)] = in[3 * x + c];
+      }
+    }
+  }
+}
+
 void normalize_args(const std::array<float, 3>& mean, const std::array<float, 3>& std,
                     OutputArgs& args) {
   for (std::size_t c = 0; c < 3; ++c) {

@@ -71,6 +71,11 @@ void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const Ax
                       const OutputArgs& args, std::span<std::int32_t> acc,
                       std::span<std::uint8_t> line);
 
+// No resampling: writes a width x height RGB image, u8 HWC with `row_stride` bytes a row, as
+// `args` says (dtype, layout, flip, scale and bias). What ToTensor (+ Normalize) does to an
+// image that Python code produced, in one pass.
+void write_pixels(const std::uint8_t* hwc, std::size_t row_stride, const OutputArgs& args);
+
 // ToTensor + Normalize as a multiply-add: scale = 1 / (255 std), bias = -mean / std, so that
 // v * scale + bias = (v / 255 - mean) / std up to float rounding.
 void normalize_args(const std::array<float, 3>& mean, const std::array<float, 3>& std,

@@ -129,3 +129,23 @@ def test_unsupported_pipelines_are_refused():
         T.Compose([T.CenterCrop(224), T.ToTensor()]).settings()
     with pytest.raises(ValueError, match="unsupported pipeline"):
         T.Compose([T.RandomResizedCrop(224), T.ToTensor(), T.RandomHorizontalFlip()]).settings()
+
+
+def test_to_tensor_is_torchvisions_to_tensor_and_normalize():
+    """The native tail of a hybrid torchvision pipeline: uint8 HWC pixels to float32 CHW."""
+    rng = np.random.default_rng(3)
+    pixels = rng.integers(0, 256, (40, 70, 3), dtype=np.uint8)
+    expected = pixels.transpose(2, 0, 1).astype(np.float32) / 255
+    np.testing.assert_allclose(stoker._stoker.to_tensor(pixels), expected, atol=1e-6)
+    normalized = stoker._stoker.to_tensor(pixels, T.IMAGENET_MEAN, T.IMAGENET_STD)
+    np.testing.assert_allclose(normalized, (expected - MEAN) / STD, atol=1e-5)
+    # Rows need not follow each other (a crop of a larger image); pixels within a row must.
+    crop = pixels[5:25, 10:50]
+    np.testing.assert_allclose(stoker._stoker.to_tensor(crop), expected[:, 5:25, 10:50],
+                               atol=1e-6)
+    with pytest.raises(TypeError, match=r"\[H, W, 3\]"):
+        stoker._stoker.to_tensor(pixels[..., :2])
+    with pytest.raises(ValueError, match="contiguous"):
+        stoker._stoker.to_tensor(pixels[:, ::2])
+    with pytest.raises(ValueError, match="3 values"):
+        stoker._stoker.to_tensor(pixels, (0.5,), (0.5,))
