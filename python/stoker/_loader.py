@@ -73,6 +73,14 @@ def _sample_name(dataset, index: int) -> str:
     return path if isinstance(path, str) else ""
 
 
+def _gil_bound(busy: float, on_cpu: float, delayed: float) -> tuple[bool, float]:
+    """Whether reads that kept the GIL busy `busy` of the wall time (its CPU time over wall
+    time) are GIL-bound, given the worker threads' CPU time `on_cpu` and run-queue delay
+    `delayed` over the same time; and the scale applied for that delay."""
+    scale = min(_AUTO_LOAD_SCALE, (on_cpu + delayed) / on_cpu) if on_cpu > 0 else 1.0
+    return _AUTO_GIL_BUSY <= scale * busy and busy <= _AUTO_GIL_PARALLEL, scale
+
+
 def _cores() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, cores or 1)
@@ -909,16 +917,15 @@ class DataLoader:
             return
         self._auto_pending = False
         first = self._auto_start[3]
-        on_cpu = stats["worker_cpu_s"] - first["worker_cpu_s"]
-        delayed = stats["worker_run_delay_s"] - first["worker_run_delay_s"]
-        scale = min(_AUTO_LOAD_SCALE, (on_cpu + delayed) / on_cpu) if on_cpu > 0 else 1.0
         busy = (cpu_s - self._auto_start[1]) / max(now - self._auto_start[2], 1e-9)
+        gil_bound, scale = _gil_bound(
+            busy, stats["worker_cpu_s"] - first["worker_cpu_s"],
+            stats["worker_run_delay_s"] - first["worker_run_delay_s"])
         threads = stats["workers"]
         measured = (f"reads kept the GIL busy {busy:.0%} of the time on {threads} threads, "
                     f"{_cores()} cores")
         if scale > 1.05:
             measured += f" ({scale * busy:.0%} counting their waits for a core)"
-        gil_bound = _AUTO_GIL_BUSY <= scale * busy and busy <= _AUTO_GIL_PARALLEL
         if gil_bound and _cores() >= 2 and threads >= 2:
             self._start_processes()
             self.worker_type = "process"
