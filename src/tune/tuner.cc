@@ -47,6 +47,14 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
       processes || w.worker_cpu_s + w.worker_run_delay_s >= 0.5 * w.worker_busy_s;
   // Busy computing workers that fit next to the training loop (at least one).
   const double cpu_workers = std::max(1.0, std::floor(cpu_budget + 0.5));
+  // Other processes taking the cores slow the GIL's holder down, not the GIL: while the holder
+  // waits for a core the other threads still wait for the GIL. So its CPU time is scaled by
+  // how much of their runnable time the workers got a core (worker_type='auto' measures it so).
+  const double lock_scale =
+      w.worker_cpu_s > 0
+          ? std::min(kRunDelayScale, (w.worker_cpu_s + w.worker_run_delay_s) / w.worker_cpu_s)
+          : 1.0;
+  const double lock_busy = lock_scale * w.worker_lock_held_s / w.elapsed_s;
   const std::string measured = format("waited %.0f%%, workers %.0f%% busy on %.2f of %.2f cores",
                                       100 * wait, 100 * busy, worker_cores, limits_.cores);
 
@@ -107,8 +115,10 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
       keep.reason = "workers starved but depth at the memory budget, " + measured;
       return keep;
     }
-    if (w.worker_lock_held_s > kLockSaturated * w.elapsed_s) {
-      keep.reason = "the GIL is saturated: more threads would wait for it, " + measured;
+    if (lock_busy > kLockSaturated) {
+      keep.reason = format("the GIL is saturated (%.0f%% busy): more threads would wait for it, ",
+                           100 * lock_busy) +
+                    measured;
       return keep;
     }
     if (w.workers >= cap) {
