@@ -315,6 +315,29 @@ TEST(TunePolicy, WorkersWaitingForTheGilGetNoCompanyOnAMachineBusyWithOthers) {
       << run.decisions.back().reason;
 }
 
+TEST(TunePolicy, ALoopThatDidNotWaitButDidNotComputeLeavesTheWorkersTheirCores) {
+  // Two process workers on two cores, 80% busy; the training loop waited 20% of the window
+  // (it took batches read ahead). Whether that is over the CPU budget depends on what the loop
+  // did the rest of the time: its own CPU time says.
+  TuneWindow w;
+  w.elapsed_s = 1.0;
+  w.consumer_wait_s = 0.2;
+  w.worker_busy_s = 1.6;
+  w.worker_cpu_s = 0.0;  // the threads wait for the processes
+  w.samples = 1000;
+  w.workers = 2;
+  w.depth = 4;
+  w.worker_limit = 2;
+  w.consumer_cpu_s = 0.05;  // taking batches and touching them
+  TunePolicy idle_loop(TuneLimits{2, 64, 64});
+  EXPECT_EQ(idle_loop.decide(w).workers, 2u);
+  w.consumer_cpu_s = 0.8;  // a loop that computes on the CPU
+  TunePolicy busy_loop(TuneLimits{2, 64, 64});
+  const TuneDecision d = busy_loop.decide(w);
+  EXPECT_EQ(d.workers, 1u) << d.reason;
+  EXPECT_NE(d.reason.find("over the CPU budget"), std::string::npos) << d.reason;
+}
+
 TEST(TunePolicy, InlineReadingIsLeftAlone) {
   TunePolicy policy({2, 8, 64});
   TuneWindow w;

@@ -37,8 +37,12 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   const bool processes = w.worker_limit != 0;
   const double worker_cores =
       (processes ? std::max(w.worker_cpu_s, w.worker_busy_s) : w.worker_cpu_s) / w.elapsed_s;
-  // The training loop's thread computes whenever it does not wait.
-  const double loop_cores = std::clamp(1.0 - wait, 0.0, 1.0);
+  // The training loop's thread computes at most when it does not wait; its CPU time says how
+  // much it did (a loop that had batches ready at the start of a window, or that waits for a
+  // GPU, takes less than a core).
+  const double loop_cores = std::clamp(
+      w.consumer_cpu_s >= 0 ? std::min(1.0 - wait, w.consumer_cpu_s / w.elapsed_s) : 1.0 - wait,
+      0.0, 1.0);
   const double cpu_budget = limits_.cores - loop_cores + kCpuSlack;  // for the workers
   // Workers that compute each want a core: on one, or runnable and waiting for one (an
   // oversubscribed machine, which more workers would make worse). Off the CPU otherwise,
@@ -183,6 +187,7 @@ std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t w
   TuneWindow window;
   window.elapsed_s = to_seconds(now.elapsed - s.elapsed);
   window.consumer_wait_s = to_seconds(now.consumer_wait - s.consumer_wait);
+  window.consumer_cpu_s = to_seconds(now.consumer_cpu - s.consumer_cpu);
   window.worker_busy_s = to_seconds(now.worker_busy - s.worker_busy);
   window.worker_cpu_s = to_seconds(now.worker_cpu - s.worker_cpu);
   window.worker_lock_held_s = to_seconds(now.worker_lock_held - s.worker_lock_held);

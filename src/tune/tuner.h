@@ -18,8 +18,10 @@ namespace stoker::detail {
 
 // What happened over one observation window.
 struct TuneWindow {
-  double elapsed_s = 0;           // wall time of the window
-  double consumer_wait_s = 0;     // of it, time next() blocked for data
+  double elapsed_s = 0;        // wall time of the window
+  double consumer_wait_s = 0;  // of it, time next() blocked for data
+  // CPU time of the training loop's thread between next()s; < 0: not measured.
+  double consumer_cpu_s = -1;
   double worker_busy_s = 0;       // summed over workers: wall time inside read()
   double worker_cpu_s = 0;        // of that, time on a CPU of this process's threads
   double worker_lock_held_s = 0;  // of worker_cpu_s, time holding the GIL
