@@ -16,6 +16,7 @@
 #include "bench_util.h"
 #include "interrupt.h"
 #include "memory/host_allocator.h"
+#include "progress.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
 
@@ -104,21 +105,14 @@ double cpu_cores(const WorkloadTarget& t) {
   return Loader(o).stats().cpu_cores;
 }
 
-json point(std::size_t workers, std::size_t depth, const std::string& pin, const Measured& m) {
-  return {{"workers", workers},
-          {"depth", depth},
-          {"pin", pin},
-          {"samples_per_s", m.samples_per_s},
-          {"wait_pct", m.wait_pct},
-          {"peak_slab_bytes", m.peak_slab_bytes}};
-}
-
 void print_point(const json& p) {
-  fmt::print("  workers {:>3}  depth {:>3}  pin {:<4} {:>10.0f} samples/s  waited {:>5.1f}%\n",
-             p["workers"].get<std::size_t>(), p["depth"].get<std::size_t>(),
-             p["pin"].get<std::string>(), p["samples_per_s"].get<double>(),
-             p["wait_pct"].get<double>());
-  std::fflush(stdout);
+  const auto runs = p["runs"].get<std::vector<double>>();
+  fmt::print(
+      "  workers {:>3}  depth {:>3}  pin {:<4} {:>10.0f} samples/s ({:.0f}-{:.0f})  waited "
+      "{:>5.1f}%\n",
+      p["workers"].get<std::size_t>(), p["depth"].get<std::size_t>(), p["pin"].get<std::string>(),
+      p["samples_per_s"].get<double>(), *std::min_element(runs.begin(), runs.end()),
+      *std::max_element(runs.begin(), runs.end()), p["wait_pct"].get<double>());
 }
 
 // Writes `result` to a temporary file and has python/stoker/_plot.py draw it.
@@ -147,6 +141,7 @@ void plot(const json& result, const TuneOptions& o) {
 
 int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
   if (!o.plot.empty() && !o.grid) throw std::invalid_argument("--plot needs --grid");
+  const std::size_t rounds = o.repeat != 0 ? o.repeat : (o.grid ? 3 : 1);
   const double cores = cpu_cores(t);
   LoaderOptions lo = base_options(t);
   lo.workers = o.workers ? o.workers : static_cast<std::size_t>(std::lround(cores));
@@ -155,71 +150,152 @@ int run_tune(const WorkloadTarget& t, const TuneOptions& o) {
   lo.memory_budget = o.memory_budget;
   const std::size_t start_workers = lo.workers;
   const std::size_t budget = o.memory_budget ? o.memory_budget : detail::default_pin_budget();
-  Measured tuned;
-  {
-    Loader loader(lo);
-    tuned = drive(loader, t, o.seconds, o.measure_s);
+
+  struct Point {
+    std::size_t workers = 0;
+    std::size_t depth = 0;
+    PinMemory pin = PinMemory::off;
+    std::vector<Measured> runs;
+  };
+  std::vector<Point> points;
+  if (o.grid) {
+    for (PinMemory pin : {PinMemory::off, PinMemory::on}) {
+      for (std::size_t depth : o.grid_depth) {
+        for (std::size_t workers : o.grid_workers) points.push_back({workers, depth, pin, {}});
+      }
+    }
   }
-  const Stats& s = tuned.stats;
+  // Rounds, each the tuner's run from a cold start and then every grid point, so that the
+  // load of the machine drifts over all of them alike; each figure is the median of its
+  // rounds. One 2 s point on a shared machine is good to about +-25%, and the best of a grid
+  // of single points is biased upwards by as much (the luckiest of many draws).
+  std::vector<Measured> tuned_runs;
+  {
+    tools::ProgressBar bar("tune: " + t.description, rounds * (1 + points.size()), o.json);
+    std::size_t done = 0;
+    // Each fixed point that waits would say what the tuner would do: noise here.
+    const LogLevel level = log_level();
+    for (std::size_t round = 0; round < rounds; ++round) {
+      {
+        Loader loader(lo);
+        tuned_runs.push_back(drive(loader, t, o.seconds, o.measure_s));
+      }
+      bar.update(++done, fmt::format("round {} of {}", round + 1, rounds));
+      set_log_level(LogLevel::warning);
+      for (Point& p : points) {
+        LoaderOptions fixed = base_options(t);
+        fixed.workers = p.workers;
+        fixed.depth = p.depth;
+        fixed.pin_memory = p.pin;
+        Loader loader(fixed);
+        p.runs.push_back(drive(loader, t, 0, o.measure_s));
+        bar.update(++done, fmt::format("round {} of {}", round + 1, rounds));
+      }
+      set_log_level(level);
+    }
+  }
+  auto figure = [](const std::vector<Measured>& runs, double Measured::*field) {
+    std::vector<double> values;
+    for (const Measured& m : runs) values.push_back(m.*field);
+    return median(values);
+  };
+  auto rates = [](const std::vector<Measured>& runs) {
+    std::vector<double> values;
+    for (const Measured& m : runs) values.push_back(m.samples_per_s);
+    return values;
+  };
+  // The tuned configuration reported is that of the median run.
+  std::vector<const Measured*> by_rate;
+  for (const Measured& m : tuned_runs) by_rate.push_back(&m);
+  std::sort(by_rate.begin(), by_rate.end(), [](const Measured* a, const Measured* b) {
+    return a->samples_per_s < b->samples_per_s;
+  });
+  const Stats& s = by_rate[(by_rate.size() - 1) / 2]->stats;
+  std::size_t peak = 0;
+  json configurations = json::array();
+  for (const Measured& m : tuned_runs) {
+    peak = std::max(peak, m.peak_slab_bytes);
+    configurations.push_back({{"workers", m.stats.workers},
+                              {"depth", m.stats.depth},
+                              {"changes", m.stats.tuner_changes}});
+  }
+  const double tuned_rate = figure(tuned_runs, &Measured::samples_per_s);
   json result = {{"target", t.description},
                  {"batch_size", t.batch_size},
                  {"consumer_ms", t.consumer_ms},
                  {"cpu_cores", cores},
                  {"memory_budget", budget},
+                 {"rounds", rounds},
                  {"start", {{"workers", start_workers}, {"depth", o.depth}}},
                  {"tuned",
                   {{"workers", s.workers},
                    {"depth", s.depth},
                    {"pin", "auto"},
-                   {"samples_per_s", tuned.samples_per_s},
-                   {"wait_pct", tuned.wait_pct},
-                   {"reached_s", tuned.reached_s},
-                   {"settled_s", tuned.settled_s},
+                   {"samples_per_s", tuned_rate},
+                   {"runs", rates(tuned_runs)},
+                   {"configurations", configurations},
+                   {"wait_pct", figure(tuned_runs, &Measured::wait_pct)},
+                   {"reached_s", figure(tuned_runs, &Measured::reached_s)},
+                   {"settled_s", figure(tuned_runs, &Measured::settled_s)},
                    {"changes", s.tuner_changes},
                    {"last_change", s.tuner},
-                   {"peak_slab_bytes", tuned.peak_slab_bytes}}}};
+                   {"peak_slab_bytes", peak}}}};
   if (!o.json) {
     fmt::print("{} (batch {}, {:.2g} cores)\n", t.description, t.batch_size, cores);
+    const auto runs = rates(tuned_runs);
     fmt::print(
-        "tuned: workers {}, depth {} (from {} and {}): {:.0f} samples/s, waited {:.1f}%\n"
+        "tuned: workers {}, depth {} (from {} and {}): {:.0f} samples/s ({:.0f}-{:.0f} in {} "
+        "rounds), waited {:.1f}%\n"
         "  within 90% of that from {:.1f} s on, settled after {:.1f} s, {} changes, last: {}\n"
         "  peak slab memory {:.1f} MB (budget {:.1f} MB)\n",
-        s.workers, s.depth, start_workers, o.depth, tuned.samples_per_s, tuned.wait_pct,
-        tuned.reached_s, tuned.settled_s, s.tuner_changes, s.tuner.empty() ? "none" : s.tuner,
-        tuned.peak_slab_bytes / 1e6, budget / 1e6);
-    std::fflush(stdout);
+        s.workers, s.depth, start_workers, o.depth, tuned_rate,
+        *std::min_element(runs.begin(), runs.end()), *std::max_element(runs.begin(), runs.end()),
+        rounds, result["tuned"]["wait_pct"].get<double>(),
+        result["tuned"]["reached_s"].get<double>(), result["tuned"]["settled_s"].get<double>(),
+        s.tuner_changes, s.tuner.empty() ? "none" : s.tuner, peak / 1e6, budget / 1e6);
   }
   if (o.grid) {
-    if (!o.json) fmt::print("grid (each point {:.1f} s after its first batches):\n", o.measure_s);
-    // Each fixed point that waits would say what the tuner would do: noise here.
-    const LogLevel level = log_level();
-    set_log_level(LogLevel::warning);
+    if (!o.json) {
+      fmt::print("grid (each point {:.1f} s after its first batches, median of {} rounds):\n",
+                 o.measure_s, rounds);
+    }
     json grid = json::array();
     json best;
-    for (const char* pin : {"off", "on"}) {
-      for (std::size_t depth : o.grid_depth) {
-        for (std::size_t workers : o.grid_workers) {
-          LoaderOptions fixed = base_options(t);
-          fixed.workers = workers;
-          fixed.depth = depth;
-          fixed.pin_memory = std::string(pin) == "on" ? PinMemory::on : PinMemory::off;
-          Loader loader(fixed);
-          const json p = point(workers, depth, pin, drive(loader, t, 0, o.measure_s));
-          if (!o.json) print_point(p);
-          if (best.is_null() || p["samples_per_s"] > best["samples_per_s"]) best = p;
-          grid.push_back(p);
-        }
-      }
+    for (const Point& p : points) {
+      std::size_t point_peak = 0;
+      for (const Measured& m : p.runs) point_peak = std::max(point_peak, m.peak_slab_bytes);
+      const json point = {{"workers", p.workers},
+                          {"depth", p.depth},
+                          {"pin", p.pin == PinMemory::on ? "on" : "off"},
+                          {"samples_per_s", figure(p.runs, &Measured::samples_per_s)},
+                          {"runs", rates(p.runs)},
+                          {"wait_pct", figure(p.runs, &Measured::wait_pct)},
+                          {"peak_slab_bytes", point_peak}};
+      if (!o.json) print_point(point);
+      if (best.is_null() || point["samples_per_s"] > best["samples_per_s"]) best = point;
+      grid.push_back(point);
     }
-    set_log_level(level);
     result["grid"] = grid;
     result["best"] = best;
-    result["ratio"] = tuned.samples_per_s / best["samples_per_s"].get<double>();
+    result["ratio"] = tuned_rate / best["samples_per_s"].get<double>();
+    // The tuned configuration as a fixed point of the same grid, where it has one: how well
+    // the tuner chose, apart from how its own runs went.
+    for (const json& p : grid) {
+      if (p["workers"] == s.workers && p["depth"] == s.depth && p["pin"] == "off") {
+        result["choice_ratio"] =
+            p["samples_per_s"].get<double>() / best["samples_per_s"].get<double>();
+      }
+    }
     if (!o.json) {
       fmt::print("best fixed: workers {}, depth {}, pin {}: {:.0f} samples/s\n",
                  best["workers"].get<std::size_t>(), best["depth"].get<std::size_t>(),
                  best["pin"].get<std::string>(), best["samples_per_s"].get<double>());
-      fmt::print("tuned / best fixed: {:.2f}\n", result["ratio"].get<double>());
+      fmt::print("tuned / best fixed: {:.2f}", result["ratio"].get<double>());
+      if (result.contains("choice_ratio")) {
+        fmt::print("; the tuned configuration as a fixed point / best: {:.2f}",
+                   result["choice_ratio"].get<double>());
+      }
+      fmt::print("\n");
     }
     if (!o.plot.empty()) {
       plot(result, o);

@@ -18,6 +18,9 @@ struct TuneOptions {
   std::size_t depth = 4;          // the tuner's starting depth
   std::size_t memory_budget = 0;  // slab bytes; 0: the loader's default
   bool grid = false;              // also measure every fixed configuration below
+  // Rounds of the tuner's run and the grid, alternated; figures are medians. 0: 3 with the
+  // grid, else 1.
+  std::size_t repeat = 0;
   std::vector<std::size_t> grid_workers{1, 2, 4, 8, 16};
   std::vector<std::size_t> grid_depth{2, 4, 8};
   bool json = false;

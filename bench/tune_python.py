@@ -58,13 +58,16 @@ def main() -> None:
     parser.add_argument("--grid", action="store_true", help="also every fixed configuration")
     parser.add_argument("--grid-workers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--grid-depth", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--repeat", type=int, help="rounds, alternated; figures are medians "
+                        "(default 3 with --grid, else 1)")
     parser.add_argument("--plot", help="a .png or .svg chart of the grid")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     data, batch = (GilBound(), 32) if args.workload == "gil" else (Sleepy(), 64)
     result = stoker.tune(data, batch, seconds=args.seconds, measure=args.measure,
                          grid=args.grid, grid_workers=args.grid_workers,
-                         grid_depth=args.grid_depth, plot=args.plot, quiet=args.json)
+                         grid_depth=args.grid_depth, repeat=args.repeat, plot=args.plot,
+                         quiet=args.json)
     if args.json:
         print(json.dumps(result, indent=2))
 

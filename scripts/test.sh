@@ -75,7 +75,7 @@ echo "== benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --device sim --json >/dev/null
 python3 -m py_compile bench/torch_dataloader.py
 ./build/stoker bench -w jpeg --smoke --no-baseline --json >/dev/null
-./build/stoker tune --smoke --seconds 0.5 --measure 0.2 --grid --grid-workers 1 2 \
+./build/stoker tune --smoke --seconds 0.5 --measure 0.2 --grid --grid-workers 1 2 --repeat 2 \
   --grid-depth 2 --json >/dev/null
 ./build/stoker diagnose --smoke --seconds 0.5 --json >/dev/null
 python3 -m py_compile bench/torchvision_baseline.py

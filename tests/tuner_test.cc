@@ -32,7 +32,9 @@ struct Pipeline {
 
   TuneWindow measure(std::size_t workers, std::size_t depth) const {
     const double n = static_cast<double>(workers);
-    const double stretch = std::max(1.0, n * on_cpu / (gil ? 1.0 : cores));
+    // Under the GIL, reads take turns on at most one core, and less than one when other
+    // processes take the machine (cores < 1).
+    const double stretch = std::max(1.0, n * on_cpu / (gil ? std::min(1.0, cores) : cores));
     double capacity = n / (read_s * stretch);
     capacity *= std::min(1.0, static_cast<double>(depth) / static_cast<double>(depth_needed));
     const double demand = 1.0 / loop_s;
@@ -43,8 +45,9 @@ struct Pipeline {
     w.samples = rate * w.elapsed_s;
     w.worker_busy_s = std::min(n * w.elapsed_s, w.samples * read_s * stretch);
     w.worker_cpu_s = w.samples * read_s * on_cpu;
-    // Stretched reads waited for a core as long as they were on one, (stretch - 1) times over.
-    w.worker_run_delay_s = w.worker_cpu_s * (stretch - 1.0);
+    // Stretched reads waited for a core as long as they were on one, (stretch - 1) times over;
+    // under the GIL only the holder waits for a core (the others wait for the GIL, blocked).
+    w.worker_run_delay_s = w.worker_cpu_s * ((gil ? std::max(1.0, 1.0 / cores) : stretch) - 1.0);
     if (gil) w.worker_lock_held_s = w.worker_cpu_s;
     w.workers = workers;
     w.depth = depth;
@@ -295,6 +298,44 @@ TEST(TunePolicy, WorkersWaitingForTheGilGetNoCompany) {
   python.loop_s = 0.0001;
   const TuneRun run = drive(python, {4, 64, 64}, 2, 4);
   EXPECT_EQ(run.max_workers, 2u) << history(run);
+}
+
+TEST(TunePolicy, WorkersWaitingForTheGilGetNoCompanyOnAMachineBusyWithOthers) {
+  // Other processes leave the GIL's holder a quarter of a core: the reads hold the GIL a
+  // quarter of the time on a CPU, and it is busy all the time all the same (the holder waits
+  // for a core, the other threads for the GIL).
+  Pipeline python;
+  python.on_cpu = 1.0;
+  python.gil = true;
+  python.cores = 0.25;
+  python.loop_s = 0.0001;
+  const TuneRun run = drive(python, {4, 64, 64}, 2, 4);
+  EXPECT_EQ(run.max_workers, 2u) << history(run);
+  EXPECT_NE(run.decisions.back().reason.find("GIL is saturated"), std::string::npos)
+      << run.decisions.back().reason;
+}
+
+TEST(TunePolicy, ALoopThatDidNotWaitButDidNotComputeLeavesTheWorkersTheirCores) {
+  // Two process workers on two cores, 80% busy; the training loop waited 20% of the window
+  // (it took batches read ahead). Whether that is over the CPU budget depends on what the loop
+  // did the rest of the time: its own CPU time says.
+  TuneWindow w;
+  w.elapsed_s = 1.0;
+  w.consumer_wait_s = 0.2;
+  w.worker_busy_s = 1.6;
+  w.worker_cpu_s = 0.0;  // the threads wait for the processes
+  w.samples = 1000;
+  w.workers = 2;
+  w.depth = 4;
+  w.worker_limit = 2;
+  w.consumer_cpu_s = 0.05;  // taking batches and touching them
+  TunePolicy idle_loop(TuneLimits{2, 64, 64});
+  EXPECT_EQ(idle_loop.decide(w).workers, 2u);
+  w.consumer_cpu_s = 0.8;  // a loop that computes on the CPU
+  TunePolicy busy_loop(TuneLimits{2, 64, 64});
+  const TuneDecision d = busy_loop.decide(w);
+  EXPECT_EQ(d.workers, 1u) << d.reason;
+  EXPECT_NE(d.reason.find("over the CPU budget"), std::string::npos) << d.reason;
 }
 
 TEST(TunePolicy, InlineReadingIsLeftAlone) {

@@ -86,6 +86,9 @@ std::function<int()> add_tune_commands(CLI::App& app) {
                 "Slab memory the tuner may use, in MB (default: a quarter of MemAvailable)")
       ->transform([](const std::string& mb) { return std::to_string(std::stoull(mb) << 20); });
   t->add_flag("--grid", tune->grid, "Also measure workers x pinning x depth");
+  t->add_option("--repeat", tune->repeat,
+                "Rounds of the tuner's run and the grid, alternated; figures are their medians "
+                "(default 3 with --grid, else 1)");
   t->add_option("--grid-workers", tune->grid_workers, "Grid worker counts (default 1 2 4 8 16)");
   t->add_option("--grid-depth", tune->grid_depth, "Grid depths (default 2 4 8)");
   t->add_flag("--json", tune->json, "Print one JSON object instead");

@@ -20,9 +20,12 @@ struct Stats {
   std::uint64_t samples = 0;
   std::uint64_t bytes = 0;                    // batch bytes handed out
   std::chrono::nanoseconds consumer_wait{0};  // time next() blocked waiting for data
-  std::chrono::nanoseconds worker_busy{0};    // summed over workers: time spent in read()
-  std::chrono::nanoseconds inline_busy{0};    // read() time on the consumer (workers = 0)
-  std::chrono::nanoseconds worker_cpu{0};     // of worker_busy, time on a CPU (the rest waited)
+  // CPU time of the thread calling next() between its calls: the training loop's own work
+  // (what it does not spend waiting, in sleeps or for a GPU does not count).
+  std::chrono::nanoseconds consumer_cpu{0};
+  std::chrono::nanoseconds worker_busy{0};  // summed over workers: time spent in read()
+  std::chrono::nanoseconds inline_busy{0};  // read() time on the consumer (workers = 0)
+  std::chrono::nanoseconds worker_cpu{0};   // of worker_busy, time on a CPU (the rest waited)
   // Skip policy, in the batches handed out: failed reads (a replacement that failed too
   // counts again), and the distinct samples among them (Loader::skipped_samples).
   std::uint64_t skipped = 0;
@@ -65,6 +68,7 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("samples", s.samples);
   visit("bytes", s.bytes);
   visit("consumer_wait", s.consumer_wait);
+  visit("consumer_cpu", s.consumer_cpu);
   visit("worker_busy", s.worker_busy);
   visit("inline_busy", s.inline_busy);
   visit("worker_cpu", s.worker_cpu);

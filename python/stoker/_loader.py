@@ -30,12 +30,23 @@ _AUTO_MIN_READS = 16
 # The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
 # time) for at least this share of the time, and not much more than all of it: GIL-bound.
 # Pure-Python __getitem__s on two threads keep it busy ~95% of the time (measured on a 2-core
-# machine; down to ~60% when other processes compete for the cores), cheap Python samples
-# ~40-60% (the training loop's thread takes the rest); one that sleeps or waits for I/O ~1-3%;
-# one whose work releases the GIL (numpy, PIL, torch ops) runs on several cores at once, so
-# its threads' CPU time exceeds the wall time.
+# machine), cheap Python samples ~40-60% (the training loop's thread takes the rest); one that
+# sleeps or waits for I/O ~1-3%; one whose work releases the GIL (numpy, PIL, torch ops) runs
+# on several cores at once, so its threads' CPU time exceeds the wall time.
+# Other processes competing for the cores take CPU time, not GIL time: a thread that holds the
+# GIL while it waits for a core keeps the others out all the same. So the lower bound is
+# checked on the CPU time scaled by the share of their runnable time the reading threads got a
+# core (CPU time plus run-queue delay, Stats::worker_run_delay, over CPU time): unscaled, a
+# pure-Python read on two threads measured ~50% at a load average of 3.5 on 2 cores and
+# 12-17% with 10-14 other sessions spinning (load 4-13), below the threshold.
+# The scale overstates (threads woken to take the GIL wait for a core too) and is at most
+# _AUTO_LOAD_SCALE (the tuner's kRunDelayScale, src/tune/tuner.h): a sleeper's reads wait for
+# a core after each wake-up, and the scale must not make their 1-5% look like a busy GIL; at
+# 6 both stay on their side of the threshold down to and up to 6.7% unscaled. Load only ever
+# lowers the unscaled share, so the upper bound (work in parallel) is checked on it.
 _AUTO_GIL_BUSY = 0.4
 _AUTO_GIL_PARALLEL = 1.25
+_AUTO_LOAD_SCALE = 6.0
 
 # num_workers='auto' starts with one worker per core of this rank's share and lets the
 # engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
@@ -60,6 +71,14 @@ def _sample_name(dataset, index: int) -> str:
     except Exception:  # not that convention
         return ""
     return path if isinstance(path, str) else ""
+
+
+def _gil_bound(busy: float, on_cpu: float, delayed: float) -> tuple[bool, float]:
+    """Whether reads that kept the GIL busy `busy` of the wall time (its CPU time over wall
+    time) are GIL-bound, given the worker threads' CPU time `on_cpu` and run-queue delay
+    `delayed` over the same time; and the scale applied for that delay."""
+    scale = min(_AUTO_LOAD_SCALE, (on_cpu + delayed) / on_cpu) if on_cpu > 0 else 1.0
+    return _AUTO_GIL_BUSY <= scale * busy and busy <= _AUTO_GIL_PARALLEL, scale
 
 
 def _cores() -> int:
@@ -963,19 +982,25 @@ class DataLoader:
         reads to processes (between batches, on this thread: nothing is lost or reordered)."""
         reads, _, _, cpu_s = self._handle.gil_stats()
         now = time.perf_counter()
+        stats = self._loader.stats()
         if self._auto_start is None:
-            self._auto_start = (reads, cpu_s, now)
+            self._auto_start = (reads, cpu_s, now, stats)
             return
         self._auto_batches += 1
         reads -= self._auto_start[0]
         if self._auto_batches < _AUTO_MIN_BATCHES or reads < _AUTO_MIN_READS:
             return
         self._auto_pending = False
+        first = self._auto_start[3]
         busy = (cpu_s - self._auto_start[1]) / max(now - self._auto_start[2], 1e-9)
-        threads = self._loader.stats()["workers"]
+        gil_bound, scale = _gil_bound(
+            busy, stats["worker_cpu_s"] - first["worker_cpu_s"],
+            stats["worker_run_delay_s"] - first["worker_run_delay_s"])
+        threads = stats["workers"]
         measured = (f"reads kept the GIL busy {busy:.0%} of the time on {threads} threads, "
                     f"{_cores()} cores")
-        gil_bound = _AUTO_GIL_BUSY <= busy <= _AUTO_GIL_PARALLEL
+        if scale > 1.05:
+            measured += f" ({scale * busy:.0%} counting their waits for a core)"
         if gil_bound and _cores() >= 2 and threads >= 2:
             self._start_processes()
             self.worker_type = "process"

@@ -63,6 +63,7 @@ class ProcessWorkers:
         with self._lock:
             old = self._processes.pop(worker_id, None)
         if old is not None:
+            _arena.forget(old.pid)
             old.join(_GRACE_S)  # dead already: reap it now (no zombie)
             if old.exitcode is None:
                 self._retired.append(old)
@@ -106,6 +107,8 @@ class ProcessWorkers:
             processes = list(self._processes.values()) + self._retired
             self._processes.clear()
             self._retired = []
+        for p in processes:
+            _arena.forget(p.pid)
         deadline = time.monotonic() + _ASKED_S
         for p in processes:
             p.join(max(0.0, deadline - time.monotonic()))

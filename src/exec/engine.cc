@@ -580,6 +580,20 @@ void Engine::cancel_in_flight() {
 }
 
 Engine::Taken Engine::take(Deadline deadline) {
+  // The calling thread's CPU time since its last take() from this engine is the training
+  // loop's work: marked when take() returns, however it returns.
+  thread_local const Engine* t_engine = nullptr;
+  thread_local std::int64_t t_mark = 0;
+  if (t_engine == this) {
+    consumer_cpu_ns_.fetch_add(thread_cpu_ns() - t_mark, std::memory_order_relaxed);
+  }
+  struct Mark {
+    const Engine* engine;
+    ~Mark() {
+      t_engine = engine;
+      t_mark = thread_cpu_ns();
+    }
+  } mark{this};
   Taken taken;
   const bool traced = tracing();
   std::pair<std::size_t, std::size_t> queue;
@@ -747,6 +761,7 @@ Stats Engine::stats() const {
   s.samples = samples_.load(std::memory_order_relaxed);
   s.bytes = bytes_.load(std::memory_order_relaxed);
   s.consumer_wait = std::chrono::nanoseconds(wait_ns_.load(std::memory_order_relaxed));
+  s.consumer_cpu = std::chrono::nanoseconds(consumer_cpu_ns_.load(std::memory_order_relaxed));
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));

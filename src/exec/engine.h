@@ -290,6 +290,7 @@ class Engine {
   std::atomic<std::uint64_t> samples_{0};
   std::atomic<std::uint64_t> bytes_{0};
   std::atomic<std::int64_t> wait_ns_{0};
+  std::atomic<std::int64_t> consumer_cpu_ns_{0};  // Stats::consumer_cpu
   std::atomic<std::int64_t> worker_busy_ns_{0};
   std::atomic<std::int64_t> inline_busy_ns_{0};
   std::atomic<std::int64_t> worker_cpu_ns_{0};  // CPU time of the workers' reads

@@ -37,8 +37,12 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   const bool processes = w.worker_limit != 0;
   const double worker_cores =
       (processes ? std::max(w.worker_cpu_s, w.worker_busy_s) : w.worker_cpu_s) / w.elapsed_s;
-  // The training loop's thread computes whenever it does not wait.
-  const double loop_cores = std::clamp(1.0 - wait, 0.0, 1.0);
+  // The training loop's thread computes at most when it does not wait; its CPU time says how
+  // much it did (a loop that had batches ready at the start of a window, or that waits for a
+  // GPU, takes less than a core).
+  const double loop_cores = std::clamp(
+      w.consumer_cpu_s >= 0 ? std::min(1.0 - wait, w.consumer_cpu_s / w.elapsed_s) : 1.0 - wait,
+      0.0, 1.0);
   const double cpu_budget = limits_.cores - loop_cores + kCpuSlack;  // for the workers
   // Workers that compute each want a core: on one, or runnable and waiting for one (an
   // oversubscribed machine, which more workers would make worse). Off the CPU otherwise,
@@ -47,6 +51,14 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
       processes || w.worker_cpu_s + w.worker_run_delay_s >= 0.5 * w.worker_busy_s;
   // Busy computing workers that fit next to the training loop (at least one).
   const double cpu_workers = std::max(1.0, std::floor(cpu_budget + 0.5));
+  // Other processes taking the cores slow the GIL's holder down, not the GIL: while the holder
+  // waits for a core the other threads still wait for the GIL. So its CPU time is scaled by
+  // how much of their runnable time the workers got a core (worker_type='auto' measures it so).
+  const double lock_scale =
+      w.worker_cpu_s > 0
+          ? std::min(kRunDelayScale, (w.worker_cpu_s + w.worker_run_delay_s) / w.worker_cpu_s)
+          : 1.0;
+  const double lock_busy = lock_scale * w.worker_lock_held_s / w.elapsed_s;
   const std::string measured = format("waited %.0f%%, workers %.0f%% busy on %.2f of %.2f cores",
                                       100 * wait, 100 * busy, worker_cores, limits_.cores);
 
@@ -107,8 +119,10 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
       keep.reason = "workers starved but depth at the memory budget, " + measured;
       return keep;
     }
-    if (w.worker_lock_held_s > kLockSaturated * w.elapsed_s) {
-      keep.reason = "the GIL is saturated: more threads would wait for it, " + measured;
+    if (lock_busy > kLockSaturated) {
+      keep.reason = format("the GIL is saturated (%.0f%% busy): more threads would wait for it, ",
+                           100 * lock_busy) +
+                    measured;
       return keep;
     }
     if (w.workers >= cap) {
@@ -173,6 +187,7 @@ std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t w
   TuneWindow window;
   window.elapsed_s = to_seconds(now.elapsed - s.elapsed);
   window.consumer_wait_s = to_seconds(now.consumer_wait - s.consumer_wait);
+  window.consumer_cpu_s = to_seconds(now.consumer_cpu - s.consumer_cpu);
   window.worker_busy_s = to_seconds(now.worker_busy - s.worker_busy);
   window.worker_cpu_s = to_seconds(now.worker_cpu - s.worker_cpu);
   window.worker_lock_held_s = to_seconds(now.worker_lock_held - s.worker_lock_held);

@@ -18,8 +18,10 @@ namespace stoker::detail {
 
 // What happened over one observation window.
 struct TuneWindow {
-  double elapsed_s = 0;           // wall time of the window
-  double consumer_wait_s = 0;     // of it, time next() blocked for data
+  double elapsed_s = 0;        // wall time of the window
+  double consumer_wait_s = 0;  // of it, time next() blocked for data
+  // CPU time of the training loop's thread between next()s; < 0: not measured.
+  double consumer_cpu_s = -1;
   double worker_busy_s = 0;       // summed over workers: wall time inside read()
   double worker_cpu_s = 0;        // of that, time on a CPU of this process's threads
   double worker_lock_held_s = 0;  // of worker_cpu_s, time holding the GIL
@@ -121,9 +123,17 @@ inline constexpr double kStarved = 0.6;
 inline constexpr double kIdle = 0.5;
 // Workers busy for more than this share keep the batches in flight they have.
 inline constexpr double kBusy = 0.9;
-// A pure-Python data set on two threads keeps it ~95% busy, down to ~35-60% when other
-// processes compete for the cores; sleepers keep it a few percent busy.
+// A pure-Python data set on two threads keeps it ~95% busy; sleepers keep it a few percent
+// busy. Counted with the GIL's CPU time scaled for the run-queue delay (below).
 inline constexpr double kLockSaturated = 0.35;
+// The GIL's CPU time is scaled by the workers' (CPU time + run-queue delay) / CPU time, at
+// most this much: unscaled, a pure-Python data set on two threads measured ~50% at a load
+// average of 3.5 on 2 cores and 12-17% with 10-14 other sessions spinning (load 4-13); but
+// sleepers wait for a core after each wake-up too, and the scale must not make their 1-5%
+// look like a busy GIL. At 6, both stay on their side of 40% (worker_type='auto') down to
+// and up to 6.7% unscaled. The Python package's worker_type='auto' uses the same scale
+// (_AUTO_LOAD_SCALE).
+inline constexpr double kRunDelayScale = 6;
 
 // The cores a loader may use: `cores` (the process's affinity), divided among the ranks that
 // torchrun started on this node (LOCAL_WORLD_SIZE), at least one.

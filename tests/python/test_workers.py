@@ -375,6 +375,21 @@ def test_auto_picks_processes_for_pure_python_work():
     loader.close()
 
 
+def test_the_gil_share_counts_the_waits_for_a_core_of_its_holder():
+    from stoker._loader import _gil_bound
+    # pure Python on two threads: alone, and with other sessions taking most of the cores
+    # (measured: 12-17% of the wall time on a CPU, the rest runnable)
+    assert _gil_bound(0.95, 0.95, 0.0) == (True, 1.0)
+    assert _gil_bound(0.14, 0.14, 0.6)[0]
+    # a 5 ms sleeper: a few percent, and each wake-up waits for a core (at most 6x counted)
+    assert _gil_bound(0.05, 0.05, 0.5) == (False, 6.0)
+    # work that releases the GIL runs in parallel: more CPU time than wall time, and load
+    # only lowers that, so the bound is on the unscaled share
+    assert not _gil_bound(1.8, 1.8, 0.0)[0]
+    assert not _gil_bound(1.3, 1.3, 1.3)[0]
+    assert _gil_bound(0.02, 0.0, 0.0) == (False, 1.0)  # nothing measured: as it is
+
+
 def test_auto_stays_on_threads_for_a_data_set_that_sleeps(caplog):
     caplog.set_level(logging.INFO, logger="stoker")
     loader = stoker.DataLoader(wd.Slow(96, 0.005), batch_size=8)
