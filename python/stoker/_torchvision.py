@@ -13,6 +13,9 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+import numpy as np
+
+from . import _stoker
 from . import transforms as T
 from ._datasets import ImageFolder
 
@@ -219,8 +222,6 @@ class HybridFolder:
         return {**self.__dict__, "_native": None}
 
     def __getitem__(self, index: int):
-        from . import _stoker
-
         path, target = self.dataset.samples[index]
         if self._root is not None:
             if self._native is None:
@@ -237,8 +238,6 @@ class HybridFolder:
         image = self._middle(image)
         if self._tail is not None:
             if getattr(image, "mode", None) == "RGB":
-                import numpy as np
-
                 image = sys.modules["torch"].from_numpy(
                     _stoker.to_tensor(np.asarray(image), *self._tail))
             else:  # not 8-bit RGB: torchvision's own steps
