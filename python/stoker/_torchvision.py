@@ -161,7 +161,7 @@ def hybrid_equivalent(dataset) -> "tuple[HybridFolder | None, str]":
                 continue
             head = k
             break
-    if head == len(steps):
+    if head == len(steps) and dataset.target_transform is None:
         return None, "the whole pipeline runs natively"
     head_converts = head > 0 and isinstance(translated[head - 1],
                                             (T.ToTensor, T.Normalize, T.PILToTensor))
@@ -189,7 +189,7 @@ def hybrid_equivalent(dataset) -> "tuple[HybridFolder | None, str]":
     parts = []
     if head > 0:
         parts.append("native decode + " + " + ".join(type(s).__name__ for s in steps[:head]))
-    parts.append(" + ".join(python) + " in Python")
+    parts.append(" + ".join(python or ["target_transform"]) + " in Python")
     if tail < len(steps):
         parts.append("native " + " + ".join(type(s).__name__ for s in steps[tail:]))
     return (HybridFolder(dataset, native, tv.Compose(steps[head:tail]), head_converts,
