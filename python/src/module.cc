@@ -145,6 +145,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
       .def("read", &read_sample, py::arg("index"), py::arg("seed") = 0)
       .def("counters", &source_counters)
+      .def("sample_name",
+           [](const NativeDataset& d, std::size_t index) { return d.dataset->sample_name(index); })
       .def("classes", [](const NativeDataset& d) {
         if (!d.source) throw py::type_error("stoker: not an image data set");
         return d.source->classes();

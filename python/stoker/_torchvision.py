@@ -10,6 +10,7 @@ native path are stoker's own (a pure function of seed, epoch and sample index), 
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -110,9 +111,21 @@ def _native_folder(dataset, pipeline) -> "tuple[ImageFolder | None, str]":
         return None, str(e).removeprefix("stoker: ")
     except (OSError, RuntimeError) as e:
         return None, f"stoker cannot read the folder natively: {e}"
-    if len(native) != len(dataset.samples) or native.classes != list(dataset.classes):
+    if len(native) != len(dataset.samples) or native.classes != list(dataset.classes) or \
+            not _same_samples(native, dataset.samples):
         return None, "the data set's sample list differs from its folder (changed after loading)"
     return native, ""
+
+
+def _same_samples(native: ImageFolder, samples: list, checks: int = 1024) -> bool:
+    """Whether `native` reads the files of `samples` in their order, checked at up to `checks`
+    evenly spaced indices (a sample list filtered or edited after loading shifts them)."""
+    step = max(1, len(samples) // checks)
+    for i in range(0, len(samples), step):
+        name = native._handle.sample_name(i)
+        if os.path.normpath(name) != os.path.normpath(samples[i][0]):
+            return False
+    return True
 
 
 def _steps(dataset, tv) -> list:

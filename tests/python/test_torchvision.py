@@ -139,3 +139,17 @@ def test_native_false_and_target_transform_opt_out(folder):
                                "Normalize, then target_transform in Python (")
     labels = torch.cat([y for _, y in stoker.DataLoader(relabelled, batch_size=4)])
     assert labels.tolist() == [t + 1 for t in relabelled.targets]
+
+
+def test_a_sample_list_edited_after_loading_runs_in_python(folder):
+    """The native folder must read the data set's own files in its order: a list reordered
+    (or filtered) after the data set was made is read by the user's code."""
+    dataset = torchvision.datasets.ImageFolder(folder, transform=val_pipeline())
+    dataset.samples[0], dataset.samples[1] = dataset.samples[1], dataset.samples[0]
+    dataset.imgs = dataset.samples
+    loader = stoker.DataLoader(dataset, batch_size=4, num_workers=1)
+    assert loader.stats()["pipeline"] == (
+        "python: ImageFolder.__getitem__ in workers (the data set's sample list differs from its "
+        "folder (changed after loading))")
+    x, _ = next(iter(loader))
+    torch.testing.assert_close(x[0], dataset[0][0])
