@@ -180,7 +180,7 @@ py::array to_tensor(const py::array& pixels, const std::vector<float>& mean,
   args.width = width;
   args.height = height;
   if (mean.empty() && std.empty()) {
-    args.scale = {1.0f / 255, 1.0f / 255, 1.0f / 255};
+    image::normalize_args({0, 0, 0}, {1, 1, 1}, args);  // ToTensor alone
   } else if (mean.size() == 3 && std.size() == 3) {
     image::normalize_args({mean[0], mean[1], mean[2]}, {std[0], std[1], std[2]}, args);
   } else {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -169,6 +170,52 @@ __attribute__((target("avx2"))) void resample_row_avx2(const std::uint8_t* in, c
 }
 #endif
 
+// Output row y of `args` from `l`, the row as RGBx (`args.width` pixels; mirrored in place
+// when flipping, so the writes go left to right): u8 or v * scale + bias, CHW or HWC.
+[[gnu::always_inline]] inline void store_row(std::uint8_t* l, std::size_t y,
+                                             const OutputArgs& args) {
+  const auto width = static_cast<std::size_t>(args.width);
+  const std::size_t plane = width * static_cast<std::size_t>(args.height);
+  if (args.flip) {
+    auto* px = reinterpret_cast<std::uint32_t*>(l);
+    std::reverse(px, px + width);
+  }
+  if (args.dtype == DType::u8) {
+    auto* out = reinterpret_cast<std::uint8_t*>(args.out.data());
+    if (args.layout == ImageLayout::chw) {
+      for (std::size_t c = 0; c < 3; ++c) {
+        std::uint8_t* dst = out + c * plane + y * width;
+        for (std::size_t x = 0; x < width; ++x) dst[x] = l[x * 4 + c];
+      }
+    } else {
+      std::uint8_t* dst = out + y * width * 3;
+      for (std::size_t x = 0; x < width; ++x) {
+        for (std::size_t c = 0; c < 3; ++c) dst[x * 3 + c] = l[x * 4 + c];
+      }
+    }
+  } else {
+    // v * scale + bias (a fused multiply-add, vectorized) rather than a table lookup per
+    // value: equal to (v / 255 - mean) / std to within a few ulps.
+    auto* out = reinterpret_cast<float*>(args.out.data());
+    if (args.layout == ImageLayout::chw) {
+      for (std::size_t c = 0; c < 3; ++c) {
+        float* dst = out + c * plane + y * width;
+        const float scale = args.scale[c], bias = args.bias[c];
+        for (std::size_t x = 0; x < width; ++x) {
+          dst[x] = static_cast<float>(l[x * 4 + c]) * scale + bias;
+        }
+      }
+    } else {
+      float* dst = out + y * width * 3;
+      for (std::size_t x = 0; x < width; ++x) {
+        for (std::size_t c = 0; c < 3; ++c) {
+          dst[x * 3 + c] = static_cast<float>(l[x * 4 + c]) * args.scale[c] + args.bias[c];
+        }
+      }
+    }
+  }
+}
+
 // The vertical pass and the output, for one build target (the compiler vectorizes the
 // multiply-adds over the contiguous planar rows with whatever the target offers).
 [[gnu::always_inline]] inline void columns_impl(const std::uint8_t* rows, std::size_t row_stride,
@@ -177,7 +224,6 @@ __attribute__((target("avx2"))) void resample_row_avx2(const std::uint8_t* in, c
   const auto width = static_cast<std::size_t>(args.width);
   const auto height = static_cast<std::size_t>(args.height);
   const std::size_t row_values = width * 4;  // RGBx
-  const std::size_t plane = width * height;
   for (std::size_t y = 0; y < height; ++y) {
     for (std::size_t i = 0; i < row_values; ++i) a[i] = kHalf;
     const std::int32_t* w = cy.weights.data() + y * static_cast<std::size_t>(cy.taps);
@@ -191,46 +237,7 @@ __attribute__((target("avx2"))) void resample_row_avx2(const std::uint8_t* in, c
       l[i] = static_cast<std::uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
     }
 
-    // `l` holds the row as RGBx. Mirrored in place when flipping, so the writes below go
-    // left to right.
-    if (args.flip) {
-      auto* px = reinterpret_cast<std::uint32_t*>(l);
-      std::reverse(px, px + width);
-    }
-    if (args.dtype == DType::u8) {
-      auto* out = reinterpret_cast<std::uint8_t*>(args.out.data());
-      if (args.layout == ImageLayout::chw) {
-        for (std::size_t c = 0; c < 3; ++c) {
-          std::uint8_t* dst = out + c * plane + y * width;
-          for (std::size_t x = 0; x < width; ++x) dst[x] = l[x * 4 + c];
-        }
-      } else {
-        std::uint8_t* dst = out + y * width * 3;
-        for (std::size_t x = 0; x < width; ++x) {
-          for (std::size_t c = 0; c < 3; ++c) dst[x * 3 + c] = l[x * 4 + c];
-        }
-      }
-    } else {
-      // v * scale + bias (a fused multiply-add, vectorized) rather than a table lookup per
-      // value: equal to (v / 255 - mean) / std to within a few ulps.
-      auto* out = reinterpret_cast<float*>(args.out.data());
-      if (args.layout == ImageLayout::chw) {
-        for (std::size_t c = 0; c < 3; ++c) {
-          float* dst = out + c * plane + y * width;
-          const float scale = args.scale[c], bias = args.bias[c];
-          for (std::size_t x = 0; x < width; ++x) {
-            dst[x] = static_cast<float>(l[x * 4 + c]) * scale + bias;
-          }
-        }
-      } else {
-        float* dst = out + y * width * 3;
-        for (std::size_t x = 0; x < width; ++x) {
-          for (std::size_t c = 0; c < 3; ++c) {
-            dst[x * 3 + c] = static_cast<float>(l[x * 4 + c]) * args.scale[c] + args.bias[c];
-          }
-        }
-      }
-    }
+    store_row(l, y, args);
   }
 }
 
@@ -284,29 +291,12 @@ void resample_columns(const std::uint8_t* rows, std::size_t row_stride, const Ax
 }
 
 void write_pixels(const std::uint8_t* hwc, std::size_t row_stride, const OutputArgs& args) {
-  const auto w = static_cast<std::size_t>(args.width);
-  const auto h = static_cast<std::size_t>(args.height);
-  const bool chw = args.layout == ImageLayout::chw;
-  // Element (y, x, c) of the output, in elements: CHW or HWC.
-  auto at = [&](std::size_t y, std::size_t x, std::size_t c) {
-    return chw ? (c * h + y) * w + x : (y * w + x) * 3 + c;
-  };
-  for (std::size_t y = 0; y < h; ++y) {
+  const auto width = static_cast<std::size_t>(args.width);
+  std::vector<std::uint8_t> line(width * 4);  // RGBx, as the resampling passes leave a row
+  for (std::size_t y = 0; y < static_cast<std::size_t>(args.height); ++y) {
     const std::uint8_t* in = hwc + y * row_stride;
-    for (std::size_t c = 0; c < 3; ++c) {
-      if (args.dtype == DType::f32) {
-        auto* out = reinterpret_cast<float*>(args.out.data());
-        const float scale = args.scale[c], bias = args.bias[c];
-        for (std::size_t x = 0; x < w; ++x) {
-          out[at(y, args.flip ? w - 1 - x : x, c)] =
-              static_cast<float>(in[3 * x + c]) * scale + bias;
-        }
-      } else {
-        auto* out = reinterpret_cast<std::uint8_t*>(args.out.data());
-        for (std::size_t x = 0; x < w; ++x)
-          out[at(y, args.flip ? w - 1 - x : x, c)] = in[3 * x + c];
-      }
-    }
+    for (std::size_t x = 0; x < width; ++x) std::memcpy(&line[x * 4], in + x * 3, 3);
+    store_row(line.data(), y, args);
   }
 }
 
