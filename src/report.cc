@@ -20,6 +20,11 @@ constexpr double kStarved = 0.6;
 // Reads runnable but waiting for a core for more than this share of their time: the machine's
 // cores are taken, if not by this loader then by others.
 constexpr double kRunDelay = 0.2;
+// Reads waiting for remote workers' replies for more than this share of their time are the
+// network stage's; remote workers reading for at least kRemoteSaturated of their time are
+// saturated (else they idle while rows travel: the network, or the object store, is slow).
+constexpr double kNetworkDominates = 0.5;
+constexpr double kRemoteSaturated = 0.8;
 
 }  // namespace
 
@@ -42,6 +47,10 @@ Report diagnose(const Stats& s, bool process_workers) {
   r.worker_cores = (process_workers ? std::max(cpu_s, busy_s) : cpu_s) / elapsed;
   r.gil_busy = to_seconds(s.worker_lock_held) / elapsed;
   r.worker_run_delay = to_seconds(s.worker_run_delay) / std::max(busy_s, 1e-9);
+  r.network_wait = to_seconds(s.network_wait) / std::max(busy_s, 1e-9);
+  r.network_bytes_per_second = s.network_bytes_per_second();
+  const double remote_s = to_seconds(s.network_read + s.network_idle);
+  r.remote_busy = remote_s > 0 ? to_seconds(s.network_read) / remote_s : 0.0;
   const double loop_cores = 1.0 - r.wait_fraction;
   const double delay_s = to_seconds(s.worker_run_delay);
   const bool computing = process_workers || cpu_s + delay_s >= 0.5 * busy_s;
@@ -64,6 +73,27 @@ Report diagnose(const Stats& s, bool process_workers) {
     r.busiest_load = r.worker_cores;
     r.more_workers = "workers would help: every sample is read on the training loop's thread";
     r.suggestions.push_back("workers (num_workers='auto' tunes them)");
+    return r;
+  }
+  if (r.network_wait > kNetworkDominates) {
+    if (r.remote_busy >= kRemoteSaturated) {
+      r.busiest = "remote reads";
+      r.busiest_load = r.remote_busy;
+      r.more_workers = "more remote workers would help: they are saturated";
+      r.suggestions.push_back("more remote workers (stoker.ray_workers(n))");
+    } else {
+      r.verdict = "network-bound";
+      r.busiest = "the network";
+      r.busiest_load = r.network_wait;
+      r.more_workers = format(
+          "more workers would not help: the remote workers idle %.0f%% of their time while "
+          "their rows travel",
+          100 * (1 - r.remote_busy));
+      r.suggestions.push_back(
+          "smaller rows from the remote workers (uint8 crops, a lower resolution)");
+      r.suggestions.push_back("more bandwidth to this node, or remote workers nearer to it");
+    }
+    r.suggestions.push_back("more local workers, if this node's cores are idle");
     return r;
   }
   if (r.gil_busy > kGilSaturated) {
@@ -123,6 +153,12 @@ std::string Report::text() const {
         "reads are the busiest stage at %.0f%% of %.2g cores (workers %zu, %.0f%% "
         "busy)",
         100 * busiest_load / std::max(cpu_cores, 1e-9), cpu_cores, workers, 100 * worker_busy);
+  } else if (busiest == "the network" || busiest == "remote reads") {
+    out += format(
+        "%s %s the busiest stage: reads waited for remote workers %.0f%% of their time "
+        "(%.3g MB/s of rows received), and the remote workers read %.0f%% of theirs",
+        busiest.c_str(), busiest == "the network" ? "is" : "are", 100 * network_wait,
+        network_bytes_per_second / 1e6, 100 * remote_busy);
   } else {
     out += format("%s is the busiest stage at %.0f%% of the time", busiest.c_str(),
                   100 * busiest_load);

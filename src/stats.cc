@@ -10,7 +10,8 @@ namespace {
 // Stats has members, so adding a field without adding it to the table fails to compile here.
 [[maybe_unused]] void check_table_covers_stats(const Stats& s) {
   [[maybe_unused]] const auto& [f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15,
-                                f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27] = s;
+                                f16, f17, f18, f19, f20, f21, f22, f23, f24, f25, f26, f27, f28,
+                                f29, f30, f31, f32] = s;
 }
 
 }  // namespace
@@ -20,6 +21,9 @@ double Stats::samples_per_second() const {
 }
 double Stats::bytes_per_second() const {
   return elapsed.count() > 0 ? static_cast<double>(bytes) / to_seconds(elapsed) : 0.0;
+}
+double Stats::network_bytes_per_second() const {
+  return elapsed.count() > 0 ? static_cast<double>(network_bytes) / to_seconds(elapsed) : 0.0;
 }
 double Stats::wait_fraction() const {
   return elapsed.count() > 0 ? to_seconds(consumer_wait) / to_seconds(elapsed) : 0.0;

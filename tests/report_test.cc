@@ -117,6 +117,59 @@ TEST(Report, ComputeBoundAndBalanced) {
   EXPECT_TRUE(has(r.text(), "balanced: the training loop waited 6%")) << r.text();
 }
 
+// Ten seconds of one local worker and two remote workers (four engine threads waiting on
+// them): the training loop waited 40%, the threads read for 49 s, 38.5 s of it waiting for 250
+// replies of 600 KB (15 MB/s); the remote workers read `remote_read_ms` of the replies' time
+// and idled `remote_idle_ms` before them.
+Stats remote_run(int remote_read_ms, int remote_idle_ms) {
+  Stats s = run(4000, 5, 49000, 9800);
+  s.network_units = 250;
+  s.network_bytes = 250 * 600'000;
+  s.network_wait = milliseconds(38500);
+  s.network_read = milliseconds(remote_read_ms);
+  s.network_idle = milliseconds(remote_idle_ms);
+  return s;
+}
+
+TEST(Report, NetworkBoundWhenRemoteWorkersIdleWhileTheirRowsTravel) {
+  const Report r = diagnose(remote_run(5600, 13400));
+  EXPECT_EQ(r.verdict, "network-bound");
+  EXPECT_EQ(r.busiest, "the network");
+  EXPECT_NEAR(r.network_wait, 38.5 / 49, 1e-9);
+  EXPECT_NEAR(r.network_bytes_per_second, 15e6, 1e-3);
+  EXPECT_NEAR(r.remote_busy, 5.6 / 19, 1e-9);
+  EXPECT_EQ(r.more_workers,
+            "more workers would not help: the remote workers idle 71% of their time while "
+            "their rows travel");
+  EXPECT_TRUE(has(r.suggestions.at(0), "smaller rows")) << r.suggestions.at(0);
+  const std::string text = r.text();
+  EXPECT_TRUE(has(text, "network-bound: the training loop waited 40% of its time")) << text;
+  EXPECT_TRUE(has(text,
+                  "the network is the busiest stage: reads waited for remote workers 79% of "
+                  "their time (15 MB/s of rows received), and the remote workers read 29% of "
+                  "theirs"))
+      << text;
+}
+
+TEST(Report, InputBoundOnSaturatedRemoteWorkers) {
+  const Report r = diagnose(remote_run(18600, 400));
+  EXPECT_EQ(r.verdict, "input-bound");
+  EXPECT_EQ(r.busiest, "remote reads");
+  EXPECT_NEAR(r.busiest_load, 18.6 / 19, 1e-9);
+  EXPECT_EQ(r.more_workers, "more remote workers would help: they are saturated");
+  EXPECT_TRUE(has(r.suggestions.at(0), "stoker.ray_workers")) << r.suggestions.at(0);
+}
+
+TEST(Report, RemoteWaitsThatDoNotDominateLeaveTheLocalVerdict) {
+  Stats s = remote_run(5600, 13400);
+  s.network_wait = milliseconds(12000);
+  s.worker_cpu = milliseconds(34000);
+  const Report r = diagnose(s);
+  EXPECT_EQ(r.verdict, "input-bound");
+  EXPECT_EQ(r.busiest, "reads");
+  EXPECT_NEAR(r.network_wait, 12.0 / 49, 1e-9);
+}
+
 TEST(Report, NoDataYet) { EXPECT_EQ(diagnose(Stats{}).verdict, "no data yet"); }
 
 TEST(Report, FromALoader) {

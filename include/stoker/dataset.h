@@ -98,6 +98,20 @@ class SampleOut {
   std::uint64_t seed_;
 };
 
+// Chunks read by remote workers (python/stoker/_remote.py) and shipped back over the network,
+// summed since the start: what the network stage of Stats is made of.
+struct RemoteReads {
+  std::uint64_t units = 0;  // chunks read remotely
+  std::uint64_t bytes = 0;  // their rows, received
+  // Time the workers' threads waited for the replies: the remote worker's queue and read, the
+  // object store and the network.
+  std::chrono::nanoseconds wait{0};
+  // Of the replies, time the remote workers spent reading them, and idle before them (since
+  // their previous reply, to any caller): their load, wherever they run.
+  std::chrono::nanoseconds read{0};
+  std::chrono::nanoseconds idle{0};
+};
+
 // A map-style data set.
 //
 // Thread safety: read() is called concurrently from several worker threads (each call with
@@ -160,6 +174,9 @@ class Dataset {
   // The most workers that can read at once (a pool of worker processes); 0: no limit. The
   // tuner never goes past it.
   virtual std::size_t worker_limit() const { return 0; }
+  // Chunks that read_rows() had read elsewhere, by remote workers across the network, since
+  // the start (the network stage of Stats). Default: none.
+  virtual RemoteReads remote_reads() const { return {}; }
 };
 
 }  // namespace stoker

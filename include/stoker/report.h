@@ -10,7 +10,9 @@
 namespace stoker {
 
 struct Report {
-  // "input-bound" (the training loop waits for data), "compute-bound" (it hardly waits),
+  // "input-bound" (the training loop waits for data), "network-bound" (it waits, and the
+  // reads mostly wait for remote workers' rows, which those workers are mostly idle to send:
+  // the network or the object store is the bottleneck), "compute-bound" (it hardly waits),
   // "balanced" (in between), or "no data yet" (no batch handed out).
   std::string verdict;
   // The numbers behind it.
@@ -22,8 +24,16 @@ struct Report {
   double cpu_cores = 0;         // the CPU budget (Stats::cpu_cores)
   double gil_busy = 0;          // share of the time a read held the GIL
   double worker_run_delay = 0;  // share of the reads' time runnable but waiting for a core
-  std::string busiest;          // the busiest stage: "reads", "the GIL" or "the training loop"
-  double busiest_load = 0;      // its load: cores for reads, a share of the time otherwise
+  // The network stage: share of the reads' time waiting for remote workers' replies, the bytes
+  // of rows received per second, and the remote workers' load (reading, against reading and
+  // idling).
+  double network_wait = 0;
+  double network_bytes_per_second = 0;
+  double remote_busy = 0;
+  // The busiest stage: "reads", "the GIL", "the network", "remote reads" or "the training
+  // loop".
+  std::string busiest;
+  double busiest_load = 0;  // its load: cores for reads, a share of the time otherwise
   // Whether more workers would help, and why ("more workers would not help: CPU saturated").
   std::string more_workers;
   std::vector<std::string> suggestions;  // what to try, most promising first

@@ -46,6 +46,14 @@ struct Stats {
   // Time the workers were runnable but waited for a core (Linux schedstat): with worker_cpu,
   // it tells workers that compute on an oversubscribed machine from ones that wait for I/O.
   std::chrono::nanoseconds worker_run_delay{0};
+  // The network stage: chunks read by remote workers (Dataset::remote_reads), the bytes of
+  // their rows received, the time the workers' threads waited for them, and of the replies,
+  // the time the remote workers read and idled (see RemoteReads).
+  std::uint64_t network_units = 0;
+  std::uint64_t network_bytes = 0;
+  std::chrono::nanoseconds network_wait{0};
+  std::chrono::nanoseconds network_read{0};
+  std::chrono::nanoseconds network_idle{0};
   double cpu_cores = 0;             // the CPU budget: cores for the workers and the training loop
   std::uint64_t tuner_changes = 0;  // configurations the tuner changed (tune_workers)
   // The tuner's last change and why ("workers 2 -> 3: the training loop waits, ..."), or,
@@ -55,6 +63,7 @@ struct Stats {
   double samples_per_second() const;
   double bytes_per_second() const;
   double wait_fraction() const;  // consumer_wait / elapsed
+  double network_bytes_per_second() const;
 };
 
 // The table of Stats' fields: calls visit(name, value) for each, in declaration order, with
@@ -87,6 +96,11 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("copy_bytes", s.copy_bytes);
   visit("worker_lock_held", s.worker_lock_held);
   visit("worker_run_delay", s.worker_run_delay);
+  visit("network_units", s.network_units);
+  visit("network_bytes", s.network_bytes);
+  visit("network_wait", s.network_wait);
+  visit("network_read", s.network_read);
+  visit("network_idle", s.network_idle);
   visit("cpu_cores", s.cpu_cores);
   visit("tuner_changes", s.tuner_changes);
   visit("tuner", s.tuner);

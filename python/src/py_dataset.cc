@@ -447,9 +447,13 @@ bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<cons
   {
     EngineThreadGil gil;
     try {
+      const auto asked = std::chrono::steady_clock::now();
       reply.value = state_->remote.attr("run")(
           py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
       if (reply.value.is_none()) return false;
+      count_remote_reply(std::chrono::steady_clock::now() - asked, total,
+                         reply.value[py::int_(4)].cast<double>(),
+                         reply.value[py::int_(5)].cast<double>());
       reply.rows.emplace(py::buffer(reply.value[py::int_(1)]).request());
       const auto got = static_cast<std::uint64_t>(reply.rows->size * reply.rows->itemsize);
       if (got < total) {
@@ -625,6 +629,25 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
 
 std::chrono::nanoseconds PyDataset::lock_held() const {
   return std::chrono::nanoseconds(gil_cpu_ns_.load(std::memory_order_relaxed));
+}
+
+void PyDataset::count_remote_reply(std::chrono::nanoseconds waited, std::uint64_t bytes,
+                                   double read_s, double idle_s) const {
+  const auto ns = [](double seconds) { return static_cast<std::int64_t>(seconds * 1e9); };
+  remote_units_.fetch_add(1, std::memory_order_relaxed);
+  remote_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+  remote_wait_ns_.fetch_add(waited.count(), std::memory_order_relaxed);
+  remote_read_ns_.fetch_add(ns(read_s), std::memory_order_relaxed);
+  remote_idle_ns_.fetch_add(ns(idle_s), std::memory_order_relaxed);
+}
+
+RemoteReads PyDataset::remote_reads() const {
+  using std::chrono::nanoseconds;
+  return {.units = remote_units_.load(std::memory_order_relaxed),
+          .bytes = remote_bytes_.load(std::memory_order_relaxed),
+          .wait = nanoseconds(remote_wait_ns_.load(std::memory_order_relaxed)),
+          .read = nanoseconds(remote_read_ns_.load(std::memory_order_relaxed)),
+          .idle = nanoseconds(remote_idle_ns_.load(std::memory_order_relaxed))};
 }
 
 std::size_t PyDataset::worker_limit() const {

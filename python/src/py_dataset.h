@@ -110,6 +110,7 @@ class PyDataset final : public Dataset {
                  std::span<std::exception_ptr> errors) const override;
   std::chrono::nanoseconds lock_held() const override;
   std::size_t worker_limit() const override;
+  RemoteReads remote_reads() const override;
 
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
   // threads finish there.
@@ -117,9 +118,10 @@ class PyDataset final : public Dataset {
   // From now on a chunk goes to a remote worker when one is free (python/stoker/_remote.py,
   // GIL held): `remote.run(job)` takes a kJob payload (py_workers.h) whose region 1 is the
   // worker's own buffer, waits for its reply (Ray releases the GIL while waiting) and returns
-  // (status bytes, the rows as a buffer, object values per row or None, {row: exception}), or
-  // None when no remote worker is free or left, and the chunk is read here as before (a unit
-  // lost with its worker is issued again by run() itself). `remote.set_layout(message)` gets
+  // (status bytes, the rows as a buffer, object values per row or None, {row: exception},
+  // seconds the remote worker read the chunk, seconds it idled before), or None when no
+  // remote worker is free or left, and the chunk is read here as before (a unit lost with its
+  // worker is issued again by run() itself). `remote.set_layout(message)` gets
   // the layout message once it is known.
   void use_remote(py::object remote);
   // Stops and reaps the worker processes, if any, and drops the object values of batches
@@ -184,6 +186,9 @@ class PyDataset final : public Dataset {
   // one (GIL held).
   bool take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
                     std::exception_ptr& error) const;
+  // Counts a remote worker's reply into the network stage (remote_reads).
+  void count_remote_reply(std::chrono::nanoseconds waited, std::uint64_t bytes, double read_s,
+                          double idle_s) const;
   // Reads a chunk through a remote worker and copies its rows into the slab; false if none
   // was free (nothing read).
   bool read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
@@ -228,6 +233,12 @@ class PyDataset final : public Dataset {
   bool has_job_args_ = false;  // set before the loader starts
   std::atomic<std::shared_ptr<ProcessPool>> processes_;
   std::atomic<bool> has_remote_{false};  // State::remote is set
+  // The network stage (remote_reads): chunks read remotely, their bytes, and nanoseconds.
+  mutable std::atomic<std::uint64_t> remote_units_{0};
+  mutable std::atomic<std::uint64_t> remote_bytes_{0};
+  mutable std::atomic<std::int64_t> remote_wait_ns_{0};
+  mutable std::atomic<std::int64_t> remote_read_ns_{0};
+  mutable std::atomic<std::int64_t> remote_idle_ns_{0};
   mutable std::atomic<std::uint64_t> gil_reads_{0};
   mutable std::atomic<std::int64_t> gil_wait_ns_{0};
   mutable std::atomic<std::int64_t> gil_held_ns_{0};
@@ -261,6 +272,7 @@ class RemappedDataset final : public Dataset {
                  std::span<std::exception_ptr> errors) const override;
   std::chrono::nanoseconds lock_held() const override { return base_->lock_held(); }
   std::size_t worker_limit() const override { return base_->worker_limit(); }
+  RemoteReads remote_reads() const override { return base_->remote_reads(); }
 
   // Throws std::invalid_argument if the length differs or an index is past the base's end.
   void set_order(std::vector<std::size_t> order);

@@ -226,6 +226,7 @@ py::dict PyLoader::stats() {
   });
   d["samples_per_second"] = s.samples_per_second();
   d["bytes_per_second"] = s.bytes_per_second();
+  d["network_bytes_per_second"] = s.network_bytes_per_second();
   d["wait_fraction"] = s.wait_fraction();
   return d;
 }
@@ -243,6 +244,9 @@ py::dict PyLoader::report() {
   d["cpu_cores"] = r.cpu_cores;
   d["gil_busy"] = r.gil_busy;
   d["worker_run_delay"] = r.worker_run_delay;
+  d["network_wait"] = r.network_wait;
+  d["network_bytes_per_second"] = r.network_bytes_per_second;
+  d["remote_busy"] = r.remote_busy;
   d["busiest"] = r.busiest;
   d["busiest_load"] = r.busiest_load;
   d["more_workers"] = r.more_workers;

@@ -14,12 +14,20 @@ goes, or whose reply is later than ``reissue_after`` is issued again by the same
 another free actor, or read locally when none is free or left; it has one owner, the thread,
 and only the reply it waits for is used, so nothing is delivered twice.
 
+Under torchrun (or with ``pool=``) the ranks of a job share one pool of actors: named actors
+in Ray's "stoker" namespace, made by the first rank that asks (``get_if_exists``), each rank
+sending its own partition's units, at most SLOTS per actor at a time (so no rank starves).
+An actor is owned by the rank that made it (not detached: it goes with that process, so a
+crash leaves nothing behind) and killed by the last rank that lets it go. A lost actor is
+replaced, with a bounded backoff, while the cluster has room.
+
 Ray is imported only when ``remote=`` is used (``pip install stoker[ray]``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import mmap
 import os
@@ -28,7 +36,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Optional
+import uuid
+from typing import Any, Mapping, Optional, Union
 
 from . import _stoker, _worker
 from ._workers import rebuild_error
@@ -68,6 +77,42 @@ def next_active(active: int, count: int, wait_fraction: float, local_load: float
     return active
 
 
+# A lost actor is replaced in up to REPLACE_ATTEMPTS tries, the n-th after a wait of
+# REPLACE_BACKOFF * 2**n seconds (at most REPLACE_BACKOFF_MAX), each only if the cluster has
+# room for it; a new actor that does not answer within READY_S is given up.
+REPLACE_ATTEMPTS = 6
+REPLACE_BACKOFF = 0.5
+REPLACE_BACKOFF_MAX = 15.0
+READY_S = 60.0
+
+# The Ray namespace of shared pools' named actors (a namespace of their own: each rank is a
+# Ray job of its own, with an anonymous namespace by default).
+NAMESPACE = "stoker"
+
+# Loaders of this process on an automatic shared pool, in the order made: the ranks of a job
+# make their loaders in the same order, so the n-th loader of each rank shares the n-th pool.
+_pool_ordinal = itertools.count()
+
+# Handles of shared actors this process let go while other ranks still used them: an actor
+# lives as long as the process that made it holds a handle to it.
+_kept: list = []
+
+
+def job_pool(environ: Mapping[str, str]) -> Optional[str]:
+    """The shared pool of the ranks of one torchrun job (its rendezvous id, when set, and
+    master address and port), or None outside a job of several ranks."""
+    if int(environ.get("WORLD_SIZE", "1")) < 2 or "MASTER_ADDR" not in environ:
+        return None
+    return (f"{environ.get('TORCHELASTIC_RUN_ID', '')}@{environ['MASTER_ADDR']}:"
+            f"{environ.get('MASTER_PORT', '')}")
+
+
+def fingerprint(dataset) -> str:
+    """What the ranks sharing a pool check they read: the data set's type and length."""
+    kind = type(dataset)
+    return f"{kind.__module__}.{kind.__qualname__} of {len(dataset)} samples"
+
+
 @dataclasses.dataclass(frozen=True)
 class RayWorkers:
     """What ``DataLoader(remote=...)`` starts: ``ray_workers(n, ...)`` says how."""
@@ -78,10 +123,13 @@ class RayWorkers:
     address: Optional[str] = None
     reissue_after: Optional[float] = None
     actor_options: Optional[dict] = None
+    pool: Union[str, bool, None] = None
+    replace: bool = True
 
 
 def ray_workers(count: int, *, num_cpus: float = 1, resources: Optional[dict] = None,
                 address: Optional[str] = None, reissue_after: Optional[float] = None,
+                pool: Union[str, bool, None] = None, replace: bool = True,
                 **actor_options) -> RayWorkers:
     """Remote workers for ``stoker.DataLoader(..., remote=stoker.ray_workers(4))``: `count`
     Ray actors, each with `num_cpus` CPUs (and `resources`, and any other option of Ray's
@@ -91,13 +139,20 @@ def ray_workers(count: int, *, num_cpus: float = 1, resources: Optional[dict] = 
     `address`: the cluster to connect to if Ray is not initialized yet (``ray.init(address)``;
     None: Ray's default, ``RAY_ADDRESS`` or a local cluster). `reissue_after` (seconds): a
     chunk whose reply is later than that is issued again (locally if no actor is free) and its
-    actor given up; None waits for as long as the actor lives."""
+    actor given up; None waits for as long as the actor lives.
+
+    `pool`: the ranks of a torchrun job share one pool of `count` actors by default (the
+    n-th loader of each rank the n-th pool); a name shares the pool of that name among the
+    loaders that give it (they must read the same data set); False keeps the actors to this
+    loader. `replace`: a lost actor is replaced while the cluster has room (bounded retries)."""
     if int(count) < 1:
         raise ValueError(f"ray_workers needs at least one worker, not {count}")
     if reissue_after is not None and reissue_after <= 0:
         raise ValueError(f"reissue_after must be positive, not {reissue_after}")
+    if pool is True or pool == "":
+        raise ValueError(f"pool must be a name, None or False, not {pool!r}")
     return RayWorkers(int(count), num_cpus, resources, address, reissue_after,
-                      actor_options or None)
+                      actor_options or None, pool, bool(replace))
 
 
 def _import_ray():
@@ -111,10 +166,11 @@ def _import_ray():
 
 class RemoteWorker:
     """One remote worker (the body of a Ray actor): holds the data set (shipped once, by Ray's
-    serialisation) and a buffer the rows of a chunk are written into."""
+    serialisation) and a buffer the rows of a chunk are written into. Its callers (the
+    loaders of the ranks sharing it) attach and detach; Ray runs its calls one at a time."""
 
     def __init__(self, dataset, worker_id: int, num_workers: int, base_seed: int,
-                 worker_init_fn, use_getitems: bool) -> None:
+                 worker_init_fn, use_getitems: bool, fingerprint: str) -> None:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)
@@ -126,6 +182,9 @@ class RemoteWorker:
         self._buffer: Optional[mmap.mmap] = None
         self._init_error = None
         self._where = f"{socket.gethostname()}, pid {os.getpid()}"
+        self._fingerprint = fingerprint
+        self._clients: set[str] = set()
+        self._last_reply: Optional[float] = None  # when the previous run returned
         if worker_init_fn is not None:
             try:
                 worker_init_fn(worker_id)
@@ -136,12 +195,29 @@ class RemoteWorker:
         """This worker's process id on its node."""
         return os.getpid()
 
+    def attach(self, client: str, fingerprint: str) -> int:
+        """A loader starts using this worker: returns its pid. Raises ValueError if the loader
+        reads another data set than this worker's (two loaders on one pool name)."""
+        if fingerprint != self._fingerprint:
+            raise ValueError(f"stoker: remote worker pool serves {self._fingerprint}, not "
+                             f"{fingerprint}: give each loader its own pool= name")
+        self._clients.add(client)
+        return os.getpid()
+
+    def detach(self, client: str) -> int:
+        """A loader lets this worker go: returns how many still use it."""
+        self._clients.discard(client)
+        return len(self._clients)
+
     def run(self, job: bytes, layout: Optional[bytes]):
         """Reads a kJob's rows into the buffer; returns (status bytes, the rows as a numpy
-        array over the buffer, the reply's blob, where this worker runs). Ray copies the array
-        into its object store when this returns, before the next job reuses the buffer."""
+        array over the buffer, the reply's blob, where this worker runs, seconds it read,
+        seconds it idled since its previous reply). Ray copies the array into its object store
+        when this returns, before the next job reuses the buffer."""
         import numpy as np
 
+        started = time.monotonic()
+        idle = started - self._last_reply if self._last_reply is not None else 0.0
         if layout is not None:
             self._writer.set_layout(*pickle.loads(layout))
         _, _, nfields, nrows, _ = _worker._JOB.unpack_from(job)
@@ -155,8 +231,10 @@ class RemoteWorker:
                                  self._use_getitems, None)
         _, nstatus, nblob = _worker._RESULT.unpack_from(reply, _worker._HEADER.size)
         at = _worker._HEADER.size + _worker._RESULT.size
+        self._last_reply = time.monotonic()
         return (reply[at:at + nstatus], np.frombuffer(self._buffer, np.uint8, total),
-                reply[len(reply) - nblob:] if nblob else b"", self._where)
+                reply[len(reply) - nblob:] if nblob else b"", self._where,
+                self._last_reply - started, idle)
 
     def _reserve(self, size: int) -> None:
         # Region 1 of the jobs: a memfd mapped here and by the writer, grown as needed.
@@ -172,6 +250,17 @@ class RemoteWorker:
         self._writer.map(1, fd, size)  # takes the fd
 
 
+@dataclasses.dataclass(eq=False)
+class _Actor:
+    """One actor of a loader's slot k, as long as it is the one there."""
+
+    handle: Any
+    attached: Any  # the reference of its attach() call, which answers once it is up
+    pid: Optional[int] = None
+    has_layout: bool = False
+    alive: bool = True
+
+
 class RemoteWorkers:
     """The actors of one loader and which of them are free; ``run`` is called by the engine's
     worker threads (with the GIL, which ``ray.get`` releases while it waits)."""
@@ -181,31 +270,59 @@ class RemoteWorkers:
         ray = self._ray = _import_ray()
         if not ray.is_initialized():
             ray.init(address=spec.address)
-        options = dict(spec.actor_options or {})
-        options.setdefault("max_restarts", 0)
-        actor = ray.remote(RemoteWorker).options(num_cpus=spec.num_cpus,
-                                                 resources=spec.resources, **options)
-        use_getitems = hasattr(dataset, "__getitems__")
-        self.actors = [actor.remote(dataset, first_id + k, num_workers, base_seed,
-                                    worker_init_fn, use_getitems)
-                       for k in range(spec.count)]
-        self._reissue_after = spec.reissue_after
+        self._spec = spec
+        self._pool = (None if spec.pool is False else spec.pool if spec.pool is not None
+                      else job_pool(os.environ))
+        if spec.pool is None and self._pool is not None:
+            self._pool = f"{self._pool}/{next(_pool_ordinal)}"
+        self._client = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
+        self._fingerprint = fingerprint(dataset)
+        self._options = dict(spec.actor_options or {}, num_cpus=spec.num_cpus,
+                             resources=spec.resources)
+        self._options.setdefault("max_restarts", 0)
+        if self._pool is not None:
+            self._options.update(namespace=NAMESPACE, get_if_exists=True)
+        self._class = ray.remote(RemoteWorker)
+        self._args = (dataset, first_id, num_workers, base_seed, worker_init_fn,
+                      hasattr(dataset, "__getitems__"))
+        self._workers = [self._start(k) for k in range(spec.count)]
         self._lock = threading.Lock()
         # One entry per slot of a live actor that no unit holds.
         self._free = [k for k in range(spec.count) for _ in range(SLOTS)][::-1]  # _lock
-        self._dead: set[int] = set()  # guarded by _lock
         self._active = spec.count  # actors 0.._active-1 take units; guarded by _lock
         self._alive = spec.count  # guarded by _lock
-        self._has_layout = [False] * spec.count  # guarded by _lock
+        self._warned = False  # "no remote worker left" was logged; guarded by _lock
         self._layout: Optional[bytes] = None
-        self._stopped = False
+        self._stopped = False  # guarded by _lock
+        self._stopping = threading.Event()  # set with _stopped, for the replacing threads
+        self._replacing: list[threading.Thread] = []  # guarded by _lock
         self._counts = dict(jobs=0, rows_bytes=0, wait_s=0.0, reissued=0, lost_workers=0,
-                            local_jobs=0)  # guarded by _lock
+                            replaced=0, local_jobs=0)  # guarded by _lock
         self._started = time.monotonic()
+
+    def _start(self, k: int) -> _Actor:
+        """Actor k, started (or, in a shared pool, the one of that name if it is up), and
+        attached to; does not wait for it."""
+        dataset, first_id, num_workers, base_seed, worker_init_fn, use_getitems = self._args
+        name = {"name": f"{self._pool}/{k}"} if self._pool is not None else {}
+        handle = self._class.options(**self._options, **name).remote(
+            dataset, first_id + k, num_workers, base_seed, worker_init_fn, use_getitems,
+            self._fingerprint)
+        return _Actor(handle, handle.attach.remote(self._client, self._fingerprint))
+
+    @property
+    def actors(self) -> list:
+        """The Ray actors of the slots (a lost one's until it is replaced)."""
+        return [w.handle for w in self._workers]
+
+    @property
+    def pool(self) -> Optional[str]:
+        """The shared pool's name, None if the actors are this loader's own."""
+        return self._pool
 
     @property
     def size(self) -> int:
-        return len(self.actors)
+        return len(self._workers)
 
     @property
     def active(self) -> int:
@@ -219,14 +336,15 @@ class RemoteWorkers:
     def set_active(self, active: int) -> None:
         """Units go to the first `active` actors only (the others stay up, idle)."""
         with self._lock:
-            self._active = max(0, min(int(active), len(self.actors)))
+            self._active = max(0, min(int(active), len(self._workers)))
 
     def set_layout(self, message: bytes) -> None:
         self._layout = message
 
     def run(self, job: bytes):
         """A chunk read by a free actor: (status, rows, object values or None, {row:
-        exception}); None if no actor is free or left (the chunk is then read locally)."""
+        exception}, seconds the actor read, seconds it idled before); None if no actor is free
+        or left (the chunk is then read locally)."""
         while True:
             with self._lock:
                 usable = [k for k in self._free if k < self._active]
@@ -235,24 +353,27 @@ class RemoteWorkers:
                     return None
                 k = usable[-1]
                 self._free.remove(k)
-                layout = None if self._has_layout[k] else self._layout
+                worker = self._workers[k]
+                layout = None if worker.has_layout else self._layout
             started = time.monotonic()
             try:
-                status, rows, blob, where = self._ray.get(
-                    self.actors[k].run.remote(job, layout), timeout=self._reissue_after)
+                if worker.pid is None:  # answered before the unit's reply (Ray keeps order)
+                    worker.pid = self._ray.get(worker.attached, timeout=self._spec.reissue_after)
+                status, rows, blob, where, read_s, idle_s = self._ray.get(
+                    worker.handle.run.remote(job, layout), timeout=self._spec.reissue_after)
             except Exception as e:
-                if not any(c.__name__ in _LOST for c in type(e).__mro__):
+                if not _is_lost(e):
                     with self._lock:
-                        if k not in self._dead:
+                        if worker.alive:
                             self._free.append(k)
                     raise
-                self._lose(k, e, job)
+                self._lose(k, worker, e, job)
                 continue
             waited = time.monotonic() - started
             with self._lock:
-                if k not in self._dead:
+                if worker.alive:
                     self._free.append(k)
-                self._has_layout[k] = True
+                worker.has_layout = True
                 self._counts["jobs"] += 1
                 self._counts["rows_bytes"] += rows.nbytes
                 self._counts["wait_s"] += waited
@@ -263,32 +384,119 @@ class RemoteWorkers:
                                                      f"({where}) while reading sample "
                                                      f"{self._index(job, row)}")
                             for row, info in errors}
-            return status, rows, objects, failures
+            return status, rows, objects, failures, read_s, idle_s
 
-    def _lose(self, k: int, error: BaseException, job: bytes) -> None:
-        """Worker k is gone (or late, and given up): its unit is issued again by the caller."""
+    def _lose(self, k: int, worker: _Actor, error: BaseException, job: bytes) -> None:
+        """`worker` (actor k) is gone (or late, and given up): its unit is issued again by the
+        caller, and a replacement started."""
         with self._lock:
             self._counts["reissued"] += 1
-            if k in self._dead:  # its other unit, lost with it
+            if not worker.alive:  # its other unit, lost with it
                 return
-            self._dead.add(k)
+            worker.alive = False
             self._free = [j for j in self._free if j != k]
             self._alive -= 1
             self._counts["lost_workers"] += 1
-            alive, stopped = self._alive, self._stopped
-        try:
-            self._ray.kill(self.actors[k])  # a late one would otherwise go on with its unit
-        except Exception:
-            pass
+            stopped = self._stopped
+            last = self._alive == 0 and not self._warned
+            self._warned |= last
+            if not stopped and self._spec.replace:
+                replacing = threading.Thread(target=self._replace, args=(k,), daemon=True,
+                                             name=f"stoker-replace-{k}")
+                self._replacing.append(replacing)
+                replacing.start()
+        self._kill(worker.handle)  # a late one would otherwise go on with its unit
         if stopped:
             return
         nrows = _worker._JOB.unpack_from(job)[3]
         _log.info("stoker: remote worker %d lost (%s: %s); its %d samples are issued again",
                   k, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
                   nrows)
-        if alive == 0:
+        if last:
             _log.warning("stoker: no remote worker left (the last one: %s); reading on local "
-                         "workers", type(error).__name__)
+                         "workers%s", type(error).__name__,
+                         " until one is replaced" if self._spec.replace else "")
+
+    def _replace(self, k: int) -> None:
+        """Starts a new actor k (a thread of its own): up to REPLACE_ATTEMPTS tries with a
+        growing wait between them, each only while the cluster has room for it."""
+        for attempt in range(REPLACE_ATTEMPTS):
+            if self._stopping.wait(min(REPLACE_BACKOFF * 2 ** attempt, REPLACE_BACKOFF_MAX)):
+                return
+            try:
+                worker = self._restart(k)
+                if worker is None:
+                    continue
+                if not self._ready(worker):
+                    self._kill(worker.handle)  # not placed, or not up in time
+                    continue
+            except Exception as e:
+                if _is_lost(e):
+                    continue
+                _log.warning("stoker: remote worker %d not replaced: %s", k, e)
+                return
+            with self._lock:
+                installed = not self._stopped
+                if installed:
+                    self._workers[k] = worker
+                    self._free.extend([k] * SLOTS)
+                    self._alive += 1
+                    self._counts["replaced"] += 1
+            if not installed:
+                self._release(worker)
+                return
+            _log.info("stoker: remote worker %d replaced (pid %d)", k, worker.pid)
+            return
+        _log.info("stoker: remote worker %d not replaced after %d tries (no room in the "
+                  "cluster, or the new actors did not start)", k, REPLACE_ATTEMPTS)
+
+    def _restart(self, k: int) -> Optional[_Actor]:
+        """A new actor k, or that of the shared pool if another rank replaced it already;
+        None if the cluster has no room for one now."""
+        if self._pool is not None:
+            try:
+                handle = self._ray.get_actor(f"{self._pool}/{k}", namespace=NAMESPACE)
+                return _Actor(handle, handle.attach.remote(self._client, self._fingerprint))
+            except ValueError:  # none of that name (any more)
+                pass
+        available = self._ray.available_resources()
+        needs = dict(self._spec.resources or {}, CPU=self._spec.num_cpus)
+        if any(available.get(name, 0) < amount for name, amount in needs.items()):
+            return None
+        return self._start(k)
+
+    def _ready(self, worker: _Actor) -> bool:
+        """Waits for a new actor's attach() (in short steps, to see the loader stop): True
+        once it answered, False if the loader stops or READY_S pass first."""
+        deadline = time.monotonic() + READY_S
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            done, _ = self._ray.wait([worker.attached], timeout=0.5)
+            if done:
+                worker.pid = self._ray.get(worker.attached)
+                return True
+        return False
+
+    def _kill(self, handle) -> None:
+        try:
+            self._ray.kill(handle)
+        except Exception:  # gone already, or Ray is shut down
+            pass
+
+    def _release(self, worker: _Actor) -> None:
+        """This loader lets `worker` go: its own actor is killed; a shared one only by the
+        last rank using it (the others keep its handle, which keeps it alive if this process
+        made it)."""
+        if self._pool is None:
+            self._kill(worker.handle)
+            return
+        try:
+            left = self._ray.get(worker.handle.detach.remote(self._client), timeout=READY_S)
+        except Exception:  # gone, or busy past READY_S: it goes with its owner at the latest
+            left = 1
+        if left == 0:
+            self._kill(worker.handle)
+        else:
+            _kept.append(worker.handle)
 
     @staticmethod
     def _index(job: bytes, row: int) -> int:
@@ -298,27 +506,40 @@ class RemoteWorkers:
 
     def stats(self) -> dict[str, Any]:
         """The network stage: rows received (bytes, bytes/s over the loader's life), the time
-        the engine's threads waited for replies, units read remotely and locally, re-issued."""
+        the engine's threads waited for replies, units read remotely and locally, re-issued;
+        the actors: how many there are, alive, in use, replaced, their pids."""
         with self._lock:
             counts = dict(self._counts)
             alive = self._alive
+            pids = [w.pid if w.alive else None for w in self._workers]
         elapsed = max(time.monotonic() - self._started, 1e-9)
         counts["bytes_per_s"] = counts["rows_bytes"] / elapsed
-        counts["workers"] = len(self.actors)
+        counts["workers"] = len(self._workers)
         counts["alive"] = alive
         counts["active"] = self._active
+        counts["pids"] = pids
+        counts["pool"] = self._pool
         return counts
 
     def stop(self) -> None:
-        """Kills the actors (a thread waiting for one returns at once and reads nothing)."""
+        """Lets the actors go (see _release; a thread waiting for a killed one returns at once
+        and reads nothing) and stops the replacing threads."""
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
+            self._stopping.set()
+            replacing = list(self._replacing)
+            workers = [w for w in self._workers if w.alive]
+        for thread in replacing:
+            thread.join()
         if not self._ray.is_initialized():
             return
-        for actor in self.actors:
-            try:
-                self._ray.kill(actor)
-            except Exception:
-                pass
+        for worker in workers:
+            self._release(worker)
+
+
+def _is_lost(error: BaseException) -> bool:
+    """Whether a Ray call failed because its actor is gone or late (the unit is issued again),
+    rather than with an error of the unit itself."""
+    return any(c.__name__ in _LOST for c in type(error).__mro__)

@@ -767,6 +767,12 @@ Stats Engine::stats() const {
   s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
   s.worker_run_delay = std::chrono::nanoseconds(sample_run_delay());
   s.worker_lock_held = config_.dataset->lock_held();
+  const RemoteReads remote = config_.dataset->remote_reads();
+  s.network_units = remote.units;
+  s.network_bytes = remote.bytes;
+  s.network_wait = remote.wait;
+  s.network_read = remote.read;
+  s.network_idle = remote.idle;
   s.skipped = skipped_.load(std::memory_order_relaxed);
   {
     MutexLock bad(bad_mu_);

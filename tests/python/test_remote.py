@@ -3,9 +3,12 @@ no CPUs (the driver's) and two worker nodes of one CPU each, all on this machine
 Cluster binds them to its own address), started once for the module and torn down at its end,
 leaving no Ray process behind. Skipped without ray."""
 
+import json
 import logging
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -121,62 +124,70 @@ def test_remote_batches_are_those_of_a_local_loader(cluster, rank, workers):
     expected = _batches(_loader(data, workers=2, sampler=sampler()), epochs=2)
     loader = _loader(data, stoker.ray_workers(2), workers=workers, sampler=sampler())
     got = _batches(loader, epochs=2)
-    remote = loader.stats()["remote"]
+    stats, report = loader.stats(), loader.report()
     loader.close()
     _same(got, expected)
+    remote = stats["remote"]
     assert remote["lost_workers"] == 0 and remote["alive"] == 2
+    # The network stage, in the engine's stats that the verdict reads.
+    assert stats["network_units"] == remote["jobs"]
+    assert stats["network_bytes"] == remote["rows_bytes"]
     if workers == 0:
         assert remote["jobs"] > 0 and remote["rows_bytes"] > 0
+        assert stats["network_wait_s"] > 0 and stats["network_read_s"] > 0
+        assert stats["network_bytes_per_second"] > 0
+        assert report["network_wait"] > 0 and 0 < report["remote_busy"] <= 1
 
 
-def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(cluster):
+def _until(condition, what):
+    # Ray starts a replacement actor in seconds; the limit only keeps a broken test finite.
+    for _ in range(1200):
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"not reached: {what}")
+
+
+def test_an_actor_killed_mid_epoch_is_replaced_and_nothing_is_lost_or_repeated(cluster):
     data = wd.Seeded(n=128, delay=0.004)
-    expected = _batches(_loader(data, shuffle=True))
+    expected = _batches(_loader(data, shuffle=True), epochs=2)
     loader = _loader(data, stoker.ray_workers(2), shuffle=True)
     got = []
     for k, batch in enumerate(loader):
         got.append(batch)
         if k == 2:
+            killed = loader.stats()["remote"]["pids"][0]
             ray.kill(loader._remote.actors[0])
+    _until(lambda: loader.stats()["remote"]["alive"] == 2, "two actors alive")
+    before = loader.stats()["remote"]
+    got.extend(loader)  # the second epoch, with the new actor
     remote = loader.stats()["remote"]
     loader.close()
     _same(got, expected)
-    assert remote["lost_workers"] == 1 and remote["reissued"] >= 1
-    assert remote["alive"] == 1
+    assert remote["lost_workers"] == 1 and remote["reissued"] >= 1 and remote["replaced"] == 1
+    assert remote["alive"] == 2 and remote["pids"][0] not in (None, killed)
+    assert remote["jobs"] > before["jobs"]
 
 
-def test_a_node_removed_mid_epoch_loses_and_repeats_nothing(cluster):
-    # A node of its own for the actor (a custom resource pins it there), removed mid-epoch.
-    node = cluster.add_node(**_node(resources={"victim": 1}))
+def test_a_node_removed_mid_epoch_falls_back_to_local_with_one_log_line(cluster, caplog):
+    # A node of its own for both actors (a custom resource pins them there), removed
+    # mid-epoch: the loader's whole cluster is gone, nothing is lost or repeated, and with no
+    # room left for replacements it reads on its local workers.
+    node = cluster.add_node(**dict(_node(resources={"victim": 2}), num_cpus=2))
     data = wd.Seeded(n=128, delay=0.004)
     expected = _batches(_loader(data, shuffle=True))
-    loader = _loader(data, stoker.ray_workers(1, resources={"victim": 1}), shuffle=True)
-    got = []
-    for k, batch in enumerate(loader):
-        got.append(batch)
-        if k == 2:
-            _crash(cluster, node, loader)
-    remote = loader.stats()["remote"]
-    loader.close()
-    _same(got, expected)
-    assert remote["lost_workers"] == 1 and remote["alive"] == 0, remote
-
-
-def test_all_remote_workers_gone_falls_back_to_local_with_one_log_line(cluster, caplog):
-    data = wd.Seeded(n=128, delay=0.004)
-    expected = _batches(_loader(data, shuffle=True))
-    loader = _loader(data, stoker.ray_workers(2), shuffle=True)
+    loader = _loader(data, stoker.ray_workers(2, resources={"victim": 1}), shuffle=True)
     got = []
     with caplog.at_level(logging.INFO, logger="stoker"):
         for k, batch in enumerate(loader):
             got.append(batch)
             if k == 2:
-                for actor in loader._remote.actors:
-                    ray.kill(actor)
+                _crash(cluster, node, loader)
     remote = loader.stats()["remote"]
     loader.close()
     _same(got, expected)
-    assert remote["alive"] == 0 and remote["local_jobs"] > 0
+    assert remote["lost_workers"] == 2 and remote["alive"] == 0, remote
+    assert remote["local_jobs"] > 0 and remote["replaced"] == 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and "no remote worker left" in warnings[0]
 
@@ -228,6 +239,54 @@ def test_close_kills_the_actors(cluster):
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.run.remote(b"", None), timeout=60)
+
+
+def test_loaders_on_one_pool_name_share_its_actors_until_the_last_lets_go(cluster):
+    data = wd.Seeded(n=64)
+    expected = _batches(_loader(data, shuffle=True), epochs=2)
+    first = _loader(data, stoker.ray_workers(2, pool="shared-test"), workers=0, shuffle=True)
+    second = _loader(data, stoker.ray_workers(2, pool="shared-test"), workers=0, shuffle=True)
+    _same(_batches(first), expected[:8])
+    got = _batches(second)
+    pids = first.stats()["remote"]["pids"]
+    assert second.stats()["remote"]["pids"] == pids and None not in pids
+    first.close()  # the actors stay up for the second loader
+    got.extend(second)
+    _same(got, expected)
+    actors = list(second._remote.actors)
+    second.close()
+    for actor in actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.pid.remote(), timeout=60)
+
+
+def test_a_pool_name_refuses_a_loader_of_another_data_set(cluster):
+    first = _loader(wd.Seeded(n=32), stoker.ray_workers(1, pool="taken"), workers=0)
+    list(first)
+    second = _loader(wd.Seeded(n=40), stoker.ray_workers(1, pool="taken"), workers=0)
+    with pytest.raises(ValueError, match="give each loader its own pool= name"):
+        list(second)
+    second.close()
+    first.close()
+
+
+def test_ddp_ranks_share_one_pool_of_remote_workers(cluster, tmp_path):
+    # Two ranks under torchrun: each gets its own partition's batches, exactly those of local
+    # loaders, from the same two actors; the last rank to close kills them.
+    script = Path(__file__).parent / "ddp_remote_job.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         str(script), cluster.address, str(tmp_path)],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert r["same"] and r["batches"] == 12 and r["jobs"] > 0, r
+    assert ranks[0]["pool"] == ranks[1]["pool"] is not None
+    assert ranks[0]["actors"] == ranks[1]["actors"] and ranks[0]["pids"] == ranks[1]["pids"]
+    left = [a for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "stoker"]
+    assert left == []
 
 
 def test_remote_refuses_what_it_does_not_serve(cluster):
