@@ -82,7 +82,10 @@ def measure(setup: str, address: str, n: int, rounds: int, epochs: int) -> dict:
         rate = samples / (time.perf_counter() - start)
     result = {"setup": setup, "samples_per_s": rate, "cores": sorted(os.sched_getaffinity(0))}
     if remote is not None:
-        result["remote"] = loader.stats()["remote"]
+        stats = loader.stats()
+        result["remote"] = stats["remote"]
+        result["network"] = {k: stats[k] for k in stats if k.startswith("network_")}
+        result["report"] = str(loader.report())
     loader.close()
     return result
 
@@ -136,6 +139,12 @@ def main() -> None:
     for r in results:
         print(f"{r['setup']:>13} (cores {','.join(map(str, r['cores']))}): "
               f"{r['samples_per_s']:8.1f} samples/s")
+        if "network" in r:
+            n = r["network"]
+            print(f"{'':>15}network stage: {n['network_bytes_per_second'] / 1e6:.1f} MB/s, "
+                  f"threads waited {n['network_wait_s']:.1f} s for {n['network_units']} "
+                  f"units, the actor read {n['network_read_s']:.1f} s and idled "
+                  f"{n['network_idle_s']:.1f} s of it; {r['report'].split(';')[0]}")
     print(f"local+remote / local-only: {summary['remote_over_local']:.2f}x (target >= 1.6)")
     print(f"local+remote / two local:  {summary['remote_over_two_local']:.2f}x "
           f"(target >= 0.85)")

@@ -532,7 +532,8 @@ class RemoteWorkers:
             replacing = list(self._replacing)
             workers = [w for w in self._workers if w.alive]
         for thread in replacing:
-            thread.join()
+            if thread is not threading.current_thread():  # a collection of the loader there
+                thread.join()
         if not self._ray.is_initialized():
             return
         for worker in workers:
