@@ -425,7 +425,6 @@ bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<cons
     offsets.push_back(total);
     total += outs.size() * outs.front().bytes(f).size();
   }
-  const std::vector<std::uint8_t> job = encode_job(1, offsets, indices, outs, {}, false);
   // The reply and the view of its rows live from the call to the end of the copy, which is
   // made without the GIL; they are let go with it.
   struct Reply {
@@ -447,6 +446,9 @@ bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<cons
   {
     EngineThreadGil gil;
     try {
+      // A batch job's batches travel with it, as to worker processes.
+      const std::vector<std::uint8_t> job = encode_job(
+          1, offsets, indices, outs, has_job_args_ ? job_args(indices) : std::string(), false);
       const auto asked = std::chrono::steady_clock::now();
       reply.value = state_->remote.attr("run")(
           py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));

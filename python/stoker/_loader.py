@@ -200,8 +200,10 @@ class DataLoader:
         stats()["pipeline"] says which path ran and why.
       keep_on_host: names of fields that stay in host memory when batches go to a GPU.
       remote: ``stoker.ray_workers(n, ...)`` adds n Ray actors, anywhere in a Ray cluster,
-        as workers that take the excess of a map-style data set's reads; the batches stay
-        exactly those of a local loader, in order (docs/remote.md).
+        as workers that take the excess of a map-style data set's reads (samples, or whole
+        batches with a collate_fn or batch sampler); the batches stay exactly those of a
+        local loader, in order; the ranks of a torchrun job share the actors; a lost one is
+        replaced (docs/remote.md).
       collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
         iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
         the next batch of that worker's stream), in parallel, and handed to the training
@@ -270,11 +272,10 @@ class DataLoader:
         self._jobs = None
         self._remote = None
         self._samples = None  # the map-style data set's length when the loader was made
-        if remote is not None and (_batches.is_stream(dataset) or collate_fn is not None
-                                   or batch_size is None or batch_sampler is not None):
-            raise ValueError("stoker: remote workers read samples of a map-style data set into "
-                             "the batch buffers; streams, collate_fn and batch samplers run "
-                             "on local workers only")
+        if remote is not None and _batches.is_stream(dataset):
+            raise ValueError("stoker: remote workers read map-style data sets (samples, or "
+                             "batches with a collate_fn or batch sampler); streams run on "
+                             "local workers only")
         if _batches.is_stream(dataset):
             self._init_stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                               collate_fn, pin_memory, drop_last, timeout, worker_init_fn,

@@ -39,7 +39,7 @@ import time
 import uuid
 from typing import Any, Mapping, Optional, Union
 
-from . import _stoker, _worker
+from . import _batches, _stoker, _worker
 from ._workers import rebuild_error
 
 _log = logging.getLogger("stoker")
@@ -175,7 +175,8 @@ class RemoteWorker:
         if torch is not None:
             torch.set_num_threads(1)
         seed = _worker.seed_worker(base_seed, worker_id)
-        _worker.set_torch_worker_info(worker_id, num_workers, seed, dataset)
+        _worker.set_torch_worker_info(worker_id, num_workers, seed,
+                                      _batches.user_dataset(dataset))
         self._dataset = dataset
         self._use_getitems = use_getitems
         self._writer = _stoker.SampleWriter()
@@ -277,6 +278,8 @@ class RemoteWorkers:
             self._pool = f"{self._pool}/{next(_pool_ordinal)}"
         self._client = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self._fingerprint = fingerprint(dataset)
+        # A batch job's rows are batches (a collate_fn's or a batch sampler's).
+        self._item = "batch" if isinstance(dataset, _batches.BatchJobs) else "sample"
         self._options = dict(spec.actor_options or {}, num_cpus=spec.num_cpus,
                              resources=spec.resources)
         self._options.setdefault("max_restarts", 0)
@@ -381,7 +384,7 @@ class RemoteWorkers:
             if blob:
                 objects, errors = pickle.loads(blob)
                 failures = {row: rebuild_error(info, f"stoker: raised in remote worker {k} "
-                                                     f"({where}) while reading sample "
+                                                     f"({where}) while reading {self._item} "
                                                      f"{self._index(job, row)}")
                             for row, info in errors}
             return status, rows, objects, failures, read_s, idle_s

@@ -212,9 +212,10 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
         # `times`: the rows' (start, end) when the job asked for them (the loader is traced)
         job, status, objects, raised, times = writer.run_job(payload, dataset, use_getitems)
         errors = [(k, _error_info(e)) for k, e in raised]
-    if objects is not None and nargs:
+    if objects is not None and nargs and arenas is not None:
         # A batch job's rows are whole batches: each pickled apart, its tensors into an arena,
-        # so that one that does not pickle fails only its row.
+        # so that one that does not pickle fails only its row. (A remote worker has no arenas:
+        # its batches are pickled with the reply, below, its tensors too.)
         status, objects = bytearray(status), list(objects)
         for k, values in enumerate(objects):
             if values is None:

@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import stoker  # noqa: E402
+from stoker import _remote  # noqa: E402
 import worker_datasets as wd  # noqa: E402
 
 _STORE = 100 << 20  # each node's object store: small, the machine is shared
@@ -289,12 +290,39 @@ def test_ddp_ranks_share_one_pool_of_remote_workers(cluster, tmp_path):
     assert left == []
 
 
+@pytest.mark.parametrize("batching", [
+    dict(batch_size=8, shuffle=True, collate_fn=wd.collate_names),
+    dict(batch_sampler=[[0, 5, 2], [7], [9, 1, 3, 4], [11, 10]], collate_fn=wd.collate_names),
+], ids=["collate_fn", "batch_sampler"])
+def test_the_batch_path_runs_on_remote_workers(cluster, batching):
+    # Whole batches (fetched and collated in the actor, their batches sent with the job) are
+    # those of a local loader.
+    data = wd.Seeded(n=48)
+    expected = _batches(stoker.DataLoader(data, num_workers=1, seed=7, **batching))
+    loader = stoker.DataLoader(data, num_workers=0, seed=7, remote=stoker.ray_workers(2),
+                               **batching)
+    got = _batches(loader)
+    jobs = loader.stats()["remote"]["jobs"]
+    loader.close()
+    _same(got, expected)
+    assert jobs > 0
+
+
+def test_the_ranks_of_a_torchrun_job_name_one_pool():
+    job = dict(WORLD_SIZE="2", MASTER_ADDR="10.0.0.1", MASTER_PORT="29500")
+    assert _remote.job_pool(job) == "@10.0.0.1:29500"
+    assert _remote.job_pool(dict(job, TORCHELASTIC_RUN_ID="r7")) == "r7@10.0.0.1:29500"
+    assert _remote.job_pool(dict(job, WORLD_SIZE="1")) is None
+    assert _remote.job_pool({}) is None
+
+
 def test_remote_refuses_what_it_does_not_serve(cluster):
-    with pytest.raises(ValueError, match="collate_fn"):
-        stoker.DataLoader(wd.Seeded(n=8), batch_size=2, collate_fn=list,
-                          remote=stoker.ray_workers(1))
+    with pytest.raises(ValueError, match="streams run on local workers only"):
+        stoker.DataLoader(wd.SlowStream(), batch_size=2, remote=stoker.ray_workers(1))
     with pytest.raises(ValueError, match="at least one"):
         stoker.ray_workers(0)
+    with pytest.raises(ValueError, match="pool must be a name"):
+        stoker.ray_workers(1, pool=True)
 
 
 def test_auto_starts_local_only_and_asks_for_no_remote_worker_for_waits_that_use_no_cpu(
