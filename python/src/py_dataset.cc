@@ -449,13 +449,12 @@ bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<cons
       // A batch job's batches travel with it, as to worker processes.
       const std::vector<std::uint8_t> job = encode_job(
           1, offsets, indices, outs, has_job_args_ ? job_args(indices) : std::string(), false);
-      const auto asked = std::chrono::steady_clock::now();
       reply.value = state_->remote.attr("run")(
           py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
       if (reply.value.is_none()) return false;
-      count_remote_reply(std::chrono::steady_clock::now() - asked, total,
-                         reply.value[py::int_(4)].cast<double>(),
-                         reply.value[py::int_(5)].cast<double>());
+      count_remote_reply(total, reply.value[py::int_(4)].cast<double>(),
+                         reply.value[py::int_(5)].cast<double>(),
+                         reply.value[py::int_(6)].cast<double>());
       reply.rows.emplace(py::buffer(reply.value[py::int_(1)]).request());
       const auto got = static_cast<std::uint64_t>(reply.rows->size * reply.rows->itemsize);
       if (got < total) {
@@ -633,12 +632,12 @@ std::chrono::nanoseconds PyDataset::lock_held() const {
   return std::chrono::nanoseconds(gil_cpu_ns_.load(std::memory_order_relaxed));
 }
 
-void PyDataset::count_remote_reply(std::chrono::nanoseconds waited, std::uint64_t bytes,
-                                   double read_s, double idle_s) const {
+void PyDataset::count_remote_reply(std::uint64_t bytes, double wait_s, double read_s,
+                                   double idle_s) const {
   const auto ns = [](double seconds) { return static_cast<std::int64_t>(seconds * 1e9); };
   remote_units_.fetch_add(1, std::memory_order_relaxed);
   remote_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  remote_wait_ns_.fetch_add(waited.count(), std::memory_order_relaxed);
+  remote_wait_ns_.fetch_add(ns(wait_s), std::memory_order_relaxed);
   remote_read_ns_.fetch_add(ns(read_s), std::memory_order_relaxed);
   remote_idle_ns_.fetch_add(ns(idle_s), std::memory_order_relaxed);
 }

@@ -119,10 +119,10 @@ class PyDataset final : public Dataset {
   // GIL held): `remote.run(job)` takes a kJob payload (py_workers.h) whose region 1 is the
   // worker's own buffer, waits for its reply (Ray releases the GIL while waiting) and returns
   // (status bytes, the rows as a buffer, object values per row or None, {row: exception},
-  // seconds the remote worker read the chunk, seconds it idled before), or None when no
-  // remote worker is free or left, and the chunk is read here as before (a unit lost with its
-  // worker is issued again by run() itself). `remote.set_layout(message)` gets
-  // the layout message once it is known.
+  // seconds the call waited for the reply, seconds the remote worker read the chunk, seconds
+  // it idled before), or None when no remote worker is free or left, and the chunk is read
+  // here as before (a unit lost with its worker is issued again by run() itself).
+  // `remote.set_layout(message)` gets the layout message once it is known.
   void use_remote(py::object remote);
   // Stops and reaps the worker processes, if any, and drops the object values of batches
   // read ahead (GIL held, after the engine has stopped).
@@ -187,8 +187,7 @@ class PyDataset final : public Dataset {
   bool take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
                     std::exception_ptr& error) const;
   // Counts a remote worker's reply into the network stage (remote_reads).
-  void count_remote_reply(std::chrono::nanoseconds waited, std::uint64_t bytes, double read_s,
-                          double idle_s) const;
+  void count_remote_reply(std::uint64_t bytes, double wait_s, double read_s, double idle_s) const;
   // Reads a chunk through a remote worker and copies its rows into the slab; false if none
   // was free (nothing read).
   bool read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,

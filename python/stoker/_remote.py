@@ -346,8 +346,8 @@ class RemoteWorkers:
 
     def run(self, job: bytes):
         """A chunk read by a free actor: (status, rows, object values or None, {row:
-        exception}, seconds the actor read, seconds it idled before); None if no actor is free
-        or left (the chunk is then read locally)."""
+        exception}, seconds this thread waited for the reply, seconds the actor read, seconds
+        it idled before); None if no actor is free or left (the chunk is then read locally)."""
         while True:
             with self._lock:
                 usable = [k for k in self._free if k < self._active]
@@ -358,10 +358,10 @@ class RemoteWorkers:
                 self._free.remove(k)
                 worker = self._workers[k]
                 layout = None if worker.has_layout else self._layout
-            started = time.monotonic()
             try:
-                if worker.pid is None:  # answered before the unit's reply (Ray keeps order)
+                if worker.pid is None:  # the actor is up (its start is not the network's)
                     worker.pid = self._ray.get(worker.attached, timeout=self._spec.reissue_after)
+                started = time.monotonic()
                 status, rows, blob, where, read_s, idle_s = self._ray.get(
                     worker.handle.run.remote(job, layout), timeout=self._spec.reissue_after)
             except Exception as e:
@@ -387,7 +387,7 @@ class RemoteWorkers:
                                                      f"({where}) while reading {self._item} "
                                                      f"{self._index(job, row)}")
                             for row, info in errors}
-            return status, rows, objects, failures, read_s, idle_s
+            return status, rows, objects, failures, waited, read_s, idle_s
 
     def _lose(self, k: int, worker: _Actor, error: BaseException, job: bytes) -> None:
         """`worker` (actor k) is gone (or late, and given up): its unit is issued again by the
@@ -403,18 +403,22 @@ class RemoteWorkers:
             stopped = self._stopped
             last = self._alive == 0 and not self._warned
             self._warned |= last
+            replacing = None
             if not stopped and self._spec.replace:
                 replacing = threading.Thread(target=self._replace, args=(k,), daemon=True,
                                              name=f"stoker-replace-{k}")
                 self._replacing.append(replacing)
-                replacing.start()
-        self._kill(worker.handle)  # a late one would otherwise go on with its unit
+        # Killed before a replacement looks for actor k by its name: a late one would
+        # otherwise go on with its unit, and could be found again.
+        self._kill(worker.handle)
+        if replacing is not None:
+            replacing.start()  # returns at once if the loader stopped meanwhile
         if stopped:
             return
         nrows = _worker._JOB.unpack_from(job)[3]
-        _log.info("stoker: remote worker %d lost (%s: %s); its %d samples are issued again",
+        _log.info("stoker: remote worker %d lost (%s: %s); its %d %ss are issued again",
                   k, type(error).__name__, str(error).splitlines()[0] if str(error) else "",
-                  nrows)
+                  nrows, self._item)
         if last:
             _log.warning("stoker: no remote worker left (the last one: %s); reading on local "
                          "workers%s", type(error).__name__,
@@ -535,7 +539,9 @@ class RemoteWorkers:
             replacing = list(self._replacing)
             workers = [w for w in self._workers if w.alive]
         for thread in replacing:
-            if thread is not threading.current_thread():  # a collection of the loader there
+            # One not started yet returns at once when it is; on one of them, the loader was
+            # collected by that thread.
+            if thread.is_alive() and thread is not threading.current_thread():
                 thread.join()
         if not self._ray.is_initialized():
             return

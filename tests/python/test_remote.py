@@ -285,9 +285,8 @@ def test_ddp_ranks_share_one_pool_of_remote_workers(cluster, tmp_path):
         assert r["same"] and r["batches"] == 12 and r["jobs"] > 0, r
     assert ranks[0]["pool"] == ranks[1]["pool"] is not None
     assert ranks[0]["actors"] == ranks[1]["actors"] and ranks[0]["pids"] == ranks[1]["pids"]
-    left = [a for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["namespace"] == "stoker"]
-    assert left == []
+    _until(lambda: not [a for a in ray.util.list_named_actors(all_namespaces=True)
+                        if a["namespace"] == "stoker"], "the pool's actors gone")
 
 
 @pytest.mark.parametrize("batching", [
