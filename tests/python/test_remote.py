@@ -261,6 +261,31 @@ def test_loaders_on_one_pool_name_share_its_actors_until_the_last_lets_go(cluste
             ray.get(actor.pid.remote(), timeout=60)
 
 
+def test_loaders_sharing_a_pool_converge_on_one_replacement_of_a_lost_actor(cluster):
+    # Actor 0 is killed while the second loader reads: it replaces it by the pool's name, and
+    # the first loader, finding its handle dead, attaches to that same replacement.
+    data = wd.Seeded(n=64, delay=0.004)
+    expected = _batches(_loader(data, shuffle=True), epochs=2)
+    first = _loader(data, stoker.ray_workers(2, pool="converge"), workers=0, shuffle=True)
+    second = _loader(data, stoker.ray_workers(2, pool="converge"), workers=0, shuffle=True)
+    _same(_batches(first), expected[:8])
+    got = []
+    for k, batch in enumerate(second):
+        got.append(batch)
+        if k == 2:
+            ray.kill(second._remote.actors[0])
+    _until(lambda: second.stats()["remote"]["alive"] == 2, "the second loader's replacement")
+    got.extend(second)
+    _same(got, expected)
+    _same(_batches(first), expected[8:])
+    _until(lambda: first.stats()["remote"]["alive"] == 2, "the first loader's replacement")
+    one, two = first.stats()["remote"], second.stats()["remote"]
+    first.close()
+    second.close()
+    assert one["pids"] == two["pids"] and None not in one["pids"]
+    assert one["lost_workers"] == two["lost_workers"] == 1
+
+
 def test_a_pool_name_refuses_a_loader_of_another_data_set(cluster):
     first = _loader(wd.Seeded(n=32), stoker.ray_workers(1, pool="taken"), workers=0)
     list(first)
