@@ -490,7 +490,8 @@ def test_stats_keys_are_the_cpp_stats_fields():
     assert len(list(loader)) == 2
     fields = _stoker.stats_fields()
     assert len(fields) == len(set(fields))
-    derived = {"samples_per_second", "bytes_per_second", "wait_fraction"}
+    derived = {"samples_per_second", "bytes_per_second", "wait_fraction",
+               "network_bytes_per_second"}
     # Added by the Python package: which pipeline and which kind of worker reads.
     python_only = {"pipeline", "worker_type", "worker_type_reason", "worker_pids"}
     assert set(loader.stats()) == set(fields) | derived | python_only
