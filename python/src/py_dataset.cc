@@ -319,6 +319,19 @@ void PyDataset::store_objects(const SampleOut& out, py::object values) const {
   rows[out.row()] = std::move(values);
 }
 
+void PyDataset::store_objects(std::span<const SampleOut> outs, py::handle values) const {
+  if (!objects_field_ || outs.empty()) return;
+  // A chunk's rows are consecutive rows of one slab.
+  const SampleOut& first = outs.front();
+  const std::byte* slab = first.bytes(*objects_field_).data() - first.row();
+  auto& rows = state_->objects[slab];
+  if (rows.size() < first.row() + outs.size()) rows.resize(first.row() + outs.size());
+  for (std::size_t k = 0; k < outs.size(); ++k) {
+    rows[first.row() + k] = py::reinterpret_borrow<py::object>(
+        PyList_GET_ITEM(values.ptr(), static_cast<Py_ssize_t>(k)));
+  }
+}
+
 void PyDataset::finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const {
   // The GIL is released; the arrays stay alive through their owners until buried.
   std::vector<py::object> owners;

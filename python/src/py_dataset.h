@@ -142,6 +142,9 @@ class PyDataset final : public Dataset {
   // For ProcessPool (GIL held): the object values of a row read elsewhere, and an exception
   // raised elsewhere, kept like this thread's own (the PythonError to hand the engine).
   void store_objects(const SampleOut& out, py::object values) const;
+  // The same for every row of a chunk that failed nowhere: `values`, a list, holds row k's
+  // object values at k.
+  void store_objects(std::span<const SampleOut> outs, py::handle values) const;
   std::exception_ptr keep_error(py::object exception, std::size_t index) const;
   // The layout as a worker process gets it (kLayout): pickled (description, object slots).
   py::bytes layout_message() const;

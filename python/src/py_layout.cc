@@ -28,6 +28,9 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
   return s + ")";
 }
 
+// Tensors up to this size are copied into their row while the GIL is held (see visit()).
+constexpr std::size_t kCopyUnderGil = 16 << 10;
+
 constexpr const char* kBatchingHint =
     "; batching needs every sample to have the layout of the first sample read (pass collate_fn "
     "to batch samples yourself)";
@@ -50,11 +53,11 @@ PyObject* interned(const char* name) {
 }
 
 // A leaf that is exactly torch.Tensor, of the node's dtype and shape, on the CPU, strided and
-// contiguous, viewed through its attributes; false for anything else (the general path then
-// checks it, with its error messages). GIL held.
-bool tensor_view(const LayoutNode& n, PyObject* o, HostArray& a) {
+// contiguous, viewed through its attributes: the address of its n.bytes bytes, or null for
+// anything else (the general path then checks it, with its error messages). GIL held.
+const std::byte* tensor_data(const LayoutNode& n, PyObject* o) {
   if (!n.tensor_type || Py_TYPE(o) != reinterpret_cast<PyTypeObject*>(n.tensor_type.ptr())) {
-    return false;
+    return nullptr;
   }
   static PyObject* const kDtype = interned("dtype");
   static PyObject* const kLayout = interned("layout");
@@ -70,19 +73,19 @@ bool tensor_view(const LayoutNode& n, PyObject* o, HostArray& a) {
   };
   if (!is(kDtype, n.tensor_dtype.ptr()) || !is(kLayout, n.tensor_layout.ptr()) ||
       !is(kIsCpu, Py_True)) {
-    return false;
+    return nullptr;
   }
   const auto shape = py::reinterpret_steal<py::object>(PyObject_GetAttr(o, kShape));
   if (!shape || !PyTuple_Check(shape.ptr()) ||
       static_cast<std::size_t>(PyTuple_GET_SIZE(shape.ptr())) != n.shape.size()) {
     PyErr_Clear();
-    return false;
+    return nullptr;
   }
   for (std::size_t d = 0; d < n.shape.size(); ++d) {
     if (PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), static_cast<Py_ssize_t>(d))) !=
         n.shape[d]) {
       PyErr_Clear();
-      return false;
+      return nullptr;
     }
   }
   const auto contiguous =
@@ -90,14 +93,20 @@ bool tensor_view(const LayoutNode& n, PyObject* o, HostArray& a) {
   const auto data = py::reinterpret_steal<py::object>(PyObject_CallMethodNoArgs(o, kDataPtr));
   if (contiguous.ptr() != Py_True || !data) {
     PyErr_Clear();
-    return false;
+    return nullptr;
   }
   void* p = PyLong_AsVoidPtr(data.ptr());
   if (p == nullptr && PyErr_Occurred()) {
     PyErr_Clear();
-    return false;
+    return nullptr;
   }
-  a.data = static_cast<const std::byte*>(p);
+  return static_cast<const std::byte*>(p);
+}
+
+// The contiguous array `data` of node n as a host array owned by `owner`.
+HostArray contiguous_array(const LayoutNode& n, const std::byte* data, PyObject* owner) {
+  HostArray a;
+  a.data = data;
   a.type = n.element;
   a.shape = n.shape;
   a.strides.resize(n.shape.size());
@@ -106,8 +115,8 @@ bool tensor_view(const LayoutNode& n, PyObject* o, HostArray& a) {
     a.strides[d] = stride;
     stride *= n.shape[d];
   }
-  a.owner = py::reinterpret_borrow<py::object>(o);
-  return true;
+  a.owner = py::reinterpret_borrow<py::object>(owner);
+  return a;
 }
 
 py::tuple shape_tuple(const std::vector<std::int64_t>& shape) {
@@ -354,9 +363,15 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
       write_number(n, v);
       break;
     case Kind::array: {
-      HostArray tensor;
-      if (tensor_view(n, o, tensor)) {
-        copies.push_back({n.field, std::move(tensor)});
+      if (const std::byte* data = tensor_data(n, o)) {
+        // A small tensor is copied now: cheaper than noting the copy, and too short a copy
+        // for other threads to gain from the GIL being released for it.
+        const auto dst = out.bytes(n.field);
+        if (dst.size() <= kCopyUnderGil) {
+          std::memcpy(dst.data(), data, dst.size());
+        } else {
+          copies.push_back({n.field, contiguous_array(n, data, o)});
+        }
         break;
       }
       if (classify(v) == ValueKind::other) {

@@ -518,14 +518,23 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     }
     return;
   }
+  const bool failed = std::any_of(status.begin(), status.end(), [](auto s) { return s != 0; });
   EngineThreadGil gil;
   try {
-    py::list keys(indices.size());
-    for (std::size_t k = 0; k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
+    // The sample indices only name the failures.
+    py::list keys(failed ? indices.size() : 0);
+    for (std::size_t k = 0; failed && k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
     const py::tuple decoded = decode_(
         py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
     const py::object objects = decoded[0];
     const py::dict failures = decoded[1];
+    if (!failed && failures.empty() &&
+        (objects.is_none() ||
+         (PyList_Check(objects.ptr()) &&
+          static_cast<std::size_t>(PyList_GET_SIZE(objects.ptr())) == indices.size()))) {
+      if (!objects.is_none()) owner.store_objects(outs, objects);
+      return;
+    }
     for (std::size_t k = 0; k < indices.size(); ++k) {
       const py::int_ row(k);
       if (status[k] != 0 || failures.contains(row)) {
@@ -694,12 +703,12 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   // ended, the first one with the job (so it carries a __getitems__ call).
   std::vector<std::int64_t> times;
   std::int64_t start = timed ? detail::Tracer::now_ns() : 0;
-  py::list keys(rows);
-  for (std::size_t k = 0; k < rows; ++k) {
-    keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
-  }
   py::object samples;
   if (use_getitems) {
+    py::list keys(rows);
+    for (std::size_t k = 0; k < rows; ++k) {
+      keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
+    }
     try {
       samples = py::list(dataset.attr("__getitems__")(keys));
       if (py::len(samples) != rows) samples = py::object();
@@ -760,9 +769,10 @@ py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t
       PyTuple_SET_ITEM(objects.ptr(), static_cast<Py_ssize_t>(s), Py_None);
     }
   }
-  std::vector<PendingCopy> copies;
-  SampleVisitor{index, out, copies, slots_ > 0 ? objects.ptr() : nullptr}.visit(*root_, sample);
-  copy_pending(copies, out);
+  copies_.clear();
+  SampleVisitor{index, out, copies_, slots_ > 0 ? objects.ptr() : nullptr}.visit(*root_, sample);
+  copy_pending(copies_, out);
+  copies_.clear();  // lets go of the arrays
   return objects;
 }
 

@@ -226,6 +226,7 @@ class SampleWriter {
   std::map<std::uint32_t, std::pair<std::byte*, std::size_t>> regions_;
   std::vector<std::size_t> row_bytes_;
   std::vector<std::byte*> bases_;
+  std::vector<PendingCopy> copies_;  // write()'s, kept for its capacity
 };
 
 }  // namespace stoker::python

@@ -123,7 +123,8 @@ class ProcessWorkers:
 
 
 def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):
-    """A worker's reply blob -> (object values per row or None, {row: exception})."""
+    """A worker's reply blob -> (object values per row or None, {row: exception}); `indices`
+    (the rows' sample indices, for the messages) may be empty when no row's status failed."""
     objects, errors = pickle.loads(blob)
     if objects is not None and item == "batch":  # whole batches, their tensors in arenas
         objects = [_arena.loads(o, pid) if isinstance(o, bytes) else o for o in objects]
