@@ -17,6 +17,8 @@ echo
 echo "== from Python: stoker.DataLoader against torch.utils.data.DataLoader"
 .venv/bin/pip install -q .
 .venv/bin/python bench/python_bench.py
+echo "   (what a worker process adds to a cheap sample, against __getitem__ alone)"
+.venv/bin/python bench/worker_overhead.py
 
 echo
 echo "== torchvision's ImageFolder + PIL transforms: stoker.DataLoader against torch's"

@@ -194,6 +194,13 @@ PYBIND11_MODULE(_stoker, m) {
       .def_property_readonly("fields_known", &PyDataset::fields_known)
       .def("structure", &PyDataset::structure)
       .def("fields", [](const PyDataset& d) { return fields_of(d, {}); })
+      .def("row_bytes",
+           [](const PyDataset& d) {
+             std::vector<std::size_t> bytes;
+             for (const auto& f : d.fields()) bytes.push_back(f.bytes());
+             return bytes;
+           })
+      .def("layout_message", &PyDataset::layout_message)
       .def("gil_stats", &PyDataset::gil_stats)
       .def("use_processes", &PyDataset::use_processes, py::arg("pool"))
       .def("use_remote", &PyDataset::use_remote, py::arg("remote"))

@@ -103,6 +103,13 @@ const std::byte* tensor_data(const LayoutNode& n, PyObject* o) {
   return static_cast<const std::byte*>(p);
 }
 
+// The bytes of an array leaf of node n.
+std::size_t array_bytes(const LayoutNode& n) {
+  std::size_t bytes = dtype_size(n.element.storage);
+  for (const auto d : n.shape) bytes *= static_cast<std::size_t>(d);
+  return bytes;
+}
+
 // The contiguous array `data` of node n as a host array owned by `owner`.
 HostArray contiguous_array(const LayoutNode& n, const std::byte* data, PyObject* owner) {
   HostArray a;
@@ -367,7 +374,7 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
         // A small tensor is copied now: cheaper than noting the copy, and too short a copy
         // for other threads to gain from the GIL being released for it.
         const auto dst = out.bytes(n.field);
-        if (dst.size() <= kCopyUnderGil) {
+        if (dst.size() <= kCopyUnderGil && dst.size() == array_bytes(n)) {
           std::memcpy(dst.data(), data, dst.size());
         } else {
           copies.push_back({n.field, contiguous_array(n, data, o)});
