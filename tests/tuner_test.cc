@@ -372,7 +372,7 @@ Stats stats_at(int ms, std::uint64_t batches, int wait_ms, int busy_ms, int cpu_
 
 TEST(WorkerTuner, WindowsNeedTimeAndBatchesAndRestartWhenTheConfigurationChanges) {
   WorkerTuner tuner({2, 8, 64}, false);
-  EXPECT_FALSE(tuner.observe(stats_at(0, 0, 0, 0, 0), 0));       // starts the window
+  EXPECT_FALSE(tuner.observe(stats_at(0, 1, 0, 0, 0), 0));       // starts the window
   EXPECT_FALSE(tuner.observe(stats_at(50, 10, 45, 100, 0), 0));  // too short
   const auto d = tuner.observe(stats_at(400, 20, 350, 800, 10), 0);
   ASSERT_TRUE(d);
@@ -384,6 +384,19 @@ TEST(WorkerTuner, WindowsNeedTimeAndBatchesAndRestartWhenTheConfigurationChanges
   tuner.add_stats(out);
   EXPECT_EQ(out.tuner_changes, 1u);
   EXPECT_NE(out.tuner.find("workers 2 -> 4"), std::string::npos) << out.tuner;
+}
+
+// Until the first batch is delivered the workers start up (processes fork, the layout is
+// probed): a window from then would read the start as starved workers. It starts after it.
+TEST(WorkerTuner, AWindowStartsOnceABatchWasDelivered) {
+  WorkerTuner tuner({2, 8, 64}, false);
+  EXPECT_FALSE(tuner.observe(stats_at(0, 0, 0, 0, 0), 0));
+  // 400 ms, the loop waiting, the workers hardly busy: the start-up, not a window.
+  EXPECT_FALSE(tuner.observe(stats_at(400, 4, 390, 30, 10), 0));
+  const auto d = tuner.observe(stats_at(800, 20, 740, 830, 20), 0);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->workers, 4u);  // busy workers, not starved ones: more workers, not more depth
+  EXPECT_EQ(d->depth, 4u);
 }
 
 // Collects log lines for the test's lifetime.
@@ -413,7 +426,7 @@ class LogCapture {
 TEST(WorkerTuner, ChangesAreLoggedAtDebugLevel) {
   LogCapture log(LogLevel::debug);
   WorkerTuner tuner({2, 8, 64}, false);
-  tuner.observe(stats_at(0, 0, 0, 0, 0), 0);
+  tuner.observe(stats_at(0, 1, 0, 0, 0), 0);
   ASSERT_TRUE(tuner.observe(stats_at(400, 20, 350, 800, 10), 0));
   ASSERT_EQ(log.lines().size(), 1u);
   EXPECT_NE(log.lines()[0].find("tuner: workers 2 -> 4"), std::string::npos) << log.lines()[0];
@@ -422,7 +435,7 @@ TEST(WorkerTuner, ChangesAreLoggedAtDebugLevel) {
 TEST(WorkerTuner, AFixedConfigurationIsAdvisedOnceAndNeverChanged) {
   LogCapture log(LogLevel::info);
   WorkerTuner tuner({2, 8, 64}, true);
-  tuner.observe(stats_at(0, 0, 0, 0, 0), 0);
+  tuner.observe(stats_at(0, 1, 0, 0, 0), 0);
   EXPECT_FALSE(tuner.observe(stats_at(400, 20, 350, 800, 10), 0));
   EXPECT_FALSE(tuner.due());  // said once: never looks again
   ASSERT_EQ(log.lines().size(), 1u);

@@ -175,8 +175,11 @@ double cpu_share(std::size_t cores, const char* local_world_size) {
 
 std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t worker_limit) {
   next_due_ = std::chrono::steady_clock::now() + kMinWindow / 4;
+  // A window starts once a batch was delivered: before it, the workers start (processes
+  // fork, the layout is probed) and the loop waits for the first batch, which says nothing of
+  // the steady state (it read as "workers starved of batches" and asked for more depth).
   if (!start_ || now.workers != start_->workers || now.depth != start_->depth ||
-      now.batches < start_->batches) {
+      now.batches < start_->batches || start_->batches == 0) {
     start_ = now;  // first call, or a new configuration: start a fresh window
     return std::nullopt;
   }
