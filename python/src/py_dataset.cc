@@ -321,13 +321,13 @@ void PyDataset::store_objects(const SampleOut& out, py::object values) const {
 
 void PyDataset::store_objects(std::span<const SampleOut> outs, py::handle values) const {
   if (!objects_field_ || outs.empty()) return;
-  // A chunk's rows are consecutive rows of one slab.
+  // A chunk's rows are rows of one slab, in order.
   const SampleOut& first = outs.front();
   const std::byte* slab = first.bytes(*objects_field_).data() - first.row();
   auto& rows = state_->objects[slab];
-  if (rows.size() < first.row() + outs.size()) rows.resize(first.row() + outs.size());
+  if (rows.size() <= outs.back().row()) rows.resize(outs.back().row() + 1);
   for (std::size_t k = 0; k < outs.size(); ++k) {
-    rows[first.row() + k] = py::reinterpret_borrow<py::object>(
+    rows[outs[k].row()] = py::reinterpret_borrow<py::object>(
         PyList_GET_ITEM(values.ptr(), static_cast<Py_ssize_t>(k)));
   }
 }

@@ -53,8 +53,8 @@ PyObject* interned(const char* name) {
 }
 
 // A leaf that is exactly torch.Tensor, of the node's dtype and shape, on the CPU, strided and
-// contiguous, viewed through its attributes: the address of its n.bytes bytes, or null for
-// anything else (the general path then checks it, with its error messages). GIL held.
+// contiguous, viewed through its attributes: the address of its data, or null for anything
+// else (the general path then checks it, with its error messages). GIL held.
 const std::byte* tensor_data(const LayoutNode& n, PyObject* o) {
   if (!n.tensor_type || Py_TYPE(o) != reinterpret_cast<PyTypeObject*>(n.tensor_type.ptr())) {
     return nullptr;
