@@ -967,8 +967,11 @@ class DataLoader:
         # worker_cpu_s also counts the threads waiting on remote workers, which use little.
         load = ((stats["worker_cpu_s"] - last["worker_cpu_s"]) / elapsed
                 / max(1.0, min(self.num_workers, stats["cpu_cores"])))
+        read = stats["network_read_s"] - last["network_read_s"]
+        idle = stats["network_idle_s"] - last["network_idle_s"]
+        remote_busy = read / (read + idle) if read + idle > 0 else None
         before = self._remote.active
-        active = _remote.next_active(before, self._remote.size, wait, load)
+        active = _remote.next_active(before, self._remote.size, wait, load, remote_busy)
         if active != before:
             self._remote.set_active(active)
             self._loader.set_workers(self._engine_workers())

@@ -67,10 +67,16 @@ _SHRINK_WAIT = 0.02
 _SATURATED = 0.8
 
 
-def next_active(active: int, count: int, wait_fraction: float, local_load: float) -> int:
+def next_active(active: int, count: int, wait_fraction: float, local_load: float,
+                remote_busy: Optional[float] = None) -> int:
     """How many of `count` remote workers to use next, `active` being used now: local first
-    (Pecan's rule), remote workers only for the excess."""
-    if wait_fraction > _GROW_WAIT and local_load >= _SATURATED and active < count:
+    (Pecan's rule), remote workers only for the excess. `remote_busy`: the share of their time
+    the remote workers in use read (the rest they idled between replies), None if they
+    replied to nothing in the stretch; below _SATURATED they wait for their rows to travel
+    (the network stage, report()'s "network-bound"), and one more would wait too."""
+    network_bound = remote_busy is not None and remote_busy < _SATURATED
+    if (wait_fraction > _GROW_WAIT and local_load >= _SATURATED and active < count
+            and not network_bound):
         return active + 1
     if wait_fraction < _SHRINK_WAIT and active > 0:
         return active - 1

@@ -89,3 +89,7 @@ def test_remote_workers_are_asked_for_only_past_saturated_local_workers():
     # The loop no longer waits: one given back; in between, no change.
     assert next_active(2, 2, wait_fraction=0.0, local_load=0.95) == 1
     assert next_active(1, 2, wait_fraction=0.05, local_load=0.95) == 1
+    # The remote worker in use reads 90% of its time: saturated too, one more helps.
+    assert next_active(1, 2, wait_fraction=0.5, local_load=0.95, remote_busy=0.9) == 2
+    # It idles 40% of its time while its rows travel (network-bound): one more would idle too.
+    assert next_active(1, 2, wait_fraction=0.5, local_load=0.95, remote_busy=0.6) == 1
