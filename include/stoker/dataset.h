@@ -112,6 +112,14 @@ struct RemoteReads {
   std::chrono::nanoseconds idle{0};
 };
 
+// The time of worker processes a data set reads in (a Python data set's, python/src/
+// py_workers.h), summed since the start: on a core, and runnable but waiting for one (Linux
+// schedstat of each process's main thread). Counted with the worker threads' own in Stats.
+struct ProcessTimes {
+  std::chrono::nanoseconds cpu{0};
+  std::chrono::nanoseconds run_delay{0};
+};
+
 // A map-style data set.
 //
 // Thread safety: read() is called concurrently from several worker threads (each call with
@@ -177,6 +185,10 @@ class Dataset {
   // Chunks that read_rows() had read elsewhere, by remote workers across the network, since
   // the start (the network stage of Stats). Default: none.
   virtual RemoteReads remote_reads() const { return {}; }
+  // Worker processes' time since the start (Stats::worker_cpu, worker_run_delay): the threads
+  // that wait on them use little, so without it a machine too busy to run them would look
+  // idle. Default: none.
+  virtual ProcessTimes worker_process_times() const { return {}; }
 };
 
 }  // namespace stoker

@@ -43,8 +43,8 @@ struct Report {
 };
 
 // The verdict on `stats` (pure: tested on synthetic stats). `process_workers`: reads run in
-// worker processes, whose CPU time is not in Stats::worker_cpu (a busy worker counts as a
-// busy core).
+// worker processes, so a busy worker counts as a busy core (their CPU time is in
+// Stats::worker_cpu, the wait of a runnable one for a core is not).
 Report diagnose(const Stats& stats, bool process_workers = false);
 
 }  // namespace stoker

@@ -25,7 +25,9 @@ struct Stats {
   std::chrono::nanoseconds consumer_cpu{0};
   std::chrono::nanoseconds worker_busy{0};  // summed over workers: time spent in read()
   std::chrono::nanoseconds inline_busy{0};  // read() time on the consumer (workers = 0)
-  std::chrono::nanoseconds worker_cpu{0};   // of worker_busy, time on a CPU (the rest waited)
+  // Of worker_busy, time on a CPU (the rest waited); with worker processes, the CPU time of
+  // their main threads too (Dataset::worker_process_times), and their run delay below.
+  std::chrono::nanoseconds worker_cpu{0};
   // Skip policy, in the batches handed out: failed reads (a replacement that failed too
   // counts again), and the distinct samples among them (Loader::skipped_samples).
   std::uint64_t skipped = 0;

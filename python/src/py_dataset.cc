@@ -664,6 +664,11 @@ RemoteReads PyDataset::remote_reads() const {
           .idle = nanoseconds(remote_idle_ns_.load(std::memory_order_relaxed))};
 }
 
+ProcessTimes PyDataset::worker_process_times() const {
+  auto pool = processes_.load();
+  return pool ? pool->times() : ProcessTimes{};
+}
+
 std::size_t PyDataset::worker_limit() const {
   auto pool = processes_.load();
   return pool ? pool->size() : 0;

@@ -111,6 +111,7 @@ class PyDataset final : public Dataset {
   std::chrono::nanoseconds lock_held() const override;
   std::size_t worker_limit() const override;
   RemoteReads remote_reads() const override;
+  ProcessTimes worker_process_times() const override;
 
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
   // threads finish there.
@@ -275,6 +276,7 @@ class RemappedDataset final : public Dataset {
   std::chrono::nanoseconds lock_held() const override { return base_->lock_held(); }
   std::size_t worker_limit() const override { return base_->worker_limit(); }
   RemoteReads remote_reads() const override { return base_->remote_reads(); }
+  ProcessTimes worker_process_times() const override { return base_->worker_process_times(); }
 
   // Throws std::invalid_argument if the length differs or an index is past the base's end.
   void set_order(std::vector<std::size_t> order);

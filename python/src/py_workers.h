@@ -135,6 +135,10 @@ class ProcessPool {
   // stop(), then reap() and close the sockets (GIL held). Idempotent.
   void finish();
 
+  // The workers' time since the pool started, of those that died too (up to their last
+  // reading). Any thread, no GIL.
+  ProcessTimes times();
+
   std::size_t size() const { return workers_; }
   py::list pids();
 
@@ -153,6 +157,10 @@ class ProcessPool {
     std::set<std::uint32_t> regions;  // regions mapped by this worker
     bool has_layout = false;
     std::uint64_t next_job = 1;
+    // times(): the schedstat (on a core, waiting for one) last read of process `timed_pid`.
+    pid_t timed_pid = 0;
+    std::int64_t timed_cpu_ns = 0;
+    std::int64_t timed_delay_ns = 0;
   };
 
   // Waits for a free worker (worker `only`, if given); starts a dead one afresh (takes the
@@ -185,6 +193,7 @@ class ProcessPool {
   std::condition_variable free_cv_;
   std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
   bool stopped_ = false;                      // guarded by mu_
+  ProcessTimes times_;                        // guarded by mu_
   std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL
 };

@@ -764,8 +764,10 @@ Stats Engine::stats() const {
   s.consumer_cpu = std::chrono::nanoseconds(consumer_cpu_ns_.load(std::memory_order_relaxed));
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
-  s.worker_cpu = std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed));
-  s.worker_run_delay = std::chrono::nanoseconds(sample_run_delay());
+  const ProcessTimes processes = config_.dataset->worker_process_times();
+  s.worker_cpu =
+      std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed)) + processes.cpu;
+  s.worker_run_delay = std::chrono::nanoseconds(sample_run_delay()) + processes.run_delay;
   s.worker_lock_held = config_.dataset->lock_held();
   const RemoteReads remote = config_.dataset->remote_reads();
   s.network_units = remote.units;

@@ -58,6 +58,26 @@ def epochs(loader, n=2):
     return [list(loader) for _ in range(n)]
 
 
+def _schedstat(pid):
+    with open(f"/proc/{pid}/schedstat") as f:
+        on_cpu, waited = f.read().split()[:2]
+    return int(on_cpu) / 1e9, int(waited) / 1e9
+
+
+def test_worker_processes_time_counts_with_the_workers():
+    # The engine's threads only wait on the processes: without their time, a machine too busy
+    # to run them would look idle to the tuner and report().
+    loader = stoker.DataLoader(wd.CpuBound(64, 20000), batch_size=8, num_workers=2,
+                               worker_type="process")
+    list(loader)  # the workers are idle now: their counters stay put
+    stats = loader.stats()
+    times = [_schedstat(pid) for pid in stats["worker_pids"]]
+    assert sum(cpu for cpu, _ in times) > 0
+    assert stats["worker_cpu_s"] >= 0.99 * sum(cpu for cpu, _ in times)
+    assert stats["worker_run_delay_s"] >= 0.99 * sum(delay for _, delay in times)
+    loader.close()
+
+
 def test_processes_and_threads_give_identical_batches():
     kw = dict(batch_size=6, shuffle=True, seed=7, num_workers=2)
     threads = stoker.DataLoader(wd.Mixed(), worker_type="thread", **kw)
