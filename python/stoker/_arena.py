@@ -85,20 +85,20 @@ class Arenas:
     """A worker process's arenas (one thread uses it)."""
 
     def __init__(self) -> None:
-        self._arenas: list[tuple[int, mmap.mmap]] = []  # (fd, mapping), by size
+        self._arenas: list[tuple[int, mmap.mmap, int]] = []  # (fd, mapping, inode), by size
         self._pickled_said = False
 
-    def _take(self, nbytes: int) -> tuple[int, mmap.mmap]:
-        for fd, mm in self._arenas:  # the smallest free one that fits
-            if len(mm) >= nbytes and mm[0] == 0:
-                return fd, mm
+    def _take(self, nbytes: int) -> tuple[int, mmap.mmap, int]:
+        for arena in self._arenas:  # the smallest free one that fits
+            if len(arena[1]) >= nbytes and arena[1][0] == 0:
+                return arena
         size = max(_MIN_ARENA, 1 << (nbytes - 1).bit_length())
         fd = os.memfd_create("stoker-batch", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
-        mm = mmap.mmap(fd, size)
-        self._arenas.append((fd, mm))
+        arena = (fd, mmap.mmap(fd, size), os.fstat(fd).st_ino)
+        self._arenas.append(arena)
         self._arenas.sort(key=lambda a: len(a[1]))
-        return fd, mm
+        return arena
 
     def dumps(self, obj) -> bytes:
         """`obj` pickled, its large arrays written into a free arena."""
@@ -114,7 +114,7 @@ class Arenas:
             metas.append((kind, name, tuple(leaf.shape), offset, nbytes))
             offset = _round_up(offset + nbytes, _ALIGN)
         try:
-            fd, mm = self._take(offset)
+            fd, mm, inode = self._take(offset)
         except OSError as e:
             if e.errno not in _OUT_OF_ARENAS:
                 raise
@@ -135,7 +135,7 @@ class Arenas:
                 dest = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start)
                 np.copyto(dest.view(leaf.dtype).reshape(leaf.shape), leaf)
         mm[0] = 1
-        head = pickle.dumps((fd, len(mm), metas), protocol=pickle.HIGHEST_PROTOCOL)
+        head = pickle.dumps((fd, inode, len(mm), metas), protocol=pickle.HIGHEST_PROTOCOL)
         return _TAG + len(head).to_bytes(4, "little") + head + tree.getvalue()
 
 
@@ -143,7 +143,7 @@ class Arenas:
         """A reply made by dumps() that will not be sent: its arena is free again."""
         if blob.startswith(_TAG):
             fd = pickle.loads(blob[6:6 + int.from_bytes(blob[2:6], "little")])[0]
-            for own, mm in self._arenas:
+            for own, mm, _ in self._arenas:
                 if own == fd:
                     mm[0] = 0
 
@@ -165,18 +165,22 @@ class _Unpickler(pickle.Unpickler):
 
 
 # The training process's mappings of the workers' arenas: pid -> fd -> (inode, mapping). The
-# inode tells a memfd from another that a later process with the same pid has at that fd.
+# inode, which the reply carries, tells a memfd from another that a later process with the
+# same pid has at that fd (a stat of /proc/<pid>/fd/<fd> per reply would cost a path walk).
 _mapped: dict[int, dict[int, tuple[int, mmap.mmap]]] = {}
 
 
-def _mapping(pid: int, fd: int, nbytes: int) -> mmap.mmap:
-    path = f"/proc/{pid}/fd/{fd}"
-    inode = os.stat(path).st_ino
+def _mapping(pid: int, fd: int, inode: int, nbytes: int) -> mmap.mmap:
     arenas = _mapped.setdefault(pid, {})
     known = arenas.get(fd)
     if known is not None and known[0] == inode and len(known[1]) == nbytes:
         return known[1]
+    path = f"/proc/{pid}/fd/{fd}"
     local = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    if os.fstat(local).st_ino != inode:  # not the reply's arena: its worker is gone
+        os.close(local)
+        raise OSError(errno.ESRCH, f"stoker: worker process {pid} no longer holds the "
+                                   f"shared memory of its reply")
     try:
         mm = mmap.mmap(local, nbytes)
     finally:
@@ -195,8 +199,8 @@ def loads(blob: bytes, pid: int):
     if not blob.startswith(_TAG):
         return pickle.loads(blob)
     head = 6 + int.from_bytes(blob[2:6], "little")
-    fd, nbytes, metas = pickle.loads(blob[6:head])
-    mm = _mapping(pid, fd, nbytes)
+    fd, inode, nbytes, metas = pickle.loads(blob[6:head])
+    mm = _mapping(pid, fd, inode, nbytes)
     base = np.frombuffer(mm, dtype=np.uint8)
     # Runs when the last array viewing `base` is gone (they all hold it).
     weakref.finalize(base, _release, mm)

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -84,6 +85,38 @@ def test_collate_fn_runs_in_worker_processes_and_its_tensors_come_in_shared_memo
     gc.collect()
     assert memfds() == before
     assert not any(alive(p) for p in pids)
+
+
+def test_an_arena_is_mapped_once_and_found_by_the_inode_its_reply_carries():
+    from stoker import _arena
+    pid = os.getpid()  # this process plays the worker: its arenas are open under /proc/<pid>
+    arenas = _arena.Arenas()
+    t = torch.arange(4096, dtype=torch.float32)
+    got = _arena.loads(arenas.dumps({"x": t}), pid)
+    assert torch.equal(got["x"], t)
+    del got  # the arena is free again, and the next reply reuses it
+    gc.collect()
+    # The mapping made for the first reply serves the next: no path lookup per reply.
+    with mock.patch("os.open", side_effect=AssertionError("mapped again")), \
+            mock.patch("os.stat", side_effect=AssertionError("looked up again")):
+        again = _arena.loads(arenas.dumps({"x": t + 1}), pid)
+    assert torch.equal(again["x"], t + 1)
+    del again
+    gc.collect()
+    blob = arenas.dumps({"x": t + 2})
+    assert len(arenas._arenas) == 1  # one arena served every reply
+    # The worker is gone and another process has a different memfd at the same fd number:
+    # the reply's inode tells them apart, and nothing of the stranger's is mapped.
+    fd = arenas._arenas[0][0]
+    _arena.forget(pid)
+    stranger = os.memfd_create("other", 0)
+    try:
+        os.dup2(stranger, fd)
+        with pytest.raises(OSError, match="no longer holds"):
+            _arena.loads(blob, pid)
+    finally:
+        os.close(stranger)
+        os.close(fd)
 
 
 @pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
