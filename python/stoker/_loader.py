@@ -338,9 +338,6 @@ class DataLoader:
             # the local workers too: one more copy per sample than the native path.
             native = False
             self._pipeline += " (read through __getitem__, on local and remote workers)"
-        if remote is not None and worker_type == "process":
-            raise ValueError("stoker: remote workers go with worker threads (worker_type="
-                             "'thread' or 'auto')")
         if native and collate_fn is not None:
             raise ValueError("collate_fn works with Python data sets; a native data set's "
                              "batches are already tensors")
@@ -412,7 +409,9 @@ class DataLoader:
                 if worker_type == "process":
                     raise ValueError("worker_type='process' needs num_workers >= 1")
                 self.worker_type, reason = "thread", "num_workers=0 reads in the training loop"
-            elif remote is not None:
+            elif remote is not None and worker_type != "process":
+                # worker_type='auto' measures the GIL on threads that would share it with the
+                # remote workers' threads: a GIL-bound data set asks for processes by name.
                 self.worker_type, reason = "thread", "remote workers take the excess"
             elif worker_type == "auto":
                 self.worker_type = "thread"

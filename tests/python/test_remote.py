@@ -21,6 +21,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 import stoker  # noqa: E402
 from stoker import _remote  # noqa: E402
 import worker_datasets as wd  # noqa: E402
+from test_workers import alive  # noqa: E402
 
 _STORE = 100 << 20  # each node's object store: small, the machine is shared
 
@@ -112,22 +113,28 @@ def _loader(dataset, remote=None, workers=1, **kwargs):
     return stoker.DataLoader(dataset, num_workers=workers, remote=remote, seed=7, **kwargs)
 
 
-@pytest.mark.parametrize("rank, workers", [(0, 0), (1, 1)])
-def test_remote_batches_are_those_of_a_local_loader(cluster, rank, workers):
+@pytest.mark.parametrize("rank, workers, worker_type",
+                         [(0, 0, "auto"), (1, 1, "auto"), (1, 1, "process")])
+def test_remote_batches_are_those_of_a_local_loader(cluster, rank, workers, worker_type):
     # Shuffled, 2 epochs, one DDP rank of 2: remote workers alone (every unit but the probed
-    # samples goes to an actor: there are as many threads as actor slots), or with a local one,
-    # deliver exactly the batches a local loader does, in order.
+    # samples goes to an actor: there are as many threads as actor slots), or with a local
+    # worker thread or process, deliver exactly the batches a local loader does, in order.
     data = wd.Seeded(n=96)
 
     def sampler():
         return stoker.DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=3)
 
     expected = _batches(_loader(data, workers=2, sampler=sampler()), epochs=2)
-    loader = _loader(data, stoker.ray_workers(2), workers=workers, sampler=sampler())
+    loader = _loader(data, stoker.ray_workers(2), workers=workers, sampler=sampler(),
+                     worker_type=worker_type)
     got = _batches(loader, epochs=2)
     stats, report = loader.stats(), loader.report()
     loader.close()
     _same(got, expected)
+    if worker_type == "process":  # the local one read its share in its process
+        assert stats["worker_type"] == "process" and len(stats["worker_pids"]) == 1
+        assert stats["remote"]["local_jobs"] > 0
+        assert not alive(stats["worker_pids"][0])
     remote = stats["remote"]
     assert remote["lost_workers"] == 0 and remote["alive"] == 2
     # The network stage, in the engine's stats that the verdict reads.
