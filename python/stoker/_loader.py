@@ -409,18 +409,16 @@ class DataLoader:
                 if worker_type == "process":
                     raise ValueError("worker_type='process' needs num_workers >= 1")
                 self.worker_type, reason = "thread", "num_workers=0 reads in the training loop"
-            elif remote is not None and worker_type != "process":
-                # worker_type='auto' measures the GIL on threads that would share it with the
-                # remote workers' threads: a GIL-bound data set asks for processes by name.
-                self.worker_type, reason = "thread", "remote workers take the excess"
             elif worker_type == "auto":
                 self.worker_type = "thread"
                 reason = "auto: measuring the first batches on threads"
             else:
                 self.worker_type, reason = worker_type, "asked for"
         self.worker_type_reason = reason
-        self._auto_pending = (not native and worker_type == "auto" and self.num_workers > 0
-                              and remote is None)
+        # With remote=, too: the GIL's share is measured on the local reads only (the threads
+        # waiting for remote replies do not count in it), and remote workers are asked for
+        # once the local ones, threads or processes, are saturated.
+        self._auto_pending = not native and worker_type == "auto" and self.num_workers > 0
         self._context = mp_context(self.multiprocessing_context) if not native else None
         self._worker_init_fn = worker_init_fn
         self._persistent_asked = persistent_workers
@@ -999,7 +997,8 @@ class DataLoader:
         gil_bound, scale = _gil_bound(
             busy, stats["worker_cpu_s"] - first["worker_cpu_s"],
             stats["worker_run_delay_s"] - first["worker_run_delay_s"])
-        threads = stats["workers"]
+        # The local threads (the engine's others wait for remote workers).
+        threads = stats["workers"] if self._remote is None else self.num_workers
         measured = (f"reads kept the GIL busy {busy:.0%} of the time on {threads} threads, "
                     f"{_cores()} cores")
         if scale > 1.05:
@@ -1008,7 +1007,7 @@ class DataLoader:
             self._start_processes()
             self.worker_type = "process"
             self.num_workers = self._process_count
-            self._loader.set_workers(self._process_count)
+            self._loader.set_workers(self._engine_workers())
             self.worker_type_reason = f"auto: {measured}: GIL-bound, so processes"
         else:
             why = ("fewer than 2 cores" if _cores() < 2 else

@@ -147,6 +147,20 @@ def test_remote_batches_are_those_of_a_local_loader(cluster, rank, workers, work
         assert report["network_wait"] > 0 and 0 < report["remote_busy"] <= 1
 
 
+def test_auto_moves_gil_bound_local_reads_to_processes_beside_remote_workers(cluster):
+    # worker_type='auto' with remote=: the GIL's share is measured on the local reads, and a
+    # data set that holds it gets local worker processes, as without remote workers.
+    loader = stoker.DataLoader(wd.CpuBound(400, 20000), batch_size=8,
+                               remote=stoker.ray_workers(1))
+    values = [int(x) for b in loader for x in b[:, 0]]
+    stats = loader.stats()
+    loader.close()
+    assert values == list(range(400))
+    assert stats["worker_type"] == "process", stats["worker_type_reason"]
+    assert "GIL-bound" in stats["worker_type_reason"] and stats["worker_pids"]
+    assert not any(alive(p) for p in stats["worker_pids"])
+
+
 def _until(condition, what):
     # Ray starts a replacement actor in seconds; the limit only keeps a broken test finite.
     for _ in range(1200):
