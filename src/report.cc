@@ -54,6 +54,8 @@ Report diagnose(const Stats& s, bool process_workers) {
   const double loop_cores = 1.0 - r.wait_fraction;
   const double delay_s = to_seconds(s.worker_run_delay);
   const bool computing = process_workers || cpu_s + delay_s >= 0.5 * busy_s;
+  // Reads that run Python (worker processes, or threads holding the GIL): a Python data set.
+  const bool python_reads = process_workers || s.worker_lock_held.count() > 0;
   const std::string cores = format("%.2g cores", r.cpu_cores);
 
   if (r.wait_fraction < kInputBound) {
@@ -122,6 +124,16 @@ Report diagnose(const Stats& s, bool process_workers) {
     if (r.worker_run_delay > kRunDelay) {
       r.more_workers +=
           format(" (reads waited for a core %.0f%% of their time)", 100 * r.worker_run_delay);
+    }
+    if (python_reads) {
+      // A Python data set's own per-sample work is what fills the cores.
+      r.suggestions.push_back("remote workers on other machines (remote=stoker.ray_workers(n))");
+      r.suggestions.push_back(
+          "less Python per sample: __getitems__ to read a chunk at once, work on whole arrays");
+      r.suggestions.push_back(
+          "stoker's native pipeline (stoker.ImageFolder, stoker.transforms), if it decodes "
+          "images");
+      return r;
     }
     r.suggestions.push_back("record shards (stoker pack), if it reads many small files");
     r.suggestions.push_back("a RAM cache of the encoded bytes");

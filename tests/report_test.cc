@@ -95,6 +95,22 @@ TEST(Report, ProcessWorkersCountTheirBusyTimeAsCores) {
   EXPECT_EQ(r.more_workers, "more workers would not help: CPU saturated");
 }
 
+TEST(Report, APythonDataSetThatFillsTheCoresGetsPythonRemedies) {
+  // Worker processes, or threads that hold the GIL below its saturation: the data set's own
+  // Python is the work, so image remedies (shards, DCT scaling) would be beside the point.
+  for (const bool processes : {true, false}) {
+    const Report r =
+        diagnose(run(4000, 2, 19500, processes ? 100 : 19000, processes ? 0 : 3000), processes);
+    EXPECT_EQ(r.more_workers, "more workers would not help: CPU saturated");
+    ASSERT_EQ(r.suggestions.size(), 3u);
+    EXPECT_TRUE(has(r.suggestions[0], "remote=stoker.ray_workers")) << r.suggestions[0];
+    EXPECT_TRUE(has(r.suggestions[1], "__getitems__")) << r.suggestions[1];
+    for (const auto& suggestion : r.suggestions) {
+      EXPECT_FALSE(has(suggestion, "record shards") || has(suggestion, "DCT")) << suggestion;
+    }
+  }
+}
+
 TEST(Report, InlineReads) {
   Stats s = run(0, 0, 0, 0);
   s.consumer_wait = milliseconds(0);
