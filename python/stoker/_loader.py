@@ -433,9 +433,8 @@ class DataLoader:
             # when no remote worker's slot is free.
             self._remote = _remote.RemoteWorkers(remote, dataset, self.num_workers,
                                                  self.num_workers + remote.count,
-                                                 self._worker_seed, worker_init_fn)
-            if self._remote_auto:
-                self._remote.set_active(0)  # local first
+                                                 self._worker_seed, worker_init_fn,
+                                                 active=0 if self._remote_auto else None)
             self._handle.use_remote(self._remote)
         self._order = None  # the custom sampler's order of the epoch running, once read
         self._custom_order = order is not None

@@ -83,9 +83,10 @@ def next_active(active: int, count: int, wait_fraction: float, local_load: float
     return active
 
 
-# A lost actor is replaced in up to REPLACE_ATTEMPTS tries, the n-th after a wait of
-# REPLACE_BACKOFF * 2**n seconds (at most REPLACE_BACKOFF_MAX), each only if the cluster has
-# room for it; a new actor that does not answer within READY_S is given up.
+# A lost actor is replaced (and one first asked for by num_workers='auto' is started) in up to
+# REPLACE_ATTEMPTS tries, the n-th after a wait of REPLACE_BACKOFF * 2**n seconds (at most
+# REPLACE_BACKOFF_MAX; none before a first start's first), each only if the cluster has room
+# for it; a new actor that does not answer within READY_S is given up.
 REPLACE_ATTEMPTS = 6
 REPLACE_BACKOFF = 0.5
 REPLACE_BACKOFF_MAX = 15.0
@@ -273,7 +274,7 @@ class RemoteWorkers:
     worker threads (with the GIL, which ``ray.get`` releases while it waits)."""
 
     def __init__(self, spec: RayWorkers, dataset, first_id: int, num_workers: int,
-                 base_seed: int, worker_init_fn) -> None:
+                 base_seed: int, worker_init_fn, active: Optional[int] = None) -> None:
         ray = self._ray = _import_ray()
         if not ray.is_initialized():
             ray.init(address=spec.address)
@@ -294,17 +295,23 @@ class RemoteWorkers:
         self._class = ray.remote(RemoteWorker)
         self._args = (dataset, first_id, num_workers, base_seed, worker_init_fn,
                       hasattr(dataset, "__getitems__"))
-        self._workers = [self._start(k) for k in range(spec.count)]
+        # Only the actors in use are started (num_workers='auto' starts with none): one not
+        # asked for yet takes none of the cluster's CPUs. None: not started yet.
+        active = spec.count if active is None else max(0, min(int(active), spec.count))
+        self._workers: list[Optional[_Actor]] = [
+            self._start(k) if k < active else None for k in range(spec.count)]
         self._lock = threading.Lock()
         # One entry per slot of a live actor that no unit holds.
-        self._free = [k for k in range(spec.count) for _ in range(SLOTS)][::-1]  # _lock
-        self._active = spec.count  # actors 0.._active-1 take units; guarded by _lock
-        self._alive = spec.count  # guarded by _lock
+        self._free = [k for k in range(active) for _ in range(SLOTS)][::-1]  # _lock
+        self._active = active  # actors 0.._active-1 take units; guarded by _lock
+        self._alive = active  # guarded by _lock
         self._warned = False  # "no remote worker left" was logged; guarded by _lock
         self._layout: Optional[bytes] = None
         self._stopped = False  # guarded by _lock
         self._stopping = threading.Event()  # set with _stopped, for the replacing threads
-        self._replacing: list[threading.Thread] = []  # guarded by _lock
+        # Threads starting or replacing actors, and the actors being started; guarded by _lock.
+        self._replacing: list[threading.Thread] = []
+        self._starting: set[int] = set()
         self._counts = dict(jobs=0, rows_bytes=0, wait_s=0.0, reissued=0, lost_workers=0,
                             replaced=0, local_jobs=0)  # guarded by _lock
         self._started = time.monotonic()
@@ -321,8 +328,9 @@ class RemoteWorkers:
 
     @property
     def actors(self) -> list:
-        """The Ray actors of the slots (a lost one's until it is replaced)."""
-        return [w.handle for w in self._workers]
+        """The Ray actors of the slots (a lost one's until it is replaced; None for one not
+        started yet)."""
+        return [w.handle if w is not None else None for w in self._workers]
 
     @property
     def pool(self) -> Optional[str]:
@@ -343,9 +351,21 @@ class RemoteWorkers:
         return SLOTS * self._active
 
     def set_active(self, active: int) -> None:
-        """Units go to the first `active` actors only (the others stay up, idle)."""
+        """Units go to the first `active` actors only; the others stay up, idle. One not
+        started yet is started by a thread of its own and takes units once it is up (until
+        then its units are read locally, as when no actor is free)."""
         with self._lock:
             self._active = max(0, min(int(active), len(self._workers)))
+            if self._stopped:
+                return
+            missing = [k for k in range(self._active)
+                       if self._workers[k] is None and k not in self._starting]
+            self._starting.update(missing)
+            threads = [threading.Thread(target=self._bring_up, args=(k, True), daemon=True,
+                                        name=f"stoker-start-{k}") for k in missing]
+            self._replacing.extend(threads)
+        for thread in threads:
+            thread.start()
 
     def set_layout(self, message: bytes) -> None:
         self._layout = message
@@ -411,8 +431,8 @@ class RemoteWorkers:
             self._warned |= last
             replacing = None
             if not stopped and self._spec.replace:
-                replacing = threading.Thread(target=self._replace, args=(k,), daemon=True,
-                                             name=f"stoker-replace-{k}")
+                replacing = threading.Thread(target=self._bring_up, args=(k, False),
+                                             daemon=True, name=f"stoker-replace-{k}")
                 self._replacing.append(replacing)
         # Killed before a replacement looks for actor k by its name: a late one would
         # otherwise go on with its unit, and could be found again.
@@ -430,42 +450,51 @@ class RemoteWorkers:
                          "workers%s", type(error).__name__,
                          " until one is replaced" if self._spec.replace else "")
 
-    def _replace(self, k: int) -> None:
-        """Starts a new actor k (a thread of its own): up to REPLACE_ATTEMPTS tries with a
-        growing wait between them, each only while the cluster has room for it."""
-        for attempt in range(REPLACE_ATTEMPTS):
-            if self._stopping.wait(min(REPLACE_BACKOFF * 2 ** attempt, REPLACE_BACKOFF_MAX)):
+    def _bring_up(self, k: int, first: bool) -> None:
+        """Starts actor k for the first time, or a new one for the lost actor k (a thread of
+        its own): up to REPLACE_ATTEMPTS tries with a growing wait before each (but a first
+        start's first), each only while the cluster has room for it."""
+        what = "started" if first else "replaced"
+        try:
+            for attempt in range(REPLACE_ATTEMPTS):
+                wait = 0.0 if first and attempt == 0 else min(REPLACE_BACKOFF * 2 ** attempt,
+                                                              REPLACE_BACKOFF_MAX)
+                if self._stopping.wait(wait):
+                    return
+                try:
+                    worker = self._restart(k)
+                    if worker is None:
+                        continue
+                    if not self._ready(worker):
+                        self._kill(worker.handle)  # not placed, or not up in time
+                        continue
+                except Exception as e:
+                    if _is_lost(e):
+                        continue
+                    _log.warning("stoker: remote worker %d not %s: %s", k, what, e)
+                    return
+                with self._lock:
+                    installed = not self._stopped
+                    if installed:
+                        self._workers[k] = worker
+                        self._free.extend([k] * SLOTS)
+                        self._alive += 1
+                        if not first:
+                            self._counts["replaced"] += 1
+                if not installed:
+                    self._release(worker)
+                    return
+                _log.info("stoker: remote worker %d %s (pid %d)", k, what, worker.pid)
                 return
-            try:
-                worker = self._restart(k)
-                if worker is None:
-                    continue
-                if not self._ready(worker):
-                    self._kill(worker.handle)  # not placed, or not up in time
-                    continue
-            except Exception as e:
-                if _is_lost(e):
-                    continue
-                _log.warning("stoker: remote worker %d not replaced: %s", k, e)
-                return
+            _log.info("stoker: remote worker %d not %s after %d tries (no room in the "
+                      "cluster, or the new actors did not start)", k, what, REPLACE_ATTEMPTS)
+        finally:
             with self._lock:
-                installed = not self._stopped
-                if installed:
-                    self._workers[k] = worker
-                    self._free.extend([k] * SLOTS)
-                    self._alive += 1
-                    self._counts["replaced"] += 1
-            if not installed:
-                self._release(worker)
-                return
-            _log.info("stoker: remote worker %d replaced (pid %d)", k, worker.pid)
-            return
-        _log.info("stoker: remote worker %d not replaced after %d tries (no room in the "
-                  "cluster, or the new actors did not start)", k, REPLACE_ATTEMPTS)
+                self._starting.discard(k)
 
     def _restart(self, k: int) -> Optional[_Actor]:
-        """A new actor k, or that of the shared pool if another rank replaced it already;
-        None if the cluster has no room for one now."""
+        """A new actor k, or that of the shared pool if another rank started or replaced it
+        already; None if the cluster has no room for one now."""
         if self._pool is not None:
             try:
                 handle = self._ray.get_actor(f"{self._pool}/{k}", namespace=NAMESPACE)
@@ -524,7 +553,7 @@ class RemoteWorkers:
         with self._lock:
             counts = dict(self._counts)
             alive = self._alive
-            pids = [w.pid if w.alive else None for w in self._workers]
+            pids = [w.pid if w is not None and w.alive else None for w in self._workers]
         elapsed = max(time.monotonic() - self._started, 1e-9)
         counts["bytes_per_s"] = counts["rows_bytes"] / elapsed
         counts["workers"] = len(self._workers)
@@ -543,7 +572,7 @@ class RemoteWorkers:
             self._stopped = True
             self._stopping.set()
             replacing = list(self._replacing)
-            workers = [w for w in self._workers if w.alive]
+            workers = [w for w in self._workers if w is not None and w.alive]
         for thread in replacing:
             # One not started yet returns at once when it is; on one of them, the loader was
             # collected by that thread.

@@ -382,8 +382,29 @@ def test_auto_starts_local_only_and_asks_for_no_remote_worker_for_waits_that_use
     assert loader.stats()["remote"]["active"] == 0
     assert len(list(loader)) == 32
     remote = loader.stats()["remote"]
+    # No actor was asked for, so none was started: the cluster's CPUs stay free for others.
+    cpus = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
     loader.close()
     assert remote["active"] == 0 and remote["jobs"] == 0
+    assert remote["alive"] == 0 and remote["pids"] == [None, None]
+    assert cpus[0] == cpus[1]
+
+
+def test_an_actor_first_asked_for_is_started_then_and_takes_units(cluster):
+    data = wd.Seeded(n=128, delay=0.004)
+    expected = _batches(_loader(data, shuffle=True))
+    loader = stoker.DataLoader(data, batch_size=8, num_workers="auto", seed=7, shuffle=True,
+                               remote=stoker.ray_workers(2))
+    assert loader.stats()["remote"]["pids"] == [None, None]
+    loader._remote.set_active(1)  # what the loader's own policy does (_tune_remote)
+    loader._loader.set_workers(loader._engine_workers())
+    _until(lambda: loader.stats()["remote"]["alive"] == 1, "actor 0 up")
+    got = _batches(loader)
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["jobs"] > 0 and remote["replaced"] == 0
+    assert remote["pids"][0] is not None and remote["pids"][1] is None
 
 
 def test_a_native_image_pipeline_runs_on_remote_workers(cluster, tmp_path):
