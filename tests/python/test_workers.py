@@ -69,9 +69,11 @@ def test_worker_processes_time_counts_with_the_workers():
     # to run them would look idle to the tuner and report().
     loader = stoker.DataLoader(wd.CpuBound(64, 20000), batch_size=8, num_workers=2,
                                worker_type="process")
-    list(loader)  # the workers are idle now: their counters stay put
+    list(loader)
+    # Read before stats(): the workers may still be reading the next epoch's first batches,
+    # so their counters only grow, and stats() reads them afresh.
+    times = [_schedstat(pid) for pid in loader.stats()["worker_pids"]]
     stats = loader.stats()
-    times = [_schedstat(pid) for pid in stats["worker_pids"]]
     assert sum(cpu for cpu, _ in times) > 0
     assert stats["worker_cpu_s"] >= 0.99 * sum(cpu for cpu, _ in times)
     assert stats["worker_run_delay_s"] >= 0.99 * sum(delay for _, delay in times)
