@@ -462,11 +462,19 @@ class RemoteWorkers:
                 if self._stopping.wait(wait):
                     return
                 try:
-                    worker = self._restart(k)
+                    # A first start is asked of Ray at once (it places the actor when the
+                    # cluster has room); a replacement only when there is room now.
+                    worker = self._start(k) if first and attempt == 0 else self._restart(k)
                     if worker is None:
                         continue
                     if not self._ready(worker):
-                        self._kill(worker.handle)  # not placed, or not up in time
+                        stopping = self._stopping.is_set()
+                        if not stopping or self._pool is None:
+                            # Not placed, or not up in time; or the loader stops and it is
+                            # its own (a shared pool's actor may serve other ranks).
+                            self._kill(worker.handle)
+                        if stopping:
+                            return
                         continue
                 except Exception as e:
                     if _is_lost(e):
