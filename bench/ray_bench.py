@@ -7,7 +7,8 @@ A CPU-bound data set (SHA-256 rounds over a buffer, which release the GIL, then 
   local+remote   the same, plus one remote worker: a Ray actor on a Ray node pinned to core 1
   two local      the training process on cores 0 and 1 with two local workers, no Ray
   auto+remote    as local+remote with num_workers='auto': the loader asks for the remote
-                 worker itself (local first) once its local worker is saturated
+                 worker itself (local first) once its local worker is saturated, and only
+                 then starts its actor (the first epoch pays the start-up)
 
 and prints samples/s for each, local+remote / local-only (the issue's target: >= 1.6) and
 local+remote / two local (target: >= 0.85). The Ray node is a ray.cluster_utils.Cluster
