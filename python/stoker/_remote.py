@@ -351,9 +351,11 @@ class RemoteWorkers:
         return SLOTS * self._active
 
     def set_active(self, active: int) -> None:
-        """Units go to the first `active` actors only; the others stay up, idle. One not
-        started yet is started by a thread of its own and takes units once it is up (until
-        then its units are read locally, as when no actor is free)."""
+        """Units go to the first `active` actors only. One not started yet is started by a
+        thread of its own and takes units once it is up (until then its units are read
+        locally, as when no actor is free). The loader's own actors past `active` are
+        stopped once their units are back, which frees their CPUs; a shared pool's stay up,
+        idle (other ranks may use them)."""
         with self._lock:
             self._active = max(0, min(int(active), len(self._workers)))
             if self._stopped:
@@ -364,8 +366,31 @@ class RemoteWorkers:
             threads = [threading.Thread(target=self._bring_up, args=(k, True), daemon=True,
                                         name=f"stoker-start-{k}") for k in missing]
             self._replacing.extend(threads)
+            given_back = self._take_given_back()
         for thread in threads:
             thread.start()
+        self._stop_given_back(given_back)
+
+    def _take_given_back(self) -> list:
+        """(_lock held) The loader's own actors past the active ones with no unit in flight
+        (every slot free), out of the slots: the caller stops them outside the lock. None can
+        get a unit meanwhile: run() takes only the active ones' slots."""
+        if self._pool is not None or self._stopped:
+            return []
+        taken = []
+        for k in range(self._active, len(self._workers)):
+            worker = self._workers[k]
+            if worker is not None and worker.alive and self._free.count(k) == SLOTS:
+                self._free = [j for j in self._free if j != k]
+                self._workers[k] = None  # started afresh if asked for again
+                self._alive -= 1
+                taken.append((k, worker))
+        return taken
+
+    def _stop_given_back(self, taken: list) -> None:
+        for k, worker in taken:
+            self._kill(worker.handle)
+            _log.info("stoker: remote worker %d given back and stopped (its CPUs are free)", k)
 
     def set_layout(self, message: bytes) -> None:
         self._layout = message
@@ -406,6 +431,8 @@ class RemoteWorkers:
                 self._counts["jobs"] += 1
                 self._counts["rows_bytes"] += rows.nbytes
                 self._counts["wait_s"] += waited
+                given_back = self._take_given_back() if k >= self._active else []
+            self._stop_given_back(given_back)
             objects, failures = None, {}
             if blob:
                 objects, errors = pickle.loads(blob)
@@ -489,10 +516,12 @@ class RemoteWorkers:
                         self._alive += 1
                         if not first:
                             self._counts["replaced"] += 1
+                    given_back = self._take_given_back()  # it, if given back meanwhile
                 if not installed:
                     self._release(worker)
                     return
                 _log.info("stoker: remote worker %d %s (pid %d)", k, what, worker.pid)
+                self._stop_given_back(given_back)
                 return
             _log.info("stoker: remote worker %d not %s after %d tries (no room in the "
                       "cluster, or the new actors did not start)", k, what, REPLACE_ATTEMPTS)

@@ -373,38 +373,54 @@ def test_remote_refuses_what_it_does_not_serve(cluster):
         stoker.ray_workers(1, pool=True)
 
 
+def _cpus_free():
+    return ray.available_resources().get("CPU", 0) == ray.cluster_resources().get("CPU", 0)
+
+
 def test_auto_starts_local_only_and_asks_for_no_remote_worker_for_waits_that_use_no_cpu(
         cluster):
     # Samples that sleep: the loop waits, but the local workers use no CPU, so remote ones
     # would not help (the policy itself: test_tune.py).
+    _until(_cpus_free, "earlier tests' actors gone")
     loader = stoker.DataLoader(wd.Seeded(n=256, delay=0.004), batch_size=8,
                                num_workers="auto", remote=stoker.ray_workers(2))
     assert loader.stats()["remote"]["active"] == 0
     assert len(list(loader)) == 32
     remote = loader.stats()["remote"]
     # No actor was asked for, so none was started: the cluster's CPUs stay free for others.
-    cpus = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+    free = _cpus_free()
     loader.close()
     assert remote["active"] == 0 and remote["jobs"] == 0
     assert remote["alive"] == 0 and remote["pids"] == [None, None]
-    assert cpus[0] == cpus[1]
+    assert free
 
 
-def test_an_actor_first_asked_for_is_started_then_and_takes_units(cluster):
+def test_an_actor_is_started_when_first_asked_for_and_stopped_when_given_back(cluster):
     data = wd.Seeded(n=128, delay=0.004)
-    expected = _batches(_loader(data, shuffle=True))
+    expected = _batches(_loader(data, shuffle=True), epochs=2)
     loader = stoker.DataLoader(data, batch_size=8, num_workers="auto", seed=7, shuffle=True,
                                remote=stoker.ray_workers(2))
     assert loader.stats()["remote"]["pids"] == [None, None]
-    loader._remote.set_active(1)  # what the loader's own policy does (_tune_remote)
-    loader._loader.set_workers(loader._engine_workers())
+
+    def set_active(n):  # what the loader's own policy does (_tune_remote)
+        loader._remote.set_active(n)
+        loader._loader.set_workers(loader._engine_workers())
+
+    set_active(1)
     _until(lambda: loader.stats()["remote"]["alive"] == 1, "actor 0 up")
     got = _batches(loader)
     remote = loader.stats()["remote"]
-    loader.close()
-    _same(got, expected)
     assert remote["jobs"] > 0 and remote["replaced"] == 0
     assert remote["pids"][0] is not None and remote["pids"][1] is None
+    set_active(0)  # given back: stopped, its CPU free for the cluster's other work
+    _until(lambda: loader.stats()["remote"]["alive"] == 0, "actor 0 stopped")
+    _until(_cpus_free, "the cluster's CPUs free")
+    stopped = loader.stats()["remote"]["jobs"]  # with units of the next epoch read ahead
+    got.extend(_batches(loader))  # the rest read locally
+    jobs = loader.stats()["remote"]["jobs"]
+    loader.close()
+    _same(got, expected)
+    assert jobs == stopped
 
 
 def test_a_native_image_pipeline_runs_on_remote_workers(cluster, tmp_path):
