@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <string_view>
 #include <thread>
@@ -19,6 +18,7 @@
 #include "memory/shared_memory.h"
 #include "py_dataset.h"
 #include "trace/trace.h"
+#include "util/schedstat.h"
 
 namespace stoker::python {
 namespace {
@@ -357,32 +357,26 @@ ProcessTimes ProcessPool::times() {
     for (const auto& link : links_) pids.push_back(link->pid);
   }
   // Read without the lock, which the engine's threads take per chunk.
-  std::vector<std::pair<std::int64_t, std::int64_t>> read(pids.size(), {-1, -1});
+  std::vector<std::optional<detail::SchedStat>> read(pids.size());
   for (std::size_t k = 0; k < pids.size(); ++k) {
     if (pids[k] <= 0) continue;
-    const std::string path = "/proc/" + std::to_string(pids[k]) + "/schedstat";
-    if (FILE* f = std::fopen(path.c_str(), "r")) {
-      unsigned long long on_cpu = 0, waited = 0;
-      if (std::fscanf(f, "%llu %llu", &on_cpu, &waited) == 2) {
-        read[k] = {static_cast<std::int64_t>(on_cpu), static_cast<std::int64_t>(waited)};
-      }
-      std::fclose(f);
-    }
+    read[k] = detail::read_schedstat(("/proc/" + std::to_string(pids[k]) + "/schedstat").c_str());
   }
   std::lock_guard lock(mu_);
   for (std::size_t k = 0; k < pids.size(); ++k) {
     Link& link = *links_[k];
-    if (read[k].first < 0 || link.pid != pids[k]) continue;  // gone, or started afresh since
+    if (!read[k] || link.pid != pids[k]) continue;  // gone, or started afresh since
     if (link.timed_pid != link.pid) {  // a new process: its counters start at its start
       link.timed_pid = link.pid;
       link.timed_cpu_ns = link.timed_delay_ns = 0;
     }
+    const detail::SchedStat& now = *read[k];
     times_.cpu +=
-        std::chrono::nanoseconds(std::max<std::int64_t>(0, read[k].first - link.timed_cpu_ns));
+        std::chrono::nanoseconds(std::max<std::int64_t>(0, now.on_cpu_ns - link.timed_cpu_ns));
     times_.run_delay +=
-        std::chrono::nanoseconds(std::max<std::int64_t>(0, read[k].second - link.timed_delay_ns));
-    link.timed_cpu_ns = std::max(link.timed_cpu_ns, read[k].first);
-    link.timed_delay_ns = std::max(link.timed_delay_ns, read[k].second);
+        std::chrono::nanoseconds(std::max<std::int64_t>(0, now.run_delay_ns - link.timed_delay_ns));
+    link.timed_cpu_ns = std::max(link.timed_cpu_ns, now.on_cpu_ns);
+    link.timed_delay_ns = std::max(link.timed_delay_ns, now.run_delay_ns);
   }
   return times_;
 }

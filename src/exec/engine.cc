@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "util/log.h"
+#include "util/schedstat.h"
 
 namespace stoker::detail {
 namespace {
@@ -50,12 +51,8 @@ std::int64_t run_delay_ns(int tid) {
   } else {
     std::snprintf(path, sizeof path, "/proc/self/task/%d/schedstat", tid);
   }
-  FILE* f = std::fopen(path, "r");
-  if (f == nullptr) return -1;
-  unsigned long long on_cpu = 0, waited = 0;
-  const int fields = std::fscanf(f, "%llu %llu", &on_cpu, &waited);
-  std::fclose(f);
-  return fields == 2 ? static_cast<std::int64_t>(waited) : -1;
+  const auto stat = read_schedstat(path);
+  return stat ? stat->run_delay_ns : -1;
 }
 
 // Sample reads shorter than this are not traced one by one, only their chunk: timing each
