@@ -9,6 +9,7 @@
 
 #include "device/cuda_runtime.h"
 #include "memory/shared_memory.h"
+#include "memory/stream_copy.h"
 #include "native_datasets.h"
 #include "py_dataset.h"
 #include "py_loader.h"
@@ -241,6 +242,22 @@ PYBIND11_MODULE(_stoker, m) {
         return out;
       },
       "The slab memfds and worker sockets of this process, which a forked worker closes.");
+  m.def(
+      "stream_copy",
+      [](const py::buffer& dest, std::size_t offset, std::uintptr_t src, std::size_t bytes) {
+        const py::buffer_info info = dest.request(/*writable=*/true);
+        const auto size = static_cast<std::size_t>(info.size * info.itemsize);
+        if (offset > size || bytes > size - offset) {
+          throw py::value_error("stoker: stream_copy past the end of its destination");
+        }
+        py::gil_scoped_release unlocked;
+        detail::stream_copy(static_cast<std::byte*>(info.ptr) + offset,
+                            reinterpret_cast<const std::byte*>(src), bytes);
+      },
+      py::arg("dest"), py::arg("offset"), py::arg("src"), py::arg("bytes"),
+      "Copies `bytes` from address `src` (a contiguous array's data, which the caller keeps "
+      "alive) to `offset` of the writable buffer `dest`, bypassing the cache (a batch written "
+      "into shared memory is read by another process, later).");
 
   py::class_<RawBatch>(m, "RawBatch")
       .def_property_readonly("epoch", &RawBatch::epoch)

@@ -33,6 +33,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import _stoker
+
 _ALIGN = 64
 _HEADER = _ALIGN  # byte 0: 1 while the training process holds the reply
 _MIN_ARENA = 1 << 20
@@ -128,9 +130,19 @@ class Arenas:
             return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         torch = _torch()
         for leaf, (kind, _, _, start, nbytes) in zip(leaves, metas):
+            # A contiguous leaf is streamed past the cache: the arena is read by the training
+            # process, later, and an ordinary copy into it (cold: the arenas take turns) cost
+            # a padding worker twice a warm copy's time (docs/BENCHMARKS.md).
+            if nbytes == 0:
+                continue
             if kind == "t":
-                dest = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start)
-                dest.view(leaf.dtype).view(leaf.shape).copy_(leaf)
+                if leaf.is_contiguous():
+                    _stoker.stream_copy(mm, start, leaf.data_ptr(), nbytes)
+                else:
+                    dest = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start)
+                    dest.view(leaf.dtype).view(leaf.shape).copy_(leaf)
+            elif leaf.flags.c_contiguous:
+                _stoker.stream_copy(mm, start, leaf.ctypes.data, nbytes)
             else:
                 dest = np.frombuffer(mm, dtype=np.uint8, count=nbytes, offset=start)
                 np.copyto(dest.view(leaf.dtype).reshape(leaf.shape), leaf)

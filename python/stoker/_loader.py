@@ -44,6 +44,12 @@ _AUTO_MIN_READS = 16
 # a core after each wake-up, and the scale must not make their 1-5% look like a busy GIL; at
 # 6 both stay on their side of the threshold down to and up to 6.7% unscaled. Load only ever
 # lowers the unscaled share, so the upper bound (work in parallel) is checked on it.
+# The batch path (collate_fn, batch_sampler, batch_size=None) has no upper bound: a batch job
+# runs Python between its native calls (the fetch loop, the collate's walk of the samples)
+# and a process adds only a streamed copy of the batch into its arena, so work that releases
+# the GIL is no reason to stay on threads there. Measured side by side on 2 cores: a padding
+# collate (its reads 0.8-1.4 of the wall time) 1.5x faster on processes, per-sample randn
+# stacked (1.06) 1.9x, indexing a tensor stacked (0.25) 1.2x (docs/BENCHMARKS.md).
 _AUTO_GIL_BUSY = 0.4
 _AUTO_GIL_PARALLEL = 1.25
 _AUTO_LOAD_SCALE = 6.0
@@ -73,12 +79,15 @@ def _sample_name(dataset, index: int) -> str:
     return path if isinstance(path, str) else ""
 
 
-def _gil_bound(busy: float, on_cpu: float, delayed: float) -> tuple[bool, float]:
+def _gil_bound(busy: float, on_cpu: float, delayed: float,
+               whole_batches: bool = False) -> tuple[bool, float]:
     """Whether reads that kept the GIL busy `busy` of the wall time (its CPU time over wall
     time) are GIL-bound, given the worker threads' CPU time `on_cpu` and run-queue delay
-    `delayed` over the same time; and the scale applied for that delay."""
+    `delayed` over the same time; and the scale applied for that delay. `whole_batches`:
+    the reads are batch jobs (no upper bound)."""
     scale = min(_AUTO_LOAD_SCALE, (on_cpu + delayed) / on_cpu) if on_cpu > 0 else 1.0
-    return _AUTO_GIL_BUSY <= scale * busy and busy <= _AUTO_GIL_PARALLEL, scale
+    parallel = busy > _AUTO_GIL_PARALLEL and not whole_batches
+    return _AUTO_GIL_BUSY <= scale * busy and not parallel, scale
 
 
 def _cores() -> int:
@@ -174,7 +183,8 @@ class DataLoader:
         count whose training loop waits is told once in the log what 'auto' would do. An
         iterable data set's 'auto' is one worker (each worker iterates its own copy).
       worker_type: 'auto' (default) starts on threads and moves to worker processes when the
-        first batches show reads that keep the GIL busy (pure-Python __getitem__); 'thread'
+        first batches show reads that keep the GIL busy (pure-Python __getitem__; on the
+        batch path, with a collate_fn or batch_sampler, reads that compute at all); 'thread'
         or 'process' to choose. Processes write samples straight into shared batch buffers
         (only indices, small objects and errors are pickled); multiprocessing_context picks
         how they start (fork by default on Linux). stats() says which and why.
@@ -995,7 +1005,7 @@ class DataLoader:
         busy = (cpu_s - self._auto_start[1]) / max(now - self._auto_start[2], 1e-9)
         gil_bound, scale = _gil_bound(
             busy, stats["worker_cpu_s"] - first["worker_cpu_s"],
-            stats["worker_run_delay_s"] - first["worker_run_delay_s"])
+            stats["worker_run_delay_s"] - first["worker_run_delay_s"], self._jobs is not None)
         # The local threads (the engine's others wait for remote workers).
         threads = stats["workers"] if self._remote is None else self.num_workers
         measured = (f"reads kept the GIL busy {busy:.0%} of the time on {threads} threads, "
@@ -1007,7 +1017,9 @@ class DataLoader:
             self.worker_type = "process"
             self.num_workers = self._process_count
             self._loader.set_workers(self._engine_workers())
-            self.worker_type_reason = f"auto: {measured}: GIL-bound, so processes"
+            why = ("whole batches made in Python" if busy > _AUTO_GIL_PARALLEL else
+                   "GIL-bound")
+            self.worker_type_reason = f"auto: {measured}: {why}, so processes"
         else:
             why = ("fewer than 2 cores" if _cores() < 2 else
                    "fewer than 2 threads" if threads < 2 and gil_bound else

@@ -397,6 +397,36 @@ def test_auto_picks_processes_for_pure_python_work():
     loader.close()
 
 
+class _NativeWork(torch.utils.data.Dataset):
+    """Samples made by torch ops that release the GIL (~0.5 ms each on one core)."""
+
+    def __len__(self):
+        return 192
+
+    def __getitem__(self, i):
+        return torch.randn(3, 128, 128).mul_(0.5).add_(i), i
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+def test_auto_moves_whole_batches_made_by_native_work_to_processes():
+    # on the batch path a process costs only a streamed copy of the batch, so work that
+    # releases the GIL goes to processes too (per sample, it would stay on threads)
+    loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=lambda s: (
+        torch.stack([x for x, _ in s]), [i for _, i in s]))
+    assert [i for _, ids in loader for i in ids] == list(range(192))
+    stats = loader.stats()
+    assert stats["worker_type"] == "process", stats["worker_type_reason"]
+    loader.close()
+
+
+def test_auto_keeps_whole_batches_that_wait_on_threads():
+    loader = stoker.DataLoader(wd.Slow(96, 0.005), batch_size=8, collate_fn=lambda s: s)
+    assert [int(x[0]) for b in loader for x in b] == list(range(96))
+    stats = loader.stats()
+    assert stats["worker_type"] == "thread", stats["worker_type_reason"]
+    loader.close()
+
+
 def test_the_gil_share_counts_the_waits_for_a_core_of_its_holder():
     from stoker._loader import _gil_bound
     # pure Python on two threads: alone, and with other sessions taking most of the cores
@@ -410,6 +440,11 @@ def test_the_gil_share_counts_the_waits_for_a_core_of_its_holder():
     assert not _gil_bound(1.8, 1.8, 0.0)[0]
     assert not _gil_bound(1.3, 1.3, 1.3)[0]
     assert _gil_bound(0.02, 0.0, 0.0) == (False, 1.0)  # nothing measured: as it is
+    # batch jobs (collate_fn) run Python around their native calls: parallel work too goes
+    # to processes, waits stay on threads
+    assert _gil_bound(1.4, 1.4, 0.0, whole_batches=True)[0]
+    assert _gil_bound(0.95, 0.95, 0.0, whole_batches=True)[0]
+    assert not _gil_bound(0.05, 0.05, 0.0, whole_batches=True)[0]
 
 
 def test_auto_stays_on_threads_for_a_data_set_that_sleeps(caplog):
