@@ -19,6 +19,8 @@ echo "== from Python: stoker.DataLoader against torch.utils.data.DataLoader"
 .venv/bin/python bench/python_bench.py
 echo "   (what a worker process adds to a cheap sample, against __getitem__ alone)"
 .venv/bin/python bench/worker_overhead.py
+echo "   (the batch path on worker threads against worker processes: what worker_type='auto' picks)"
+.venv/bin/python bench/worker_kinds.py
 
 echo
 echo "== torchvision's ImageFolder + PIL transforms: stoker.DataLoader against torch's"
