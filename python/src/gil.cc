@@ -1,5 +1,9 @@
 #include "gil.h"
 
+#include <pthread.h>
+
+#include <new>
+
 namespace stoker::python {
 namespace {
 
@@ -18,6 +22,7 @@ struct ThreadStateKeeper {
 };
 
 thread_local ThreadStateKeeper keeper;
+thread_local std::size_t passes = 0;  // ForkGate::Pass scopes open on this thread
 
 }  // namespace
 
@@ -45,6 +50,49 @@ EngineThreadGil::~EngineThreadGil() {
   if (!acquired_) return;
   PyThreadState* state = PyEval_SaveThread();
   if (keeper.bound) keeper.state = state;
+}
+
+ForkGate& ForkGate::instance() {
+  // Never destroyed: engine threads may outlive statics. A forked child starts with a gate
+  // of its own, open and unlocked (it was closed, maybe locked, for the fork).
+  static ForkGate* gate = [] {
+    static ForkGate* made = new ForkGate();
+    pthread_atfork(nullptr, nullptr, [] { new (made) ForkGate(); });
+    return made;
+  }();
+  return *gate;
+}
+
+ForkGate::Pass::Pass() {
+  if (passes++ > 0) return;
+  ForkGate& gate = instance();
+  detail::MutexLock lock(gate.mu_);
+  while (gate.closed_) lock.wait(gate.cv_);
+  ++gate.inside_;
+}
+
+ForkGate::Pass::~Pass() {
+  if (--passes > 0) return;
+  ForkGate& gate = instance();
+  detail::MutexLock lock(gate.mu_);
+  --gate.inside_;
+  if (gate.closed_) gate.cv_.notify_all();
+}
+
+ForkGate::Closed::Closed() {
+  ForkGate& gate = instance();
+  detail::MutexLock lock(gate.mu_);
+  while (gate.closed_) lock.wait(gate.cv_);
+  gate.closed_ = true;
+  const std::size_t own = passes > 0 ? 1 : 0;
+  while (gate.inside_ > own) lock.wait(gate.cv_);
+}
+
+ForkGate::Closed::~Closed() {
+  ForkGate& gate = instance();
+  detail::MutexLock lock(gate.mu_);
+  gate.closed_ = false;
+  gate.cv_.notify_all();
 }
 
 }  // namespace stoker::python

@@ -10,9 +10,19 @@
 //    without the GIL.
 // 4. Nothing touches Python while the interpreter is finalizing; the package closes every
 //    loader from an atexit hook, before that.
+// 5. No worker process is forked while an engine thread runs a data set's Python code: that
+//    thread may hold a lock in native code that released the GIL (torch's default generator
+//    in torch.randn, say), and the child would inherit it locked for good (seen: a worker
+//    forked when worker_type='auto' moved reads to processes hung in torch.manual_seed).
+//    Reads run Python under a ForkGate::Pass, a fork under a ForkGate::Closed.
 #pragma once
 
 #include <Python.h>
+
+#include <condition_variable>
+#include <cstddef>
+
+#include "util/mutex.h"
 
 namespace stoker::python {
 
@@ -48,6 +58,42 @@ class EngineThreadGil {
 
  private:
   bool acquired_ = false;
+};
+
+// The process's one gate between engine threads running Python and a fork.
+//
+// Thread safety: Pass and Closed on any thread; neither is taken with the GIL held (a thread
+// inside a Pass may need the GIL to leave it).
+class ForkGate {
+ public:
+  // For as long as a read runs Python: waits while the gate is closed. A nested Pass on the
+  // same thread counts once.
+  class Pass {
+   public:
+    Pass();
+    ~Pass();
+    Pass(const Pass&) = delete;
+    Pass& operator=(const Pass&) = delete;
+  };
+  // Around a fork: waits until no other thread holds a Pass (a closer inside one of its own
+  // counts itself out), then keeps new ones waiting until it is destroyed. Closers take turns.
+  class Closed {
+   public:
+    Closed();
+    ~Closed();
+    Closed(const Closed&) = delete;
+    Closed& operator=(const Closed&) = delete;
+  };
+
+ private:
+  friend class Pass;
+  friend class Closed;
+  static ForkGate& instance();
+
+  detail::Mutex mu_;
+  std::condition_variable cv_;
+  std::size_t inside_ STOKER_GUARDED_BY(mu_) = 0;  // threads holding a Pass
+  bool closed_ STOKER_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace stoker::python

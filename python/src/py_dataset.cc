@@ -33,7 +33,8 @@ struct SeedScope {
 };
 
 // The GIL for a read on an engine thread, timed: how long the thread waited to take it and
-// how long it held it (the auto worker type and the tuner read these).
+// how long it held it (the auto worker type and the tuner read these). No worker process is
+// forked meanwhile.
 class TimedGil {
  public:
   TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
@@ -74,6 +75,7 @@ class TimedGil {
 
   std::atomic<std::int64_t>& held_ns_;
   std::atomic<std::int64_t>& cpu_ns_;
+  ForkGate::Pass pass_;  // taken before the GIL, let go after it (gil.h, rule 5)
   std::optional<EngineThreadGil> gil_;
   Clock::time_point start_;
   Clock::time_point held_from_;

@@ -233,7 +233,15 @@ void ProcessPool::respawn(Link& link) {
     std::lock_guard lock(mu_);
     if (stopped_) throw std::runtime_error("stoker: the loader is closing");
   }
-  const py::tuple started = spawn_(link.id);
+  py::tuple started;
+  {
+    std::optional<ForkGate::Closed> closed;  // no engine thread inside Python (gil.h, rule 5)
+    {
+      py::gil_scoped_release unlocked;
+      closed.emplace();
+    }
+    started = spawn_(link.id);
+  }
   const int fd = started[0].cast<int>();
   const pid_t pid = started[1].cast<pid_t>();
   track_fd(fd);

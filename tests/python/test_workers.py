@@ -419,6 +419,32 @@ def test_auto_moves_whole_batches_made_by_native_work_to_processes():
     loader.close()
 
 
+class _LockedReads:
+    """Reads that compute in Python holding a lock of the data set's: a worker forked while a
+    thread held it would inherit it held, for good, and never read a sample."""
+
+    lock = threading.Lock()
+
+    def __len__(self):
+        return 48
+
+    def __getitem__(self, i):
+        with self.lock:
+            x = 0
+            for k in range(300000):
+                x += k
+        return np.full(2, i, dtype=np.int64)
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+def test_auto_forks_its_worker_processes_while_no_thread_is_inside_a_read():
+    loader = stoker.DataLoader(_LockedReads(), batch_size=2, timeout=20)
+    assert [int(x) for b in loader for x in b[:, 0]] == list(range(48))
+    stats = loader.stats()
+    assert stats["worker_type"] == "process", stats["worker_type_reason"]
+    loader.close()
+
+
 def test_auto_keeps_whole_batches_that_wait_on_threads():
     loader = stoker.DataLoader(wd.Slow(96, 0.005), batch_size=8, collate_fn=lambda s: s)
     assert [int(x[0]) for b in loader for x in b] == list(range(96))
