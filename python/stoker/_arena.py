@@ -130,11 +130,11 @@ class Arenas:
             return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         torch = _torch()
         for leaf, (kind, _, _, start, nbytes) in zip(leaves, metas):
+            if nbytes == 0:
+                continue
             # A contiguous leaf is streamed past the cache: the arena is read by the training
             # process, later, and an ordinary copy into it (cold: the arenas take turns) cost
             # a padding worker twice a warm copy's time (docs/BENCHMARKS.md).
-            if nbytes == 0:
-                continue
             if kind == "t":
                 if leaf.is_contiguous():
                     _stoker.stream_copy(mm, start, leaf.data_ptr(), nbytes)

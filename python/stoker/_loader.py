@@ -47,9 +47,9 @@ _AUTO_MIN_READS = 16
 # The batch path (collate_fn, batch_sampler, batch_size=None) has no upper bound: a batch job
 # runs Python between its native calls (the fetch loop, the collate's walk of the samples)
 # and a process adds only a streamed copy of the batch into its arena, so work that releases
-# the GIL is no reason to stay on threads there. Measured side by side on 2 cores: a padding
-# collate (its reads 0.8-1.4 of the wall time) 1.5x faster on processes, per-sample randn
-# stacked (1.06) 1.9x, indexing a tensor stacked (0.25) 1.2x (docs/BENCHMARKS.md).
+# the GIL is no reason to stay on threads there. Processes against threads, side by side on
+# 2 cores (bench/worker_kinds.py): a padding collate (its reads busy 0.8-1.4 of the wall
+# time) 2.0x, per-sample randn stacked (1.06) 1.7x, a tensor indexed and stacked (0.25) 1.2x.
 _AUTO_GIL_BUSY = 0.4
 _AUTO_GIL_PARALLEL = 1.25
 _AUTO_LOAD_SCALE = 6.0
