@@ -45,6 +45,30 @@ def is_stream(dataset) -> bool:
     return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
 
 
+def is_datapipe(dataset) -> bool:
+    """A torch IterDataPipe: torch's loader shuffles, seeds and shards its graph itself."""
+    torch = _torch()
+    return torch is not None and isinstance(dataset, torch.utils.data.IterDataPipe)
+
+
+def _prepare_datapipe(dataset, seed: Optional[int]):
+    """What torch's loader does to an IterDataPipe before a worker iterates it: shards it over
+    every worker of every rank (its sharding_filter steps keep this worker's share) and seeds
+    its shuffle steps with the epoch's seed, which all workers share."""
+    from torch.utils.data import get_worker_info, graph_settings
+
+    torch = _torch()
+    info = get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    dist = torch.distributed
+    world, rank = ((dist.get_world_size(), dist.get_rank())
+                   if dist.is_available() and dist.is_initialized() else (1, 0))
+    graph_settings.apply_sharding(dataset, workers * world, worker * world + rank)
+    if seed is not None:
+        dataset = graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(seed))
+    return dataset
+
+
 def default_collate(auto_collation: bool) -> Callable:
     """torch's default_collate (batches) or default_convert (batch_size=None)."""
     torch = _torch()
@@ -156,10 +180,13 @@ class StreamJobs:
         self._want_state = False
         self._ahead = 1
 
-    def begin(self, state) -> None:
-        """A new pass over the stream, from `state` (the data set's state_dict()) if given."""
+    def begin(self, state, seed: Optional[int] = None) -> None:
+        """A new pass over the stream, from `state` (the data set's state_dict()) if given;
+        `seed`: the epoch's seed of an IterDataPipe's shuffle steps."""
         if state is not None:
             self.dataset.load_state_dict(state)
+        if is_datapipe(self.dataset):
+            self.dataset = _prepare_datapipe(self.dataset, seed)
         self._iterator = iter(self.dataset)
         self._ended = False
 
@@ -192,7 +219,7 @@ class StreamJobs:
         Requests of an older epoch (an abandoned one's last) get [END]. If the worker's
         worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
         reports that error) and the stream ends there."""
-        state, self._want_state, self._ahead = pickle.loads(args)
+        state, self._want_state, self._ahead, seed = pickle.loads(args)
         if epoch < self._epoch:
             return [END]
         if epoch > self._epoch:
@@ -204,7 +231,7 @@ class StreamJobs:
             self._ended = True  # until the pass has begun: an error here ends the stream
             if init_failed:
                 return INIT_FAILED
-            self.begin(state)
+            self.begin(state, seed)
         if not self._ready:
             self._ready.append(self._make(arenas))
         items, self._ready = self._ready, []
@@ -262,7 +289,7 @@ class StreamEpoch:
     def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
                  drop_last: bool, epoch: int, base_seed: int, init: Callable,
                  pool, states: Optional[list], ended: Optional[list], cursor: int,
-                 want_state: bool, finish: Callable) -> None:
+                 want_state: bool, finish: Callable, seed: Optional[int]) -> None:
         self._finish = finish
         self._stop = threading.Event()
         self._want_state = want_state
@@ -272,7 +299,7 @@ class StreamEpoch:
         self.cursor = cursor
         if workers == 0:  # the calling thread iterates (worker info stays None, as in torch)
             self._inline = StreamJobs(dataset, collate_fn, batch_size, drop_last)
-            self._inline.begin(self.states[0])
+            self._inline.begin(self.states[0], seed)
             return
         self._queues = [queue.Queue(maxsize=depth) for _ in range(workers)]
         self._threads = []
@@ -280,12 +307,12 @@ class StreamEpoch:
             if self.ended[w]:
                 continue
             if pool is not None:
-                args = pickle.dumps((self.states[w], want_state, depth),
+                args = pickle.dumps((self.states[w], want_state, depth, seed),
                                     protocol=pickle.HIGHEST_PROTOCOL)
                 target, extra = self._ask_process, (pool, epoch, args)
             else:
                 jobs = StreamJobs(_own_copy(dataset), collate_fn, batch_size, drop_last)
-                target, extra = self._iterate, (jobs, base_seed, init, self.states[w])
+                target, extra = self._iterate, (jobs, base_seed, init, self.states[w], seed)
             thread = threading.Thread(target=self._produce, args=(target, w, *extra),
                                       daemon=True, name=f"stoker stream worker {w}")
             thread.start()
@@ -312,9 +339,9 @@ class StreamEpoch:
                 pass
         return False
 
-    def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state) -> None:
+    def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state, seed) -> None:
         init(w, jobs.dataset, self.workers, base_seed)  # an error ends the stream (_produce)
-        jobs.begin(state)
+        jobs.begin(state, seed)
         while not self._stop.is_set():
             try:
                 batch = jobs.next_batch()
@@ -410,9 +437,10 @@ def _from_worker(item, w: int, pid: int):
 
 def _own_copy(dataset):
     """Each worker thread iterates its own copy of the data set, as each of torch's worker
-    processes does (state set in __iter__ stays the worker's)."""
+    processes does (state set in __iter__ stays the worker's). An IterDataPipe's whole graph
+    is copied: sharding sets each worker's share in its steps."""
     try:
-        return copy.copy(dataset)
+        return copy.deepcopy(dataset) if is_datapipe(dataset) else copy.copy(dataset)
     except Exception:
         return dataset
 
@@ -447,8 +475,10 @@ class Streams:
     that persist across epochs), the current epoch, and a position to resume from."""
 
     def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
-                 drop_last: bool, base_seed: int, worker_init_fn, processes, finish) -> None:
+                 drop_last: bool, base_seed: int, worker_init_fn, processes, finish,
+                 generator=None) -> None:
         self._dataset = dataset
+        self._generator = generator  # an IterDataPipe's seed for each epoch is drawn from it
         self._workers = workers
         self._depth = depth
         self._collate_fn = collate_fn
@@ -503,7 +533,15 @@ class Streams:
             init=self._init_thread, pool=self._pool,
             states=pending and pending["states"], ended=pending and pending["ended"],
             cursor=pending["cursor"] if pending else 0, want_state=self._stateful,
-            finish=self._finish)
+            finish=self._finish, seed=self._epoch_seed())
+
+    def _epoch_seed(self) -> Optional[int]:
+        """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the
+        generator or torch's default one (so torch.manual_seed repeats the order)."""
+        if not is_datapipe(self._dataset):
+            return None
+        torch = _torch()
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self._generator))
 
     def next(self, timeout: float):
         return self._epoch.next(timeout)

@@ -570,7 +570,12 @@ class DataLoader:
                      worker_type) -> None:
         """An iterable data set: each worker iterates its own copy (python/stoker/_batches.py,
         Streams), with torch's argument checks."""
-        for name, value in (("shuffle", shuffle), ("sampler", sampler),
+        pipe = _batches.is_datapipe(dataset)
+        if pipe and shuffle is not None:  # as torch: the pipe's shuffle steps are turned on/off
+            from torch.utils.data import graph_settings
+
+            dataset = graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
+        for name, value in (("shuffle", None if pipe else shuffle), ("sampler", sampler),
                             ("batch_sampler", batch_sampler)):
             if value not in (None, False):
                 raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} "
@@ -638,7 +643,7 @@ class DataLoader:
             dataset=dataset, workers=workers, depth=self.prefetch_factor, collate_fn=collate,
             batch_size=self.batch_size, drop_last=self.drop_last, base_seed=self._worker_seed,
             worker_init_fn=worker_init_fn, processes=processes,
-            finish=_batches.mover(self._device, pin))
+            finish=_batches.mover(self._device, pin), generator=generator)
         self._log_worker_type()
 
     @staticmethod

@@ -309,6 +309,32 @@ def test_iterable_dataset_shards_and_order_as_torch(workers, worker_type, drop_l
     loader.close()
 
 
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (1, "process"),
+                                                 (2, "process")])
+@pytest.mark.parametrize("shuffle", [None, False, True])
+def test_an_iter_datapipe_is_shuffled_seeded_and_sharded_as_torchs(workers, worker_type,
+                                                                   shuffle):
+    # torch's loader turns the pipe's shuffle steps on or off (shuffle=), seeds them each
+    # epoch from torch's generator (the same for every worker) and shards the pipe over the
+    # workers (sharding_filter): the same batches, epoch after epoch, with stoker's
+    from torch.utils.data.datapipes.iter import IterableWrapper
+
+    def pipe():
+        return IterableWrapper(range(60)).shuffle(buffer_size=16).sharding_filter()
+
+    kwargs = dict(batch_size=4, num_workers=workers, shuffle=shuffle)
+    theirs, ours = tud.DataLoader(pipe(), **kwargs), stoker.DataLoader(
+        pipe(), worker_type=worker_type, **kwargs)
+    for seed in (123, 123, 321):
+        torch.manual_seed(seed)
+        expected = [b.tolist() for b in theirs]
+        torch.manual_seed(seed)
+        got = [b.tolist() for b in ours]
+        assert got == expected
+        assert sorted(sum(got, [])) == list(range(60))
+    ours.close()
+
+
 def test_a_stream_that_does_not_shard_is_read_once_by_default():
     # Each worker iterates its own copy: by default (torch's num_workers=0, stoker's 'auto')
     # every item comes once.
