@@ -206,6 +206,27 @@ def forget(pid: int) -> None:
     _mapped.pop(pid, None)
 
 
+_twins: dict[str, Optional[np.dtype]] = {}
+
+
+def _numpy_twin(name: str) -> Optional[np.dtype]:
+    """The numpy dtype torch.from_numpy turns into torch dtype `name` (float32, int64, ...),
+    or None for those numpy lacks (bfloat16, float8_*, ...)."""
+    try:
+        return _twins[name]
+    except KeyError:
+        pass
+    torch = _torch()
+    try:
+        twin = np.dtype(name)
+        if torch.from_numpy(np.empty(0, twin)).dtype != getattr(torch, name):
+            twin = None
+    except (TypeError, AttributeError):
+        twin = None
+    _twins[name] = twin
+    return twin
+
+
 def loads(blob: bytes, pid: int):
     """What Arenas.dumps made in worker `pid`, its arrays viewing the worker's arena."""
     if not blob.startswith(_TAG):
@@ -220,9 +241,13 @@ def loads(blob: bytes, pid: int):
     leaves = []
     for kind, dtype, shape, start, size in metas:
         raw = base[start:start + size]
-        if kind == "t":
-            leaves.append(torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape))
-        else:
+        if kind == "n":
             leaves.append(raw.view(np.dtype(dtype)).reshape(shape))
+        elif (same := _numpy_twin(dtype)) is not None:
+            # One torch call: each releases and retakes the GIL, which the training loop and
+            # the other engine threads contend for.
+            leaves.append(torch.from_numpy(raw.view(same).reshape(shape)))
+        else:
+            leaves.append(torch.from_numpy(raw).view(getattr(torch, dtype)).view(shape))
     del base
     return _Unpickler(io.BytesIO(blob[head:]), leaves).load()

@@ -119,6 +119,31 @@ def test_an_arena_is_mapped_once_and_found_by_the_inode_its_reply_carries():
         os.close(fd)
 
 
+def test_every_dtype_and_shape_comes_back_from_an_arena_as_it_went_in():
+    from stoker import _arena
+    pid = os.getpid()
+    arenas = _arena.Arenas()
+    base = torch.arange(-60, 60).reshape(2, 3, 20)
+    # Those numpy has (one torch call builds the view) and those it lacks (bfloat16, ...).
+    leaves = {str(d): base.to(d) for d in (
+        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+        torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64)}
+    leaves["uint16"] = base.abs().to(torch.uint16)
+    leaves["empty"] = torch.zeros(0, 5)
+    leaves["scalar"] = torch.tensor(3.5)
+    leaves["strided"] = base.float().transpose(0, 2)
+    leaves["numpy"] = base.numpy().astype(np.float32).repeat(50, axis=2)
+    got = _arena.loads(arenas.dumps(leaves), pid)
+    for name, want in leaves.items():
+        if isinstance(want, np.ndarray):
+            assert got[name].dtype == want.dtype and np.array_equal(got[name], want), name
+        else:
+            assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+            assert torch.equal(got[name], want), name
+    del got
+    _arena.forget(pid)
+
+
 @pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
 def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
     def loader():
