@@ -28,7 +28,9 @@ Workloads:
            batch 256, default collate, in the workers.
   padding  variable-size samples (float32 of L x 64, L from 16 to 256: audio frames or
            embeddings) with a collate_fn that pads them (pad_sequence) and stacks their
-           lengths; batch 64, shuffled.
+           lengths; batch 64, shuffled. Also prints worker processes' limit on this machine:
+           a process per core, all at once, doing nothing but make batches and write them
+           into shared memory.
            stream and padding then measure torch's best and stoker twice more, alternately,
            and compare their medians (the load of a shared machine moves both).
 The user's-data-set workloads (bytecode, cheap, tvfolder, tvjitter) also report the peak
@@ -414,8 +416,73 @@ def pad_collate(samples):
 
 
 def padding(runs: int, smoke: bool) -> dict:
-    return compare("padding", VariableLength(2000 if smoke else 20000), 64, runs, smoke,
-                   loader_args={"shuffle": True, "collate_fn": pad_collate})
+    dataset = VariableLength(2000 if smoke else 20000)
+    result = compare("padding", dataset, 64, runs, smoke,
+                     loader_args={"shuffle": True, "collate_fn": pad_collate})
+    limit = _process_limit(dataset, pad_collate, 64, 8 if smoke else 100)
+    torch_best = statistics.median(result.get("rounds", {}).get(
+        "torch_best", [result["torch_samples_per_s"][result["torch_best_workers"]]]))
+    result.update(process_limit_samples_per_s=limit,
+                  stoker_over_process_limit=result["stoker_samples_per_s"] / limit,
+                  process_limit_over_torch_best=limit / torch_best)
+    return result
+
+
+def _limit_child(dataset, collate, batch_size, batches, seed, barrier, out) -> None:
+    # Only what any loader of batches made in worker processes must do: make each batch (one
+    # intra-op thread, as a worker has) and write its tensors into shared memory (streamed,
+    # into arenas taken in turn, as stoker's workers do). glibc is told to keep freed memory,
+    # so that no batch page-faults (stoker's workers do not), and `batches` are timed after
+    # as many unmeasured ones.
+    import ctypes
+    import mmap
+
+    from stoker import _stoker
+
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+    torch.set_num_threads(1)
+    order = np.random.default_rng(seed).permutation(len(dataset)).tolist()
+    arenas = []
+    for _ in range(4):
+        fd = os.memfd_create("limit")
+        os.ftruncate(fd, 64 << 20)
+        arenas.append(mmap.mmap(fd, 64 << 20))
+    for b in range(2 * batches):
+        if b == batches:  # all the processes time the same stretch
+            barrier.wait()
+            start = time.perf_counter()
+        first = b * batch_size % (len(order) - batch_size)
+        made = collate([dataset[i] for i in order[first:first + batch_size]])
+        offset, arena = 64, arenas[b % len(arenas)]
+        for t in made:
+            nbytes = t.numel() * t.element_size()
+            _stoker.stream_copy(arena, offset, t.data_ptr(), nbytes)
+            offset += (nbytes + 63) // 64 * 64
+    out.put(batches * batch_size / (time.perf_counter() - start))
+
+
+def _process_limit(dataset, collate, batch_size: int, batches: int) -> float:
+    """Worker processes' limit on this machine: one process per core, all at once, each doing
+    nothing but make batches and write them into shared memory (_limit_child); the sum of
+    their rates, median of 3 tries."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    tries, cores = [], len(os.sched_getaffinity(0))
+    for attempt in range(3):
+        out, barrier = context.Queue(), context.Barrier(cores)
+        children = [context.Process(target=_limit_child,
+                                    args=(dataset, collate, batch_size, batches, 10 * attempt + k,
+                                          barrier, out))
+                    for k in range(cores)]
+        for c in children:
+            c.start()
+        tries.append(sum(out.get() for _ in children))
+        for c in children:
+            c.join()
+    return statistics.median(tries)
 
 
 def _jpeg_folder(images: int) -> pathlib.Path:
@@ -562,6 +629,12 @@ def main() -> None:
                       f"{r['torch_best_peak_pss_mb']:,.0f} MB"
                       + (f", torch with {r['stoker_workers']} workers {same:,.0f} MB"
                          if same is not None else ""))
+            if "process_limit_samples_per_s" in r:
+                print(f"  worker processes' limit (a process per core making batches and "
+                      f"writing them into shared memory, nothing else) "
+                      f"{r['process_limit_samples_per_s']:,.0f}/s: stoker "
+                      f"{100 * r['stoker_over_process_limit']:.0f}% of it; the limit is "
+                      f"{r['process_limit_over_torch_best']:.2f}x torch's best")
             if "machine_limit_samples_per_s" in r:
                 print(f"  machine limit (cores x one process, {r['ms_per_sample']:.2f} ms a "
                       f"sample) {r['machine_limit_samples_per_s']:,.0f}/s: stoker "
