@@ -1,5 +1,6 @@
 // Encoded sources (image folder, record shards, RAM cache) and ImageDataset through the Loader.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -48,10 +49,25 @@ TEST(ImageFolder, OrderLabelsAndExtensionsFollowTorchvision) {
   testing::write_file(root / "b_class" / "sub" / "m.jpg", {std::byte{4}});  // nested: walked
   testing::write_file(root / "a_class" / "x.jpeg", {std::byte{5}});
   testing::write_file(root / "stray.jpg", {std::byte{6}});  // not in a class folder
-  fs::create_directories(root / "c_empty");
+  fs::create_directories(root / "c_empty" / "sub");
+  testing::write_file(root / "c_empty" / "sub" / "notes.txt", {std::byte{7}});
+  // A class folder without images: torchvision refuses it (a label no sample has).
+  try {
+    open_image_folder(root.string());
+    FAIL() << "a class folder without images";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("found no valid file for the classes c_empty ("),
+              std::string::npos)
+        << e.what();
+  }
+  testing::write_file(root / "c_empty" / "sub" / "y.png", {std::byte{7}});
 
   auto src = open_image_folder(root.string());
   EXPECT_EQ(src->classes(), (std::vector<std::string>{"a_class", "b_class", "c_empty"}));
+  ASSERT_EQ(src->size(), 5u);
+  fs::remove_all(root / "c_empty");
+  src = open_image_folder(root.string());
+  EXPECT_EQ(src->classes(), (std::vector<std::string>{"a_class", "b_class"}));
   ASSERT_EQ(src->size(), 4u);
   // sorted(os.walk(...)): b_class's own files (sorted) before those of b_class/sub.
   EXPECT_EQ(src->name(0), (root / "a_class" / "x.jpeg").string());
@@ -71,6 +87,22 @@ TEST(ImageFolder, OrderLabelsAndExtensionsFollowTorchvision) {
     FAIL() << "read of a removed file";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("x.jpeg: cannot open"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ImageFolder, ANamedPipeIsRefusedNotWaitedOn) {
+  // A FIFO named like an image (no writer): reading it must fail at once, not wait for one.
+  TempDir dir;
+  testing::write_file(dir.path() / "c" / "a.jpg", {std::byte{1}});
+  ASSERT_EQ(::mkfifo((dir.path() / "c" / "b.jpg").c_str(), 0600), 0);
+  auto src = open_image_folder(dir.path().string());
+  ASSERT_EQ(src->size(), 2u);
+  try {
+    src->read(1, *std::make_unique<EncodedBytes>());
+    FAIL() << "read a FIFO";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("b.jpg: not a regular file"), std::string::npos)
+        << e.what();
   }
 }
 

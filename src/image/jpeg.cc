@@ -6,6 +6,7 @@
 #include <jerror.h>
 // clang-format on
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstring>
 #include <stdexcept>
@@ -29,15 +30,30 @@ struct Errors {
   std::longjmp(e->jump, 1);
 }
 
-// Warnings: running out of data means the file is truncated, and libjpeg would go on with
-// made-up gray pixels, so that is an error. Other warnings (extraneous bytes before a marker,
-// and the like) are ignored, as Pillow and torchvision ignore them.
+// Warnings: where libjpeg would go on with made-up pixels, that is an error: running out of
+// data (a truncated file), a marker where entropy-coded data should go on (the data segment
+// was cut short: a partial download with an end marker, a corrupt byte that reads as a
+// marker) and a lost restart marker (libjpeg skips ahead to resynchronize). Other warnings
+// (extraneous bytes before a marker, and the like) lose no pixels and are ignored, as Pillow
+// and torchvision ignore them.
 void on_message(j_common_ptr cinfo, int level) {
-  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) {
-    auto* e = reinterpret_cast<Errors*>(cinfo->err);
-    std::snprintf(e->message, sizeof e->message, "truncated JPEG (premature end of data)");
-    std::longjmp(e->jump, 1);
+  if (level >= 0) return;  // trace messages
+  auto* e = reinterpret_cast<Errors*>(cinfo->err);
+  switch (cinfo->err->msg_code) {
+    case JWRN_JPEG_EOF:
+      std::snprintf(e->message, sizeof e->message, "truncated JPEG (premature end of data)");
+      break;
+    case JWRN_HIT_MARKER:
+    case JWRN_MUST_RESYNC: {
+      char what[JMSG_LENGTH_MAX];
+      cinfo->err->format_message(cinfo, what);
+      std::snprintf(e->message, sizeof e->message, "corrupt JPEG (%.180s)", what);
+      break;
+    }
+    default:
+      return;
   }
+  std::longjmp(e->jump, 1);
 }
 
 // Pillow's CMYK to RGB (Convert.c cmyk2rgb): r = (255 - c) * (255 - k) / 255, rounded. Adobe
@@ -146,8 +162,16 @@ void JpegDecoder::decode(int denom, int x0, int x1, int y0, int y1, std::size_t 
   cinfo.scale_num = 1;
   cinfo.scale_denom = static_cast<unsigned>(denom);
   jpeg_start_decompress(&cinfo);
-  JDIMENSION xoffset = static_cast<JDIMENSION>(x0);
-  JDIMENSION width = static_cast<JDIMENSION>(x1 - x0);
+  // Columns [x0, x1) with a margin on both sides: libjpeg's fancy (triangle) chroma
+  // upsampling takes each chroma sample's neighbours, and at the edges of a cropped span it
+  // repeats the edge sample instead, so the outermost columns of the span would not be those
+  // of the whole image (up to 50 levels apart on 4:2:0 chroma edges). The margin, a chroma
+  // sample and its neighbour, keeps [x0, x1) away from both edges.
+  const int margin = 2 * cinfo.max_h_samp_factor;
+  const int left = std::max(0, x0 - margin);
+  const int right = std::min(static_cast<int>(cinfo.output_width), x1 + margin);
+  JDIMENSION xoffset = static_cast<JDIMENSION>(left);
+  JDIMENSION width = static_cast<JDIMENSION>(right - left);
   if (xoffset != 0 || width != cinfo.output_width) {
     // Widens the span to whole iMCUs: xoffset moves left, width grows.
     jpeg_crop_scanline(&cinfo, &xoffset, &width);

@@ -1,5 +1,6 @@
-// PNG decoding through libpng's simplified API: any PNG (gray, palette, 16-bit, alpha) comes
-// out as 8-bit RGBA; the caller drops alpha, as Pillow's convert("RGB") does.
+// PNG decoding through libpng: any PNG (gray, palette, 16-bit, alpha, interlaced) comes out as
+// 8-bit RGBA with Pillow's values (no gamma conversion, 16-bit samples to their high byte);
+// the caller drops alpha, as Pillow's convert("RGB") does.
 #pragma once
 
 #include <cstdint>

@@ -24,7 +24,10 @@ struct Fd {
 }  // namespace
 
 void read_whole_file(const std::string& path, std::vector<std::byte>& out) {
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  // O_NONBLOCK: opening a named pipe (a FIFO named like an image) waits for a writer without
+  // it; with it, the open returns and the check below refuses the file. It changes nothing
+  // for a regular file.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
   if (f.fd < 0) throw_errno(path, "cannot open");
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw_errno(path, "cannot stat");

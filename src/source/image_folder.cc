@@ -16,9 +16,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // torchvision.datasets.folder.IMG_EXTENSIONS, matched on the lower-cased name.
+constexpr const char* kExtensions[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                       ".pgm", ".tif",  ".tiff", ".webp"};
+
 bool has_image_extension(const std::string& name) {
-  static const char* const kExtensions[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
-                                            ".pgm", ".tif",  ".tiff", ".webp"};
   std::string lower = name;
   std::transform(lower.begin(), lower.end(), lower.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -46,7 +47,9 @@ class ImageFolderSource final : public EncodedSource {
     std::sort(classes_.begin(), classes_.end());
     if (classes_.empty()) throw std::runtime_error(root + ": no class folders");
     // For each class: sorted(os.walk(class_dir, followlinks=True)), files sorted by name.
+    std::string empty;  // the classes with no image, as torchvision names them
     for (std::size_t c = 0; c < classes_.size(); ++c) {
+      const std::size_t before = paths_.size();
       const fs::path class_dir = fs::path(root) / classes_[c];
       std::vector<std::string> dirs{class_dir.string()};
       for (auto it = fs::recursive_directory_iterator(
@@ -67,8 +70,17 @@ class ImageFolderSource final : public EncodedSource {
           labels_.push_back(static_cast<std::int64_t>(c));
         }
       }
+      if (paths_.size() == before) empty += (empty.empty() ? "" : ", ") + classes_[c];
     }
-    if (paths_.empty()) throw std::runtime_error(root + ": no image files in the class folders");
+    // torchvision's ImageFolder refuses a class folder without images (a label no sample
+    // has): FileNotFoundError, "Found no valid file for the classes ...".
+    if (!empty.empty()) {
+      std::string extensions;
+      for (const char* ext : kExtensions)
+        extensions += (extensions.empty() ? "" : ", ") + std::string(ext);
+      throw std::runtime_error(root + ": found no valid file for the classes " + empty +
+                               " (supported extensions: " + extensions + ")");
+    }
   }
 
   std::size_t size() const override { return paths_.size(); }

@@ -50,6 +50,10 @@ BAD = {  # name: (bytes, reason in the message)
     "truncated_header.jpg": (GOOD[:120], "truncated JPEG"),
     "truncated_half.jpg": (GOOD[:len(GOOD) // 2], "truncated JPEG"),
     "truncated_progressive.jpg": (jpeg(progressive=True)[:900], "truncated JPEG"),
+    # Cut short and ended with an end marker (a partial download): libjpeg warns that the data
+    # segment ended early and would fill the rest with gray.
+    "cut_then_end_marker.jpg": (GOOD[:len(GOOD) // 2] + b"\xff\xd9",
+                                "corrupt JPEG (Corrupt JPEG data: premature end of data segment)"),
     "huge.jpg": (sof_size(GOOD, 60000, 60000), "over the limit"),
     "zero.jpg": (sof_size(GOOD, 0, 0), "Empty JPEG image"),
     "huge.png": (png_size(png(), 60000, 60000), "over the limit"),
@@ -74,7 +78,7 @@ def test_raise_names_the_file_and_the_reason(tmp_path, name):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_skip_finishes_the_epoch_with_every_row(tmp_path, workers):
     (tmp_path / "x").mkdir()
-    for i in range(6):
+    for i in range(12):
         (tmp_path / "x" / f"good{i}.jpg").write_bytes(jpeg(seed=i))
     for name, (data, _) in BAD.items():
         (tmp_path / "x" / name).write_bytes(data)
@@ -82,7 +86,7 @@ def test_skip_finishes_the_epoch_with_every_row(tmp_path, workers):
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=workers, on_error="skip")
     for _ in range(2):
         rows = sum(images.shape[0] for images, _ in loader)
-        assert rows == len(ds) == 16
+        assert rows == len(ds) == 12 + len(BAD)
     # Counts failures, replacements that failed too included; the report lists each bad file
     # once, by index (ImageFolder's order: sorted by name), path and reason.
     assert loader.stats()["skipped"] >= 2 * len(BAD)
