@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -192,6 +195,55 @@ TEST(Records, TruncatedOrCorruptShardsAreRefusedWithTheReason) {
   bad_version[8] = std::byte{9};
   testing::write_file(shard, bad_version);
   EXPECT_NE(open_error(shard).find("version 9 is not supported"), std::string::npos);
+}
+
+TEST(Records, APackWithAShardMissingIsRefusedNamingIt) {
+  TempDir dir;
+  make_folder(dir / "images", 6);
+  PackOptions o;
+  o.shard_bytes = 2000;  // several shards
+  const auto packed = dir / "packed";
+  const auto r = pack_records(*open_image_folder((dir / "images").string()), packed.string(), o);
+  ASSERT_GE(r.shards, 3u);
+  const auto shard = [&](std::size_t n) {
+    char name[32];
+    std::snprintf(name, sizeof name, "part-%05zu.stkr", n);
+    return packed / name;
+  };
+  // Each header carries its shard's number and the pack's count.
+  for (std::size_t n = 0; n < r.shards; ++n) {
+    records::Header h;
+    const auto bytes = testing::read_file(shard(n));
+    std::memcpy(&h, bytes.data(), sizeof h);
+    EXPECT_EQ(h.shard, n);
+    EXPECT_EQ(h.shards, r.shards);
+  }
+  const auto middle = testing::read_file(shard(1));
+  const auto last = testing::read_file(shard(r.shards - 1));
+  fs::remove(shard(1));
+  EXPECT_NE(open_error(packed).find(": 1 of its " + std::to_string(r.shards) +
+                                    " record shards are missing (part-00001.stkr)"),
+            std::string::npos)
+      << open_error(packed);
+  testing::write_file(shard(1), middle);
+  fs::remove(shard(r.shards - 1));  // the last one: only the count tells
+  EXPECT_NE(open_error(packed).find("record shards are missing"), std::string::npos)
+      << open_error(packed);
+  testing::write_file(shard(r.shards - 1), last);
+  EXPECT_EQ(open_records(packed.string())->size(), r.records);
+  // One shard opened alone is read alone.
+  EXPECT_GT(open_records(shard(1).string())->size(), 0u);
+
+  // A pack written before the count was recorded: a gap in the shards' names still tells.
+  for (std::size_t n = 0; n < r.shards; ++n) {
+    auto bytes = testing::read_file(shard(n));
+    std::memset(bytes.data() + offsetof(records::Header, shard), 0, 8);
+    testing::write_file(shard(n), bytes);
+  }
+  EXPECT_EQ(open_records(packed.string())->size(), r.records);
+  fs::remove(shard(1));
+  EXPECT_NE(open_error(packed).find("missing (part-00001.stkr)"), std::string::npos)
+      << open_error(packed);
 }
 
 TEST(Records, ACorruptRecordFailsItsReadOnly) {

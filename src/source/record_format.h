@@ -23,7 +23,10 @@ struct Header {
   std::uint64_t index_bytes;
   std::uint64_t index_checksum;   // XXH3-64 of the index bytes
   std::uint64_t header_checksum;  // XXH3-64 of the 48 bytes before this field
-  std::uint64_t reserved;         // 0
+  // This shard's number and the pack's shard count, so that a reader of the directory knows
+  // when shards are missing (a pack copied in part). 0 and 0 in packs written before: unknown.
+  std::uint32_t shard;
+  std::uint32_t shards;
 };
 static_assert(sizeof(Header) == kHeaderBytes);
 

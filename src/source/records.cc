@@ -10,6 +10,8 @@
 #include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -104,7 +106,9 @@ class RecordSource final : public EncodedSource {
     } else {
       files.push_back(path);
     }
-    for (const auto& f : files) add_shard(f);
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;  // (shard, shards) per file
+    for (const auto& f : files) numbers.push_back(add_shard(f));
+    if (files.size() > 1 || files[0] != path) check_complete(path, files, numbers);
   }
 
   std::size_t size() const override { return records_.size(); }
@@ -128,7 +132,53 @@ class RecordSource final : public EncodedSource {
   Counters counters() const override { return storage_reads_.counters(); }
 
  private:
-  void add_shard(const std::string& path) {
+  // A directory's shards, each with the (number, count) its header carries: every shard of
+  // the pack must be there (a copy of the pack made in part would lose its records silently).
+  // Packs written before the count was recorded (0, 0) are checked by their file names,
+  // part-NNNNN.stkr numbered from 0 without gaps.
+  static void check_complete(const std::string& dir, const std::vector<std::string>& files,
+                             const std::vector<std::pair<std::uint32_t, std::uint32_t>>& numbers) {
+    std::vector<std::uint64_t> present;
+    std::uint64_t count = 0;
+    const bool recorded =
+        std::all_of(numbers.begin(), numbers.end(), [](const auto& n) { return n.second != 0; });
+    for (std::size_t k = 0; k < files.size(); ++k) {
+      if (recorded) {
+        if (count != 0 && numbers[k].second != count) {
+          throw std::runtime_error(dir + ": its shards come from different packs (" + files[k] +
+                                   " is one of " + std::to_string(numbers[k].second) +
+                                   ", another one of " + std::to_string(count) + ")");
+        }
+        count = numbers[k].second;
+        present.push_back(numbers[k].first);
+      } else {
+        unsigned long n = 0;
+        const std::string name = fs::path(files[k]).filename().string();
+        if (std::sscanf(name.c_str(), "part-%5lu.stkr", &n) != 1) return;  // not named by pack
+        present.push_back(n);
+        count = std::max<std::uint64_t>(count, n + 1);
+      }
+    }
+    std::string missing;
+    std::size_t lost = 0;
+    for (std::uint64_t n = 0; n < count; ++n) {
+      if (std::find(present.begin(), present.end(), n) != present.end()) continue;
+      if (++lost <= 5) {
+        char name[32];
+        std::snprintf(name, sizeof name, "part-%05llu%s", static_cast<unsigned long long>(n),
+                      records::kShardSuffix);
+        missing += (missing.empty() ? "" : ", ") + std::string(name);
+      }
+    }
+    if (lost > 0) {
+      throw std::runtime_error(dir + ": " + std::to_string(lost) + " of its " +
+                               std::to_string(count) + " record shards are missing (" + missing +
+                               (lost > 5 ? ", ..." : "") +
+                               "): the pack was copied or moved in part?");
+    }
+  }
+
+  std::pair<std::uint32_t, std::uint32_t> add_shard(const std::string& path) {
     auto map = std::make_unique<Mapping>(path);
     const std::byte* base = map->data();
     const std::size_t size = map->size();
@@ -197,6 +247,7 @@ class RecordSource final : public EncodedSource {
                           std::string_view(names + e.name_offset, e.name_length)});
     }
     shards_.push_back(std::move(map));
+    return {h.shard, h.shards};
   }
 
   std::vector<std::unique_ptr<Mapping>> shards_;
@@ -209,8 +260,8 @@ class RecordSource final : public EncodedSource {
 
 class ShardWriter {
  public:
-  ShardWriter(std::string path, const std::vector<std::string>& classes)
-      : path_(std::move(path)), classes_(classes) {
+  ShardWriter(std::string path, const std::vector<std::string>& classes, std::uint32_t number)
+      : path_(std::move(path)), classes_(classes), number_(number) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) detail::throw_errno(path_, "cannot create");
     const std::byte zero[records::kHeaderBytes] = {};
@@ -263,6 +314,7 @@ class ShardWriter {
     h.index_bytes = index.size();
     h.index_checksum = checksum(index.data(), index.size());
     h.header_checksum = header_checksum(h);
+    h.shard = number_;  // the count (h.shards) is set once the pack is complete: set_count()
     write(index.data(), index.size());
     if (::pwrite(fd_, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) {
       detail::throw_errno(path_, "cannot write the header");
@@ -292,11 +344,26 @@ class ShardWriter {
 
   std::string path_;
   const std::vector<std::string>& classes_;
+  const std::uint32_t number_;
   int fd_ = -1;
   std::uint64_t offset_ = 0;
   std::vector<Entry> entries_;
   std::string names_;
 };
+
+// Writes the pack's shard count into a finished shard's header (outside the header checksum,
+// like the shard's number) and syncs it.
+void set_count(const std::string& path, std::uint32_t shards) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) detail::throw_errno(path, "cannot open");
+  const bool ok = ::pwrite(fd, &shards, sizeof shards, offsetof(Header, shards)) ==
+                      static_cast<ssize_t>(sizeof shards) &&
+                  ::fsync(fd) == 0;
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  if (!ok) detail::throw_errno(path, "cannot write the shard count");
+}
 
 void sync_directory(const fs::path& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -347,7 +414,7 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
       std::snprintf(buf, sizeof buf, "part-%05zu%s", n, records::kShardSuffix);
       return (tmp / buf).string();
     };
-    auto writer = std::make_unique<ShardWriter>(shard_name(0), classes);
+    auto writer = std::make_unique<ShardWriter>(shard_name(0), classes, 0);
     EncodedBytes bytes;
     const std::size_t total = source.size();
     for (std::size_t i = 0; i < total; ++i) {
@@ -355,7 +422,8 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
       if (writer->records() > 0 && writer->bytes() + bytes.bytes.size() > options.shard_bytes) {
         writer->finish();
         ++result.shards;
-        writer = std::make_unique<ShardWriter>(shard_name(result.shards), classes);
+        writer = std::make_unique<ShardWriter>(shard_name(result.shards), classes,
+                                               static_cast<std::uint32_t>(result.shards));
       }
       writer->add(bytes.bytes, source.label(i), source.name(i));
       ++result.records;
@@ -364,6 +432,9 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
     }
     writer->finish();
     ++result.shards;
+    for (std::size_t n = 0; n < result.shards; ++n) {
+      set_count(shard_name(n), static_cast<std::uint32_t>(result.shards));
+    }
     sync_directory(tmp);
     if (fs::exists(target, ec)) {
       // overwrite: move the old pack aside first, so dest is never half old, half new.

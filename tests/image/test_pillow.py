@@ -159,6 +159,8 @@ def read_shard(path):
     magic, version, header_bytes, records, index_offset, index_bytes = struct.unpack_from(
         "<8sIIQQQ", data, 0)
     assert magic == b"STOKREC\n" and version == 1 and header_bytes == 64
+    shard, shards = struct.unpack_from("<II", data, 56)
+    assert shard < shards
     index = data[index_offset:index_offset + index_bytes]
     (classes,), at = struct.unpack_from("<I", index, 0), 4
     names = []
