@@ -267,6 +267,8 @@ class _End:
 
 
 END = _End()
+# What an epoch's next() returns after its last batch (None is a batch a collate_fn may make).
+EPOCH_END = object()
 INIT_FAILED = object()
 
 
@@ -380,15 +382,16 @@ class StreamEpoch:
     # --- the training loop's side --------------------------------------------------------
 
     def next(self, timeout: float):
-        """The next batch, or None at the end of the epoch."""
+        """The next batch, or EPOCH_END at the end of the epoch (a batch may be None: what a
+        collate_fn that drops a bad batch returns, as torch's loader yields it)."""
         if self.workers == 0:
             if self.ended[0]:
-                return None
+                return EPOCH_END
             try:
                 batch = self._inline.next_batch()
             except StopIteration:
                 self.ended[0] = True
-                return None
+                return EPOCH_END
             if self._want_state:
                 self.states[0] = self._inline.state()
             return self._finish(batch)
@@ -409,7 +412,7 @@ class StreamEpoch:
             batch, state = item
             self.states[w] = state
             return self._finish(batch)
-        return None
+        return EPOCH_END
 
     def stop(self, wait: bool) -> None:
         """Ends the epoch's producers; each finishes at most the batch it is making. With

@@ -1042,7 +1042,7 @@ class DataLoader:
         if self._remote_auto and raw is not None:
             self._tune_remote()
         if raw is None:
-            return None
+            return _batches.EPOCH_END
         if self._build is None:
             self._make_batches(self._handle.structure())
         arrays = self._convert(raw)
@@ -1089,7 +1089,7 @@ class _Iterator:
         if self._done:
             raise StopIteration
         batch = self._loader._next()
-        if batch is None:
+        if batch is _batches.EPOCH_END:
             self._done = True
             raise StopIteration
         self._yielded += 1

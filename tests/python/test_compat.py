@@ -174,6 +174,27 @@ def test_custom_collate_fn_sees_the_samples_as_torch_passes_them():
         assert_same(a, b)
 
 
+
+class _DropsOdd(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(6))
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_a_none_batch_is_yielded_not_taken_for_the_end(workers, worker_type):
+    # A collate_fn that drops a bad batch returns None; torch yields it and goes on.
+    def drop_odd(samples):
+        return None if samples[0] % 4 == 2 else samples
+
+    cases = [(list(range(6)), dict(batch_size=2, collate_fn=drop_odd)),
+             ([0, 1, None, None, 4], dict(batch_size=None)),
+             (_DropsOdd(), dict(batch_size=2, collate_fn=drop_odd))]
+    for data, kwargs in cases:
+        want = list(tud.DataLoader(data, num_workers=workers, **kwargs))
+        loader = stoker.DataLoader(data, num_workers=workers, worker_type=worker_type, **kwargs)
+        assert None in want and list(loader) == want == list(loader), kwargs
+        loader.close()
+
 def test_sequential_and_batch_samplers():
     data = Pairs()
     for kwargs in (dict(sampler=tud.SequentialSampler(data), batch_size=7),
