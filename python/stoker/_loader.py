@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import sys
@@ -147,11 +148,17 @@ def _is_torch_batch_sampler(batch_sampler) -> bool:
 
 
 def _length(sampler) -> int:
-    """len(sampler), or its length by iterating it (a sampler without __len__)."""
+    """len(sampler), or its length by iterating a copy of it (a sampler without __len__: the
+    sampler itself is left as it was, so that a seeded one's first epoch is still its first)."""
     try:
         return len(sampler)
     except TypeError:
-        return sum(1 for _ in sampler)
+        pass
+    try:
+        probe = copy.deepcopy(sampler)
+    except Exception:  # a sampler that does not copy (it holds a lock, a file) is read itself
+        probe = sampler
+    return sum(1 for _ in probe)
 
 
 def _torch_sampler_kind(sampler) -> Optional[str]:
@@ -391,7 +398,7 @@ class DataLoader:
             # A custom sampler is read when each epoch starts, once, as torch reads it; until
             # then the engine has as many positions (and reads nothing). A sampler may be
             # longer than the data set (replacement, num_samples): placeholders are sample 0.
-            order = [0] * len(sampler)
+            order = [0] * _length(sampler)
         self.seed = int(seed) if seed_given else (_draw_seed(generator) if self._shuffle else 0)
 
         # PyTorch's base seed of the workers: worker i is seeded with base + i.
@@ -732,6 +739,7 @@ class DataLoader:
         if self._streams is not None:
             self._stream_len = len(self.dataset)
             return len(self._streams)
+        len(self._index_sampler)  # as torch's: TypeError for a sampler without __len__
         samples = _compat.sized(self.dataset)
         if self._follows_len and samples is not None and samples != self._samples:
             # As torch's, len() follows a data set that grew or shrank (iter() warns).

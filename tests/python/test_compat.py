@@ -175,6 +175,34 @@ def test_custom_collate_fn_sees_the_samples_as_torch_passes_them():
 
 
 
+class _SeededOrder:
+    """A sampler without __len__ drawing from its own seeded generator (a new order each
+    epoch): reading it once more than torch does would shift every epoch."""
+
+    def __init__(self, pairs: bool):
+        self.g, self.pairs = torch.Generator().manual_seed(0), pairs
+
+    def __iter__(self):
+        perm = torch.randperm(6, generator=self.g).tolist()
+        return iter([perm[k:k + 2] for k in range(0, 6, 2)] if self.pairs else perm)
+
+
+@pytest.mark.parametrize("kind", ["sampler", "sampler_collate", "batch_sampler"])
+def test_a_sampler_without_len_is_read_once_per_epoch_as_torch_reads_it(kind):
+    data = list(range(6))
+    make = {"sampler": lambda: dict(sampler=_SeededOrder(False), batch_size=3),
+            "sampler_collate": lambda: dict(sampler=_SeededOrder(False), batch_size=3,
+                                             collate_fn=lambda s: [int(x) for x in s]),
+            "batch_sampler": lambda: dict(batch_sampler=_SeededOrder(True))}[kind]
+    theirs, ours = tud.DataLoader(data, **make()), stoker.DataLoader(data, **make())
+    for loader in (theirs, ours):
+        with pytest.raises(TypeError, match="has no len"):
+            len(loader)
+    for _ in range(3):
+        assert [list(map(int, b)) for b in ours] == [list(map(int, b)) for b in theirs]
+    ours.close()
+
+
 class _DropsOdd(tud.IterableDataset):
     def __iter__(self):
         return iter(range(6))
