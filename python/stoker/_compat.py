@@ -29,10 +29,13 @@ def warn(message: str) -> None:
     warnings.warn(f"stoker: {message}", UserWarning, stacklevel=4)
 
 
-def default_collate():
-    """torch's default_collate, or None without torch."""
+def default_collate(auto_collation: bool = True):
+    """torch's default_collate (default_convert without batching: batch_size=None), or None
+    without torch."""
     torch = _torch()
-    return torch.utils.data.default_collate if torch is not None else None
+    if torch is None:
+        return None
+    return torch.utils.data.default_collate if auto_collation else torch.utils.data.default_convert
 
 
 def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, sampler,
@@ -118,7 +121,8 @@ def public_attributes(loader, *, batch_size, shuffle, sampler, batch_sampler,
                       drop_last, generator, collate_fn, prefetch_factor) -> dict[str, Any]:
     """The attributes torch's DataLoader sets from these arguments, with torch's values: a
     sampler and a BatchSampler made when none was given (with torch loaded), batch_size None
-    and drop_last False under a batch_sampler, default_collate for no collate_fn,
+    and drop_last False under a batch_sampler, default_collate for no collate_fn
+    (default_convert with batch_size=None),
     prefetch_factor None without workers."""
     torch = _torch()
     if batch_sampler is not None:
@@ -137,7 +141,8 @@ def public_attributes(loader, *, batch_size, shuffle, sampler, batch_sampler,
         "sampler": sampler,
         "batch_sampler": batch_sampler,
         "generator": generator,
-        "collate_fn": collate_fn if collate_fn is not None else default_collate(),
+        "collate_fn": (collate_fn if collate_fn is not None
+                       else default_collate(batch_sampler is not None)),
         "prefetch_factor": prefetch_factor,
     }
 

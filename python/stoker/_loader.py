@@ -317,7 +317,8 @@ class DataLoader:
         if batch_size is None:
             raise ValueError("stoker batches samples: batch_size=None is not supported")
         if int(batch_size) < 1:
-            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+            raise ValueError(f"batch_size should be a positive integer value, but got "
+                             f"batch_size={batch_size}")
 
         self.dataset = dataset
         self._sampler = sampler  # the one the engine follows (torch's `sampler` may differ)
@@ -528,7 +529,8 @@ class DataLoader:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
         if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+            raise ValueError(f"batch_size should be a positive integer value, but got "
+                             f"batch_size={batch_size}")
         auto_collation = batch_sampler is not None or batch_size is not None
         collate = collate_fn if collate_fn is not None else _batches.default_collate(
             auto_collation)
@@ -591,7 +593,8 @@ class DataLoader:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
         if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size should be a positive integer, not {batch_size}")
+            raise ValueError(f"batch_size should be a positive integer value, but got "
+                             f"batch_size={batch_size}")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
         if worker_type not in ("auto", "thread", "process"):
