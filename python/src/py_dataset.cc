@@ -88,6 +88,18 @@ void set_sample_seed(std::optional<std::uint64_t> seed) { t_sample_seed = seed; 
 
 std::optional<std::uint64_t> current_sample_seed() { return t_sample_seed; }
 
+py::object read_one(py::handle dataset, std::size_t index) {
+  if (!py::hasattr(dataset, "__getitems__")) return dataset[py::int_(index)];
+  py::list keys(1);
+  keys[0] = py::int_(index);
+  const py::sequence got = dataset.attr("__getitems__")(keys);
+  if (got.size() != 1) {
+    throw py::value_error("stoker: __getitems__ returned " + std::to_string(got.size()) +
+                          " samples for 1 index");
+  }
+  return got[0];
+}
+
 struct PyDataset::State {
   py::object dataset;
   py::object on_worker_start;
@@ -195,7 +207,7 @@ std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed,
     py::object sample;
     {
       const SeedScope scope(seed);
-      sample = state_->dataset[py::int_(index)];
+      sample = read_one(state_->dataset, index);
     }
     learn(index, sample);
     keep_probed(index, seed, std::move(sample), nullptr);

@@ -86,6 +86,10 @@ py::object take_python_error();
 py::object take_current_exception();
 // Sets it (a worker process, around each __getitem__).
 void set_sample_seed(std::optional<std::uint64_t> seed);
+// Sample `index` of `dataset` read alone (the probe that learns the layout), as the loader
+// reads its others: through __getitems__([index]) when the data set has one (torch then never
+// calls __getitem__, which may not even work), else dataset[index]. GIL held.
+py::object read_one(py::handle dataset, std::size_t index);
 
 class PyDataset final : public Dataset {
  public:

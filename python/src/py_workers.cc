@@ -793,7 +793,7 @@ py::object SampleWriter::read_sample(py::handle dataset, std::size_t index, std:
   struct Unset {
     ~Unset() { set_sample_seed(std::nullopt); }
   } unset;
-  return dataset[py::int_(index)];
+  return read_one(dataset, index);
 }
 
 py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t row,

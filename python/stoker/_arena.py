@@ -160,6 +160,19 @@ class Arenas:
                     mm[0] = 0
 
 
+class Packed:
+    """One value made by Arenas.dumps, inside a reply pickled whole (a probe's sample):
+    loads() it where the reply is decoded."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def __reduce__(self):
+        return Packed, (self.blob,)
+
+
 def _release(mm: mmap.mmap) -> None:
     try:
         mm[0] = 0  # the worker may reuse the arena

@@ -162,7 +162,7 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
         elif kind == _LAYOUT_KIND:
             writer.set_layout(*pickle.loads(payload))
         elif kind == _PROBE_KIND:
-            sock.sendall(_probe(payload, dataset, init_error))
+            sock.sendall(_probe(payload, dataset, init_error, arenas))
         elif kind == _JOB_KIND:
             sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems, arenas))
             # A stream worker makes its next batches until the next request comes.
@@ -178,13 +178,14 @@ def _reply(job: int, status: bytes, blob: bytes, times: bytes = b"") -> bytes:
     return _HEADER.pack(1, len(body)) + body
 
 
-def _probe(payload, dataset, init_error) -> bytes:
-    """The sample the parent learns the layout from, sent back whole (or its error)."""
+def _probe(payload, dataset, init_error, arenas) -> bytes:
+    """The sample the parent learns the layout from, sent back whole (or its error): its
+    arrays through an arena, as a batch's (torch cannot unpickle some dtypes: uint32, ...)."""
     index, seed = _PROBE.unpack_from(payload)
     try:
         if init_error is not None:
             return _reply(0, b"\x01", pickle.dumps((None, [(0, init_error)])))
-        sample = _stoker.SampleWriter.read_sample(dataset, index, seed)
+        sample = _arena.Packed(arenas.dumps(_stoker.SampleWriter.read_sample(dataset, index, seed)))
         return _reply(0, b"\x00", pickle.dumps(([sample], []), protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:
         return _reply(0, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))

@@ -128,6 +128,8 @@ def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: st
     objects, errors = pickle.loads(blob)
     if objects is not None and item == "batch":  # whole batches, their tensors in arenas
         objects = [_arena.loads(o, pid) if isinstance(o, bytes) else o for o in objects]
+    elif objects is not None and len(objects) == 1 and isinstance(objects[0], _arena.Packed):
+        objects = [_arena.loads(objects[0].blob, pid)]  # a probe's sample
     return objects, {row: rebuild_error(info, f"stoker: raised in DataLoader worker process "
                                               f"{worker_id} (pid {pid}) while reading {item} "
                                               f"{indices[row]}")

@@ -203,6 +203,31 @@ def test_a_sampler_without_len_is_read_once_per_epoch_as_torch_reads_it(kind):
     ours.close()
 
 
+class _OnlyGetitems(tud.Dataset):
+    """Samples through __getitems__ only: torch's loader never calls __getitem__ then."""
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        raise NotImplementedError("read through __getitems__")
+
+    def __getitems__(self, indices):
+        return [torch.tensor([10 * i], dtype=torch.uint32) for i in indices]
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_getitems_is_the_only_read_and_any_dtype_crosses_processes(workers, worker_type):
+    # The first sample (which teaches stoker the batch layout) is read as the others are, and
+    # a worker process sends it back through shared memory: torch cannot unpickle uint32.
+    loader = stoker.DataLoader(_OnlyGetitems(), batch_size=4, num_workers=workers,
+                               worker_type=worker_type)
+    got = [b for b in loader]
+    assert [b.dtype for b in got] == [torch.uint32] * 3
+    assert [b.flatten().tolist() for b in got] == [[0, 10, 20, 30], [40, 50, 60, 70], [80, 90]]
+    loader.close()
+
+
 class _DropsOdd(tud.IterableDataset):
     def __iter__(self):
         return iter(range(6))
