@@ -381,7 +381,7 @@ void SampleVisitor::visit(const LayoutNode& n, py::handle v) {
         }
         break;
       }
-      if (classify(v) == ValueKind::other) {
+      if (classify(v) != ValueKind::array) {
         mismatch(n, "is a " + type_name(v) + " where the first sample read has an array");
       }
       HostArray a = import_array(v, describe(n.path) + " of sample " + std::to_string(index));
