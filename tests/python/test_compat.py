@@ -228,10 +228,12 @@ def test_getitems_is_the_only_read_and_any_dtype_crosses_processes(workers, work
     loader.close()
 
 
-@pytest.mark.parametrize("first", [np.int64, np.float32, torch.tensor], ids=["np.int64", "np.float32", "tensor"])
+@pytest.mark.parametrize("first", [np.int64, np.float32, torch.tensor],
+                         ids=["np.int64", "np.float32", "tensor"])
 def test_a_python_number_where_the_first_sample_had_an_array_is_a_layout_error(first):
     data = [first(0), first(1), 2, 3]
-    with pytest.raises(TypeError, match="sample 2 is a int where the first sample read has an array"):
+    with pytest.raises(TypeError,
+                       match="sample 2 is a int where the first sample read has an array"):
         list(stoker.DataLoader(data, batch_size=2, num_workers=0))
 
 
