@@ -133,6 +133,11 @@ py::object PyLoader::next(double timeout_s) {
   using Clock = std::chrono::steady_clock;
   auto locks = lock_call(true);
   if (py_dataset_) py_dataset_->clear_interrupt();
+  if (held_) {
+    Batch batch = std::move(*held_);
+    held_.reset();
+    return deliver(std::move(batch));
+  }
   const auto start = Clock::now();
   const auto timeout =
       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
@@ -152,6 +157,12 @@ py::object PyLoader::next(double timeout_s) {
     // exception types to Python's (std::bad_alloc to MemoryError, ...).
     switch (result.status) {
       case NextResult::Status::batch:
+        // Ctrl-C during the wait: Python would raise KeyboardInterrupt as this call returns
+        // and the batch would be lost; raise it here and keep the batch for the next call.
+        if (PyErr_CheckSignals() != 0) {
+          held_.emplace(std::move(*result.batch));
+          throw py::error_already_set();
+        }
         return deliver(std::move(*result.batch));
       case NextResult::Status::end_of_epoch:
         return py::none();
@@ -174,18 +185,21 @@ py::object PyLoader::next(double timeout_s) {
 
 void PyLoader::set_epoch(std::uint64_t epoch) {
   auto locks = lock_call(true);
+  held_.reset();
   py::gil_scoped_release nogil;
   loader_->set_epoch(epoch);
 }
 
 void PyLoader::restore(std::uint64_t epoch, std::size_t batch) {
   auto locks = lock_call(true);
+  held_.reset();
   py::gil_scoped_release nogil;
   loader_->restore({epoch, batch});
 }
 
 void PyLoader::restart_fresh(std::uint64_t epoch) {
   auto locks = lock_call(true);
+  held_.reset();
   py::gil_scoped_release nogil;
   // Two restarts to different positions: the second always cancels everything in flight
   // (restarting to the current position keeps what is prefetched).
@@ -195,6 +209,7 @@ void PyLoader::restart_fresh(std::uint64_t epoch) {
 
 py::tuple PyLoader::position() {
   auto locks = lock_call(true);
+  if (held_) return py::make_tuple(held_->epoch(), held_->number());  // not handed out yet
   Position p;
   {
     py::gil_scoped_release nogil;
@@ -362,6 +377,7 @@ void PyLoader::close() {
   lock_without_gil(lifetime);  // a call in another thread finishes first
   {
     py::gil_scoped_release nogil;
+    held_.reset();
     loader_.reset();  // stops and joins the workers
   }
   if (py_dataset_) py_dataset_->release_workers();  // and reaps worker processes
@@ -405,6 +421,7 @@ void PyLoader::abandon() {
   closed_ = true;
   registry().erase(this);
   (void)loader_.release();
+  if (held_) new Batch(std::move(*held_));  // its pool's lock may be held too
   new std::shared_ptr<PyDataset>(std::move(py_dataset_));
   new std::shared_ptr<RemappedDataset>(std::move(remap_));
 }

@@ -139,6 +139,10 @@ class PyLoader {
   void abandon();
 
   std::unique_ptr<Loader> loader_;
+  // A batch that arrived as Ctrl-C did: next() raised KeyboardInterrupt instead of returning
+  // it (the exception would have dropped it), and the next next() returns it. Guarded by
+  // call_mu_ (consumer calls).
+  std::optional<Batch> held_;
   std::shared_ptr<PyDataset> py_dataset_;
   std::shared_ptr<RemappedDataset> remap_;
   std::size_t batches_per_epoch_ = 0;

@@ -324,6 +324,35 @@ def test_ctrl_c_without_workers_ends_the_batch_being_read():
     assert next(it)[1].tolist() == [16, 25, 36, 49]  # the loader goes on
 
 
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_ctrl_c_while_next_waits_loses_no_batch(worker_type):
+    # The signal lands while next() waits for batch 2, whose last sample is read just then:
+    # KeyboardInterrupt is raised and the batch is the next next()'s, as with torch's loader.
+    main = os.getpid()
+
+    class Interrupts(Squares):
+        def __getitem__(self, i):
+            if i == 11:
+                time.sleep(0.2)
+                os.kill(main, signal.SIGINT)
+            return super().__getitem__(i)
+
+    loader = stoker.DataLoader(Interrupts(24), batch_size=4, num_workers=2,
+                               worker_type=worker_type)
+    it, got = iter(loader), []
+    while True:
+        try:
+            got.append(next(it)[1].tolist())
+        except StopIteration:
+            break
+        except KeyboardInterrupt:
+            got.append("KI")
+    assert got.count("KI") == 1
+    assert [b for b in got if b != "KI"] == [[i * i for i in range(k, k + 4)]
+                                             for k in range(0, 24, 4)]
+    loader.close()
+
+
 def test_ctrl_c_in_getitems_without_workers_ends_the_batch_being_read():
     release = threading.Event()
     calls = []
@@ -331,7 +360,7 @@ def test_ctrl_c_in_getitems_without_workers_ends_the_batch_being_read():
     class HangItems(Squares):
         def __getitems__(self, indices):
             calls.append(list(indices))
-            if not release.is_set():
+            if len(indices) > 1 and not release.is_set():  # the batch's call, not the probe
                 release.wait(30)
             return [super(HangItems, self).__getitem__(i) for i in indices]
 
@@ -341,7 +370,9 @@ def test_ctrl_c_in_getitems_without_workers_ends_the_batch_being_read():
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         next(it)
-    assert len(calls) == 1  # not read again sample by sample after the interrupt
+    # The probe (sample 0, which teaches the layout), then the rest of the batch in one call,
+    # not read again sample by sample after the interrupt.
+    assert calls == [[0], [1, 2, 3]]
     release.set()
     assert next(it)[1].tolist() == [16, 25, 36, 49]  # the loader goes on
 
