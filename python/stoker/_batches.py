@@ -252,7 +252,9 @@ class StreamJobs:
     def _make(self, arenas: "_arena.Arenas"):
         """The next batch dumped into an arena, END, or the exception that made it fail."""
         try:
-            return arenas.dumps((self.next_batch(), self.state() if self._want_state else None))
+            batch = self.next_batch()
+            return arenas.dumps((batch, self.state() if self._want_state else None,
+                                 self._ended))
         except StopIteration:
             return END
         except Exception as e:  # reported in turn; the stream goes on, as torch's
@@ -298,6 +300,10 @@ class StreamEpoch:
         self.workers = workers
         self.states = list(states) if states is not None else [None] * max(workers, 1)
         self.ended = list(ended) if ended is not None else [False] * max(workers, 1)
+        # Whether a worker's stream ended while its last batch handed out was made (a short
+        # last batch): its END is still to come, but a position saved now must say it ended
+        # (the data set's state may already be back at its start).
+        self.last = [False] * max(workers, 1)
         self.cursor = cursor
         if workers == 0:  # the calling thread iterates (worker info stays None, as in torch)
             self._inline = StreamJobs(dataset, collate_fn, batch_size, drop_last)
@@ -355,7 +361,8 @@ class StreamEpoch:
                 if not self._put(w, _Failure(e)):
                     return
                 continue
-            if not self._put(w, (batch, jobs.state() if self._want_state else None)):
+            if not self._put(w, (batch, jobs.state() if self._want_state else None,
+                                 jobs._ended)):
                 return
 
     def _ask_process(self, w: int, pool, epoch: int, args: bytes) -> None:
@@ -394,6 +401,7 @@ class StreamEpoch:
                 return EPOCH_END
             if self._want_state:
                 self.states[0] = self._inline.state()
+            self.last[0] = self._inline._ended
             return self._finish(batch)
         while not all(self.ended):
             w = self.cursor
@@ -409,7 +417,7 @@ class StreamEpoch:
             self.cursor = (w + 1) % self.workers
             if isinstance(item, _Failure):
                 raise item.error
-            batch, state = item
+            batch, state, self.last[w] = item
             self.states[w] = state
             return self._finish(batch)
         return EPOCH_END
@@ -558,7 +566,8 @@ class Streams:
                 f": it has no state_dict()/load_state_dict() (torchdata's Stateful protocol), "
                 f"so there is no way to resume it mid-epoch")
         e = self._epoch
-        return {"workers": self._workers, "states": list(e.states), "ended": list(e.ended),
+        return {"workers": self._workers, "states": list(e.states),
+                "ended": [ended or last for ended, last in zip(e.ended, e.last)],
                 "cursor": e.cursor}
 
     def load(self, position: Optional[dict]) -> None:

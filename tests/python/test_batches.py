@@ -145,6 +145,29 @@ def test_every_dtype_and_shape_comes_back_from_an_arena_as_it_went_in():
 
 
 @pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
+def test_a_stream_saved_after_its_short_last_batch_resumes_at_the_epochs_end(workers,
+                                                                              worker_type):
+    # The short last batch ends the data set's pass, and Counting resets its state then: the
+    # saved position must say the stream ended, or the restored loader would read it again.
+    def loader():
+        return stoker.DataLoader(wd.Counting(9), batch_size=2, num_workers=workers,
+                                 worker_type=worker_type)
+
+    whole = [b[:, 0].tolist() for b in loader()]
+    assert sorted(x for b in whole for x in b) == list(range(9)) and len(whole[-1]) == 1
+    first = loader()
+    it = iter(first)
+    assert [next(it)[:, 0].tolist() for _ in whole] == whole  # every batch, not StopIteration
+    state = first.state_dict()
+    first.close()
+    second = loader()
+    second.load_state_dict(state)
+    assert [b[:, 0].tolist() for b in second] == []  # the epoch had ended
+    assert [b[:, 0].tolist() for b in second] == whole  # then the next one, whole
+    second.close()
+
+
+@pytest.mark.parametrize("workers,worker_type", [(0, "thread"), (2, "thread"), (2, "process")])
 def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
     def loader():
         return stoker.DataLoader(wd.Counting(), batch_size=3, num_workers=workers,
