@@ -97,7 +97,8 @@ class RecordSource final : public EncodedSource {
   explicit RecordSource(const std::string& path) {
     std::vector<std::string> files;
     std::error_code ec;
-    if (fs::is_directory(path, ec)) {
+    const bool directory = fs::is_directory(path, ec);
+    if (directory) {
       for (const auto& e : fs::directory_iterator(path, ec)) {
         if (e.path().extension() == records::kShardSuffix) files.push_back(e.path().string());
       }
@@ -108,7 +109,7 @@ class RecordSource final : public EncodedSource {
     }
     std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;  // (shard, shards) per file
     for (const auto& f : files) numbers.push_back(add_shard(f));
-    if (files.size() > 1 || files[0] != path) check_complete(path, files, numbers);
+    if (directory) check_complete(path, files, numbers);  // a shard given alone is read alone
   }
 
   std::size_t size() const override { return records_.size(); }
