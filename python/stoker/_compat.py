@@ -65,6 +65,9 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
     elif batch_size is None and drop_last:
         raise ValueError("batch_size=None option disables auto-batching and is mutually "
                          "exclusive with drop_last")
+    elif batch_size is not None and (isinstance(batch_size, bool) or int(batch_size) < 1):
+        raise ValueError(f"batch_size should be a positive integer value, but got "
+                         f"batch_size={batch_size}")
     if num_workers != "auto" and workers > max(MAX_SENSIBLE_WORKERS, os.cpu_count() or 1):
         warnings.warn(
             f"This DataLoader will create {workers} worker threads in total. stoker's own "

@@ -316,9 +316,6 @@ class DataLoader:
             batch_size, sampler, drop_last = self._unwrap_batch_sampler(batch_sampler)
         if batch_size is None:
             raise ValueError("stoker batches samples: batch_size=None is not supported")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size}")
 
         self.dataset = dataset
         self._sampler = sampler  # the one the engine follows (torch's `sampler` may differ)
@@ -528,9 +525,6 @@ class DataLoader:
         if batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size}")
         auto_collation = batch_sampler is not None or batch_size is not None
         collate = collate_fn if collate_fn is not None else _batches.default_collate(
             auto_collation)
@@ -592,9 +586,6 @@ class DataLoader:
         if batch_size is None and drop_last:
             raise ValueError("batch_size=None option disables auto-batching and is mutually "
                              "exclusive with drop_last")
-        if batch_size is not None and int(batch_size) < 1:
-            raise ValueError(f"batch_size should be a positive integer value, but got "
-                             f"batch_size={batch_size}")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
         if worker_type not in ("auto", "thread", "process"):
