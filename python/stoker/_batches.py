@@ -207,6 +207,11 @@ class StreamJobs:
             raise StopIteration
         return self.collate_fn(samples)
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether the pass over the stream has ended (maybe while making the last batch)."""
+        return self._ended
+
     def state(self):
         return self.dataset.state_dict() if hasattr(self.dataset, "state_dict") else None
 
@@ -362,7 +367,7 @@ class StreamEpoch:
                     return
                 continue
             if not self._put(w, (batch, jobs.state() if self._want_state else None,
-                                 jobs._ended)):
+                                 jobs.exhausted)):
                 return
 
     def _ask_process(self, w: int, pool, epoch: int, args: bytes) -> None:
@@ -401,7 +406,7 @@ class StreamEpoch:
                 return EPOCH_END
             if self._want_state:
                 self.states[0] = self._inline.state()
-            self.last[0] = self._inline._ended
+            self.last[0] = self._inline.exhausted
             return self._finish(batch)
         while not all(self.ended):
             w = self.cursor
