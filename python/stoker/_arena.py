@@ -200,12 +200,15 @@ def _mapping(pid: int, fd: int, inode: int, nbytes: int) -> mmap.mmap:
     known = arenas.get(fd)
     if known is not None and known[0] == inode and len(known[1]) == nbytes:
         return known[1]
-    path = f"/proc/{pid}/fd/{fd}"
-    local = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    gone = OSError(errno.ESRCH, f"stoker: worker process {pid} no longer holds the shared "
+                                f"memory of its reply")
+    try:
+        local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:  # the worker died after it replied (its descriptors went)
+        raise gone from None
     if os.fstat(local).st_ino != inode:  # not the reply's arena: its worker is gone
         os.close(local)
-        raise OSError(errno.ESRCH, f"stoker: worker process {pid} no longer holds the "
-                                   f"shared memory of its reply")
+        raise gone
     try:
         mm = mmap.mmap(local, nbytes)
     finally:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import errno
 import itertools
 import pickle
 import queue
@@ -385,6 +386,10 @@ class StreamEpoch:
                 items = ([_Failure(_workers.rebuild_error(errors[0][1], _where(w, pid)))]
                          if failed else [_from_worker(item, w, pid)
                                          for item in _arena.loads(objects[0], pid)])
+            except OSError as e:
+                if e.errno == errno.ESRCH:  # it died after replying: its next call says how
+                    continue
+                items = [_Failure(e)]
             except Exception as e:  # a reply that does not unpickle here
                 items = [_Failure(e)]
             for item in items:

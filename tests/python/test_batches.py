@@ -4,6 +4,7 @@ and the helpers that split a stream by rank and by worker. Side-by-side checks a
 loader are in test_compat.py."""
 
 import collections
+import errno
 import gc
 import multiprocessing
 import os
@@ -117,6 +118,9 @@ def test_an_arena_is_mapped_once_and_found_by_the_inode_its_reply_carries():
     finally:
         os.close(stranger)
         os.close(fd)
+    with pytest.raises(OSError, match="no longer holds") as info:  # the fd is gone, too
+        _arena.loads(blob, pid)
+    assert info.value.errno == errno.ESRCH
 
 
 def test_every_dtype_and_shape_comes_back_from_an_arena_as_it_went_in():
