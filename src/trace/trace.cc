@@ -322,8 +322,8 @@ void Tracer::stop() {
     dropped += std::erase_if(t.events, [&](const TraceEvent& e) { return key(e) < whole_from; });
     total += t.events.size();
   }
-  // Then the newest max_events of those: all later than the nth newest time, and as many at
-  // that time as fit.
+  // Then the newest max_events of those: all later than the nth newest time, and those at
+  // that time if they all fit.
   if (total > max_events) {
     std::vector<std::int64_t> keys;
     keys.reserve(total);
@@ -333,21 +333,15 @@ void Tracer::stop() {
     const auto nth = keys.end() - static_cast<std::ptrdiff_t>(max_events);
     std::nth_element(keys.begin(), nth, keys.end());
     const std::int64_t cut = *nth;
-    std::size_t room = max_events - static_cast<std::size_t>(std::count_if(
-                                        keys.begin(), keys.end(), [&](auto k) { return k > cut; }));
-    bool tie_dropped = false;
+    // The events at that time are kept only if all of them fit: the trace then says it is
+    // whole from `cut` on, and no event kept is older than what it says.
+    const auto newer = std::count_if(keys.begin(), keys.end(), [&](auto k) { return k > cut; });
+    const auto ties = std::count(keys.begin(), keys.end(), cut);
+    const bool keep_ties = static_cast<std::size_t>(newer + ties) <= max_events;
+    whole_from = keep_ties ? cut : cut + 1;
     for (Track& t : tracks) {
-      dropped += std::erase_if(t.events, [&](const TraceEvent& e) {
-        if (key(e) > cut) return false;
-        if (key(e) == cut && room > 0) {
-          --room;
-          return false;
-        }
-        tie_dropped = tie_dropped || key(e) == cut;
-        return true;
-      });
+      dropped += std::erase_if(t.events, [&](const TraceEvent& e) { return key(e) < whole_from; });
     }
-    whole_from = cut + (tie_dropped ? 1 : 0);
   }
 
   nlohmann::json metadata = {
