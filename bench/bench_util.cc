@@ -1,5 +1,7 @@
 #include "bench_util.h"
 
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <filesystem>
+#include <optional>
 
 #include "interrupt.h"
 
@@ -65,8 +68,21 @@ int run_command(const std::string& command, std::string& out) {
     return -1;
   }
   tools::set_interrupt_group(pid);
+  // Reads until the command closes its output. Once Ctrl-C came (passed on to the command's
+  // group by the handler, whichever thread it ran on), the command has kGrace to end; a
+  // command that does not (a KeyboardInterrupt swallowed by some library's bare except) is
+  // killed with its group, so that the tool never waits on it and leaves nothing running.
+  constexpr auto kGrace = std::chrono::seconds(3);
+  std::optional<Clock::time_point> stop_by;
   char buf[4096];
   for (;;) {
+    if (!stop_by && tools::interrupted()) stop_by = Clock::now() + kGrace;
+    if (stop_by && Clock::now() >= *stop_by) {
+      kill(-pid, SIGKILL);
+      break;
+    }
+    pollfd readable{fds[0], POLLIN, 0};
+    if (poll(&readable, 1, 100) <= 0) continue;  // a timeout or EINTR: look at the flag again
     const ssize_t n = read(fds[0], buf, sizeof buf);
     if (n > 0) {
       out.append(buf, static_cast<std::size_t>(n));
@@ -75,6 +91,9 @@ int run_command(const std::string& command, std::string& out) {
     }
   }
   close(fds[0]);
+  // Interrupted, nothing of the group outlives us (the shell may end before what it started);
+  // killed before the shell is reaped, while its pid still names the group.
+  if (tools::interrupted()) kill(-pid, SIGKILL);
   int status = 0;
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

@@ -48,6 +48,12 @@ echo "== remote workers on a local Ray cluster of two nodes (pytest; ray in .ven
 echo "== Ctrl-C on the command line and in stoker.pack (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/cli
 
+echo "== Ctrl-C and shutdown again, with two busy processes beside them and SIGINT ignored"
+# As a loaded CI runner or a job script runs the suite (scripts/loaded.sh).
+STOKER_BIN=build/stoker bash scripts/loaded.sh .venv-test/bin/python -m pytest -q \
+  -p no:cacheprovider tests/cli/test_interrupt.py tests/python/test_interrupts.py \
+  tests/python/test_workers.py -k "interrupt or ctrl_c or close or gc or killed or exit"
+
 echo "== the wheel in a fresh virtual environment (binary packages only: nothing compiled) and"
 echo "   the Python tests there (DDP under torchrun included)"
 rm -rf build-py/fresh-venv

@@ -28,8 +28,14 @@ void install_interrupt_handler() {
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = 0;  // no SA_RESTART: a blocking read returns, and the loop looks at the flag
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  for (const int signal : {SIGINT, SIGTERM}) {
+    // A signal ignored when the program started stays ignored, as the shell's own tools and
+    // Python leave it: a script runs background commands with SIGINT ignored so that Ctrl-C
+    // at the terminal stops only the foreground one.
+    struct sigaction inherited {};
+    if (sigaction(signal, nullptr, &inherited) == 0 && inherited.sa_handler == SIG_IGN) continue;
+    sigaction(signal, &action, nullptr);
+  }
 }
 
 bool interrupted() noexcept { return g_signal.load(std::memory_order_relaxed) != 0; }

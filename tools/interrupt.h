@@ -2,7 +2,8 @@
 // it is passed on to the child processes the command waits for (a baseline script), and the
 // command's loops check interrupted() between units of work and throw Interrupted, so loaders
 // stop and temporary output is removed while the stack unwinds. A second one ends the process
-// at once, as if no handler were installed.
+// at once, as if no handler were installed. A signal the program inherited as ignored stays
+// ignored.
 #pragma once
 
 #include <sys/types.h>

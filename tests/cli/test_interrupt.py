@@ -2,9 +2,16 @@
 promptly on SIGINT, exit with status 130, pass the signal on to the baseline script they wait
 for, and leave no partial output (no half-written pack, no temporary files, no processes).
 
+Every command is started with SIGINT at its default disposition, whatever this process
+inherited (a script starts background commands with SIGINT ignored, and a command started so
+keeps ignoring it, as tested here too), and is signalled once it is known to be where the test
+means: its handler installed, or stopped (SIGSTOP) mid-way through its work, so that nothing
+depends on the work being slow enough to be caught.
+
 Calls the built binary: STOKER_BIN (default build/stoker in the repository)."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,54 +47,142 @@ def wait_until(condition, what, limit=60):
         time.sleep(0.02)
 
 
-def interrupt(proc):
-    """SIGINT to `proc`; returns (exit status, seconds it took to end)."""
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+def default_sigint():
+    """Popen's preexec_fn: the command starts with SIGINT at its default disposition."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def start(args, **kwargs):
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=default_sigint, **kwargs)
+
+
+def read(path):
+    """The text of a /proc file, or "" once the process is gone."""
     try:
-        proc.wait(timeout=STOP_LIMIT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"still running {STOP_LIMIT_S} s after SIGINT")
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def catches_sigint(pid):
+    """Whether `pid` has a SIGINT handler installed (SigCgt in /proc/PID/status)."""
+    status = read(f"/proc/{pid}/status")
+    if not status:
+        return False
+    caught = int(status.split("SigCgt:")[1].split()[0], 16)
+    return bool(caught & (1 << (signal.SIGINT - 1)))
+
+
+def interrupt(proc, sig=signal.SIGINT):
+    """`sig` to `proc`; returns (exit status, seconds it took to end)."""
+    sent = time.monotonic()
+    proc.send_signal(sig)
+    wait_or_kill(proc, sig)
     return proc.returncode, time.monotonic() - sent
 
 
-def test_pack_interrupted_leaves_nothing(tmp_path):
-    # pack copies bytes without decoding them: large random files named .jpg make it slow
-    # enough (one shard per file, each synced) to be caught mid-way.
-    src = tmp_path / "images" / "a"
+def wait_or_kill(proc, sig):
+    try:
+        proc.wait(timeout=STOP_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        tree = "\n".join(f"  {k}: {read(f'/proc/{k}/cmdline')!r} "
+                         f"{read(f'/proc/{k}/stat').split(') ')[-1][:1]!r}"
+                         for k in [proc.pid] + children(proc.pid))
+        proc.kill()
+        raise AssertionError(f"still running {STOP_LIMIT_S} s after signal {sig}; "
+                             f"processes:\n{tree}")
+
+
+def stop_mid_way(proc, started):
+    """Waits until `started()` (the command has begun its work), then stops the command
+    (SIGSTOP). True if it is stopped mid-way; False if it finished first (too little work)."""
+    wait_until(lambda: started() or proc.poll() is not None, "the command to start its work")
+    proc.send_signal(signal.SIGSTOP)
+    stat = Path(f"/proc/{proc.pid}/stat")
+    wait_until(lambda: proc.poll() is not None or stat.read_text().split(") ")[1][0] == "T",
+               "the command to stop")
+    return proc.poll() is None
+
+
+def interrupt_mid_way(make, sig=signal.SIGINT):
+    """Runs `make(scale)` -> (proc, started), stops the command mid-way and sends it `sig`,
+    with twice the work each time the command finished before it could be stopped. Returns
+    (proc, exit status, seconds it took to end after the signal)."""
+    for scale in (1, 2, 4, 8):
+        proc, started = make(scale)
+        if stop_mid_way(proc, started):
+            proc.send_signal(sig)  # pending until the command runs again
+            sent = time.monotonic()
+            proc.send_signal(signal.SIGCONT)
+            wait_or_kill(proc, sig)
+            return proc, proc.returncode, time.monotonic() - sent
+    raise AssertionError("the command always finished before it could be stopped")
+
+
+def random_images(root, files, size):
+    src = root / "a"
+    shutil.rmtree(root, ignore_errors=True)
     src.mkdir(parents=True)
-    rng = os.urandom
-    for i in range(24):
-        (src / f"{i:03}.jpg").write_bytes(rng(4 << 20))
+    for i in range(files):
+        (src / f"{i:04}.jpg").write_bytes(os.urandom(size))
+
+
+def test_pack_interrupted_leaves_nothing(tmp_path):
+    # pack copies bytes without decoding them: random files named .jpg, one shard per file.
     out = tmp_path / "out"
-    out.mkdir()
-    dest = out / "packed"
-    proc = subprocess.Popen([STOKER, "pack", str(tmp_path / "images"), str(dest), "--shard-mb",
-                             "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_until(lambda: any(out.iterdir()) or proc.poll() is not None, "pack to start writing")
-    rc, took = interrupt(proc)
+
+    def make(scale):
+        random_images(tmp_path / "images", 24 * scale, 1 << 20)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        proc = start([STOKER, "pack", str(tmp_path / "images"), str(out / "packed"),
+                      "--shard-mb", "1"])
+        return proc, lambda: any(out.iterdir())
+
+    proc, rc, took = interrupt_mid_way(make)
     print(f"pack ended {took:.3f} s after SIGINT")
-    assert rc == 130, proc.stderr.read().decode()
-    assert b"interrupted" in proc.stderr.read()
+    err = proc.stderr.read().decode()
+    assert rc == 130, err
+    assert "interrupted" in err
     assert list(out.iterdir()) == []  # neither dest nor the temporary directory beside it
 
 
-def test_python_pack_interrupted_raises_keyboard_interrupt_and_leaves_nothing(tmp_path):
-    src = tmp_path / "images" / "a"
-    src.mkdir(parents=True)
-    for i in range(400):
-        (src / f"{i:03}.jpg").write_bytes(os.urandom(256 << 10))
+def test_pack_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    code = ("import sys, stoker\n"
+
+    def make(scale):
+        random_images(tmp_path / "images", 24 * scale, 1 << 20)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        proc = subprocess.Popen([STOKER, "pack", str(tmp_path / "images"), str(out / "packed"),
+                                 "--shard-mb", "1"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        return proc, lambda: any(out.iterdir())
+
+    proc, rc, _ = interrupt_mid_way(make)
+    assert rc == 0, proc.stderr.read().decode()  # the pack completed
+    assert [p.name for p in out.iterdir()] == ["packed"]
+
+
+def test_python_pack_interrupted_raises_keyboard_interrupt_and_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    code = ("import signal, sys\n"
+            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "import stoker\n"
             "try:\n"
             f"    stoker.pack({str(tmp_path / 'images')!r}, {str(out / 'packed')!r}, 1 << 20)\n"
             "except KeyboardInterrupt:\n"
             "    sys.exit(42)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
-    wait_until(lambda: any(out.iterdir()) or proc.poll() is not None, "pack to start writing")
-    rc, took = interrupt(proc)
+
+    def make(scale):
+        random_images(tmp_path / "images", 400 * scale, 256 << 10)
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        return start([sys.executable, "-c", code]), lambda: any(out.iterdir())
+
+    proc, rc, took = interrupt_mid_way(make)
     print(f"stoker.pack ended {took:.3f} s after SIGINT")
     assert rc == 42, proc.stderr.read().decode()
     assert list(out.iterdir()) == []
@@ -111,22 +206,25 @@ def test_bench_interrupted_stops_itself_and_its_baseline(tmp_path):
         pytest.skip("the PyTorch baseline needs torch")
     env = dict(os.environ, TMPDIR=str(tmp_path))
     # heavy: long epochs on the stoker side first, then the PyTorch baseline as a child.
-    proc = subprocess.Popen([STOKER, "bench", "-w", "heavy", "--epochs", "200", "--python",
-                             sys.executable], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
-    time.sleep(1.0)  # mid-run on the stoker side
+    proc = start([STOKER, "bench", "-w", "heavy", "--epochs", "200", "--python", sys.executable],
+                 env=env)
+    wait_until(lambda: catches_sigint(proc.pid) or proc.poll() is not None,
+               "bench to install its handler")
     rc, took = interrupt(proc)
     print(f"bench (stoker side) ended {took:.3f} s after SIGINT")
     assert rc == 130, proc.stderr.read().decode()
 
-    proc = subprocess.Popen([STOKER, "bench", "-w", "tiny", "--epochs", "100", "--python",
-                             sys.executable], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env)
-    wait_until(lambda: any("torch_dataloader" in Path(f"/proc/{k}/cmdline").read_text()
-                           for k in children(proc.pid) if Path(f"/proc/{k}").exists())
-               or proc.poll() is not None, "the baseline script to start")
+    proc = start([STOKER, "bench", "-w", "tiny", "--epochs", "100", "--python", sys.executable],
+                 env=env)
+
+    def baseline_running():
+        return [k for k in children(proc.pid) if catches_sigint(k) and "torch_dataloader" in
+                read(f"/proc/{k}/cmdline")]
+
+    # The baseline script's own Ctrl-C handler installed: it is a running Python.
+    wait_until(lambda: baseline_running() or proc.poll() is not None,
+               "the baseline script to start")
     baseline = children(proc.pid)
-    time.sleep(0.5)  # torch imported, its loop running
     rc, took = interrupt(proc)
     print(f"bench (baseline running) ended {took:.3f} s after SIGINT")
     assert rc == 130, proc.stderr.read().decode()

@@ -245,28 +245,6 @@ def test_close_and_gc_mid_epoch_leave_no_process_and_no_memfd(how):
             os.waitpid(pid, os.WNOHANG)
 
 
-def test_ctrl_c_stops_a_loop_over_processes_promptly(tmp_path):
-    script = textwrap.dedent(f"""
-        import os, signal, sys, threading
-        sys.path.insert(0, {str(HERE)!r})
-        import stoker, worker_datasets as wd
-        loader = stoker.DataLoader(wd.Slow(100000, 0.05), batch_size=4, num_workers=2,
-                                   worker_type="process")
-        print(*loader.stats()["worker_pids"], flush=True)
-        threading.Timer(0.5, os.kill, args=(os.getpid(), signal.SIGINT)).start()
-        try:
-            for batch in loader:
-                pass
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=60)
-    lines = result.stdout.split("\n")
-    assert "interrupted" in lines, result.stderr
-    assert not any(alive(int(p)) for p in lines[0].split())
-
-
 def test_a_stuck_worker_is_the_timeouts_business_and_close_still_stops_it():
     loader = stoker.DataLoader(wd.Stuck(), batch_size=4, num_workers=2, worker_type="process",
                                timeout=0.3)
