@@ -434,7 +434,7 @@ int run_jpeg(const BenchOptions& o, const JpegBenchOptions& j) {
                    r.first_epoch_images_per_s, r.wait_pct, r.images_per_s / bare2);
       };
       row("stoker, image folder", from_folder);
-      row("stoker, record shards (mmap)", from_records);
+      row("stoker, record shards (pread)", from_records);
       row("stoker, RAM cache", from_cache);
       std::string reads;
       for (std::size_t e = 0; e < from_cache.storage_reads.size(); ++e) {

@@ -289,5 +289,48 @@ TEST(CorruptCorpus, ARecordWithABadChecksumIsNamedAndSkipped) {
   EXPECT_EQ(named, bad);
 }
 
+// A shard truncated (a copy that is overwritten, a disk that fills) or rewritten while a loader
+// has it open: the records it no longer holds are errors naming shard and record, skipped with
+// on_error=skip; the rest are read. Mapped, the process would die of SIGBUS.
+TEST(CorruptCorpus, AShardTruncatedWhileOpenIsAnErrorNotSigbus) {
+  TempDir dir;
+  Shard s = pack_good_images(dir, 10);
+  ImageDatasetOptions io;
+  io.source = open_records((dir.path() / "packed").string());
+  io.transform = ImageTransform::val(40, 32);
+  const auto& cut = s.entries[6];
+  fs::resize_file(s.path, cut.offset + cut.length / 2);  // records 6.. are gone or cut short
+
+  LoaderOptions o;
+  o.dataset = std::make_shared<ImageDataset>(io);
+  o.batch_size = 3;
+  o.workers = 2;
+  o.on_error = ErrorPolicy::skip;
+  Loader loader(o);
+  std::size_t rows = 0;
+  std::set<std::size_t> named;
+  while (auto b = loader.next()) {
+    rows += b->size();
+    for (const auto& sk : b->skipped()) {
+      named.insert(sk.index);
+      EXPECT_NE(sk.reason.find("part-00000.stkr record " + std::to_string(sk.index)),
+                std::string::npos)
+          << sk.reason;
+      EXPECT_NE(sk.reason.find("truncated while open"), std::string::npos) << sk.reason;
+    }
+  }
+  EXPECT_EQ(rows, 10u);  // the epoch completes
+  EXPECT_EQ(named, (std::set<std::size_t>{6, 7, 8, 9}));
+
+  // Rewritten in place (same size, other bytes): the records' checksums tell.
+  TempDir other;
+  Shard t = pack_good_images(other, 4);
+  auto source = open_records(t.path.string());
+  for (auto& byte : t.bytes) byte ^= std::byte{0xFF};
+  testing::write_file(t.path, t.bytes);
+  EncodedBytes out;
+  EXPECT_THROW(source->read(1, out), std::runtime_error);
+}
+
 }  // namespace
 }  // namespace stoker

@@ -13,8 +13,8 @@
 
 namespace stoker {
 
-// The encoded bytes of one sample: either a view into memory the source keeps mapped (record
-// shards, the RAM cache), or bytes read into `storage`, which the caller reuses from one read
+// The encoded bytes of one sample: either a view into memory the source keeps (the RAM
+// cache), or bytes read into `storage` (files, record shards), which the caller reuses from one read
 // to the next so that steady-state reads allocate nothing.
 struct EncodedBytes {
   std::span<const std::byte> bytes;
@@ -55,11 +55,12 @@ class EncodedSource {
 // folder or no image.
 std::shared_ptr<EncodedSource> open_image_folder(const std::string& root);
 
-// Packed record shards written by `stoker pack` (format: docs/record_format.md), memory-mapped.
-// `path` is one shard file or a directory of them (every *.stkr file, in name order). Throws
-// std::runtime_error naming the file and the reason for a missing, truncated or corrupt shard
-// (bad magic, version, header or index checksum, records outside the file). Each record's
-// checksum is verified on every read(): a corrupt record throws, naming shard and record.
+// Packed record shards written by `stoker pack` (format: docs/record_format.md), read with
+// pread (not mapped). `path` is one shard file or a directory of them (every *.stkr file, in
+// name order). Throws std::runtime_error naming the file and the reason for a missing,
+// truncated or corrupt shard (bad magic, version, header or index checksum, records outside
+// the file). Each record's checksum is verified on every read(): a corrupt record, or one that
+// a shard truncated or rewritten while open no longer holds, throws, naming shard and record.
 std::shared_ptr<EncodedSource> open_records(const std::string& path);
 
 struct PackOptions {

@@ -1,7 +1,6 @@
-// Record shards (docs/record_format.md): the writer behind `stoker pack` and the memory-mapped
-// reader.
+// Record shards (docs/record_format.md): the writer behind `stoker pack` and the reader, which
+// reads with pread (never a mapping: a shard truncated under it is an error, not SIGBUS).
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -41,45 +40,62 @@ std::uint64_t header_checksum(const Header& h) {
 
 // ---------------------------------------------------------------------------- reading
 
-class Mapping {
+// A shard read with pread, never mapped: a shard truncated or rewritten while a loader has it
+// open is an error naming the file (a mapping would take the process down with SIGBUS).
+class ShardFile {
  public:
-  explicit Mapping(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) detail::throw_errno(path, "cannot open");
+  explicit ShardFile(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) detail::throw_errno(path, "cannot open");
     struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      ::close(fd);
+    if (::fstat(fd_, &st) != 0) {
+      ::close(fd_);
       detail::throw_errno(path, "cannot stat");
     }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        ::close(fd);
-        detail::throw_errno(path, "cannot map");
-      }
-      data_ = static_cast<const std::byte*>(p);
-    }
-    ::close(fd);
+    size_ = static_cast<std::uint64_t>(st.st_size);
   }
-  ~Mapping() {
-    if (data_) ::munmap(const_cast<std::byte*>(data_), size_);
-  }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
+  ~ShardFile() { ::close(fd_); }
+  ShardFile(const ShardFile&) = delete;
+  ShardFile& operator=(const ShardFile&) = delete;
 
-  const std::byte* data() const { return data_; }
-  std::size_t size() const { return size_; }
+  // Reads up to `n` bytes at `offset` into `dst`; returns how many the file still holds there
+  // (fewer once it was truncated). Throws std::runtime_error naming the file on an I/O error.
+  std::size_t read_at(std::uint64_t offset, std::size_t n, std::byte* dst) const {
+    std::size_t done = 0;
+    while (done < n) {
+      const ssize_t got = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        detail::throw_errno(path_, "cannot read");
+      }
+      if (got == 0) break;
+      done += static_cast<std::size_t>(got);
+    }
+    return done;
+  }
+  // read_at, all `n` bytes or an error naming `what` (built only then).
+  template <typename What>
+  void read_exactly(std::uint64_t offset, std::size_t n, std::byte* dst, What what) const {
+    if (const std::size_t got = read_at(offset, n, dst); got < n) {
+      throw std::runtime_error(what() + ": the shard was truncated while open (it ends at " +
+                               std::to_string(offset + got) + " bytes, " + std::to_string(n) +
+                               " bytes were to be read at " + std::to_string(offset) + ")");
+    }
+  }
+
+  std::uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // The shard's index (class list, entries, names), read once when the shard is opened.
+  std::vector<std::byte> index;
 
  private:
   std::string path_;
-  const std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
 };
 
 struct Record {
-  const std::byte* data;
+  std::uint64_t offset;  // in its shard
   std::uint64_t length;
   std::int64_t label;
   std::uint64_t checksum;
@@ -123,10 +139,13 @@ class RecordSource final : public EncodedSource {
 
   void read(std::size_t index, EncodedBytes& out) const override {
     const Record& r = records_.at(index);
-    if (checksum(r.data, r.length) != r.checksum) {
+    out.storage.resize(r.length);  // its capacity reused from read to read
+    shards_[r.shard]->read_exactly(r.offset, r.length, out.storage.data(),
+                                   [&] { return name(index); });
+    if (checksum(out.storage.data(), r.length) != r.checksum) {
       throw std::runtime_error(name(index) + ": checksum mismatch (corrupt record)");
     }
-    out.bytes = {r.data, r.length};
+    out.bytes = {out.storage.data(), r.length};
     storage_reads_.add(r.length);
   }
 
@@ -180,14 +199,13 @@ class RecordSource final : public EncodedSource {
   }
 
   std::pair<std::uint32_t, std::uint32_t> add_shard(const std::string& path) {
-    auto map = std::make_unique<Mapping>(path);
-    const std::byte* base = map->data();
-    const std::size_t size = map->size();
+    auto file = std::make_unique<ShardFile>(path);
+    const std::uint64_t size = file->size();
     if (size < records::kHeaderBytes) {
       corrupt(path, "truncated (" + std::to_string(size) + " bytes, no complete header)");
     }
     Header h;
-    std::memcpy(&h, base, sizeof h);
+    file->read_exactly(0, sizeof h, reinterpret_cast<std::byte*>(&h), [&] { return path; });
     if (std::memcmp(h.magic, records::kMagic, sizeof h.magic) != 0) {
       throw std::runtime_error(path + ": not a stoker record shard (bad magic)");
     }
@@ -202,7 +220,9 @@ class RecordSource final : public EncodedSource {
       corrupt(path, "truncated (" + std::to_string(size) + " bytes, the index ends at " +
                         std::to_string(h.index_offset + h.index_bytes) + ")");
     }
-    const std::byte* index = base + h.index_offset;
+    file->index.resize(h.index_bytes);
+    file->read_exactly(h.index_offset, h.index_bytes, file->index.data(), [&] { return path; });
+    const std::byte* index = file->index.data();
     if (checksum(index, h.index_bytes) != h.index_checksum) {
       corrupt(path, "index checksum mismatch");
     }
@@ -243,15 +263,15 @@ class RecordSource final : public EncodedSource {
       if (e.name_offset > names_bytes || e.name_length > names_bytes - e.name_offset) {
         corrupt(path, "record " + std::to_string(i) + " has a bad name");
       }
-      records_.push_back({base + e.offset, e.length, e.label, e.checksum, shard,
+      records_.push_back({e.offset, e.length, e.label, e.checksum, shard,
                           static_cast<std::uint32_t>(i),
                           std::string_view(names + e.name_offset, e.name_length)});
     }
-    shards_.push_back(std::move(map));
+    shards_.push_back(std::move(file));
     return {h.shard, h.shards};
   }
 
-  std::vector<std::unique_ptr<Mapping>> shards_;
+  std::vector<std::unique_ptr<ShardFile>> shards_;
   std::vector<Record> records_;
   std::vector<std::string> classes_;
   mutable detail::StorageReads storage_reads_;
