@@ -210,8 +210,10 @@ PYBIND11_MODULE(_stoker, m) {
   // Worker processes (py_workers.h): the parent's pool and the worker's writer.
   py::object worker_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
       "stoker.WorkerError",
-      "A DataLoader worker process died (killed, crashed, exited) while reading samples; the "
-      "message names its pid, the signal or exit code, and the samples lost. `pid` is set.",
+      "A DataLoader worker process died (killed, crashed, exited) reading samples that had "
+      "already killed the worker before it (a worker that dies once is replaced and its "
+      "samples read again); the message names its pid, the signal or exit code, and the "
+      "samples lost. `pid` is set.",
       sample_error.ptr(), nullptr));
   m.attr("WorkerError") = worker_error;
   set_worker_error_type(worker_error);
@@ -220,6 +222,7 @@ PYBIND11_MODULE(_stoker, m) {
            py::arg("decode"), py::arg("reap"), py::arg("workers"))
       .def("start", &ProcessPool::start)
       .def("pids", &ProcessPool::pids)
+      .def("deaths", &ProcessPool::deaths, py::call_guard<py::gil_scoped_release>())
       .def("finish", &ProcessPool::finish)
       .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
       .def("stop", &ProcessPool::stop)

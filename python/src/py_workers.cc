@@ -18,6 +18,7 @@
 #include "memory/shared_memory.h"
 #include "py_dataset.h"
 #include "trace/trace.h"
+#include "util/log.h"
 #include "util/schedstat.h"
 
 namespace stoker::python {
@@ -509,46 +510,106 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     offsets.push_back(static_cast<std::uint64_t>(first.bytes(f).data() - region->base));
   }
   std::vector<std::uint8_t> job = encode_job(region->id, offsets, indices, outs, args, traced);
+  const char* items = owner.has_job_args() ? "batches" : "samples";
 
-  Link* link = nullptr;
+  // A worker that dies mid-chunk (the OOM killer, a crash in native code) is replaced and the
+  // chunk read again by the new one: the epoch goes on with every sample once. A chunk that
+  // kills its worker twice is read again row by row, so that only the rows that kill a worker
+  // by themselves fail, each with a WorkerDiedError naming worker, signal and sample (the
+  // skip policy replaces just those). A batch job (collate_fn) is one row already.
+  std::optional<Reply> reply;
+  std::exception_ptr lost;  // the last death's WorkerDiedError
   try {
-    link = lease();
+    reply = attempt(*region, job, indices, traced, items, /*again=*/true, lost);
+    if (!reply) {
+      reply = attempt(*region, job, indices, traced, items, /*again=*/indices.size() > 1, lost);
+    }
   } catch (...) {
     fail_all(std::current_exception());
     return;
   }
+  if (reply) {
+    take_reply(owner, indices, outs, errors, *reply);
+    return;
+  }
+  if (indices.size() == 1) {
+    errors[0] = lost;
+    return;
+  }
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    std::vector<std::uint64_t> row_offsets;
+    for (std::size_t f = 0; f < first.num_fields(); ++f) {
+      row_offsets.push_back(static_cast<std::uint64_t>(outs[k].bytes(f).data() - region->base));
+    }
+    try {
+      const auto row = attempt(*region,
+                               encode_job(region->id, row_offsets, indices.subspan(k, 1),
+                                          outs.subspan(k, 1), args, traced),
+                               indices.subspan(k, 1), traced, items, /*again=*/false, lost);
+      if (row) {
+        take_reply(owner, indices.subspan(k, 1), outs.subspan(k, 1), errors.subspan(k, 1), *row);
+      } else {
+        errors[k] = lost;
+      }
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  }
+}
+
+std::optional<ProcessPool::Reply> ProcessPool::attempt(const detail::SharedRegion& region,
+                                                       std::vector<std::uint8_t> job,
+                                                       std::span<const std::size_t> indices,
+                                                       bool traced, const char* items, bool again,
+                                                       std::exception_ptr& lost) {
+  Link* link = lease();
+  Reply reply;
   const std::uint64_t job_id = link->next_job++;
   std::memcpy(job.data(), &job_id, sizeof job_id);
-  std::vector<std::uint8_t> status;
-  std::vector<std::int64_t> times;
-  std::vector<std::uint8_t> blob;
   const std::int64_t sent = traced ? detail::Tracer::now_ns() : 0;
-  const bool ok = exchange(*link, job, region->id, region->fd, region->size, status, times, blob) &&
-                  status.size() == indices.size();
-  const pid_t pid = link->pid;
-  if (traced) {
+  const bool ok = exchange(*link, job, region.id, region.fd, region.size, reply.status, reply.times,
+                           reply.blob) &&
+                  reply.status.size() == indices.size();
+  reply.pid = link->pid;
+  reply.worker_id = link->id;
+  if (detail::Tracer* tracer = detail::Tracer::current(); traced && tracer != nullptr) {
     // On the worker process's own track: the job, from sending it to its reply, and each row
     // as the worker timed it (steady_clock is CLOCK_MONOTONIC, one clock for both processes).
     tracer->record({.start_ns = sent,
                     .end_ns = detail::Tracer::now_ns(),
                     .a = indices.size(),
                     .b = indices.front(),
-                    .process = pid,
+                    .process = reply.pid,
                     .name = detail::TraceName::job});
-    for (std::size_t k = 0; ok && 2 * k + 1 < times.size(); ++k) {
-      tracer->record({.start_ns = times[2 * k],
-                      .end_ns = times[2 * k + 1],
+    for (std::size_t k = 0; ok && 2 * k + 1 < reply.times.size(); ++k) {
+      tracer->record({.start_ns = reply.times[2 * k],
+                      .end_ns = reply.times[2 * k + 1],
                       .a = indices[k],
-                      .process = pid,
+                      .process = reply.pid,
                       .name = detail::TraceName::read});
     }
   }
-  const std::size_t worker_id = link->id;
-  if (!ok) {
-    fail_lost(link, indices, errors, owner.has_job_args() ? "batches" : "samples");
-    return;
+  if (ok) {
+    give_back(link, false);
+    return reply;
   }
-  give_back(link, false);
+  fail_lost(link, indices, {&lost, 1}, items);
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_) std::rethrow_exception(lost);
+    ++deaths_;
+  }
+  if (again) {
+    detail::log(LogLevel::warning, death_message(reply.pid) + " reading " + items + " " +
+                                       rows_text(indices) + "; a new worker reads them again");
+  }
+  return std::nullopt;
+}
+
+void ProcessPool::take_reply(const PyDataset& owner, std::span<const std::size_t> indices,
+                             std::span<const SampleOut> outs, std::span<std::exception_ptr> errors,
+                             const Reply& reply) {
+  const auto& [status, times, blob, pid, worker_id] = reply;
   if (blob.empty()) {
     for (std::size_t k = 0; k < indices.size(); ++k) {
       if (status[k] != 0) {

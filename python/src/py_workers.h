@@ -68,6 +68,7 @@
 #include <string>
 #include <vector>
 
+#include "memory/shared_memory.h"
 #include "py_layout.h"
 #include "stoker/dataset.h"
 
@@ -120,7 +121,9 @@ class ProcessPool {
   // failure, kept in `owner`'s table, or a WorkerDiedError. No GIL on entry.
   py::object probe(const PyDataset& owner, std::size_t index, std::uint64_t seed);
   // Reads one chunk in one worker (see Dataset::read_rows). Object values and errors go to
-  // `owner`'s tables; a dead worker fails every row it was sent.
+  // `owner`'s tables. A worker that dies is replaced and the chunk read again; a chunk that
+  // kills two workers is read row by row, and the rows that kill a worker fail with a
+  // WorkerDiedError.
   void run(const PyDataset& owner, std::span<const std::size_t> indices,
            std::span<const SampleOut> outs, std::span<std::exception_ptr> errors);
   // Sends worker `worker_id` a call (a job with no fields: `index`, and `args` as the job's
@@ -141,6 +144,11 @@ class ProcessPool {
 
   std::size_t size() const { return workers_; }
   py::list pids();
+  // Workers that died while reading (each replaced by a new one). Any thread, no GIL.
+  std::size_t deaths() {
+    std::lock_guard lock(mu_);
+    return deaths_;
+  }
 
   // Every socket fd the pools of this process hold: a forked worker closes the ones it
   // inherited, so that only the parent holds the parent's ends (EOF then means the parent
@@ -163,6 +171,25 @@ class ProcessPool {
     std::int64_t timed_delay_ns = 0;
   };
 
+  // A worker's reply to a job.
+  struct Reply {
+    std::vector<std::uint8_t> status;  // per row: 0 read, else failed
+    std::vector<std::int64_t> times;   // (start, end) per row, if the job asked for them
+    std::vector<std::uint8_t> blob;
+    pid_t pid = 0;
+    std::size_t worker_id = 0;
+  };
+  // Sends `job` (for `indices`, rows in `region`) to a leased worker and returns its reply; if
+  // the worker died, sets `lost` to the WorkerDiedError naming it and the rows, counts the
+  // death, logs it when the rows are to be read `again`, and returns nothing. Throws if the
+  // pool is closing.
+  std::optional<Reply> attempt(const detail::SharedRegion& region, std::vector<std::uint8_t> job,
+                               std::span<const std::size_t> indices, bool traced, const char* items,
+                               bool again, std::exception_ptr& lost);
+  // A reply's rows: object values and errors into `owner`'s tables and `errors`.
+  void take_reply(const PyDataset& owner, std::span<const std::size_t> indices,
+                  std::span<const SampleOut> outs, std::span<std::exception_ptr> errors,
+                  const Reply& reply);
   // Waits for a free worker (worker `only`, if given); starts a dead one afresh (takes the
   // GIL).
   Link* lease(std::optional<std::size_t> only = std::nullopt);
@@ -194,6 +221,7 @@ class ProcessPool {
   std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
   bool stopped_ = false;                      // guarded by mu_
   ProcessTimes times_;                        // guarded by mu_
+  std::size_t deaths_ = 0;                    // guarded by mu_
   std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL
 };

@@ -809,16 +809,19 @@ class DataLoader:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
         which pipeline runs (``pipeline``) and which kind of worker reads and why
         (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
+        deaths = 0  # worker processes that died reading and were replaced
         if self._streams is not None:
             stats = {"workers": self.num_workers, "device": self._device}
             pids = self._streams.pids()
         else:
             stats = self._loader.stats()
             pids = list(self._pool.pids()) if self._pool is not None else []
+            deaths = self._pool.deaths() if self._pool is not None else 0
         stats["pipeline"] = self._pipeline
         stats["worker_type"] = self.worker_type
         stats["worker_type_reason"] = self.worker_type_reason
         stats["worker_pids"] = pids
+        stats["worker_deaths"] = deaths
         if self._remote is not None:
             stats["remote"] = self._remote.stats()
         return stats

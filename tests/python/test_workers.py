@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -190,9 +191,31 @@ def test_skip_policy_with_processes():
     loader.close()
 
 
-def test_a_killed_worker_is_reported_like_torch_and_replaced(tmp_path):
-    marker = tmp_path / "killed"
-    loader = stoker.DataLoader(wd.KillsItself(20, str(marker)), batch_size=8, num_workers=2,
+def test_a_killed_worker_is_replaced_and_its_samples_read_again(tmp_path, capfd):
+    # The OOM killer takes a worker mid-epoch: a new worker reads its chunk again, and the
+    # epoch completes with every sample once, in order; the death is logged and counted.
+    loader = stoker.DataLoader(wd.KillsItself(20, str(tmp_path / "killed")), batch_size=8,
+                               num_workers=2, worker_type="process")
+    pids = set(loader.stats()["worker_pids"])
+    got = [int(x) for b in loader for x in b[:, 0]]
+    assert got == list(range(48))
+    assert (tmp_path / "killed").exists()  # it did die
+    stats = loader.stats()
+    assert stats["worker_deaths"] == 1
+    now = set(stats["worker_pids"])
+    assert len(now) == 2 and len(now - pids) == 1
+    dead = (pids - now).pop()
+    logged = capfd.readouterr().err
+    assert re.search(rf"stoker: DataLoader worker \(pid {dead}\) is killed by signal: Killed "
+                     r"reading samples [0-9, ]*\b20\b[0-9, ]*; a new worker reads them again",
+                     logged), logged
+    assert [int(x) for b in loader for x in b[:, 0]] == list(range(48))  # the loader goes on
+    loader.close()
+    assert not alive(dead)
+
+
+def test_a_sample_that_kills_every_worker_is_named_like_torch(tmp_path):
+    loader = stoker.DataLoader(wd.AlwaysKills([20]), batch_size=8, num_workers=2,
                                worker_type="process")
     pids = set(loader.stats()["worker_pids"])
     got = []
@@ -200,25 +223,26 @@ def test_a_killed_worker_is_reported_like_torch_and_replaced(tmp_path):
         for batch in loader:
             got.append(batch)
     message = str(info.value)
-    assert "is killed by signal: Killed" in message and "samples lost" in message
-    assert "20" in message and info.value.pid in pids
+    # Read again after the first death, then row by row after the second: the one sample
+    # that kills its worker by itself is named, not its whole chunk.
+    assert "is killed by signal: Killed" in message and "samples lost: 20" in message, message
     assert isinstance(info.value, RuntimeError) and isinstance(info.value, stoker.SampleError)
+    assert info.value.pid not in pids
     assert [int(x) for b in got for x in b[:, 0]] == list(range(16))
-    # The loader goes on: the next batches come, read by a fresh worker.
-    rest = list(loader)
-    assert [int(x) for b in rest for x in b[:, 0]] == list(range(48))
-    now = set(loader.stats()["worker_pids"])
-    assert info.value.pid not in now and len(now) == 2
+    assert loader.stats()["worker_deaths"] == 3  # twice the chunk, once the sample alone
     loader.close()
-    assert not alive(info.value.pid)
+    assert not any(alive(p) for p in pids | {info.value.pid})
 
 
-def test_a_killed_worker_under_skip_loses_only_its_rows(tmp_path):
-    loader = stoker.DataLoader(wd.KillsItself(9, str(tmp_path / "k")), batch_size=8,
-                               num_workers=2, worker_type="process", on_error="skip")
+def test_a_sample_that_kills_every_worker_under_skip_loses_only_itself():
+    loader = stoker.DataLoader(wd.AlwaysKills([9, 30]), batch_size=8, num_workers=2,
+                               worker_type="process", on_error="skip")
     batches = list(loader)
     assert [len(b) for b in batches] == [8] * 6
-    assert loader.stats()["skipped"] >= 1
+    values = [int(x) for b in batches for x in b[:, 0]]
+    assert not {9, 30} & set(values) and len(set(values)) == 46
+    assert loader.skipped_samples() and {s.index for s in loader.skipped_samples()} == {9, 30}
+    assert loader.stats()["skipped"] == 2
     loader.close()
 
 

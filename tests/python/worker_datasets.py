@@ -78,6 +78,23 @@ class KillsItself:
         return np.full(2, i, dtype=np.int64)
 
 
+class AlwaysKills:
+    """The worker reading one of `indices` SIGKILLs itself, every time (a sample that crashes
+    native code, or that needs more memory than the OOM killer allows)."""
+
+    def __init__(self, indices, n=48):
+        self.indices = set(indices)
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if i in self.indices:
+            os.kill(os.getpid(), 9)
+        return np.full(2, i, dtype=np.int64)
+
+
 class Slow:
     def __init__(self, n=1000, seconds=0.01):
         self.n = n
