@@ -89,5 +89,6 @@ python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/worker_overhead.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/worker_kinds.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/ray_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/chaos.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"
