@@ -488,35 +488,45 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
                            "cannot write it")));
     return;
   }
-  std::string args;
-  if (owner.has_job_args()) {
+  // The batch jobs' arguments (a collate_fn batch's keys) for `rows`; empty for samples. Sets
+  // the rows' errors and returns nothing if making them raised.
+  auto job_args = [&](std::span<const std::size_t> rows,
+                      std::span<std::exception_ptr> row_errors) -> std::optional<std::string> {
+    if (!owner.has_job_args()) return std::string();
     EngineThreadGil gil;
     try {
-      args = owner.job_args(indices);
+      return owner.job_args(rows);
     } catch (py::error_already_set& e) {
       e.restore();
       const py::object exception = take_python_error();
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        errors[k] = owner.keep_error(exception, indices[k]);
+      for (std::size_t k = 0; k < rows.size(); ++k) {
+        row_errors[k] = owner.keep_error(exception, rows[k]);
       }
-      return;
+      return std::nullopt;
     }
-  }
+  };
   // The replies carry the rows' times only while tracing (the job's flags).
   detail::Tracer* tracer = detail::Tracer::current();
   const bool traced = tracer != nullptr && tracer->on();
-  std::vector<std::uint64_t> offsets;
-  for (std::size_t f = 0; f < first.num_fields(); ++f) {
-    offsets.push_back(static_cast<std::uint64_t>(first.bytes(f).data() - region->base));
-  }
-  std::vector<std::uint8_t> job = encode_job(region->id, offsets, indices, outs, args, traced);
+  // The job for rows [k, k + n) of the chunk.
+  auto make_job = [&](std::size_t k, std::size_t n,
+                      const std::string& args) -> std::vector<std::uint8_t> {
+    std::vector<std::uint64_t> offsets;
+    for (std::size_t f = 0; f < first.num_fields(); ++f) {
+      offsets.push_back(static_cast<std::uint64_t>(outs[k].bytes(f).data() - region->base));
+    }
+    return encode_job(region->id, offsets, indices.subspan(k, n), outs.subspan(k, n), args, traced);
+  };
+  const auto args = job_args(indices, errors);
+  if (!args) return;
+  const std::vector<std::uint8_t> job = make_job(0, indices.size(), *args);
   const char* items = owner.has_job_args() ? "batches" : "samples";
 
   // A worker that dies mid-chunk (the OOM killer, a crash in native code) is replaced and the
   // chunk read again by the new one: the epoch goes on with every sample once. A chunk that
   // kills its worker twice is read again row by row, so that only the rows that kill a worker
   // by themselves fail, each with a WorkerDiedError naming worker, signal and sample (the
-  // skip policy replaces just those). A batch job (collate_fn) is one row already.
+  // skip policy replaces just those).
   std::optional<Reply> reply;
   std::exception_ptr lost;  // the last death's WorkerDiedError
   try {
@@ -537,17 +547,14 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     return;
   }
   for (std::size_t k = 0; k < indices.size(); ++k) {
-    std::vector<std::uint64_t> row_offsets;
-    for (std::size_t f = 0; f < first.num_fields(); ++f) {
-      row_offsets.push_back(static_cast<std::uint64_t>(outs[k].bytes(f).data() - region->base));
-    }
+    const auto row = indices.subspan(k, 1);
+    const auto row_args = job_args(row, errors.subspan(k, 1));
+    if (!row_args) continue;
     try {
-      const auto row = attempt(*region,
-                               encode_job(region->id, row_offsets, indices.subspan(k, 1),
-                                          outs.subspan(k, 1), args, traced),
-                               indices.subspan(k, 1), traced, items, /*again=*/false, lost);
-      if (row) {
-        take_reply(owner, indices.subspan(k, 1), outs.subspan(k, 1), errors.subspan(k, 1), *row);
+      const auto read = attempt(*region, make_job(k, 1, *row_args), row, traced, items,
+                                /*again=*/false, lost);
+      if (read) {
+        take_reply(owner, row, outs.subspan(k, 1), errors.subspan(k, 1), *read);
       } else {
         errors[k] = lost;
       }

@@ -205,6 +205,29 @@ def test_a_stream_without_state_dict_says_it_cannot_resume():
     loader.close()
 
 
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_batch_job_that_kills_every_worker_fails_alone(tmp_path, on_error):
+    # Batch jobs (a collate_fn): a worker killed once is replaced and its batches read again;
+    # a batch that kills the new worker too fails by itself (skip: is replaced by another).
+    once = stoker.DataLoader(wd.KillsItself(20, str(tmp_path / "k"), n=64), batch_size=8,
+                             num_workers=2, worker_type="process", collate_fn=wd.stack)
+    assert [int(x) for b in once for x in b[:, 0]] == list(range(64))
+    assert once.stats()["worker_deaths"] == 1
+    once.close()
+    loader = stoker.DataLoader(wd.AlwaysKills([20], n=64), batch_size=8, num_workers=2,
+                               worker_type="process", collate_fn=wd.stack, on_error=on_error)
+    if on_error == "raise":
+        got = []
+        with pytest.raises(stoker.WorkerError, match="batches lost: 2$"):
+            for batch in loader:
+                got.append(batch)
+        assert [int(x) for b in got for x in b[:, 0]] == list(range(16))
+    else:
+        firsts = [int(b[0, 0]) for b in loader]
+        assert len(firsts) == 8 and 16 not in firsts
+    loader.close()
+
+
 def test_a_worker_killed_mid_stream_is_reported_and_the_others_go_on():
     loader = stoker.DataLoader(wd.StreamKillsItself(), batch_size=2, num_workers=2,
                                worker_type="process")
