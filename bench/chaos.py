@@ -103,7 +103,11 @@ def parent_death_round(where):
     proc.stdout.close()
     time.sleep(1.0)
     left = [p for p in pids if alive(p)]
-    added = set(os.listdir("/dev/shm")) - shm_before
+    # Other programs on the machine make and remove entries too: ours are named for stoker or
+    # carry one of our pids (torch's shared tensors, torch_<pid>_...).
+    ours = [str(proc.pid)] + [str(p) for p in pids]
+    added = {e for e in set(os.listdir("/dev/shm")) - shm_before
+             if "stoker" in e or any(f"_{pid}_" in e for pid in ours)}
     fds_after = len(os.listdir("/proc/self/fd"))
     for p in left:  # do not leave them for the next round
         os.kill(p, signal.SIGKILL)
