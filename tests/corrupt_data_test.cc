@@ -209,6 +209,20 @@ Shard pack_good_images(const TempDir& dir, int count) {
   return s;
 }
 
+// Reads one epoch of `o` with on_error=skip: the rows handed out and each skipped sample's
+// reason by index.
+std::pair<std::size_t, std::map<std::size_t, std::string>> read_skipping(LoaderOptions o) {
+  o.on_error = ErrorPolicy::skip;
+  Loader loader(o);
+  std::size_t rows = 0;
+  std::map<std::size_t, std::string> skipped;
+  while (auto b = loader.next()) {
+    rows += b->size();
+    for (const auto& sk : b->skipped()) skipped[sk.index] = sk.reason;
+  }
+  return {rows, skipped};
+}
+
 std::string open_error(const fs::path& path) {
   try {
     open_records(path.string());
@@ -274,18 +288,13 @@ TEST(CorruptCorpus, ARecordWithABadChecksumIsNamedAndSkipped) {
       EXPECT_NE(what.find("checksum mismatch"), std::string::npos) << what;
     }
   }
-  o.on_error = ErrorPolicy::skip;
-  Loader loader(o);
-  std::size_t rows = 0;
-  std::set<std::size_t> named;
-  while (auto b = loader.next()) {
-    rows += b->size();
-    for (const auto& sk : b->skipped()) {
-      named.insert(sk.index);
-      EXPECT_NE(sk.reason.find("checksum mismatch"), std::string::npos) << sk.reason;
-    }
-  }
+  const auto [rows, skipped] = read_skipping(o);
   EXPECT_EQ(rows, 10u);
+  std::set<std::size_t> named;
+  for (const auto& [index, reason] : skipped) {
+    named.insert(index);
+    EXPECT_NE(reason.find("checksum mismatch"), std::string::npos) << reason;
+  }
   EXPECT_EQ(named, bad);
 }
 
@@ -305,21 +314,15 @@ TEST(CorruptCorpus, AShardTruncatedWhileOpenIsAnErrorNotSigbus) {
   o.dataset = std::make_shared<ImageDataset>(io);
   o.batch_size = 3;
   o.workers = 2;
-  o.on_error = ErrorPolicy::skip;
-  Loader loader(o);
-  std::size_t rows = 0;
-  std::set<std::size_t> named;
-  while (auto b = loader.next()) {
-    rows += b->size();
-    for (const auto& sk : b->skipped()) {
-      named.insert(sk.index);
-      EXPECT_NE(sk.reason.find("part-00000.stkr record " + std::to_string(sk.index)),
-                std::string::npos)
-          << sk.reason;
-      EXPECT_NE(sk.reason.find("truncated while open"), std::string::npos) << sk.reason;
-    }
-  }
+  const auto [rows, skipped] = read_skipping(o);
   EXPECT_EQ(rows, 10u);  // the epoch completes
+  std::set<std::size_t> named;
+  for (const auto& [index, reason] : skipped) {
+    named.insert(index);
+    EXPECT_NE(reason.find("part-00000.stkr record " + std::to_string(index)), std::string::npos)
+        << reason;
+    EXPECT_NE(reason.find("truncated while open"), std::string::npos) << reason;
+  }
   EXPECT_EQ(named, (std::set<std::size_t>{6, 7, 8, 9}));
 
   // Rewritten in place (same size, other bytes): the records' checksums tell.

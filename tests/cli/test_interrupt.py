@@ -128,64 +128,60 @@ def random_images(root, files, size):
         (src / f"{i:04}.jpg").write_bytes(os.urandom(size))
 
 
-def test_pack_interrupted_leaves_nothing(tmp_path):
-    # pack copies bytes without decoding them: random files named .jpg, one shard per file.
-    out = tmp_path / "out"
+def packing(tmp_path, command, files, size, sigint=signal.SIG_DFL):
+    """interrupt_mid_way's `make`: `files` * scale random images, then `command(images, out)`
+    started with SIGINT at `sigint`; it has begun once `out` has an entry."""
+    images, out = tmp_path / "images", tmp_path / "out"
 
     def make(scale):
-        random_images(tmp_path / "images", 24 * scale, 1 << 20)
+        random_images(images, files * scale, size)
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
-        proc = start([STOKER, "pack", str(tmp_path / "images"), str(out / "packed"),
-                      "--shard-mb", "1"])
+        proc = subprocess.Popen(command(images, out), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
         return proc, lambda: any(out.iterdir())
 
-    proc, rc, took = interrupt_mid_way(make)
+    return make
+
+
+def pack_command(images, out):
+    # pack copies bytes without decoding them: random files named .jpg, one shard per file.
+    return [STOKER, "pack", str(images), str(out / "packed"), "--shard-mb", "1"]
+
+
+def test_pack_interrupted_leaves_nothing(tmp_path):
+    proc, rc, took = interrupt_mid_way(packing(tmp_path, pack_command, 24, 1 << 20))
     print(f"pack ended {took:.3f} s after SIGINT")
     err = proc.stderr.read().decode()
     assert rc == 130, err
     assert "interrupted" in err
-    assert list(out.iterdir()) == []  # neither dest nor the temporary directory beside it
+    # Neither dest nor the temporary directory beside it.
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_pack_started_with_sigint_ignored_keeps_ignoring_it(tmp_path):
-    out = tmp_path / "out"
-
-    def make(scale):
-        random_images(tmp_path / "images", 24 * scale, 1 << 20)
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        proc = subprocess.Popen([STOKER, "pack", str(tmp_path / "images"), str(out / "packed"),
-                                 "--shard-mb", "1"], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-        return proc, lambda: any(out.iterdir())
-
-    proc, rc, _ = interrupt_mid_way(make)
+    proc, rc, _ = interrupt_mid_way(packing(tmp_path, pack_command, 24, 1 << 20,
+                                            sigint=signal.SIG_IGN))
     assert rc == 0, proc.stderr.read().decode()  # the pack completed
-    assert [p.name for p in out.iterdir()] == ["packed"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["packed"]
 
 
 def test_python_pack_interrupted_raises_keyboard_interrupt_and_leaves_nothing(tmp_path):
-    out = tmp_path / "out"
-    code = ("import signal, sys\n"
-            "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
-            "import stoker\n"
-            "try:\n"
-            f"    stoker.pack({str(tmp_path / 'images')!r}, {str(out / 'packed')!r}, 1 << 20)\n"
-            "except KeyboardInterrupt:\n"
-            "    sys.exit(42)\n")
+    def command(images, out):
+        return [sys.executable, "-c",
+                "import signal, sys\n"
+                "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                "import stoker\n"
+                "try:\n"
+                f"    stoker.pack({str(images)!r}, {str(out / 'packed')!r}, 1 << 20)\n"
+                "except KeyboardInterrupt:\n"
+                "    sys.exit(42)\n"]
 
-    def make(scale):
-        random_images(tmp_path / "images", 400 * scale, 256 << 10)
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        return start([sys.executable, "-c", code]), lambda: any(out.iterdir())
-
-    proc, rc, took = interrupt_mid_way(make)
+    proc, rc, took = interrupt_mid_way(packing(tmp_path, command, 400, 256 << 10))
     print(f"stoker.pack ended {took:.3f} s after SIGINT")
     assert rc == 42, proc.stderr.read().decode()
-    assert list(out.iterdir()) == []
+    assert list((tmp_path / "out").iterdir()) == []
 
 
 def test_pack_refuses_a_destination_that_holds_the_images(tmp_path):
