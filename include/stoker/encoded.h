@@ -14,8 +14,8 @@
 namespace stoker {
 
 // The encoded bytes of one sample: either a view into memory the source keeps (the RAM
-// cache), or bytes read into `storage` (files, record shards), which the caller reuses from one read
-// to the next so that steady-state reads allocate nothing.
+// cache), or bytes read into `storage` (files, record shards), which the caller reuses from one
+// read to the next so that steady-state reads allocate nothing.
 struct EncodedBytes {
   std::span<const std::byte> bytes;
   std::vector<std::byte> storage;
