@@ -714,8 +714,11 @@ TEST_F(ObjectStoreFaults, TheLastRetryNamesUrlStatusAndCode) {
 
 TEST_F(ObjectStoreFaults, ManyReadsInFlightUnderFaultsDeliverEveryByteOnce) {
   auto store = proxied();
-  // A fault for about one request in four, of every kind.
-  inject(R"(["drop", "503", "short", "429", "reset", "500", "drop", "short", "503", "drop",
+  // A fault for about one request in four, of every kind but "reset": libcurl itself sends a
+  // request again once when a reused connection closes before any answer (so neither the store
+  // nor this count would see that retry); ConnectionResetBeforeAnAnswerIsRetried, on a fresh
+  // connection, covers it.
+  inject(R"(["drop", "503", "short", "429", "drop", "500", "drop", "short", "503", "drop",
              "short", "drop", "429", "drop", "short", "500"])");
   std::mt19937 rng(11);
   constexpr int kReads = 64;

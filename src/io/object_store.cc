@@ -166,6 +166,7 @@ struct ObjectStore::Impl {
   std::mt19937_64 rng{std::random_device{}()};
 
   Impl(S3Settings s, ObjectStoreOptions o) : settings(std::move(s)), options(std::move(o)) {
+    options.max_in_flight = std::max(options.max_in_flight, 1);
     global_init();
     multi = curl_multi_init();
     if (multi == nullptr) throw std::runtime_error("curl_multi_init failed");
@@ -267,7 +268,7 @@ struct ObjectStore::Impl {
       curl_multi_poll(multi, nullptr, 0, timeout_ms, nullptr);
     }
     // Closing: fail whatever is left.
-    auto fail_closed = [this](const std::shared_ptr<Transfer>& t) {
+    auto fail_closed = [](const std::shared_ptr<Transfer>& t) {
       t->done.set_exception(std::make_exception_ptr(ObjectStoreError(
           ObjectStoreError::Kind::kClient, t->url, 0, "",
           std::string(kind_name(t->kind)) + " " + t->url + ": the ObjectStore was closed")));

@@ -195,7 +195,8 @@ class ObjectStore {
 };
 
 // Reads a whole object in order: stream_depth ranges of stream_chunk bytes are fetched ahead of
-// the caller (so memory stays at depth * chunk), each retried and resumed like read().
+// the caller (so memory stays at depth * chunk), each retried and resumed like read(). Destroy
+// it before its store; one thread at a time.
 class ObjectReader {
  public:
   ObjectReader(ObjectStore& store, std::string url, std::uint64_t size, std::size_t chunk,
