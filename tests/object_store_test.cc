@@ -698,6 +698,41 @@ TEST_F(ObjectStoreFaults, ConnectionResetBeforeAnAnswerIsRetried) {
   EXPECT_EQ(s.bytes_fetched, buf.size());
 }
 
+TEST_F(ObjectStoreFaults, StalledTransfersTimeOutAndAreRetried) {
+  S3Settings s = store_at(proxy_port_, kKey, kSecret)->settings();
+  ObjectStoreOptions o;
+  o.retry.base_delay_s = 0.002;
+  o.stall_timeout_s = 1;  // the proxy stalls for 10 s
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  ObjectStore store(s, o);
+  inject(R"(["stall"])");
+  std::vector<std::byte> buf(1 << 20);
+  auto start = std::chrono::steady_clock::now();
+  store.read(url("data/blob.bin"), 99, buf.size(), buf.data());
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_TRUE(as_string(buf) == blob_.substr(99, buf.size()));
+  EXPECT_LT(seconds, 9.0) << "ended by the stall timeout, not by the proxy closing";
+  IoStats st = store.stats();
+  EXPECT_EQ(st.retries, 1u);
+  EXPECT_EQ(st.resumed_bodies, 0u);  // no byte came before the stall
+  EXPECT_EQ(st.bytes_fetched, buf.size());
+}
+
+TEST_F(ObjectStoreFaults, ProxyCountsMatchTheStoresCounts) {
+  auto store = proxied();
+  EXPECT_EQ(store->list(url("many/")).size(), static_cast<std::size_t>(kManyKeys));
+  EXPECT_EQ(store->size(url("data/blob.bin")), blob_.size());
+  std::vector<std::byte> buf(1000);
+  store->read(url("data/blob.bin"), 0, buf.size(), buf.data());
+  IoStats s = store->stats();
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), static_cast<long>(s.list_requests));
+  EXPECT_EQ(proxy_count(proxy_port_, "HEAD"), static_cast<long>(s.head_requests));
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<long>(s.get_requests));
+  EXPECT_EQ(s.list_requests, 2u);  // 1,100 keys: two pages
+  EXPECT_EQ(s.head_requests, 1u);
+  EXPECT_EQ(s.get_requests, 1u);
+}
+
 TEST_F(ObjectStoreFaults, TheLastRetryNamesUrlStatusAndCode) {
   auto store = proxied(3);
   inject(R"(["503", "503", "503", "503"])");

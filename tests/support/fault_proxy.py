@@ -12,6 +12,8 @@ GET, PUT). Faults are queued by the test and applied, one per request, to the ne
   drop      the upstream's headers and half of its body, then the connection closed
   short     a Content-Length of half the body and that half (the connection kept): a short body
   reset     the connection closed before any response
+  stall     the upstream's headers, then nothing for 10 s (a stalled transfer: the client's
+            stall timeout should end it first), then the connection closed
 
 Control (not forwarded): POST /__proxy/faults with a JSON list of fault names appends them;
 GET /__proxy/counts returns the counts and the faults still queued; POST /__proxy/reset clears
@@ -23,6 +25,7 @@ import json
 import os
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
@@ -133,6 +136,12 @@ class Handler(BaseHTTPRequestHandler):
             return
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
+        if fault == "stall":
+            self.wfile.flush()
+            time.sleep(10)
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
         if fault == "drop":
             self.wfile.write(data[:half])
             self.wfile.flush()
