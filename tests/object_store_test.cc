@@ -55,6 +55,19 @@ TEST(ObjectStoreUnit, ParsesUrls) {
   EXPECT_THROW(parse_object_url("http:///x"), std::invalid_argument);
 }
 
+TEST(ObjectStoreUnit, RequestUrls) {
+  S3Settings aws;
+  aws.region = "eu-west-3";
+  EXPECT_EQ(s3_object_url(aws, "bkt", "a/b c+d=é.tar"),
+            "https://bkt.s3.eu-west-3.amazonaws.com/a/b%20c%2Bd%3D%C3%A9.tar");
+  EXPECT_EQ(s3_bucket_url(aws, "bkt"), "https://bkt.s3.eu-west-3.amazonaws.com");
+  S3Settings local;
+  local.endpoint = "http://127.0.0.1:8333";
+  EXPECT_EQ(s3_object_url(local, "bkt", "dir/x~y_z-1.bin"),
+            "http://127.0.0.1:8333/bkt/dir/x~y_z-1.bin");
+  EXPECT_EQ(s3_bucket_url(local, "bkt"), "http://127.0.0.1:8333/bkt");
+}
+
 TEST(ObjectStoreUnit, SettingsFromTheEnvironment) {
   std::map<std::string, std::string> env = {{"AWS_ACCESS_KEY_ID", "AKENV"},
                                             {"AWS_SECRET_ACCESS_KEY", "SKENV"},
@@ -550,9 +563,22 @@ TEST_F(ObjectStoreS3, RangeReadsEqualTheBytes) {
   EXPECT_EQ(s.bytes_fetched, expected_bytes);
   EXPECT_EQ(s.get_requests, ranges.size() - 1 + 64);  // the empty read sends nothing
   EXPECT_EQ(s.retries, 0u);
+  // Connections are reused: one for the sequential reads, at most one per transfer in flight.
+  EXPECT_GE(s.connections, 1u);
+  EXPECT_LE(s.connections, 1u + 64u);
+  EXPECT_LT(s.connections, s.get_requests);
   std::vector<std::byte> odd(3);
   store->read(url("odd dir/a+b=c&d é.txt"), 2, 3, odd.data());
   EXPECT_EQ(as_string(odd), "kwa");
+}
+
+TEST_F(ObjectStoreS3, SequentialRequestsReuseOneConnection) {
+  auto store = direct();
+  std::vector<std::byte> buf(100);
+  for (int i = 0; i < 30; ++i) store->read(url("data/blob.bin"), i * 1000, 100, buf.data());
+  store->size(url("data/blob.bin"));
+  store->list(url("data/"));
+  EXPECT_EQ(store->stats().connections, 1u);
 }
 
 TEST_F(ObjectStoreS3, StreamingReadOfAWholeObject) {

@@ -94,6 +94,16 @@ bool transient_curl_error(CURLcode rc) {
 
 }  // namespace
 
+std::string s3_bucket_url(const S3Settings& settings, const std::string& bucket) {
+  if (!settings.endpoint.empty()) return settings.endpoint + "/" + uri_encode(bucket, false);
+  return "https://" + bucket + ".s3." + settings.region + ".amazonaws.com";
+}
+
+std::string s3_object_url(const S3Settings& settings, const std::string& bucket,
+                          const std::string& key) {
+  return s3_bucket_url(settings, bucket) + "/" + uri_encode(key, true);
+}
+
 enum class Kind { kHead, kGet, kList, kPut };
 
 static const char* kind_name(Kind k) {
@@ -150,7 +160,7 @@ struct ObjectStore::Impl {
   ObjectStoreOptions options;
 
   std::atomic<std::uint64_t> list_requests{0}, head_requests{0}, get_requests{0}, put_requests{0},
-      bytes_fetched{0}, retries{0}, resumed_bodies{0}, failures{0};
+      bytes_fetched{0}, retries{0}, resumed_bodies{0}, failures{0}, connections{0};
 
   detail::Mutex mu;
   std::deque<std::shared_ptr<Transfer>> incoming STOKER_GUARDED_BY(mu);
@@ -196,10 +206,7 @@ struct ObjectStore::Impl {
 
   // ---- building requests ----
 
-  std::string s3_base(const std::string& bucket) const {
-    if (!settings.endpoint.empty()) return settings.endpoint + "/" + uri_encode(bucket, false);
-    return "https://" + bucket + ".s3." + settings.region + ".amazonaws.com";
-  }
+  std::string s3_base(const std::string& bucket) const { return s3_bucket_url(settings, bucket); }
 
   std::shared_ptr<Transfer> make(Kind kind, const std::string& url) {
     ObjectUrl u = parse_object_url(url);
@@ -208,7 +215,7 @@ struct ObjectStore::Impl {
     t->url = url;
     t->s3 = u.scheme == ObjectUrl::Scheme::kS3;
     if (t->s3) {
-      t->http_url = s3_base(u.bucket) + "/" + uri_encode(u.key, true);
+      t->http_url = s3_object_url(settings, u.bucket, u.key);
     } else {
       t->http_url = url;
     }
@@ -501,6 +508,10 @@ struct ObjectStore::Impl {
   void finish(std::shared_ptr<Transfer> t, CURLcode rc) {
     long status = 0;
     curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &status);
+    long connects = 0;
+    if (curl_easy_getinfo(t->easy, CURLINFO_NUM_CONNECTS, &connects) == CURLE_OK && connects > 0) {
+      connections.fetch_add(static_cast<std::uint64_t>(connects), std::memory_order_relaxed);
+    }
     std::string curl_message = t->error[0] ? t->error : curl_easy_strerror(rc);
     release(*t);
     std::string name = std::string(kind_name(t->kind)) + " " + t->url;
@@ -680,6 +691,7 @@ IoStats ObjectStore::stats() const {
   s.retries = load(impl_->retries);
   s.resumed_bodies = load(impl_->resumed_bodies);
   s.failures = load(impl_->failures);
+  s.connections = load(impl_->connections);
   return s;
 }
 

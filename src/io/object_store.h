@@ -75,6 +75,13 @@ S3Settings resolve_s3_settings(const std::map<std::string, std::string>& env,
 // (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE; by default ~/.aws/credentials, ~/.aws/config).
 S3Settings load_s3_settings(const S3Overrides& overrides = {});
 
+// The HTTP URL of a bucket and of an object: path-style under the endpoint when one is set
+// (ENDPOINT/BUCKET/KEY), else virtual-hosted AWS (https://BUCKET.s3.REGION.amazonaws.com/KEY);
+// the key percent-encoded once, '/' kept (SigV4's canonical form).
+std::string s3_bucket_url(const S3Settings& settings, const std::string& bucket);
+std::string s3_object_url(const S3Settings& settings, const std::string& bucket,
+                          const std::string& key);
+
 // ---- retries ------------------------------------------------------------------------------------
 
 struct RetryPolicy {
@@ -130,6 +137,7 @@ struct IoStats {
   std::uint64_t retries = 0;         // attempts after a transient fault
   std::uint64_t resumed_bodies = 0;  // retries that went on from a byte past the range's start
   std::uint64_t failures = 0;        // requests that ended with an error
+  std::uint64_t connections = 0;     // connections opened (the rest of the requests reused one)
 };
 
 // ---- the store ----------------------------------------------------------------------------------
