@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -28,6 +29,8 @@
 #include <set>
 #include <sstream>
 #include <thread>
+
+#include "io/disk_cache.h"
 
 extern char** environ;
 
@@ -228,6 +231,100 @@ TEST(ObjectStoreUnit, HttpHasNoListing) {
   EXPECT_EQ(store.stats().list_requests, 0u);
 }
 
+// ---- the disk cache ----
+
+std::string as_string(const std::vector<std::byte>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size());
+}
+
+struct TempDir {
+  TempDir() {
+    char tmpl[] = "/tmp/stoker-cache-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  fs::path path;
+};
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  std::vector<std::byte> v(s.size());
+  std::memcpy(v.data(), s.data(), s.size());
+  return v;
+}
+
+TEST(ObjectStoreUnit, DiskCacheStoresAndChecksEntries) {
+  TempDir dir;
+  DiskCache cache(dir.path / "c", 1 << 20);
+  std::string k = DiskCache::key("s3://b/k", 10, 5);
+  EXPECT_EQ(k, "s3://b/k#10+5@");
+  std::vector<std::byte> out(5);
+  EXPECT_FALSE(cache.get(k, out.data(), 5));
+  auto v = bytes_of("hello");
+  cache.put(k, v.data(), v.size());
+  ASSERT_TRUE(cache.get(k, out.data(), 5));
+  EXPECT_EQ(as_string(out), "hello");
+  std::vector<std::byte> longer(6);
+  EXPECT_FALSE(cache.get(k, longer.data(), 6));  // another length: a miss
+  EXPECT_FALSE(cache.get(DiskCache::key("s3://b/k", 11, 5), out.data(), 5));
+  auto w = bytes_of("HELLO");
+  cache.put(k, w.data(), w.size());  // replaced
+  ASSERT_TRUE(cache.get(k, out.data(), 5));
+  EXPECT_EQ(as_string(out), "HELLO");
+  EXPECT_EQ(cache.entries(), 1u);
+  DiskCache::Counters c = cache.counters();
+  EXPECT_EQ(c.hits, 2u);
+  EXPECT_EQ(c.hit_bytes, 10u);
+  EXPECT_EQ(c.misses, 3u);
+  // A truncated file is a miss.
+  for (const auto& e : fs::directory_iterator(dir.path / "c")) fs::resize_file(e.path(), 10);
+  EXPECT_FALSE(cache.get(k, out.data(), 5));
+  // An entry larger than the cap is not stored.
+  DiskCache tiny(dir.path / "tiny", 16);
+  tiny.put(k, v.data(), v.size());
+  EXPECT_EQ(tiny.entries(), 0u);
+  EXPECT_EQ(tiny.bytes(), 0u);
+}
+
+TEST(ObjectStoreUnit, DiskCacheEvictsTheLeastRecentlyUsedAndPersists) {
+  TempDir dir;
+  std::string blob(1000, 'x');
+  auto data = bytes_of(blob);
+  std::uint64_t entry = 0;
+  {
+    DiskCache probe(dir.path / "probe", 1 << 20);
+    probe.put(DiskCache::key("u", 1000, 1000), data.data(), data.size());
+    entry = probe.bytes();  // the bytes and the header
+  }
+  DiskCache cache(dir.path / "c", entry * 3);  // room for three
+  std::vector<std::byte> out(1000);
+  auto key = [](int i) {  // keys of one length (1000 to 4000), so entries of one size
+    return DiskCache::key("u", static_cast<std::uint64_t>(i + 1) * 1000, 1000);
+  };
+  for (int i = 0; i < 3; ++i) cache.put(key(i), data.data(), data.size());
+  EXPECT_EQ(cache.entries(), 3u);
+  ASSERT_TRUE(cache.get(key(0), out.data(), 1000));  // 0 used: 1 is now the oldest
+  cache.put(key(3), data.data(), data.size());
+  EXPECT_EQ(cache.entries(), 3u);
+  EXPECT_LE(cache.bytes(), entry * 3);
+  EXPECT_TRUE(cache.get(key(0), out.data(), 1000));
+  EXPECT_FALSE(cache.get(key(1), out.data(), 1000));
+  EXPECT_TRUE(cache.get(key(2), out.data(), 1000));
+  EXPECT_TRUE(cache.get(key(3), out.data(), 1000));
+  EXPECT_EQ(cache.counters().evictions, 1u);
+  // Another cache over the same directory (a later run) finds the entries.
+  DiskCache again(dir.path / "c", entry * 3);
+  EXPECT_EQ(again.entries(), 3u);
+  EXPECT_EQ(again.bytes(), cache.bytes());
+  EXPECT_TRUE(again.get(key(3), out.data(), 1000));
+  EXPECT_TRUE(as_string(out) == blob);
+  // A smaller cap evicts at start.
+  DiskCache smaller(dir.path / "c", entry);
+  EXPECT_EQ(smaller.entries(), 1u);
+}
+
 // ---- the server -------------------------------------------------------------------------------
 
 constexpr const char* kKey = "stokerkey";
@@ -308,10 +405,6 @@ std::string object_bytes(std::size_t n, unsigned seed) {
   return s;
 }
 
-std::string as_string(const std::vector<std::byte>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size());
-}
-
 // A small curl client for the proxy's control requests (the store has no POST).
 std::string proxy_control(int port, const std::string& path, const std::string& body) {
   CURL* e = curl_easy_init();
@@ -371,7 +464,9 @@ class ObjectStoreServer : public ::testing::Test {
     s3_port_ = ports[6];
     filer_port_ = ports[4];
     auto flag = [](const char* name, int v) {
-      return "-" + std::string(name) + "=" + std::to_string(v);
+      std::string f = "-";  // appended piece by piece: GCC 12's -Wrestrict misfires on "-" + ...
+      f.append(name).append("=").append(std::to_string(v));
+      return f;
     };
     weed_pid_ = spawn({weed,
                        "mini",
@@ -757,6 +852,39 @@ TEST_F(ObjectStoreFaults, ProxyCountsMatchTheStoresCounts) {
   EXPECT_EQ(s.list_requests, 2u);  // 1,100 keys: two pages
   EXPECT_EQ(s.head_requests, 1u);
   EXPECT_EQ(s.get_requests, 1u);
+}
+
+TEST_F(ObjectStoreFaults, TheDiskCacheServesTheSecondEpoch) {
+  TempDir dir;
+  S3Settings s = store_at(proxy_port_, kKey, kSecret)->settings();
+  ObjectStoreOptions o;
+  o.cache_dir = dir.path.string();
+  o.stream_chunk = 1 << 20;
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  std::vector<std::byte> buf(70000);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    ObjectStore store(s, o);  // a new store, as a new run would have
+    store.read(url("data/blob.bin"), 4321, buf.size(), buf.data());
+    EXPECT_TRUE(as_string(buf) == blob_.substr(4321, buf.size()));
+    auto reader = store.open(url("data/blob.bin"));
+    std::string got;
+    std::vector<std::byte> part(300000);
+    while (std::size_t n = reader->read(part.data(), part.size())) {
+      got.append(reinterpret_cast<const char*>(part.data()), n);
+    }
+    EXPECT_TRUE(got == blob_);
+    IoStats st = store.stats();
+    if (epoch == 0) {
+      EXPECT_EQ(st.get_requests, 1u + 4u);  // the range and four chunks
+      EXPECT_EQ(st.cache_hits, 0u);
+    } else {
+      EXPECT_EQ(st.get_requests, 0u);  // no GET of data
+      EXPECT_EQ(st.cache_hits, 5u);
+      EXPECT_EQ(st.cache_hit_bytes, buf.size() + blob_.size());
+    }
+  }
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 5);
+  EXPECT_EQ(proxy_count(proxy_port_, "HEAD"), 2);  // open() asks the size each time
 }
 
 TEST_F(ObjectStoreFaults, TheLastRetryNamesUrlStatusAndCode) {

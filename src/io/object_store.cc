@@ -16,6 +16,7 @@
 #include <random>
 #include <thread>
 
+#include "io/disk_cache.h"
 #include "util/mutex.h"
 
 namespace stoker::io {
@@ -166,6 +167,7 @@ struct ObjectStore::Impl {
   std::deque<std::shared_ptr<Transfer>> incoming STOKER_GUARDED_BY(mu);
   bool stopping STOKER_GUARDED_BY(mu) = false;
 
+  std::unique_ptr<DiskCache> cache;
   CURLM* multi = nullptr;
   std::thread driver;
 
@@ -177,6 +179,9 @@ struct ObjectStore::Impl {
 
   Impl(S3Settings s, ObjectStoreOptions o) : settings(std::move(s)), options(std::move(o)) {
     options.max_in_flight = std::max(options.max_in_flight, 1);
+    if (!options.cache_dir.empty()) {
+      cache = std::make_unique<DiskCache>(options.cache_dir, options.cache_bytes);
+    }
     global_init();
     multi = curl_multi_init();
     if (multi == nullptr) throw std::runtime_error("curl_multi_init failed");
@@ -655,8 +660,14 @@ std::future<void> ObjectStore::submit_read(const std::string& url, std::uint64_t
 
 void ObjectStore::read(const std::string& url, std::uint64_t offset, std::size_t length,
                        std::byte* dst) {
+  DiskCache* c = impl_->cache.get();
+  std::string key = c != nullptr ? DiskCache::key(url, offset, length) : std::string();
+  if (c != nullptr && length > 0 && c->get(key, dst, length)) return;
   submit_read(url, offset, length, dst).get();
+  if (c != nullptr && length > 0) c->put(key, dst, length);
 }
+
+DiskCache* ObjectStore::cache() { return impl_->cache.get(); }
 
 std::unique_ptr<ObjectReader> ObjectStore::open(const std::string& url) {
   std::uint64_t n = size(url);
@@ -692,6 +703,11 @@ IoStats ObjectStore::stats() const {
   s.resumed_bodies = load(impl_->resumed_bodies);
   s.failures = load(impl_->failures);
   s.connections = load(impl_->connections);
+  if (impl_->cache) {
+    DiskCache::Counters c = impl_->cache->counters();
+    s.cache_hits = c.hits;
+    s.cache_hit_bytes = c.hit_bytes;
+  }
   return s;
 }
 
@@ -720,7 +736,11 @@ void ObjectReader::fill() {
     c->offset = next_fetch_;
     std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_, size_ - next_fetch_));
     c->data.resize(n);
-    c->done = store_.submit_read(url_, next_fetch_, n, c->data.data());
+    DiskCache* cache = store_.cache();
+    if (cache == nullptr || !cache->get(DiskCache::key(url_, next_fetch_, n), c->data.data(), n)) {
+      c->done = store_.submit_read(url_, next_fetch_, n, c->data.data());
+      c->fetched = true;
+    }
     next_fetch_ += n;
     ahead_.push_back(std::move(c));
   }
@@ -743,6 +763,10 @@ std::size_t ObjectReader::read(std::byte* dst, std::size_t n) {
       } catch (...) {
         error_ = std::current_exception();
         throw;
+      }
+      if (DiskCache* cache = store_.cache(); cache != nullptr && front.fetched) {
+        cache->put(DiskCache::key(url_, front.offset, front.data.size()), front.data.data(),
+                   front.data.size());
       }
     }
     std::size_t k = std::min(n - copied, front.data.size() - pos_in_front_);

@@ -138,6 +138,8 @@ struct IoStats {
   std::uint64_t resumed_bodies = 0;  // retries that went on from a byte past the range's start
   std::uint64_t failures = 0;        // requests that ended with an error
   std::uint64_t connections = 0;     // connections opened (the rest of the requests reused one)
+  std::uint64_t cache_hits = 0;      // ranges served by the disk cache (no request)
+  std::uint64_t cache_hit_bytes = 0;
 };
 
 // ---- the store ----------------------------------------------------------------------------------
@@ -156,11 +158,16 @@ struct ObjectStoreOptions {
   double connect_timeout_s = 10;
   // A transfer that moves no byte for this long is aborted (and retried).
   double stall_timeout_s = 30;
+  // A local disk cache of the ranges read (read() and open(); not submit_read()): a directory
+  // and its byte cap, least recently used first out (disk_cache.h). Empty: none.
+  std::string cache_dir;
+  std::uint64_t cache_bytes = 10ull << 30;
   std::size_t stream_chunk = 8u << 20;  // open(): the size of each range fetched ahead
   int stream_depth = 4;                 // open(): ranges in flight ahead of the reader
 };
 
 class ObjectReader;
+class DiskCache;
 
 // Thread safety: every member may be called from any thread at once; one internal thread runs
 // the transfers. Futures from submit_read() must be waited for (or dropped) before the buffer
@@ -181,7 +188,7 @@ class ObjectStore {
   // their continuation tokens). An http(s) URL has no listing: ObjectStoreError kClient.
   std::vector<ObjectInfo> list(const std::string& prefix_url);
   // Reads bytes [offset, offset + length) of the object into dst (one range GET, retried and
-  // resumed as needed). Throws ObjectStoreError.
+  // resumed as needed; from the disk cache where it has the range). Throws ObjectStoreError.
   void read(const std::string& url, std::uint64_t offset, std::size_t length, std::byte* dst);
   // The same, asynchronous: the future is ready when all bytes are in dst (or holds the error).
   std::future<void> submit_read(const std::string& url, std::uint64_t offset, std::size_t length,
@@ -195,6 +202,8 @@ class ObjectStore {
   void create_bucket(const std::string& bucket);
 
   IoStats stats() const;
+  // The disk cache (null without ObjectStoreOptions::cache_dir).
+  DiskCache* cache();
 
   struct Impl;
 
@@ -221,7 +230,8 @@ class ObjectReader {
   struct Chunk {
     std::uint64_t offset = 0;
     std::vector<std::byte> data;
-    std::future<void> done;
+    std::future<void> done;  // invalid when served by the cache
+    bool fetched = false;    // fetched (and to be stored in the cache once read)
   };
   void fill();
 
