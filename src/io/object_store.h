@@ -196,7 +196,8 @@ class ObjectStore {
   // A sequential reader of the whole object.
   std::unique_ptr<ObjectReader> open(const std::string& url);
 
-  // Writes an object (one PUT of `data`); for tests and tools, not retried.
+  // Writes an object (one PUT of `data`, retried like a read); for tests and tools: with
+  // libcurl 7.88 the payload is signed as empty, which SeaweedFS takes and AWS would not.
   void put(const std::string& url, std::string_view data);
   // Creates an S3 bucket (PUT on the bucket); not an error if this account owns it already.
   void create_bucket(const std::string& bucket);
