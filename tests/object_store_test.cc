@@ -332,17 +332,24 @@ constexpr const char* kSecret = "stokersecret";
 constexpr const char* kBucket = "stoker-test";
 constexpr int kManyKeys = 1100;  // more than one ListObjectsV2 page (1,000)
 
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+// n distinct free loopback ports: each is held bound until all are chosen, so that none is
+// handed out twice.
+std::vector<int> free_ports(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+    socklen_t len = sizeof addr;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    fds.push_back(fd);
+    ports.push_back(ntohs(addr.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  return ports;
 }
 
 bool port_open(int port) {
@@ -459,8 +466,7 @@ class ObjectStoreServer : public ::testing::Test {
         << R"(","secretKey":")" << kSecret
         << R"("}],"actions":["Admin","Read","Write","List","Tagging"]}]})";
     fs::create_directories(dir_ / "data");
-    int ports[10];
-    for (int& p : ports) p = free_port();
+    std::vector<int> ports = free_ports(10);
     s3_port_ = ports[6];
     filer_port_ = ports[4];
     auto flag = [](const char* name, int v) {
