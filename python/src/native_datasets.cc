@@ -11,6 +11,7 @@
 #include "image/resample.h"
 #include "stoker/image.h"
 #include "stoker/sources.h"
+#include "stoker/webdataset.h"
 
 namespace stoker::python {
 namespace {
@@ -118,6 +119,31 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
     if (cache_bytes > 0) o.source = cache_in_ram(o.source, cache_bytes);
     out.source = o.source;
     out.dataset = std::make_shared<ImageDataset>(std::move(o));
+  }
+  for (const auto& f : out.dataset->fields()) {
+    out.element_types.emplace_back(dtype_name(f.dtype));
+  }
+  return out;
+}
+
+NativeDataset make_webdataset(const std::vector<std::string>& shards,
+                              const std::vector<std::string>& fields, const std::string& transform,
+                              std::size_t cache_bytes, std::uint64_t max_pixels,
+                              const std::string& index_cache_dir, bool index_cache) {
+  WebDatasetOptions o;
+  o.shards = shards;
+  o.fields = fields;
+  o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
+  o.max_pixels = max_pixels;
+  o.cache_bytes = cache_bytes;
+  o.index_cache_dir = index_cache_dir;
+  o.index_cache = index_cache;
+  NativeDataset out;
+  {
+    py::gil_scoped_release nogil;  // indexing the shards may take a while
+    auto d = std::make_shared<WebDataset>(std::move(o));
+    out.source = d->source();
+    out.dataset = std::move(d);
   }
   for (const auto& f : out.dataset->fields()) {
     out.element_types.emplace_back(dtype_name(f.dtype));
