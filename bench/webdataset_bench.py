@@ -120,7 +120,7 @@ class TrainTransform:
         img = img.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + w, top + h))
         if random.random() < 0.5:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        x = torch.from_numpy(np.asarray(img)).permute(2, 0, 1).float().div_(255)
+        x = torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous().float().div_(255)
         return x.sub_(MEAN).div_(STD)
 
 

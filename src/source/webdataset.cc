@@ -651,6 +651,12 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
       }
     }
     f.spec.name = name;
+    for (const auto& other : impl->fields) {
+      if (other.name == name) {
+        throw std::invalid_argument("stoker.WebDataset: field '" + name +
+                                    "' is asked for twice (a batch's fields have distinct names)");
+      }
+    }
     if (f.kind == Kind::image) {
       images = true;
       f.spec.dtype = options_.transform.dtype;

@@ -148,8 +148,7 @@ def test_braceexpand_semantics():
 
 
 def test_each_sample_once_per_epoch_shuffled_and_over_two_ranks(shards, tmp_path):
-    ds = stoker.WebDataset(shards, fields=("uid.txt", "cls", "uid.txt"),
-                           index_cache=cache_dir(tmp_path))
+    ds = stoker.WebDataset(shards, fields=("cls", "uid.txt"), index_cache=cache_dir(tmp_path))
     loader = stoker.DataLoader(ds, batch_size=5, shuffle=True, seed=1, num_workers=2)
     for _ in range(2):
         epoch = uids_of(loader)
@@ -261,6 +260,8 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path):
         stoker.WebDataset(tmp_path / "renamed.tar", fields=("cls",), index_cache=False)
     with pytest.raises(ValueError, match="'json' is not supported"):
         stoker.WebDataset(tmp_path / "good.tar", fields=("json",), index_cache=False)
+    with pytest.raises(ValueError, match="asked for twice"):
+        stoker.WebDataset(tmp_path / "good.tar", fields=("cls", "cls"), index_cache=False)
     with pytest.raises(TypeError, match="transform"):
         stoker.WebDataset(tmp_path / "good.tar", fields=("jpg",), index_cache=False)
 
