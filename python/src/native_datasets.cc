@@ -151,6 +151,25 @@ NativeDataset make_webdataset(const std::vector<std::string>& shards,
   return out;
 }
 
+py::array decode_image_bytes(const py::bytes& data, const std::string& transform,
+                             std::uint64_t seed, std::uint64_t max_pixels,
+                             const std::string& name) {
+  const ImageTransform t = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
+  const auto shape = t.shape();
+  py::array out(py::dtype(std::string(dtype_name(t.dtype))),
+                std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  const std::string_view bytes = data;  // the bytes object stays referenced by the caller
+  const std::span<const std::byte> encoded(reinterpret_cast<const std::byte*>(bytes.data()),
+                                           bytes.size());
+  const std::span<std::byte> pixels(static_cast<std::byte*>(out.mutable_data()),
+                                    static_cast<std::size_t>(out.nbytes()));
+  {
+    py::gil_scoped_release nogil;
+    decode_image(encoded, name, t, seed, pixels, nullptr, max_pixels);
+  }
+  return out;
+}
+
 py::dict source_counters(const NativeDataset& dataset) {
   if (!dataset.source) throw py::type_error("stoker: not an image data set");
   const auto c = dataset.source->counters();

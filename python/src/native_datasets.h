@@ -55,6 +55,12 @@ NativeDataset make_webdataset(const std::vector<std::string>& shards,
                               std::size_t cache_bytes, std::uint64_t max_pixels,
                               const std::string& index_cache_dir, bool index_cache);
 
+// One encoded image (JPEG or PNG) decoded and transformed as an image data set does it, into a
+// fresh array of the transform's shape and dtype, with the GIL released. `name` starts the
+// error message (a std::runtime_error) of an image that does not decode.
+py::array decode_image_bytes(const py::bytes& data, const std::string& transform,
+                             std::uint64_t seed, std::uint64_t max_pixels, const std::string& name);
+
 // The source's read counters (reads, storage_reads, storage_bytes, cached, cached_bytes).
 py::dict source_counters(const NativeDataset& dataset);
 

@@ -253,8 +253,9 @@ def test_damaged_shards_are_refused_naming_the_file(tmp_path):
         assert name in str(info.value)
     import gzip
     (tmp_path / "z.tar.gz").write_bytes(gzip.compress(data))
-    with pytest.raises(RuntimeError, match="compressed.*random access"):
-        stoker.WebDataset(tmp_path / "z.tar.gz", fields=("cls",), index_cache=False)
+    with pytest.raises(RuntimeError, match="compressed.*random access"):  # indexed: refused
+        stoker.WebDataset(tmp_path / "z.tar.gz", fields=("cls",), index_cache=False,
+                          stream=False)
     (tmp_path / "renamed.tar").write_bytes(gzip.compress(data))
     with pytest.raises(RuntimeError, match="gzip"):
         stoker.WebDataset(tmp_path / "renamed.tar", fields=("cls",), index_cache=False)
@@ -310,3 +311,67 @@ def test_odd_names_group_into_the_samples_webdataset_makes(tmp_path):
                                                    empty_check=False)]
     ds = stoker.WebDataset(tmp_path / "odd.tar", fields=("cls",), index_cache=False)
     assert [ds.key(i) for i in range(len(ds))] == theirs
+
+
+def gzip_shards(shards, dest):
+    """The fixture's shards, gzip-compressed (.tar.gz)."""
+    import gzip
+
+    dest.mkdir()
+    for p in sorted(shards.glob("*.tar")):
+        (dest / (p.name + ".gz")).write_bytes(gzip.compress(p.read_bytes()))
+    return dest
+
+
+def test_compressed_shards_stream_with_the_same_fields(shards, tmp_path):
+    gz = gzip_shards(shards, tmp_path / "gz")
+    ds = stoker.WebDataset(str(gz / "train-{000000..000003}.tar.gz"),
+                           fields=("jpg", "cls", "feat.npy", "uid.txt"),
+                           transform=T.val(SIZE, SIZE), shuffle=10, seed=3)
+    assert isinstance(ds, stoker.WebDatasetStream)
+    indexed = stoker.WebDataset(shards, fields=("jpg", "cls", "feat.npy", "uid.txt"),
+                                transform=T.val(SIZE, SIZE), index_cache=cache_dir(tmp_path))
+    expected = {int(s[3]): s for s in (indexed[i] for i in range(len(indexed)))}
+    epochs = []
+    for _ in range(2):
+        loader = stoker.DataLoader(ds, batch_size=5, num_workers=2)
+        images, labels, feats, uids = (torch.cat(x) for x in zip(*loader))
+        assert sorted(uids.tolist()) == list(range(36))  # each sample once per epoch
+        for image, label, feat, uid in zip(images, labels, feats, uids.tolist()):
+            e = expected[uid]
+            assert int(label) == int(e[1]) and feat.tolist() == e[2].tolist()
+            assert torch.equal(image, torch.as_tensor(e[0]))  # val: no randomness
+        epochs.append(uids.tolist())
+    assert epochs[0] != list(range(36))  # shards and samples shuffled
+
+
+def test_stream_splits_shards_over_ranks(shards, tmp_path, monkeypatch):
+    gz = gzip_shards(shards, tmp_path / "gz")
+    seen = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        ds = stoker.WebDataset(gz, fields=("uid.txt",), seed=1)
+        ds.set_epoch(4)
+        seen.append([int(s[0]) for s in ds])
+    assert len(seen[0]) == len(seen[1]) == 18  # 2 of the 4 shards each
+    assert sorted(seen[0] + seen[1]) == list(range(36))
+
+
+def test_stream_errors_name_shard_and_key(tmp_path):
+    import gzip
+
+    members = sample_members("k0", 0) + sample_members("k1", 1, ("jpg", "uid.txt"))
+    write_tar(tmp_path / "bad.tar", members)
+    data = gzip.compress((tmp_path / "bad.tar").read_bytes())
+    (tmp_path / "bad.tar.gz").write_bytes(data)
+    ds = stoker.WebDataset(tmp_path / "bad.tar.gz", fields=("jpg", "cls"),
+                           transform=T.val(SIZE, SIZE), shuffle=0)
+    with pytest.raises(RuntimeError, match=r"bad\.tar\.gz key 'k1': no field 'cls'"):
+        list(ds)
+    (tmp_path / "cut.tar.gz").write_bytes(data[:len(data) // 2])
+    ds = stoker.WebDataset(tmp_path / "cut.tar.gz", fields=("uid.txt",), shuffle=0)
+    with pytest.raises(RuntimeError, match=r"cut\.tar\.gz: .*truncated or corrupt"):
+        list(ds)
+    with pytest.raises(ValueError, match="no RAM cache"):
+        stoker.WebDataset(tmp_path / "cut.tar.gz", fields=("uid.txt",), cache_bytes=1 << 20)
