@@ -121,6 +121,7 @@ TEST(TarIndex, UstarMembersWithTheirOffsetsAndSizes) {
   t.add("a/0001.cls", "3");
   t.add("a/link", "", '2');  // a symlink: left out
   t.add("empty.txt", "");
+  t.add("old-dir/", "", '\0');  // a v7 directory: type '\0', a trailing slash
   write(dir / "s.tar", t.finish());
   const auto members = index_tar_file((dir / "s.tar").string());
   ASSERT_EQ(members.size(), 3u);

@@ -124,6 +124,14 @@ class Indexer {
       // Types whose size is not followed by data (tarfile's rule): links, devices, dirs, FIFOs.
       const bool no_data =
           type == '1' || type == '2' || type == '3' || type == '4' || type == '5' || type == '6';
+      if (type == 'K') {  // GNU long link name, for a link that follows: not needed
+        if (data > size_ || size > size_ - data) {
+          fail("truncated: an extended header runs past the end of the file" + at_byte(at));
+        }
+        pending = true;
+        at = data + round_up(size);
+        continue;
+      }
       if (type == 'L' || type == 'x' || type == 'g') {
         const std::string text = payload(data, size, type);
         if (type == 'L') {
@@ -155,7 +163,9 @@ class Indexer {
       long_name.reset();
       pax.clear();
       pending = false;
-      const bool regular = type == '0' || type == '\0' || type == '7';
+      // An old-style entry ('\0') named with a trailing slash is a directory (tarfile's rule).
+      const bool regular =
+          type == '0' || type == '7' || (type == '\0' && (name.empty() || name.back() != '/'));
       if (!no_data && (data > size_ || size > size_ - data)) {
         fail("truncated: member '" + name + "' (" + std::to_string(size) + " bytes" +
              at_byte(data) + ") runs past the end of the file (" + std::to_string(size_) +
