@@ -701,6 +701,7 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
       const Npy npy = parse_npy(head);
       field.spec.dtype = npy.dtype;
       field.spec.shape = npy.shape;
+      if (field.spec.elements() == 0) throw std::runtime_error("an empty array (no elements)");
     } catch (const std::exception& e) {
       throw std::runtime_error(impl->name(i) + ": field '" + field.name + "': " + e.what());
     }
