@@ -368,6 +368,11 @@ TEST(WebDataset, UnsupportedFieldsAndCompressedShardsAreClearErrors) {
   write(dir / "s.tar", t.finish());
   std::string e = error_of([&] { WebDataset d(options(dir.path(), {"json"})); });
   EXPECT_NE(e.find("'json' is not supported"), std::string::npos) << e;
+  TarWriter empty;
+  empty.add("k1.npy", npy_f32({}));
+  write(dir / "s.tar", empty.finish());
+  e = error_of([&] { WebDataset d(options(dir.path(), {"npy"})); });
+  EXPECT_NE(e.find("s.tar key 'k1': field 'npy': an empty array"), std::string::npos) << e;
   write(dir / "z.tar.gz", "\x1f\x8b");
   auto o = options(dir.path(), {"cls"});
   o.shards = {(dir / "z.tar.gz").string()};
