@@ -18,7 +18,10 @@ shards (`<key>.jpg` + `<key>.cls`), under $TMPDIR. The pipeline: ImageNet traini
   parameters by torchvision's rule, PIL crop + resize (bilinear), flip, then ToTensor and
   Normalize as torch ops.
 
-Figures: images/s, the median of the epochs after the first. Then indexing: a shard of
+Figures: images/s, the median of the epochs after the first. Then `--paired` rounds of one
+stoker epoch followed by one webdataset + torch epoch at its best num_workers: each pair's
+ratio comes from two epochs seconds apart, which a shared machine's load moves less. Then
+indexing: a shard of
 `--index-gb` GB (the images repeated under new keys), read once into the page cache, indexed
 with no index cache (median of 3), and opened again with its index cached (median of 3).
 """
@@ -147,6 +150,30 @@ def run_webdataset_package(shards: list[str], workers: int, epochs: int) -> dict
     return {"num_workers": workers, "images_per_s": rate, "first_epoch_images_per_s": first}
 
 
+def paired(shards: list[str], workers: int, rounds: int) -> dict:
+    """stoker.WebDataset and webdataset + torch (at `workers`) one epoch each, alternately,
+    `rounds` times after a warm-up epoch each: the ratio of each pair, whose two epochs ran
+    seconds apart, is less moved by a shared machine's changing load than separate runs."""
+    import webdataset as wds
+
+    ours = stoker.DataLoader(stoker.WebDataset(shards, fields=("jpg", "cls"),
+                                               transform=T.train(224)),
+                             batch_size=64, shuffle=True, num_workers=os.cpu_count())
+    theirs = torch.utils.data.DataLoader(
+        wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
+        .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int),
+        batch_size=64, num_workers=workers, persistent_workers=workers > 0)
+    pairs = []
+    for r in range(rounds + 1):
+        a, _ = epochs_rate(ours, 1)
+        b, _ = epochs_rate(theirs, 1)
+        if r > 0:
+            pairs.append({"stoker": a, "webdataset_torch": b, "ratio": a / b})
+    ours.close()
+    return {"num_workers": workers, "pairs": pairs,
+            "median_ratio": statistics.median(p["ratio"] for p in pairs)}
+
+
 def run_stoker(dataset, epochs: int) -> dict:
     loader = stoker.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=os.cpu_count())
     rate, first = epochs_rate(loader, epochs)
@@ -205,11 +232,15 @@ def main() -> int:
     p.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2, 4],
                    help="torch DataLoader num_workers to try for the webdataset baseline")
     p.add_argument("--index-gb", type=float, default=1.0)
+    p.add_argument("--paired", type=int, default=3,
+                   help="rounds of one stoker epoch then one webdataset + torch epoch (at its "
+                        "best num_workers), for ratios measured seconds apart (0: none)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     a = p.parse_args()
     if a.smoke:
         a.images, a.shards, a.epochs, a.workers, a.index_gb = 64, 2, 2, [0, 1], 0.002
+        a.paired = 1
     folder, shard_dir = make_data(a.images, a.shards)
     shards = [str(s) for s in sorted(shard_dir.glob("*.tar"))]
     out = {"images": a.images, "shards": len(shards), "cores": os.cpu_count()}
@@ -223,6 +254,8 @@ def main() -> int:
         runs = [run_webdataset_package(shards, w, a.epochs) for w in a.workers]
         out["webdataset_torch"] = runs
         out["webdataset_torch_best"] = max(runs, key=lambda r: r["images_per_s"])
+        if a.paired:
+            out["paired"] = paired(shards, out["webdataset_torch_best"]["num_workers"], a.paired)
     except ImportError:
         out["webdataset_torch"] = None
     out["index"] = time_index(make_big_shard(folder, a.index_gb), 1 if a.smoke else 3)
@@ -246,6 +279,11 @@ def main() -> int:
     if out["webdataset_torch"]:
         print(f"  stoker.WebDataset / webdataset + torch at its best: "
               f"{out['ratio_vs_webdataset_torch_best']:.2f}x")
+    if out.get("paired"):
+        pp = out["paired"]
+        print(f"  paired epochs (stoker, then webdataset + torch at {pp['num_workers']} workers): "
+              + ", ".join(f"{q['ratio']:.2f}x" for q in pp["pairs"])
+              + f"; median {pp['median_ratio']:.2f}x")
     ix = out["index"]
     print(f"  index of a {ix['shard_bytes'] / 1e9:.2f} GB shard ({ix['samples']} samples, page "
           f"cache): {ix['index_s'] * 1000:.1f} ms; reopened with its cached index: "
