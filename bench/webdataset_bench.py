@@ -19,8 +19,9 @@ shards (`<key>.jpg` + `<key>.cls`), under $TMPDIR. The pipeline: ImageNet traini
   Normalize as torch ops.
 
 Figures: images/s, the median of the epochs after the first. Then `--paired` rounds of one
-stoker epoch followed by one webdataset + torch epoch at its best num_workers: each pair's
-ratio comes from two epochs seconds apart, which a shared machine's load moves less. Then
+epoch each of stoker.WebDataset, stoker.ImageFolder and webdataset + torch at its best
+num_workers, in turn: each round's ratios come from epochs seconds apart, which a shared
+machine's load moves less. Then
 indexing: a shard of
 `--index-gb` GB (the images repeated under new keys), read once into the page cache, indexed
 with no index cache (median of 3), and opened again with its index cached (median of 3).
@@ -150,15 +151,18 @@ def run_webdataset_package(shards: list[str], workers: int, epochs: int) -> dict
     return {"num_workers": workers, "images_per_s": rate, "first_epoch_images_per_s": first}
 
 
-def paired(shards: list[str], workers: int, rounds: int) -> dict:
-    """stoker.WebDataset and webdataset + torch (at `workers`) one epoch each, alternately,
-    `rounds` times after a warm-up epoch each: the ratio of each pair, whose two epochs ran
-    seconds apart, is less moved by a shared machine's changing load than separate runs."""
+def paired(shards: list[str], folder: pathlib.Path, workers: int, rounds: int) -> dict:
+    """stoker.WebDataset, stoker.ImageFolder and webdataset + torch (at `workers`) one epoch
+    each, in turn, `rounds` times after a warm-up epoch each: the ratios of each round, whose
+    epochs ran seconds apart, are less moved by a shared machine's changing load than
+    separate runs."""
     import webdataset as wds
 
     ours = stoker.DataLoader(stoker.WebDataset(shards, fields=("jpg", "cls"),
                                                transform=T.train(224)),
                              batch_size=64, shuffle=True, num_workers=os.cpu_count())
+    images = stoker.DataLoader(stoker.ImageFolder(folder, transform=T.train(224)),
+                               batch_size=64, shuffle=True, num_workers=os.cpu_count())
     theirs = torch.utils.data.DataLoader(
         wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
         .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int),
@@ -166,12 +170,17 @@ def paired(shards: list[str], workers: int, rounds: int) -> dict:
     pairs = []
     for r in range(rounds + 1):
         a, _ = epochs_rate(ours, 1)
+        f, _ = epochs_rate(images, 1)
         b, _ = epochs_rate(theirs, 1)
         if r > 0:
-            pairs.append({"stoker": a, "webdataset_torch": b, "ratio": a / b})
+            pairs.append({"stoker": a, "image_folder": f, "webdataset_torch": b,
+                          "ratio": a / b, "ratio_vs_image_folder": a / f})
     ours.close()
+    images.close()
     return {"num_workers": workers, "pairs": pairs,
-            "median_ratio": statistics.median(p["ratio"] for p in pairs)}
+            "median_ratio": statistics.median(p["ratio"] for p in pairs),
+            "median_ratio_vs_image_folder":
+                statistics.median(p["ratio_vs_image_folder"] for p in pairs)}
 
 
 def run_stoker(dataset, epochs: int) -> dict:
@@ -233,8 +242,9 @@ def main() -> int:
                    help="torch DataLoader num_workers to try for the webdataset baseline")
     p.add_argument("--index-gb", type=float, default=1.0)
     p.add_argument("--paired", type=int, default=3,
-                   help="rounds of one stoker epoch then one webdataset + torch epoch (at its "
-                        "best num_workers), for ratios measured seconds apart (0: none)")
+                   help="rounds of one epoch each of stoker.WebDataset, ImageFolder and "
+                        "webdataset + torch (at its best num_workers), in turn, for ratios "
+                        "measured seconds apart (0: none)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     a = p.parse_args()
@@ -255,7 +265,8 @@ def main() -> int:
         out["webdataset_torch"] = runs
         out["webdataset_torch_best"] = max(runs, key=lambda r: r["images_per_s"])
         if a.paired:
-            out["paired"] = paired(shards, out["webdataset_torch_best"]["num_workers"], a.paired)
+            out["paired"] = paired(shards, folder, out["webdataset_torch_best"]["num_workers"],
+                                   a.paired)
     except ImportError:
         out["webdataset_torch"] = None
     out["index"] = time_index(make_big_shard(folder, a.index_gb), 1 if a.smoke else 3)
@@ -281,9 +292,13 @@ def main() -> int:
               f"{out['ratio_vs_webdataset_torch_best']:.2f}x")
     if out.get("paired"):
         pp = out["paired"]
-        print(f"  paired epochs (stoker, then webdataset + torch at {pp['num_workers']} workers): "
+        print(f"  rounds of epochs in turn: stoker.WebDataset / webdataset + torch at "
+              f"{pp['num_workers']} workers: "
               + ", ".join(f"{q['ratio']:.2f}x" for q in pp["pairs"])
               + f"; median {pp['median_ratio']:.2f}x")
+        print("  rounds of epochs in turn: stoker.WebDataset / ImageFolder: "
+              + ", ".join(f"{q['ratio_vs_image_folder']:.2f}x" for q in pp["pairs"])
+              + f"; median {pp['median_ratio_vs_image_folder']:.2f}x")
     ix = out["index"]
     print(f"  index of a {ix['shard_bytes'] / 1e9:.2f} GB shard ({ix['samples']} samples, page "
           f"cache): {ix['index_s'] * 1000:.1f} ms; reopened with its cached index: "
