@@ -91,6 +91,32 @@ SPECS = {
 }
 
 
+def tars():
+    """WebDataset shards: ustar, GNU long names, pax, a directory, cls and npy fields."""
+    import tarfile
+
+    out = {}
+    npy = io.BytesIO()
+    np.save(npy, np.arange(3, dtype=np.float32))
+    for name, fmt in {"pax.tar": tarfile.PAX_FORMAT, "gnu.tar": tarfile.GNU_FORMAT,
+                      "ustar.tar": tarfile.USTAR_FORMAT}.items():
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+            info = tarfile.TarInfo("d.1")
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+            long = "x" * 60 + "/" + "y" * 60 if fmt != tarfile.USTAR_FORMAT else "d.1/k"
+            for key in ["d.1/k0", long + "1"]:
+                for field, data in [("cls", b"3"), ("npy", npy.getvalue())]:
+                    info = tarfile.TarInfo(f"{key}.{field}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        # Without tarfile's padding to 10 KiB records: the corpus stays small.
+        data = buf.getvalue()
+        out[name] = data[:(len(data.rstrip(b"\0")) + 511) // 512 * 512 + 1024]
+    return out
+
+
 def write(target, files):
     d = HERE / "corpus" / target
     shutil.rmtree(d, ignore_errors=True)
@@ -104,6 +130,7 @@ def main():
     write("png_decode", pngs())
     write("records", shards())
     write("transform_spec", SPECS)
+    write("tar_index", tars())
     png = encode(Image.fromarray(np.add.outer(np.arange(24) * 5, np.arange(40) * 3)
                                  .astype(np.uint8)), "PNG")
     lines = [", ".join(f"0x{b:02x}" for b in png[i:i + 16]) + "," for i in range(0, len(png), 16)]

@@ -33,7 +33,7 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest; the wheel's build tools)"
-python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11
+python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11 webdataset
 
 echo "== image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
@@ -65,7 +65,7 @@ python3 -m venv build-py/fresh-venv
 # --no-compile: .pyc files only for the modules the tests import, not all of torch.
 # matplotlib and tqdm: tune's chart and the progress bars, optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest matplotlib tqdm
+  pytest matplotlib tqdm webdataset
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== PyTorch's own DataLoader tests with stoker's loader (given their file)"
@@ -94,5 +94,10 @@ python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/worker_kinds.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/ray_bench.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/chaos.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/webdataset_bench.py --smoke >/dev/null 2>&1
+# the shards that smoke run made (bench/webdataset_bench.py: $TMPDIR/stoker-bench-wds-64-2)
+wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
+./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
+./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
 
 echo "== all tests passed"

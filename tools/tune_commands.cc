@@ -7,6 +7,7 @@
 #include "bench_jpeg.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
+#include "stoker/webdataset.h"
 #include "tune.h"
 
 namespace stoker::tools {
@@ -17,6 +18,7 @@ struct TargetArgs {
   std::string workload = "heavy";
   std::string folder;
   std::string records;
+  std::string webdataset;
   std::string pipeline = "train";
   std::size_t batch_size = 64;  // images only
   double consumer_ms = -1;      // < 0: the workload's (0 for images)
@@ -31,6 +33,9 @@ void add_target_options(CLI::App* cmd, TargetArgs& a) {
       ->check(CLI::IsMember({"tensor", "tiny", "heavy", "overhead", "jpeg"}));
   cmd->add_option("--folder", a.folder, "An image folder (class subfolders) instead");
   cmd->add_option("--records", a.records, "Record shards (stoker pack) instead");
+  cmd->add_option("--webdataset", a.webdataset,
+                  "WebDataset tar shards instead (a directory of *.tar, or one shard): the "
+                  "jpg/jpeg/png and cls fields");
   cmd->add_option("--pipeline", a.pipeline, "Images: train (default) or val")
       ->check(CLI::IsMember({"train", "val"}));
   cmd->add_option("--batch-size", a.batch_size, "Images: batch size (default 64)");
@@ -46,18 +51,30 @@ bench::WorkloadTarget make_target(const TargetArgs& a) {
   bo.smoke = a.smoke;
   bo.consumer_ms = a.consumer_ms;
   std::string folder = a.folder;
+  const int given = !a.folder.empty() + !a.records.empty() + !a.webdataset.empty();
+  if (given > 1) throw std::invalid_argument("--folder, --records, --webdataset: one of them");
+  const ImageTransform transform =
+      a.pipeline == "train" ? ImageTransform::train() : ImageTransform::val();
+  if (!a.webdataset.empty()) {
+    WebDatasetOptions wo;
+    wo.shards = {a.webdataset};
+    wo.transform = transform;
+    bench::WorkloadTarget t;
+    t.description = "WebDataset " + a.webdataset + ", " + a.pipeline + " pipeline";
+    t.dataset = std::make_shared<WebDataset>(wo);
+    t.batch_size = a.batch_size;
+    t.consumer_ms = std::max(0.0, a.consumer_ms);
+    return t;
+  }
   if (a.folder.empty() && a.records.empty()) {
     if (a.workload != "jpeg") return bench::workload_target(a.workload, bo);
     bench::JpegBenchOptions jo;
     jo.data_dir = a.data_dir;
     folder = bench::jpeg_data(bo, jo)[0];
   }
-  if (!folder.empty() && !a.records.empty()) {
-    throw std::invalid_argument("--folder and --records: one or the other");
-  }
   ImageDatasetOptions io;
   io.source = folder.empty() ? open_records(a.records) : open_image_folder(folder);
-  io.transform = a.pipeline == "train" ? ImageTransform::train() : ImageTransform::val();
+  io.transform = transform;
   bench::WorkloadTarget t;
   t.description = (folder.empty() ? "records " + a.records : "image folder " + folder) + ", " +
                   a.pipeline + " pipeline";

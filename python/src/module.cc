@@ -158,6 +158,11 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("std") = std::vector<float>{});
   m.def("image_dataset", &make_image_dataset, py::arg("kind"), py::arg("path"),
         py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
+  m.def("decode_image", &decode_image_bytes, py::arg("data"), py::arg("transform"), py::arg("seed"),
+        py::arg("max_pixels"), py::arg("name"));
+  m.def("webdataset", &make_webdataset, py::arg("shards"), py::arg("fields"), py::arg("transform"),
+        py::arg("cache_bytes"), py::arg("max_pixels"), py::arg("index_cache_dir"),
+        py::arg("index_cache"));
   m.def(
       "pack",
       [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes, bool overwrite,

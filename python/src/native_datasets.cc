@@ -11,6 +11,7 @@
 #include "image/resample.h"
 #include "stoker/image.h"
 #include "stoker/sources.h"
+#include "stoker/webdataset.h"
 
 namespace stoker::python {
 namespace {
@@ -121,6 +122,50 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
   }
   for (const auto& f : out.dataset->fields()) {
     out.element_types.emplace_back(dtype_name(f.dtype));
+  }
+  return out;
+}
+
+NativeDataset make_webdataset(const std::vector<std::string>& shards,
+                              const std::vector<std::string>& fields, const std::string& transform,
+                              std::size_t cache_bytes, std::uint64_t max_pixels,
+                              const std::string& index_cache_dir, bool index_cache) {
+  WebDatasetOptions o;
+  o.shards = shards;
+  o.fields = fields;
+  o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
+  o.max_pixels = max_pixels;
+  o.cache_bytes = cache_bytes;
+  o.index_cache_dir = index_cache_dir;
+  o.index_cache = index_cache;
+  NativeDataset out;
+  {
+    py::gil_scoped_release nogil;  // indexing the shards may take a while
+    auto d = std::make_shared<WebDataset>(std::move(o));
+    out.source = d->source();
+    out.dataset = std::move(d);
+  }
+  for (const auto& f : out.dataset->fields()) {
+    out.element_types.emplace_back(dtype_name(f.dtype));
+  }
+  return out;
+}
+
+py::array decode_image_bytes(const py::bytes& data, const std::string& transform,
+                             std::uint64_t seed, std::uint64_t max_pixels,
+                             const std::string& name) {
+  const ImageTransform t = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
+  const auto shape = t.shape();
+  py::array out(py::dtype(std::string(dtype_name(t.dtype))),
+                std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  const std::string_view bytes = data;  // the bytes object stays referenced by the caller
+  const std::span<const std::byte> encoded(reinterpret_cast<const std::byte*>(bytes.data()),
+                                           bytes.size());
+  const std::span<std::byte> pixels(static_cast<std::byte*>(out.mutable_data()),
+                                    static_cast<std::size_t>(out.nbytes()));
+  {
+    py::gil_scoped_release nogil;
+    decode_image(encoded, name, t, seed, pixels, nullptr, max_pixels);
   }
   return out;
 }

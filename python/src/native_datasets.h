@@ -47,6 +47,20 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
                                  const std::string& transform, std::size_t cache_bytes,
                                  std::uint64_t max_pixels);
 
+// A WebDataset (stoker/webdataset.h) over `shards` (tar files or directories) with `fields`,
+// optionally behind a RAM cache of `cache_bytes`; indexes cached in `index_cache_dir` ("" the
+// default place) unless `index_cache` is false. Opens the shards with the GIL released.
+NativeDataset make_webdataset(const std::vector<std::string>& shards,
+                              const std::vector<std::string>& fields, const std::string& transform,
+                              std::size_t cache_bytes, std::uint64_t max_pixels,
+                              const std::string& index_cache_dir, bool index_cache);
+
+// One encoded image (JPEG or PNG) decoded and transformed as an image data set does it, into a
+// fresh array of the transform's shape and dtype, with the GIL released. `name` starts the
+// error message (a std::runtime_error) of an image that does not decode.
+py::array decode_image_bytes(const py::bytes& data, const std::string& transform,
+                             std::uint64_t seed, std::uint64_t max_pixels, const std::string& name);
+
 // The source's read counters (reads, storage_reads, storage_bytes, cached, cached_bytes).
 py::dict source_counters(const NativeDataset& dataset);
 

@@ -18,6 +18,7 @@ from ._distributed import DistributedSampler, world
 from ._loader import DataLoader, Report, SkippedSample
 from ._remote import RayWorkers, ray_workers
 from ._tune import tune
+from ._webdataset import WebDataset, WebDatasetStream
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -35,6 +36,8 @@ __all__ = [
     "SampleError",
     "SkippedSample",
     "SyntheticDataset",
+    "WebDataset",
+    "WebDatasetStream",
     "WorkerError",
     "build_info",
     "cuda_available",

@@ -1,0 +1,80 @@
+// WebDataset tar shards read in place (docs/formats.md): each shard is indexed once from its
+// tar headers (the index cached on disk), so the data set is map-style (a length, random
+// access, the global shuffle, exact resume, the RAM cache) like an image folder.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stoker/dataset.h"
+#include "stoker/encoded.h"
+#include "stoker/image.h"
+
+namespace stoker {
+
+struct WebDatasetOptions {
+  // Tar files, or directories (every *.tar in them, in name order). Brace patterns are
+  // expanded by the caller (the Python package does it).
+  std::vector<std::string> shards;
+  // The sample's fields, in order: a field is a member's name after its key (lower-case),
+  // alternatives separated by ';' (the first present one is taken). Kinds, by the field's last
+  // extension: jpg/jpeg/png images (decoded with `transform`), cls/cls2/class/count/index/inx/
+  // id/txt integers (int64), npy arrays (dtype and shape fixed by the first sample that has
+  // it). Anything else (json, raw bytes) is refused: a batch holds fixed-shape arrays only.
+  std::vector<std::string> fields{"jpg;jpeg;png", "cls"};
+  ImageTransform transform;
+  std::uint64_t max_pixels = kDefaultMaxPixels;
+  // Keeps up to this many bytes of the samples' encoded bytes in RAM (cache_in_ram).
+  std::size_t cache_bytes = 0;
+  // Where shard indexes are cached: "" is $STOKER_CACHE_DIR, else $XDG_CACHE_HOME/stoker, else
+  // ~/.cache/stoker (each in a "webdataset" subfolder). A cache that cannot be written is
+  // ignored.
+  std::string index_cache_dir;
+  bool index_cache = true;
+};
+
+// The data set. Samples are the runs of consecutive members of a shard with the same key (the
+// member's path up to the first dot of its base name), as the `webdataset` package groups
+// them; members with no key (no dot in the base name) and `__meta__` files are left out, as
+// that package leaves them out. read() preads the sample's selected members (one read when
+// they are adjacent) and decodes them into the batch; a missing field, a duplicate member, a
+// bad integer or npy, an image that does not decode, or a shard truncated since it was
+// indexed throws std::runtime_error naming shard and key.
+//
+// Thread safety: immutable after construction; read() may be called from any thread.
+class WebDataset final : public Dataset {
+ public:
+  // Throws std::runtime_error naming the shard for a missing, unreadable, compressed or
+  // corrupt shard, std::invalid_argument for an unknown or unsupported field.
+  explicit WebDataset(WebDatasetOptions options);
+  ~WebDataset() override;
+
+  std::size_t size() const override;
+  std::vector<FieldSpec> fields() const override;
+  void read(std::size_t index, const SampleOut& out) const override;
+  std::string sample_name(std::size_t index) const override;
+
+  // The samples' encoded bytes (behind the RAM cache when cache_bytes > 0): its counters()
+  // count reads of the shard files.
+  const std::shared_ptr<EncodedSource>& source() const;
+  std::vector<std::string> shard_paths() const;
+  std::string key(std::size_t index) const;
+  // Shards whose index came from the on-disk cache at construction (the rest were indexed).
+  std::size_t indexes_from_cache() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  std::shared_ptr<EncodedSource> source_;  // impl_, or a RAM cache in front of it
+  WebDatasetOptions options_;
+};
+
+// The shard files `paths` names: files as they are, directories as every *.tar in them in name
+// order. Throws std::runtime_error for a directory with no *.tar (naming it).
+std::vector<std::string> webdataset_shards(const std::vector<std::string>& paths);
+
+}  // namespace stoker

@@ -1,0 +1,419 @@
+"""WebDataset tar shards read natively (docs/formats.md, "WebDataset shards")."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import re
+import tarfile
+import zlib
+from typing import Iterable, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _stoker
+from ._datasets import NativeDataset
+
+try:  # the stream is a torch IterableDataset where torch is installed (it always is to train)
+    from torch.utils.data import IterableDataset as _IterableBase
+except ImportError:  # pragma: no cover
+    _IterableBase = object
+
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
+_LETTERS = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
+
+
+def _closing(s: str, start: int) -> int:
+    """The index of the '}' matching the '{' at `start`, or -1."""
+    depth, i = 0, start
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def _split_top(s: str) -> list[str]:
+    """`s` split at its commas outside braces."""
+    parts, depth, i, last = [], 0, 0, 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            parts.append(s[last:i])
+            last = i + 1
+        i += 1
+    parts.append(s[last:])
+    return parts
+
+
+def _range(inner: str):
+    m = _RANGE.match(inner)
+    if m:
+        a, b, step = m.group(1), m.group(2), int(m.group(3) or 1) or 1
+        lo, hi = int(a), int(b)
+        width = max(len(a), len(b)) if any(
+            x.lstrip("-").startswith("0") and len(x.lstrip("-")) > 1 for x in (a, b)) else 0
+        values = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
+        return [str(v).zfill(width) if v >= 0 else "-" + str(-v).zfill(width - 1)
+                for v in values]
+    m = _LETTERS.match(inner)
+    if m:
+        lo, hi, step = ord(m.group(1)), ord(m.group(2)), int(m.group(3) or 1) or 1
+        values = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
+        return [chr(v) for v in values]
+    return None
+
+
+def _expand(s: str) -> list[str]:
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "{":
+            j = _closing(s, i)
+            if j < 0:
+                break
+            inner = s[i + 1:j]
+            parts = _split_top(inner)
+            if len(parts) > 1:
+                alternatives = [x for p in parts for x in _expand(p)]
+            else:
+                alternatives = _range(inner)
+                if alternatives is None:  # "{x}": kept as it is, its inside expanded
+                    alternatives = ["{" + x + "}" for x in _expand(inner)]
+            rests = _expand(s[j + 1:])
+            return [s[:i] + a + r for a in alternatives for r in rests]
+        i += 1
+    return [s]
+
+
+def braceexpand(pattern: str) -> list[str]:
+    """Brace expansion as the ``braceexpand`` package (and so ``webdataset``) does it:
+    ``{a,b}`` alternatives, ``{000..146}`` ranges (zero-padded when a bound is), ``{a..e}``,
+    ``{1..9..2}`` steps, nesting, ``\\{`` for a literal brace."""
+    return [re.sub(r"\\(.)", r"\1", s) for s in _expand(pattern)]
+
+
+def expand_shards(shards: Union[str, os.PathLike, Iterable]) -> list[str]:
+    """The shard paths `shards` names, as ``webdataset.WebDataset`` takes them: a path, a brace
+    pattern, several of them joined by ``::``, or a list of those. A directory stays as it is
+    (the data set reads every ``*.tar`` in it, in name order)."""
+    if isinstance(shards, (str, os.PathLike)):
+        items = [os.fspath(shards)]
+    else:
+        items = [os.fspath(s) for s in shards]
+    out = []
+    for item in items:
+        for part in item.split("::"):
+            out.extend(braceexpand(part))
+    if not out:
+        raise ValueError("stoker.WebDataset: no shards")
+    return out
+
+
+_IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
+_INTEGER_EXTENSIONS = ("cls", "cls2", "class", "count", "index", "inx", "id", "txt")
+_COMPRESSED = (".tar.gz", ".tgz")
+
+
+def _kind(field: str) -> str:
+    ext = field.rsplit(".", 1)[-1]
+    if ext in _IMAGE_EXTENSIONS:
+        return "image"
+    if ext in _INTEGER_EXTENSIONS:
+        return "integer"
+    if ext == "npy":
+        return "npy"
+    raise ValueError(f"stoker.WebDataset: field '{field}' is not supported: a batch holds "
+                     "fixed-shape arrays, so the fields read are images (jpg, jpeg, png), "
+                     "integers (cls, cls2, class, count, index, inx, id, txt holding an "
+                     "integer) and npy arrays; json, text and other raw bytes are not "
+                     "(docs/formats.md)")
+
+
+def _parse_fields(fields) -> tuple[tuple[str, tuple[str, ...], str], ...]:
+    """(name, lower-case alternatives, kind) per field, checked as the C++ side checks them."""
+    out = []
+    for f in fields:
+        alternatives = tuple(a.lower() for a in f.split(";"))
+        if any(not a for a in alternatives):
+            raise ValueError(f"stoker.WebDataset: field '{f}' has an empty name")
+        kinds = {_kind(a) for a in alternatives}
+        if len(kinds) > 1:
+            raise ValueError(f"stoker.WebDataset: field '{f}' mixes kinds (images, integers, "
+                             "arrays)")
+        if any(f == name for name, _, _ in out):
+            raise ValueError(f"stoker.WebDataset: field '{f}' is asked for twice (a batch's "
+                             "fields have distinct names)")
+        out.append((f, alternatives, kinds.pop()))
+    return tuple(out)
+
+
+# webdataset's base_plus_ext and tar_file_iterator's skip_meta.
+_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_META = re.compile(r"__[^/]*__($|/)")
+
+
+def _tar_samples(path: str):
+    """(key, {field: bytes}) for each sample of the tar (compressed or not) at `path`, read
+    front to back and grouped as webdataset's group_by_keys groups them."""
+    current = None
+    try:
+        with tarfile.open(path, "r|*") as tar:
+            for info in tar:
+                name = info.name
+                if not info.isreg():
+                    continue
+                if ("/" not in name and name.startswith("__") and name.endswith("__")) or \
+                        _META.match(name):
+                    continue
+                m = _KEY.match(name)
+                if m is None:
+                    continue
+                key, field = m.group(1), m.group(2).lower()
+                data = tar.extractfile(info).read()
+                if current is None or current[0] != key:
+                    if current is not None:
+                        yield current
+                    current = (key, {})
+                if field in current[1]:
+                    raise RuntimeError(f"{path} key '{key}': two members have the field "
+                                       f"'{field}' (a duplicate file name in the tar)")
+                current[1][field] = data
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
+        raise RuntimeError(f"{path}: {e} (a truncated or corrupt shard?)") from e
+    if current is not None:
+        yield current
+
+
+class WebDatasetStream(_IterableBase):
+    """WebDataset shards read front to back as a stream (an IterableDataset): what
+    ``stoker.WebDataset`` returns for compressed shards (``.tar.gz``, ``.tgz``), which cannot be
+    indexed for random access, or with ``stream=True``. Same fields and transforms as the
+    indexed data set; images are decoded by stoker's native pipeline. As ``webdataset`` does it:
+    the shards are shuffled per epoch (``shardshuffle``, seeded with ``seed + epoch``), split
+    over the ranks (``stoker.world()``) and then over the DataLoader's workers
+    (``get_worker_info()``), and the samples go through a shuffle buffer of ``shuffle``
+    samples (0: none). A rank or worker with no shard yields nothing, as in webdataset. Errors
+    (a missing field, an image that does not decode, a truncated shard) are raised naming shard
+    and key: a stream cannot skip them with ``on_error``. ``set_epoch(epoch)`` sets the epoch;
+    otherwise each iteration counts one."""
+
+    def __init__(self, shards, fields: Sequence[str] = ("jpg;jpeg;png", "cls"), transform=None,
+                 max_pixels: int = 89_478_485, shuffle: int = 1000, shardshuffle: bool = True,
+                 seed: int = 0) -> None:
+        if isinstance(fields, str):
+            fields = (fields,)
+        self.fields = tuple(str(f) for f in fields)
+        self._fields = _parse_fields(self.fields)
+        _check_transform(self.fields, transform)
+        self.shards = expand_shards(shards)
+        self.transform = transform
+        self._spec = transform.spec() if transform is not None else ""
+        self.max_pixels = int(max_pixels)
+        self.shuffle = int(shuffle)
+        self.shardshuffle = bool(shardshuffle)
+        self.seed = int(seed)
+        self._epoch: Optional[int] = None
+        self._next_epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch = int(epoch)
+
+    def _my_shards(self, epoch: int) -> list[str]:
+        from ._distributed import world
+
+        shards = []
+        for s in self.shards:  # directories: their *.tar, *.tar.gz and *.tgz in name order
+            if os.path.isdir(s):
+                shards += sorted(os.path.join(s, n) for n in os.listdir(s)
+                                 if n.endswith((".tar",) + _COMPRESSED))
+            else:
+                shards.append(s)
+        if self.shardshuffle:
+            random.Random(self.seed + epoch).shuffle(shards)
+        rank, world_size = world()
+        shards = shards[rank::world_size]
+        try:
+            from torch.utils.data import get_worker_info
+            info = get_worker_info()
+        except ImportError:  # pragma: no cover
+            info = None
+        if info is not None:
+            shards = shards[info.id::info.num_workers]
+        return shards
+
+    def __iter__(self):
+        if self._epoch is not None:
+            epoch = self._epoch
+        else:
+            epoch = self._next_epoch
+            self._next_epoch += 1
+        shards = self._my_shards(epoch)
+        rng = random.Random(f"{self.seed}-{epoch}-{'|'.join(shards)}")
+        buffer: list = []
+        for shard in shards:
+            for key, sample in _tar_samples(shard):
+                item = (shard, key, sample)
+                if len(buffer) < self.shuffle:
+                    buffer.append(item)
+                    continue
+                if self.shuffle > 0:
+                    i = rng.randrange(len(buffer))
+                    buffer[i], item = item, buffer[i]
+                yield self._convert(*item, rng.getrandbits(64))
+        rng.shuffle(buffer)
+        for item in buffer:
+            yield self._convert(*item, rng.getrandbits(64))
+
+    def _convert(self, shard: str, key: str, sample: dict, seed: int) -> tuple:
+        out = []
+        for name, alternatives, kind in self._fields:
+            data = next((sample[a] for a in alternatives if a in sample), None)
+            where = f"{shard} key '{key}'"
+            if data is None:
+                raise RuntimeError(f"{where}: no field '{name}' (the sample has: "
+                                   f"{', '.join(sample)})")
+            if kind == "image":
+                out.append(_stoker.decode_image(data, self._spec, seed, self.max_pixels,
+                                                f"{where}: field '{name}'"))
+            elif kind == "integer":
+                try:
+                    out.append(int(data.decode().strip()))
+                except (ValueError, UnicodeDecodeError):
+                    raise RuntimeError(f"{where}: field '{name}': not an integer") from None
+            else:
+                try:
+                    out.append(np.load(io.BytesIO(data), allow_pickle=False))
+                except ValueError as e:
+                    raise RuntimeError(f"{where}: field '{name}': {e}") from None
+        return tuple(out)
+
+
+def _compressed_dir(path: str) -> bool:
+    """A directory of compressed shards only (no *.tar)."""
+    if not os.path.isdir(path):
+        return False
+    names = os.listdir(path)
+    return (any(n.endswith(_COMPRESSED) for n in names)
+            and not any(n.endswith(".tar") for n in names))
+
+
+def _check_transform(fields, transform) -> None:
+    from .transforms import Compose
+
+    images = any(_kind(a.lower()) == "image" for f in fields for a in f.split(";"))
+    if transform is not None and not isinstance(transform, Compose):
+        raise TypeError("transform must be a stoker.transforms.Compose (torchvision's "
+                        "ImageNet pipelines, run in C++)")
+    if images and transform is None:
+        raise TypeError("stoker.WebDataset: the image fields need a transform "
+                        "(e.g. stoker.transforms.train(224))")
+
+
+class WebDataset(NativeDataset):
+    """WebDataset tar shards (``webdataset``'s format) read in C++, map-style.
+
+    ``shards``: a list of paths, a brace pattern (``"train-{000000..000146}.tar"``) or a
+    directory (every ``*.tar`` in it, in name order). Members are grouped into samples by key
+    (the member's path up to the first dot of its base name) and a field is the rest of the
+    name, lower-case; ``fields`` picks the fields and their order, as ``.to_tuple(...)`` does:
+    ``WebDataset(shards, fields=("jpg", "cls"), transform=T.train(224))`` yields
+    ``(image, label)``. ``"jpg;png"`` takes whichever the sample has. Images (jpg, jpeg, png)
+    are decoded with ``transform`` (a ``stoker.transforms.Compose``, as for ImageFolder);
+    ``cls``, ``txt`` (and cls2, class, count, index, inx, id) holding an integer become int64;
+    ``npy`` arrays keep their dtype and shape (the same for every sample). Other fields (json,
+    raw bytes) are refused: a batch holds fixed-shape arrays.
+
+    Compressed shards (``.tar.gz``, ``.tgz``) cannot be indexed for random access: for them
+    (or with ``stream=True``) this returns a ``WebDatasetStream``, an IterableDataset that
+    reads the shards front to back with a shard shuffle and a shuffle buffer (its options:
+    ``shuffle``, ``shardshuffle``, ``seed``), as ``webdataset`` does.
+
+    Each shard is indexed once from its tar headers and the index is cached on disk (in
+    ``index_cache``, a directory; default ``$STOKER_CACHE_DIR``, ``$XDG_CACHE_HOME/stoker`` or
+    ``~/.cache/stoker``; ``False`` for none), keyed by the shard's path, size and mtime. The
+    data set has a length and random access: the shuffle, DistributedSampler, ``state_dict()``
+    resume and ``cache_bytes`` (the RAM cache) work as for ImageFolder. A sample with a missing
+    field, a bad label or an image that does not decode raises naming shard and key (or is
+    skipped with the DataLoader's ``on_error='skip'``).
+    """
+
+    def __new__(cls, shards, fields=("jpg;jpeg;png", "cls"), transform=None, cache_bytes=0,
+                max_pixels=89_478_485, index_cache=None, stream=None, **stream_options):
+        paths = expand_shards(shards)
+        compressed = any(p.endswith(_COMPRESSED) or _compressed_dir(p) for p in paths)
+        if stream or (stream is None and compressed):
+            if cache_bytes:
+                raise ValueError("stoker.WebDataset: a stream (compressed shards, or "
+                                 "stream=True) has no RAM cache (cache_bytes)")
+            return WebDatasetStream(shards, fields, transform, max_pixels, **stream_options)
+        if stream_options:
+            raise TypeError("stoker.WebDataset: " + ", ".join(stream_options) +
+                            " apply to a stream only (compressed shards, or stream=True)")
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        shards,
+        fields: Sequence[str] = ("jpg;jpeg;png", "cls"),
+        transform=None,
+        cache_bytes: int = 0,
+        max_pixels: int = 89_478_485,
+        index_cache=None,
+        stream=None,
+    ) -> None:
+        self._made_with = ((shards,), dict(fields=fields, transform=transform,
+                                           cache_bytes=cache_bytes, max_pixels=max_pixels,
+                                           index_cache=index_cache))
+        if isinstance(fields, str):
+            fields = (fields,)
+        fields = tuple(str(f) for f in fields)
+        if not fields:
+            raise ValueError("stoker.WebDataset: no fields")
+        _check_transform(fields, transform)
+        self.shards = expand_shards(shards)
+        self.fields = fields
+        self.transform = transform
+        if index_cache is False:
+            cache_dir, use_cache = "", False
+        else:
+            cache_dir = "" if index_cache in (None, True) else os.fspath(index_cache)
+            use_cache = True
+        self._names = fields
+        self._as_dict = False
+        self._handle = _stoker.webdataset(self.shards, list(fields),
+                                          transform.spec() if transform is not None else "",
+                                          int(cache_bytes), int(max_pixels), cache_dir,
+                                          use_cache)
+
+    def key(self, index: int) -> str:
+        """The key of sample `index` (``__key__`` in webdataset)."""
+        return self.sample_name(index).rsplit(" key '", 1)[1][:-1]
+
+    def sample_name(self, index: int) -> str:
+        """Shard and key of sample `index`, as errors name it: ``<shard> key '<key>'``."""
+        return self._handle.sample_name(index)
+
+    def counters(self) -> dict:
+        """Reads so far, and how many went to the shard files (0 new ones once a RAM cache is
+        warm)."""
+        return self._handle.counters()
