@@ -26,7 +26,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import stoker  # noqa: E402
-from stoker import _stoker, _worker  # noqa: E402
+from stoker import _stoker  # noqa: E402
+from stoker.workers import main as _worker  # noqa: E402
 
 from python_bench import CheapDataset  # noqa: E402
 
@@ -38,8 +39,8 @@ def writer_for(dataset, rows: int):
     shared-memory region for `rows` rows; returns (writer, bytes per row of each field)."""
     loader = stoker.DataLoader(dataset, batch_size=rows, num_workers=0)
     next(iter(loader))
-    description, slots = pickle.loads(loader._handle.layout_message())
-    row_bytes = loader._handle.row_bytes()
+    description, slots = pickle.loads(loader._pipeline._handle.layout_message())
+    row_bytes = loader._pipeline._handle.row_bytes()
     loader.close()
     writer = _stoker.SampleWriter()
     writer.set_layout(description, slots)

@@ -39,8 +39,11 @@ import time
 import uuid
 from typing import Any, Mapping, Optional, Union
 
-from . import _batches, _stoker, _worker
-from ._workers import rebuild_error
+from .. import _stoker
+from ..workers import main as _worker
+from ..workers import startup
+from ..workers.jobs import BatchJobs, user_dataset
+from ..workers.processes import rebuild_error
 
 _log = logging.getLogger("stoker")
 
@@ -181,9 +184,8 @@ class RemoteWorker:
         torch = sys.modules.get("torch")
         if torch is not None:
             torch.set_num_threads(1)
-        seed = _worker.seed_worker(base_seed, worker_id)
-        _worker.set_torch_worker_info(worker_id, num_workers, seed,
-                                      _batches.user_dataset(dataset))
+        seed = startup.seed_worker(base_seed, worker_id)
+        startup.set_torch_worker_info(worker_id, num_workers, seed, user_dataset(dataset))
         self._dataset = dataset
         self._use_getitems = use_getitems
         self._writer = _stoker.SampleWriter()
@@ -197,7 +199,7 @@ class RemoteWorker:
             try:
                 worker_init_fn(worker_id)
             except Exception as e:  # reported with every job, as the reason its rows fail
-                self._init_error = _worker._error_info(e)
+                self._init_error = startup.error_info(e)
 
     def pid(self) -> int:
         """This worker's process id on its node."""
@@ -286,7 +288,7 @@ class RemoteWorkers:
         self._client = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex}"
         self._fingerprint = fingerprint(dataset)
         # A batch job's rows are batches (a collate_fn's or a batch sampler's).
-        self._item = "batch" if isinstance(dataset, _batches.BatchJobs) else "sample"
+        self._item = "batch" if isinstance(dataset, BatchJobs) else "sample"
         self._options = dict(spec.actor_options or {}, num_cpus=spec.num_cpus,
                              resources=spec.resources)
         self._options.setdefault("max_restarts", 0)

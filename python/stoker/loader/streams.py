@@ -1,14 +1,7 @@
-"""The batch path: a worker makes a whole batch (the samples of a batch -> collate_fn, or the
-next batch of its own stream), where the per-sample path (python/src/py_dataset.h) writes
-each sample into its row of a fixed-layout slab.
-
-Map-style data sets with a ``collate_fn``, a ``batch_sampler`` of any batch sizes, or
-``batch_size=None`` run on the engine as a data set of *batch jobs* (BatchJobs): engine
-"sample" k is batch k of the epoch, one per engine batch, so tickets, in-order delivery,
-prefetch, errors in batch order, the error policy, close() and both kinds of worker are the
-engine's. Iterable data sets run as streams (StreamEpoch): worker w iterates its own copy of
-the data set and the training loop takes batches from the workers in turn, as PyTorch's
-loader does; docs/architecture.md says why streams are not engine jobs.
+"""Iterable data sets on the training process's side: worker w iterates its own copy of the
+data set (on a thread, or in a worker process serving StreamJobs, stoker/workers/jobs.py) and
+the training loop takes batches from the workers in turn, as PyTorch's loader does;
+docs/architecture.md says why streams are not engine jobs.
 """
 
 from __future__ import annotations
@@ -16,7 +9,6 @@ from __future__ import annotations
 import atexit
 import copy
 import errno
-import itertools
 import pickle
 import queue
 import sys
@@ -24,260 +16,21 @@ import threading
 import weakref
 from typing import Callable, Optional
 
-from . import _arena, _stoker, _workers
-
-# Set in worker processes (python/stoker/_worker.py): no pinning there, the training process
-# reads their batches from shared memory.
-in_worker_process = False
+from .. import _stoker
+from ..workers import arena as _arena
+from ..workers import startup
+from ..workers.jobs import END, StreamJobs, is_datapipe
+from ..workers.processes import rebuild_error
 
 # How long a stream worker waits to hand a batch over before it looks whether it was stopped.
 _PUT_POLL_S = 0.1
 
+# What an epoch's next() returns after its last batch (None is a batch a collate_fn may make).
+EPOCH_END = object()
+
 
 def _torch():
     return sys.modules.get("torch")
-
-
-def is_stream(dataset) -> bool:
-    """An iterable-style data set: torch's IterableDataset, or iterable without __getitem__."""
-    torch = _torch()
-    if torch is not None and isinstance(dataset, torch.utils.data.IterableDataset):
-        return True
-    return hasattr(dataset, "__iter__") and not hasattr(dataset, "__getitem__")
-
-
-def is_datapipe(dataset) -> bool:
-    """A torch IterDataPipe: torch's loader shuffles, seeds and shards its graph itself."""
-    torch = _torch()
-    return torch is not None and isinstance(dataset, torch.utils.data.IterDataPipe)
-
-
-def _prepare_datapipe(dataset, seed: Optional[int]):
-    """What torch's loader does to an IterDataPipe before a worker iterates it: shards it over
-    every worker of every rank (its sharding_filter steps keep this worker's share) and seeds
-    its shuffle steps with the epoch's seed, which all workers share."""
-    from torch.utils.data import get_worker_info, graph_settings
-
-    torch = _torch()
-    info = get_worker_info()
-    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-    dist = torch.distributed
-    world, rank = ((dist.get_world_size(), dist.get_rank())
-                   if dist.is_available() and dist.is_initialized() else (1, 0))
-    graph_settings.apply_sharding(dataset, workers * world, worker * world + rank)
-    if seed is not None:
-        dataset = graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(seed))
-    return dataset
-
-
-def default_collate(auto_collation: bool) -> Callable:
-    """torch's default_collate (batches) or default_convert (batch_size=None)."""
-    torch = _torch()
-    if torch is None:
-        raise TypeError("stoker: batching without torch needs a collate_fn")
-    return _default_collate if auto_collation else torch.utils.data.default_convert
-
-
-def _default_collate(batch):
-    """torch's default_collate, except where it stacks a batch's tensors: in a worker, torch's
-    stacks them into a new shared-memory segment per batch (the way its workers hand batches
-    over); stoker's hand them over otherwise, so this stacks them into ordinary memory."""
-    global _collate_fn_map
-    from torch.utils.data._utils import collate
-
-    if _collate_fn_map is None:
-        _collate_fn_map = {**collate.default_collate_fn_map, _torch().Tensor: _stack}
-    return collate.collate(batch, collate_fn_map=_collate_fn_map)
-
-
-_collate_fn_map = None
-
-
-def _stack(batch, *, collate_fn_map=None):
-    torch = _torch()
-    if batch[0].is_nested or batch[0].layout != torch.strided:  # torch's errors
-        from torch.utils.data._utils import collate
-
-        return collate.collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-    return torch.stack(batch, 0)
-
-
-def user_dataset(dataset):
-    """The data set get_worker_info() names: the user's, not the wrapper stoker reads it through
-    (a job wrapper, or _torchvision.HybridFolder)."""
-    return dataset.dataset if getattr(type(dataset), "wraps_user_dataset", False) else dataset
-
-
-class BatchJobs:
-    """A map-style data set of batch jobs: item k is batch k of the current epoch, fetched
-    and collated. ``batches`` is set for each epoch by the loader (a list of index lists, or
-    of indices with ``batch_size=None``); worker processes get a job's batches with the job
-    (``job_args``), since their copy of this object is the one they started with."""
-
-    wraps_user_dataset = True  # user_dataset() unwraps it
-
-    def __init__(self, dataset, collate_fn: Callable, auto_collation: bool, size: int) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn
-        self.auto_collation = auto_collation
-        self.size = size
-        self.batches: Optional[list] = None
-        self.job_batches: Optional[dict] = None  # a worker process's current job's batches
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, k: int):
-        if self.job_batches is not None:  # in a worker process: the job's own
-            return self.run(k, self.job_batches[k])
-        return self.run(k, self.batches[k] if self.batches is not None else None)
-
-    def run(self, k: int, batch):
-        if batch is None:  # read ahead before the first epoch: dropped at iter()
-            return None
-        try:
-            if not self.auto_collation:
-                return self.collate_fn(self.dataset[batch])
-            getitems = getattr(self.dataset, "__getitems__", None)
-            samples = getitems(batch) if getitems is not None else [self.dataset[i] for i in batch]
-            return self.collate_fn(samples)
-        except Exception as e:
-            e.add_note(f"stoker: in batch {k}, samples {_summary(batch)}")
-            raise
-
-    def job_args(self, ks: list) -> bytes:
-        return pickle.dumps([self.batches[k] for k in ks] if self.batches is not None
-                            else [None] * len(ks), protocol=pickle.HIGHEST_PROTOCOL)
-
-    def __getstate__(self):  # pickled for spawn: the epoch's batches travel with the jobs
-        return {**self.__dict__, "batches": None}
-
-
-def _summary(batch) -> str:
-    if not isinstance(batch, list):
-        return str(batch)
-    return str(batch) if len(batch) <= 8 else f"[{', '.join(map(str, batch[:8]))}, ...]"
-
-
-class StreamJobs:
-    """One worker's stream: iterates its copy of the data set and forms batches from it, as
-    torch's _IterableDatasetFetcher does. In a worker process, ``call`` serves the training
-    process's requests (python/stoker/_worker.py)."""
-
-    wraps_user_dataset = True  # user_dataset() unwraps it
-
-    def __init__(self, dataset, collate_fn: Callable, batch_size: Optional[int],
-                 drop_last: bool) -> None:
-        self.dataset = dataset
-        self.collate_fn = collate_fn
-        self.batch_size = batch_size
-        self.drop_last = drop_last
-        self._epoch = -1
-        self._iterator = None
-        self._ended = False
-        # In a worker process (call()): batches made before they were asked for, up to
-        # `_ahead` of them.
-        self._ready: list = []
-        self._want_state = False
-        self._ahead = 1
-
-    def begin(self, state, seed: Optional[int] = None) -> None:
-        """A new pass over the stream, from `state` (the data set's state_dict()) if given;
-        `seed`: the epoch's seed of an IterDataPipe's shuffle steps."""
-        if state is not None:
-            self.dataset.load_state_dict(state)
-        if is_datapipe(self.dataset):
-            self.dataset = _prepare_datapipe(self.dataset, seed)
-        self._iterator = iter(self.dataset)
-        self._ended = False
-
-    def next_batch(self):
-        """The next batch; StopIteration at the end of the stream."""
-        if self._ended:
-            raise StopIteration
-        if self.batch_size is None:
-            return self.collate_fn(next(self._iterator))
-        samples = []
-        for _ in range(self.batch_size):
-            try:
-                samples.append(next(self._iterator))
-            except StopIteration:
-                self._ended = True
-                break
-        if not samples or (self.drop_last and len(samples) < self.batch_size):
-            raise StopIteration
-        return self.collate_fn(samples)
-
-    @property
-    def exhausted(self) -> bool:
-        """Whether the pass over the stream has ended (maybe while making the last batch)."""
-        return self._ended
-
-    def state(self):
-        return self.dataset.state_dict() if hasattr(self.dataset, "state_dict") else None
-
-    def call(self, epoch: int, args: bytes, init_failed: bool,
-             arenas: "_arena.Arenas") -> list:
-        """A worker process's request for the next batches of epoch `epoch`: the ones made
-        since the last request (prepare()), else the next one; each item a batch as
-        `arenas.dumps` made it of (batch, the data set's state after it), an exception, or
-        END. The first request of an epoch starts the pass (from the state in `args`).
-        Requests of an older epoch (an abandoned one's last) get [END]. If the worker's
-        worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
-        reports that error) and the stream ends there."""
-        state, self._want_state, self._ahead, seed = pickle.loads(args)
-        if epoch < self._epoch:
-            return [END]
-        if epoch > self._epoch:
-            for item in self._ready:  # made for an abandoned epoch: nobody takes them
-                if isinstance(item, bytes):
-                    arenas.discard(item)
-            self._ready = []
-            self._epoch = epoch
-            self._ended = True  # until the pass has begun: an error here ends the stream
-            if init_failed:
-                return INIT_FAILED
-            self.begin(state, seed)
-        if not self._ready:
-            self._ready.append(self._make(arenas))
-        items, self._ready = self._ready, []
-        return items
-
-    def prepare(self, arenas: "_arena.Arenas") -> bool:
-        """Makes one more batch for the next request, if fewer than `ahead` wait and the
-        stream goes on; whether it made one. The worker calls it between requests, so it
-        works while the training process takes its batches and asks again, and a reply
-        carries every batch made meanwhile (one round trip for several batches when the
-        training process is slow to ask)."""
-        if (self._epoch < 0 or len(self._ready) >= self._ahead
-                or (self._ready and self._ready[-1] is END)):
-            return False
-        self._ready.append(self._make(arenas))
-        return True
-
-    def _make(self, arenas: "_arena.Arenas"):
-        """The next batch dumped into an arena, END, or the exception that made it fail."""
-        try:
-            batch = self.next_batch()
-            return arenas.dumps((batch, self.state() if self._want_state else None,
-                                 self._ended))
-        except StopIteration:
-            return END
-        except Exception as e:  # reported in turn; the stream goes on, as torch's
-            return e
-
-
-class _End:
-    """The end of a worker's stream."""
-
-    def __reduce__(self):
-        return "END"
-
-
-END = _End()
-# What an epoch's next() returns after its last batch (None is a batch a collate_fn may make).
-EPOCH_END = object()
-INIT_FAILED = object()
 
 
 class _Failure:
@@ -383,7 +136,7 @@ class StreamEpoch:
             _, failed, blob, pid = reply
             try:
                 objects, errors = pickle.loads(blob)
-                items = ([_Failure(_workers.rebuild_error(errors[0][1], _where(w, pid)))]
+                items = ([_Failure(rebuild_error(errors[0][1], _where(w, pid)))]
                          if failed else [_from_worker(item, w, pid)
                                          for item in _arena.loads(objects[0], pid)])
             except OSError as e:
@@ -452,7 +205,7 @@ def _from_worker(item, w: int, pid: int):
     if isinstance(item, bytes):
         return _arena.loads(item, pid)
     if isinstance(item, tuple):  # ("error", the worker's exception info)
-        return _Failure(_workers.rebuild_error(item[1], _where(w, pid)))
+        return _Failure(rebuild_error(item[1], _where(w, pid)))
     return item  # END
 
 
@@ -468,27 +221,6 @@ def _own_copy(dataset):
 
 def _note(error: BaseException, w: int) -> None:
     error.add_note(f"stoker: raised in DataLoader worker {w} while reading its stream")
-
-
-def split_by_rank(iterable, rank: Optional[int] = None, world_size: Optional[int] = None):
-    """Items ``rank, rank + world_size, ...`` of `iterable`: one rank's share of a stream under
-    DistributedDataParallel. `rank` and `world_size` default to torch.distributed's, or to the
-    RANK and WORLD_SIZE that torchrun sets (stoker.world())."""
-    from ._distributed import world
-
-    if rank is None or world_size is None:
-        rank, world_size = world()
-    return itertools.islice(iterable, rank, None, world_size)
-
-
-def split_by_worker(iterable):
-    """Items ``id, id + num_workers, ...`` of `iterable` in a DataLoader worker (per
-    torch.utils.data.get_worker_info()); all of them outside one."""
-    torch = _torch()
-    info = torch.utils.data.get_worker_info() if torch is not None else None
-    if info is None:
-        return iter(iterable)
-    return itertools.islice(iterable, info.id, None, info.num_workers)
 
 
 class Streams:
@@ -533,7 +265,7 @@ class Streams:
         return -(-length // self._batch_size)
 
     def _init_thread(self, w: int, dataset, workers: int, base_seed: int) -> None:
-        _workers.set_thread_worker_info(w, workers, base_seed + w, dataset)
+        startup.set_thread_worker_info(w, workers, base_seed + w, dataset)
         if self._worker_init_fn is not None:
             self._worker_init_fn(w)
 
@@ -612,42 +344,3 @@ _open_streams: "weakref.WeakSet[Streams]" = weakref.WeakSet()
 def _close_open_streams() -> None:
     for streams in list(_open_streams):
         streams.close()
-
-
-def mover(device: str, pin: bool) -> Callable:
-    """What a batch path's batch goes through in the training loop: its tensors (in any
-    nesting) moved to `device` ('cuda[:N]'); a batch for the CPU as it is. With `pin` (set
-    where a GPU reads the batches) worker threads pin the collate output first (pinned()), so
-    the copy is an asynchronous DMA."""
-    if not device.startswith("cuda"):
-        return lambda batch: batch
-    torch = _torch()
-    target = torch.device(device)
-    return lambda batch: _tree_map(
-        batch, lambda t: t.to(target, non_blocking=pin and t.is_pinned()))
-
-
-def pinned(collate_fn: Callable) -> Callable:
-    """collate_fn, its tensors then copied into pinned memory by the worker thread that made
-    them (not in worker processes: their batches are in shared memory)."""
-    def collate(samples):
-        batch = collate_fn(samples)
-        return batch if in_worker_process else _tree_map(batch, lambda t: t.pin_memory())
-    return collate
-
-
-def _tree_map(obj, fn: Callable):
-    torch = _torch()
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_tree_map(x, fn) for x in obj))
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_tree_map(x, fn) for x in obj)
-    if isinstance(obj, dict):
-        values = {k: _tree_map(v, fn) for k, v in obj.items()}
-        try:
-            return values if type(obj) is dict else type(obj)(values)
-        except TypeError:
-            return values
-    return obj

@@ -1,0 +1,1 @@
+"""Remote workers on Ray (``remote=stoker.ray_workers(n)``): pool.py."""
