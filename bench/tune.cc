@@ -115,7 +115,7 @@ void print_point(const json& p) {
       *std::max_element(runs.begin(), runs.end()), p["wait_pct"].get<double>());
 }
 
-// Writes `result` to a temporary file and has python/stoker/_plot.py draw it.
+// Writes `result` to a temporary file and has python/stoker/tuning_chart.py draw it.
 void plot(const json& result, const TuneOptions& o) {
   char path[] = "/tmp/stoker-tune-XXXXXX";
   const int fd = mkstemp(path);
@@ -126,7 +126,7 @@ void plot(const json& result, const TuneOptions& o) {
   std::string out;
   const int status = written ? run_command(fmt::format("{} {} {} {}", shell_quote(o.python),
                                                        shell_quote(std::string(STOKER_SOURCE_DIR) +
-                                                                   "/python/stoker/_plot.py"),
+                                                                   "/python/stoker/tuning_chart.py"),
                                                        shell_quote(path), shell_quote(o.plot)),
                                            out)
                              : -1;

@@ -15,7 +15,7 @@ from .datasets.native import (ArrayDataset, ImageFolder, NativeDataset, RecordDa
                               SyntheticDataset, pack)
 from .distributed import DistributedSampler, split_by_rank, split_by_worker, world
 from .loader import DataLoader, Report, SkippedSample
-from .remote.pool import RayWorkers, ray_workers
+from .remote.actor import RayWorkers, ray_workers
 from .tuning import tune
 
 SampleError = _stoker.SampleError

@@ -1,7 +1,7 @@
 """The chart of a tuning run (``stoker tune --grid --plot FILE``, ``stoker.tune(..., plot=)``):
 samples/s against workers, one line per pinning x depth, the tuner's choice marked.
 
-Also a script, which the C++ command runs: ``python3 _plot.py RESULT.json OUT.png``.
+Also a script, which the C++ command runs: ``python3 tuning_chart.py RESULT.json OUT.png``.
 """
 
 from __future__ import annotations

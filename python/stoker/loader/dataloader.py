@@ -2,7 +2,7 @@
 
 This module keeps torch's surface (the arguments, the public attributes and the rules on them,
 iter(), len(), epochs, state_dict()); what the arguments mean is resolved once into a Plan
-(plan.py), and the loading is delegated to the plan's pipeline (pipeline.py: the engine's or
+(plan.py), and the loading is delegated to the plan's pipeline (pipelines.py: the engine's or
 the stream's)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
 from .. import _stoker
-from . import compat, pipeline
-from .pipeline import EPOCH_END
+from . import compat, pipelines
+from .protocol import EPOCH_END
 from .plan import resolve, torch_attributes
 
 
@@ -152,7 +152,7 @@ class DataLoader:
                 batch_sampler=batch_sampler, drop_last=drop_last, generator=generator,
                 collate_fn=collate_fn, prefetch_factor=prefetch_factor).items():
             setattr(self, name, value)
-        self._pipeline = pipeline.build(plan, dict(
+        self._pipeline = pipelines.build(plan, dict(
             dataset=self.dataset, sampler=self.sampler, batch_sampler=self.batch_sampler,
             batch_size=self.batch_size, drop_last=self.drop_last))
         # stoker's own arguments as given, also public, so that the loader can be made again

@@ -1,8 +1,8 @@
 """The DataLoader's arguments, resolved once: ``resolve()`` checks every argument (torch's
 checks in torch's order and words, then stoker's) and decides the mode, what the workers read,
 the order of the samples, the kind of worker and why, the device, pinning, the seeds and the
-depth, as a frozen ``Plan``. Nothing here starts anything: the pipelines (engine.py,
-stream.py) are built from the plan. Its repr is the plan as report() prints it."""
+depth, as a frozen ``Plan``. Nothing here starts anything: the pipelines (engine_pipeline.py,
+stream_pipeline.py) are built from the plan. Its repr is the plan as report() prints it."""
 
 from __future__ import annotations
 
@@ -263,7 +263,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
 def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, multiprocessing_context, prefetch_factor, device,
             worker_type, remote, host: Host, warnings: list, common: dict) -> Plan:
-    """An iterable data set: each worker iterates its own copy (stream.py)."""
+    """An iterable data set: each worker iterates its own copy (stream_pipeline.py)."""
     if remote is not None:
         raise ValueError("stoker: remote workers read map-style data sets (samples, or "
                          "batches with a collate_fn or batch sampler); streams run on local "

@@ -1,7 +1,7 @@
 """The engine pipeline's two decisions taken while it runs, from what the first batches show:
 worker_type='auto' (threads, or processes for GIL-bound reads) and, with num_workers='auto'
 and remote=, how many remote workers to use. Each is a small state machine fed the engine's
-stats; the pipeline (engine.py) carries out what it decides."""
+stats; the pipeline (engine_pipeline.py) carries out what it decides."""
 
 from __future__ import annotations
 

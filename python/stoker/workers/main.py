@@ -17,13 +17,12 @@ import select
 import signal
 import socket
 import struct
-import sys
 from typing import Optional
 
 from .. import _stoker
 from . import arena as _arena
 from . import jobs
-from .startup import error_info, seed_worker, set_torch_worker_info
+from .startup import error_info, start_worker
 
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
@@ -83,18 +82,9 @@ def main(sock: socket.socket, dataset, worker_id: int,
     jobs.in_worker_process = True
     if import_torch:  # spawned by a process that uses torch: get_worker_info() must answer
         import torch  # noqa: F401
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-    seed = seed_worker(base_seed, worker_id)
-    set_torch_worker_info(worker_id, num_workers, seed, jobs.user_dataset(dataset))
+    init_error = start_worker(worker_id, num_workers, base_seed, jobs.user_dataset(dataset),
+                              worker_init_fn, own_process=True)
     writer = _stoker.SampleWriter()
-    init_error = None
-    if worker_init_fn is not None:
-        try:
-            worker_init_fn(worker_id)
-        except Exception as e:  # reported with every job, as the reason its rows fail
-            init_error = error_info(e)
     try:
         _serve(sock, dataset, writer, init_error, use_getitems)
     except (_Closed, ConnectionError):  # the loader closed (while a reply was on its way)

@@ -12,6 +12,37 @@ import traceback
 from typing import Any, Callable, Optional
 
 
+def start_worker(worker_id: int, num_workers: int, base_seed: int, dataset,
+                 worker_init_fn: Optional[Callable[[int], None]], *, own_process: bool):
+    """Starts worker `worker_id` of `num_workers` as PyTorch starts its workers: in a process
+    of its own (`own_process`: a worker process or a Ray actor), torch on one thread, the
+    process's generators seeded with ``base_seed + worker_id`` and get_worker_info() set; on a
+    thread of this process (the engine's worker threads, a stream's), get_worker_info() set
+    for that thread (its seed is ``base_seed + worker_id``; the generators are the training
+    process's). Then ``worker_init_fn(worker_id)``. On a thread its error is raised (the
+    engine, or the stream, reports it); in a process of its own it is returned as error_info,
+    which the worker reports with every job, as the reason its rows fail."""
+    seed = base_seed + worker_id
+    if own_process:
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)
+        seed_worker(base_seed, worker_id)
+        set_torch_worker_info(worker_id, num_workers, seed, dataset)
+    else:
+        set_thread_worker_info(worker_id, num_workers, seed, dataset)
+    if worker_init_fn is None:
+        return None
+    if not own_process:
+        worker_init_fn(worker_id)
+        return None
+    try:
+        worker_init_fn(worker_id)
+    except Exception as e:
+        return error_info(e)
+    return None
+
+
 def seed_worker(base_seed: int, worker_id: int) -> int:
     """Seeds this process as PyTorch seeds its workers; returns the worker's seed."""
     seed = base_seed + worker_id
@@ -93,9 +124,8 @@ def thread_worker_start(dataset, base_seed: int, num_workers: Callable[[], int],
     """on_worker_start for worker threads: sets this thread's worker info, then runs
     worker_init_fn(worker_id), once per thread."""
     def start(worker_id: int) -> None:
-        set_thread_worker_info(worker_id, num_workers(), base_seed + worker_id, dataset)
-        if worker_init_fn is not None:
-            worker_init_fn(worker_id)
+        start_worker(worker_id, num_workers(), base_seed, dataset, worker_init_fn,
+                     own_process=False)
     return start
 
 

@@ -1,6 +1,6 @@
 """The stream pipeline: an iterable data set, each worker (a thread, or a worker process)
-iterating its own copy (streams.py), batches taken from the workers in turn. It runs outside
-the engine, so its stats, report and trace are its own: the training loop's waits for
+iterating its own copy (stream_epochs.py), batches taken from the workers in turn. It runs
+outside the engine, so its stats, report and trace are its own: the training loop's waits for
 batches and the steps in between, measured here."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Optional
 from ..workers.jobs import StreamJobs
 from ..workers.processes import ProcessWorkers
 from .collate import mover, pinned
-from .pipeline import EPOCH_END, Pipeline
+from .protocol import EPOCH_END, Pipeline
 from .plan import Plan
-from .streams import Streams
+from .stream_epochs import Streams
 
 _log = logging.getLogger("stoker")
 

@@ -1,5 +1,6 @@
-"""The protocol a DataLoader delegates to: one pipeline per loader, built from its Plan (the
-engine's, engine.py, for map-style data sets; the stream's, stream.py, for iterable ones).
+"""The protocol a DataLoader delegates to: one pipeline per loader, built from its Plan
+(pipelines.build: the engine's, engine_pipeline.py, for map-style data sets; the stream's,
+stream_pipeline.py, for iterable ones).
 
     start(epoch, batch)    the epoch to read from that batch on (restored or fresh)
     next(timeout)          the next batch, or EPOCH_END
@@ -18,20 +19,12 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from .plan import STREAM, Plan
-from .streams import EPOCH_END
+from .plan import Plan
+from .stream_epochs import EPOCH_END
 
-__all__ = ["EPOCH_END", "Pipeline", "build"]
+__all__ = ["EPOCH_END", "Pipeline"]
 
 _log = logging.getLogger("stoker")
-
-
-def build(plan: Plan, index: dict) -> "Pipeline":
-    """The pipeline of `plan`; `index`: torch's public attributes the batches follow."""
-    from .engine import EnginePipeline
-    from .stream import StreamPipeline
-
-    return StreamPipeline(plan) if plan.mode == STREAM else EnginePipeline(plan, index)
 
 
 class Pipeline:

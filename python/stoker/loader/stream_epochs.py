@@ -265,9 +265,8 @@ class Streams:
         return -(-length // self._batch_size)
 
     def _init_thread(self, w: int, dataset, workers: int, base_seed: int) -> None:
-        startup.set_thread_worker_info(w, workers, base_seed + w, dataset)
-        if self._worker_init_fn is not None:
-            self._worker_init_fn(w)
+        startup.start_worker(w, workers, base_seed, dataset, self._worker_init_fn,
+                             own_process=False)
 
     def start(self) -> None:
         """Starts the next pass over the stream (a new epoch)."""

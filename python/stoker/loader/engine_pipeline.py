@@ -1,7 +1,7 @@
 """The engine pipeline: a map-style data set's samples (or batch jobs) read by the C++ engine
 (stoker._stoker.Loader) on worker threads, worker processes or Ray actors, and each delivered
 batch made into what the training loop gets. Built from a Plan (plan.py); the DataLoader
-delegates to it through the protocol of pipeline.py."""
+delegates to it through the protocol of protocol.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..workers.startup import thread_worker_start
 from . import compat
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
-from .pipeline import EPOCH_END, Pipeline
+from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, engine_enum
 from .worker_choice import RemoteTuning, WorkerTypeChoice
 
