@@ -128,7 +128,8 @@ class DataLoader:
     ) -> None:
         plan = resolve(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
-            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order, device=device,
             on_error=on_error, max_skipped=max_skipped, seed=seed, pin_budget=pin_budget,
             device_depth=device_depth, worker_type=worker_type, native=native,

@@ -158,7 +158,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         pipeline = (f"python: batches of {type(dataset).__name__}, fetched and collated in "
                     f"workers")
     else:
-        read, engine_batch_size, engine_sampler, engine_drop_last = dataset, batch_size, sampler, drop_last
+        engine_batch_size, engine_sampler, engine_drop_last = batch_size, sampler, drop_last
         engine_shuffle = shuffle
         if batch_sampler is not None:  # torch's BatchSampler: its sampler, batched natively
             engine_batch_size, engine_sampler, engine_drop_last = (
@@ -250,14 +250,13 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         process_count=process_count, tune_workers=tune, max_workers=max_workers,
         remote_workers=remote_count, tune_remote=num_workers == "auto" and remote is not None,
         depth=depth, batch_size=int(engine_batch_size), drop_last=bool(engine_drop_last),
-        shuffle=public_shuffle, engine_shuffle=engine_shuffle, seed=public_seed, engine_seed=engine_seed,
-        worker_seed=worker_seed, rank=rank, world_size=world, shard_drop_last=shard_drop_last,
-        device=resolved_device, pin_memory=str(engine_pin),
-        pin_always=pin_memory == "on", native=is_native,
-        warnings=tuple(warnings), dataset=read, sampler=engine_sampler,
-        order_length=order_length, collate_fn=collate_fn,
-        context=mp_context(context) if not is_native else None,
-        remote=remote, warn_not_persistent=persistent_workers is False, **common)
+        shuffle=public_shuffle, engine_shuffle=engine_shuffle, seed=public_seed,
+        engine_seed=engine_seed, worker_seed=worker_seed, rank=rank, world_size=world,
+        shard_drop_last=shard_drop_last, device=resolved_device, pin_memory=str(engine_pin),
+        pin_always=pin_memory == "on", native=is_native, warnings=tuple(warnings),
+        dataset=read, sampler=engine_sampler, order_length=order_length, collate_fn=collate_fn,
+        context=mp_context(context) if not is_native else None, remote=remote,
+        warn_not_persistent=persistent_workers is False, **common)
 
 
 def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -307,10 +306,10 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
         depth=2 if prefetch_factor is None else int(prefetch_factor),
         batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
-        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0, worker_seed=worker_seed, rank=0,
-        world_size=1, shard_drop_last=False, device=resolved, pin_memory="on" if pin else "off",
-        pin_always=False,
-        native=False, warnings=tuple(warnings), log=log, dataset=dataset,
+        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0,
+        worker_seed=worker_seed, rank=0, world_size=1, shard_drop_last=False, device=resolved,
+        pin_memory="on" if pin else "off", pin_always=False, native=False,
+        warnings=tuple(warnings), log=log, dataset=dataset,
         collate_fn=collate_fn if collate_fn is not None else default_collate(
             batch_size is not None),
         context=mp_context(multiprocessing_context) if chosen == "process" else None,

@@ -4,10 +4,11 @@ The engine does not know about them. An engine worker thread that takes a chunk 
 asks ``RemoteWorkers.run`` (from ``PyDataset::read_rows``, python/src/py_dataset.cc) to have it
 read remotely: if an actor is free, the chunk goes to it as the worker processes' kJob
 (python/src/py_workers.h: the rows' sample indices and seeds, field offsets into the actor's
-own buffer), the actor reads and writes the rows exactly as a worker process does
-(``RemoteWorker`` in actor.py, ``_run_job`` of workers/main.py over ``SampleWriter``), and returns them as one numpy array through Ray's
-object store, with the pickled object values and errors; the thread copies the rows into its
-slab (the one copy on this node) and the engine goes on as for any chunk. So the order,
+own buffer), the actor (``RemoteWorker``, actor.py) reads and writes the rows exactly as a
+worker process does (``_run_job`` of workers/main.py over ``SampleWriter``), and returns them
+as one numpy array through Ray's object store, with the pickled object values and errors; the
+thread copies the rows into its slab (the one copy on this node) and the engine goes on as for
+any chunk. So the order,
 exactly-once delivery, cancellation, error policy, ``state_dict()`` and backpressure (batches
 in flight bounded by the free slabs) are the engine's. A chunk whose actor dies, whose node
 goes, or whose reply is later than ``reissue_after`` is issued again by the same thread to
