@@ -4,10 +4,11 @@ A stoker worker process reads a chunk of rows with ``SampleWriter.run_job`` (pyt
 py_workers.h): per row, ``__getitem__``, the check of the sample against the batch layout, the
 writes of its arrays and numbers into the row of the (shared) slab and its object values
 (strings) collected; then the chunk's object values are pickled for the reply
-(``_worker._run_job``). This benchmark runs exactly that in one process, with no socket and no
-other process, over the same rows as a bare ``for i in rows: dataset[i]`` loop, alternated,
-and prints microseconds per sample and the ratio: the cost that stoker's worker processes add
-to a cheap sample, before any inter-process cost (which ``python_bench.py`` measures whole).
+(``_run_job`` of stoker/workers/main.py). This benchmark runs exactly that in one process,
+with no socket and no other process, over the same rows as a bare ``for i in rows:
+dataset[i]`` loop, alternated, and prints microseconds per sample and the ratio: the cost that
+stoker's worker processes add to a cheap sample, before any inter-process cost (which
+``python_bench.py`` measures whole).
 
     python bench/worker_overhead.py [--rows 128] [--rounds 15] [--smoke]
 """
