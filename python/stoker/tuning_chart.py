@@ -46,6 +46,6 @@ def plot(result: dict, path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: _plot.py RESULT.json OUT.png|OUT.svg")
+        sys.exit("usage: tuning_chart.py RESULT.json OUT.png|OUT.svg")
     with open(sys.argv[1]) as f:
         plot(json.load(f), sys.argv[2])

@@ -1,7 +1,7 @@
 """torch.utils.data.DataLoader's surface for stoker.DataLoader: its argument checks (same order,
-same messages), the public attributes it sets and the rules on them, and one warning for each
-argument stoker does not honour as torch does. Kept apart from the engine-facing code in
-_loader.py; nothing here imports torch (it is used only when the program imported it)."""
+same messages; plan.py calls them), the public attributes it sets and the rules on them, and
+the warning for each argument stoker does not honour as torch does. Nothing here imports torch
+(it is used only when the program imported it)."""
 
 from __future__ import annotations
 

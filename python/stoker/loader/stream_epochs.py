@@ -201,7 +201,7 @@ def _where(w: int, pid: int) -> str:
 
 
 def _from_worker(item, w: int, pid: int):
-    """One item of a stream worker's reply (_worker._run_call), as the queue holds it."""
+    """One item of a stream worker's reply (workers/main.py, _run_call), as the queue holds it."""
     if isinstance(item, bytes):
         return _arena.loads(item, pid)
     if isinstance(item, tuple):  # ("error", the worker's exception info)
