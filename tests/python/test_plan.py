@@ -268,6 +268,17 @@ def _same(a, b) -> bool:
         torch.equal(torch.as_tensor(x), torch.as_tensor(y)) for x, y in zip(a, b))
 
 
+def test_a_state_of_the_other_mode_is_refused_with_a_clear_error():
+    loaders = _loaders()
+    stream, samples = loaders["stream"].state_dict(), loaders["samples"].state_dict()
+    with pytest.raises(ValueError, match="not a map-style data set's"):
+        loaders["samples"].load_state_dict(stream)
+    with pytest.raises(ValueError, match="not a stream's"):
+        loaders["stream"].load_state_dict(samples)
+    for loader in loaders.values():
+        loader.close()
+
+
 def test_a_stream_says_why_its_workers_and_depth_are_fixed():
     loader = _loaders()["stream"]
     with pytest.raises(ValueError, match="their count is fixed"):

@@ -157,6 +157,10 @@ class EnginePipeline(Pipeline):
                 "batches_per_epoch": len(self)}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
+        if "batch" not in state:
+            raise ValueError("stoker: the state is not a map-style data set's (a stream's "
+                             "state has no batch number)" if "stream" in state else
+                             "stoker: the state has no batch number")
         if int(state.get("batches_per_epoch", len(self))) != len(self):
             raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
                              f"this loader has {len(self)}")
