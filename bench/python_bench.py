@@ -58,7 +58,7 @@ import torch
 import torch.utils.data as tud
 
 import stoker
-from stoker._progress import progress
+from stoker.progress import progress
 
 TORCH_WORKERS = (0, 1, 2, 4)
 

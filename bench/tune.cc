@@ -115,7 +115,7 @@ void print_point(const json& p) {
       *std::max_element(runs.begin(), runs.end()), p["wait_pct"].get<double>());
 }
 
-// Writes `result` to a temporary file and has python/stoker/_plot.py draw it.
+// Writes `result` to a temporary file and has python/stoker/tuning_chart.py draw it.
 void plot(const json& result, const TuneOptions& o) {
   char path[] = "/tmp/stoker-tune-XXXXXX";
   const int fd = mkstemp(path);
@@ -124,12 +124,12 @@ void plot(const json& result, const TuneOptions& o) {
   const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
   std::string out;
-  const int status = written ? run_command(fmt::format("{} {} {} {}", shell_quote(o.python),
-                                                       shell_quote(std::string(STOKER_SOURCE_DIR) +
-                                                                   "/python/stoker/_plot.py"),
-                                                       shell_quote(path), shell_quote(o.plot)),
-                                           out)
-                             : -1;
+  const std::string chart = std::string(STOKER_SOURCE_DIR) + "/python/stoker/tuning_chart.py";
+  const int status =
+      written ? run_command(fmt::format("{} {} {} {}", shell_quote(o.python), shell_quote(chart),
+                                        shell_quote(path), shell_quote(o.plot)),
+                            out)
+              : -1;
   std::remove(path);
   if (status != 0) {
     throw std::runtime_error("the chart was not written (" + o.python +

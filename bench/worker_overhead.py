@@ -4,10 +4,11 @@ A stoker worker process reads a chunk of rows with ``SampleWriter.run_job`` (pyt
 py_workers.h): per row, ``__getitem__``, the check of the sample against the batch layout, the
 writes of its arrays and numbers into the row of the (shared) slab and its object values
 (strings) collected; then the chunk's object values are pickled for the reply
-(``_worker._run_job``). This benchmark runs exactly that in one process, with no socket and no
-other process, over the same rows as a bare ``for i in rows: dataset[i]`` loop, alternated,
-and prints microseconds per sample and the ratio: the cost that stoker's worker processes add
-to a cheap sample, before any inter-process cost (which ``python_bench.py`` measures whole).
+(``_run_job`` of stoker/workers/main.py). This benchmark runs exactly that in one process,
+with no socket and no other process, over the same rows as a bare ``for i in rows:
+dataset[i]`` loop, alternated, and prints microseconds per sample and the ratio: the cost that
+stoker's worker processes add to a cheap sample, before any inter-process cost (which
+``python_bench.py`` measures whole).
 
     python bench/worker_overhead.py [--rows 128] [--rounds 15] [--smoke]
 """
@@ -26,7 +27,8 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import stoker  # noqa: E402
-from stoker import _stoker, _worker  # noqa: E402
+from stoker import _stoker  # noqa: E402
+from stoker.workers import main as _worker  # noqa: E402
 
 from python_bench import CheapDataset  # noqa: E402
 
@@ -38,8 +40,8 @@ def writer_for(dataset, rows: int):
     shared-memory region for `rows` rows; returns (writer, bytes per row of each field)."""
     loader = stoker.DataLoader(dataset, batch_size=rows, num_workers=0)
     next(iter(loader))
-    description, slots = pickle.loads(loader._handle.layout_message())
-    row_bytes = loader._handle.row_bytes()
+    description, slots = pickle.loads(loader._pipeline._handle.layout_message())
+    row_bytes = loader._pipeline._handle.row_bytes()
     loader.close()
     writer = _stoker.SampleWriter()
     writer.set_layout(description, slots)

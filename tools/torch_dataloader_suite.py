@@ -44,7 +44,7 @@ def _use_stoker() -> None:
     import torch.utils.data.dataloader
 
     import stoker
-    from stoker import _loader
+    from stoker.loader import dataloader as _loader
 
     torch.utils.data.DataLoader = stoker.DataLoader
     torch.utils.data.dataloader.DataLoader = stoker.DataLoader

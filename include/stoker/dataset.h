@@ -98,7 +98,7 @@ class SampleOut {
   std::uint64_t seed_;
 };
 
-// Chunks read by remote workers (python/stoker/_remote.py) and shipped back over the network,
+// Chunks read by remote workers (python/stoker/remote/) and shipped back over the network,
 // summed since the start: what the network stage of Stats is made of.
 struct RemoteReads {
   std::uint64_t units = 0;  // chunks read remotely

@@ -60,8 +60,8 @@ std::unique_ptr<PyLoader> make_loader(const py::object& dataset, const LoaderOpt
 }
 
 // LoaderOptions and what it is made of, field by field (the data set is passed to Loader on
-// its own, as a handle). A new option is one more line here; python/stoker/_loader.py passes
-// its arguments by name.
+// its own, as a handle). A new option is one more line here;
+// python/stoker/loader/engine_pipeline.py passes its arguments by name.
 void bind_options(py::module_& m) {
   py::enum_<ErrorPolicy>(m, "ErrorPolicy")
       .value("raise", ErrorPolicy::raise)

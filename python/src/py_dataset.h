@@ -120,7 +120,7 @@ class PyDataset final : public Dataset {
   // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
   // threads finish there.
   void use_processes(std::shared_ptr<ProcessPool> pool);
-  // From now on a chunk goes to a remote worker when one is free (python/stoker/_remote.py,
+  // From now on a chunk goes to a remote worker when one is free (python/stoker/remote/pool.py,
   // GIL held): `remote.run(job)` takes a kJob payload (py_workers.h) whose region 1 is the
   // worker's own buffer, waits for its reply (Ray releases the GIL while waiting) and returns
   // (status bytes, the rows as a buffer, object values per row or None, {row: exception},
@@ -132,7 +132,7 @@ class PyDataset final : public Dataset {
   // Stops and reaps the worker processes, if any, and drops the object values of batches
   // read ahead (GIL held, after the engine has stopped).
   void release_workers();
-  // Batch jobs (python/stoker/_batches.py): `job_args(indices)` returns the bytes a worker
+  // Batch jobs (python/stoker/workers/jobs.py): `job_args(indices)` returns the bytes a worker
   // process needs besides the indices to run those rows (the batches' sample indices), sent
   // with each job (GIL held); errors then name the item "batch" rather than "sample".
   void set_batch_jobs(py::object job_args);

@@ -1,6 +1,6 @@
 // Worker processes for a Python data set whose __getitem__ holds the GIL.
 //
-// N persistent child processes (started by python/stoker/_workers.py with multiprocessing,
+// N persistent child processes (started by python/stoker/workers/processes.py with multiprocessing,
 // honouring multiprocessing_context) each call __getitem__ (or __getitems__) and write the
 // sample's arrays straight into its row of the batch slab, which lives in shared memory (a
 // memfd per slab, src/memory/shared_memory.h) mapped in both processes. Only indices, small
@@ -18,7 +18,7 @@
 // every message is a header {u32 kind, u32 payload bytes} and a payload). It names memory by
 // (region id, byte offset), never by address, so the same jobs could be served by workers
 // elsewhere given another way to ship the rows back: remote workers on Ray do
-// (python/stoker/_remote.py, PyDataset::use_remote), with a buffer of their own as region 1
+// (python/stoker/remote/, PyDataset::use_remote), with a buffer of their own as region 1
 // and the rows returned through Ray's object store.
 //   parent -> child
 //     kLayout {pickle of (layout description, object slots)}: once per worker, before its
@@ -33,7 +33,7 @@
 //            rows x {u64 sample index, u64 sample seed}, args}
 //            flags: kTimeRows (1) asks for the rows' times (the loader is being traced);
 //            bits 8-31: the bytes of args, a pickle the data set's job_args made (a batch
-//            job's sample indices, python/stoker/_batches.py), if any. A job with no fields
+//            job's sample indices, python/stoker/workers/jobs.py), if any. A job with no fields
 //            (region 0) is a call (call()): its one row's object value is the whole reply,
 //            nothing is written.
 //   child -> parent
@@ -96,7 +96,7 @@ py::handle worker_error_type();
 // A kJob payload for a chunk (consecutive rows of one slab: `outs`): field f of its first row
 // at byte `offsets[f]` of region `region`, the rows' (index, seed), `args`; the job id is left
 // 0, for the sender to set. Worker processes get it over their socket, remote workers
-// (python/stoker/_remote.py) through Ray, with the offsets of a buffer of their own.
+// (python/stoker/remote/actor.py) through Ray, with the offsets of a buffer of their own.
 std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
                                      std::span<const std::size_t> indices,
                                      std::span<const SampleOut> outs, const std::string& args,

@@ -10,15 +10,14 @@ import atexit as _atexit
 import os as _os
 
 from . import _stoker, transforms
-from ._batches import split_by_rank, split_by_worker
-from ._cuda import _add_wheel_runtime_hints, build_info, cuda_available
-from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
-                        SyntheticDataset, pack)
-from ._distributed import DistributedSampler, world
-from ._loader import DataLoader, Report, SkippedSample
-from ._remote import RayWorkers, ray_workers
-from ._tune import tune
-from ._webdataset import WebDataset, WebDatasetStream
+from .cuda import _add_wheel_runtime_hints, build_info, cuda_available
+from .datasets.native import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
+                              SyntheticDataset, pack)
+from .distributed import DistributedSampler, split_by_rank, split_by_worker, world
+from .loader import DataLoader, Report, SkippedSample
+from .remote.actor import RayWorkers, ray_workers
+from .tuning import tune
+from .datasets.webdataset import WebDataset, WebDatasetStream
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError

@@ -43,7 +43,7 @@ def main() -> None:
     remote = loader(stoker.ray_workers(2), 0)
     got = epochs(remote)
     stats = remote.stats()["remote"]
-    actors = [actor._actor_id.hex() for actor in remote._remote.actors]
+    actors = [actor._actor_id.hex() for actor in remote._pipeline.remote.actors]
     same = len(got) == len(expected) and all(
         x["name"] == y["name"] and np.array_equal(x["image"], y["image"])
         and np.array_equal(x["label"], y["label"]) for x, y in zip(got, expected))

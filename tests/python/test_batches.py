@@ -89,7 +89,7 @@ def test_collate_fn_runs_in_worker_processes_and_its_tensors_come_in_shared_memo
 
 
 def test_an_arena_is_mapped_once_and_found_by_the_inode_its_reply_carries():
-    from stoker import _arena
+    from stoker.workers import arena as _arena
     pid = os.getpid()  # this process plays the worker: its arenas are open under /proc/<pid>
     arenas = _arena.Arenas()
     t = torch.arange(4096, dtype=torch.float32)
@@ -124,7 +124,7 @@ def test_an_arena_is_mapped_once_and_found_by_the_inode_its_reply_carries():
 
 
 def test_every_dtype_and_shape_comes_back_from_an_arena_as_it_went_in():
-    from stoker import _arena
+    from stoker.workers import arena as _arena
     pid = os.getpid()
     arenas = _arena.Arenas()
     base = torch.arange(-60, 60).reshape(2, 3, 20)
@@ -375,11 +375,11 @@ def test_the_device_step_reaches_tensors_in_any_nesting():
     # tensor is mapped, containers keep their types, other leaves stay as they are.
     Pair = collections.namedtuple("Pair", "x name")
     batch = {"a": [torch.zeros(2), (torch.ones(1), "s")], "b": Pair(torch.ones(3), 7)}
-    moved = stoker._batches._tree_map(batch, lambda t: t + 1)
+    moved = stoker.loader.collate._tree_map(batch, lambda t: t + 1)
     assert type(moved) is dict and type(moved["a"][1]) is tuple and type(moved["b"]) is Pair
     assert torch.equal(moved["a"][0], torch.ones(2)) and moved["a"][1][1] == "s"
     assert torch.equal(moved["b"].x, torch.full((3,), 2.0)) and moved["b"].name == 7
-    assert stoker._batches.mover("cpu", False)(batch) is batch
+    assert stoker.loader.collate.mover("cpu", False)(batch) is batch
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])

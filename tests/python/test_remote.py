@@ -1,4 +1,4 @@
-"""Remote workers on Ray (python/stoker/_remote.py), on a real local cluster: a head node with
+"""Remote workers on Ray (python/stoker/remote/pool.py), on a real local cluster: a head node with
 no CPUs (the driver's) and two worker nodes of one CPU each, all on this machine (Ray's
 Cluster binds them to its own address), started once for the module and torn down at its end,
 leaving no Ray process behind. Skipped without ray."""
@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 import stoker  # noqa: E402
-from stoker import _remote  # noqa: E402
+from stoker.remote import pool as _remote  # noqa: E402
 import worker_datasets as wd  # noqa: E402
 from test_workers import alive  # noqa: E402
 
@@ -76,7 +76,7 @@ def _crash(cluster, node, loader):
     """`node` crashes: its Ray processes and the remote workers' processes on it are killed
     (calls go straight from the driver to an actor, so an actor whose raylet alone was killed
     could still answer for a while)."""
-    pids = ray.get([actor.pid.remote() for actor in loader._remote.actors])
+    pids = ray.get([actor.pid.remote() for actor in loader._pipeline.remote.actors])
     cluster.remove_node(node, allow_graceful=False)
     for pid in pids:
         try:
@@ -179,7 +179,7 @@ def test_an_actor_killed_mid_epoch_is_replaced_and_nothing_is_lost_or_repeated(c
         got.append(batch)
         if k == 2:
             killed = loader.stats()["remote"]["pids"][0]
-            ray.kill(loader._remote.actors[0])
+            ray.kill(loader._pipeline.remote.actors[0])
     _until(lambda: loader.stats()["remote"]["alive"] == 2, "two actors alive")
     before = loader.stats()["remote"]
     got.extend(loader)  # the second epoch, with the new actor
@@ -256,7 +256,7 @@ def test_a_sample_failing_remotely_raises_its_error_naming_the_sample(cluster):
 def test_close_kills_the_actors(cluster):
     loader = _loader(wd.Seeded(n=32), stoker.ray_workers(2))
     list(loader)
-    actors = list(loader._remote.actors)
+    actors = list(loader._pipeline.remote.actors)
     loader.close()
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
@@ -275,7 +275,7 @@ def test_loaders_on_one_pool_name_share_its_actors_until_the_last_lets_go(cluste
     first.close()  # the actors stay up for the second loader
     got.extend(second)
     _same(got, expected)
-    actors = list(second._remote.actors)
+    actors = list(second._pipeline.remote.actors)
     second.close()
     for actor in actors:
         with pytest.raises(ray.exceptions.RayActorError):
@@ -294,7 +294,7 @@ def test_loaders_sharing_a_pool_converge_on_one_replacement_of_a_lost_actor(clus
     for k, batch in enumerate(second):
         got.append(batch)
         if k == 2:
-            ray.kill(second._remote.actors[0])
+            ray.kill(second._pipeline.remote.actors[0])
     _until(lambda: second.stats()["remote"]["alive"] == 2, "the second loader's replacement")
     got.extend(second)
     _same(got, expected)
@@ -402,9 +402,8 @@ def test_an_actor_is_started_when_first_asked_for_and_stopped_when_given_back(cl
                                remote=stoker.ray_workers(2))
     assert loader.stats()["remote"]["pids"] == [None, None]
 
-    def set_active(n):  # what the loader's own policy does (_tune_remote)
-        loader._remote.set_active(n)
-        loader._loader.set_workers(loader._engine_workers())
+    def set_active(n):  # what the loader's own policy does (worker_choice.RemoteTuning)
+        loader._pipeline.set_remote_active(n)
 
     set_active(1)
     _until(lambda: loader.stats()["remote"]["alive"] == 1, "actor 0 up")

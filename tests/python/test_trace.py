@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker._progress import progress
+from stoker.progress import progress
 from worker_datasets import Batched, Mixed
 
 

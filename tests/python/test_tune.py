@@ -71,7 +71,7 @@ def test_tune_with_a_grid_and_its_chart(tmp_path):
 
 
 def test_reached_is_where_the_throughput_stays_within_reach():
-    from stoker._tune import _reached
+    from stoker.tuning import _reached
     steady = [(t / 2, 50 * t) for t in range(9)]  # 100 samples/s throughout
     assert _reached(steady, 90) == 0.0
     slow_start = [(0, 0), (1, 10), (2, 110), (3, 210), (4, 310)]
@@ -79,7 +79,7 @@ def test_reached_is_where_the_throughput_stays_within_reach():
 
 
 def test_remote_workers_are_asked_for_only_past_saturated_local_workers():
-    from stoker._remote import next_active
+    from stoker.remote.pool import next_active
 
     # The loop waits and the local workers are saturated: one more, up to the count.
     assert next_active(0, 2, wait_fraction=0.5, local_load=0.95) == 1

@@ -330,7 +330,7 @@ def test_get_worker_info_and_seeds_in_processes_as_torch():
     torch.manual_seed(3)
     loader = stoker.DataLoader(wd.WorkerInfo(), batch_size=4, num_workers=2,
                                worker_type="process", worker_init_fn=wd.record_seeds)
-    base = loader._worker_seed
+    base = loader._plan.worker_seed
     rows = [{k: b[k][r] for k in b} for b in loader for r in range(len(b["i"]))]
     assert {int(r["id"]) for r in rows} <= {0, 1}
     for r in rows:
@@ -360,7 +360,7 @@ def test_get_worker_info_and_worker_init_fn_on_threads():
                                worker_init_fn=init)
     rows = [{k: b[k][r] for k in b} for b in loader for r in range(len(b["i"]))]
     assert get_worker_info() is None  # on this thread, as before
-    base = loader._worker_seed
+    base = loader._plan.worker_seed
     ids = {int(r["id"]) for r in rows}
     assert ids <= {0, 1}
     assert all(int(r["seed"]) == base + int(r["id"]) and bool(r["same_dataset"]) for r in rows)
@@ -456,7 +456,7 @@ def test_auto_keeps_whole_batches_that_wait_on_threads():
 
 
 def test_the_gil_share_counts_the_waits_for_a_core_of_its_holder():
-    from stoker._loader import _gil_bound
+    from stoker.loader.worker_choice import gil_bound as _gil_bound
     # pure Python on two threads: alone, and with other sessions taking most of the cores
     # (measured: 12-17% of the wall time on a CPU, the rest runnable)
     assert _gil_bound(0.95, 0.95, 0.0) == (True, 1.0)

@@ -16,9 +16,9 @@ from typing import Optional
 
 import numpy as np
 
-from . import _stoker
-from . import transforms as T
-from ._datasets import ImageFolder
+from .. import _stoker
+from .. import transforms as T
+from .native import ImageFolder
 
 _NATIVE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 

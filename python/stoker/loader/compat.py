@@ -1,7 +1,7 @@
 """torch.utils.data.DataLoader's surface for stoker.DataLoader: its argument checks (same order,
-same messages), the public attributes it sets and the rules on them, and one warning for each
-argument stoker does not honour as torch does. Kept apart from the engine-facing code in
-_loader.py; nothing here imports torch (it is used only when the program imported it)."""
+same messages; plan.py calls them), the public attributes it sets and the rules on them, and
+the warning for each argument stoker does not honour as torch does. Nothing here imports torch
+(it is used only when the program imported it)."""
 
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def default_collate(auto_collation: bool = True):
 
 
 def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers, sampler,
-                    shuffle, batch_sampler, batch_size, drop_last) -> None:
-    """torch's ValueErrors for impossible combinations, in torch's order and words.
-    num_workers may be 'auto' (more than zero)."""
+                    shuffle, batch_sampler, batch_size, drop_last) -> list[str]:
+    """torch's ValueErrors for impossible combinations, in torch's order and words, and its
+    warning for too many workers (returned). num_workers may be 'auto' (more than zero)."""
     workers = 1 if num_workers == "auto" else int(num_workers)
     if workers < 0:
         raise ValueError("num_workers option should be non-negative; use num_workers=0 to "
@@ -54,6 +54,9 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
                          "prefetch_factor to None.")
     if prefetch_factor is not None and prefetch_factor < 0:
         raise ValueError("prefetch_factor option should be non-negative")
+    if prefetch_factor == 0:  # torch's loader accepts it, then fails as its workers start
+        raise ValueError("prefetch_factor must be greater than 0 with workers (each worker "
+                         "reads prefetch_factor batches ahead)")
     if persistent_workers and workers == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
     if sampler is not None and shuffle:
@@ -69,12 +72,13 @@ def check_arguments(*, num_workers, timeout, prefetch_factor, persistent_workers
         raise ValueError(f"batch_size should be a positive integer value, but got "
                          f"batch_size={batch_size}")
     if num_workers != "auto" and workers > max(MAX_SENSIBLE_WORKERS, os.cpu_count() or 1):
-        warnings.warn(
+        return [
             f"This DataLoader will create {workers} worker threads in total. stoker's own "
             f"tuner (num_workers='auto') would start at most {MAX_SENSIBLE_WORKERS} on this "
             "system. Please be aware that excessive worker creation might get DataLoader "
             "running slow or even freeze, lower the worker number to avoid potential "
-            "slowness/freeze if necessary.", UserWarning, stacklevel=3)
+            "slowness/freeze if necessary."]
+    return []
 
 
 def check_multiprocessing_context(context, num_workers: int):
@@ -99,46 +103,51 @@ def check_multiprocessing_context(context, num_workers: int):
     return context
 
 
-def warn_unhonoured(*, native: bool, worker_type: str, multiprocessing_context,
-                    worker_init_fn, pin_memory, has_gpu: bool, pin_memory_device: str,
-                    in_order: bool) -> None:
+def unhonoured(*, native: bool, worker_type: str, multiprocessing_context,
+               worker_init_fn, pin_memory, has_gpu: bool, pin_memory_device: str,
+               in_order: bool) -> list[str]:
     """One warning per argument that does not act as it does in torch, saying what stoker
     does instead."""
+    said = []
     if multiprocessing_context is not None and (native or worker_type == "thread"):
         why = "a native data set" if native else "worker_type='thread'"
-        warn(f"multiprocessing_context is not used: {why} reads on threads, in this process")
+        said.append(f"multiprocessing_context is not used: {why} reads on threads, in this "
+                    "process")
     if worker_init_fn is not None and native:
-        warn("worker_init_fn is not called: a native data set's workers run no Python")
+        said.append("worker_init_fn is not called: a native data set's workers run no Python")
     if pin_memory is True and not has_gpu:
-        warn("'pin_memory' argument is set as true but no accelerator is found, then device "
-             "pinned memory won't be used.")
+        said.append("'pin_memory' argument is set as true but no accelerator is found, then "
+                    "device pinned memory won't be used.")
     if pin_memory_device:
-        warn(f"pin_memory_device={pin_memory_device!r} is not used: pinned memory serves any "
-             "GPU; pass device='cuda:N' to have batches arrive on that GPU")
+        said.append(f"pin_memory_device={pin_memory_device!r} is not used: pinned memory "
+                    "serves any GPU; pass device='cuda:N' to have batches arrive on that GPU")
     if not in_order:
-        warn("in_order=False is not used: batches are always delivered in order (the workers "
-             "go on reading the batches after a slow one, up to the prefetch depth)")
+        said.append("in_order=False is not used: batches are always delivered in order (the "
+                    "workers go on reading the batches after a slow one, up to the prefetch "
+                    "depth)")
+    return [f"stoker: {message}" for message in said]
 
 
-def public_attributes(loader, *, batch_size, shuffle, sampler, batch_sampler,
-                      drop_last, generator, collate_fn, prefetch_factor) -> dict[str, Any]:
+def public_attributes(dataset, num_workers: int, *, batch_size, shuffle, sampler,
+                      batch_sampler, drop_last, generator, collate_fn,
+                      prefetch_factor) -> dict[str, Any]:
     """The attributes torch's DataLoader sets from these arguments, with torch's values: a
     sampler and a BatchSampler made when none was given (with torch loaded), batch_size None
     and drop_last False under a batch_sampler, default_collate for no collate_fn
-    (default_convert with batch_size=None),
-    prefetch_factor None without workers."""
+    (default_convert with batch_size=None), prefetch_factor None without workers."""
     torch = _torch()
     if batch_sampler is not None:
         batch_size, drop_last = None, False
     if sampler is None and torch is not None:
         data = torch.utils.data
-        sampler = (data.RandomSampler(loader.dataset, generator=generator) if shuffle
-                   else data.SequentialSampler(loader.dataset))
+        sampler = (data.RandomSampler(dataset, generator=generator) if shuffle
+                   else data.SequentialSampler(dataset))
     if batch_size is not None and batch_sampler is None and torch is not None:
         batch_sampler = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
-    if loader.num_workers > 0 and prefetch_factor is None:
+    if num_workers > 0 and prefetch_factor is None:
         prefetch_factor = 2
     return {
+        "dataset": dataset,
         "batch_size": batch_size,
         "drop_last": bool(drop_last),
         "sampler": sampler,

@@ -4,15 +4,9 @@ numpy arrays without torch) arranged like torch's default_collate arranges them.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from typing import Callable
 
-import numpy as np
-
-# numpy's name of each element type stoker batches, by how a user may name it.
-_NAMES = {
-    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64",
-}
+from ..elements import to_array
 
 
 def _torch():
@@ -20,33 +14,7 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def element_dtype(dtype: Any) -> str:
-    """numpy's name for `dtype`: a string, a numpy dtype or a torch.dtype."""
-    torch = _torch()
-    if torch is not None and isinstance(dtype, torch.dtype):
-        name = str(dtype).removeprefix("torch.")
-    elif isinstance(dtype, str) and dtype == "bfloat16":
-        name = dtype
-    else:
-        name = np.dtype(dtype).name
-    if name not in _NAMES:
-        raise TypeError(f"stoker cannot batch elements of type {dtype}")
-    return name
-
-
-def to_array(array: np.ndarray, logical: str):
-    """A numpy array of stored bytes as the logical type: a tensor if torch is loaded."""
-    torch = _torch()
-    if logical == "bool":
-        array = array.view(np.bool_)
-    elif logical.startswith("uint") and logical != "uint8":
-        array = array.view(np.dtype(logical))
-    if torch is not None:
-        return torch.from_numpy(array)
-    return array
-
-
-def plan(structure, collate_fn: Callable | None) -> Callable:
+def batch_builder(structure, collate_fn: Callable | None) -> Callable:
     """A function (arrays, objects) -> the batch as the training loop sees it.
 
     `structure` is the layout PyDataset.structure() (or a native data set) describes; arrays

@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _stoker
+from .. import _stoker
 
 _ALIGN = 64
 _HEADER = _ALIGN  # byte 0: 1 while the training process holds the reply

@@ -12,8 +12,8 @@ from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
 
-from . import _stoker
-from ._datasets import NativeDataset
+from .. import _stoker
+from .native import NativeDataset
 
 try:  # the stream is a torch IterableDataset where torch is installed (it always is to train)
     from torch.utils.data import IterableDataset as _IterableBase
@@ -239,7 +239,7 @@ class WebDatasetStream(_IterableBase):
         self._epoch = int(epoch)
 
     def _my_shards(self, epoch: int) -> list[str]:
-        from ._distributed import world
+        from ..distributed import world
 
         shards = []
         for s in self.shards:  # directories: their *.tar, *.tar.gz and *.tgz in name order
@@ -318,7 +318,7 @@ def _compressed_dir(path: str) -> bool:
 
 
 def _check_transform(fields, transform) -> None:
-    from .transforms import Compose
+    from ..transforms import Compose
 
     images = any(_kind(a.lower()) == "image" for f in fields for a in f.split(";"))
     if transform is not None and not isinstance(transform, Compose):

@@ -1,6 +1,5 @@
 """The two kinds of worker, on the Python side: worker processes (started with
-multiprocessing, served by python/stoker/_worker.py) and PyTorch's worker semantics
-(``get_worker_info``, seeds, ``worker_init_fn``) for both kinds."""
+multiprocessing, served by stoker/workers/main.py), and the errors they send back."""
 
 from __future__ import annotations
 
@@ -15,7 +14,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from . import _arena, _stoker, _worker
+from .. import _stoker
+from . import arena as _arena
+from . import main as _worker
 
 # How long close() gives worker processes to exit when asked (EOF on their socket: one
 # waiting for a job exits at once, with code 0) before SIGTERM, and after SIGTERM before
@@ -158,57 +159,3 @@ def rebuild_error(info, where: str) -> BaseException:
     if hasattr(exception, "add_note"):
         exception.add_note(note)
     return exception
-
-
-# --- get_worker_info on threads -----------------------------------------------------------
-
-_thread_info = threading.local()
-
-
-def _thread_aware_get_worker_info():
-    # Runs with torch.utils.data._utils.worker's globals (its __code__ is swapped in below):
-    # this thread's stoker worker info if any, else torch's own (a torch worker process's).
-    info = getattr(_stoker_thread_worker_info, "info", None)  # noqa: F821
-    return info if info is not None else _worker_info  # noqa: F821
-
-
-def install_thread_worker_info() -> bool:
-    """Makes torch.utils.data.get_worker_info() answer on stoker's worker threads.
-
-    torch's get_worker_info() returns the module global ``_worker_info``, which is per
-    process. The function's code is replaced, in place, by code that first looks at a
-    thread-local (set on stoker's worker threads only) and otherwise returns that global as
-    before, so every reference to the function (also ``from torch.utils.data import
-    get_worker_info`` made earlier) answers per thread, and torch's own worker processes are
-    unaffected."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    from torch.utils.data._utils import worker as torch_worker
-
-    if getattr(torch_worker, "_stoker_thread_worker_info", None) is None:
-        torch_worker._stoker_thread_worker_info = _thread_info
-        torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
-    return True
-
-
-def thread_worker_start(dataset, base_seed: int, num_workers: Callable[[], int],
-                        worker_init_fn: Optional[Callable[[int], None]]):
-    """on_worker_start for worker threads: sets this thread's worker info, then runs
-    worker_init_fn(worker_id), once per thread."""
-    def start(worker_id: int) -> None:
-        set_thread_worker_info(worker_id, num_workers(), base_seed + worker_id, dataset)
-        if worker_init_fn is not None:
-            worker_init_fn(worker_id)
-    return start
-
-
-def set_thread_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:
-    """What get_worker_info() answers on this thread from now on."""
-    if install_thread_worker_info():
-        from torch.utils.data._utils.worker import WorkerInfo
-
-        extra = {"worker_method": "thread"} if "worker_method" in getattr(
-            WorkerInfo, "__dataclass_fields__", {}) else {}
-        _thread_info.info = WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
-                                       dataset=dataset, **extra)

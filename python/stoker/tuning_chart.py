@@ -1,7 +1,7 @@
 """The chart of a tuning run (``stoker tune --grid --plot FILE``, ``stoker.tune(..., plot=)``):
 samples/s against workers, one line per pinning x depth, the tuner's choice marked.
 
-Also a script, which the C++ command runs: ``python3 _plot.py RESULT.json OUT.png``.
+Also a script, which the C++ command runs: ``python3 tuning_chart.py RESULT.json OUT.png``.
 """
 
 from __future__ import annotations
@@ -46,6 +46,6 @@ def plot(result: dict, path: str) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit("usage: _plot.py RESULT.json OUT.png|OUT.svg")
+        sys.exit("usage: tuning_chart.py RESULT.json OUT.png|OUT.svg")
     with open(sys.argv[1]) as f:
         plot(json.load(f), sys.argv[2])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from . import _stoker
-from ._batch import element_dtype, to_array
-from ._progress import Bar
+from .. import _stoker
+from ..elements import element_dtype, to_array
+from ..progress import Bar
 
 
 class NativeDataset:
@@ -95,7 +95,7 @@ class _ImageDataset(NativeDataset):
 
     def __init__(self, path, transform, cache_bytes: int = 0,
                  max_pixels: int = 89_478_485) -> None:
-        from .transforms import Compose
+        from ..transforms import Compose
 
         self._made_with = ((path, transform, cache_bytes, max_pixels), {})
         if not isinstance(transform, Compose):

@@ -10,8 +10,8 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from . import _stoker
-from ._loader import DataLoader
-from ._progress import Bar
+from .loader import DataLoader
+from .progress import Bar
 
 # Batches taken before a measurement starts (threads start, slabs fault in, worker_type='auto'
 # decides).
@@ -207,7 +207,7 @@ def tune(dataset, batch_size: int, *, seconds: float = 5.0, measure: float = 2.0
             + (f"; the tuned configuration as a fixed point / best: "
                f"{result['choice_ratio']:.2f}" if same else ""))
         if plot is not None:
-            from ._plot import plot as draw
+            from .tuning_chart import plot as draw
             draw(result, plot)
             say(f"chart: {plot}")
     return result

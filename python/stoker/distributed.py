@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import os
+import sys
 from typing import Iterator, Optional
 
 from . import _stoker
@@ -83,3 +85,22 @@ class DistributedSampler:
             self.num_replicas, self.drop_last,
         )
         return iter(order.tolist())
+
+
+def split_by_rank(iterable, rank: Optional[int] = None, world_size: Optional[int] = None):
+    """Items ``rank, rank + world_size, ...`` of `iterable`: one rank's share of a stream under
+    DistributedDataParallel. `rank` and `world_size` default to torch.distributed's, or to the
+    RANK and WORLD_SIZE that torchrun sets (stoker.world())."""
+    if rank is None or world_size is None:
+        rank, world_size = world()
+    return itertools.islice(iterable, rank, None, world_size)
+
+
+def split_by_worker(iterable):
+    """Items ``id, id + num_workers, ...`` of `iterable` in a DataLoader worker (per
+    torch.utils.data.get_worker_info()); all of them outside one."""
+    torch = sys.modules.get("torch")
+    info = torch.utils.data.get_worker_info() if torch is not None else None
+    if info is None:
+        return iter(iterable)
+    return itertools.islice(iterable, info.id, None, info.num_workers)

@@ -13,16 +13,16 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
-import random
 import select
 import signal
 import socket
 import struct
-import sys
-import traceback
-from typing import Any, Optional
+from typing import Optional
 
-from . import _arena, _batches, _stoker
+from .. import _stoker
+from . import arena as _arena
+from . import jobs
+from .startup import error_info, start_worker
 
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
@@ -63,52 +63,6 @@ def _die_with_parent(parent_pid: Optional[int]) -> None:
         os._exit(0)
 
 
-def seed_worker(base_seed: int, worker_id: int) -> int:
-    """Seeds this process as PyTorch seeds its workers; returns the worker's seed."""
-    seed = base_seed + worker_id
-    random.seed(seed)
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.manual_seed(seed)
-    if "numpy" in sys.modules:
-        import numpy as np
-
-        np.random.seed(_numpy_state(base_seed, worker_id))
-    return seed
-
-
-def _numpy_state(base_seed: int, worker_id: int):
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        from torch.utils.data._utils.worker import _generate_state
-
-        return _generate_state(base_seed, worker_id)
-    # Without torch: numpy's own seed sequence over the same entropy.
-    import numpy as np
-
-    return np.random.SeedSequence([worker_id, base_seed & 0xFFFFFFFF, base_seed >> 32]).generate_state(4)
-
-
-def set_torch_worker_info(worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    from torch.utils.data._utils import worker as torch_worker
-
-    torch_worker._worker_info = torch_worker.WorkerInfo(
-        id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset)
-
-
-def _error_info(exc: BaseException):
-    try:
-        pickled: Optional[bytes] = pickle.dumps(exc)
-        pickle.loads(pickled)  # an exception whose __init__ takes other arguments fails here
-    except Exception:
-        pickled = None
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return (type(exc).__module__, type(exc).__qualname__, str(exc), text, pickled)
-
-
 def main(sock: socket.socket, dataset, worker_id: int,
          num_workers: int, base_seed: int, worker_init_fn, close_fds: list,
          parent_pid: Optional[int],
@@ -125,21 +79,12 @@ def main(sock: socket.socket, dataset, worker_id: int,
                 os.close(fd)
             except OSError:
                 pass
-    _batches.in_worker_process = True
+    jobs.in_worker_process = True
     if import_torch:  # spawned by a process that uses torch: get_worker_info() must answer
         import torch  # noqa: F401
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.set_num_threads(1)
-    seed = seed_worker(base_seed, worker_id)
-    set_torch_worker_info(worker_id, num_workers, seed, _batches.user_dataset(dataset))
+    init_error = start_worker(worker_id, num_workers, base_seed, jobs.user_dataset(dataset),
+                              worker_init_fn, own_process=True)
     writer = _stoker.SampleWriter()
-    init_error = None
-    if worker_init_fn is not None:
-        try:
-            worker_init_fn(worker_id)
-        except Exception as e:  # reported with every job, as the reason its rows fail
-            init_error = _error_info(e)
     try:
         _serve(sock, dataset, writer, init_error, use_getitems)
     except (_Closed, ConnectionError):  # the loader closed (while a reply was on its way)
@@ -166,7 +111,7 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
         elif kind == _JOB_KIND:
             sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems, arenas))
             # A stream worker makes its next batches until the next request comes.
-            while (isinstance(dataset, _batches.StreamJobs) and dataset.prepare(arenas)
+            while (isinstance(dataset, jobs.StreamJobs) and dataset.prepare(arenas)
                    and not select.select([sock], [], [], 0)[0]):
                 pass
         for fd in fds:  # none expected
@@ -188,7 +133,7 @@ def _probe(payload, dataset, init_error, arenas) -> bytes:
         sample = _arena.Packed(arenas.dumps(_stoker.SampleWriter.read_sample(dataset, index, seed)))
         return _reply(0, b"\x00", pickle.dumps(([sample], []), protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:
-        return _reply(0, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))
+        return _reply(0, b"\x01", pickle.dumps((None, [(0, error_info(e))])))
 
 
 def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> bytes:
@@ -212,7 +157,7 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
         # in one pickle) and the errors come back through here.
         # `times`: the rows' (start, end) when the job asked for them (the loader is traced)
         job, status, objects, raised, times = writer.run_job(payload, dataset, use_getitems)
-        errors = [(k, _error_info(e)) for k, e in raised]
+        errors = [(k, error_info(e)) for k, e in raised]
     if objects is not None and nargs and arenas is not None:
         # A batch job's rows are whole batches: each pickled apart, its tensors into an arena,
         # so that one that does not pickle fails only its row. (A remote worker has no arenas:
@@ -225,7 +170,7 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
                 objects[k] = arenas.dumps(values)
             except Exception as e:
                 status[k], objects[k] = 1, None
-                errors.append((k, _error_info(e)))
+                errors.append((k, error_info(e)))
     blob = b""
     if objects is not None or errors:
         # Samples' small values: one pickle per chunk (per row only to find one that fails).
@@ -238,7 +183,7 @@ def _run_job(payload, dataset, writer, init_error, use_getitems, arenas) -> byte
                     pickle.dumps(values, protocol=pickle.HIGHEST_PROTOCOL)
                 except Exception as e:
                     status[k], objects[k] = 1, None
-                    errors.append((k, _error_info(e)))
+                    errors.append((k, error_info(e)))
             blob = pickle.dumps((objects, errors), protocol=pickle.HIGHEST_PROTOCOL)
     return _reply(job, bytes(status), blob, times)
 
@@ -247,11 +192,11 @@ def _run_call(job: int, index: int, args: bytes, dataset, init_error, arenas) ->
     """A call (ProcessPool.call): its one value is the reply, or its error."""
     try:
         items = dataset.call(index, args, init_error is not None, arenas)
-        if items is _batches.INIT_FAILED:
+        if items is jobs.INIT_FAILED:
             return _reply(job, b"\x01", pickle.dumps((None, [(0, init_error)])))
-        items = [("error", _error_info(i)) if isinstance(i, BaseException) else i for i in items]
+        items = [("error", error_info(i)) if isinstance(i, BaseException) else i for i in items]
         blob = pickle.dumps(([pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)], []),
                             protocol=pickle.HIGHEST_PROTOCOL)
         return _reply(job, b"\x00", blob)
     except Exception as e:
-        return _reply(job, b"\x01", pickle.dumps((None, [(0, _error_info(e))])))
+        return _reply(job, b"\x01", pickle.dumps((None, [(0, error_info(e))])))

@@ -1,0 +1,402 @@
+"""stoker.DataLoader: torch.utils.data.DataLoader's arguments, on stoker's C++ engine.
+
+This module keeps torch's surface (the arguments, the public attributes and the rules on them,
+iter(), len(), epochs, state_dict()); what the arguments mean is resolved once into a Plan
+(plan.py), and the loading is delegated to the plan's pipeline (pipelines.py: the engine's or
+the stream's)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+import warnings
+import weakref
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
+
+from .. import _stoker
+from . import compat, pipelines
+from .protocol import EPOCH_END
+from .plan import resolve, torch_attributes
+
+
+class SkippedSample(NamedTuple):
+    """A sample that failed under on_error='skip' (DataLoader.skipped_samples())."""
+    index: int  # in the data set
+    name: str  # a file path or record, where the data set has one; else ''
+    reason: str  # the exception, as its first failure raised it
+
+
+def _sample_name(dataset, index: int) -> str:
+    """torchvision's DatasetFolder convention: ``samples[i]`` is ``(path, class)``."""
+    samples = getattr(dataset, "samples", None)
+    try:
+        path = samples[index][0]
+    except Exception:  # not that convention
+        return ""
+    return path if isinstance(path, str) else ""
+
+
+class DataLoader:
+    """A data loader with torch.utils.data.DataLoader's arguments and meanings, on stoker's
+    C++ engine: worker threads write each sample straight into its slot of a recycled batch
+    buffer (pinned when it pays), and batches reach PyTorch as tensors without a copy.
+
+    Differences from torch's, all in the user's favour or stated here:
+      num_workers: workers. 'auto' (default) starts with one thread per core (of this rank's
+        share of the node under torchrun) and tunes the count and the batches in flight
+        online, both ways, within a CPU and a memory budget (no grid search); with worker
+        processes, one per core of the share. 0 reads on the training loop's thread. A fixed
+        count whose training loop waits is told once in the log what 'auto' would do. An
+        iterable data set's 'auto' is one worker (each worker iterates its own copy).
+      worker_type: 'auto' (default) starts on threads and moves to worker processes when the
+        first batches show reads that keep the GIL busy (pure-Python __getitem__; on the
+        batch path, with a collate_fn or batch_sampler, reads that compute at all); 'thread'
+        or 'process' to choose. Processes write samples straight into shared batch buffers
+        (only indices, small objects and errors are pickled); multiprocessing_context picks
+        how they start (fork by default on Linux). stats() says which and why.
+      pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
+        budget (``pin_budget`` bytes, default a quarter of available memory).
+      device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
+        copied on a side stream while the previous batch trains (the "data prefetcher"), with
+        the current stream made to wait for the copy. Falls back to the CPU, with one log line,
+        where no GPU answers.
+      persistent_workers: workers always persist (and the next epoch is prefetched); None
+        (default) is torch's False without the warning that an explicit False gives worker
+        processes.
+      prefetch_factor: batches in flight are ``prefetch_factor * max(1, num_workers)``.
+      on_error: 'raise' (default) raises a failed sample's exception, with its type and
+        traceback and a note naming the sample; 'skip' replaces the sample with another one
+        (up to ``max_skipped`` over the loader's life) and goes on.
+      native: torchvision's ImageFolder (or DatasetFolder with its default loader) whose
+        transform stoker implements (RandomResizedCrop, RandomHorizontalFlip, Resize,
+        CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
+        stoker's own random draws. With steps stoker does not implement, the pipeline's
+        native head (decode and crop, flip) and tail (ToTensor + Normalize) run in C++ and
+        only the other steps in Python, in the workers. native=False runs it all in Python.
+        stats()["pipeline"] says which path ran and why.
+      keep_on_host: names of fields that stay in host memory when batches go to a GPU.
+      remote: ``stoker.ray_workers(n, ...)`` adds n Ray actors, anywhere in a Ray cluster,
+        as workers that take the excess of a map-style data set's reads (samples, or whole
+        batches with a collate_fn or batch sampler); the batches stay exactly those of a
+        local loader, in order; the ranks of a torchrun job share the actors; a lost one is
+        replaced (docs/remote.md).
+      collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
+        iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
+        the next batch of that worker's stream), in parallel, and handed to the training
+        loop without pickling its tensors. Arguments that do not act as in torch warn once; docs/python.md
+        lists every difference.
+
+    ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
+    goes, as a timeline to open in Perfetto.
+
+    Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
+    ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
+    restoring yields exactly the batches that were still to come.
+    """
+
+    def __init__(
+        self,
+        dataset,
+        batch_size: Optional[int] = 1,
+        shuffle: Optional[bool] = None,
+        sampler=None,
+        batch_sampler=None,
+        num_workers: Union[int, str] = "auto",
+        collate_fn: Optional[Callable] = None,
+        pin_memory: Union[bool, str] = "auto",
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Optional[Callable[[int], None]] = None,
+        multiprocessing_context=None,
+        generator=None,
+        *,
+        prefetch_factor: Optional[int] = None,
+        persistent_workers: Optional[bool] = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        device=None,
+        on_error: str = "raise",
+        max_skipped: int = 1000,
+        seed: Optional[int] = None,
+        pin_budget: int = 0,
+        device_depth: int = 2,
+        worker_type: str = "auto",
+        native: bool = True,
+        keep_on_host: Sequence[str] = (),
+        remote=None,
+    ) -> None:
+        plan = resolve(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
+            prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device, in_order=in_order, device=device,
+            on_error=on_error, max_skipped=max_skipped, seed=seed, pin_budget=pin_budget,
+            device_depth=device_depth, worker_type=worker_type, native=native,
+            keep_on_host=keep_on_host, remote=remote)
+        for message in plan.warnings:
+            warnings.warn(message, UserWarning, stacklevel=2)
+        self._plan = plan
+        self._multiprocessing_context = plan.multiprocessing_context
+        self.timeout = timeout  # as given, as torch keeps it (its timeout message prints it)
+        self.seed = plan.seed
+        self._epoch = 0  # the next epoch iter() starts, without a sampler that says
+        self._resume: Optional[tuple[int, int]] = None
+        # The current iterator, held weakly: it holds the loader, and a reference cycle would
+        # leave loaders to the cyclic garbage collector, which runs on whatever thread happens
+        # to allocate (possibly a worker of this loader).
+        self._iterator = None
+        # torch's public attributes, with its values; then the ones that define the batches
+        # are frozen, as in torch.
+        for name, value in torch_attributes(
+                plan, dataset, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+                batch_sampler=batch_sampler, drop_last=drop_last, generator=generator,
+                collate_fn=collate_fn, prefetch_factor=prefetch_factor).items():
+            setattr(self, name, value)
+        self._pipeline = pipelines.build(plan, dict(
+            dataset=self.dataset, sampler=self.sampler, batch_sampler=self.batch_sampler,
+            batch_size=self.batch_size, drop_last=self.drop_last))
+        # stoker's own arguments as given, also public, so that the loader can be made again
+        # from its attributes (as Lightning does to add a DistributedSampler).
+        stoker_arguments = dict(
+            worker_init_fn=worker_init_fn, pin_memory=pin_memory,
+            persistent_workers=bool(persistent_workers), pin_memory_device=pin_memory_device,
+            in_order=in_order, device=device, on_error=on_error, max_skipped=max_skipped,
+            pin_budget=pin_budget, device_depth=device_depth, native=native,
+            keep_on_host=keep_on_host, remote=remote)
+        for name, value in stoker_arguments.items():
+            setattr(self, name, value)
+        self._initialized = True
+
+    # --- the torch DataLoader surface -----------------------------------------------------
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # DataLoader[T], as torch's
+
+    @property
+    def __class__(self):
+        return compat.torch_compatible_class(type(self))
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in compat.FROZEN_ATTRIBUTES and self.__dict__.get("_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after "
+                             f"{type(self).__name__} is initialized")
+        super().__setattr__(name, value)
+
+    @property
+    def multiprocessing_context(self):
+        return self._multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context) -> None:
+        self._multiprocessing_context = compat.check_multiprocessing_context(
+            context, self.num_workers)
+
+    @property
+    def num_workers(self) -> int:
+        """The workers reading now (worker_type='auto' may move to one process per core)."""
+        return self._pipeline.num_workers
+
+    @num_workers.setter
+    def num_workers(self, workers: int) -> None:
+        self._pipeline.num_workers = workers
+
+    @property
+    def worker_type(self) -> str:
+        """'thread' or 'process': the kind of worker reading now (stats() says why)."""
+        return self._pipeline.worker_type
+
+    @property
+    def worker_type_reason(self) -> str:
+        return self._pipeline.worker_type_reason
+
+    @property
+    def _iterator(self):
+        """The current epoch's iterator, or None (torch's attribute; frameworks reset it)."""
+        return self._iterator_ref()
+
+    @_iterator.setter
+    def _iterator(self, iterator) -> None:
+        self._iterator_ref = weakref.ref(iterator) if iterator is not None else lambda: None
+
+    @property
+    def _auto_collation(self) -> bool:
+        """torch's: whether samples are batched (a batch sampler is in use)."""
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self):
+        """torch's: what yields the indices of one item (a batch, or a sample)."""
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    def __len__(self) -> int:
+        return len(self._pipeline)
+
+    def __iter__(self) -> Iterator:
+        previous = self._iterator
+        if previous is not None:
+            previous._stale = True
+        if self._resume is not None:
+            (epoch, batch), self._resume = self._resume, None
+        else:
+            epoch, batch = self._sampler_epoch_or_next(), 0
+        self._pipeline.start(epoch, batch)
+        self._epoch = epoch + 1
+        iterator = _Iterator(self)
+        self._iterator = iterator
+        return iterator
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts `epoch` at the next iter() (as ``sampler.set_epoch`` does for a sampler)."""
+        self._sampler_set_epoch(epoch)
+        self._epoch = int(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands: restoring it yields exactly the batches still to come."""
+        it = self._iterator
+        between = it is None or it._stale or it._done
+        return self._pipeline.state_dict(
+            self._resume, self._sampler_epoch_or_next() if between else None)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = self._pipeline.load_state_dict(state)
+        self._sampler_set_epoch(self._resume[0])
+
+    # --- stoker's own --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
+        which pipeline runs (``pipeline``) and which kind of worker reads and why
+        (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
+        return self._pipeline.stats()
+
+    def report(self) -> "Report":
+        """A verdict on the run so far, from stats(): e.g. ``input-bound: the training loop
+        waited 43% of its time; reads are the busiest stage at 97% of 2 cores; more workers
+        would not help: CPU saturated; try: record shards / ...``. ``str()`` gives that line;
+        the keys give the numbers behind it (``verdict``, ``wait_fraction``, ``busiest``,
+        ``busiest_load``, ``worker_cores``, ``cpu_cores``, ``more_workers``,
+        ``suggestions``, ...) and ``plan``, how the arguments were resolved. A stream's
+        report is the training loop's waits only (it runs outside the engine)."""
+        return Report(self._pipeline.report(), plan=str(self._plan))
+
+    def skipped_samples(self) -> list[SkippedSample]:
+        """Each distinct sample that failed under ``on_error='skip'`` in the batches handed
+        out so far, in index order, with its name (file path or record, where the data set
+        has one) and the reason. ``stats()["skipped"]`` counts failed reads (a replacement
+        that failed too counts again), ``stats()["bad_samples"]`` the samples listed here."""
+        report: dict[int, SkippedSample] = {}
+        for index, name, reason in self._pipeline.skipped():
+            if index not in report:
+                report[index] = SkippedSample(index, name or _sample_name(self.dataset, index),
+                                              reason)
+        return [report[i] for i in sorted(report)]
+
+    def set_workers(self, workers: int) -> None:
+        """Changes the worker count while running; nothing is lost or reordered."""
+        self._pipeline.set_workers(int(workers))
+
+    def set_depth(self, depth: int) -> None:
+        self._pipeline.set_depth(int(depth))
+
+    def trace(self, path: Optional[Union[str, os.PathLike]], *,
+              max_events: int = _stoker.TRACE_MAX_EVENTS) -> None:
+        """Records a timeline of the loading from the next batch on, written to ``path`` as
+        Chrome trace-event JSON (open it in https://ui.perfetto.dev or chrome://tracing): each
+        worker's sample reads and chunks (a worker process's jobs on its own track), each batch
+        from opened to ready to taken, the training loop's waits for data and its steps in
+        between, copies to the device, queue depth and pinned bytes (a stream's: the training
+        loop's waits and steps). The file is written by ``trace(None)``, ``close()``, garbage
+        collection, or the next ``trace(path)``. Past ``max_events`` events it keeps the
+        newest and says so (its metadata and the log). Raises OSError if the file cannot be
+        created."""
+        self._pipeline.trace(None if path is None else os.fspath(path), max_events)
+
+    @contextlib.contextmanager
+    def tracing(self, path: Union[str, os.PathLike], *,
+                max_events: int = _stoker.TRACE_MAX_EVENTS) -> Iterator["DataLoader"]:
+        """``with loader.tracing("run.json"):`` traces what runs inside; the file is written on
+        leaving the block."""
+        self.trace(path, max_events=max_events)
+        try:
+            yield self
+        finally:
+            self.trace(None)
+
+    def close(self) -> None:
+        """Stops the workers now (also done when the loader is garbage collected) and writes
+        a trace still recording."""
+        self._pipeline.close()
+
+    def __del__(self) -> None:
+        pipeline = self.__dict__.get("_pipeline")
+        if pipeline is not None:
+            pipeline.release()
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _sampler_epoch_or_next(self) -> int:
+        """The epoch the next iter() starts: the sampler's (set_epoch), else one more."""
+        epoch = getattr(self._plan.sampler, "epoch", None)
+        return int(epoch) if isinstance(epoch, int) else self._epoch
+
+    def _sampler_set_epoch(self, epoch: int) -> None:
+        if self._plan.sampler is not None and hasattr(self._plan.sampler, "set_epoch"):
+            self._plan.sampler.set_epoch(epoch)
+
+
+class Report(dict):
+    """DataLoader.report(): a dict of the verdict and its numbers; str() is the verdict's
+    text."""
+
+    def __str__(self) -> str:
+        return self["text"]
+
+
+class _Iterator:
+    """One epoch of a DataLoader. A new iter() of the same loader ends this one."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self._loader = loader
+        self._stale = False
+        self._done = False
+        # A stream yielding more than the len() it reported (workers that do not shard it)
+        # warns from then on, as torch's iterator does: it counts what it yields against the
+        # data set's len() as of the last len(loader) before this iter().
+        self._reported_len = loader._pipeline.reported_len
+        self._yielded = 0
+
+    def __iter__(self) -> "_Iterator":
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    @property
+    def _workers(self) -> list:
+        """torch's list of worker processes: stoker's, or none while threads read."""
+        return self._loader._pipeline.processes()
+
+    def __next__(self):
+        if self._stale:
+            raise RuntimeError("stoker: a newer iter() of this DataLoader replaced this iterator")
+        if self._done:
+            raise StopIteration
+        batch = self._loader._pipeline.next(self._loader.timeout)
+        if batch is EPOCH_END:
+            self._done = True
+            raise StopIteration
+        self._yielded += 1
+        if self._reported_len is not None and self._yielded > self._reported_len:
+            self._warn_longer_than_reported()
+        return batch
+
+    def _warn_longer_than_reported(self) -> None:
+        message = (f"Length of IterableDataset {self._loader.dataset} was reported to be "
+                   f"{self._reported_len} (when accessing len(dataloader)), but "
+                   f"{self._yielded} samples have been fetched. ")
+        if self._loader.num_workers > 0:
+            message += ("For multiprocessing data-loading, this could be caused by not "
+                        "properly configuring the IterableDataset replica at each worker. "
+                        "Please see https://pytorch.org/docs/stable/data.html"
+                        "#torch.utils.data.IterableDataset for examples.")
+        warnings.warn(message, UserWarning, stacklevel=3)

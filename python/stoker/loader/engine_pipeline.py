@@ -1,0 +1,356 @@
+"""The engine pipeline: a map-style data set's samples (or batch jobs) read by the C++ engine
+(stoker._stoker.Loader) on worker threads, worker processes or Ray actors, and each delivered
+batch made into what the training loop gets. Built from a Plan (plan.py); the DataLoader
+delegates to it through the protocol of protocol.py."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Optional
+
+from .. import _stoker
+from ..remote.pool import RemoteWorkers
+from ..workers.jobs import user_dataset
+from ..workers.processes import ProcessWorkers
+from ..workers.startup import thread_worker_start
+from . import compat
+from .assemble import batch_builder, converter
+from .collate import mover, pinned
+from .protocol import EPOCH_END, Pipeline
+from .plan import BATCH_JOBS, Plan, engine_enum
+from .worker_choice import RemoteTuning, WorkerTypeChoice
+
+_log = logging.getLogger("stoker")
+
+
+class EnginePipeline(Pipeline):
+    """`index`: torch's public attributes the batches of a batch job's epoch follow (dataset,
+    sampler, batch_sampler, batch_size, drop_last), as the DataLoader holds them."""
+
+    def __init__(self, plan: Plan, index: dict) -> None:
+        super().__init__(plan)
+        self._index = index
+        self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
+        self._remote: Optional[RemoteWorkers] = None
+        self._workers: Optional[ProcessWorkers] = None
+        self._pool = None
+        self._thread_count = [0]
+        if plan.native:
+            self._handle = plan.dataset._handle
+        else:
+            # No reference to self from here: the C++ data set holds it, and a cycle through
+            # C++ would keep the pipeline alive.
+            thread_count = self._thread_count = [self.num_workers]
+            start = thread_worker_start(user_dataset(plan.dataset), plan.worker_seed,
+                                        lambda: thread_count[0], plan.worker_init_fn)
+            # Reads nothing: the layout comes from the first sample a worker reads.
+            self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
+            if self._jobs is not None:
+                self._handle.set_batch_jobs(self._jobs.job_args)
+        self._choice = (WorkerTypeChoice(self._jobs is not None)
+                        if plan.measure_worker_type else None)
+        self._remote_tuning = RemoteTuning() if plan.tune_remote else None
+        if self.worker_type == "process":
+            self._start_processes()
+        if plan.remote is not None:
+            # Engine threads num_workers.. drive the remote workers; a unit is read locally
+            # when no remote worker's slot is free.
+            self._remote = RemoteWorkers(plan.remote, plan.dataset, self.num_workers,
+                                         self.num_workers + plan.remote.count,
+                                         plan.worker_seed, plan.worker_init_fn,
+                                         active=0 if plan.tune_remote else None)
+            self._handle.use_remote(self._remote)
+        self._order = None  # the custom sampler's order of the epoch running, once read
+        # Construction reads nothing, as torch's: a Python data set's workers start with the
+        # first iter(), and so do those following a custom sampler (a native data set's
+        # otherwise prefetch at once).
+        self._reading = plan.native and plan.order_length is None
+        self._loader = _stoker.Loader(self._handle, _options(
+            batch_size=plan.batch_size, shuffle=plan.engine_shuffle, seed=plan.engine_seed,
+            drop_last=plan.drop_last,
+            shard=_shard(plan.rank, plan.world_size, plan.shard_drop_last),
+            workers=self._engine_workers() if self._reading else 0, depth=plan.depth,
+            on_error=engine_enum(_stoker.ErrorPolicy, plan.on_error),
+            max_skipped=plan.max_skipped, device=plan.device, device_depth=plan.device_depth,
+            stream=_training_stream(plan),
+            pin_memory=engine_enum(_stoker.PinMemory, plan.pin_memory),
+            pin_budget=plan.pin_budget, tune_workers=plan.tune_workers,
+            max_workers=plan.max_workers, keep_on_host=list(plan.keep_on_host)),
+            [0] * plan.order_length if plan.order_length is not None else None,
+            shared_slabs=not plan.native and self.worker_type == "process"
+            or plan.measure_worker_type)
+        if not plan.measure_worker_type:
+            self.log_worker_type()
+        self._build = self._convert = None
+        if plan.native:
+            self._make_batches(plan.dataset._structure())
+        if self._jobs is not None:
+            on_device = self._loader.stats()["device"] not in ("cpu", "sim")
+            self._finish_batch_jobs(on_device or plan.pin_always)
+        self._samples = compat.sized(index["dataset"])
+        self._follows_len = (plan.order_length is None and plan.world_size == 1
+                             and self._jobs is None)
+
+    # --- the protocol -------------------------------------------------------------------
+
+    def start(self, epoch: int, batch: int) -> None:
+        samples = compat.sized(self._index["dataset"])
+        if self._samples is not None and samples is not None and samples != self._samples:
+            compat.warn(f"the data set has {samples} samples, {self._samples} when this "
+                        f"DataLoader was made: it reads those {self._samples} (make a new "
+                        "DataLoader to read them all)")
+        if self._jobs is not None:
+            batches = self._epoch_batches(epoch)
+            if len(batches) != len(self._jobs):
+                raise ValueError(f"stoker: the batch sampler made {len(batches)} batches this "
+                                 f"epoch and {len(self._jobs)} before: stoker needs the same "
+                                 f"number in every epoch")
+            if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
+                self._jobs.batches = batches
+                self._loader.restart_fresh(epoch)
+        if self.plan.order_length is not None:
+            order = list(self.plan.sampler)
+            if order != self._order:  # a custom sampler's new order: drop the old prefetch
+                self._loader.set_order(order)
+                if self._order is not None:
+                    self._loader.restart_fresh(epoch)
+                self._order = order
+        self._loader.restore(epoch, batch)
+        if not self._reading:
+            self._reading = True
+            self._loader.set_workers(self._engine_workers())
+
+    def next(self, timeout: float):
+        raw = self._loader.next(timeout)
+        if raw is None:
+            return EPOCH_END
+        if self._choice is not None:
+            self._choose_worker_type()
+        if self._remote_tuning is not None and self._remote_tuning.due():
+            self._tune_remote()
+        if self._build is None:
+            self._make_batches(self._handle.structure())
+        arrays = self._convert(raw)
+        raw.release()  # the tensors keep the buffer; returning them all recycles it
+        return self._build(arrays, raw.objects)
+
+    def __len__(self) -> int:
+        index = self._index
+        sampler = index["batch_sampler"] if index["batch_sampler"] is not None else (
+            index["sampler"])
+        len(sampler)  # as torch's: TypeError for a sampler without __len__
+        samples = compat.sized(index["dataset"])
+        if self._follows_len and samples is not None and samples != self._samples:
+            # As torch's, len() follows a data set that grew or shrank (iter() warns).
+            return compat.batches(samples, self.plan.batch_size, self.plan.drop_last)
+        return self._loader.batches_per_epoch
+
+    def state_dict(self, resume, next_epoch: Optional[int]) -> dict:
+        if resume is not None:
+            epoch, batch = resume
+        elif next_epoch is not None:  # between epochs: the next one from its start
+            epoch, batch = next_epoch, 0
+        else:
+            epoch, batch = self._loader.position()
+        return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
+                "batches_per_epoch": len(self)}
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        if "batch" not in state:
+            raise ValueError("stoker: the state is not a map-style data set's (a stream's "
+                             "state has no batch number)" if "stream" in state else
+                             "stoker: the state has no batch number")
+        if int(state.get("batches_per_epoch", len(self))) != len(self):
+            raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
+                             f"this loader has {len(self)}")
+        if "seed" in state and int(state["seed"]) != self.plan.seed:
+            raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
+                             f"seed {self.plan.seed}: pass seed= (or the same generator) to "
+                             f"resume")
+        return int(state["epoch"]), int(state["batch"])
+
+    def _stats(self) -> dict:
+        stats = self._loader.stats()
+        if self._remote is not None:
+            stats["remote"] = self._remote.stats()
+        return stats
+
+    def pids(self) -> list:
+        return list(self._pool.pids()) if self._pool is not None else []
+
+    def deaths(self) -> int:
+        return self._pool.deaths() if self._pool is not None else 0
+
+    def processes(self) -> list:
+        return self._workers.processes() if self._workers is not None else []
+
+    def report(self) -> dict:
+        return self._loader.report()
+
+    def skipped(self) -> list:
+        return self._loader.skipped_samples()
+
+    def set_workers(self, workers: int) -> None:
+        if self._reading:
+            self._loader.set_workers(self._engine_workers(workers))
+        self.num_workers = workers
+        self._thread_count[0] = workers
+
+    def set_depth(self, depth: int) -> None:
+        self._loader.set_depth(depth)
+
+    def trace(self, path: Optional[str], max_events: int) -> None:
+        self._loader.trace(path, max_events)
+
+    def close(self) -> None:
+        if self._loader.closed:
+            return
+        if self._remote is not None:
+            self._remote.stop()  # threads waiting for a remote worker return at once
+        try:
+            self._loader.trace(None)
+        finally:
+            self._loader.close()
+
+    def release(self) -> None:
+        # The C++ loader writes a trace still recording as it goes (a failure is logged).
+        loader = getattr(self, "_loader", None)
+        if loader is not None and not loader.closed:
+            if self._remote is not None:
+                self._remote.stop()
+            loader.close()
+
+    # --- what the engine pipeline adds --------------------------------------------------
+
+    @property
+    def remote(self) -> Optional[RemoteWorkers]:
+        return self._remote
+
+    def set_remote_active(self, active: int) -> None:
+        """Uses `active` remote workers from now on (the engine's threads follow)."""
+        self._remote.set_active(active)
+        self._loader.set_workers(self._engine_workers())
+
+    def _start_processes(self) -> None:
+        """Starts the worker processes and sends reads to them from now on."""
+        # Only when passed: a warning for torch's default could not be silenced.
+        if self.plan.warn_not_persistent:
+            compat.warn("worker processes persist across epochs (persistent_workers=False is "
+                        "not honoured): changes made to the data set in this process after "
+                        "they started are not seen by them")
+        workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
+                                 self.plan.worker_seed, self.plan.worker_init_fn)
+        pool = workers.make_pool()
+        pool.start()
+        self._workers, self._pool = workers, pool
+        self._handle.use_processes(pool)
+
+    def _engine_workers(self, local: Optional[int] = None) -> int:
+        """The engine's worker threads: the local workers (`local`, else num_workers) and one
+        per slot of the remote workers in use."""
+        local = self.num_workers if local is None else local
+        return local + (self._remote.threads if self._remote is not None else 0)
+
+    def _choose_worker_type(self) -> None:
+        """worker_type='auto': once the first batches were read on threads, moves GIL-bound
+        reads to processes (between batches, on this thread: nothing is lost or reordered)."""
+        stats = self._loader.stats()
+        # The local threads (the engine's others wait for remote workers).
+        threads = stats["workers"] if self._remote is None else self.num_workers
+        decision = self._choice.measure(self._handle.gil_stats(), stats, threads)
+        if decision is None:
+            return
+        self._choice = None
+        to_processes, self.worker_type_reason = decision
+        if to_processes:
+            self._start_processes()
+            self.worker_type = "process"
+            self.num_workers = self.plan.process_count
+            self._loader.set_workers(self._engine_workers())
+        self.log_worker_type()
+
+    def _tune_remote(self) -> None:
+        before = self._remote.active
+        decision = self._remote_tuning.decide(self._loader.stats(), self.num_workers, before,
+                                              self._remote.size)
+        if decision is None or decision[0] == before:
+            return
+        active, wait, load = decision
+        self.set_remote_active(active)
+        _log.info("stoker: remote workers %d -> %d (the training loop waited %.0f%%, "
+                  "local workers %.0f%% busy)", before, active, 100 * wait, 100 * load)
+
+    def _finish_batch_jobs(self, pin: bool) -> None:
+        """The batch path's last step: batches moved to the device, pinned first by worker
+        threads."""
+        if pin:
+            self._jobs.collate_fn = pinned(self._jobs.collate_fn)
+        move = mover(self._loader.stats()["device"], pin)
+        self._convert = lambda raw: None  # a batch job's batch is its one object value
+        self._build = lambda arrays, objects: move(objects[0][0])
+
+    def _epoch_batches(self, epoch: int) -> list:
+        """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None)."""
+        index = self._index
+        if index["batch_sampler"] is not None:
+            return [list(b) for b in index["batch_sampler"]]
+        if index["sampler"] is not None:
+            order = list(index["sampler"])
+        else:
+            order = _stoker.epoch_order(len(index["dataset"]), self.plan.shuffle,
+                                        self.plan.seed, epoch, 0, 1, False).tolist()
+        if index["batch_size"] is None:
+            return order
+        size = index["batch_size"]
+        end = len(order) - len(order) % size if index["drop_last"] else len(order)
+        return [order[i:i + size] for i in range(0, end, size)]
+
+    def _make_batches(self, structure) -> None:
+        """How a delivered batch becomes what the training loop gets, once the layout is
+        known (a Python data set's, from the first sample read)."""
+        self._build = batch_builder(structure, None)
+        self._convert = converter(_element_types(structure),
+                                  self._loader.stats()["device"] not in ("cpu", "sim"))
+
+
+def _element_types(structure) -> list[str]:
+    types: dict[int, str] = {}
+
+    def walk(node):
+        if node[0] == "array":
+            types[node[1]] = node[2]
+        elif node[0] in ("seq", "map"):
+            for child in node[-1]:
+                walk(child)
+
+    walk(structure)
+    return [types[f] for f in sorted(types)]
+
+
+def _training_stream(plan: Plan) -> int:
+    """The training loop's CUDA stream: batches copied to the GPU make it wait for their copy;
+    with pin_memory=True a pinned slab is refilled only after the work queued on it when its
+    batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return 0
+    if not (plan.device.startswith("cuda") or plan.pin_memory == "on"):
+        return 0
+    on = torch.device(plan.device) if plan.device.startswith("cuda") else None
+    return torch.cuda.current_stream(on).cuda_stream
+
+
+def _options(**fields) -> "_stoker.LoaderOptions":
+    """stoker::LoaderOptions (include/stoker/options.h), field by field."""
+    options = _stoker.LoaderOptions()
+    for name, value in fields.items():
+        setattr(options, name, value)
+    return options
+
+
+def _shard(rank: int, world_size: int, drop_last: bool) -> "_stoker.Shard":
+    shard = _stoker.Shard()
+    shard.rank, shard.world_size, shard.drop_last = rank, world_size, drop_last
+    return shard
+

@@ -1,0 +1,456 @@
+"""The DataLoader's arguments, resolved once: ``resolve()`` checks every argument (torch's
+checks in torch's order and words, then stoker's) and decides the mode, what the workers read,
+the order of the samples, the kind of worker and why, the device, pinning, the seeds and the
+depth, as a frozen ``Plan``. Nothing here starts anything: the pipelines (engine_pipeline.py,
+stream_pipeline.py) are built from the plan. Its repr is the plan as report() prints it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import sys
+from typing import Any, Callable, Optional
+
+from .. import _stoker
+from ..datasets.native import NativeDataset
+from ..datasets.torchvision import hybrid_equivalent, native_equivalent
+from ..distributed import DistributedSampler
+from ..remote.pool import SLOTS
+from ..workers.jobs import BatchJobs, is_datapipe, is_stream
+from ..workers.processes import mp_context
+from . import compat
+from .collate import default_collate
+
+SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
+WORKER_TYPES = ("auto", "thread", "process")
+
+# num_workers='auto' starts with one worker per core of this rank's share and lets the
+# engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
+# workers at a time when they mostly wait (a Python __getitem__ on files, sleeps, or torch ops
+# that release the GIL), up to the CPU budget when they compute, fewer when they sit idle.
+_AUTO_MAX_WORKERS_NATIVE_PER_CORE = 8
+_AUTO_MAX_WORKERS_PYTHON = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """What the plan depends on besides the arguments: the cores of this rank's share, whether
+    torch's GPU answers (torch loaded), whether any GPU does, and the seed source."""
+
+    cores: int
+    cpu_share: int
+    has_gpu: bool  # torch is loaded and torch.cuda.is_available()
+    gpu: bool  # torch's GPU if torch is in use, else any the engine finds
+    draw_seed: Callable[[Any], int] = dataclasses.field(repr=False)
+
+    @staticmethod
+    def here() -> "Host":
+        from ..cuda import cuda_available
+
+        torch = sys.modules.get("torch")
+        has_gpu = torch is not None and torch.cuda.is_available()
+        return Host(cores=cores(), cpu_share=cpu_share(), has_gpu=has_gpu,
+                    gpu=has_gpu if torch is not None else cuda_available(),
+                    draw_seed=draw_seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a DataLoader runs, decided once from its arguments."""
+
+    mode: str  # SAMPLES (the engine batches samples), BATCH_JOBS (a worker makes a whole
+    # batch: collate_fn, batch_sampler, batch_size=None), STREAM (an iterable data set)
+    pipeline: str  # what reads, and why (stats()["pipeline"])
+    order: str  # sequential, random, distributed, custom sampler, torch's samplers, stream
+    worker_type: str  # 'thread' or 'process' to start with
+    worker_type_reason: str
+    measure_worker_type: bool  # worker_type='auto': the first batches on threads decide
+    num_workers: int
+    process_count: int  # worker processes, if processes read
+    tune_workers: bool  # the engine's tuner moves the count
+    max_workers: int
+    remote_workers: int
+    tune_remote: bool  # num_workers='auto' with remote=: the loader asks for remote workers
+    depth: int  # batches in flight (engine), or per worker (stream)
+    batch_size: Optional[int]  # the engine's (1 for batch jobs) or the stream's
+    drop_last: bool
+    shuffle: bool  # the loader's (a batch job's order may shuffle)
+    engine_shuffle: bool  # the engine's permutation
+    seed: int  # the loader's (state_dict()["seed"])
+    engine_seed: int  # the engine's (its permutation and the samples' seeds)
+    worker_seed: int  # PyTorch's base seed of the workers: worker i is seeded base + i
+    rank: int
+    world_size: int
+    shard_drop_last: bool
+    device: str
+    pin_memory: str  # 'on', 'off' or 'auto' (the engine's); a stream pins 'on' or 'off'
+    pin_always: bool  # pin_memory='on': batch jobs pin their batches even for the CPU
+    native: bool  # a native data set, read in C++
+    on_error: str
+    max_skipped: int
+    pin_budget: int
+    device_depth: int
+    keep_on_host: tuple
+    warnings: tuple = ()  # for arguments that do not act as in torch, said once
+    log: tuple = ()  # lines for the log, said when the loader is made
+    # What the pipelines are built of (left out of the repr).
+    dataset: Any = dataclasses.field(default=None, repr=False)  # what the workers read
+    sampler: Any = dataclasses.field(default=None, repr=False)  # the one the engine follows
+    order_length: Optional[int] = None  # a custom sampler's positions (read at each epoch)
+    collate_fn: Any = dataclasses.field(default=None, repr=False)  # a stream's or batch jobs'
+    worker_init_fn: Any = dataclasses.field(default=None, repr=False)
+    multiprocessing_context: Any = dataclasses.field(default=None, repr=False)  # as checked
+    context: Any = dataclasses.field(default=None, repr=False)  # the one processes start with
+    remote: Any = dataclasses.field(default=None, repr=False)  # stoker.ray_workers(...)
+    generator: Any = dataclasses.field(default=None, repr=False)
+    warn_not_persistent: bool = False  # persistent_workers=False given, for processes
+
+    def __str__(self) -> str:
+        shown = ("mode", "pipeline", "order", "worker_type", "worker_type_reason",
+                 "num_workers", "depth", "device", "pin_memory", "seed")
+        return "; ".join(f"{name}={getattr(self, name)!r}" for name in shown)
+
+
+def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
+            sampler=None, batch_sampler=None, num_workers="auto", collate_fn=None,
+            pin_memory="auto", drop_last: bool = False, timeout: float = 0,
+            worker_init_fn=None, multiprocessing_context=None, generator=None, *,
+            prefetch_factor: Optional[int] = None, persistent_workers: Optional[bool] = None,
+            pin_memory_device: str = "", in_order: bool = True, device=None,
+            on_error: str = "raise", max_skipped: int = 1000, seed: Optional[int] = None,
+            pin_budget: int = 0, device_depth: int = 2, worker_type: str = "auto",
+            native: bool = True, keep_on_host=(), remote=None,
+            host: Optional[Host] = None) -> Plan:
+    """The plan of a DataLoader with these arguments (DataLoader's), or the ValueError (or
+    TypeError) that torch's DataLoader, or stoker, raises for them."""
+    host = host if host is not None else Host.here()
+    warnings = list(compat.check_arguments(
+        num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
+        persistent_workers=persistent_workers, sampler=sampler, shuffle=shuffle,
+        batch_sampler=batch_sampler, batch_size=batch_size, drop_last=drop_last))
+    context = compat.check_multiprocessing_context(
+        multiprocessing_context, 1 if num_workers == "auto" else int(num_workers))
+    if worker_type not in WORKER_TYPES:
+        raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
+                         f"{worker_type!r}")
+    _enum(_stoker.ErrorPolicy, "on_error", on_error)
+    common = dict(on_error=on_error, max_skipped=int(max_skipped), pin_budget=int(pin_budget),
+                  device_depth=int(device_depth),
+                  keep_on_host=tuple(str(name) for name in keep_on_host),
+                  worker_init_fn=worker_init_fn, generator=generator,
+                  multiprocessing_context=context)
+    if is_stream(dataset):
+        return _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
+                       collate_fn, pin_memory, drop_last, context,
+                       prefetch_factor, device, worker_type, remote, host, warnings, common)
+    if collate_fn is not None and collate_fn is compat.default_collate():
+        collate_fn = None  # stoker's own batching is default_collate's
+    mode = SAMPLES
+    if collate_fn is not None or batch_size is None or (
+            batch_sampler is not None and not _is_torch_batch_sampler(batch_sampler)):
+        mode = BATCH_JOBS
+    if mode == BATCH_JOBS:
+        # The engine runs batch jobs (stoker/workers/jobs.py), one per engine batch; engine
+        # sample k is batch k, in order (each epoch's batches from torch's samplers).
+        read = _batch_jobs(dataset, batch_size, sampler, batch_sampler, drop_last, collate_fn)
+        engine_batch_size, engine_drop_last, engine_sampler, engine_shuffle = 1, False, None, None
+        pipeline = (f"python: batches of {type(dataset).__name__}, fetched and collated in "
+                    f"workers")
+    else:
+        engine_batch_size, engine_sampler, engine_drop_last = batch_size, sampler, drop_last
+        engine_shuffle = shuffle
+        if batch_sampler is not None:  # torch's BatchSampler: its sampler, batched natively
+            engine_batch_size, engine_sampler, engine_drop_last = (
+                batch_sampler.batch_size, batch_sampler.sampler, batch_sampler.drop_last)
+        read, pipeline = _what_reads(dataset, native)
+    is_native = isinstance(read, NativeDataset)
+    if remote is not None and is_native:
+        # Served through its __getitem__ (the same C++ read, with the sample's seed), by the
+        # local workers too: one more copy per sample than the native path.
+        is_native = False
+        pipeline += " (read through __getitem__, on local and remote workers)"
+
+    workers_given = num_workers != "auto"
+    workers = host.cpu_share if num_workers == "auto" else int(num_workers)
+    # The engine's tuner counts threads: with remote workers the local count stays fixed and,
+    # with 'auto', the loader asks for remote workers itself (worker_choice.RemoteTuning).
+    tune = num_workers == "auto" and remote is None
+    max_workers = 0
+    if tune:
+        max_workers = (max(16, _AUTO_MAX_WORKERS_NATIVE_PER_CORE * host.cpu_share) if is_native
+                       else max(_AUTO_MAX_WORKERS_PYTHON, host.cpu_share))
+    remote_count = remote.count if remote is not None else 0
+    depth = (2 if prefetch_factor is None else int(prefetch_factor)) * max(
+        1, workers + SLOTS * remote_count)
+
+    # Which samples, in which order: natively (sequential, random, sharded), or a custom
+    # sampler's order read at the start of each epoch.
+    rank, world, shard_drop_last, order_length = 0, 1, False, None
+    seed_given = seed is not None
+    engine_seed_arg = seed
+    engine_shuffle = bool(engine_shuffle)
+    kind = "distributed" if isinstance(engine_sampler, DistributedSampler) else (
+        _torch_sampler_kind(engine_sampler) if engine_sampler is not None else None)
+    order = kind or "sequential"
+    if kind == "distributed":
+        rank, world = engine_sampler.rank, engine_sampler.num_replicas
+        shard_drop_last, engine_shuffle = engine_sampler.drop_last, engine_sampler.shuffle
+        engine_seed_arg, seed_given = engine_sampler.seed, True
+    elif kind == "random":
+        engine_shuffle = True
+        generator = engine_sampler.generator if engine_sampler.generator is not None else generator
+    elif kind is None and engine_sampler is not None:
+        # A custom sampler is read when each epoch starts, once, as torch reads it; until then
+        # the engine has as many positions (and reads nothing). A sampler may be longer than
+        # the data set (replacement, num_samples): placeholders are sample 0.
+        order, order_length = "custom sampler", _length(engine_sampler)
+    elif engine_shuffle:
+        order = "random"
+    engine_seed = (int(engine_seed_arg) if seed_given else
+                   (host.draw_seed(generator) if engine_shuffle else 0))
+    worker_seed = host.draw_seed(generator) if not is_native else 0
+    public_seed, public_shuffle = engine_seed, engine_shuffle
+    if mode == BATCH_JOBS:
+        order = "torch's samplers, at each epoch"
+        public_shuffle = bool(shuffle) and sampler is None and batch_sampler is None
+        if public_shuffle:  # stoker's permutation of the samples, seeded as the engine's
+            public_seed = int(seed) if seed is not None else host.draw_seed(generator)
+
+    if is_native:
+        worker_type_chosen, reason = "thread", "a native data set reads in C++, on threads"
+    elif workers == 0:
+        if worker_type == "process":
+            raise ValueError("worker_type='process' needs num_workers >= 1")
+        worker_type_chosen, reason = "thread", "num_workers=0 reads in the training loop"
+    elif worker_type == "auto":
+        worker_type_chosen, reason = "thread", "auto: measuring the first batches on threads"
+    else:
+        worker_type_chosen, reason = worker_type, "asked for"
+    # With remote=, too: the GIL's share is measured on the local reads only, and remote
+    # workers are asked for once the local ones, threads or processes, are saturated.
+    measure = not is_native and worker_type == "auto" and workers > 0
+    # With processes, one worker per core of this rank's share unless told otherwise.
+    process_count = workers if workers_given else host.cpu_share
+    if worker_type_chosen == "process":
+        workers, tune = process_count, False
+    resolved_device = _device(device)
+    warnings += compat.unhonoured(
+        native=is_native, worker_type=worker_type, multiprocessing_context=context,
+        worker_init_fn=worker_init_fn, pin_memory=pin_memory, has_gpu=host.gpu,
+        pin_memory_device=pin_memory_device, in_order=in_order)
+    engine_pin = pin_memory
+    if isinstance(pin_memory, bool):
+        # As torch: True pins only where a GPU will read the batches.
+        engine_pin = "on" if pin_memory and host.gpu else ("auto" if pin_memory else "off")
+    _enum(_stoker.PinMemory, "pin_memory", str(engine_pin))
+    return Plan(
+        mode=mode, pipeline=pipeline, order=order, worker_type=worker_type_chosen,
+        worker_type_reason=reason, measure_worker_type=measure, num_workers=workers,
+        process_count=process_count, tune_workers=tune, max_workers=max_workers,
+        remote_workers=remote_count, tune_remote=num_workers == "auto" and remote is not None,
+        depth=depth, batch_size=int(engine_batch_size), drop_last=bool(engine_drop_last),
+        shuffle=public_shuffle, engine_shuffle=engine_shuffle, seed=public_seed,
+        engine_seed=engine_seed, worker_seed=worker_seed, rank=rank, world_size=world,
+        shard_drop_last=shard_drop_last, device=resolved_device, pin_memory=str(engine_pin),
+        pin_always=pin_memory == "on", native=is_native, warnings=tuple(warnings),
+        dataset=read, sampler=engine_sampler, order_length=order_length, collate_fn=collate_fn,
+        context=mp_context(context) if not is_native else None, remote=remote,
+        warn_not_persistent=persistent_workers is False, **common)
+
+
+def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
+            pin_memory, drop_last, multiprocessing_context, prefetch_factor, device,
+            worker_type, remote, host: Host, warnings: list, common: dict) -> Plan:
+    """An iterable data set: each worker iterates its own copy (stream_pipeline.py)."""
+    if remote is not None:
+        raise ValueError("stoker: remote workers read map-style data sets (samples, or "
+                         "batches with a collate_fn or batch sampler); streams run on local "
+                         "workers only")
+    pipe = is_datapipe(dataset)
+    if pipe and shuffle is not None:  # as torch: the pipe's shuffle steps are turned on/off
+        from torch.utils.data import graph_settings
+
+        dataset = graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
+    for name, value in (("shuffle", None if pipe else shuffle), ("sampler", sampler),
+                        ("batch_sampler", batch_sampler)):
+        if value not in (None, False):
+            raise ValueError(f"DataLoader with IterableDataset: expected unspecified {name} "
+                             f"option, but got {name}={value}")
+    # 'auto' is one worker: every worker iterates its own copy of the stream, so a data set
+    # that does not shard itself by get_worker_info() would be read once per worker (torch's
+    # default, num_workers=0, reads it once). A sharded stream's num_workers is the user's to
+    # give, as with torch.
+    workers = 1 if num_workers == "auto" else int(num_workers)
+    if worker_type == "process" and workers == 0:
+        raise ValueError("worker_type='process' needs num_workers >= 1")
+    # auto: processes, as torch's workers: each iterates its own copy of the data set with its
+    # own globals and seeded generators, and a stream's Python code (parsing, tokenizing) runs
+    # on every core. Threads (asked for) suit streams that wait on I/O.
+    if worker_type == "auto":
+        chosen = "process" if workers > 0 else "thread"
+        reason = ("auto: a stream is read by worker processes, each iterating its own copy, "
+                  "as torch's" if workers > 0 else "num_workers=0 reads in the training loop")
+    else:
+        chosen, reason = worker_type, "asked for"
+    resolved, log = _device(device), ()
+    if resolved.startswith("cuda") and not host.has_gpu:
+        resolved, log = "cpu", ("stoker: no GPU answers; batches stay on the CPU",)
+    pin = resolved.startswith("cuda") or (pin_memory is True and host.has_gpu)
+    worker_seed = host.draw_seed(common["generator"])
+    return Plan(
+        mode=STREAM, pipeline=f"python: a stream of {type(dataset).__name__}, iterated and "
+                              f"collated in each worker",
+        order="stream", worker_type=chosen, worker_type_reason=reason,
+        measure_worker_type=False, num_workers=workers, process_count=workers,
+        tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
+        depth=2 if prefetch_factor is None else int(prefetch_factor),
+        batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
+        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0,
+        worker_seed=worker_seed, rank=0, world_size=1, shard_drop_last=False, device=resolved,
+        pin_memory="on" if pin else "off", pin_always=False, native=False,
+        warnings=tuple(warnings), log=log, dataset=dataset,
+        collate_fn=collate_fn if collate_fn is not None else default_collate(
+            batch_size is not None),
+        context=mp_context(multiprocessing_context) if chosen == "process" else None,
+        **common)
+
+
+def _what_reads(dataset, native: bool) -> tuple[Any, str]:
+    """The data set the workers read and why: torchvision's ImageFolder with a pipeline stoker
+    implements runs in C++ (native=False opts out)."""
+    pipeline = f"python: {type(dataset).__name__}.__getitem__ in workers"
+    if isinstance(dataset, NativeDataset):
+        return dataset, "native: a stoker data set"
+    if not native:
+        return dataset, pipeline
+    equivalent, why = native_equivalent(dataset)
+    if equivalent is not None:
+        return equivalent, f"native: {why}"
+    if why == "not a torchvision data set":
+        return dataset, pipeline
+    # The ends of the pipeline that stoker implements run natively, the rest in Python, in
+    # workers.
+    hybrid, hybrid_why = hybrid_equivalent(dataset)
+    if hybrid is not None:
+        return hybrid, f"python: {hybrid_why} ({why})"
+    return dataset, pipeline + f" ({why})"
+
+
+def _batch_jobs(dataset, batch_size, sampler, batch_sampler, drop_last,
+                collate_fn) -> BatchJobs:
+    """The batch jobs of a map-style data set (collate_fn, any batch_sampler,
+    batch_size=None); each epoch's batches are set by the engine pipeline."""
+    auto_collation = batch_sampler is not None or batch_size is not None
+    collate = collate_fn if collate_fn is not None else default_collate(auto_collation)
+    if batch_sampler is not None:
+        size = _length(batch_sampler)
+    else:
+        samples = _length(sampler) if sampler is not None else len(dataset)
+        size = (samples if batch_size is None else samples // int(batch_size) if drop_last
+                else -(-samples // int(batch_size)))
+    return BatchJobs(dataset, collate, auto_collation, size)
+
+
+def _device(device) -> str:
+    if device is None:
+        return "cpu"
+    name = str(device)
+    if name == "cuda":
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_available():
+            name = f"cuda:{torch.cuda.current_device()}"
+    return name
+
+
+def _enum(enum, option: str, value: str):
+    """The C++ enum value named `value`, or ValueError naming the choices."""
+    members = enum.__members__
+    if value not in members:
+        choices = list(members)
+        names = ", ".join(f"'{c}'" for c in choices[:-1]) + f" or '{choices[-1]}'"
+        raise ValueError(f"stoker: {option} must be {names}, not '{value}'")
+    return members[value]
+
+
+def engine_enum(enum, value: str):
+    """The C++ enum value of a value the plan checked."""
+    return enum.__members__[value]
+
+
+def _is_torch_batch_sampler(batch_sampler) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and type(batch_sampler) is torch.utils.data.BatchSampler
+
+
+def _length(sampler) -> int:
+    """len(sampler), or its length by iterating a copy of it (a sampler without __len__: the
+    sampler itself is left as it was, so that a seeded one's first epoch is still its first)."""
+    try:
+        return len(sampler)
+    except TypeError:
+        pass
+    try:
+        probe = copy.deepcopy(sampler)
+    except Exception:  # a sampler that does not copy (it holds a lock, a file) is read itself
+        probe = sampler
+    return sum(1 for _ in probe)
+
+
+def _torch_sampler_kind(sampler) -> Optional[str]:
+    """'sequential', 'random', 'distributed' for torch's own samplers stoker runs natively."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    data = torch.utils.data
+    if type(sampler) is data.SequentialSampler:
+        return "sequential"
+    if (type(sampler) is data.RandomSampler and not sampler.replacement
+            and sampler._num_samples is None):
+        return "random"
+    if type(sampler) is data.distributed.DistributedSampler:
+        return "distributed"
+    return None
+
+
+def cores() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
+def cpu_share() -> int:
+    """This rank's cores: ranks that torchrun started on one node (LOCAL_WORLD_SIZE) divide
+    them among themselves, as the engine's CPU budget does (src/tune/tuner.h)."""
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cores() // ranks)
+
+
+def draw_seed(generator) -> int:
+    """A 63-bit base seed, drawn like torch's samplers draw theirs: from `generator`, or from
+    torch's default generator (so torch.manual_seed makes runs repeat), or at random."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        t = torch.empty((), dtype=torch.int64).random_(generator=generator)
+        return int(t.item()) & ((1 << 63) - 1)
+    if generator is not None:
+        raise TypeError("generator= needs torch")
+    return int.from_bytes(os.urandom(8), "little") >> 1
+
+
+def torch_attributes(plan: Plan, dataset, *, batch_size, shuffle, sampler, batch_sampler,
+                     drop_last, generator, collate_fn, prefetch_factor) -> dict[str, Any]:
+    """torch's public attributes of a DataLoader with this plan and these arguments: torch's
+    values (compat.public_attributes), or a stream's (the data set as its workers read it,
+    no sampler, the collate_fn as given)."""
+    if plan.mode == STREAM:
+        return {"dataset": plan.dataset, "sampler": None, "batch_sampler": None,
+                "batch_size": plan.batch_size, "drop_last": plan.drop_last,
+                "collate_fn": collate_fn, "prefetch_factor": plan.depth,
+                "generator": generator}
+    return compat.public_attributes(
+        dataset, plan.num_workers, batch_size=batch_size, shuffle=shuffle, sampler=sampler,
+        batch_sampler=batch_sampler, drop_last=drop_last, generator=generator,
+        collate_fn=collate_fn, prefetch_factor=prefetch_factor)

@@ -1,0 +1,345 @@
+"""Iterable data sets on the training process's side: worker w iterates its own copy of the
+data set (on a thread, or in a worker process serving StreamJobs, stoker/workers/jobs.py) and
+the training loop takes batches from the workers in turn, as PyTorch's loader does;
+docs/architecture.md says why streams are not engine jobs.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import errno
+import pickle
+import queue
+import sys
+import threading
+import weakref
+from typing import Callable, Optional
+
+from .. import _stoker
+from ..workers import arena as _arena
+from ..workers import startup
+from ..workers.jobs import END, StreamJobs, is_datapipe
+from ..workers.processes import rebuild_error
+
+# How long a stream worker waits to hand a batch over before it looks whether it was stopped.
+_PUT_POLL_S = 0.1
+
+# What an epoch's next() returns after its last batch (None is a batch a collate_fn may make).
+EPOCH_END = object()
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class StreamEpoch:
+    """One epoch over a stream: a producer per worker fills its own bounded queue, and the
+    training loop takes from the workers in turn (round-robin, skipping workers whose stream
+    ended), so a deterministic stream gives torch's batches in torch's order.
+
+    Producers run on threads of their own: with worker threads a producer iterates its copy
+    of the data set; with worker processes it asks its worker for the batches it made since
+    the last request (ProcessPool.call, the GIL released while it waits) and decodes them. Nothing here
+    holds the loader, so an abandoned epoch never keeps a loader alive; stop() ends it.
+    """
+
+    def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
+                 drop_last: bool, epoch: int, base_seed: int, init: Callable,
+                 pool, states: Optional[list], ended: Optional[list], cursor: int,
+                 want_state: bool, finish: Callable, seed: Optional[int]) -> None:
+        self._finish = finish
+        self._stop = threading.Event()
+        self._want_state = want_state
+        self.workers = workers
+        self.states = list(states) if states is not None else [None] * max(workers, 1)
+        self.ended = list(ended) if ended is not None else [False] * max(workers, 1)
+        # Whether a worker's stream ended while its last batch handed out was made (a short
+        # last batch): its END is still to come, but a position saved now must say it ended
+        # (the data set's state may already be back at its start).
+        self.last = [False] * max(workers, 1)
+        self.cursor = cursor
+        if workers == 0:  # the calling thread iterates (worker info stays None, as in torch)
+            self._inline = StreamJobs(dataset, collate_fn, batch_size, drop_last)
+            self._inline.begin(self.states[0], seed)
+            return
+        self._queues = [queue.Queue(maxsize=depth) for _ in range(workers)]
+        self._threads = []
+        for w in range(workers):
+            if self.ended[w]:
+                continue
+            if pool is not None:
+                args = pickle.dumps((self.states[w], want_state, depth, seed),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
+                target, extra = self._ask_process, (pool, epoch, args)
+            else:
+                jobs = StreamJobs(_own_copy(dataset), collate_fn, batch_size, drop_last)
+                target, extra = self._iterate, (jobs, base_seed, init, self.states[w], seed)
+            thread = threading.Thread(target=self._produce, args=(target, w, *extra),
+                                      daemon=True, name=f"stoker stream worker {w}")
+            thread.start()
+            self._threads.append(thread)
+
+    # --- producers ----------------------------------------------------------------------
+
+    def _produce(self, target: Callable, w: int, *args) -> None:
+        # Whatever escapes a producer ends its worker's stream with that error, in its turn:
+        # the training loop never waits for a producer that is gone.
+        try:
+            target(w, *args)
+        except BaseException as e:
+            _note(e, w)
+            self._put(w, _Failure(e))
+            self._put(w, END)
+
+    def _put(self, w: int, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queues[w].put(item, timeout=_PUT_POLL_S)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state, seed) -> None:
+        init(w, jobs.dataset, self.workers, base_seed)  # an error ends the stream (_produce)
+        jobs.begin(state, seed)
+        while not self._stop.is_set():
+            try:
+                batch = jobs.next_batch()
+            except StopIteration:
+                self._put(w, END)
+                return
+            except Exception as e:  # as torch: reported in turn, and the worker goes on
+                _note(e, w)
+                if not self._put(w, _Failure(e)):
+                    return
+                continue
+            if not self._put(w, (batch, jobs.state() if self._want_state else None,
+                                 jobs.exhausted)):
+                return
+
+    def _ask_process(self, w: int, pool, epoch: int, args: bytes) -> None:
+        while not self._stop.is_set():
+            reply = pool.call(w, epoch, args)
+            if not reply[0]:
+                if not self._stop.is_set():
+                    self._put(w, _Failure(_stoker.WorkerError(
+                        f"{reply[1]}; the rest of its stream (worker {w}) is lost")))
+                    self._put(w, END)
+                return
+            _, failed, blob, pid = reply
+            try:
+                objects, errors = pickle.loads(blob)
+                items = ([_Failure(rebuild_error(errors[0][1], _where(w, pid)))]
+                         if failed else [_from_worker(item, w, pid)
+                                         for item in _arena.loads(objects[0], pid)])
+            except OSError as e:
+                if e.errno == errno.ESRCH:  # it died after replying: its next call says how
+                    continue
+                items = [_Failure(e)]
+            except Exception as e:  # a reply that does not unpickle here
+                items = [_Failure(e)]
+            for item in items:
+                if not self._put(w, item) or item is END:
+                    return
+
+    # --- the training loop's side --------------------------------------------------------
+
+    def next(self, timeout: float):
+        """The next batch, or EPOCH_END at the end of the epoch (a batch may be None: what a
+        collate_fn that drops a bad batch returns, as torch's loader yields it)."""
+        if self.workers == 0:
+            if self.ended[0]:
+                return EPOCH_END
+            try:
+                batch = self._inline.next_batch()
+            except StopIteration:
+                self.ended[0] = True
+                return EPOCH_END
+            if self._want_state:
+                self.states[0] = self._inline.state()
+            self.last[0] = self._inline.exhausted
+            return self._finish(batch)
+        while not all(self.ended):
+            w = self.cursor
+            while self.ended[w]:
+                w = (w + 1) % self.workers
+            try:
+                item = self._queues[w].get(timeout=timeout or None)
+            except queue.Empty:
+                raise RuntimeError(f"DataLoader timed out after {timeout} seconds") from None
+            if item is END:
+                self.ended[w] = True
+                continue
+            self.cursor = (w + 1) % self.workers
+            if isinstance(item, _Failure):
+                raise item.error
+            batch, state, self.last[w] = item
+            self.states[w] = state
+            return self._finish(batch)
+        return EPOCH_END
+
+    def stop(self, wait: bool) -> None:
+        """Ends the epoch's producers; each finishes at most the batch it is making. With
+        `wait`, returns when they have ended (only for producers that cannot be inside user
+        code, which may never return: those of worker processes once their pool stopped);
+        otherwise waits a little and leaves the rest to end on their own (daemon threads)."""
+        self._stop.set()
+        for thread in getattr(self, "_threads", ()):
+            if thread is not threading.current_thread():
+                thread.join(None if wait else _PUT_POLL_S * 2)
+
+
+def _where(w: int, pid: int) -> str:
+    return f"stoker: raised in DataLoader worker process {w} (pid {pid}) while reading its stream"
+
+
+def _from_worker(item, w: int, pid: int):
+    """One item of a stream worker's reply (workers/main.py, _run_call), as the queue holds it."""
+    if isinstance(item, bytes):
+        return _arena.loads(item, pid)
+    if isinstance(item, tuple):  # ("error", the worker's exception info)
+        return _Failure(rebuild_error(item[1], _where(w, pid)))
+    return item  # END
+
+
+def _own_copy(dataset):
+    """Each worker thread iterates its own copy of the data set, as each of torch's worker
+    processes does (state set in __iter__ stays the worker's). An IterDataPipe's whole graph
+    is copied: sharding sets each worker's share in its steps."""
+    try:
+        return copy.deepcopy(dataset) if is_datapipe(dataset) else copy.copy(dataset)
+    except Exception:
+        return dataset
+
+
+def _note(error: BaseException, w: int) -> None:
+    error.add_note(f"stoker: raised in DataLoader worker {w} while reading its stream")
+
+
+class Streams:
+    """An iterable data set's loader state across epochs: its workers (threads, or processes
+    that persist across epochs), the current epoch, and a position to resume from."""
+
+    def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
+                 drop_last: bool, base_seed: int, worker_init_fn, processes, finish,
+                 generator=None) -> None:
+        self._dataset = dataset
+        self._generator = generator  # an IterDataPipe's seed for each epoch is drawn from it
+        self._workers = workers
+        self._depth = depth
+        self._collate_fn = collate_fn
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self._base_seed = base_seed
+        self._worker_init_fn = worker_init_fn
+        self._finish = finish
+        self._stateful = (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict"))
+        self._pool = None
+        self._epoch: Optional[StreamEpoch] = None
+        self.pending: Optional[dict] = None  # a loaded position, for the next start()
+        # Passes started: worker processes tell a new pass from an abandoned one's last
+        # requests by it (whatever epoch numbers set_epoch() gives).
+        self._passes = 0
+        self.closed = False
+        _open_streams.add(self)
+        if processes is not None:  # ProcessWorkers over this stream's jobs
+            self._pool = processes.make_pool()
+            self._pool.start()
+
+    def pids(self) -> list:
+        return list(self._pool.pids()) if self._pool is not None else []
+
+    def __len__(self) -> int:
+        length = len(self._dataset)  # TypeError without __len__, as torch
+        if self._batch_size is None:
+            return length
+        if self._drop_last:
+            return length // self._batch_size
+        return -(-length // self._batch_size)
+
+    def _init_thread(self, w: int, dataset, workers: int, base_seed: int) -> None:
+        startup.start_worker(w, workers, base_seed, dataset, self._worker_init_fn,
+                             own_process=False)
+
+    def start(self) -> None:
+        """Starts the next pass over the stream (a new epoch)."""
+        if self.closed:
+            raise RuntimeError("stoker: the DataLoader is closed")
+        self.stop()
+        self._passes += 1
+        pending, self.pending = self.pending, None
+        if pending is not None and pending["workers"] != self._workers:
+            raise ValueError(f"stoker: the state is for a stream read by {pending['workers']} "
+                             f"workers, this loader has {self._workers}")
+        self._epoch = StreamEpoch(
+            dataset=self._dataset, workers=self._workers, depth=self._depth,
+            collate_fn=self._collate_fn, batch_size=self._batch_size,
+            drop_last=self._drop_last, epoch=self._passes, base_seed=self._base_seed,
+            init=self._init_thread, pool=self._pool,
+            states=pending and pending["states"], ended=pending and pending["ended"],
+            cursor=pending["cursor"] if pending else 0, want_state=self._stateful,
+            finish=self._finish, seed=self._epoch_seed())
+
+    def _epoch_seed(self) -> Optional[int]:
+        """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the
+        generator or torch's default one (so torch.manual_seed repeats the order)."""
+        if not is_datapipe(self._dataset):
+            return None
+        torch = _torch()
+        return int(torch.empty((), dtype=torch.int64).random_(generator=self._generator))
+
+    def next(self, timeout: float):
+        return self._epoch.next(timeout)
+
+    def position(self) -> dict:
+        """Where the current epoch stands: each worker's data set state after its last batch
+        handed out, which workers' streams ended, and whose turn is next."""
+        if not self._stateful:
+            raise TypeError(
+                f"stoker: cannot save the position in a stream of {type(self._dataset).__name__}"
+                f": it has no state_dict()/load_state_dict() (torchdata's Stateful protocol), "
+                f"so there is no way to resume it mid-epoch")
+        e = self._epoch
+        return {"workers": self._workers, "states": list(e.states),
+                "ended": [ended or last for ended, last in zip(e.ended, e.last)],
+                "cursor": e.cursor}
+
+    def load(self, position: Optional[dict]) -> None:
+        if position is not None and not self._stateful:
+            raise TypeError(f"stoker: cannot resume a stream of {type(self._dataset).__name__}:"
+                            f" it has no load_state_dict()")
+        self.pending = position
+
+    def stop(self, wait: bool = False) -> None:
+        if self._epoch is not None:
+            self._epoch.stop(wait)
+            self._epoch = None
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._pool is not None:
+            self._pool.stop()  # producers waiting on their workers return at once
+        self.stop(wait=self._pool is not None)  # they end before the pool closes their sockets
+        if self._pool is not None:
+            self._pool.finish()
+            self._pool = None
+
+
+# Streams still open at interpreter exit are closed before the interpreter goes (their
+# producer threads must not be left inside a call into the extension).
+_open_streams: "weakref.WeakSet[Streams]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    for streams in list(_open_streams):
+        streams.close()

@@ -1,0 +1,173 @@
+"""The stream pipeline: an iterable data set, each worker (a thread, or a worker process)
+iterating its own copy (stream_epochs.py), batches taken from the workers in turn. It runs
+outside the engine, so its stats, report and trace are its own: the training loop's waits for
+batches and the steps in between, measured here."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import time
+from typing import Optional
+
+from ..workers.jobs import StreamJobs
+from ..workers.processes import ProcessWorkers
+from .collate import mover, pinned
+from .protocol import EPOCH_END, Pipeline
+from .plan import Plan
+from .stream_epochs import Streams
+
+_log = logging.getLogger("stoker")
+
+
+class StreamPipeline(Pipeline):
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        for line in plan.log:
+            _log.info(line)
+        pin = plan.pin_memory == "on"
+        collate = plan.collate_fn
+        self._workers: Optional[ProcessWorkers] = None  # torch's iterator lists the processes
+        if self.worker_type == "process":
+            self._workers = ProcessWorkers(
+                StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last),
+                plan.num_workers, plan.context, plan.worker_seed, plan.worker_init_fn)
+        elif pin:
+            collate = pinned(collate)
+        self._streams = Streams(
+            dataset=plan.dataset, workers=plan.num_workers, depth=plan.depth,
+            collate_fn=collate, batch_size=plan.batch_size, drop_last=plan.drop_last,
+            base_seed=plan.worker_seed, worker_init_fn=plan.worker_init_fn,
+            processes=self._workers, finish=mover(plan.device, pin),
+            generator=plan.generator)
+        self.reported_len: Optional[int] = None  # len(dataset) when len(loader) was asked
+        self._epoch = 0  # the epoch running
+        self._timing = _Timing()
+        self._trace: Optional[_Trace] = None
+        self.log_worker_type()
+
+    def start(self, epoch: int, batch: int) -> None:
+        self._streams.start()
+        self._epoch = epoch
+
+    def next(self, timeout: float):
+        asked = time.perf_counter()
+        batch = self._streams.next(timeout)
+        if batch is not EPOCH_END:
+            self._timing.batch(asked, time.perf_counter(), self._trace)
+        return batch
+
+    def __len__(self) -> int:
+        self.reported_len = len(self.plan.dataset)
+        return len(self._streams)
+
+    def state_dict(self, resume, next_epoch: Optional[int]) -> dict:
+        if resume is not None:
+            return {"epoch": resume[0], "stream": self._streams.pending}
+        if next_epoch is not None:
+            return {"epoch": next_epoch, "stream": None}
+        return {"epoch": self._epoch, "stream": self._streams.position()}
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        if "stream" not in state:
+            raise ValueError("stoker: the state is not a stream's")
+        self._streams.load(state["stream"])
+        return int(state["epoch"]), 0
+
+    def _stats(self) -> dict:
+        return {"workers": self.num_workers, "device": self.plan.device,
+                **self._timing.stats()}
+
+    def pids(self) -> list:
+        return self._streams.pids()
+
+    def processes(self) -> list:
+        return self._workers.processes() if self._workers is not None else []
+
+    def report(self) -> dict:
+        stats = self._timing.stats()
+        if not stats["batches"]:
+            text = "no data yet"
+            return {"verdict": "no data yet", "text": text, **stats}
+        text = (f"stream: the training loop waited {stats['wait_fraction']:.0%} of its time "
+                f"for {stats['batches']} batches from {self.num_workers} "
+                f"{self.worker_type} worker(s); the engine's analysis (busiest stage, more "
+                f"workers) covers map-style data sets")
+        return {"verdict": "stream", "text": text, **stats}
+
+    def trace(self, path: Optional[str], max_events: int) -> None:
+        if self._trace is not None:
+            self._trace.write()
+            self._trace = None
+        if path is not None:
+            self._trace = _Trace(path, max_events)
+
+    def skipped(self) -> list:
+        return []  # a stream's errors are always raised
+
+    def set_workers(self, workers: int) -> None:
+        raise ValueError("stoker: a stream's workers each read their own shard: their count "
+                         "is fixed (num_workers=)")
+
+    def set_depth(self, depth: int) -> None:
+        raise ValueError("stoker: a stream's depth is prefetch_factor batches per worker")
+
+    def close(self) -> None:
+        self._streams.close()
+        self.trace(None, 0)
+
+    def release(self) -> None:
+        self.close()
+
+
+class _Timing:
+    """The training loop's time waiting for batches, against the time since the first one
+    was asked for."""
+
+    def __init__(self) -> None:
+        self._first: Optional[float] = None
+        self._last: Optional[float] = None  # when the last batch was handed out
+        self._batches = 0
+        self._wait = 0.0
+
+    def batch(self, asked: float, got: float, trace: Optional["_Trace"]) -> None:
+        if self._first is None:
+            self._first = asked
+        if trace is not None:
+            if self._last is not None:
+                trace.event("step", self._last, asked)
+            trace.event("wait for batch", asked, got)
+        self._batches += 1
+        self._wait += got - asked
+        self._last = got
+
+    def stats(self) -> dict:
+        elapsed = (self._last - self._first) if self._first is not None else 0.0
+        return {"batches": self._batches, "consumer_wait_s": self._wait, "elapsed_s": elapsed,
+                "wait_fraction": self._wait / elapsed if elapsed > 0 else 0.0}
+
+
+class _Trace:
+    """The stream's timeline in Chrome trace-event JSON (the engine's format): the training
+    loop's waits for batches and its steps, keeping the newest `max_events`."""
+
+    def __init__(self, path: str, max_events: int) -> None:
+        with open(path, "w"):  # OSError now if the file cannot be created
+            pass
+        self._path = path
+        self._events: collections.deque = collections.deque(maxlen=max(1, max_events))
+        self._seen = 0
+
+    def event(self, name: str, start: float, end: float) -> None:
+        self._seen += 1
+        self._events.append({"name": name, "ph": "X", "pid": os.getpid(), "tid": 0,
+                             "ts": start * 1e6, "dur": (end - start) * 1e6})
+
+    def write(self) -> None:
+        thread = {"name": "thread_name", "ph": "M", "pid": os.getpid(), "tid": 0,
+                  "args": {"name": "consumer"}}
+        with open(self._path, "w") as f:
+            json.dump({"traceEvents": [thread, *self._events],
+                       "otherData": {"dropped_events": self._seen - len(self._events)}}, f)
