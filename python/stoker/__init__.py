@@ -16,6 +16,7 @@ from ._datasets import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                         SyntheticDataset, pack)
 from ._distributed import DistributedSampler, world
 from ._loader import DataLoader, Report, SkippedSample
+from ._parquet import ParquetDataset
 from ._remote import RayWorkers, ray_workers
 from ._tune import tune
 
@@ -29,6 +30,7 @@ __all__ = [
     "DistributedSampler",
     "ImageFolder",
     "NativeDataset",
+    "ParquetDataset",
     "RayWorkers",
     "RecordDataset",
     "Report",

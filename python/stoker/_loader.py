@@ -492,6 +492,9 @@ class DataLoader:
             self._log_worker_type()
         self._collate_fn = collate_fn  # None: stoker's own batching (default_collate's)
         self._build = self._convert = None
+        # A native data set's object columns (ParquetDataset's strings) come with the batch's
+        # indices, on this side.
+        self._objects_of = getattr(dataset, "_batch_objects", None) if native else None
         if native:
             self._make_batches(dataset._structure())
         if self._jobs is not None:
@@ -1049,6 +1052,8 @@ class DataLoader:
             self._make_batches(self._handle.structure())
         arrays = self._convert(raw)
         raw.release()  # the tensors keep the buffer; returning them all recycles it
+        if self._objects_of is not None:
+            return self._build(arrays, self._objects_of(raw.indices()))
         return self._build(arrays, raw.objects)
 
 
