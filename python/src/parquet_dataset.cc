@@ -265,7 +265,9 @@ class ParquetRows final : public Dataset {
           for (auto& [src, dest] : copies) dest->assign(src.begin(), src.end());
         }
       } catch (py::error_already_set& e) {
-        group->error = e.what();  // with the GIL, which the exception needs
+        // With the GIL, which the exception needs; its type and message, no traceback.
+        group->error = py::str(e.type().attr("__name__")).cast<std::string>() + ": " +
+                       py::str(e.value()).cast<std::string>();
         group->columns.clear();
       }
     } catch (const std::exception& e) {

@@ -112,6 +112,14 @@ def _prod(values) -> int:
     return n
 
 
+def _open(pq, path: str):
+    """A ParquetFile that checks the CRC of each page that has one (pyarrow >= 14)."""
+    try:
+        return pq.ParquetFile(path, page_checksum_verification=True)
+    except TypeError:
+        return pq.ParquetFile(path)
+
+
 class ParquetDataset(NativeDataset):
     """The rows of Parquet files, read by row group with pyarrow; samples are the values of
     `columns`, in that order (a tuple; a dict with ``as_dict=True``).
@@ -227,7 +235,7 @@ class ParquetDataset(NativeDataset):
         f = files.get(index)
         if f is None:
             _, pq = _pyarrow()
-            f = files[index] = pq.ParquetFile(self.files[index])
+            f = files[index] = _open(pq, self.files[index])
             while len(files) > _OPEN_FILES_PER_THREAD:
                 files.popitem(last=False)
         else:
@@ -289,7 +297,7 @@ class ParquetDataset(NativeDataset):
                 self._string_cache.move_to_end(g)
         if columns is None:
             f, k = self._part(g)
-            table = _pyarrow()[1].ParquetFile(self.files[f]).read_row_group(
+            table = _open(_pyarrow()[1], self.files[f]).read_row_group(
                 k, columns=[self.columns[i] for i in self._strings])
             columns = [table.column(j).to_pylist() for j in range(len(self._strings))]
             with self._string_lock:

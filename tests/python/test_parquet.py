@@ -319,6 +319,26 @@ def test_a_corrupt_page_fails_its_rows_named_and_skip_keeps_the_rest(tmp_path):
     assert ds.counters()["row_group_reads"] == 4  # the bad one once too: its failure is kept
 
 
+def test_a_page_whose_checksum_fails_is_named(tmp_path):
+    table, _ = image_table(0, 12)
+    path = tmp_path / "crc.parquet"
+    pq.write_table(table, path, row_group_size=4, compression="NONE", write_page_checksum=True)
+    meta = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    with open(path, "r+b") as f:  # a byte in the middle of the page's encoded images
+        start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
+        f.seek(start + meta.total_compressed_size // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    ds = stoker.ParquetDataset(path, transform=T.val(40, 32))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, on_error="skip")
+    assert len(collect(loader, field=1)) == 12
+    report = loader.skipped_samples()
+    assert sorted(s.index for s in report) == [4, 5, 6, 7]
+    assert all("row group (1) could not be read" in s.reason and "CRC" in s.reason
+               for s in report), report
+
+
 def test_nulls_and_undecodable_images_are_named_and_skipped(tmp_path):
     images = [encoded(i) for i in range(12)]
     images[3] = None  # a null image
@@ -344,14 +364,14 @@ def test_nulls_and_undecodable_images_are_named_and_skipped(tmp_path):
         assert report[i].name == f"{path} row {i}"
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(12))
 def test_corrupted_files_never_crash_or_hang(tmp_path, seed):
     # Random bytes flipped anywhere (footer included): either the file does not open (an
     # error naming it) or every row is delivered or skipped with a reason naming its file.
     table, _ = image_table(0, 16, hf=seed % 2 == 1)
     path = tmp_path / "f.parquet"
-    pq.write_table(table, path, row_group_size=4,
-                   compression="NONE" if seed < 3 else "snappy")
+    pq.write_table(table, path, row_group_size=4, write_page_checksum=seed % 3 == 0,
+                   compression=["NONE", "snappy", "zstd", "gzip"][seed % 4])
     data = bytearray(path.read_bytes())
     rng = np.random.default_rng(seed)
     for pos in rng.integers(4, len(data) - 8, size=20):
@@ -364,7 +384,12 @@ def test_corrupted_files_never_crash_or_hang(tmp_path, seed):
         return
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=2, on_error="skip",
                                max_skipped=100, timeout=60)
-    assert len(collect(loader, field=1)) in (0, len(ds))
+    try:
+        assert len(collect(loader, field=1)) == len(ds)
+    except stoker.SampleError as e:
+        # most rows bad: their replacements failed too, or the skip budget ran out
+        assert f"{path} row " in str(e)
+        assert "replacements failed too" in str(e) or "skip budget" in str(e)
     for s in loader.skipped_samples():
         assert s.name.startswith(f"{path} row ")
 
