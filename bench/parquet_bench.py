@@ -1,0 +1,226 @@
+"""stoker.ParquetDataset against a pyarrow map-style data set in torch's DataLoader, on the
+same Parquet file, in the same run.
+
+    python bench/parquet_bench.py [--images 2000] [--row-group 200] [--runs 2] [--json]
+    python bench/parquet_bench.py --smoke          # checks the harness (seconds); measures nothing
+
+The file: --images generated 500x375 JPEGs (quality 90) in a binary column "image" with an
+int64 "label", --row-group rows per row group (made once in the temporary directory, then
+reused). The pipeline: the training one, RandomResizedCrop(224), RandomHorizontalFlip,
+ToTensor, Normalize (ImageNet's), batch 64, shuffled.
+
+- stoker: stoker.ParquetDataset(file, ("image", "label"), transform=stoker.transforms.train())
+  in stoker.DataLoader with --workers threads (default: the machine's cores).
+- torch: a map-style data set that reads the row group of the row asked for with pyarrow
+  (each worker keeps the row groups it read: the whole file fits), decodes the JPEG with PIL
+  and runs torchvision's train transforms as torchvision runs them on a PIL image (written
+  out here with PIL and torch: torchvision is not a dependency; RandomResizedCrop's box as
+  torchvision.transforms.RandomResizedCrop.get_params draws it, resized with PIL's bilinear
+  filter, as torchvision's resized_crop does for PIL images), in torch.utils.data.DataLoader
+  with num_workers 0, 1, 2 and 4 (persistent workers); its best is the baseline.
+Both keep every row group in memory after the warm-up epoch (stoker: cache_bytes of 1 GiB),
+so the timed epochs measure decoding and transforms, not the disk. Images/s is --runs epochs
+timed as one span after a warm-up epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import pathlib
+import random
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.utils.data as tud
+from PIL import Image
+
+import stoker
+
+TORCH_WORKERS = (0, 1, 2, 4)
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def parquet_file(images: int, row_group: int) -> pathlib.Path:
+    """`images` generated 500x375 JPEGs and labels in one Parquet file (made once)."""
+    path = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-parquet-{images}-{row_group}.parquet"
+    if path.exists():
+        return path
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:375, 0:500]
+    encoded = []
+    for _ in range(images):
+        phase = rng.uniform(0, 6.28, 3)
+        freq = rng.uniform(0.005, 0.05, 3)
+        rgb = np.stack([127 + 100 * np.sin(freq[c] * (xx + 0.7 * yy) + phase[c])
+                        for c in range(3)], axis=-1)
+        rgb += rng.normal(0, 12, rgb.shape)
+        out = io.BytesIO()
+        Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)).save(out, format="JPEG",
+                                                                     quality=90)
+        encoded.append(out.getvalue())
+    table = pa.table({"image": pa.array(encoded, type=pa.binary()),
+                      "label": pa.array(np.arange(images, dtype=np.int64) % 10)})
+    partial = path.with_suffix(".partial")
+    pq.write_table(table, partial, row_group_size=row_group)
+    partial.rename(path)
+    return path
+
+
+# --- the torch side: pyarrow + PIL + torchvision's train transforms -----------------------
+
+
+def random_resized_crop_box(width: int, height: int, scale=(0.08, 1.0),
+                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """torchvision.transforms.RandomResizedCrop.get_params: (top, left, h, w)."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * random.uniform(*scale)
+        aspect = math.exp(random.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return random.randint(0, height - h), random.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+_MEAN = torch.tensor(MEAN).view(3, 1, 1)
+_STD = torch.tensor(STD).view(3, 1, 1)
+
+
+def train_transform(image: Image.Image, size: int = 224) -> torch.Tensor:
+    top, left, h, w = random_resized_crop_box(*image.size)
+    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+    if random.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())  # ToTensor
+    tensor = pixels.permute(2, 0, 1).float().div(255)
+    return tensor.sub_(_MEAN).div_(_STD)  # Normalize
+
+
+class PyarrowImages(tud.Dataset):
+    """Map-style: row i's row group read with pyarrow (kept per worker), its JPEG decoded by
+    PIL, torchvision's train transforms."""
+
+    def __init__(self, path, max_cached: int = 1024) -> None:
+        self.path = str(path)
+        meta = pq.ParquetFile(self.path).metadata
+        self.starts = [0]
+        for g in range(meta.num_row_groups):
+            self.starts.append(self.starts[-1] + meta.row_group(g).num_rows)
+        self.max_cached = max_cached
+        self._file = None
+        self._cache: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def _row_group(self, g: int):
+        columns = self._cache.get(g)
+        if columns is None:
+            if self._file is None:  # opened in the worker
+                self._file = pq.ParquetFile(self.path)
+            table = self._file.read_row_group(g, columns=["image", "label"])
+            columns = self._cache[g] = (table.column(0).combine_chunks(),
+                                        table.column(1).to_numpy())
+            while len(self._cache) > self.max_cached:
+                self._cache.popitem(last=False)
+        return columns
+
+    def __getitem__(self, index: int):
+        import bisect
+
+        g = bisect.bisect_right(self.starts, index) - 1
+        images, labels = self._row_group(g)
+        row = index - self.starts[g]
+        image = Image.open(io.BytesIO(images[row].as_py())).convert("RGB")
+        return train_transform(image), int(labels[row])
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+def rate(loader, images: int, runs: int) -> float:
+    for _ in loader:  # warm-up: workers started, row groups read, page cache warm
+        pass
+    start = time.perf_counter()
+    for _ in range(runs):
+        for batch in loader:
+            assert batch[0].shape[1:] == (3, 224, 224)
+    return runs * images / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--row-group", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=2, help="timed epochs after the warm-up")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="stoker's worker threads")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.images, args.row_group, args.runs, args.batch_size = 48, 16, 1, 16
+    torch.set_num_threads(1)  # as in a DataLoader worker; the loaders bring the parallelism
+    path = parquet_file(args.images, args.row_group)
+
+    torch_rates = {}
+    for w in (0, 1) if args.smoke else TORCH_WORKERS:
+        loader = tud.DataLoader(PyarrowImages(path), batch_size=args.batch_size, shuffle=True,
+                                num_workers=w, persistent_workers=w > 0)
+        torch_rates[w] = rate(loader, args.images, args.runs)
+        del loader
+        print(f"torch  num_workers={w}: {torch_rates[w]:7.1f} images/s", file=sys.stderr)
+    best = max(torch_rates, key=torch_rates.get)
+
+    ds = stoker.ParquetDataset(path, columns=("image", "label"),
+                               transform=stoker.transforms.train(224), cache_bytes=1 << 30)
+    loader = stoker.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
+                               num_workers=args.workers)
+    stoker_rate = rate(loader, args.images, args.runs)
+    counters = ds.counters()
+    loader.close()
+    print(f"stoker workers={args.workers}: {stoker_rate:7.1f} images/s", file=sys.stderr)
+
+    result = {
+        "images": args.images,
+        "row_group": args.row_group,
+        "file_bytes": path.stat().st_size,
+        "runs": args.runs,
+        "torch_images_per_s": torch_rates,
+        "torch_best_workers": best,
+        "stoker_images_per_s": stoker_rate,
+        "stoker_workers": args.workers,
+        "stoker_row_group_reads": counters["row_group_reads"],
+        "speedup": stoker_rate / torch_rates[best],
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"stoker.ParquetDataset {stoker_rate:.1f} images/s, pyarrow+PIL+torch best "
+              f"{torch_rates[best]:.1f} images/s (num_workers={best}): "
+              f"{result['speedup']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
