@@ -120,6 +120,68 @@ def _open(pq, path: str):
         return pq.ParquetFile(path)
 
 
+class _RowGroupReader:
+    """load(file_index, row_group) for the C++ half (parquet_dataset.h): called by stoker's
+    worker threads, with the GIL. It holds no reference to its ParquetDataset, which holds the
+    C++ half that holds it (a cycle through C++ is never collected)."""
+
+    def __init__(self, files: list[str], columns: list[str], kinds: list[tuple]) -> None:
+        self.files, self.columns, self.kinds = files, columns, kinds
+        self._local = threading.local()  # per thread: its open ParquetFiles
+
+    def _file(self, index: int):
+        files = getattr(self._local, "files", None)
+        if files is None:
+            files = self._local.files = OrderedDict()
+        f = files.get(index)
+        if f is None:
+            _, pq = _pyarrow()
+            f = files[index] = _open(pq, self.files[index])
+            while len(files) > _OPEN_FILES_PER_THREAD:
+                files.popitem(last=False)
+        else:
+            files.move_to_end(index)
+        return f
+
+    def __call__(self, file_index: int, row_group: int) -> list:
+        import numpy as np
+
+        pa, _ = _pyarrow()
+        table = self._file(file_index).read_row_group(row_group, columns=self.columns,
+                                                      use_threads=False)
+        out = []
+        for position, (_, element, shape, how) in enumerate(self.kinds):
+            array = table.column(position).combine_chunks()
+            if how == "struct":
+                array = array.flatten()[[f.name for f in array.type].index("bytes")]
+            nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
+            if how in ("binary", "struct"):
+                if not pa.types.is_large_binary(array.type):
+                    array = array.cast(pa.large_binary())
+                _, offsets, data = array.buffers()
+                offsets = np.frombuffer(offsets, dtype=np.int64)[
+                    array.offset:array.offset + len(array) + 1]
+                data = (np.frombuffer(data, dtype=np.uint8) if data is not None
+                        else np.zeros(0, np.uint8))
+                out.append((offsets, data, nulls))
+                continue
+            if how == "tensor":
+                array = array.storage
+            rows = len(array)
+            while how != "scalar" and pa.types.is_fixed_size_list(array.type):
+                # A fixed-size list's values, this slice's only (.values ignores the offset).
+                size = array.type.list_size
+                array = array.values[array.offset * size:(array.offset + len(array)) * size]
+                if array.null_count:
+                    inner = array.is_null().to_numpy(zero_copy_only=False).reshape(rows, -1)
+                    nulls = inner.any(axis=1) if nulls is None else nulls | inner.any(axis=1)
+            if array.null_count:
+                array = array.fill_null(False if element == "bool" else 0)
+            values = array.to_numpy(zero_copy_only=False)
+            out.append((np.ascontiguousarray(values).reshape((rows, *shape)), nulls))
+        return out
+
+
 class ParquetDataset(NativeDataset):
     """The rows of Parquet files, read by row group with pyarrow; samples are the values of
     `columns`, in that order (a tuple; a dict with ``as_dict=True``).
@@ -207,11 +269,12 @@ class ParquetDataset(NativeDataset):
         self._names = self.columns
         self._as_dict = bool(as_dict)
         self._row_groups = row_groups
-        self._local = threading.local()
         self._string_cache: OrderedDict = OrderedDict()
         self._string_lock = threading.Lock()
         self._handle = _stoker.parquet_dataset(
-            self._load, self.files, row_groups,
+            _RowGroupReader(self.files, [self.columns[i] for i in self._natives],
+                            [kinds[i] for i in self._natives]),
+            self.files, row_groups,
             [(self.columns[i], kinds[i][0], kinds[i][1], kinds[i][2]) for i in self._natives],
             spec, int(cache_bytes), int(max_pixels))
         starts, total = [], 0
@@ -225,65 +288,6 @@ class ParquetDataset(NativeDataset):
         """Rows read, row groups read from the files (and their bytes), and what the row group
         cache holds now."""
         return _stoker.parquet_counters(self._handle)
-
-    # --- reading (called by stoker's worker threads, with the GIL) ------------------------
-
-    def _file(self, index: int):
-        files = getattr(self._local, "files", None)
-        if files is None:
-            files = self._local.files = OrderedDict()
-        f = files.get(index)
-        if f is None:
-            _, pq = _pyarrow()
-            f = files[index] = _open(pq, self.files[index])
-            while len(files) > _OPEN_FILES_PER_THREAD:
-                files.popitem(last=False)
-        else:
-            files.move_to_end(index)
-        return f
-
-    def _read(self, file_index: int, row_group: int, which: list[int]):
-        names = [self.columns[i] for i in which]
-        return self._file(file_index).read_row_group(row_group, columns=names,
-                                                     use_threads=False)
-
-    def _load(self, file_index: int, row_group: int) -> list:
-        import numpy as np
-
-        pa, _ = _pyarrow()
-        table = self._read(file_index, row_group, self._natives)
-        out = []
-        for position, i in enumerate(self._natives):
-            _, element, shape, how = self._kinds[i]
-            array = table.column(position).combine_chunks()
-            if how == "struct":
-                array = array.flatten()[[f.name for f in array.type].index("bytes")]
-            nulls = array.is_null().to_numpy(zero_copy_only=False) if array.null_count else None
-            if how in ("binary", "struct"):
-                if not pa.types.is_large_binary(array.type):
-                    array = array.cast(pa.large_binary())
-                _, offsets, data = array.buffers()
-                offsets = np.frombuffer(offsets, dtype=np.int64)[
-                    array.offset:array.offset + len(array) + 1]
-                data = (np.frombuffer(data, dtype=np.uint8) if data is not None
-                        else np.zeros(0, np.uint8))
-                out.append((offsets, data, nulls))
-                continue
-            if how == "tensor":
-                array = array.storage
-            rows = len(array)
-            while how != "scalar" and pa.types.is_fixed_size_list(array.type):
-                # A fixed-size list's values, this slice's only (.values ignores the offset).
-                size = array.type.list_size
-                array = array.values[array.offset * size:(array.offset + len(array)) * size]
-                if array.null_count:
-                    inner = array.is_null().to_numpy(zero_copy_only=False).reshape(rows, -1)
-                    nulls = inner.any(axis=1) if nulls is None else nulls | inner.any(axis=1)
-            if array.null_count:
-                array = array.fill_null(False if element == "bool" else 0)
-            values = array.to_numpy(zero_copy_only=False)
-            out.append((np.ascontiguousarray(values).reshape((rows, *shape)), nulls))
-        return out
 
     # --- string columns: read on the consumer's side, by row group ------------------------
 

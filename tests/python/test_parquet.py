@@ -407,3 +407,20 @@ def test_import_stoker_does_not_import_pyarrow():
 
     code = "import sys, stoker; assert 'pyarrow' not in sys.modules; stoker.ParquetDataset"
     subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
+
+
+def test_a_data_set_no_longer_used_is_freed(tmp_path):
+    # Its C++ half holds the row group reader, which must not hold the data set (a reference
+    # cycle through C++ is never collected, and would keep the row group cache).
+    import gc
+    import weakref
+
+    write_files(tmp_path, [20])
+    ds = stoker.ParquetDataset(tmp_path, columns=["id", "caption"])
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=2)
+    assert len(collect(loader)) == 20
+    gone = weakref.ref(ds)
+    loader.close()
+    del ds, loader
+    gc.collect()
+    assert gone() is None
