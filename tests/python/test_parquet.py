@@ -424,3 +424,19 @@ def test_a_data_set_no_longer_used_is_freed(tmp_path):
     del ds, loader
     gc.collect()
     assert gone() is None
+
+
+def test_a_hugging_face_image_without_bytes_is_a_null(tmp_path):
+    rows = [{"bytes": encoded(i), "path": f"{i}.jpg"} for i in range(6)]
+    rows[2] = {"bytes": None, "path": "elsewhere/2.jpg"}
+    rows[4] = None  # the struct itself null
+    image = pa.array(rows, type=pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+    path = tmp_path / "hf.parquet"
+    pq.write_table(pa.table({"image": image, "label": pa.array(range(6))}), path,
+                   row_group_size=3)
+    ds = stoker.ParquetDataset(path, transform=T.val(40, 32))
+    loader = stoker.DataLoader(ds, batch_size=3, num_workers=2, on_error="skip")
+    assert len(collect(loader, field=1)) == 6
+    report = {s.index: s.reason for s in loader.skipped_samples()}
+    assert sorted(report) == [2, 4]
+    assert all("column 'image': null" in r for r in report.values()), report
