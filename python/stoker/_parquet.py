@@ -277,12 +277,15 @@ class ParquetDataset(NativeDataset):
             self.files, row_groups,
             [(self.columns[i], kinds[i][0], kinds[i][1], kinds[i][2]) for i in self._natives],
             spec, int(cache_bytes), int(max_pixels))
-        starts, total = [], 0
+        starts, first_in_file, total = [], [], 0
         for groups in row_groups:
+            first = 0
             for rows in groups:
                 starts.append(total)
+                first_in_file.append(first)
                 total += rows
-        self._starts = starts
+                first += rows
+        self._starts, self._first_in_file = starts, first_in_file
 
     def counters(self) -> dict:
         """Rows read, row groups read from the files (and their bytes), and what the row group
@@ -301,8 +304,14 @@ class ParquetDataset(NativeDataset):
                 self._string_cache.move_to_end(g)
         if columns is None:
             f, k = self._part(g)
-            table = _open(_pyarrow()[1], self.files[f]).read_row_group(
-                k, columns=[self.columns[i] for i in self._strings])
+            names = [self.columns[i] for i in self._strings]
+            try:
+                table = _open(_pyarrow()[1], self.files[f]).read_row_group(k, columns=names)
+            except Exception as e:
+                raise ValueError(f"stoker.ParquetDataset: {self.files[f]} row "
+                                 f"{index - self._starts[g] + self._first_in_file[g]}: its row "
+                                 f"group ({k})'s string columns {names} could not be read: "
+                                 f"{type(e).__name__}: {e}") from e
             columns = [table.column(j).to_pylist() for j in range(len(self._strings))]
             with self._string_lock:
                 self._string_cache[g] = columns

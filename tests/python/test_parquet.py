@@ -440,3 +440,15 @@ def test_a_hugging_face_image_without_bytes_is_a_null(tmp_path):
     report = {s.index: s.reason for s in loader.skipped_samples()}
     assert sorted(report) == [2, 4]
     assert all("column 'image': null" in r for r in report.values()), report
+
+
+def test_a_string_column_that_cannot_be_read_is_named(tmp_path):
+    path = tmp_path / "s.parquet"
+    pq.write_table(numeric_table(0, 12), path, row_group_size=4, compression="NONE",
+                   use_dictionary=False)
+    caption = [n for n in pq.ParquetFile(path).schema_arrow.names].index("caption")
+    corrupt_row_group(path, 1, column=caption)
+    ds = stoker.ParquetDataset(path, columns=("id", "caption"))
+    with pytest.raises(ValueError, match=r"s\.parquet row [4-7]: its row group \(1\)'s string "
+                                         r"columns \['caption'\] could not be read"):
+        list(stoker.DataLoader(ds, batch_size=4, num_workers=1))
