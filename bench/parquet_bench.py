@@ -22,7 +22,8 @@ Both keep every row group in memory after the warm-up epoch (stoker: cache_bytes
 so the timed epochs measure decoding and transforms, not the disk. Images/s is --runs epochs
 timed as one span after a warm-up epoch. torch's best and stoker are then measured --rounds - 1
 more times, alternately, and the ratio is that of their medians (a shared machine's load
-moves both).
+moves both). Also printed: the CPU time per image of stoker (its threads) and of torch with
+num_workers=0 (in-process), which a shared machine's load moves much less than images/s.
 """
 
 from __future__ import annotations
@@ -161,14 +162,21 @@ class PyarrowImages(tud.Dataset):
 # --- measuring -----------------------------------------------------------------------------
 
 
-def rate(loader, images: int, runs: int) -> float:
+CPU_MS: dict = {}  # this process's CPU time per image, by loader: one per measurement
+
+
+def rate(loader, images: int, runs: int, name: str = "") -> float:
     for _ in loader:  # warm-up: workers started, row groups read, page cache warm
         pass
+    cpu = time.process_time()  # this process's threads (not worker processes')
     start = time.perf_counter()
     for _ in range(runs):
         for batch in loader:
             assert batch[0].shape[1:] == (3, 224, 224)
-    return runs * images / (time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    if name:
+        CPU_MS.setdefault(name, []).append(1e3 * (time.process_time() - cpu) / (runs * images))
+    return runs * images / seconds
 
 
 def main() -> None:
@@ -198,7 +206,7 @@ def main() -> None:
                                    transform=stoker.transforms.train(224), cache_bytes=1 << 30)
         loader = stoker.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
                                    num_workers=args.workers)
-        r = rate(loader, args.images, args.runs)
+        r = rate(loader, args.images, args.runs, "stoker")
         loader.close()
         print(f"stoker workers={args.workers}: {r:7.1f} images/s", file=sys.stderr)
         return r, ds.counters()
@@ -206,7 +214,7 @@ def main() -> None:
     torch_rates = {}
     for w in (0, 1) if args.smoke else TORCH_WORKERS:
         loader = torch_loader(w)
-        torch_rates[w] = rate(loader, args.images, args.runs)
+        torch_rates[w] = rate(loader, args.images, args.runs, "torch0" if w == 0 else "")
         del loader
         print(f"torch  num_workers={w}: {torch_rates[w]:7.1f} images/s", file=sys.stderr)
     best = max(torch_rates, key=torch_rates.get)
@@ -215,7 +223,7 @@ def main() -> None:
     best_rates, stoker_rates = [torch_rates[best]], [first]
     for _ in range(args.rounds - 1):
         loader = torch_loader(best)
-        best_rates.append(rate(loader, args.images, args.runs))
+        best_rates.append(rate(loader, args.images, args.runs, "torch0" if best == 0 else ""))
         del loader
         print(f"torch  num_workers={best}: {best_rates[-1]:7.1f} images/s", file=sys.stderr)
         stoker_rates.append(stoker_rate()[0])
@@ -235,13 +243,19 @@ def main() -> None:
         "stoker_workers": args.workers,
         "stoker_row_group_reads": counters["row_group_reads"],
         "speedup": stoker_median / torch_best,
+        # CPU time per image of the whole pipeline, robust to a shared machine's load: stoker
+        # (its worker threads, all in this process) and torch with num_workers=0 (in-process)
+        "cpu_ms_per_image": {"stoker": statistics.median(CPU_MS["stoker"]),
+                             "torch_num_workers_0": statistics.median(CPU_MS["torch0"])},
     }
     if args.json:
         print(json.dumps(result))
     else:
         print(f"stoker.ParquetDataset {stoker_median:.1f} images/s, pyarrow+PIL+torch best "
               f"{torch_best:.1f} images/s (num_workers={best}): {result['speedup']:.2f}x "
-              f"(medians of {args.rounds} alternated rounds)")
+              f"(medians of {args.rounds} alternated rounds); CPU per image: stoker "
+              f"{result['cpu_ms_per_image']['stoker']:.2f} ms, torch num_workers=0 "
+              f"{result['cpu_ms_per_image']['torch_num_workers_0']:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -125,9 +125,13 @@ class ParquetRows final : public Dataset {
       }
       const auto begin = static_cast<std::size_t>(d.offsets[r]);
       const auto end = static_cast<std::size_t>(d.offsets[r + 1]);
-      decode_image(std::span(d.data).subspan(begin, end - begin),
-                   row_name(g, r) + ", column '" + column.name + "'", transform_, out.seed(),
-                   out.bytes(c), nullptr, max_pixels_);
+      try {
+        // The row's name is made on failure only: a steady-state read allocates nothing.
+        decode_image(std::span(d.data).subspan(begin, end - begin), "", transform_, out.seed(),
+                     out.bytes(c), nullptr, max_pixels_);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(row_name(g, r) + ", column '" + column.name + "'" + e.what());
+      }
     }
   }
 
