@@ -57,7 +57,8 @@ STD = (0.229, 0.224, 0.225)
 
 def parquet_file(images: int, row_group: int) -> pathlib.Path:
     """`images` generated 500x375 JPEGs and labels in one Parquet file (made once)."""
-    path = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-parquet-{images}-{row_group}.parquet"
+    name = f"stoker-bench-parquet-{images}-{row_group}.parquet"
+    path = pathlib.Path(tempfile.gettempdir()) / name
     if path.exists():
         return path
     rng = np.random.default_rng(0)
