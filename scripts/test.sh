@@ -32,8 +32,9 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
-echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest; the wheel's build tools)"
-python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11 webdataset
+echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools)"
+python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11 webdataset \
+  pyarrow
 
 echo "== image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
@@ -63,9 +64,10 @@ echo "   the Python tests there (DDP under torchrun included)"
 rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
 # --no-compile: .pyc files only for the modules the tests import, not all of torch.
-# matplotlib and tqdm: tune's chart and the progress bars, optional for users, tested here.
+# matplotlib and tqdm: tune's chart and the progress bars; pyarrow: ParquetDataset; webdataset:
+# the same samples as stoker.WebDataset reads; optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest matplotlib tqdm webdataset
+  pytest matplotlib tqdm webdataset pyarrow
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== PyTorch's own DataLoader tests with stoker's loader (given their file)"
@@ -99,5 +101,6 @@ python3 -m py_compile bench/torchvision_baseline.py
 wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
 ./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
+.venv-test/bin/python bench/parquet_bench.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"

@@ -11,6 +11,7 @@
 #include "memory/shared_memory.h"
 #include "memory/stream_copy.h"
 #include "native_datasets.h"
+#include "parquet_dataset.h"
 #include "py_dataset.h"
 #include "py_loader.h"
 #include "py_workers.h"
@@ -190,6 +191,7 @@ PYBIND11_MODULE(_stoker, m) {
       },
       py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
       py::arg("on_progress") = py::none());
+  bind_parquet(m);
   m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 

@@ -17,6 +17,7 @@ from .distributed import DistributedSampler, split_by_rank, split_by_worker, wor
 from .loader import DataLoader, Report, SkippedSample
 from .remote.actor import RayWorkers, ray_workers
 from .tuning import tune
+from .datasets.parquet import ParquetDataset
 from .datasets.webdataset import WebDataset, WebDatasetStream
 
 SampleError = _stoker.SampleError
@@ -29,6 +30,7 @@ __all__ = [
     "DistributedSampler",
     "ImageFolder",
     "NativeDataset",
+    "ParquetDataset",
     "RayWorkers",
     "RecordDataset",
     "Report",

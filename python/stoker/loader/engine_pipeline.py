@@ -83,6 +83,9 @@ class EnginePipeline(Pipeline):
         if not plan.measure_worker_type:
             self.log_worker_type()
         self._build = self._convert = None
+        # A native data set's object columns (ParquetDataset's strings) come with the batch's
+        # indices, on this side.
+        self._objects_of = getattr(plan.dataset, "_batch_objects", None) if plan.native else None
         if plan.native:
             self._make_batches(plan.dataset._structure())
         if self._jobs is not None:
@@ -133,6 +136,8 @@ class EnginePipeline(Pipeline):
             self._make_batches(self._handle.structure())
         arrays = self._convert(raw)
         raw.release()  # the tensors keep the buffer; returning them all recycles it
+        if self._objects_of is not None:
+            return self._build(arrays, self._objects_of(raw.indices()))
         return self._build(arrays, raw.objects)
 
     def __len__(self) -> int:

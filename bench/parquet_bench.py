@@ -1,0 +1,263 @@
+"""stoker.ParquetDataset against a pyarrow map-style data set in torch's DataLoader, on the
+same Parquet file, in the same run.
+
+    python bench/parquet_bench.py [--images 2000] [--row-group 200] [--runs 2] [--json]
+    python bench/parquet_bench.py --smoke          # checks the harness (seconds); measures nothing
+
+The file: --images generated 500x375 JPEGs (quality 90) in a binary column "image" with an
+int64 "label", --row-group rows per row group (made once in the temporary directory, then
+reused). The pipeline: the training one, RandomResizedCrop(224), RandomHorizontalFlip,
+ToTensor, Normalize (ImageNet's), batch 64, shuffled.
+
+- stoker: stoker.ParquetDataset(file, ("image", "label"), transform=stoker.transforms.train())
+  in stoker.DataLoader with --workers threads (default: the machine's cores).
+- torch: a map-style data set that reads the row group of the row asked for with pyarrow
+  (each worker keeps the row groups it read: the whole file fits), decodes the JPEG with PIL
+  and runs torchvision's train transforms as torchvision runs them on a PIL image (written
+  out here with PIL and torch: torchvision is not a dependency; RandomResizedCrop's box as
+  torchvision.transforms.RandomResizedCrop.get_params draws it, resized with PIL's bilinear
+  filter, as torchvision's resized_crop does for PIL images), in torch.utils.data.DataLoader
+  with num_workers 0, 1, 2 and 4 (persistent workers); its best is the baseline.
+Both keep every row group in memory after the warm-up epoch (stoker: cache_bytes of 1 GiB),
+so the timed epochs measure decoding and transforms, not the disk. Images/s is --runs epochs
+timed as one span after a warm-up epoch. torch's best and stoker are then measured --rounds - 1
+more times, alternately, and the ratio is that of their medians (a shared machine's load
+moves both). Also printed: the CPU time per image of stoker (its threads) and of torch with
+num_workers=0 (in-process), which a shared machine's load moves much less than images/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import pathlib
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.utils.data as tud
+from PIL import Image
+
+import stoker
+
+TORCH_WORKERS = (0, 1, 2, 4)
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+
+
+def parquet_file(images: int, row_group: int) -> pathlib.Path:
+    """`images` generated 500x375 JPEGs and labels in one Parquet file (made once)."""
+    name = f"stoker-bench-parquet-{images}-{row_group}.parquet"
+    path = pathlib.Path(tempfile.gettempdir()) / name
+    if path.exists():
+        return path
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:375, 0:500]
+    encoded = []
+    for _ in range(images):
+        phase = rng.uniform(0, 6.28, 3)
+        freq = rng.uniform(0.005, 0.05, 3)
+        rgb = np.stack([127 + 100 * np.sin(freq[c] * (xx + 0.7 * yy) + phase[c])
+                        for c in range(3)], axis=-1)
+        rgb += rng.normal(0, 12, rgb.shape)
+        out = io.BytesIO()
+        Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8)).save(out, format="JPEG",
+                                                                     quality=90)
+        encoded.append(out.getvalue())
+    table = pa.table({"image": pa.array(encoded, type=pa.binary()),
+                      "label": pa.array(np.arange(images, dtype=np.int64) % 10)})
+    partial = path.with_suffix(".partial")
+    pq.write_table(table, partial, row_group_size=row_group)
+    partial.rename(path)
+    return path
+
+
+# --- the torch side: pyarrow + PIL + torchvision's train transforms -----------------------
+
+
+def random_resized_crop_box(width: int, height: int, scale=(0.08, 1.0),
+                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
+    """torchvision.transforms.RandomResizedCrop.get_params: (top, left, h, w)."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * random.uniform(*scale)
+        aspect = math.exp(random.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return random.randint(0, height - h), random.randint(0, width - w), h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+_MEAN = torch.tensor(MEAN).view(3, 1, 1)
+_STD = torch.tensor(STD).view(3, 1, 1)
+
+
+def train_transform(image: Image.Image, size: int = 224) -> torch.Tensor:
+    top, left, h, w = random_resized_crop_box(*image.size)
+    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
+    if random.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())  # ToTensor
+    tensor = pixels.permute(2, 0, 1).float().div(255)
+    return tensor.sub_(_MEAN).div_(_STD)  # Normalize
+
+
+class PyarrowImages(tud.Dataset):
+    """Map-style: row i's row group read with pyarrow (kept per worker), its JPEG decoded by
+    PIL, torchvision's train transforms."""
+
+    def __init__(self, path, max_cached: int = 1024) -> None:
+        self.path = str(path)
+        meta = pq.ParquetFile(self.path).metadata
+        self.starts = [0]
+        for g in range(meta.num_row_groups):
+            self.starts.append(self.starts[-1] + meta.row_group(g).num_rows)
+        self.max_cached = max_cached
+        self._file = None
+        self._cache: OrderedDict = OrderedDict()
+
+    def __len__(self) -> int:
+        return self.starts[-1]
+
+    def _row_group(self, g: int):
+        columns = self._cache.get(g)
+        if columns is None:
+            if self._file is None:  # opened in the worker
+                self._file = pq.ParquetFile(self.path)
+            table = self._file.read_row_group(g, columns=["image", "label"])
+            columns = self._cache[g] = (table.column(0).combine_chunks(),
+                                        table.column(1).to_numpy())
+            while len(self._cache) > self.max_cached:
+                self._cache.popitem(last=False)
+        return columns
+
+    def __getitem__(self, index: int):
+        import bisect
+
+        g = bisect.bisect_right(self.starts, index) - 1
+        images, labels = self._row_group(g)
+        row = index - self.starts[g]
+        image = Image.open(io.BytesIO(images[row].as_py())).convert("RGB")
+        return train_transform(image), int(labels[row])
+
+
+# --- measuring -----------------------------------------------------------------------------
+
+
+CPU_MS: dict = {}  # this process's CPU time per image, by loader: one per measurement
+
+
+def rate(loader, images: int, runs: int, name: str = "") -> float:
+    for _ in loader:  # warm-up: workers started, row groups read, page cache warm
+        pass
+    cpu = time.process_time()  # this process's threads (not worker processes')
+    start = time.perf_counter()
+    for _ in range(runs):
+        for batch in loader:
+            assert batch[0].shape[1:] == (3, 224, 224)
+    seconds = time.perf_counter() - start
+    if name:
+        CPU_MS.setdefault(name, []).append(1e3 * (time.process_time() - cpu) / (runs * images))
+    return runs * images / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=2000)
+    parser.add_argument("--row-group", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=2, help="timed epochs after the warm-up")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="stoker's worker threads")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="torch's best and stoker measured alternately this many times")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if args.smoke:
+        args.images, args.row_group, args.runs, args.batch_size, args.rounds = 48, 16, 1, 16, 1
+    torch.set_num_threads(1)  # as in a DataLoader worker; the loaders bring the parallelism
+    path = parquet_file(args.images, args.row_group)
+
+    def torch_loader(w):
+        return tud.DataLoader(PyarrowImages(path), batch_size=args.batch_size, shuffle=True,
+                              num_workers=w, persistent_workers=w > 0)
+
+    def stoker_rate():
+        ds = stoker.ParquetDataset(path, columns=("image", "label"),
+                                   transform=stoker.transforms.train(224), cache_bytes=1 << 30)
+        loader = stoker.DataLoader(ds, batch_size=args.batch_size, shuffle=True,
+                                   num_workers=args.workers)
+        r = rate(loader, args.images, args.runs, "stoker")
+        loader.close()
+        print(f"stoker workers={args.workers}: {r:7.1f} images/s", file=sys.stderr)
+        return r, ds.counters()
+
+    torch_rates = {}
+    for w in (0, 1) if args.smoke else TORCH_WORKERS:
+        loader = torch_loader(w)
+        torch_rates[w] = rate(loader, args.images, args.runs, "torch0" if w == 0 else "")
+        del loader
+        print(f"torch  num_workers={w}: {torch_rates[w]:7.1f} images/s", file=sys.stderr)
+    best = max(torch_rates, key=torch_rates.get)
+    first, counters = stoker_rate()
+    # Then torch's best and stoker alternately: a shared machine's load moves both.
+    best_rates, stoker_rates = [torch_rates[best]], [first]
+    for _ in range(args.rounds - 1):
+        loader = torch_loader(best)
+        best_rates.append(rate(loader, args.images, args.runs, "torch0" if best == 0 else ""))
+        del loader
+        print(f"torch  num_workers={best}: {best_rates[-1]:7.1f} images/s", file=sys.stderr)
+        stoker_rates.append(stoker_rate()[0])
+    torch_best = statistics.median(best_rates)
+    stoker_median = statistics.median(stoker_rates)
+
+    result = {
+        "images": args.images,
+        "row_group": args.row_group,
+        "file_bytes": path.stat().st_size,
+        "runs": args.runs,
+        "torch_images_per_s": torch_rates,
+        "torch_best_workers": best,
+        "rounds": {"torch_best": best_rates, "stoker": stoker_rates},
+        "torch_best_images_per_s": torch_best,
+        "stoker_images_per_s": stoker_median,
+        "stoker_workers": args.workers,
+        "stoker_row_group_reads": counters["row_group_reads"],
+        "speedup": stoker_median / torch_best,
+        # CPU time per image of the whole pipeline, robust to a shared machine's load: stoker
+        # (its worker threads, all in this process) and torch with num_workers=0 (in-process)
+        "cpu_ms_per_image": {"stoker": statistics.median(CPU_MS["stoker"]),
+                             "torch_num_workers_0": statistics.median(CPU_MS["torch0"])},
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"stoker.ParquetDataset {stoker_median:.1f} images/s, pyarrow+PIL+torch best "
+              f"{torch_best:.1f} images/s (num_workers={best}): {result['speedup']:.2f}x "
+              f"(medians of {args.rounds} alternated rounds); CPU per image: stoker "
+              f"{result['cpu_ms_per_image']['stoker']:.2f} ms, torch num_workers=0 "
+              f"{result['cpu_ms_per_image']['torch_num_workers_0']:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
