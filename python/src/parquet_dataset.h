@@ -1,5 +1,5 @@
 // stoker.ParquetDataset's native half: a map-style data set over the rows of Parquet files,
-// whose row groups are read by pyarrow (python/stoker/_parquet.py) and whose samples are
+// whose row groups are read by pyarrow (python/stoker/datasets/parquet.py) and whose samples are
 // written, and their encoded images decoded, in C++ without the GIL.
 //
 // Row groups are the unit of I/O. A worker thread that reads a row not in memory calls the
