@@ -18,7 +18,7 @@ from .loader import DataLoader, Report, SkippedSample
 from .remote.actor import RayWorkers, ray_workers
 from .tuning import tune
 from .datasets.parquet import ParquetDataset
-from .datasets.webdataset import WebDataset, WebDatasetStream
+from .datasets.webdataset import WebDataset
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -62,3 +62,10 @@ _atexit.register(_stoker.close_all)
 # (never joined), and it makes its own.
 if hasattr(_os, "register_at_fork"):
     _os.register_at_fork(after_in_child=_stoker.abandon_all_after_fork)
+
+
+def __getattr__(name):
+    if name == "WebDatasetStream":  # made on first use: it subclasses torch's IterableDataset
+        from .datasets import webdataset
+        return webdataset.WebDatasetStream
+    raise AttributeError(f"module 'stoker' has no attribute {name!r}")

@@ -15,11 +15,6 @@ import numpy as np
 from .. import _stoker
 from .native import NativeDataset
 
-try:  # the stream is a torch IterableDataset where torch is installed (it always is to train)
-    from torch.utils.data import IterableDataset as _IterableBase
-except ImportError:  # pragma: no cover
-    _IterableBase = object
-
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
 _LETTERS = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
 
@@ -204,7 +199,7 @@ def _tar_samples(path: str):
         yield current
 
 
-class WebDatasetStream(_IterableBase):
+class _Stream:
     """WebDataset shards read front to back as a stream (an IterableDataset): what
     ``stoker.WebDataset`` returns for compressed shards (``.tar.gz``, ``.tgz``), which cannot be
     indexed for random access, or with ``stream=True``. Same fields and transforms as the
@@ -329,6 +324,25 @@ def _check_transform(fields, transform) -> None:
                         "(e.g. stoker.transforms.train(224))")
 
 
+_stream_class = None
+
+
+def __getattr__(name: str):
+    """WebDatasetStream, made on first use: a torch IterableDataset (so that torch's own
+    DataLoader takes it too) without importing torch when stoker is imported."""
+    global _stream_class
+    if name != "WebDatasetStream":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _stream_class is None:
+        try:
+            from torch.utils.data import IterableDataset as base
+        except ImportError:  # pragma: no cover
+            base = object
+        _stream_class = type("WebDatasetStream", (_Stream, base),
+                             {"__module__": __name__, "__doc__": _Stream.__doc__})
+    return _stream_class
+
+
 class WebDataset(NativeDataset):
     """WebDataset tar shards (``webdataset``'s format) read in C++, map-style.
 
@@ -365,7 +379,8 @@ class WebDataset(NativeDataset):
             if cache_bytes:
                 raise ValueError("stoker.WebDataset: a stream (compressed shards, or "
                                  "stream=True) has no RAM cache (cache_bytes)")
-            return WebDatasetStream(shards, fields, transform, max_pixels, **stream_options)
+            return __getattr__("WebDatasetStream")(shards, fields, transform, max_pixels,
+                                                     **stream_options)
         if stream_options:
             raise TypeError("stoker.WebDataset: " + ", ".join(stream_options) +
                             " apply to a stream only (compressed shards, or stream=True)")
