@@ -33,8 +33,8 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools)"
-python_venv .venv-test torch==2.13.0 numpy pillow pytest scikit-build-core pybind11 webdataset \
-  pyarrow
+python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
+  webdataset pyarrow
 
 echo "== image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image

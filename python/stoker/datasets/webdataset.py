@@ -11,100 +11,10 @@ import zlib
 from typing import Iterable, Optional, Sequence, Union
 
 import numpy as np
+from braceexpand import braceexpand
 
 from .. import _stoker
 from .native import NativeDataset
-
-_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)(?:\.\.-?(\d+))?$")
-_LETTERS = re.compile(r"^([A-Za-z])\.\.([A-Za-z])(?:\.\.-?(\d+))?$")
-
-
-def _closing(s: str, start: int) -> int:
-    """The index of the '}' matching the '{' at `start`, or -1."""
-    depth, i = 0, start
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return -1
-
-
-def _split_top(s: str) -> list[str]:
-    """`s` split at its commas outside braces."""
-    parts, depth, i, last = [], 0, 0, 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-        elif c == "," and depth == 0:
-            parts.append(s[last:i])
-            last = i + 1
-        i += 1
-    parts.append(s[last:])
-    return parts
-
-
-def _range(inner: str):
-    m = _RANGE.match(inner)
-    if m:
-        a, b, step = m.group(1), m.group(2), int(m.group(3) or 1) or 1
-        lo, hi = int(a), int(b)
-        width = max(len(a), len(b)) if any(
-            x.lstrip("-").startswith("0") and len(x.lstrip("-")) > 1 for x in (a, b)) else 0
-        values = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
-        return [str(v).zfill(width) if v >= 0 else "-" + str(-v).zfill(width - 1)
-                for v in values]
-    m = _LETTERS.match(inner)
-    if m:
-        lo, hi, step = ord(m.group(1)), ord(m.group(2)), int(m.group(3) or 1) or 1
-        values = range(lo, hi + 1, step) if lo <= hi else range(lo, hi - 1, -step)
-        return [chr(v) for v in values]
-    return None
-
-
-def _expand(s: str) -> list[str]:
-    i = 0
-    while i < len(s):
-        c = s[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            j = _closing(s, i)
-            if j < 0:
-                break
-            inner = s[i + 1:j]
-            parts = _split_top(inner)
-            if len(parts) > 1:
-                alternatives = [x for p in parts for x in _expand(p)]
-            else:
-                alternatives = _range(inner)
-                if alternatives is None:  # "{x}": kept as it is, its inside expanded
-                    alternatives = ["{" + x + "}" for x in _expand(inner)]
-            rests = _expand(s[j + 1:])
-            return [s[:i] + a + r for a in alternatives for r in rests]
-        i += 1
-    return [s]
-
-
-def braceexpand(pattern: str) -> list[str]:
-    """Brace expansion as the ``braceexpand`` package (and so ``webdataset``) does it:
-    ``{a,b}`` alternatives, ``{000..146}`` ranges (zero-padded when a bound is), ``{a..e}``,
-    ``{1..9..2}`` steps, nesting, ``\\{`` for a literal brace."""
-    return [re.sub(r"\\(.)", r"\1", s) for s in _expand(pattern)]
 
 
 def expand_shards(shards: Union[str, os.PathLike, Iterable]) -> list[str]:
@@ -118,7 +28,7 @@ def expand_shards(shards: Union[str, os.PathLike, Iterable]) -> list[str]:
     out = []
     for item in items:
         for part in item.split("::"):
-            out.extend(braceexpand(part))
+            out.extend(braceexpand(part))  # the package webdataset expands patterns with
     if not out:
         raise ValueError("stoker.WebDataset: no shards")
     return out
