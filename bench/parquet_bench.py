@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import os
 import pathlib
-import random
 import statistics
 import sys
 import tempfile
@@ -49,10 +47,9 @@ import torch.utils.data as tud
 from PIL import Image
 
 import stoker
+from pil_transforms import TrainTransform
 
 TORCH_WORKERS = (0, 1, 2, 4)
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 
 
 def parquet_file(images: int, row_group: int) -> pathlib.Path:
@@ -85,40 +82,7 @@ def parquet_file(images: int, row_group: int) -> pathlib.Path:
 # --- the torch side: pyarrow + PIL + torchvision's train transforms -----------------------
 
 
-def random_resized_crop_box(width: int, height: int, scale=(0.08, 1.0),
-                            ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
-    """torchvision.transforms.RandomResizedCrop.get_params: (top, left, h, w)."""
-    area = height * width
-    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
-    for _ in range(10):
-        target_area = area * random.uniform(*scale)
-        aspect = math.exp(random.uniform(*log_ratio))
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            return random.randint(0, height - h), random.randint(0, width - w), h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
-_MEAN = torch.tensor(MEAN).view(3, 1, 1)
-_STD = torch.tensor(STD).view(3, 1, 1)
-
-
-def train_transform(image: Image.Image, size: int = 224) -> torch.Tensor:
-    top, left, h, w = random_resized_crop_box(*image.size)
-    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
-    if random.random() < 0.5:
-        image = image.transpose(Image.FLIP_LEFT_RIGHT)
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())  # ToTensor
-    tensor = pixels.permute(2, 0, 1).float().div(255)
-    return tensor.sub_(_MEAN).div_(_STD)  # Normalize
+train_transform = TrainTransform()
 
 
 class PyarrowImages(tud.Dataset):

@@ -35,7 +35,6 @@ import json
 import math
 import os
 import pathlib
-import random
 import statistics
 import sys
 import tarfile
@@ -47,9 +46,8 @@ import torch
 
 import stoker
 from stoker import transforms as T
+from pil_transforms import TrainTransform
 
-MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
 
 
 def make_data(images: int, shards: int) -> tuple[pathlib.Path, pathlib.Path]:
@@ -88,44 +86,6 @@ def make_data(images: int, shards: int) -> tuple[pathlib.Path, pathlib.Path]:
     tar.close()
     (root / "done").touch()
     return folder, wds
-
-
-class TrainTransform:
-    """torchvision's RandomResizedCrop(224) + RandomHorizontalFlip + ToTensor + Normalize on a
-    PIL image, written out with PIL and torch ops."""
-
-    def __init__(self, size: int = 224, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> None:
-        self.size, self.scale, self.ratio = size, scale, ratio
-
-    def params(self, width: int, height: int):
-        area = width * height
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(10):
-            target = area * random.uniform(*self.scale)
-            aspect = math.exp(random.uniform(*log_ratio))
-            w = int(round(math.sqrt(target * aspect)))
-            h = int(round(math.sqrt(target / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                return random.randint(0, height - h), random.randint(0, width - w), h, w
-        in_ratio = width / height
-        if in_ratio < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
-        elif in_ratio > self.ratio[1]:
-            h, w = height, int(round(height * self.ratio[1]))
-        else:
-            w, h = width, height
-        return (height - h) // 2, (width - w) // 2, h, w
-
-    def __call__(self, img):
-        from PIL import Image
-
-        img = img.convert("RGB")
-        top, left, h, w = self.params(*img.size)
-        img = img.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + w, top + h))
-        if random.random() < 0.5:
-            img = img.transpose(Image.FLIP_LEFT_RIGHT)
-        x = torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous().float().div_(255)
-        return x.sub_(MEAN).div_(STD)
 
 
 def epochs_rate(loader, epochs: int) -> tuple[float, float]:
