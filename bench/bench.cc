@@ -415,7 +415,8 @@ json run_device_sim(const BenchOptions& o) {
 }
 
 // Host-to-device GB/s through the loader, pinned against pageable slabs; the consumer waits
-// for every batch's copy, so this is the copy rate, not the overlap.
+// for every batch's copy, so this is the delivered rate of a small pipeline (2 workers by
+// default) with the copy in it, not the copy engine's rate nor the overlap.
 json run_device_cuda(const BenchOptions& o) {
   const auto ds = device_dataset(o.smoke ? 256 : 2048);
   json result = {{"workload", "device"}, {"device", o.device}};

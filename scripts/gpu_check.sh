@@ -8,8 +8,13 @@
 #   4. `stoker bench --device cuda`: host-to-device GB/s from pinned against pageable slabs;
 #   5. `device="cuda"` from Python: batches arrive on the GPU, equal to the CPU ones (needs a
 #      torch with CUDA in $PYTHON, default .venv-gpu/bin/python, then .venv-test/bin/python).
+#   6. bench/gpu_feed.py: device="cuda" and pinned batches against torch's DataLoader with
+#      pin_memory=True at its best num_workers and against the pinned copy rate (the limit).
 # Prints a summary; exits non-zero on the first failure. Offline: installs nothing itself,
 # except the stoker package into $PYTHON's environment (pip --no-build-isolation).
+# On a GPU machine without the build's apt packages: build here with the CUDA toolkit
+# (build-gpu and a wheel for its Python), carry them, and set GPU_CHECK_PREBUILT=1 (use
+# build-gpu as it is) and GPU_CHECK_WHEEL=path/to/stoker.whl (install it, not the source tree).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -26,10 +31,14 @@ echo "$gpus"
 summary+=("GPU: $(echo "$gpus" | head -n 1)")
 
 echo "== build (build-gpu) and the CUDA runtime it finds"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON \
-  -DSTOKER_BUILD_TOOLS=ON -DSTOKER_WERROR=ON >build-gpu.cmake.log 2>&1 ||
-  { cat build-gpu.cmake.log; fail "cmake"; }
-ninja -C build-gpu -j "$(nproc)"
+if [ "${GPU_CHECK_PREBUILT:-0}" = 1 ]; then
+  [ -x build-gpu/stoker ] || fail "GPU_CHECK_PREBUILT=1 but build-gpu/stoker is not there"
+else
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON \
+    -DSTOKER_BUILD_TOOLS=ON -DSTOKER_WERROR=ON >build-gpu.cmake.log 2>&1 ||
+    { cat build-gpu.cmake.log; fail "cmake"; }
+  ninja -C build-gpu -j "$(nproc)"
+fi
 [ -x build-gpu/tests/cuda_test ] ||
   fail "no CUDA toolkit found (CUDAToolkit_ROOT or nvcc on PATH): the gpu tests were not built"
 build-gpu/stoker info | tee build-gpu/info.txt
@@ -70,7 +79,12 @@ fi
 [ -n "$PYTHON" ] || fail "no Python environment: set PYTHON to one with torch (CUDA) installed"
 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
   fail "$PYTHON's torch sees no CUDA device (a CPU-only torch?): install a CUDA torch there"
-"$PYTHON" -m pip install -q --no-build-isolation . || fail "pip install . into $PYTHON"
+if [ -n "${GPU_CHECK_WHEEL:-}" ]; then
+  "$PYTHON" -m pip install -q --no-deps --no-index --force-reinstall "$GPU_CHECK_WHEEL" ||
+    fail "pip install $GPU_CHECK_WHEEL into $PYTHON"
+else
+  "$PYTHON" -m pip install -q --no-build-isolation . || fail "pip install . into $PYTHON"
+fi
 "$PYTHON" - <<'EOF' || fail "device=\"cuda\" from Python"
 import numpy as np
 import torch
@@ -99,6 +113,11 @@ assert gpu.stats()["device"].startswith("cuda"), gpu.stats()["device"]
 print(f"python device=cuda: {n} batches equal to the CPU loader's; stats {gpu.stats()['device']}")
 EOF
 summary+=("python: device=\"cuda\" batches equal to the CPU loader's")
+
+echo "== bench/gpu_feed.py: stoker against torch's pinned loader and the copy limit"
+"$PYTHON" bench/gpu_feed.py | tee build-gpu/gpu-feed.txt || fail "bench/gpu_feed.py"
+summary+=("feed (samples/s): $(grep -E '^  (torch w|stoker|H2D)' build-gpu/gpu-feed.txt |
+  awk '{printf "%s%s %s %s; ", sep, $1, $2, $3}')")
 
 echo
 echo "== gpu_check summary"
