@@ -255,13 +255,21 @@ void Loader::restart(Position position) {
 }
 
 void Loader::restore(const Position& position) {
-  if (position.batch > engine_->batches_per_epoch()) {
+  const std::size_t batches = engine_->batches_in(position.epoch);
+  if (position.batch > batches) {
     throw std::invalid_argument("stoker::Loader::restore: batch " + std::to_string(position.batch) +
-                                " is past the " + std::to_string(engine_->batches_per_epoch()) +
-                                " batches of an epoch");
+                                " is past the " + std::to_string(batches) + " batches of epoch " +
+                                std::to_string(position.epoch));
   }
   restart(position);
 }
+
+void Loader::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch) {
+  engine_->resume(epoch, std::move(order), batch);  // checks before anything changes
+  stage_->reset({epoch, batch});
+}
+
+std::size_t Loader::batches_in(std::uint64_t epoch) const { return engine_->batches_in(epoch); }
 
 std::size_t Loader::batches_per_epoch() const { return engine_->batches_per_epoch(); }
 std::size_t Loader::samples_per_epoch() const { return engine_->samples_per_epoch(); }

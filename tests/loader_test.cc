@@ -191,6 +191,72 @@ TEST(Loader, DistributedRanksSplitTheEpoch) {
   for (auto b : batches) EXPECT_EQ(b, batches[0]);  // equal step counts on every rank
 }
 
+TEST(Loader, ACheckpointOfFourRanksResumesOnThreeEverySampleOnce) {
+  // 4 ranks x batch 8 with 3, 2 and 0 workers stop after 5, 5, 6 and 4 batches; 3 ranks with
+  // batch 6 finish the epoch, one of them checkpointed once more and resumed by a new loader;
+  // the next epoch is a fresh one on 3 ranks.
+  const std::size_t n = 331;
+  auto make = [&](std::size_t rank, std::size_t world, std::size_t batch, std::size_t workers) {
+    auto o = options(std::make_shared<IndexDataset<>>(n), batch, workers);
+    o.shuffle = true;
+    o.seed = 11;
+    o.shard = {rank, world, false};
+    return o;
+  };
+  std::multiset<std::size_t> seen;
+  std::vector<std::size_t> taken;
+  const std::size_t stops[] = {5, 5, 6, 4};
+  for (std::size_t r = 0; r < 4; ++r) {
+    Loader loader(make(r, 4, 8, r % 3 + 1));
+    loader.set_epoch(2);
+    for (std::size_t b = 0; b < stops[r]; ++b) {
+      auto batch = loader.next();
+      ASSERT_TRUE(batch);
+      for (std::size_t i : batch->indices()) seen.insert(i);
+    }
+    taken.push_back(std::min(loader.position().batch * 8, loader.samples_per_epoch()));
+  }
+  const PositionRanges consumed = consumed_positions(n, {}, taken, false);
+  for (std::size_t r = 0; r < 3; ++r) {
+    const auto o = make(r, 3, 6, r);
+    std::vector<std::size_t> order;
+    resumed_order(SampleOrder{n, true, 11, o.shard}, 2, consumed, order);
+    Loader loader(o);
+    loader.resume(2, order, 0);
+    EXPECT_EQ(loader.batches_in(2), (order.size() + 5) / 6);
+    std::size_t got = 0;
+    if (r == 1) {  // checkpointed after 3 batches, resumed by another loader
+      for (; got < 3; ++got) {
+        auto batch = loader.next();
+        ASSERT_TRUE(batch);
+        for (std::size_t i : batch->indices()) seen.insert(i);
+      }
+      EXPECT_EQ(loader.position().batch, 3u);
+      Loader again(make(r, 3, 6, 2));
+      again.resume(2, order, 3);
+      for (std::size_t i : flat(drain(again))) seen.insert(i);
+      EXPECT_EQ(again.position().epoch, 3u);
+    } else {
+      for (std::size_t i : flat(drain(loader))) seen.insert(i);
+      EXPECT_EQ(loader.position().epoch, 3u);
+      // The next epoch is the loader's own.
+      EXPECT_EQ(flat(drain(loader)), epoch_order(SampleOrder{n, true, 11, o.shard}, 3));
+    }
+  }
+  EXPECT_EQ(std::set<std::size_t>(seen.begin(), seen.end()).size(), n);
+  EXPECT_LE(seen.size() - n, 4u);  // the padding's repeats: 1 on 4 ranks, at most 2 on 3
+}
+
+TEST(Loader, AResumedEpochWithNothingLeftEndsAtOnce) {
+  Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, 1));
+  loader.resume(0, {}, 0);
+  EXPECT_EQ(loader.batches_in(0), 0u);
+  EXPECT_FALSE(loader.next());
+  EXPECT_EQ(flat(drain(loader)), (std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  EXPECT_THROW(loader.resume(1, {3, 10}, 0), std::out_of_range);
+  EXPECT_THROW(loader.resume(1, {3, 4}, 2), std::invalid_argument);
+}
+
 TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
   auto o = options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{},
                                                     std::chrono::microseconds(20)),

@@ -63,9 +63,16 @@ class Loader {
   void set_epoch(std::uint64_t epoch);
   Position position() const;
   void restore(const Position& position);  // throws std::invalid_argument if out of range
+  // Elastic resume (a checkpoint of other ranks, workers or batch size; sampler.h): epoch
+  // `epoch` reads `order`, this rank's samples for the rest of it (resumed_order), from batch
+  // `batch` of it; the epochs after it follow the loader's own order. Throws
+  // std::invalid_argument for a batch past the order's end, std::out_of_range for a sample
+  // past the data set's.
+  void resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch = 0);
 
   std::size_t batches_per_epoch() const;
-  std::size_t samples_per_epoch() const;  // for this rank, before batching
+  std::size_t batches_in(std::uint64_t epoch) const;  // a resumed epoch's, else the above
+  std::size_t samples_per_epoch() const;              // for this rank, before batching
   std::span<const FieldSpec> fields() const;
 
   void set_workers(std::size_t workers);

@@ -300,6 +300,13 @@ PYBIND11_MODULE(_stoker, m) {
       .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
       .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))
       .def("restart_fresh", &PyLoader::restart_fresh, py::arg("epoch"))
+      .def(
+          "resume",
+          [](PyLoader& l, std::uint64_t epoch, const py::object& order, std::size_t batch) {
+            l.resume(epoch, to_indices(order, "order"), batch);
+          },
+          py::arg("epoch"), py::arg("order"), py::arg("batch"))
+      .def("batches_in", &PyLoader::batches_in, py::arg("epoch"))
       .def("position", &PyLoader::position)
       .def("set_order",
            [](PyLoader& l, const py::object& order) {
@@ -334,6 +341,29 @@ PYBIND11_MODULE(_stoker, m) {
       },
       py::arg("size"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("rank"),
       py::arg("world_size"), py::arg("drop_last"));
+
+  // Elastic resume (stoker/sampler.h): position ranges as lists of (begin, end) pairs.
+  m.def(
+      "consumed_positions",
+      [](std::size_t samples, const PositionRanges& before, const std::vector<std::size_t>& taken,
+         bool drop_last) { return consumed_positions(samples, before, taken, drop_last); },
+      py::arg("samples"), py::arg("before"), py::arg("taken"), py::arg("drop_last"));
+  m.def(
+      "resumed_order",
+      [](std::size_t size, bool shuffle, std::uint64_t seed, std::uint64_t epoch, std::size_t rank,
+         std::size_t world_size, bool drop_last, const PositionRanges& consumed) {
+        std::vector<std::size_t> order;
+        {
+          py::gil_scoped_release nogil;
+          resumed_order(SampleOrder{size, shuffle, seed, {rank, world_size, drop_last}}, epoch,
+                        consumed, order);
+        }
+        py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
+        std::copy(order.begin(), order.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("size"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("rank"),
+      py::arg("world_size"), py::arg("drop_last"), py::arg("consumed"));
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");

@@ -203,9 +203,18 @@ void PyLoader::restart_fresh(std::uint64_t epoch) {
   py::gil_scoped_release nogil;
   // Two restarts to different positions: the second always cancels everything in flight
   // (restarting to the current position keeps what is prefetched).
-  loader_->restore({epoch, loader_->batches_per_epoch()});
+  loader_->restore({epoch, loader_->batches_in(epoch)});
   loader_->set_epoch(epoch);
 }
+
+void PyLoader::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch) {
+  auto locks = lock_call(true);
+  held_.reset();
+  py::gil_scoped_release nogil;
+  loader_->resume(epoch, std::move(order), batch);
+}
+
+std::size_t PyLoader::batches_in(std::uint64_t epoch) const { return loader_->batches_in(epoch); }
 
 py::tuple PyLoader::position() {
   auto locks = lock_call(true);

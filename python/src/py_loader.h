@@ -92,6 +92,9 @@ class PyLoader {
   // Starts `epoch` afresh, discarding everything prefetched (after a custom sampler's order
   // changed).
   void restart_fresh(std::uint64_t epoch);
+  // Elastic resume: Loader::resume.
+  void resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch);
+  std::size_t batches_in(std::uint64_t epoch) const;
   py::tuple position();
 
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }

@@ -15,6 +15,7 @@ from .datasets.native import (ArrayDataset, ImageFolder, NativeDataset, RecordDa
                               SyntheticDataset, pack)
 from .distributed import DistributedSampler, split_by_rank, split_by_worker, world
 from .loader import DataLoader, Report, SkippedSample
+from .loader.elastic import merge_states
 from .remote.actor import RayWorkers, ray_workers
 from .tuning import tune
 from .datasets.parquet import ParquetDataset
@@ -42,6 +43,7 @@ __all__ = [
     "WorkerError",
     "build_info",
     "cuda_available",
+    "merge_states",
     "pack",
     "ray_workers",
     "sample_seed",

@@ -260,9 +260,10 @@ bool Engine::probe() {
   const std::size_t position = open_batch_ * config_.batch_size + probes_started_;
   if (config_.on_error == ErrorPolicy::raise) {
     // No further than the batches that may open: the failed ones open as they are probed.
-    const std::size_t batches = std::min(open_batch_ + depth_ - in_flight_, batches_per_epoch_);
-    if (position >= std::min(batches * config_.batch_size, samples_per_epoch_)) return false;
-  } else if (position >= samples_per_epoch_ || probes_failed_ >= kMaxProbes) {
+    const std::size_t batches =
+        std::min(open_batch_ + depth_ - in_flight_, batches_of(open_epoch_));
+    if (position >= std::min(batches * config_.batch_size, samples_of(open_epoch_))) return false;
+  } else if (position >= samples_of(open_epoch_) || probes_failed_ >= kMaxProbes) {
     // Nothing left to probe: once the last probes are back, their failure is the consumer's.
     if (probes_running_ == 0 && probe_error_) fail(probe_error_);
     return false;
@@ -330,7 +331,7 @@ std::size_t Engine::fit_depth(std::size_t depth) const {
 }
 
 bool Engine::can_open() const {
-  return !stop_ && !fatal_ && batches_per_epoch_ > 0 && in_flight_ < depth_ &&
+  return !stop_ && !fatal_ && batches_of(open_epoch_) > 0 && in_flight_ < depth_ &&
          open_epoch_ <= epoch_ + 1;
 }
 
@@ -340,8 +341,12 @@ void Engine::compute_order() {
   order_busy_ = true;
   const std::uint64_t epoch = open_epoch_;
   try {
-    MutexUnlock unlocked(mu_);
-    epoch_order(config_.order, epoch, order_scratch_);
+    if (resumed_ && resumed_->epoch == epoch) {
+      order_scratch_ = resumed_->order;
+    } else {
+      MutexUnlock unlocked(mu_);
+      epoch_order(config_.order, epoch, order_scratch_);
+    }
   } catch (...) {
     order_busy_ = false;
     fail(std::current_exception());
@@ -406,10 +411,8 @@ Ticket* Engine::open_next() {
   }
   tail_ = ticket;
   ++in_flight_;
-  if (++open_batch_ == batches_per_epoch_) {
-    ++open_epoch_;
-    open_batch_ = 0;
-  }
+  ++open_batch_;
+  roll_open_epoch();
   if (ticket->chunks > 1) work_cv_.notify_all();
   return ticket;
 }
@@ -669,7 +672,7 @@ Ticket* Engine::take_head(Deadline deadline, bool& end_of_epoch, bool traced,
     started_ = Clock::now();
     started_set_ = true;
   }
-  if (delivered_ == batches_per_epoch_) {
+  if (delivered_ == batches_of(epoch_)) {
     ++epoch_;
     delivered_ = 0;
     work_cv_.notify_all();  // workers may now run one more epoch ahead
@@ -732,11 +735,49 @@ void Engine::restart(Position position) {
   delivered_ = position.batch;
   open_epoch_ = epoch_;
   open_batch_ = delivered_;
-  if (open_batch_ == batches_per_epoch_) {
+  roll_open_epoch();
+  wake_all();
+}
+
+void Engine::roll_open_epoch() {
+  // An epoch with no batches (a resumed one with nothing left) is stepped over too; one
+  // resumed epoch at most, so this ends.
+  while (open_batch_ == batches_of(open_epoch_) && batches_per_epoch_ > 0) {
     ++open_epoch_;
     open_batch_ = 0;
   }
+}
+
+void Engine::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch) {
+  const std::size_t size = config_.dataset->size();
+  for (std::size_t index : order) {
+    if (index >= size) {
+      throw std::out_of_range("stoker: the resumed order has sample " + std::to_string(index) +
+                              ", past the data set's " + std::to_string(size));
+    }
+  }
+  const std::size_t batches = batch_count(order.size(), config_.batch_size, config_.drop_last);
+  if (batch > batches) {
+    throw std::invalid_argument("stoker: batch " + std::to_string(batch) +
+                                " is past the resumed epoch's " + std::to_string(batches) +
+                                " batches");
+  }
+  MutexLock lock(mu_);
+  cancel_in_flight();
+  resumed_ = ResumedEpoch{epoch, std::move(order), batches};
+  if (has_order_ && order_epoch_ == epoch) has_order_ = false;
+  probes_started_ = 0;
+  epoch_ = epoch;
+  delivered_ = batch;
+  open_epoch_ = epoch;
+  open_batch_ = batch;
+  roll_open_epoch();
   wake_all();
+}
+
+std::size_t Engine::batches_in(std::uint64_t epoch) const {
+  MutexLock lock(mu_);
+  return batches_of(epoch);
 }
 
 Position Engine::position() const {

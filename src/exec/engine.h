@@ -155,6 +155,13 @@ class Engine {
   // The next batch on the host (for tests of the engine alone).
   std::optional<Batch> next() STOKER_EXCLUDES(mu_);
   void restart(Position position) STOKER_EXCLUDES(mu_);
+  // Elastic resume: epoch `epoch` reads `order` (this rank's samples for the rest of that
+  // epoch, from resumed_order) instead of its own order, from batch `batch` of it; the epochs
+  // after it follow config.order again. Replaces an earlier resumed epoch.
+  void resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch)
+      STOKER_EXCLUDES(mu_);
+  // Batches in `epoch`: batches_per_epoch(), or the resumed epoch's.
+  std::size_t batches_in(std::uint64_t epoch) const STOKER_EXCLUDES(mu_);
   Position position() const STOKER_EXCLUDES(mu_);
   void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
   void set_depth(std::size_t depth) STOKER_EXCLUDES(mu_);
@@ -212,10 +219,19 @@ class Engine {
   // opened, and the consumer gets the error once nothing in flight is left to hand out; its
   // following next() clears it and opening resumes.
   void fail(std::exception_ptr error) STOKER_REQUIRES(mu_);
-  // The rows of batch `number` of an epoch (the last may be short).
-  std::size_t batch_rows(std::size_t number) const {
-    return std::min(config_.batch_size, samples_per_epoch_ - number * config_.batch_size);
+  // Samples and batches of `epoch`: the resumed epoch's or every epoch's.
+  std::size_t samples_of(std::uint64_t epoch) const STOKER_REQUIRES(mu_) {
+    return resumed_ && resumed_->epoch == epoch ? resumed_->order.size() : samples_per_epoch_;
   }
+  std::size_t batches_of(std::uint64_t epoch) const STOKER_REQUIRES(mu_) {
+    return resumed_ && resumed_->epoch == epoch ? resumed_->batches : batches_per_epoch_;
+  }
+  // The rows of batch `number` of the epoch being opened (the last may be short).
+  std::size_t batch_rows(std::size_t number) const STOKER_REQUIRES(mu_) {
+    return std::min(config_.batch_size, samples_of(open_epoch_) - number * config_.batch_size);
+  }
+  // Steps the opening position past the end of its epoch (several, for empty resumed ones).
+  void roll_open_epoch() STOKER_REQUIRES(mu_);
   // Where SampleOut writes a ticket's rows: nowhere for a batch without a slab.
   static std::byte* const* field_bases(const Ticket& ticket) {
     return ticket.slab != nullptr ? ticket.slab->fields() : nullptr;
@@ -275,6 +291,13 @@ class Engine {
   std::exception_ptr probe_error_ STOKER_GUARDED_BY(mu_);  // the last probe's SampleError
   bool fatal_reported_ STOKER_GUARDED_BY(mu_) = false;     // thrown from next(): retry on the next
 
+  // An epoch resumed on another topology: its own order and batch count.
+  struct ResumedEpoch {
+    std::uint64_t epoch = 0;
+    std::vector<std::size_t> order;
+    std::size_t batches = 0;
+  };
+  std::optional<ResumedEpoch> resumed_ STOKER_GUARDED_BY(mu_);
   // The sample order of epoch order_epoch_ (valid when has_order_).
   std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);
   std::uint64_t order_epoch_ STOKER_GUARDED_BY(mu_) = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "util/random.h"
 
@@ -97,6 +99,130 @@ std::vector<std::size_t> epoch_order(const SampleOrder& order, std::uint64_t epo
   std::vector<std::size_t> out;
   epoch_order(order, epoch, out);
   return out;
+}
+
+namespace {
+
+void check_ranges(const PositionRanges& ranges, std::size_t samples) {
+  std::size_t end = 0;
+  for (std::size_t k = 0; k < ranges.size(); ++k) {
+    const auto [b, e] = ranges[k];
+    if (b >= e || e > samples || (k > 0 && b <= end)) {
+      throw std::invalid_argument(
+          "stoker: consumed positions must be sorted, disjoint, non-adjacent ranges within the "
+          "data set's " +
+          std::to_string(samples) + " samples; range " + std::to_string(k) + " is [" +
+          std::to_string(b) + ", " + std::to_string(e) + ")");
+    }
+    end = e;
+  }
+}
+
+// The positions not in `consumed` (sorted ranges within [0, samples)), as ranges.
+PositionRanges complement(std::size_t samples, const PositionRanges& consumed) {
+  PositionRanges out;
+  std::size_t at = 0;
+  for (const auto& [b, e] : consumed) {
+    if (b > at) out.emplace_back(at, b);
+    at = e;
+  }
+  if (at < samples) out.emplace_back(at, samples);
+  return out;
+}
+
+// Adds [b, e) to sorted ranges whose last one ends at most at e, merging neighbours.
+void append(PositionRanges& ranges, std::size_t b, std::size_t e) {
+  if (!ranges.empty() && ranges.back().second >= b) {
+    ranges.back().second = std::max(ranges.back().second, e);
+  } else {
+    ranges.emplace_back(b, e);
+  }
+}
+
+PositionRanges normalized(PositionRanges ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  PositionRanges out;
+  for (const auto& [b, e] : ranges) {
+    if (b < e) append(out, b, e);
+  }
+  return out;
+}
+
+}  // namespace
+
+PositionRanges consumed_positions(std::size_t samples, const PositionRanges& before,
+                                  std::span<const std::size_t> taken, bool drop_last) {
+  check_ranges(before, samples);
+  const std::size_t world = taken.size();
+  if (world == 0) throw std::invalid_argument("stoker: consumed_positions needs one rank or more");
+  const PositionRanges free = complement(samples, before);
+  std::size_t remaining = 0;
+  for (const auto& [b, e] : free) remaining += e - b;
+  const std::size_t per_rank = drop_last ? remaining / world : (remaining + world - 1) / world;
+  std::size_t common = per_rank;
+  for (std::size_t r = 0; r < world; ++r) {
+    if (taken[r] > per_rank) {
+      throw std::invalid_argument("stoker: rank " + std::to_string(r) + " took " +
+                                  std::to_string(taken[r]) + " samples of an epoch that gives " +
+                                  "each rank " + std::to_string(per_rank));
+    }
+    common = std::min(common, taken[r]);
+  }
+  // Indices into the remaining positions: [0, world * common) for what every rank took, then
+  // each rank's own tail (rank r's k-th sample is index r + k * world, wrapping round for the
+  // padding's repeats). The tails are at most a few batches long.
+  PositionRanges indices;
+  if (remaining > 0) {
+    indices.emplace_back(0, std::min(world * common, remaining));
+    for (std::size_t r = 0; r < world; ++r) {
+      for (std::size_t k = common; k < taken[r]; ++k) {
+        const std::size_t q = (r + k * world) % remaining;
+        indices.emplace_back(q, q + 1);
+      }
+    }
+  }
+  indices = normalized(std::move(indices));
+  // Map index ranges onto positions through the free ranges, then add what came before.
+  PositionRanges out = before;
+  std::size_t f = 0, f_start = 0;  // free range f holds indices [f_start, f_start + its size)
+  for (auto [b, e] : indices) {
+    while (b < e) {
+      while (b >= f_start + (free[f].second - free[f].first)) {
+        f_start += free[f].second - free[f].first;
+        ++f;
+      }
+      const std::size_t offset = b - f_start;
+      const std::size_t n = std::min(e - b, free[f].second - free[f].first - offset);
+      out.emplace_back(free[f].first + offset, free[f].first + offset + n);
+      b += n;
+    }
+  }
+  return normalized(std::move(out));
+}
+
+void resumed_order(const SampleOrder& order, std::uint64_t epoch, const PositionRanges& consumed,
+                   std::vector<std::size_t>& out) {
+  check_ranges(consumed, order.samples);
+  if (consumed.empty()) {
+    epoch_order(order, epoch, out);
+    return;
+  }
+  SampleOrder global = order;
+  global.shard = {};
+  std::vector<std::size_t> all;
+  epoch_order(global, epoch, all);
+  std::vector<std::size_t> remaining;
+  for (const auto& [b, e] : complement(order.samples, consumed)) {
+    remaining.insert(remaining.end(), all.begin() + static_cast<std::ptrdiff_t>(b),
+                     all.begin() + static_cast<std::ptrdiff_t>(e));
+  }
+  const std::size_t n = remaining.size();
+  const std::size_t world = order.shard.world_size;
+  const std::size_t per_rank = order.shard.drop_last ? n / world : (n + world - 1) / world;
+  out.resize(per_rank);
+  for (std::size_t k = 0; k < per_rank; ++k) {
+    out[k] = remaining[(order.shard.rank + k * world) % n];
+  }
 }
 
 }  // namespace stoker

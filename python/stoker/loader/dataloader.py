@@ -257,6 +257,19 @@ class DataLoader:
         return self._pipeline.state_dict(
             self._resume, self._sampler_epoch_or_next() if between else None)
 
+    def global_state_dict(self) -> dict[str, Any]:
+        """The state of every rank merged into one (``stoker.merge_states``): where
+        torch.distributed is initialized, every rank must call it (it gathers the ranks'
+        states). A loader on any number of ranks, workers or batch size restores it with
+        ``load_state_dict``, reading each sample left in the epoch once over its ranks."""
+        from .elastic import gather, merge_states
+        from ..distributed import _torch_distributed
+
+        state = self.state_dict()
+        dist = _torch_distributed()
+        return merge_states(gather(state) if dist is not None and dist.get_world_size() > 1
+                            else [state])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = self._pipeline.load_state_dict(state)
         self._sampler_set_epoch(self._resume[0])

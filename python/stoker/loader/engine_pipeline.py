@@ -14,7 +14,7 @@ from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
 from ..workers.startup import thread_worker_start
-from . import compat
+from . import compat, elastic
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
@@ -92,6 +92,14 @@ class EnginePipeline(Pipeline):
             on_device = self._loader.stats()["device"] not in ("cpu", "sim")
             self._finish_batch_jobs(on_device or plan.pin_always)
         self._samples = compat.sized(index["dataset"])
+        # Elastic resume (elastic.py) needs stoker's own order of a sized data set.
+        self._elastic = (self._jobs is None and plan.order_length is None
+                         and self._samples is not None)
+        # An epoch resumed on another topology: (epoch, consumed ranges, samples this rank
+        # reads in it); and one loaded, which the next start() resumes: (epoch, consumed,
+        # order, batch).
+        self._resumed: Optional[tuple] = None
+        self._pending: Optional[tuple] = None
         self._follows_len = (plan.order_length is None and plan.world_size == 1
                              and self._jobs is None)
 
@@ -119,7 +127,13 @@ class EnginePipeline(Pipeline):
                 if self._order is not None:
                     self._loader.restart_fresh(epoch)
                 self._order = order
-        self._loader.restore(epoch, batch)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == epoch:
+            _, consumed, order, batch = pending
+            self._loader.resume(epoch, order, batch)
+            self._resumed = (epoch, consumed, len(order))
+        else:
+            self._loader.restore(epoch, batch)
         if not self._reading:
             self._reading = True
             self._loader.set_workers(self._engine_workers())
@@ -158,22 +172,83 @@ class EnginePipeline(Pipeline):
             epoch, batch = next_epoch, 0
         else:
             epoch, batch = self._loader.position()
-        return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
-                "batches_per_epoch": len(self)}
+        if not self._elastic:
+            return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
+                    "batches_per_epoch": len(self)}
+        consumed, epoch_samples = [], self._loader.samples_per_epoch
+        if self._pending is not None and self._pending[0] == epoch:
+            consumed, epoch_samples = self._pending[1], len(self._pending[2])
+        elif self._resumed is not None and self._resumed[0] == epoch:
+            consumed, epoch_samples = self._resumed[1], self._resumed[2]
+        plan = self.plan
+        return elastic.rank_state(
+            (epoch, batch), seed=plan.seed, batches_per_epoch=len(self), samples=self._samples,
+            shuffle=plan.engine_shuffle, batch_size=plan.batch_size, rank=plan.rank,
+            world_size=plan.world_size, shard_drop_last=plan.shard_drop_last,
+            epoch_samples=epoch_samples, consumed=consumed)
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
-        if "batch" not in state:
+        if "batch" not in state and not state.get("merged"):
             raise ValueError("stoker: the state is not a map-style data set's (a stream's "
                              "state has no batch number)" if "stream" in state else
                              "stoker: the state has no batch number")
+        plan = self.plan
+        if state.get("merged") or ("world_size" in state and (
+                state["world_size"], state["rank"], state["batch_size"], state["samples"]) != (
+                plan.world_size, plan.rank, plan.batch_size, self._samples)):
+            return self._load_elsewhere(state)
         if int(state.get("batches_per_epoch", len(self))) != len(self):
             raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
                              f"this loader has {len(self)}")
-        if "seed" in state and int(state["seed"]) != self.plan.seed:
+        if "seed" in state and int(state["seed"]) != plan.seed:
             raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
-                             f"seed {self.plan.seed}: pass seed= (or the same generator) to "
+                             f"seed {plan.seed}: pass seed= (or the same generator) to "
                              f"resume")
-        return int(state["epoch"]), int(state["batch"])
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        self._pending = None
+        if state.get("consumed"):  # saved in an epoch resumed on another topology
+            self._pending = (epoch, state["consumed"], self._resumed_order(epoch, state),
+                             batch)
+        return epoch, batch
+
+    def _load_elsewhere(self, state: dict) -> tuple[int, int]:
+        """A state from another topology (ranks, batch size), merged or of one rank."""
+        plan = self.plan
+        if not self._elastic:
+            raise ValueError(
+                "stoker: this loader resumes only on the topology its state was saved on: a "
+                "custom sampler's or batch jobs' (collate_fn, batch_sampler) order is not "
+                "stoker's own, so the rest of the epoch cannot be split over other ranks")
+        if not state.get("merged"):
+            if state["world_size"] != 1:
+                raise ValueError(
+                    f"stoker: the state was saved on rank {state['rank']} of "
+                    f"{state['world_size']} with batch size {state['batch_size']}; this loader "
+                    f"is rank {plan.rank} of {plan.world_size} with batch size "
+                    f"{plan.batch_size}. Resume on another topology from every rank's state "
+                    f"merged: stoker.merge_states(states), or loader.global_state_dict() "
+                    f"when saving")
+            state = elastic.merge_states([state])
+        if state["samples"] != self._samples:
+            raise ValueError(f"stoker: the state is of a data set of {state['samples']} "
+                             f"samples, this loader's has {self._samples}")
+        if bool(state["shuffle"]) != plan.engine_shuffle or (
+                plan.engine_shuffle and int(state["seed"]) != plan.engine_seed):
+            raise ValueError(
+                f"stoker: the state was saved with shuffle={state['shuffle']} and seed "
+                f"{state['seed']}; this loader has shuffle={plan.engine_shuffle} and seed "
+                f"{plan.engine_seed}: pass the same shuffle and seed= to resume")
+        epoch = int(state["epoch"])
+        self._pending = None
+        if state["consumed"]:
+            self._pending = (epoch, state["consumed"], self._resumed_order(epoch, state), 0)
+        return epoch, 0
+
+    def _resumed_order(self, epoch: int, state: dict):
+        plan = self.plan
+        return _stoker.resumed_order(
+            self._samples, plan.engine_shuffle, plan.engine_seed, epoch, plan.rank,
+            plan.world_size, plan.shard_drop_last, [tuple(r) for r in state["consumed"]])
 
     def _stats(self) -> dict:
         stats = self._loader.stats()

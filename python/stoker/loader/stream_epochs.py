@@ -277,7 +277,10 @@ class Streams:
         pending, self.pending = self.pending, None
         if pending is not None and pending["workers"] != self._workers:
             raise ValueError(f"stoker: the state is for a stream read by {pending['workers']} "
-                             f"workers, this loader has {self._workers}")
+                             f"workers, this loader has {self._workers}: a stream's state is "
+                             f"each worker's own data set state, which cannot be split over "
+                             f"other workers or ranks; resume it with the same num_workers "
+                             f"and ranks")
         self._epoch = StreamEpoch(
             dataset=self._dataset, workers=self._workers, depth=self._depth,
             collate_fn=self._collate_fn, batch_size=self._batch_size,
