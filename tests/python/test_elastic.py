@@ -228,3 +228,28 @@ def test_torchrun_four_ranks_save_three_ranks_resume(tmp_path):
     assert all(r["workers"] == "process" for r in resumed)
     nxt = [x for r in resumed for x in r["next"]]
     assert set(nxt) == set(range(1000)) and len(nxt) == 1002  # epoch 2 on 3 ranks, padded
+
+
+def test_a_native_data_set_resumes_on_another_topology():
+    np = pytest.importorskip("numpy")
+    ds = stoker.ArrayDataset(np.arange(N, dtype=np.int64))
+
+    def make(r, w, b):
+        s = stoker.DistributedSampler(ds, num_replicas=w, rank=r, shuffle=True, seed=5)
+        return stoker.DataLoader(ds, batch_size=b, sampler=s), s
+
+    seen, states = [], []
+    for r in range(4):
+        loader, sampler = make(r, 4, 8)
+        sampler.set_epoch(1)
+        it = iter(loader)
+        for _ in range(3 + r % 2):
+            seen += next(it)[0].tolist()  # a batch: one field
+        states.append(loader.state_dict())
+    merged = stoker.merge_states(states)
+    rest = []
+    for r in range(3):
+        loader, _ = make(r, 3, 5)
+        loader.load_state_dict(merged)
+        rest += [x for b in loader for x in b[0].tolist()]
+    exactly_once(seen, rest, repeats=3)
