@@ -1,0 +1,238 @@
+"""Is `auto` ever the wrong choice? For each workload, torch's DataLoader at every num_workers
+(best kept), stoker at each fixed setting (in-line `num_workers=0`, threads 1/2/4, processes
+1/2/4) and stoker on auto, in one run; then the same with a training step that costs CPU.
+
+    python bench/auto_matrix.py [--workload stream padding ...] [--epochs 5] [--smoke] [--json]
+
+Throughput is over epochs 2..E together (the first epoch's start-up is excluded for every
+loader; a switch auto makes later is counted). With `--step`, each batch is followed by a
+training step of matrix products on one thread whose cost is calibrated to the workload's
+per-batch time on stoker's 2 threads, so the loop is balanced, and the figure is steps per
+second (the consumer's CPU competes with the workers', as in training).
+
+Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 cores):
+  stream    small tensors from an IterableDataset sharded by get_worker_info(), batch 256
+  padding   512 variable-length samples, a padding collate_fn, batch 64
+  gil       a __getitem__ computing in Python bytecode (holds the GIL), batch 64
+  sleep     seed 003's data set (5 ms of sleep a sample), batch 64
+  cheap     dict samples with a string, batch 256
+  tvfolder  torchvision ImageFolder, RandomResizedCrop + flip + normalize (needs torchvision)
+  tvjitter  the same with ColorJitter (needs torchvision)
+  tiny      native: 60k x 784 float32, batch 256 (threads only: native reads run in C++)
+  jpeg      native: stoker.ImageFolder with T.train(224) (threads only)
+The summary line per workload: auto over the best fixed stoker setting (target >= 0.95) and
+over torch's best (target >= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.utils.data as tud
+
+import stoker
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from python_bench import (BytecodeDataset, CheapDataset, HeavyDataset,  # noqa: E402
+                          SmallTensorStream, VariableLength, _jpeg_folder, _rate, _touch,
+                          pad_collate)
+
+CORES = len(os.sched_getaffinity(0))
+TORCH_WORKERS = (0, 1, 2, 4)
+FIXED = [("inline", dict(num_workers=0))] + [
+    (f"{kind} {n}", dict(num_workers=n, worker_type=kind))
+    for kind in ("thread", "process") for n in (1, 2, 4)]
+
+
+class Workload:
+    def __init__(self, name, dataset, batch_size, samples, loader_args=None, native=False,
+                 torch_dataset=None):
+        self.name, self.dataset, self.batch_size = name, dataset, batch_size
+        self.samples, self.native = samples, native
+        self.loader_args = {"shuffle": True} if loader_args is None else loader_args
+        self.torch_dataset = torch_dataset  # the native workloads' torch equivalent
+
+
+def workloads(names, smoke):
+    scale = 8 if smoke else 1
+    out = {}
+    for name in names:
+        if name == "stream":
+            n = 160000 // scale
+            out[name] = Workload(name, SmallTensorStream(n), 256, n, loader_args={})
+        elif name == "padding":
+            out[name] = Workload(name, VariableLength(512), 64, 512,
+                                 loader_args={"shuffle": True, "collate_fn": pad_collate})
+        elif name == "gil":
+            probe = BytecodeDataset(1, 2000)
+            steps = max(100, int(2000 * _rate(probe, [0] * 50) * 0.0005))  # ~0.5 ms a sample
+            n = 2048 // scale
+            out[name] = Workload(name, BytecodeDataset(n, steps), 64, n)
+        elif name == "sleep":
+            n = 256 // scale * 2 if smoke else 256
+            out[name] = Workload(name, HeavyDataset(size=n, sleep_time=0.005), 64, n)
+        elif name == "cheap":
+            n = 50000 // scale
+            out[name] = Workload(name, CheapDataset(n), 256, n)
+        elif name in ("tvfolder", "tvjitter"):
+            try:
+                import torchvision
+                import torchvision.transforms as tvt
+            except ImportError:
+                print(f"auto_matrix: {name} skipped: torchvision is not installed")
+                continue
+            steps = [tvt.RandomResizedCrop(224), tvt.RandomHorizontalFlip()]
+            if name == "tvjitter":
+                steps.append(tvt.ColorJitter(0.4, 0.4, 0.4))
+            steps += [tvt.ToTensor(),
+                      tvt.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
+            ds = torchvision.datasets.ImageFolder(_jpeg_folder(256 // scale * 2 if smoke
+                                                               else 256),
+                                                  transform=tvt.Compose(steps))
+            out[name] = Workload(name, ds, 64, len(ds))
+        elif name == "tiny":
+            n = 60000 // scale
+            g = torch.Generator().manual_seed(0)
+            x, y = torch.rand(n, 784, generator=g), torch.randint(0, 10, (n,), generator=g)
+            out[name] = Workload(name, stoker.ArrayDataset(x, y), 256, n, native=True,
+                                 torch_dataset=tud.TensorDataset(x, y))
+        elif name == "jpeg":
+            root = _jpeg_folder(256 // scale * 2 if smoke else 256)
+            ds = stoker.ImageFolder(root, transform=stoker.transforms.train(224))
+            out[name] = Workload(name, ds, 64, len(ds), native=True)
+    return out
+
+
+class Step:
+    """A training step that costs CPU: `count` 256x256 matrix products on one thread."""
+
+    def __init__(self, count: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.a = torch.rand(256, 256, generator=g)
+        self.count = count
+
+    def __call__(self) -> None:
+        x = self.a
+        for _ in range(self.count):
+            x = torch.mm(x, self.a).mul_(1e-3)
+
+    @staticmethod
+    def calibrated(seconds: float) -> "Step":
+        probe = Step(20)
+        probe()
+        start = time.perf_counter()
+        probe()
+        per = (time.perf_counter() - start) / 20
+        return Step(max(1, round(seconds / per)))
+
+
+def run(loader, samples: int, epochs: int, step) -> tuple[float, int]:
+    """Samples/s over epochs 2..epochs as one span, and the batches of one epoch."""
+    batches = 0
+    for batch in loader:  # epoch 1: start-up, not timed
+        _touch(batch)
+        batches += 1
+        if step is not None:
+            step()
+    start = time.perf_counter()
+    for _ in range(epochs - 1):
+        for batch in loader:
+            _touch(batch)
+            if step is not None:
+                step()
+    return (epochs - 1) * samples / (time.perf_counter() - start), batches
+
+
+def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dict:
+    results, chosen = {}, None
+    torch_ds = w.torch_dataset if w.native else w.dataset
+    step = None
+    calibrate = None
+    # stoker at each fixed setting (native: threads only), then auto.
+    fixed = [(n, a) for n, a in FIXED if not (w.native and a.get("worker_type") == "process")]
+    if smoke:
+        fixed = [f for f in fixed if f[0] in ("inline", "thread 2", "process 2")]
+    if step_factory is not None:
+        # Balanced: the step costs what a batch costs on stoker's 2 threads.
+        loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, num_workers=2,
+                                   **({} if w.native else {"worker_type": "thread"}),
+                                   **w.loader_args)
+        rate, batches = run(loader, w.samples, 2, None)
+        loader.close()
+        calibrate = w.samples / rate / max(batches, 1)
+        step = step_factory(calibrate)
+    for name, args in fixed:
+        loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, **args, **w.loader_args)
+        results[f"stoker {name}"] = run(loader, w.samples, epochs, step)[0]
+        loader.close()
+    loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, **w.loader_args)
+    results["stoker auto"] = run(loader, w.samples, epochs, step)[0]
+    stats = loader.stats()
+    chosen = f"{stats.get('worker_type', 'thread')} {stats.get('workers')}"
+    loader.close()
+    if torch_ds is not None:
+        for n in (0, 2) if smoke else TORCH_WORKERS:
+            loader = tud.DataLoader(torch_ds, batch_size=w.batch_size, num_workers=n,
+                                    persistent_workers=n > 0, **w.loader_args)
+            results[f"torch {n}"] = run(loader, w.samples, epochs, step)[0]
+            del loader
+    best_fixed = max((k for k in results if k.startswith("stoker ") and k != "stoker auto"),
+                     key=results.get)
+    torch_keys = [k for k in results if k.startswith("torch ")]
+    torch_best = max(torch_keys, key=results.get) if torch_keys else None
+    auto = results["stoker auto"]
+    return {"workload": w.name, "step_ms": None if calibrate is None else 1e3 * calibrate,
+            "samples_per_s": results, "auto_chose": chosen, "best_fixed": best_fixed,
+            "torch_best": torch_best, "auto_over_best_fixed": auto / results[best_fixed],
+            "auto_over_torch_best": auto / results[torch_best] if torch_best else None}
+
+
+def main() -> None:
+    names = ["stream", "padding", "gil", "sleep", "cheap", "tvfolder", "tvjitter", "tiny",
+             "jpeg"]
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", nargs="+", default=names, choices=names)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--no-step", action="store_true", help="skip the training-step variants")
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    if a.smoke:
+        a.epochs, a.workload = 2, [n for n in a.workload if n not in ("tvfolder", "tvjitter")]
+    torch.set_num_threads(1)  # the training thread: one core, the workers the rest
+    rows = []
+    for w in workloads(a.workload, a.smoke).values():
+        for step_factory in (None,) if a.no_step else (None, Step.calibrated):
+            rows.append(measure_workload(w, a.epochs, step_factory, a.smoke))
+            if not a.json:
+                show(rows[-1])
+    if a.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"\nauto_matrix summary ({CORES} cores; epochs 2-{a.epochs}; samples/s, "
+          f"or steps x batch with a step)")
+    print(f"  {'workload':<20} {'auto chose':<12} {'best fixed':<18} {'auto/best':>9} "
+          f"{'torch best':<10} {'auto/torch':>10}")
+    for r in rows:
+        name = r["workload"] + (f" +step {r['step_ms']:.1f}ms" if r["step_ms"] else "")
+        print(f"  {name:<20} {r['auto_chose']:<12} {r['best_fixed']:<18} "
+              f"{r['auto_over_best_fixed']:9.2f} {r['torch_best'] or '-':<10} "
+              f"{r['auto_over_torch_best'] or float('nan'):10.2f}")
+
+
+def show(r: dict) -> None:
+    head = r["workload"] + (f" + a {r['step_ms']:.1f} ms step" if r["step_ms"] else "")
+    print(f"{head}: auto chose {r['auto_chose']}")
+    for k, v in sorted(r["samples_per_s"].items(), key=lambda kv: -kv[1]):
+        print(f"  {k:<18} {v:10.0f}")
+
+
+if __name__ == "__main__":
+    main()
