@@ -260,6 +260,26 @@ TEST(Parquet, ACorruptPageFailsItsRowGroupsRowsOnlyAndTheLoaderSkipsThem) {
   }
 }
 
+TEST(Parquet, AFileTruncatedAfterOpeningFailsTheRowGroupsItLost) {
+  TempDir dir;
+  const fs::path file = dir / "a.parquet";
+  write_parquet(file, sample_table(6), 2);
+  ParquetDataset d(options(file, {"image", "label"}));
+  const auto reader = parquet::ParquetFileReader::OpenFile(file.string());
+  const auto cut = reader->metadata()->RowGroup(2)->ColumnChunk(0)->data_page_offset() + 10;
+  fs::resize_file(file, static_cast<std::uintmax_t>(cut));  // row group 2 (rows 4, 5) cut
+  EXPECT_EQ(value<std::int64_t>(read_sample(d, 1).fields[1]), 10);
+  const std::string e = error_of([&] { read_sample(d, 5); });
+  EXPECT_NE(e.find(file.string() + " row 5: its row group (2) could not be read: "),
+            std::string::npos)
+      << e;
+  // Its failure is kept: the other row of that row group fails without another read.
+  const auto reads = d.counters().row_group_reads;
+  EXPECT_NE(error_of([&] { read_sample(d, 4); }).find("row 4: its row group (2)"),
+            std::string::npos);
+  EXPECT_EQ(d.counters().row_group_reads, reads);
+}
+
 TEST(Parquet, WithCacheBytesForTheDataSetEpochTwoReadsNoFile) {
   TempDir dir;
   write_parquet(dir / "a.parquet", sample_table(12), 3);
