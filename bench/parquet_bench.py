@@ -205,7 +205,8 @@ def main() -> None:
     def cpp_rate():
         out = subprocess.run(
             [args.stoker_bin, "bench", "--parquet", str(path), "--no-baseline", "--json",
-             "--workers", str(args.workers), "--epochs", str(args.runs)],
+             "--workers", str(args.workers), "--epochs", str(args.runs)]
+            + (["--smoke"] if args.smoke else []),
             check=True, capture_output=True, text=True).stdout
         r = json.loads(out)["stoker_images_per_s"]
         print(f"stoker C++ reader workers={args.workers}: {r:7.1f} images/s", file=sys.stderr)

@@ -1,6 +1,7 @@
 // Fuzzes stoker::ParquetDataset over one Parquet file (Arrow C++ reads it; built where Arrow is
 // found): opening it, the column kinds, and reading every row of each of its top-level columns
 // (row groups, nulls, images, strings). Any outcome but success or std::exception is a bug.
+#include <arrow/buffer.h>
 #include <arrow/io/memory.h>
 #include <parquet/file_reader.h>
 #include <parquet/metadata.h>
@@ -60,7 +61,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // The top-level columns, from the footer (if it reads): each alone, then all together.
   std::vector<std::string> columns;
   try {
-    auto buffer = std::make_shared<arrow::io::BufferReader>(data, static_cast<std::int64_t>(size));
+    auto buffer = std::make_shared<arrow::io::BufferReader>(
+        std::make_shared<arrow::Buffer>(data, static_cast<std::int64_t>(size)));
     const auto metadata = parquet::ReadMetaData(buffer);
     const auto* root = metadata->schema()->group_node();
     for (int i = 0; i < root->field_count() && i < 8; ++i) {
