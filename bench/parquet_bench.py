@@ -3,6 +3,7 @@ same Parquet file, in the same run.
 
     python bench/parquet_bench.py [--images 2000] [--row-group 200] [--runs 2] [--json]
     python bench/parquet_bench.py --smoke          # checks the harness (seconds); measures nothing
+    python bench/parquet_bench.py --stoker-bin build/stoker   # and the C++ reader, alternated
 
 The file: --images generated 500x375 JPEGs (quality 90) in a binary column "image" with an
 int64 "label", --row-group rows per row group (made once in the temporary directory, then
@@ -18,6 +19,13 @@ ToTensor, Normalize (ImageNet's), batch 64, shuffled.
   torchvision.transforms.RandomResizedCrop.get_params draws it, resized with PIL's bilinear
   filter, as torchvision's resized_crop does for PIL images), in torch.utils.data.DataLoader
   with num_workers 0, 1, 2 and 4 (persistent workers); its best is the baseline.
+- with --stoker-bin (a `stoker` built with Arrow C++): also `stoker bench --parquet FILE
+  --no-baseline`, stoker::ParquetDataset (Arrow's C++ reader in the engine's threads, no
+  Python) with the same pipeline, workers and epochs, in each round; printed: its ratio to
+  stoker.ParquetDataset (pyarrow reads), the question of whether the Python data set should
+  use the C++ reader.
+- --file FILE: that file (an "image" binary column and an int64 "label") instead of generated
+  ones; --torch-only: torch's side only (what `stoker bench --parquet` runs as its baseline).
 Both keep every row group in memory after the warm-up epoch (stoker: cache_bytes of 1 GiB),
 so the timed epochs measure decoding and transforms, not the disk. Images/s is --runs epochs
 timed as one span after a warm-up epoch. torch's best and stoker are then measured --rounds - 1
@@ -34,6 +42,7 @@ import json
 import os
 import pathlib
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -156,11 +165,16 @@ def main() -> None:
                         help="torch's best and stoker measured alternately this many times")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--file", help="this Parquet file instead of generated images")
+    parser.add_argument("--torch-only", action="store_true",
+                        help="torch's side only, at each num_workers (with --json: the best)")
+    parser.add_argument("--stoker-bin", help="a stoker built with Arrow C++: also its reader")
     args = parser.parse_args()
     if args.smoke:
         args.images, args.row_group, args.runs, args.batch_size, args.rounds = 48, 16, 1, 16, 1
     torch.set_num_threads(1)  # as in a DataLoader worker; the loaders bring the parallelism
-    path = parquet_file(args.images, args.row_group)
+    path = pathlib.Path(args.file) if args.file else parquet_file(args.images, args.row_group)
+    args.images = pq.ParquetFile(path).metadata.num_rows
 
     def torch_loader(w):
         return tud.DataLoader(PyarrowImages(path), batch_size=args.batch_size, shuffle=True,
@@ -183,7 +197,25 @@ def main() -> None:
         del loader
         print(f"torch  num_workers={w}: {torch_rates[w]:7.1f} images/s", file=sys.stderr)
     best = max(torch_rates, key=torch_rates.get)
+    if args.torch_only:
+        print(json.dumps({"torch_images_per_s": torch_rates, "torch_best_workers": best,
+                          "torch_best_images_per_s": torch_rates[best]}))
+        return
+
+    def cpp_rate():
+        out = subprocess.run(
+            [args.stoker_bin, "bench", "--parquet", str(path), "--no-baseline", "--json",
+             "--workers", str(args.workers), "--epochs", str(args.runs)]
+            + (["--smoke"] if args.smoke else []),
+            check=True, capture_output=True, text=True).stdout
+        r = json.loads(out)["stoker_images_per_s"]
+        print(f"stoker C++ reader workers={args.workers}: {r:7.1f} images/s", file=sys.stderr)
+        return r
+
+    cpp_rates = []
     first, counters = stoker_rate()
+    if args.stoker_bin:
+        cpp_rates.append(cpp_rate())
     # Then torch's best and stoker alternately: a shared machine's load moves both.
     best_rates, stoker_rates = [torch_rates[best]], [first]
     for _ in range(args.rounds - 1):
@@ -192,6 +224,8 @@ def main() -> None:
         del loader
         print(f"torch  num_workers={best}: {best_rates[-1]:7.1f} images/s", file=sys.stderr)
         stoker_rates.append(stoker_rate()[0])
+        if args.stoker_bin:
+            cpp_rates.append(cpp_rate())
     torch_best = statistics.median(best_rates)
     stoker_median = statistics.median(stoker_rates)
 
@@ -213,6 +247,10 @@ def main() -> None:
         "cpu_ms_per_image": {"stoker": statistics.median(CPU_MS["stoker"]),
                              "torch_num_workers_0": statistics.median(CPU_MS["torch0"])},
     }
+    if cpp_rates:
+        result["rounds"]["stoker_cpp_reader"] = cpp_rates
+        result["stoker_cpp_reader_images_per_s"] = statistics.median(cpp_rates)
+        result["cpp_reader_over_pyarrow_reader"] = statistics.median(cpp_rates) / stoker_median
     if args.json:
         print(json.dumps(result))
     else:
@@ -221,6 +259,11 @@ def main() -> None:
               f"(medians of {args.rounds} alternated rounds); CPU per image: stoker "
               f"{result['cpu_ms_per_image']['stoker']:.2f} ms, torch num_workers=0 "
               f"{result['cpu_ms_per_image']['torch_num_workers_0']:.2f} ms")
+        if cpp_rates:
+            print(f"stoker::ParquetDataset (Arrow C++ reader, `stoker bench --parquet`) "
+                  f"{result['stoker_cpp_reader_images_per_s']:.1f} images/s: "
+                  f"{result['cpp_reader_over_pyarrow_reader']:.2f}x stoker.ParquetDataset "
+                  f"(pyarrow reader)")
 
 
 if __name__ == "__main__":

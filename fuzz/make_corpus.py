@@ -117,6 +117,32 @@ def tars():
     return out
 
 
+def parquets():
+    """Parquet files: numbers, a fixed-size list, a binary JPEG column, a Hugging Face image
+    struct and strings; uncompressed with page CRCs, and snappy-compressed with dictionaries."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jpeg = encode(picture(8, 8, 21), "JPEG", quality=50)
+    n = 3
+    table = pa.table({
+        "image": pa.array([jpeg] * n, type=pa.binary()),
+        "label": pa.array(range(n), type=pa.int64()),
+        "feat": pa.array([[1.0, 2.0]] * n, type=pa.list_(pa.float32(), 2)),
+        "hf": pa.array([{"bytes": jpeg, "path": f"{i}.jpg"} for i in range(n)],
+                       type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        "caption": pa.array(["a", None, "c"]),
+    })
+    out = {}
+    for name, opts in {"plain.parquet": dict(compression="none", write_page_checksum=True,
+                                             use_dictionary=False),
+                       "snappy.parquet": dict(compression="snappy")}.items():
+        buf = io.BytesIO()
+        pq.write_table(table, buf, row_group_size=2, write_statistics=False, **opts)
+        out[name] = buf.getvalue()
+    return out
+
+
 def write(target, files):
     d = HERE / "corpus" / target
     shutil.rmtree(d, ignore_errors=True)
@@ -131,6 +157,7 @@ def main():
     write("records", shards())
     write("transform_spec", SPECS)
     write("tar_index", tars())
+    write("parquet_open", parquets())
     png = encode(Image.fromarray(np.add.outer(np.arange(24) * 5, np.arange(40) * 3)
                                  .astype(np.uint8)), "PNG")
     lines = [", ".join(f"0x{b:02x}" for b in png[i:i + 16]) + "," for i in range(0, len(png), 16)]

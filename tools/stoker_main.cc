@@ -4,11 +4,15 @@
 
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "bench.h"
 #include "bench_jpeg.h"
+#ifdef STOKER_HAVE_PARQUET
+#include "bench_parquet.h"
+#endif
 #include "image_commands.h"
 #include "interrupt.h"
 #include "stoker/info.h"
@@ -71,6 +75,15 @@ int main(int argc, char** argv) {
                   "print what tracing costs");
   stoker::bench::JpegBenchOptions jpeg_bench;
   cmd->add_option("--data-dir", jpeg_bench.data_dir, "jpeg: where the generated images live");
+  std::string parquet;
+  std::vector<std::string> parquet_columns{"image", "label"};
+  cmd->add_option("--parquet", parquet,
+                  "Instead: Parquet files (a file or a directory of *.parquet) through "
+                  "stoker::ParquetDataset and the train pipeline, against pyarrow + PIL + torch "
+                  "(bench/parquet_bench.py) at its best num_workers (needs a build with Arrow "
+                  "C++)");
+  cmd->add_option("--columns", parquet_columns,
+                  "--parquet: an encoded-image column and a label (default: image label)");
 
   auto run_image_command = stoker::tools::add_image_commands(app);
   auto run_tune_command = stoker::tools::add_tune_commands(app);
@@ -84,6 +97,14 @@ int main(int argc, char** argv) {
     }
     if (const int rc = run_image_command(); rc >= 0) return rc;
     if (const int rc = run_tune_command(); rc >= 0) return rc;
+    if (cmd->parsed() && !parquet.empty()) {
+#ifdef STOKER_HAVE_PARQUET
+      return stoker::bench::run_parquet(bench, parquet, parquet_columns);
+#else
+      throw std::invalid_argument(
+          "--parquet: this stoker was built without Arrow C++ (cmake/parquet.cmake)");
+#endif
+    }
     if (cmd->parsed()) {
       // jpeg runs on its own (its baseline needs torchvision), after any other workloads.
       auto& w = bench.workloads;

@@ -3,11 +3,15 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "bench_jpeg.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
 #include "stoker/webdataset.h"
+#ifdef STOKER_HAVE_PARQUET
+#include "stoker/parquet.h"
+#endif
 #include "tune.h"
 
 namespace stoker::tools {
@@ -19,6 +23,8 @@ struct TargetArgs {
   std::string folder;
   std::string records;
   std::string webdataset;
+  std::string parquet;
+  std::vector<std::string> columns{"image", "label"};
   std::string pipeline = "train";
   std::size_t batch_size = 64;  // images only
   double consumer_ms = -1;      // < 0: the workload's (0 for images)
@@ -36,6 +42,12 @@ void add_target_options(CLI::App* cmd, TargetArgs& a) {
   cmd->add_option("--webdataset", a.webdataset,
                   "WebDataset tar shards instead (a directory of *.tar, or one shard): the "
                   "jpg/jpeg/png and cls fields");
+  cmd->add_option("--parquet", a.parquet,
+                  "Parquet files instead (one file, or a directory of *.parquet): the --columns "
+                  "(needs a build with Arrow C++)");
+  cmd->add_option("--columns", a.columns,
+                  "Parquet: the columns read (default: image label; binary or Hugging Face "
+                  "image columns decoded by the pipeline)");
   cmd->add_option("--pipeline", a.pipeline, "Images: train (default) or val")
       ->check(CLI::IsMember({"train", "val"}));
   cmd->add_option("--batch-size", a.batch_size, "Images: batch size (default 64)");
@@ -51,10 +63,32 @@ bench::WorkloadTarget make_target(const TargetArgs& a) {
   bo.smoke = a.smoke;
   bo.consumer_ms = a.consumer_ms;
   std::string folder = a.folder;
-  const int given = !a.folder.empty() + !a.records.empty() + !a.webdataset.empty();
-  if (given > 1) throw std::invalid_argument("--folder, --records, --webdataset: one of them");
+  const int given =
+      !a.folder.empty() + !a.records.empty() + !a.webdataset.empty() + !a.parquet.empty();
+  if (given > 1) {
+    throw std::invalid_argument("--folder, --records, --webdataset, --parquet: one of them");
+  }
   const ImageTransform transform =
       a.pipeline == "train" ? ImageTransform::train() : ImageTransform::val();
+  if (!a.parquet.empty()) {
+#ifdef STOKER_HAVE_PARQUET
+    ParquetOptions po;
+    po.files = {a.parquet};
+    po.columns = a.columns;
+    po.transform = transform;
+    bench::WorkloadTarget t;
+    t.description = "Parquet " + a.parquet + ", " + a.pipeline + " pipeline";
+    t.dataset = std::make_shared<ParquetDataset>(po);
+    t.batch_size = a.batch_size;
+    t.consumer_ms = std::max(0.0, a.consumer_ms);
+    return t;
+#else
+    throw std::invalid_argument(
+        "--parquet: this stoker was built without Arrow C++ (cmake/parquet.cmake: install "
+        "Arrow's libparquet-dev, or configure with -DSTOKER_ARROW_PYTHON=<a python with "
+        "pyarrow>)");
+#endif
+  }
   if (!a.webdataset.empty()) {
     WebDatasetOptions wo;
     wo.shards = {a.webdataset};

@@ -1,0 +1,88 @@
+// Fuzzes stoker::ParquetDataset over one Parquet file (Arrow C++ reads it; built where Arrow is
+// found): opening it, the column kinds, and reading every row of each of its top-level columns
+// (row groups, nulls, images, strings). Any outcome but success or std::exception is a bug.
+#include <arrow/buffer.h>
+#include <arrow/io/memory.h>
+#include <parquet/file_reader.h>
+#include <parquet/metadata.h>
+#include <parquet/schema.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "stoker/parquet.h"
+
+namespace {
+
+// Reads up to 64 rows of `columns` of the file at `path`; every failure is an exception.
+void read_rows(const std::string& path, const std::vector<std::string>& columns) {
+  try {
+    stoker::ParquetOptions o;
+    o.files = {path};
+    o.columns = columns;
+    o.transform = stoker::ImageTransform::val(16, 8);
+    o.cache_bytes = 1 << 20;
+    stoker::ParquetDataset d(o);
+    const auto fields = d.fields();
+    std::vector<std::vector<std::byte>> out;
+    std::vector<std::size_t> bytes;
+    std::vector<std::byte*> bases;
+    for (const auto& f : fields) {
+      if (f.bytes() > (1u << 20)) return;  // too large for the fuzzer
+      out.emplace_back(f.bytes());
+      bytes.push_back(f.bytes());
+    }
+    for (auto& b : out) bases.push_back(b.data());
+    for (std::size_t i = 0; i < d.size() && i < 64; ++i) {
+      (void)d.sample_name(i);
+      try {
+        if (!fields.empty()) d.read(i, stoker::SampleOut(bytes, bases.data(), 0, 1));
+      } catch (const std::exception&) {
+      }
+      for (const auto& c : columns) {  // the string columns (the others refuse at once)
+        try {
+          (void)d.text(i, c);
+        } catch (const std::exception&) {
+        }
+      }
+    }
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  // The top-level columns, from the footer (if it reads): each alone, then all together.
+  std::vector<std::string> columns;
+  try {
+    auto buffer = std::make_shared<arrow::io::BufferReader>(
+        std::make_shared<arrow::Buffer>(data, static_cast<std::int64_t>(size)));
+    const auto metadata = parquet::ReadMetaData(buffer);
+    const auto* root = metadata->schema()->group_node();
+    for (int i = 0; i < root->field_count() && i < 8; ++i) {
+      columns.push_back(root->field(i)->name());
+    }
+  } catch (const std::exception&) {
+  }
+  if (columns.empty()) columns = {"image"};  // the open fails: its error path
+  // The data set reads files: a memfd is one without the disk.
+  const int fd = ::memfd_create("fuzz.parquet", MFD_CLOEXEC);
+  if (fd < 0) return 0;
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  for (const auto& c : columns) read_rows(path, {c});
+  if (columns.size() > 1) read_rows(path, columns);
+  ::close(fd);
+  return 0;
+}
