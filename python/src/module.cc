@@ -210,8 +210,6 @@ PYBIND11_MODULE(_stoker, m) {
            })
       .def("layout_message", &PyDataset::layout_message)
       .def("gil_stats", &PyDataset::gil_stats)
-      .def("use_processes", &PyDataset::use_processes, py::arg("pool"))
-      .def("use_remote", &PyDataset::use_remote, py::arg("remote"))
       .def("set_batch_jobs", &PyDataset::set_batch_jobs, py::arg("job_args"));
 
   // Worker processes (py_workers.h): the parent's pool and the worker's writer.
@@ -309,6 +307,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def_property_readonly("batches_per_epoch", &PyLoader::batches_per_epoch)
       .def_property_readonly("samples_per_epoch", &PyLoader::samples_per_epoch)
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
+      .def("use_processes", &PyLoader::use_processes, py::arg("pool"))
+      .def("use_remote", &PyLoader::use_remote, py::arg("remote"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
       .def("report", &PyLoader::report)

@@ -359,7 +359,7 @@ bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
   return true;
 }
 
-ProcessTimes ProcessPool::times() {
+detail::ExecutorStats ProcessPool::times() {
   std::vector<pid_t> pids;
   {
     std::lock_guard lock(mu_);

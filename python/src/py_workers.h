@@ -11,14 +11,14 @@
 // The parent side is the engine's own worker threads: for each chunk a thread leases one
 // child, sends it the job and blocks on the socket without the GIL until the reply, so the
 // engine's scheduling, ordering, cancellation and error policy are those of threads. A chunk's
-// slab is released by the engine only after read_rows() returns, i.e. after the child replied
-// or died: no slab is recycled while a child still writes into it.
+// slab is released by the engine only after the chunk's offer returns (ProcessExecutor), i.e. after
+// the child replied or died: no slab is recycled while a child still writes into it.
 //
 // Protocol (a unix stream socketpair per child; native byte order, both ends on one machine;
 // every message is a header {u32 kind, u32 payload bytes} and a payload). It names memory by
 // (region id, byte offset), never by address, so the same jobs could be served by workers
 // elsewhere given another way to ship the rows back: remote workers on Ray do
-// (python/stoker/remote/, PyDataset::use_remote), with a buffer of their own as region 1
+// (python/stoker/remote/, RemoteExecutor in py_executors.h), with a buffer of their own as region 1
 // and the rows returned through Ray's object store.
 //   parent -> child
 //     kLayout {pickle of (layout description, object slots)}: once per worker, before its
@@ -68,6 +68,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/executor.h"
 #include "memory/shared_memory.h"
 #include "py_layout.h"
 #include "stoker/dataset.h"
@@ -120,7 +121,7 @@ class ProcessPool {
   // Reads sample `index` in a worker and returns it (see kProbe). Throws the sample's
   // failure, kept in `owner`'s table, or a WorkerDiedError. No GIL on entry.
   py::object probe(const PyDataset& owner, std::size_t index, std::uint64_t seed);
-  // Reads one chunk in one worker (see Dataset::read_rows). Object values and errors go to
+  // Reads one chunk in one worker (ProcessExecutor, py_executors.h). Object values and errors go to
   // `owner`'s tables. A worker that dies is replaced and the chunk read again; a chunk that
   // kills two workers is read row by row, and the rows that kill a worker fail with a
   // WorkerDiedError.
@@ -138,9 +139,9 @@ class ProcessPool {
   // stop(), then reap() and close the sockets (GIL held). Idempotent.
   void finish();
 
-  // The workers' time since the pool started, of those that died too (up to their last
-  // reading). Any thread, no GIL.
-  ProcessTimes times();
+  // The workers' time (cpu, run_delay) since the pool started, of those that died too (up to
+  // their last reading). Any thread, no GIL.
+  detail::ExecutorStats times();
 
   std::size_t size() const { return workers_; }
   py::list pids();
@@ -220,7 +221,7 @@ class ProcessPool {
   std::condition_variable free_cv_;
   std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
   bool stopped_ = false;                      // guarded by mu_
-  ProcessTimes times_;                        // guarded by mu_
+  detail::ExecutorStats times_;               // guarded by mu_: cpu, run_delay
   std::size_t deaths_ = 0;                    // guarded by mu_
   std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL

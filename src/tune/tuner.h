@@ -30,8 +30,9 @@ struct TuneWindow {
   std::size_t workers = 0;
   std::size_t depth = 0;
   // The most workers that can read at once: the worker processes reads run in
-  // (Dataset::worker_limit), 0 for threads. The threads only wait for the processes, so their
-  // CPU time is not in worker_cpu_s: a busy process worker counts as a busy core.
+  // (Engine::worker_limit: the executors' bound), 0 for threads. The threads only wait for the
+  // processes, so their CPU time is not in worker_cpu_s: a busy process worker counts as a busy
+  // core.
   std::size_t worker_limit = 0;
   // One slab's bytes; 0 while the data set's layout is not known yet (no memory to count).
   std::size_t slab_bytes = 0;

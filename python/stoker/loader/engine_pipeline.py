@@ -51,8 +51,6 @@ class EnginePipeline(Pipeline):
         self._choice = (WorkerTypeChoice(self._jobs is not None)
                         if plan.measure_worker_type else None)
         self._remote_tuning = RemoteTuning() if plan.tune_remote else None
-        if self.worker_type == "process":
-            self._start_processes()
         if plan.remote is not None:
             # Engine threads num_workers.. drive the remote workers; a unit is read locally
             # when no remote worker's slot is free.
@@ -60,7 +58,6 @@ class EnginePipeline(Pipeline):
                                          self.num_workers + plan.remote.count,
                                          plan.worker_seed, plan.worker_init_fn,
                                          active=0 if plan.tune_remote else None)
-            self._handle.use_remote(self._remote)
         self._order = None  # the custom sampler's order of the epoch running, once read
         # Construction reads nothing, as torch's: a Python data set's workers start with the
         # first iter(), and so do those following a custom sampler (a native data set's
@@ -80,6 +77,12 @@ class EnginePipeline(Pipeline):
             [0] * plan.order_length if plan.order_length is not None else None,
             shared_slabs=not plan.native and self.worker_type == "process"
             or plan.measure_worker_type)
+        # The kinds of worker besides threads (the engine's executors); the loader has no
+        # workers yet, so nothing was read elsewhere.
+        if self.worker_type == "process":
+            self._start_processes()
+        if self._remote is not None:
+            self._loader.use_remote(self._remote)
         if not plan.measure_worker_type:
             self.log_worker_type()
         self._build = self._convert = None
@@ -249,7 +252,7 @@ class EnginePipeline(Pipeline):
         pool = workers.make_pool()
         pool.start()
         self._workers, self._pool = workers, pool
-        self._handle.use_processes(pool)
+        self._loader.use_processes(pool)
 
     def _engine_workers(self, local: Optional[int] = None) -> int:
         """The engine's worker threads: the local workers (`local`, else num_workers) and one
