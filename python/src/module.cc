@@ -18,6 +18,7 @@
 #include "stoker/encoded.h"
 #include "stoker/info.h"
 #include "stoker/log.h"
+#include "tune/worker_kind.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -289,6 +290,31 @@ PYBIND11_MODULE(_stoker, m) {
         "STOKER_LOG=debug).");
   m.def("log_level", &log_level);
   m.def("stats_fields", &stats_fields);
+
+  // The front end's decisions about kinds of worker (src/tune/worker_kind.h).
+  m.def(
+      "gil_bound",
+      [](double busy, double on_cpu, double delayed, bool whole_batches) {
+        const auto v = detail::gil_bound(busy, on_cpu, delayed, whole_batches);
+        return py::make_tuple(v.bound, v.scale);
+      },
+      py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"), py::arg("whole_batches") = false,
+      "(GIL-bound, the scale applied for the threads' waits for a core).");
+  m.def(
+      "choose_worker_kind",
+      [](double busy, double on_cpu, double delayed, bool whole_batches, std::size_t threads,
+         std::size_t cores) {
+        const auto c =
+            detail::choose_worker_kind(busy, on_cpu, delayed, whole_batches, threads, cores);
+        return py::make_tuple(c.processes, c.reason);
+      },
+      py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"), py::arg("whole_batches"),
+      py::arg("threads"), py::arg("cores"), "worker_type='auto': (processes, the reason).");
+  m.def("next_remote_workers", &detail::next_remote_workers, py::arg("active"), py::arg("count"),
+        py::arg("wait_fraction"), py::arg("local_load"), py::arg("remote_busy") = py::none());
+  m.attr("KIND_MIN_BATCHES") = detail::kKindMinBatches;
+  m.attr("KIND_MIN_READS") = detail::kKindMinReads;
+  m.attr("REMOTE_TUNE_BATCHES") = detail::kRemoteTuneBatches;
   m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
   py::class_<PyLoader>(m, "Loader")

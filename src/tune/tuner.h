@@ -132,8 +132,7 @@ inline constexpr double kLockSaturated = 0.35;
 // average of 3.5 on 2 cores and 12-17% with 10-14 other sessions spinning (load 4-13); but
 // sleepers wait for a core after each wake-up too, and the scale must not make their 1-5%
 // look like a busy GIL. At 6, both stay on their side of 40% (worker_type='auto') down to
-// and up to 6.7% unscaled. The Python package's worker_type='auto' uses the same scale
-// (_AUTO_LOAD_SCALE).
+// and up to 6.7% unscaled. worker_type='auto' uses the same scale (worker_kind.h).
 inline constexpr double kRunDelayScale = 6;
 
 // The cores a loader may use: `cores` (the process's affinity), divided among the ranks that
