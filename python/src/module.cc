@@ -233,6 +233,31 @@ PYBIND11_MODULE(_stoker, m) {
       .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
       .def("stop", &ProcessPool::stop)
       .def_property_readonly("size", &ProcessPool::size);
+  // The worker protocol's numbers (docs/worker_protocol.md), for the Python end.
+  {
+    py::dict kinds, bytes;
+    kinds["kJob"] = +wire::kJob;
+    kinds["kMap"] = +wire::kMap;
+    kinds["kDrop"] = +wire::kDrop;
+    kinds["kLayout"] = +wire::kLayout;
+    kinds["kProbe"] = +wire::kProbe;
+    kinds["kResult"] = +wire::kResult;
+    bytes["header"] = wire::kHeaderBytes;
+    bytes["kJob"] = wire::kJobBytes;
+    bytes["job field"] = wire::kFieldBytes;
+    bytes["job row"] = wire::kRowBytes;
+    bytes["kMap"] = wire::kMapBytes;
+    bytes["kDrop"] = wire::kDropBytes;
+    bytes["kProbe"] = wire::kProbeBytes;
+    bytes["kResult"] = wire::kResultBytes;
+    bytes["result time"] = wire::kTimeBytes;
+    py::dict w;
+    w["kinds"] = kinds;
+    w["bytes"] = bytes;
+    w["kTimeRows"] = wire::kTimeRows;
+    w["kArgsShift"] = wire::kArgsShift;
+    m.attr("WORKER_WIRE") = w;
+  }
   py::class_<SampleWriter>(m, "SampleWriter")
       .def(py::init<>())
       .def("set_layout", &SampleWriter::set_layout, py::arg("description"), py::arg("slots"))
