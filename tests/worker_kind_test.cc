@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -85,6 +87,69 @@ TEST(WorkerKind, RemoteWorkersAreAskedForOnlyPastSaturatedLocalWorkers) {
   EXPECT_EQ(next_remote_workers(1, 2, 0.5, 0.95, 0.9), 2u);
   // It idles 40% of its time while its rows travel (network-bound): one more would idle too.
   EXPECT_EQ(next_remote_workers(1, 2, 0.5, 0.95, 0.6), 1u);
+}
+
+// The loader's Stats after `seconds`, with the GIL held `gil` of it, the workers on a core
+// `cpu` and waiting for one `delay` of it.
+Stats at(double seconds, double gil, double cpu, double delay) {
+  const auto ns = [](double s) {
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9));
+  };
+  Stats s;
+  s.elapsed = ns(seconds);
+  s.worker_lock_held = ns(gil * seconds);
+  s.worker_cpu = ns(cpu * seconds);
+  s.worker_run_delay = ns(delay * seconds);
+  return s;
+}
+
+TEST(WorkerKind, TheChooserMeasuresFromItsFirstBatch) {
+  WorkerKindChooser chooser(false);
+  // The start-up (GIL idle) is left out: measuring starts at the first call.
+  EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 0, 2, 2));
+  // Enough batches but too few reads: still measuring.
+  for (std::size_t b = 1; b <= kKindMinBatches; ++b) {
+    EXPECT_FALSE(
+        chooser.observe(at(1 + static_cast<double>(b), 0.5, 0.5, 0), kKindMinReads - 1, 2, 2));
+  }
+  // From the first call: the GIL held 0.95 s of each second.
+  Stats now = at(1, 0, 0, 0);
+  now.elapsed += std::chrono::seconds(2);
+  now.worker_lock_held = std::chrono::milliseconds(1900);
+  now.worker_cpu = std::chrono::milliseconds(1900);
+  const auto d = chooser.observe(now, 100, 2, 2);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->processes);
+  EXPECT_TRUE(contains(d->reason, "busy 95% of the time on 2 threads, 2 cores"));
+}
+
+TEST(WorkerKind, TheRemoteTunerDecidesEveryFewBatchesFromTheStretchSinceTheLast) {
+  RemoteWorkerTuner tuner;
+  std::size_t due = 0;
+  for (std::size_t b = 0; b < 3 * kRemoteTuneBatches; ++b) due += tuner.due() ? 1 : 0;
+  EXPECT_EQ(due, 3u);
+  Stats s;
+  s.cpu_cores = 2;
+  s.elapsed = std::chrono::seconds(10);
+  EXPECT_FALSE(tuner.observe(s, 2, 0, 2));  // the first: nothing to compare with
+  // Over the next 10 s the loop waited half of it, and 2 local workers were busy 1.9 cores.
+  s.elapsed += std::chrono::seconds(10);
+  s.consumer_wait += std::chrono::seconds(5);
+  s.worker_cpu += std::chrono::seconds(19);
+  auto d = tuner.observe(s, 2, 0, 2);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->active, 1u);
+  EXPECT_DOUBLE_EQ(d->wait, 0.5);
+  EXPECT_DOUBLE_EQ(d->load, 0.95);
+  // The next stretch: the remote worker idled 40% while its rows travelled (network-bound).
+  s.elapsed += std::chrono::seconds(10);
+  s.consumer_wait += std::chrono::seconds(5);
+  s.worker_cpu += std::chrono::seconds(19);
+  s.network_read += std::chrono::seconds(6);
+  s.network_idle += std::chrono::seconds(4);
+  d = tuner.observe(s, 2, 1, 2);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->active, 1u);
 }
 
 }  // namespace

@@ -337,9 +337,33 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("threads"), py::arg("cores"), "worker_type='auto': (processes, the reason).");
   m.def("next_remote_workers", &detail::next_remote_workers, py::arg("active"), py::arg("count"),
         py::arg("wait_fraction"), py::arg("local_load"), py::arg("remote_busy") = py::none());
-  m.attr("KIND_MIN_BATCHES") = detail::kKindMinBatches;
-  m.attr("KIND_MIN_READS") = detail::kKindMinReads;
-  m.attr("REMOTE_TUNE_BATCHES") = detail::kRemoteTuneBatches;
+  py::class_<detail::WorkerKindChooser>(m, "WorkerKindChooser")
+      .def(py::init<bool>(), py::arg("whole_batches"))
+      .def(
+          "observe",
+          [](detail::WorkerKindChooser& c, PyLoader& loader, std::optional<std::size_t> threads,
+             std::size_t cores) -> py::object {
+            const Stats s = loader.typed_stats();
+            const auto d = c.observe(s, loader.thread_reads(), threads.value_or(s.workers), cores);
+            if (!d) return py::none();
+            return py::make_tuple(d->processes, d->reason);
+          },
+          py::arg("loader"), py::arg("threads"), py::arg("cores"),
+          "After each batch handed out: None while measuring, then (processes, the reason). "
+          "`threads`: the threads reading here (None: the loader's workers).");
+  py::class_<detail::RemoteWorkerTuner>(m, "RemoteWorkerTuner")
+      .def(py::init<>())
+      .def("due", &detail::RemoteWorkerTuner::due)
+      .def(
+          "observe",
+          [](detail::RemoteWorkerTuner& t, PyLoader& loader, std::size_t local_workers,
+             std::size_t active, std::size_t count) -> py::object {
+            const auto d = t.observe(loader.typed_stats(), local_workers, active, count);
+            if (!d) return py::none();
+            return py::make_tuple(d->active, d->wait, d->load);
+          },
+          py::arg("loader"), py::arg("local_workers"), py::arg("active"), py::arg("count"),
+          "(remote workers to use, the loop's wait share, the local workers' load), or None.");
   m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
   py::class_<PyLoader>(m, "Loader")

@@ -116,6 +116,7 @@ class PyDataset final : public Dataset {
                  std::span<std::exception_ptr> errors) const override;
   // CPU time the reads on threads spent holding the GIL, summed over threads (PyThreads).
   std::chrono::nanoseconds gil_cpu() const;
+  std::uint64_t gil_reads() const { return gil_reads_.load(std::memory_order_relaxed); }
 
   // From now on probes (the first samples, which learn the layout) are read in `pool`'s
   // worker processes, which get the layout once it is known and stop with the loader (GIL

@@ -239,8 +239,14 @@ py::list PyLoader::skipped_samples() {
   return out;
 }
 
+Stats PyLoader::typed_stats() {
+  return released([](Loader& loader) { return loader.stats(); });
+}
+
+std::uint64_t PyLoader::thread_reads() const { return py_dataset_ ? py_dataset_->gil_reads() : 0; }
+
 py::dict PyLoader::stats() {
-  const Stats s = released([](Loader& loader) { return loader.stats(); });
+  const Stats s = typed_stats();
   py::dict d;
   for_each_stat(s, [&](const char* name, const auto& value) {
     d[py::str(py_stat_name(name, value))] = py_stat_value(value);

@@ -102,6 +102,10 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
+  // The same, as the struct (for the worker-kind decisions, src/tune/worker_kind.h), and the
+  // samples read on threads so far (those holding the GIL; 0 for a native data set).
+  Stats typed_stats();
+  std::uint64_t thread_reads() const;
   // Loader::report() as a dict: the verdict, its text, the numbers behind it, suggestions.
   py::dict report();
   // Loader::skipped_samples() as (data set index, name, reason) tuples.

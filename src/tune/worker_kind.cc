@@ -1,6 +1,7 @@
 #include "tune/worker_kind.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "tune/tuner.h"
 #include "util/format.h"
@@ -42,6 +43,42 @@ std::size_t next_remote_workers(std::size_t active, std::size_t count, double wa
   }
   if (wait_fraction < kRemoteShrinkWait && active > 0) return active - 1;
   return active;
+}
+
+std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::uint64_t reads,
+                                                     std::size_t threads, std::size_t cores) {
+  if (!first_) {
+    first_ = stats;
+    first_reads_ = reads;
+    return std::nullopt;
+  }
+  ++batches_;
+  if (batches_ < kKindMinBatches || reads - first_reads_ < kKindMinReads) return std::nullopt;
+  const double wall = std::max(to_seconds(stats.elapsed - first_->elapsed), 1e-9);
+  const double busy = to_seconds(stats.worker_lock_held - first_->worker_lock_held) / wall;
+  return choose_worker_kind(busy, to_seconds(stats.worker_cpu - first_->worker_cpu),
+                            to_seconds(stats.worker_run_delay - first_->worker_run_delay),
+                            whole_batches_, threads, cores);
+}
+
+std::optional<RemoteDecision> RemoteWorkerTuner::observe(const Stats& stats,
+                                                         std::size_t local_workers,
+                                                         std::size_t active, std::size_t count) {
+  const std::optional<Stats> last = std::exchange(last_, stats);
+  if (!last) return std::nullopt;
+  const double elapsed = to_seconds(stats.elapsed - last->elapsed);
+  if (elapsed <= 0) return std::nullopt;
+  RemoteDecision d;
+  d.wait = to_seconds(stats.consumer_wait - last->consumer_wait) / elapsed;
+  // worker_cpu also counts the threads waiting on remote workers, which use little.
+  d.load = to_seconds(stats.worker_cpu - last->worker_cpu) / elapsed /
+           std::max(1.0, std::min(static_cast<double>(local_workers), stats.cpu_cores));
+  const double read = to_seconds(stats.network_read - last->network_read);
+  const double idle = to_seconds(stats.network_idle - last->network_idle);
+  const std::optional<double> remote_busy =
+      read + idle > 0 ? std::optional<double>(read / (read + idle)) : std::nullopt;
+  d.active = next_remote_workers(active, count, d.wait, d.load, remote_busy);
+  return d;
 }
 
 }  // namespace stoker::detail

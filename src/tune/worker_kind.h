@@ -9,8 +9,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+
+#include "stoker/stats.h"
 
 namespace stoker::detail {
 
@@ -59,6 +62,25 @@ struct KindChoice {
 KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool whole_batches,
                               std::size_t threads, std::size_t cores);
 
+// worker_type='auto' while the first batches are read on threads: fed the loader's Stats
+// after each batch handed out, with the samples read on threads so far (`reads`), it measures
+// from the first call on (the start-up is left out) and decides once, when it has seen
+// kKindMinBatches more batches and kKindMinReads more reads. The GIL's busy share is
+// Stats::worker_lock_held over Stats::elapsed, both over that stretch.
+class WorkerKindChooser {
+ public:
+  explicit WorkerKindChooser(bool whole_batches) : whole_batches_(whole_batches) {}
+  // None while measuring. `threads` reading on `cores` cores.
+  std::optional<KindChoice> observe(const Stats& stats, std::uint64_t reads, std::size_t threads,
+                                    std::size_t cores);
+
+ private:
+  bool whole_batches_;
+  std::size_t batches_ = 0;
+  std::optional<Stats> first_;
+  std::uint64_t first_reads_ = 0;
+};
+
 // num_workers='auto' with remote=: remote workers are asked for one at a time while the
 // training loop waits more than kRemoteGrowWait of its time and the local workers are
 // CPU-saturated (their CPU time over wall time, per core of their share, at least
@@ -76,5 +98,24 @@ inline constexpr double kRemoteSaturated = 0.8;
 // network stage, the report's "network-bound"), and one more would wait too.
 std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,
                                 double local_load, std::optional<double> remote_busy);
+
+struct RemoteDecision {
+  std::size_t active = 0;  // remote workers to use
+  double wait = 0;         // the share of the stretch the training loop waited
+  double load = 0;         // the local workers' CPU time over wall time, per core of theirs
+};
+// Fed the loader's Stats every kRemoteTuneBatches batches handed out (due()), decides from
+// the stretch since the last call: none at the first.
+class RemoteWorkerTuner {
+ public:
+  bool due() { return ++batches_ % kRemoteTuneBatches == 0; }  // counts a batch handed out
+  // `local_workers` reading here, `active` of `count` remote workers in use.
+  std::optional<RemoteDecision> observe(const Stats& stats, std::size_t local_workers,
+                                        std::size_t active, std::size_t count);
+
+ private:
+  std::size_t batches_ = 0;
+  std::optional<Stats> last_;
+};
 
 }  // namespace stoker::detail

@@ -18,8 +18,7 @@ from . import compat
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
-from .plan import BATCH_JOBS, Plan, engine_enum
-from .worker_choice import RemoteTuning, WorkerTypeChoice
+from .plan import BATCH_JOBS, Plan, cores, engine_enum
 
 _log = logging.getLogger("stoker")
 
@@ -48,9 +47,11 @@ class EnginePipeline(Pipeline):
             self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
             if self._jobs is not None:
                 self._handle.set_batch_jobs(self._jobs.job_args)
-        self._choice = (WorkerTypeChoice(self._jobs is not None)
+        # The two decisions taken while it runs (src/tune/worker_kind.h): worker_type='auto',
+        # and with num_workers='auto' and remote=, how many remote workers to use.
+        self._choice = (_stoker.WorkerKindChooser(self._jobs is not None)
                         if plan.measure_worker_type else None)
-        self._remote_tuning = RemoteTuning() if plan.tune_remote else None
+        self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
         if plan.remote is not None:
             # Engine threads num_workers.. drive the remote workers; a unit is read locally
             # when no remote worker's slot is free.
@@ -263,10 +264,9 @@ class EnginePipeline(Pipeline):
     def _choose_worker_type(self) -> None:
         """worker_type='auto': once the first batches were read on threads, moves GIL-bound
         reads to processes (between batches, on this thread: nothing is lost or reordered)."""
-        stats = self._loader.stats()
-        # The local threads (the engine's others wait for remote workers).
-        threads = stats["workers"] if self._remote is None else self.num_workers
-        decision = self._choice.measure(self._handle.gil_stats(), stats, threads)
+        # The local threads (the engine's others wait for remote workers); None: all of them.
+        threads = None if self._remote is None else self.num_workers
+        decision = self._choice.observe(self._loader, threads, cores())
         if decision is None:
             return
         self._choice = None
@@ -280,8 +280,8 @@ class EnginePipeline(Pipeline):
 
     def _tune_remote(self) -> None:
         before = self._remote.active
-        decision = self._remote_tuning.decide(self._loader.stats(), self.num_workers, before,
-                                              self._remote.size)
+        decision = self._remote_tuning.observe(self._loader, self.num_workers, before,
+                                               self._remote.size)
         if decision is None or decision[0] == before:
             return
         active, wait, load = decision
