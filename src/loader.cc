@@ -157,6 +157,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
       options.memory_budget ? options.memory_budget : detail::default_pin_budget();
   config.max_skipped = options.max_skipped;
   config.tracer = tracer_.get();
+  config.executors = internals.executors;
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
   detail::TuneLimits limits;
   limits.cores = options.cpu_cores > 0

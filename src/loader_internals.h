@@ -3,6 +3,7 @@
 
 #include <memory>
 
+#include "exec/executor.h"
 #include "memory/host_allocator.h"
 
 namespace stoker::detail {
@@ -18,6 +19,10 @@ struct LoaderInternals {
   // to itself: it pins the slabs and fences their reuse (null: the first CUDA device, if one
   // answers). Tests put the simulated device here.
   std::shared_ptr<DeviceBackend> host_device;
+  // The kinds of worker other than the engine's threads that read chunks (worker processes,
+  // remote workers: exec/executor.h), which the front end may add to while the loader runs
+  // (null: threads only).
+  std::shared_ptr<Executors> executors;
 };
 
 }  // namespace stoker::detail

@@ -1,4 +1,5 @@
-// Dataset::read_rows: the engine's chunk-level reads (worker processes, __getitems__).
+// Dataset::read_rows: the engine's chunk-level reads (__getitems__; other kinds of worker are
+// executors, tests/executor_test.cc).
 #include <gtest/gtest.h>
 
 #include <algorithm>

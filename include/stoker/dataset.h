@@ -3,7 +3,6 @@
 // dataset one writable span per field, already at the sample's final place in the batch.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -98,28 +97,6 @@ class SampleOut {
   std::uint64_t seed_;
 };
 
-// Chunks read by remote workers (python/stoker/remote/) and shipped back over the network,
-// summed since the start: what the network stage of Stats is made of.
-struct RemoteReads {
-  std::uint64_t units = 0;  // chunks read remotely
-  std::uint64_t bytes = 0;  // their rows, received
-  // Time the workers' threads waited for the replies: the remote worker's queue and read, the
-  // object store and the network.
-  std::chrono::nanoseconds wait{0};
-  // Of the replies, time the remote workers spent reading them, and idle before them (since
-  // their previous reply, to any caller): their load, wherever they run.
-  std::chrono::nanoseconds read{0};
-  std::chrono::nanoseconds idle{0};
-};
-
-// The time of worker processes a data set reads in (a Python data set's, python/src/
-// py_workers.h), summed since the start: on a core, and runnable but waiting for one (Linux
-// schedstat of each process's main thread). Counted with the worker threads' own in Stats.
-struct ProcessTimes {
-  std::chrono::nanoseconds cpu{0};
-  std::chrono::nanoseconds run_delay{0};
-};
-
 // A map-style data set.
 //
 // Thread safety: read() is called concurrently from several worker threads (each call with
@@ -164,31 +141,15 @@ class Dataset {
   virtual void prefetch(std::size_t /*index*/) const {}
 
   // Chunk-level reads, for data sets that pay a fixed cost per call (a Python data set's GIL
-  // round trip and __getitems__, or a job sent to a worker process). When reads_chunks() is
-  // true the loader calls read_rows() once per chunk of a batch instead of read() per row:
-  // sample indices[k] goes into outs[k]; a row that fails leaves its exception in errors[k]
-  // (which the loader hands in null) and the others still count. Failed rows then go through
-  // the loader's usual failure path (skip replaces them through read()). read_rows() returns
-  // only when no row is being written any more. Default: read() per row.
+  // round trip and __getitems__). When reads_chunks() is true the loader calls read_rows()
+  // once per chunk of a batch instead of read() per row: sample indices[k] goes into outs[k];
+  // a row that fails leaves its exception in errors[k] (which the loader hands in null) and
+  // the others still count. Failed rows then go through the loader's usual failure path (skip
+  // replaces them through read()). read_rows() returns only when no row is being written any
+  // more. Default: read() per row.
   virtual bool reads_chunks() const { return false; }
   virtual void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                          std::span<std::exception_ptr> errors) const;
-
-  // CPU time that reads spent holding a lock that serializes them (a Python data set: the
-  // GIL), summed over threads since the start. When it approaches the wall time, the lock is
-  // saturated and the worker tuner adds no threads, which would only wait for it. Default:
-  // none.
-  virtual std::chrono::nanoseconds lock_held() const { return {}; }
-  // The most workers that can read at once (a pool of worker processes); 0: no limit. The
-  // tuner never goes past it.
-  virtual std::size_t worker_limit() const { return 0; }
-  // Chunks that read_rows() had read elsewhere, by remote workers across the network, since
-  // the start (the network stage of Stats). Default: none.
-  virtual RemoteReads remote_reads() const { return {}; }
-  // Worker processes' time since the start (Stats::worker_cpu, worker_run_delay): the threads
-  // that wait on them use little, so without it a machine too busy to run them would look
-  // idle. Default: none.
-  virtual ProcessTimes worker_process_times() const { return {}; }
 };
 
 }  // namespace stoker

@@ -26,7 +26,7 @@ struct Stats {
   std::chrono::nanoseconds worker_busy{0};  // summed over workers: time spent in read()
   std::chrono::nanoseconds inline_busy{0};  // read() time on the consumer (workers = 0)
   // Of worker_busy, time on a CPU (the rest waited); with worker processes, the CPU time of
-  // their main threads too (Dataset::worker_process_times), and their run delay below.
+  // their main threads too (the executor's, src/exec/executor.h), and their run delay below.
   std::chrono::nanoseconds worker_cpu{0};
   // Skip policy, in the batches handed out: failed reads (a replacement that failed too
   // counts again), and the distinct samples among them (Loader::skipped_samples).
@@ -43,14 +43,14 @@ struct Stats {
   std::string device;               // where batches are delivered: "cpu", "cuda:0", "sim"
   std::uint64_t copies = 0;         // host-to-device batch copies issued
   std::uint64_t copy_bytes = 0;
-  // Of worker_cpu, time holding a lock that serializes reads (the GIL; Dataset::lock_held).
+  // Of worker_cpu, time holding a lock that serializes reads (the GIL).
   std::chrono::nanoseconds worker_lock_held{0};
   // Time the workers were runnable but waited for a core (Linux schedstat): with worker_cpu,
   // it tells workers that compute on an oversubscribed machine from ones that wait for I/O.
   std::chrono::nanoseconds worker_run_delay{0};
-  // The network stage: chunks read by remote workers (Dataset::remote_reads), the bytes of
+  // The network stage: chunks read by remote workers, the bytes of
   // their rows received, the time the workers' threads waited for them, and of the replies,
-  // the time the remote workers read and idled (see RemoteReads).
+  // the time the remote workers read and idled before them.
   std::uint64_t network_units = 0;
   std::uint64_t network_bytes = 0;
   std::chrono::nanoseconds network_wait{0};

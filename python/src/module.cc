@@ -18,6 +18,7 @@
 #include "stoker/encoded.h"
 #include "stoker/info.h"
 #include "stoker/log.h"
+#include "tune/worker_kind.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -210,8 +211,6 @@ PYBIND11_MODULE(_stoker, m) {
            })
       .def("layout_message", &PyDataset::layout_message)
       .def("gil_stats", &PyDataset::gil_stats)
-      .def("use_processes", &PyDataset::use_processes, py::arg("pool"))
-      .def("use_remote", &PyDataset::use_remote, py::arg("remote"))
       .def("set_batch_jobs", &PyDataset::set_batch_jobs, py::arg("job_args"));
 
   // Worker processes (py_workers.h): the parent's pool and the worker's writer.
@@ -234,6 +233,31 @@ PYBIND11_MODULE(_stoker, m) {
       .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
       .def("stop", &ProcessPool::stop)
       .def_property_readonly("size", &ProcessPool::size);
+  // The worker protocol's numbers (docs/worker_protocol.md), for the Python end.
+  {
+    py::dict kinds, bytes;
+    kinds["kJob"] = +wire::kJob;
+    kinds["kMap"] = +wire::kMap;
+    kinds["kDrop"] = +wire::kDrop;
+    kinds["kLayout"] = +wire::kLayout;
+    kinds["kProbe"] = +wire::kProbe;
+    kinds["kResult"] = +wire::kResult;
+    bytes["header"] = wire::kHeaderBytes;
+    bytes["kJob"] = wire::kJobBytes;
+    bytes["job field"] = wire::kFieldBytes;
+    bytes["job row"] = wire::kRowBytes;
+    bytes["kMap"] = wire::kMapBytes;
+    bytes["kDrop"] = wire::kDropBytes;
+    bytes["kProbe"] = wire::kProbeBytes;
+    bytes["kResult"] = wire::kResultBytes;
+    bytes["result time"] = wire::kTimeBytes;
+    py::dict w;
+    w["kinds"] = kinds;
+    w["bytes"] = bytes;
+    w["kTimeRows"] = wire::kTimeRows;
+    w["kArgsShift"] = wire::kArgsShift;
+    m.attr("WORKER_WIRE") = w;
+  }
   py::class_<SampleWriter>(m, "SampleWriter")
       .def(py::init<>())
       .def("set_layout", &SampleWriter::set_layout, py::arg("description"), py::arg("slots"))
@@ -291,6 +315,55 @@ PYBIND11_MODULE(_stoker, m) {
         "STOKER_LOG=debug).");
   m.def("log_level", &log_level);
   m.def("stats_fields", &stats_fields);
+
+  // The front end's decisions about kinds of worker (src/tune/worker_kind.h).
+  m.def(
+      "gil_bound",
+      [](double busy, double on_cpu, double delayed, bool whole_batches) {
+        const auto v = detail::gil_bound(busy, on_cpu, delayed, whole_batches);
+        return py::make_tuple(v.bound, v.scale);
+      },
+      py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"), py::arg("whole_batches") = false,
+      "(GIL-bound, the scale applied for the threads' waits for a core).");
+  m.def(
+      "choose_worker_kind",
+      [](double busy, double on_cpu, double delayed, bool whole_batches, std::size_t threads,
+         std::size_t cores) {
+        const auto c =
+            detail::choose_worker_kind(busy, on_cpu, delayed, whole_batches, threads, cores);
+        return py::make_tuple(c.processes, c.reason);
+      },
+      py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"), py::arg("whole_batches"),
+      py::arg("threads"), py::arg("cores"), "worker_type='auto': (processes, the reason).");
+  m.def("next_remote_workers", &detail::next_remote_workers, py::arg("active"), py::arg("count"),
+        py::arg("wait_fraction"), py::arg("local_load"), py::arg("remote_busy") = py::none());
+  py::class_<detail::WorkerKindChooser>(m, "WorkerKindChooser")
+      .def(py::init<bool>(), py::arg("whole_batches"))
+      .def(
+          "observe",
+          [](detail::WorkerKindChooser& c, PyLoader& loader, std::optional<std::size_t> threads,
+             std::size_t cores) -> py::object {
+            const Stats s = loader.typed_stats();
+            const auto d = c.observe(s, loader.thread_reads(), threads.value_or(s.workers), cores);
+            if (!d) return py::none();
+            return py::make_tuple(d->processes, d->reason);
+          },
+          py::arg("loader"), py::arg("threads"), py::arg("cores"),
+          "After each batch handed out: None while measuring, then (processes, the reason). "
+          "`threads`: the threads reading here (None: the loader's workers).");
+  py::class_<detail::RemoteWorkerTuner>(m, "RemoteWorkerTuner")
+      .def(py::init<>())
+      .def("due", &detail::RemoteWorkerTuner::due)
+      .def(
+          "observe",
+          [](detail::RemoteWorkerTuner& t, PyLoader& loader, std::size_t local_workers,
+             std::size_t active, std::size_t count) -> py::object {
+            const auto d = t.observe(loader.typed_stats(), local_workers, active, count);
+            if (!d) return py::none();
+            return py::make_tuple(d->active, d->wait, d->load);
+          },
+          py::arg("loader"), py::arg("local_workers"), py::arg("active"), py::arg("count"),
+          "(remote workers to use, the loop's wait share, the local workers' load), or None.");
   m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
   py::class_<PyLoader>(m, "Loader")
@@ -316,6 +389,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def_property_readonly("batches_per_epoch", &PyLoader::batches_per_epoch)
       .def_property_readonly("samples_per_epoch", &PyLoader::samples_per_epoch)
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
+      .def("use_processes", &PyLoader::use_processes, py::arg("pool"))
+      .def("use_remote", &PyLoader::use_remote, py::arg("remote"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)
       .def("report", &PyLoader::report)

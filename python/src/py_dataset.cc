@@ -104,7 +104,7 @@ struct PyDataset::State {
   py::object dataset;
   py::object on_worker_start;
   py::object job_args;
-  py::object remote;  // see use_remote
+  std::vector<py::object> layout_listeners;  // see on_layout
   Node root;
   std::size_t slots = 0;
   struct KeptError {
@@ -169,7 +169,7 @@ void PyDataset::learn(std::size_t index, py::handle sample) const {
   objects_field_ = objects_field;
   layout_known_.store(true, std::memory_order_release);
   if (auto pool = processes_.load()) pool->set_layout(layout_message());
-  if (has_remote_.load(std::memory_order_acquire)) st.remote.attr("set_layout")(layout_message());
+  for (const auto& listener : st.layout_listeners) listener(layout_message());
 }
 
 std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed,
@@ -262,12 +262,6 @@ PyDataset::~PyDataset() {
 void PyDataset::read(std::size_t index, const SampleOut& out) const {
   if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
     throw std::runtime_error("stoker: the loader is closing");
-  }
-  if (processes_.load()) {
-    std::exception_ptr error;
-    read_rows({&index, 1}, {&out, 1}, {&error, 1});
-    if (error) std::rethrow_exception(error);
-    return;
   }
   std::vector<PendingCopy> copies;
   {
@@ -371,9 +365,7 @@ void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const 
     for (auto& e : errors) e = closing;
     return;
   }
-  if (has_remote_.load(std::memory_order_acquire) || processes_.load()) {
-    read_elsewhere(indices, outs, errors);
-  } else if (has_getitems_) {
+  if (has_getitems_) {
     read_items(indices, outs, errors);
   } else {
     read_each(indices, outs, errors);
@@ -443,106 +435,12 @@ void PyDataset::read_each(std::span<const std::size_t> indices, std::span<const 
   }
 }
 
-bool PyDataset::read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                            std::span<std::exception_ptr> errors) const {
-  // The worker's buffer holds the fields one after another, each the chunk's rows.
-  std::vector<std::uint64_t> offsets;
-  std::uint64_t total = 0;
-  for (std::size_t f = 0; f < outs.front().num_fields(); ++f) {
-    offsets.push_back(total);
-    total += outs.size() * outs.front().bytes(f).size();
-  }
-  // The reply and the view of its rows live from the call to the end of the copy, which is
-  // made without the GIL; they are let go with it.
-  struct Reply {
-    py::object value;
-    std::optional<py::buffer_info> rows;
-    ~Reply() {
-      if (!value && !rows) return;
-      EngineThreadGil gil;
-      rows.reset();
-      value = py::object();
-    }
-  } reply;
-  const auto fail_all = [&] {
-    const py::object exception = take_python_error();
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      errors[k] = keep_error(exception, indices[k]);
-    }
-  };
-  {
-    EngineThreadGil gil;
-    try {
-      // A batch job's batches travel with it, as to worker processes.
-      const std::vector<std::uint8_t> job = encode_job(
-          1, offsets, indices, outs, has_job_args_ ? job_args(indices) : std::string(), false);
-      reply.value = state_->remote.attr("run")(
-          py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
-      if (reply.value.is_none()) return false;
-      count_remote_reply(total, reply.value[py::int_(4)].cast<double>(),
-                         reply.value[py::int_(5)].cast<double>(),
-                         reply.value[py::int_(6)].cast<double>());
-      reply.rows.emplace(py::buffer(reply.value[py::int_(1)]).request());
-      const auto got = static_cast<std::uint64_t>(reply.rows->size * reply.rows->itemsize);
-      if (got < total) {
-        throw py::value_error("stoker: a remote worker returned " + std::to_string(got) +
-                              " bytes of rows for " + std::to_string(total));
-      }
-    } catch (py::error_already_set& e) {
-      e.restore();
-      fail_all();
-      return true;
-    }
-  }
-  // The one copy of the rows on this node: from Ray's object store into the slab.
-  const auto* rows = static_cast<const std::byte*>(reply.rows->ptr);
-  for (std::size_t f = 0; f < offsets.size(); ++f) {
-    std::memcpy(outs.front().bytes(f).data(), rows + offsets[f],
-                outs.size() * outs.front().bytes(f).size());
-  }
-  EngineThreadGil gil;
-  try {
-    const auto status = py::bytes(reply.value[py::int_(0)]).cast<std::string>();
-    const py::object objects = reply.value[py::int_(2)];
-    const py::dict failures = reply.value[py::int_(3)];
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      const py::int_ row(k);
-      if (failures.contains(row)) {
-        errors[k] = keep_error(failures[row], indices[k]);
-      } else if (k >= status.size() || status[k] != 0) {
-        errors[k] = std::make_exception_ptr(
-            std::runtime_error("stoker: remote worker failed without a reason"));
-      } else if (!objects.is_none()) {
-        store_objects(outs[k], py::reinterpret_borrow<py::list>(objects)[k]);
-      }
-    }
-  } catch (py::error_already_set& e) {
-    e.restore();
-    fail_all();
-  }
-  return true;
-}
-
-void PyDataset::read_run(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                         std::span<std::exception_ptr> errors) const {
-  if (has_remote_.load(std::memory_order_acquire) && fields_known() &&
-      read_remote(indices, outs, errors)) {
-    return;
-  }
-  if (auto pool = processes_.load()) {
-    pool->run(*this, indices, outs, errors);
-  } else if (has_getitems_) {
-    read_items(indices, outs, errors);
-  } else {
-    read_each(indices, outs, errors);
-  }
-}
-
-void PyDataset::read_elsewhere(std::span<const std::size_t> indices,
-                               std::span<const SampleOut> outs,
-                               std::span<std::exception_ptr> errors) const {
+void PyDataset::read_around_probed(std::span<const std::size_t> indices,
+                                   std::span<const SampleOut> outs,
+                                   std::span<std::exception_ptr> errors,
+                                   const ChunkRun& run) const {
   if (pending_.load(std::memory_order_relaxed) == 0) {
-    read_run(indices, outs, errors);
+    run(indices, outs, errors);
     return;
   }
   // Probed rows (sent back whole by a worker process, or read here) are written here; the
@@ -571,7 +469,7 @@ void PyDataset::read_elsewhere(std::span<const std::size_t> indices,
     }
     std::size_t end = k;
     while (end < indices.size() && !here[end]) ++end;
-    read_run(indices.subspan(k, end - k), outs.subspan(k, end - k), errors.subspan(k, end - k));
+    run(indices.subspan(k, end - k), outs.subspan(k, end - k), errors.subspan(k, end - k));
     k = end;
   }
 }
@@ -655,37 +553,8 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
   }
 }
 
-std::chrono::nanoseconds PyDataset::lock_held() const {
+std::chrono::nanoseconds PyDataset::gil_cpu() const {
   return std::chrono::nanoseconds(gil_cpu_ns_.load(std::memory_order_relaxed));
-}
-
-void PyDataset::count_remote_reply(std::uint64_t bytes, double wait_s, double read_s,
-                                   double idle_s) const {
-  const auto ns = [](double seconds) { return static_cast<std::int64_t>(seconds * 1e9); };
-  remote_units_.fetch_add(1, std::memory_order_relaxed);
-  remote_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-  remote_wait_ns_.fetch_add(ns(wait_s), std::memory_order_relaxed);
-  remote_read_ns_.fetch_add(ns(read_s), std::memory_order_relaxed);
-  remote_idle_ns_.fetch_add(ns(idle_s), std::memory_order_relaxed);
-}
-
-RemoteReads PyDataset::remote_reads() const {
-  using std::chrono::nanoseconds;
-  return {.units = remote_units_.load(std::memory_order_relaxed),
-          .bytes = remote_bytes_.load(std::memory_order_relaxed),
-          .wait = nanoseconds(remote_wait_ns_.load(std::memory_order_relaxed)),
-          .read = nanoseconds(remote_read_ns_.load(std::memory_order_relaxed)),
-          .idle = nanoseconds(remote_idle_ns_.load(std::memory_order_relaxed))};
-}
-
-ProcessTimes PyDataset::worker_process_times() const {
-  auto pool = processes_.load();
-  return pool ? pool->times() : ProcessTimes{};
-}
-
-std::size_t PyDataset::worker_limit() const {
-  auto pool = processes_.load();
-  return pool ? pool->size() : 0;
 }
 
 void PyDataset::use_processes(std::shared_ptr<ProcessPool> pool) {
@@ -693,10 +562,9 @@ void PyDataset::use_processes(std::shared_ptr<ProcessPool> pool) {
   processes_.store(std::move(pool));
 }
 
-void PyDataset::use_remote(py::object remote) {
-  if (fields_known()) remote.attr("set_layout")(layout_message());
-  state_->remote = std::move(remote);
-  has_remote_.store(true, std::memory_order_release);
+void PyDataset::on_layout(py::object set_layout) {
+  if (fields_known()) set_layout(layout_message());
+  state_->layout_listeners.push_back(std::move(set_layout));
 }
 
 void PyDataset::close() noexcept {
@@ -859,10 +727,14 @@ void RemappedDataset::read(std::size_t index, const SampleOut& out) const {
 void RemappedDataset::read_rows(std::span<const std::size_t> indices,
                                 std::span<const SampleOut> outs,
                                 std::span<std::exception_ptr> errors) const {
+  base_->read_rows(map(indices), outs, errors);
+}
+
+std::vector<std::size_t> RemappedDataset::map(std::span<const std::size_t> indices) const {
   const auto order = order_.load();
   std::vector<std::size_t> mapped(indices.size());
   for (std::size_t k = 0; k < indices.size(); ++k) mapped[k] = (*order)[indices[k]];
-  base_->read_rows(mapped, outs, errors);
+  return mapped;
 }
 
 void RemappedDataset::prefetch(std::size_t index) const {

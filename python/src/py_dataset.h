@@ -36,6 +36,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,28 +108,33 @@ class PyDataset final : public Dataset {
   std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed,
                                std::exception_ptr& failure) const override;
   void read(std::size_t index, const SampleOut& out) const override;
-  // Reads go a chunk at a time: to a worker process (py_workers.h), to one __getitems__ call,
-  // or one __getitem__ after another under one GIL acquisition.
+  // Reads on the calling thread go a chunk at a time: one __getitems__ call, or one
+  // __getitem__ after another under one GIL acquisition. Chunks read elsewhere (worker
+  // processes, remote workers) are the loader's executors' (py_executors.h).
   bool reads_chunks() const override;
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
-  std::chrono::nanoseconds lock_held() const override;
-  std::size_t worker_limit() const override;
-  RemoteReads remote_reads() const override;
-  ProcessTimes worker_process_times() const override;
+  // CPU time the reads on threads spent holding the GIL, summed over threads (PyThreads).
+  std::chrono::nanoseconds gil_cpu() const;
+  std::uint64_t gil_reads() const { return gil_reads_.load(std::memory_order_relaxed); }
 
-  // From now on reads go to `pool`'s worker processes (GIL held). Reads in progress on
-  // threads finish there.
+  // From now on probes (the first samples, which learn the layout) are read in `pool`'s
+  // worker processes, which get the layout once it is known and stop with the loader (GIL
+  // held). Its chunks are the ProcessExecutor's.
   void use_processes(std::shared_ptr<ProcessPool> pool);
-  // From now on a chunk goes to a remote worker when one is free (python/stoker/remote/pool.py,
-  // GIL held): `remote.run(job)` takes a kJob payload (py_workers.h) whose region 1 is the
-  // worker's own buffer, waits for its reply (Ray releases the GIL while waiting) and returns
-  // (status bytes, the rows as a buffer, object values per row or None, {row: exception},
-  // seconds the call waited for the reply, seconds the remote worker read the chunk, seconds
-  // it idled before), or None when no remote worker is free or left, and the chunk is read
-  // here as before (a unit lost with its worker is issued again by run() itself).
-  // `remote.set_layout(message)` gets the layout message once it is known.
-  void use_remote(py::object remote);
+  // `set_layout(message)` is called with layout_message() once the layout is known (now, if
+  // it is): a remote worker pool's (GIL held).
+  void on_layout(py::object set_layout);
+  // Reads a chunk elsewhere: the rows probed on this side are written here, and each run of
+  // rows between them is handed to `run` (a worker process's or a remote worker's read).
+  using ChunkRun = std::function<void(std::span<const std::size_t>, std::span<const SampleOut>,
+                                      std::span<std::exception_ptr>)>;
+  void read_around_probed(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                          std::span<std::exception_ptr> errors, const ChunkRun& run) const;
+  // Whether the reads were told to stop (close()).
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  // Whether probed samples wait for their rows' reads (read_around_probed writes them).
+  bool has_pending() const { return pending_.load(std::memory_order_relaxed) != 0; }
   // Stops and reaps the worker processes, if any, and drops the object values of batches
   // read ahead (GIL held, after the engine has stopped).
   void release_workers();
@@ -194,20 +200,6 @@ class PyDataset final : public Dataset {
   // one (GIL held).
   bool take_pending(std::size_t index, std::uint64_t seed, py::object& sample,
                     std::exception_ptr& error) const;
-  // Counts a remote worker's reply into the network stage (remote_reads).
-  void count_remote_reply(std::uint64_t bytes, double wait_s, double read_s, double idle_s) const;
-  // Reads a chunk through a remote worker and copies its rows into the slab; false if none
-  // was free (nothing read).
-  bool read_remote(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                   std::span<std::exception_ptr> errors) const;
-  // Reads a chunk through remote workers or worker processes, writing here the rows that
-  // were probed (read_run for the runs between them).
-  void read_elsewhere(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                      std::span<std::exception_ptr> errors) const;
-  // Reads a run of rows with none probed: through a free remote worker, else the worker
-  // processes, else on this thread.
-  void read_run(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                std::span<std::exception_ptr> errors) const;
   // Checks `sample` against the layout, writes its numbers, notes its copies, keeps its
   // object values (GIL held; throws like the visitor).
   void take_sample(std::size_t index, py::handle sample, const SampleOut& out,
@@ -237,15 +229,8 @@ class PyDataset final : public Dataset {
   mutable std::string interrupt_what_;
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
   bool has_getitems_ = false;
-  bool has_job_args_ = false;  // set before the loader starts
-  std::atomic<std::shared_ptr<ProcessPool>> processes_;
-  std::atomic<bool> has_remote_{false};  // State::remote is set
-  // The network stage (remote_reads): chunks read remotely, their bytes, and nanoseconds.
-  mutable std::atomic<std::uint64_t> remote_units_{0};
-  mutable std::atomic<std::uint64_t> remote_bytes_{0};
-  mutable std::atomic<std::int64_t> remote_wait_ns_{0};
-  mutable std::atomic<std::int64_t> remote_read_ns_{0};
-  mutable std::atomic<std::int64_t> remote_idle_ns_{0};
+  bool has_job_args_ = false;                            // set before the loader starts
+  std::atomic<std::shared_ptr<ProcessPool>> processes_;  // probes' (use_processes)
   mutable std::atomic<std::uint64_t> gil_reads_{0};
   mutable std::atomic<std::int64_t> gil_wait_ns_{0};
   mutable std::atomic<std::int64_t> gil_held_ns_{0};
@@ -277,10 +262,8 @@ class RemappedDataset final : public Dataset {
   bool reads_chunks() const override { return base_->reads_chunks(); }
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
-  std::chrono::nanoseconds lock_held() const override { return base_->lock_held(); }
-  std::size_t worker_limit() const override { return base_->worker_limit(); }
-  RemoteReads remote_reads() const override { return base_->remote_reads(); }
-  ProcessTimes worker_process_times() const override { return base_->worker_process_times(); }
+  // The base's indices of `indices` (what executors read: py_executors.h).
+  std::vector<std::size_t> map(std::span<const std::size_t> indices) const;
 
   // Throws std::invalid_argument if the length differs or an index is past the base's end.
   void set_order(std::vector<std::size_t> order);

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "gil.h"
+#include "py_executors.h"
 #include "py_workers.h"
 
 namespace stoker::python {
@@ -102,6 +103,11 @@ py::list RawBatch::skipped() const {
 
 PyLoader::PyLoader(PyLoaderOptions options)
     : py_dataset_(std::move(options.py_dataset)), remap_(std::move(options.remap)) {
+  if (py_dataset_) {
+    executors_ = std::make_shared<detail::Executors>();
+    executors_->add(std::make_shared<PyThreads>(py_dataset_));
+    options.internals.executors = executors_;
+  }
   {
     py::gil_scoped_release nogil;  // starting workers: they may already want the GIL
     loader_ = std::make_unique<Loader>(options.loader, options.internals);
@@ -242,8 +248,14 @@ py::list PyLoader::skipped_samples() {
   return out;
 }
 
+Stats PyLoader::typed_stats() {
+  return released([](Loader& loader) { return loader.stats(); });
+}
+
+std::uint64_t PyLoader::thread_reads() const { return py_dataset_ ? py_dataset_->gil_reads() : 0; }
+
 py::dict PyLoader::stats() {
-  const Stats s = released([](Loader& loader) { return loader.stats(); });
+  const Stats s = typed_stats();
   py::dict d;
   for_each_stat(s, [&](const char* name, const auto& value) {
     d[py::str(py_stat_name(name, value))] = py_stat_value(value);
@@ -378,6 +390,7 @@ void PyLoader::close() {
   // From here reads fail at once, so the calls below wait for at most the __getitem__ calls
   // in progress.
   if (py_dataset_) py_dataset_->close();
+  if (executors_) executors_->stop();
   if (on_engine_thread()) {
     close_from_engine_thread();
     return;
@@ -391,6 +404,7 @@ void PyLoader::close() {
   }
   if (py_dataset_) py_dataset_->release_workers();  // and reaps worker processes
   // With the GIL: the last references to the Python data set may go here.
+  executors_.reset();
   remap_.reset();
   py_dataset_.reset();
 }
@@ -409,9 +423,10 @@ void PyLoader::close_from_engine_thread() {
     std::unique_ptr<Loader> loader;
     std::shared_ptr<RemappedDataset> remap;
     std::shared_ptr<PyDataset> py_dataset;
+    std::shared_ptr<detail::Executors> executors;
   };
-  auto remains = std::make_unique<Remains>(
-      Remains{std::move(loader_), std::move(remap_), std::move(py_dataset_)});
+  auto remains = std::make_unique<Remains>(Remains{std::move(loader_), std::move(remap_),
+                                                   std::move(py_dataset_), std::move(executors_)});
   // The Python objects left (in the data set) are let go by their owners' destructors, which
   // take the GIL themselves, or leave them to the interpreter's teardown if it has begun.
   std::thread([remains = std::move(remains)]() mutable {
@@ -419,6 +434,7 @@ void PyLoader::close_from_engine_thread() {
     if (remains->py_dataset && !interpreter_finalizing()) {
       py::gil_scoped_acquire gil;
       remains->py_dataset->release_workers();
+      remains->executors.reset();
     }
     remains.reset();
   }).detach();
@@ -433,6 +449,19 @@ void PyLoader::abandon() {
   if (held_) new Batch(std::move(*held_));  // its pool's lock may be held too
   new std::shared_ptr<PyDataset>(std::move(py_dataset_));
   new std::shared_ptr<RemappedDataset>(std::move(remap_));
+  new std::shared_ptr<detail::Executors>(std::move(executors_));
+}
+
+void PyLoader::use_processes(std::shared_ptr<ProcessPool> pool) {
+  auto locks = lock_call(false);
+  if (!py_dataset_) throw py::type_error("stoker: worker processes read Python data sets only");
+  executors_->add(std::make_shared<ProcessExecutor>(py_dataset_, remap_, std::move(pool)));
+}
+
+void PyLoader::use_remote(py::object remote) {
+  auto locks = lock_call(false);
+  if (!py_dataset_) throw py::type_error("stoker: remote workers read Python data sets only");
+  executors_->add(std::make_shared<RemoteExecutor>(py_dataset_, remap_, std::move(remote)));
 }
 
 void PyLoader::close_all() {

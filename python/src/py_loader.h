@@ -29,6 +29,7 @@
 #include "host_array.h"
 #include "loader_internals.h"
 #include "py_dataset.h"
+#include "py_workers.h"
 #include "stoker/loader.h"
 #include "util/mutex.h"
 
@@ -73,7 +74,9 @@ struct PyLoaderOptions {
   LoaderOptions loader;
   std::shared_ptr<PyDataset> py_dataset;   // the Python data set behind loader.dataset
   std::shared_ptr<RemappedDataset> remap;  // a custom sampler's order, if any
-  detail::LoaderInternals internals;       // shared slabs for worker processes
+  // Shared slabs for worker processes; the executors (made by the PyLoader for a Python
+  // data set).
+  detail::LoaderInternals internals;
 };
 
 class PyLoader {
@@ -102,6 +105,10 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
+  // The same, as the struct (for the worker-kind decisions, src/tune/worker_kind.h), and the
+  // samples read on threads so far (those holding the GIL; 0 for a native data set).
+  Stats typed_stats();
+  std::uint64_t thread_reads() const;
   // Loader::report() as a dict: the verdict, its text, the numbers behind it, suggestions.
   py::dict report();
   // Loader::skipped_samples() as (data set index, name, reason) tuples.
@@ -110,6 +117,11 @@ class PyLoader {
   // or written raises OSError (FileNotFoundError, PermissionError, ...) naming it.
   void trace(const std::optional<std::string>& path, std::size_t max_events);
   std::shared_ptr<RemappedDataset> remap() const { return remap_; }
+  // From now on chunks go to `pool`'s worker processes (ProcessExecutor, py_executors.h), and
+  // so do probes; reads in progress on threads finish there. A Python data set's only.
+  void use_processes(std::shared_ptr<ProcessPool> pool);
+  // From now on a chunk goes to a remote worker when one is free (RemoteExecutor).
+  void use_remote(py::object remote);
 
   // Stops the workers and lets go of the data set; further calls raise. Idempotent.
   void close();
@@ -148,6 +160,9 @@ class PyLoader {
   std::optional<Batch> held_;
   std::shared_ptr<PyDataset> py_dataset_;
   std::shared_ptr<RemappedDataset> remap_;
+  // The engine's executors (a Python data set's: its threads, then the kinds added); let go
+  // with the GIL held, after the loader (they may hold Python objects).
+  std::shared_ptr<detail::Executors> executors_;
   std::size_t batches_per_epoch_ = 0;
   std::size_t samples_per_epoch_ = 0;
 

@@ -24,10 +24,7 @@
 namespace stoker::python {
 namespace {
 
-enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kLayout = 4, kProbe = 5, kResult = 1 };
-constexpr std::uint32_t kTimeRows = 1;  // a job's flag
-// A job's flags word: kTimeRows, and the bytes of its args from bit 8 up.
-constexpr unsigned kArgsShift = 8;
+using namespace wire;
 
 std::uint32_t job_flags(std::size_t args_bytes, bool time_rows) {
   if (args_bytes >= (std::size_t{1} << (32 - kArgsShift))) {
@@ -145,7 +142,7 @@ std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::
                                      bool time_rows) {
   std::vector<std::uint8_t> job;
   const std::size_t fields = offsets.size();
-  job.reserve(24 + 16 * fields + 16 * indices.size() + args.size());
+  job.reserve(kJobBytes + kFieldBytes * fields + kRowBytes * indices.size() + args.size());
   put(job, std::uint64_t{0});  // the job id: the sender's
   put(job, region);
   put(job, static_cast<std::uint32_t>(fields));
@@ -341,25 +338,27 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
 bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
                                  std::vector<std::int64_t>& times,
                                  std::vector<std::uint8_t>& blob) {
-  std::uint8_t header[8];
+  std::uint8_t header[kHeaderBytes];
   if (!recv_all(link.fd, header, sizeof header)) return false;
   if (get<std::uint32_t>(header) != kResult) return false;
   std::vector<std::uint8_t> payload(get<std::uint32_t>(header + 4));
   if (!recv_all(link.fd, payload.data(), payload.size())) return false;
-  if (payload.size() < 16) return false;
+  if (payload.size() < kResultBytes) return false;
   const std::size_t rows = get<std::uint32_t>(payload.data() + 8);
   const std::size_t blob_bytes = get<std::uint32_t>(payload.data() + 12);
-  const std::size_t time_bytes = payload.size() - std::min(payload.size(), 16 + rows + blob_bytes);
-  if (payload.size() != 16 + rows + blob_bytes + time_bytes) return false;
-  if (time_bytes != 0 && time_bytes != 16 * rows) return false;
-  status.assign(payload.begin() + 16, payload.begin() + 16 + static_cast<std::ptrdiff_t>(rows));
+  const std::size_t time_bytes =
+      payload.size() - std::min(payload.size(), kResultBytes + rows + blob_bytes);
+  if (payload.size() != kResultBytes + rows + blob_bytes + time_bytes) return false;
+  if (time_bytes != 0 && time_bytes != kTimeBytes * rows) return false;
+  const auto at = payload.begin() + static_cast<std::ptrdiff_t>(kResultBytes);
+  status.assign(at, at + static_cast<std::ptrdiff_t>(rows));
   times.resize(time_bytes / 8);
-  if (time_bytes != 0) std::memcpy(times.data(), payload.data() + 16 + rows, time_bytes);
+  if (time_bytes != 0) std::memcpy(times.data(), payload.data() + kResultBytes + rows, time_bytes);
   blob.assign(payload.end() - static_cast<std::ptrdiff_t>(blob_bytes), payload.end());
   return true;
 }
 
-ProcessTimes ProcessPool::times() {
+detail::ExecutorStats ProcessPool::times() {
   std::vector<pid_t> pids;
   {
     std::lock_guard lock(mu_);
@@ -789,21 +788,21 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   if (PyBytes_AsStringAndSize(job.ptr(), &data, &size) != 0) throw py::error_already_set();
   const auto* p = reinterpret_cast<const std::uint8_t*>(data);
   const auto bytes = static_cast<std::size_t>(size);
-  if (bytes < 24) throw std::invalid_argument("stoker worker: bad job");
+  if (bytes < kJobBytes) throw std::invalid_argument("stoker worker: bad job");
   const auto id = get<std::uint64_t>(p);
   const auto region = get<std::uint32_t>(p + 8);
   const auto fields = get<std::uint32_t>(p + 12);
   const auto rows = get<std::uint32_t>(p + 16);
   const bool timed = (get<std::uint32_t>(p + 20) & kTimeRows) != 0;
-  if (bytes != 24 + 16 * std::size_t{fields} + 16 * std::size_t{rows}) {
+  if (bytes != kJobBytes + kFieldBytes * std::size_t{fields} + kRowBytes * std::size_t{rows}) {
     throw std::invalid_argument("stoker worker: bad job");
   }
   std::vector<std::uint64_t> offsets(fields), row_bytes(fields);
   for (std::size_t f = 0; f < fields; ++f) {
-    offsets[f] = get<std::uint64_t>(p + 24 + 16 * f);
-    row_bytes[f] = get<std::uint64_t>(p + 32 + 16 * f);
+    offsets[f] = get<std::uint64_t>(p + kJobBytes + kFieldBytes * f);
+    row_bytes[f] = get<std::uint64_t>(p + kJobBytes + kFieldBytes * f + 8);
   }
-  const std::uint8_t* row_at = p + 24 + 16 * std::size_t{fields};
+  const std::uint8_t* row_at = p + kJobBytes + kFieldBytes * std::size_t{fields};
   if (!root_) throw std::logic_error("stoker worker: a job before the layout");
   begin(region, std::move(offsets), std::move(row_bytes), rows);
 
@@ -815,7 +814,7 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   if (use_getitems) {
     py::list keys(rows);
     for (std::size_t k = 0; k < rows; ++k) {
-      keys[k] = py::int_(get<std::uint64_t>(row_at + 16 * k));
+      keys[k] = py::int_(get<std::uint64_t>(row_at + kRowBytes * k));
     }
     try {
       samples = py::list(dataset.attr("__getitems__")(keys));
@@ -828,8 +827,8 @@ py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_geti
   py::object objects = slots_ > 0 ? py::object(py::list(rows)) : py::none();
   py::list errors;
   for (std::size_t k = 0; k < rows; ++k) {
-    const auto index = static_cast<std::size_t>(get<std::uint64_t>(row_at + 16 * k));
-    const auto seed = get<std::uint64_t>(row_at + 16 * k + 8);
+    const auto index = static_cast<std::size_t>(get<std::uint64_t>(row_at + kRowBytes * k));
+    const auto seed = get<std::uint64_t>(row_at + kRowBytes * k + 8);
     try {
       const py::object sample = samples ? py::object(py::reinterpret_borrow<py::list>(samples)[k])
                                         : read_sample(dataset, index, seed);

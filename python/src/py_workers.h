@@ -11,38 +11,15 @@
 // The parent side is the engine's own worker threads: for each chunk a thread leases one
 // child, sends it the job and blocks on the socket without the GIL until the reply, so the
 // engine's scheduling, ordering, cancellation and error policy are those of threads. A chunk's
-// slab is released by the engine only after read_rows() returns, i.e. after the child replied
-// or died: no slab is recycled while a child still writes into it.
+// slab is released by the engine only after the chunk's offer returns (ProcessExecutor), i.e. after
+// the child replied or died: no slab is recycled while a child still writes into it.
 //
-// Protocol (a unix stream socketpair per child; native byte order, both ends on one machine;
-// every message is a header {u32 kind, u32 payload bytes} and a payload). It names memory by
-// (region id, byte offset), never by address, so the same jobs could be served by workers
-// elsewhere given another way to ship the rows back: remote workers on Ray do
-// (python/stoker/remote/, PyDataset::use_remote), with a buffer of their own as region 1
-// and the rows returned through Ray's object store.
-//   parent -> child
-//     kLayout {pickle of (layout description, object slots)}: once per worker, before its
-//           first job (the layout is learned from the first sample a worker reads)
-//     kProbe {u64 sample index, u64 sample seed}: read one sample and send it back whole (the
-//           probe that learns the layout; see Dataset::probe); the reply is a kResult of one
-//           row whose blob holds ([sample], []) or (None, [(0, error)])
-//     kMap  {u32 region, u32 0, u64 bytes} + the region's memfd (SCM_RIGHTS), once per region
-//     kDrop {u32 region}: the region was freed; unmap it
-//     kJob  {u64 job, u32 region, u32 fields, u32 rows, u32 flags,
-//            fields x {u64 offset of the chunk's first row, u64 bytes per row},
-//            rows x {u64 sample index, u64 sample seed}, args}
-//            flags: kTimeRows (1) asks for the rows' times (the loader is being traced);
-//            bits 8-31: the bytes of args, a pickle the data set's job_args made (a batch
-//            job's sample indices, python/stoker/workers/jobs.py), if any. A job with no fields
-//            (region 0) is a call (call()): its one row's object value is the whole reply,
-//            nothing is written.
-//   child -> parent
-//     kResult {u64 job, u32 rows, u32 blob bytes, rows x u8 (0 ok, 1 failed),
-//              [with kTimeRows: rows x {i64 start, i64 end}, CLOCK_MONOTONIC ns, one
-//              machine's clock for both ends; a row starts where the previous one ended, so
-//              the first one carries a __getitems__ call], blob}
-//     where blob, if not empty, is a pickle of (object values per row, or None;
-//     [(row, (module, qualname, message, traceback text, pickled exception or None))]).
+// The wire protocol (one unix stream socketpair per child) is specified in
+// docs/worker_protocol.md; `wire` below holds its numbers, which the Python end
+// (python/stoker/workers/main.py) takes from the extension (WORKER_WIRE), and
+// tests/python/test_worker_protocol.py checks both ends against the document. Memory is
+// named by (region id, byte offset), never by address, so the same jobs are served by remote
+// workers on Ray (RemoteExecutor, py_executors.h) with a buffer of their own as region 1.
 // A child that dies shows as EOF on its socket; the rows it was reading fail with a
 // WorkerDiedError naming the pid and the signal or exit code (read with waitid(WNOWAIT), so
 // multiprocessing still reaps it), and the child is started afresh before its next job.
@@ -68,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/executor.h"
 #include "memory/shared_memory.h"
 #include "py_layout.h"
 #include "stoker/dataset.h"
@@ -75,6 +53,23 @@
 namespace stoker::python {
 
 namespace py = pybind11;
+
+// The worker protocol's numbers (docs/worker_protocol.md): message kinds, a job's flags, and
+// the bytes of each fixed-size part (native byte order).
+namespace wire {
+enum : std::uint32_t { kJob = 1, kMap = 2, kDrop = 3, kLayout = 4, kProbe = 5, kResult = 1 };
+inline constexpr std::uint32_t kTimeRows = 1;    // a job's flag: send the rows' times
+inline constexpr unsigned kArgsShift = 8;        // a job's flags: the bytes of its args from here
+inline constexpr std::size_t kHeaderBytes = 8;   // u32 kind, u32 payload bytes
+inline constexpr std::size_t kJobBytes = 24;     // u64 job, u32 region, fields, rows, flags
+inline constexpr std::size_t kFieldBytes = 16;   // u64 offset of the first row, u64 row bytes
+inline constexpr std::size_t kRowBytes = 16;     // u64 sample index, u64 seed
+inline constexpr std::size_t kMapBytes = 16;     // u32 region, u32 0, u64 bytes (+ the memfd)
+inline constexpr std::size_t kDropBytes = 4;     // u32 region
+inline constexpr std::size_t kProbeBytes = 16;   // u64 sample index, u64 seed
+inline constexpr std::size_t kResultBytes = 16;  // u64 job, u32 rows, u32 blob bytes
+inline constexpr std::size_t kTimeBytes = 16;    // per row, with kTimeRows: i64 start, end
+}  // namespace wire
 
 class PyDataset;
 
@@ -120,7 +115,7 @@ class ProcessPool {
   // Reads sample `index` in a worker and returns it (see kProbe). Throws the sample's
   // failure, kept in `owner`'s table, or a WorkerDiedError. No GIL on entry.
   py::object probe(const PyDataset& owner, std::size_t index, std::uint64_t seed);
-  // Reads one chunk in one worker (see Dataset::read_rows). Object values and errors go to
+  // Reads one chunk in one worker (ProcessExecutor, py_executors.h). Object values and errors go to
   // `owner`'s tables. A worker that dies is replaced and the chunk read again; a chunk that
   // kills two workers is read row by row, and the rows that kill a worker fail with a
   // WorkerDiedError.
@@ -138,9 +133,9 @@ class ProcessPool {
   // stop(), then reap() and close the sockets (GIL held). Idempotent.
   void finish();
 
-  // The workers' time since the pool started, of those that died too (up to their last
-  // reading). Any thread, no GIL.
-  ProcessTimes times();
+  // The workers' time (cpu, run_delay) since the pool started, of those that died too (up to
+  // their last reading). Any thread, no GIL.
+  detail::ExecutorStats times();
 
   std::size_t size() const { return workers_; }
   py::list pids();
@@ -220,7 +215,7 @@ class ProcessPool {
   std::condition_variable free_cv_;
   std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
   bool stopped_ = false;                      // guarded by mu_
-  ProcessTimes times_;                        // guarded by mu_
+  detail::ExecutorStats times_;               // guarded by mu_: cpu, run_delay
   std::size_t deaths_ = 0;                    // guarded by mu_
   std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL

@@ -77,7 +77,8 @@ Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
     : config_(std::move(config)),
       pool_(std::move(pool)),
       samples_per_epoch_(samples_per_rank(config_.order)),
-      batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)) {
+      batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)),
+      reads_chunks_(config_.dataset->reads_chunks() || config_.executors != nullptr) {
   bool layout_known = pool_->has_layout();
   std::size_t depth = config_.depth;
   if (layout_known) depth = fit_depth(depth);
@@ -433,7 +434,7 @@ void Engine::run_chunk(Ticket* ticket, std::atomic<std::int64_t>& busy_ns) {
     traced = tracing();  // once per chunk: a trace begun mid-chunk starts with the next one
     const auto start = Clock::now();
     const std::int64_t cpu_start = thread_cpu_ns();
-    if (config_.dataset->reads_chunks()) {
+    if (reads_chunks_) {
       if (!ticket->cancelled.load(std::memory_order_relaxed)) read_chunk(ticket, begin, end);
     } else {
       // While tracing, one clock read per row (a read ends where the next begins), unless the
@@ -496,7 +497,7 @@ void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
   }
   std::vector<std::exception_ptr> errors(indices.size());
   try {
-    config_.dataset->read_rows(indices, outs, errors);
+    read_rows(indices, outs, errors);
   } catch (...) {
     // Not tied to one row (the data set is closing, ...): every row failed with it.
     for (auto& e : errors) {
@@ -519,6 +520,12 @@ void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
   }
 }
 
+void Engine::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                       std::span<std::exception_ptr> errors) const {
+  if (config_.executors != nullptr && config_.executors->offer({indices, outs, errors})) return;
+  config_.dataset->read_rows(indices, outs, errors);
+}
+
 std::size_t Engine::replacement(const Ticket* ticket, std::size_t index,
                                 std::size_t attempt) const {
   return mix(config_.order.seed ^ kReplacementSalt, ticket->epoch, index + attempt) %
@@ -534,8 +541,16 @@ void Engine::read_row(Ticket* ticket, std::size_t row, std::size_t index,
   for (std::size_t attempt = first_attempt;; ++attempt) {
     try {
       const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, index);
-      config_.dataset->read(index,
-                            SampleOut(pool_->field_bytes(), field_bases(*ticket), row, seed));
+      const SampleOut out(pool_->field_bytes(), field_bases(*ticket), row, seed);
+      if (config_.executors != nullptr) {
+        // A replacement goes where the chunk's other rows went (to a worker process: a
+        // sample that kills its reader must not kill this one).
+        std::exception_ptr error;
+        read_rows({&index, 1}, {&out, 1}, {&error, 1});
+        if (error) std::rethrow_exception(error);
+      } else {
+        config_.dataset->read(index, out);
+      }
       ticket->rows()[row] = index;
       return;
     } catch (...) {
@@ -802,17 +817,17 @@ Stats Engine::stats() const {
   s.consumer_cpu = std::chrono::nanoseconds(consumer_cpu_ns_.load(std::memory_order_relaxed));
   s.worker_busy = std::chrono::nanoseconds(worker_busy_ns_.load(std::memory_order_relaxed));
   s.inline_busy = std::chrono::nanoseconds(inline_busy_ns_.load(std::memory_order_relaxed));
-  const ProcessTimes processes = config_.dataset->worker_process_times();
+  const ExecutorStats executors =
+      config_.executors != nullptr ? config_.executors->stats() : ExecutorStats{};
   s.worker_cpu =
-      std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed)) + processes.cpu;
-  s.worker_run_delay = std::chrono::nanoseconds(sample_run_delay()) + processes.run_delay;
-  s.worker_lock_held = config_.dataset->lock_held();
-  const RemoteReads remote = config_.dataset->remote_reads();
-  s.network_units = remote.units;
-  s.network_bytes = remote.bytes;
-  s.network_wait = remote.wait;
-  s.network_read = remote.read;
-  s.network_idle = remote.idle;
+      std::chrono::nanoseconds(worker_cpu_ns_.load(std::memory_order_relaxed)) + executors.cpu;
+  s.worker_run_delay = std::chrono::nanoseconds(sample_run_delay()) + executors.run_delay;
+  s.worker_lock_held = executors.lock_held;
+  s.network_units = executors.remote_units;
+  s.network_bytes = executors.remote_bytes;
+  s.network_wait = executors.remote_wait;
+  s.network_read = executors.remote_read;
+  s.network_idle = executors.remote_idle;
   s.skipped = skipped_.load(std::memory_order_relaxed);
   {
     MutexLock bad(bad_mu_);

@@ -53,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "exec/executor.h"
 #include "memory/recycling_pool.h"
 #include "memory/slab_pool.h"
 #include "sampler/sampler.h"
@@ -122,6 +123,10 @@ struct EngineConfig {
   // Slab bytes for the batches in flight (depth + 1 slabs); 0: no limit. A depth that does
   // not fit is lowered (said once in the log).
   std::size_t memory_budget = 0;
+  // The kinds of worker chunks are offered to before the engine's threads read them
+  // (executor.h); null: none, the threads read everything. The front end may add to it while
+  // the engine runs.
+  std::shared_ptr<Executors> executors;
   // Where workers and take() stamp their work while tracing is on; null: never traced. It
   // outlives the engine.
   Tracer* tracer = nullptr;
@@ -169,7 +174,10 @@ class Engine {
   // Each distinct sample that failed in a batch handed out (skip policy), by index, with its
   // first reason.
   std::vector<SkippedSample> skipped_samples() const STOKER_EXCLUDES(bad_mu_);
-  std::size_t worker_limit() const { return config_.dataset->worker_limit(); }
+  // The most worker threads that can read at once (the executors' bound); 0: no limit.
+  std::size_t worker_limit() const {
+    return config_.executors != nullptr ? config_.executors->limit() : 0;
+  }
 
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }
   std::size_t samples_per_epoch() const { return samples_per_epoch_; }
@@ -243,8 +251,11 @@ class Engine {
   void read_row(Ticket* ticket, std::size_t row);
   // Row `row` from sample `index` on, `first_attempt` replacements already made.
   void read_row(Ticket* ticket, std::size_t row, std::size_t index, std::size_t first_attempt);
-  // Rows [begin, end) in one Dataset::read_rows call; failed rows go through on_failure.
+  // Rows [begin, end) in one chunk read (read_rows); failed rows go through on_failure.
   void read_chunk(Ticket* ticket, std::size_t begin, std::size_t end);
+  // A chunk offered to the executors, else read by this thread (Dataset::read_rows).
+  void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
+                 std::span<std::exception_ptr> errors) const;
   // The sample that replaces failed sample `index` after `attempt` replacements.
   std::size_t replacement(const Ticket* ticket, std::size_t index, std::size_t attempt) const;
   // Records a failed read. Returns true if the row should be retried with another sample.
@@ -261,6 +272,8 @@ class Engine {
   const std::shared_ptr<SlabPool> pool_;
   const std::size_t samples_per_epoch_;
   const std::size_t batches_per_epoch_;
+  // Chunks are read whole (Dataset::reads_chunks(), or executors to offer them to).
+  const bool reads_chunks_;
 
   mutable Mutex mu_;
   std::condition_variable work_cv_;   // workers: a chunk may be claimable, or stop

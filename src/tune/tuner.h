@@ -30,8 +30,9 @@ struct TuneWindow {
   std::size_t workers = 0;
   std::size_t depth = 0;
   // The most workers that can read at once: the worker processes reads run in
-  // (Dataset::worker_limit), 0 for threads. The threads only wait for the processes, so their
-  // CPU time is not in worker_cpu_s: a busy process worker counts as a busy core.
+  // (Engine::worker_limit: the executors' bound), 0 for threads. The threads only wait for the
+  // processes, so their CPU time is not in worker_cpu_s: a busy process worker counts as a busy
+  // core.
   std::size_t worker_limit = 0;
   // One slab's bytes; 0 while the data set's layout is not known yet (no memory to count).
   std::size_t slab_bytes = 0;
@@ -131,8 +132,7 @@ inline constexpr double kLockSaturated = 0.35;
 // average of 3.5 on 2 cores and 12-17% with 10-14 other sessions spinning (load 4-13); but
 // sleepers wait for a core after each wake-up too, and the scale must not make their 1-5%
 // look like a busy GIL. At 6, both stay on their side of 40% (worker_type='auto') down to
-// and up to 6.7% unscaled. The Python package's worker_type='auto' uses the same scale
-// (_AUTO_LOAD_SCALE).
+// and up to 6.7% unscaled. worker_type='auto' uses the same scale (worker_kind.h).
 inline constexpr double kRunDelayScale = 6;
 
 // The cores a loader may use: `cores` (the process's affinity), divided among the ranks that

@@ -456,7 +456,7 @@ def test_auto_keeps_whole_batches_that_wait_on_threads():
 
 
 def test_the_gil_share_counts_the_waits_for_a_core_of_its_holder():
-    from stoker.loader.worker_choice import gil_bound as _gil_bound
+    from stoker._stoker import gil_bound as _gil_bound
     # pure Python on two threads: alone, and with other sessions taking most of the cores
     # (measured: 12-17% of the wall time on a CPU, the rest runnable)
     assert _gil_bound(0.95, 0.95, 0.0) == (True, 1.0)

@@ -18,8 +18,7 @@ from . import compat, elastic
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
-from .plan import BATCH_JOBS, Plan, engine_enum
-from .worker_choice import RemoteTuning, WorkerTypeChoice
+from .plan import BATCH_JOBS, Plan, cores, engine_enum
 
 _log = logging.getLogger("stoker")
 
@@ -48,11 +47,11 @@ class EnginePipeline(Pipeline):
             self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
             if self._jobs is not None:
                 self._handle.set_batch_jobs(self._jobs.job_args)
-        self._choice = (WorkerTypeChoice(self._jobs is not None)
+        # The two decisions taken while it runs (src/tune/worker_kind.h): worker_type='auto',
+        # and with num_workers='auto' and remote=, how many remote workers to use.
+        self._choice = (_stoker.WorkerKindChooser(self._jobs is not None)
                         if plan.measure_worker_type else None)
-        self._remote_tuning = RemoteTuning() if plan.tune_remote else None
-        if self.worker_type == "process":
-            self._start_processes()
+        self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
         if plan.remote is not None:
             # Engine threads num_workers.. drive the remote workers; a unit is read locally
             # when no remote worker's slot is free.
@@ -60,7 +59,6 @@ class EnginePipeline(Pipeline):
                                          self.num_workers + plan.remote.count,
                                          plan.worker_seed, plan.worker_init_fn,
                                          active=0 if plan.tune_remote else None)
-            self._handle.use_remote(self._remote)
         self._order = None  # the custom sampler's order of the epoch running, once read
         # Construction reads nothing, as torch's: a Python data set's workers start with the
         # first iter(), and so do those following a custom sampler (a native data set's
@@ -80,6 +78,12 @@ class EnginePipeline(Pipeline):
             [0] * plan.order_length if plan.order_length is not None else None,
             shared_slabs=not plan.native and self.worker_type == "process"
             or plan.measure_worker_type)
+        # The kinds of worker besides threads (the engine's executors); the loader has no
+        # workers yet, so nothing was read elsewhere.
+        if self.worker_type == "process":
+            self._start_processes()
+        if self._remote is not None:
+            self._loader.use_remote(self._remote)
         if not plan.measure_worker_type:
             self.log_worker_type()
         self._build = self._convert = None
@@ -324,7 +328,7 @@ class EnginePipeline(Pipeline):
         pool = workers.make_pool()
         pool.start()
         self._workers, self._pool = workers, pool
-        self._handle.use_processes(pool)
+        self._loader.use_processes(pool)
 
     def _engine_workers(self, local: Optional[int] = None) -> int:
         """The engine's worker threads: the local workers (`local`, else num_workers) and one
@@ -335,10 +339,9 @@ class EnginePipeline(Pipeline):
     def _choose_worker_type(self) -> None:
         """worker_type='auto': once the first batches were read on threads, moves GIL-bound
         reads to processes (between batches, on this thread: nothing is lost or reordered)."""
-        stats = self._loader.stats()
-        # The local threads (the engine's others wait for remote workers).
-        threads = stats["workers"] if self._remote is None else self.num_workers
-        decision = self._choice.measure(self._handle.gil_stats(), stats, threads)
+        # The local threads (the engine's others wait for remote workers); None: all of them.
+        threads = None if self._remote is None else self.num_workers
+        decision = self._choice.observe(self._loader, threads, cores())
         if decision is None:
             return
         self._choice = None
@@ -352,8 +355,8 @@ class EnginePipeline(Pipeline):
 
     def _tune_remote(self) -> None:
         before = self._remote.active
-        decision = self._remote_tuning.decide(self._loader.stats(), self.num_workers, before,
-                                              self._remote.size)
+        decision = self._remote_tuning.observe(self._loader, self.num_workers, before,
+                                               self._remote.size)
         if decision is None or decision[0] == before:
             return
         active, wait, load = decision

@@ -174,7 +174,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     workers_given = num_workers != "auto"
     workers = host.cpu_share if num_workers == "auto" else int(num_workers)
     # The engine's tuner counts threads: with remote workers the local count stays fixed and,
-    # with 'auto', the loader asks for remote workers itself (worker_choice.RemoteTuning).
+    # with 'auto', the loader asks for remote workers itself (RemoteWorkerTuner, src/tune/worker_kind.h).
     tune = num_workers == "auto" and remote is None
     max_workers = 0
     if tune:

@@ -57,33 +57,6 @@ _LOST = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "ObjectLost
 # actor's calls one at a time, in order), so the actor does not idle through each round trip.
 SLOTS = 2
 
-# num_workers='auto' with remote=: remote workers are asked for one at a time while the
-# training loop waits more than _GROW_WAIT of its time and the local workers are CPU-saturated
-# (their CPU time over wall time, per core of their share, at least _SATURATED), and given
-# back one at a time while it waits less than _SHRINK_WAIT. Decided every TUNE_BATCHES
-# batches, from the engine's stats over that stretch.
-TUNE_BATCHES = 8
-_GROW_WAIT = 0.10
-_SHRINK_WAIT = 0.02
-_SATURATED = 0.8
-
-
-def next_active(active: int, count: int, wait_fraction: float, local_load: float,
-                remote_busy: Optional[float] = None) -> int:
-    """How many of `count` remote workers to use next, `active` being used now: local first
-    (Pecan's rule), remote workers only for the excess. `remote_busy`: the share of their time
-    the remote workers in use read (the rest they idled between replies), None if they
-    replied to nothing in the stretch; below _SATURATED they wait for their rows to travel
-    (the network stage, report()'s "network-bound"), and one more would wait too."""
-    network_bound = remote_busy is not None and remote_busy < _SATURATED
-    if (wait_fraction > _GROW_WAIT and local_load >= _SATURATED and active < count
-            and not network_bound):
-        return active + 1
-    if wait_fraction < _SHRINK_WAIT and active > 0:
-        return active - 1
-    return active
-
-
 # A lost actor is replaced (and one first asked for by num_workers='auto' is started) in up to
 # REPLACE_ATTEMPTS tries, the n-th after a wait of REPLACE_BACKOFF * 2**n seconds (at most
 # REPLACE_BACKOFF_MAX; none before a first start's first), each only if the cluster has room

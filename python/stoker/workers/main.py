@@ -1,4 +1,4 @@
-"""The loop of a stoker worker process (python/src/py_workers.h has the protocol).
+"""The loop of a stoker worker process (docs/worker_protocol.md specifies the protocol).
 
 A worker gets its data set (inherited by fork, or pickled for spawn/forkserver) and one end
 of a socket; the batch layout comes as a message once the loader learned it from the first
@@ -24,15 +24,21 @@ from . import arena as _arena
 from . import jobs
 from .startup import error_info, start_worker
 
+# The messages' parts (docs/worker_protocol.md's table; tests/python/test_worker_protocol.py
+# checks them against it and against the extension's sizes).
 _HEADER = struct.Struct("=II")
 _JOB = struct.Struct("=QIIII")
 _FIELD = struct.Struct("=QQ")
 _ROW = struct.Struct("=QQ")
-_ARGS_SHIFT = 8  # a job's flags: the bytes of its args from bit 8 up
 _MAP = struct.Struct("=IIQ")
+_DROP = struct.Struct("=I")
 _RESULT = struct.Struct("=QII")
 _PROBE = struct.Struct("=QQ")
-_JOB_KIND, _MAP_KIND, _DROP_KIND, _LAYOUT_KIND, _PROBE_KIND = 1, 2, 3, 4, 5
+# The numbers are the extension's (python/src/py_workers.h, stoker::python::wire).
+_WIRE = _stoker.WORKER_WIRE
+_ARGS_SHIFT = _WIRE["kArgsShift"]  # a job's flags: the bytes of its args from here up
+_JOB_KIND, _MAP_KIND, _DROP_KIND, _LAYOUT_KIND, _PROBE_KIND, _RESULT_KIND = (
+    _WIRE["kinds"][k] for k in ("kJob", "kMap", "kDrop", "kLayout", "kProbe", "kResult"))
 _PR_SET_PDEATHSIG = 1
 
 
@@ -103,7 +109,7 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
             region, _, nbytes = _MAP.unpack_from(payload)
             writer.map(region, fds.pop(0), nbytes)
         elif kind == _DROP_KIND:
-            writer.drop(struct.unpack_from("=I", payload)[0])
+            writer.drop(_DROP.unpack_from(payload)[0])
         elif kind == _LAYOUT_KIND:
             writer.set_layout(*pickle.loads(payload))
         elif kind == _PROBE_KIND:
@@ -120,7 +126,7 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
 
 def _reply(job: int, status: bytes, blob: bytes, times: bytes = b"") -> bytes:
     body = _RESULT.pack(job, len(status), len(blob)) + status + times + blob
-    return _HEADER.pack(1, len(body)) + body
+    return _HEADER.pack(_RESULT_KIND, len(body)) + body
 
 
 def _probe(payload, dataset, init_error, arenas) -> bytes:

@@ -1,0 +1,84 @@
+#include "tune/worker_kind.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "tune/tuner.h"
+#include "util/format.h"
+
+namespace stoker::detail {
+
+GilVerdict gil_bound(double busy, double on_cpu, double delayed, bool whole_batches) {
+  const double scale = on_cpu > 0 ? std::min(kRunDelayScale, (on_cpu + delayed) / on_cpu) : 1.0;
+  const bool parallel = busy > kGilParallel && !whole_batches;
+  return {.bound = kGilBusy <= scale * busy && !parallel, .scale = scale};
+}
+
+KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool whole_batches,
+                              std::size_t threads, std::size_t cores) {
+  const GilVerdict v = gil_bound(busy, on_cpu, delayed, whole_batches);
+  std::string measured =
+      format("reads kept the GIL busy %.0f%% of the time on %zu threads, %zu cores", 100 * busy,
+             threads, cores);
+  if (v.scale > 1.05) {
+    measured += format(" (%.0f%% counting their waits for a core)", 100 * v.scale * busy);
+  }
+  if (v.bound && cores >= 2 && threads >= 2) {
+    const char* why = busy > kGilParallel ? "whole batches made in Python" : "GIL-bound";
+    return {.processes = true, .reason = "auto: " + measured + ": " + why + ", so processes"};
+  }
+  const char* why = cores < 2                ? "fewer than 2 cores"
+                    : threads < 2 && v.bound ? "fewer than 2 threads"
+                    : busy > kGilParallel    ? "work that releases the GIL"
+                                             : "not GIL-bound";
+  return {.processes = false, .reason = "auto: " + measured + ": " + why + ", so threads"};
+}
+
+std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,
+                                double local_load, std::optional<double> remote_busy) {
+  const bool network_bound = remote_busy && *remote_busy < kRemoteSaturated;
+  if (wait_fraction > kRemoteGrowWait && local_load >= kRemoteSaturated && active < count &&
+      !network_bound) {
+    return active + 1;
+  }
+  if (wait_fraction < kRemoteShrinkWait && active > 0) return active - 1;
+  return active;
+}
+
+std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::uint64_t reads,
+                                                     std::size_t threads, std::size_t cores) {
+  if (!first_) {
+    first_ = stats;
+    first_reads_ = reads;
+    return std::nullopt;
+  }
+  ++batches_;
+  if (batches_ < kKindMinBatches || reads - first_reads_ < kKindMinReads) return std::nullopt;
+  const double wall = std::max(to_seconds(stats.elapsed - first_->elapsed), 1e-9);
+  const double busy = to_seconds(stats.worker_lock_held - first_->worker_lock_held) / wall;
+  return choose_worker_kind(busy, to_seconds(stats.worker_cpu - first_->worker_cpu),
+                            to_seconds(stats.worker_run_delay - first_->worker_run_delay),
+                            whole_batches_, threads, cores);
+}
+
+std::optional<RemoteDecision> RemoteWorkerTuner::observe(const Stats& stats,
+                                                         std::size_t local_workers,
+                                                         std::size_t active, std::size_t count) {
+  const std::optional<Stats> last = std::exchange(last_, stats);
+  if (!last) return std::nullopt;
+  const double elapsed = to_seconds(stats.elapsed - last->elapsed);
+  if (elapsed <= 0) return std::nullopt;
+  RemoteDecision d;
+  d.wait = to_seconds(stats.consumer_wait - last->consumer_wait) / elapsed;
+  // worker_cpu also counts the threads waiting on remote workers, which use little.
+  d.load = to_seconds(stats.worker_cpu - last->worker_cpu) / elapsed /
+           std::max(1.0, std::min(static_cast<double>(local_workers), stats.cpu_cores));
+  const double read = to_seconds(stats.network_read - last->network_read);
+  const double idle = to_seconds(stats.network_idle - last->network_idle);
+  const std::optional<double> remote_busy =
+      read + idle > 0 ? std::optional<double>(read / (read + idle)) : std::nullopt;
+  d.active = next_remote_workers(active, count, d.wait, d.load, remote_busy);
+  return d;
+}
+
+}  // namespace stoker::detail

@@ -1,0 +1,121 @@
+// The two decisions about kinds of worker that the Python front end takes while a loader
+// runs, as pure functions beside the tuner's policy (no clocks, no threads; tested with
+// synthetic numbers in tests/tuner_test.cc, and called from python/stoker/loader/
+// worker_choice.py, which only measures):
+//   - worker_type='auto': threads, or worker processes for reads that the GIL serializes,
+//     decided once from the first batches read on threads;
+//   - num_workers='auto' with remote=: how many remote workers to use, one more or one fewer
+//     every kRemoteTuneBatches batches.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "stoker/stats.h"
+
+namespace stoker::detail {
+
+// worker_type='auto' measures reads from the first batch handed out (the start-up is left
+// out) over at least this many more batches and samples: long enough for the threads to meet
+// at the GIL, short next to an epoch.
+inline constexpr std::size_t kKindMinBatches = 3;
+inline constexpr std::size_t kKindMinReads = 16;
+
+// The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
+// time) for at least this share of the time, and not much more than all of it: GIL-bound.
+// Pure-Python __getitem__s on two threads keep it busy ~95% of the time (measured on a 2-core
+// machine), cheap Python samples ~40-60% (the training loop's thread takes the rest); one that
+// sleeps or waits for I/O ~1-3%; one whose work releases the GIL (numpy, PIL, torch ops) runs
+// on several cores at once, so its threads' CPU time exceeds the wall time.
+// Other processes competing for the cores take CPU time, not GIL time: a thread that holds the
+// GIL while it waits for a core keeps the others out all the same. So the lower bound is
+// checked on the CPU time scaled by the share of their runnable time the reading threads got a
+// core (CPU time plus run-queue delay over CPU time), at most kRunDelayScale (tuner.h): a
+// sleeper's reads wait for a core after each wake-up, and the scale must not make their 1-5%
+// look like a busy GIL. Load only ever lowers the unscaled share, so the upper bound (work in
+// parallel) is checked on it.
+// Batch jobs (collate_fn, batch_sampler, batch_size=None) have no upper bound: a batch job
+// runs Python between its native calls (the fetch loop, the collate's walk of the samples)
+// and a process adds only a streamed copy of the batch into its arena, so work that releases
+// the GIL is no reason to stay on threads there. Processes against threads, side by side on
+// 2 cores (bench/worker_kinds.py): a padding collate (its reads busy 0.8-1.4 of the wall
+// time) 2.0x, per-sample randn stacked (1.06) 1.7x, a tensor indexed and stacked (0.25) 1.2x.
+inline constexpr double kGilBusy = 0.4;
+inline constexpr double kGilParallel = 1.25;
+
+struct GilVerdict {
+  bool bound = false;  // GIL-bound
+  double scale = 1;    // applied to `busy` for the threads' waits for a core
+};
+// Whether reads that kept the GIL busy `busy` of the wall time are GIL-bound, given the
+// worker threads' CPU time `on_cpu` and run-queue delay `delayed` over the same time.
+// `whole_batches`: the reads are batch jobs (no upper bound).
+GilVerdict gil_bound(double busy, double on_cpu, double delayed, bool whole_batches);
+
+struct KindChoice {
+  bool processes = false;
+  std::string reason;  // "auto: reads kept the GIL busy 95% of the time on 2 threads, ..."
+};
+// worker_type='auto' once measured: `threads` reading on `cores` cores.
+KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool whole_batches,
+                              std::size_t threads, std::size_t cores);
+
+// worker_type='auto' while the first batches are read on threads: fed the loader's Stats
+// after each batch handed out, with the samples read on threads so far (`reads`), it measures
+// from the first call on (the start-up is left out) and decides once, when it has seen
+// kKindMinBatches more batches and kKindMinReads more reads. The GIL's busy share is
+// Stats::worker_lock_held over Stats::elapsed, both over that stretch.
+class WorkerKindChooser {
+ public:
+  explicit WorkerKindChooser(bool whole_batches) : whole_batches_(whole_batches) {}
+  // None while measuring. `threads` reading on `cores` cores.
+  std::optional<KindChoice> observe(const Stats& stats, std::uint64_t reads, std::size_t threads,
+                                    std::size_t cores);
+
+ private:
+  bool whole_batches_;
+  std::size_t batches_ = 0;
+  std::optional<Stats> first_;
+  std::uint64_t first_reads_ = 0;
+};
+
+// num_workers='auto' with remote=: remote workers are asked for one at a time while the
+// training loop waits more than kRemoteGrowWait of its time and the local workers are
+// CPU-saturated (their CPU time over wall time, per core of their share, at least
+// kRemoteSaturated), and given back one at a time while it waits less than kRemoteShrinkWait.
+// Decided every kRemoteTuneBatches batches, from the engine's stats over that stretch.
+inline constexpr std::size_t kRemoteTuneBatches = 8;
+inline constexpr double kRemoteGrowWait = 0.10;
+inline constexpr double kRemoteShrinkWait = 0.02;
+inline constexpr double kRemoteSaturated = 0.8;
+
+// How many of `count` remote workers to use next, `active` being used now: local first
+// (Pecan's rule), remote workers only for the excess. `remote_busy`: the share of their time
+// the remote workers in use read (the rest they idled between replies), none if they replied
+// to nothing in the stretch; below kRemoteSaturated they wait for their rows to travel (the
+// network stage, the report's "network-bound"), and one more would wait too.
+std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,
+                                double local_load, std::optional<double> remote_busy);
+
+struct RemoteDecision {
+  std::size_t active = 0;  // remote workers to use
+  double wait = 0;         // the share of the stretch the training loop waited
+  double load = 0;         // the local workers' CPU time over wall time, per core of theirs
+};
+// Fed the loader's Stats every kRemoteTuneBatches batches handed out (due()), decides from
+// the stretch since the last call: none at the first.
+class RemoteWorkerTuner {
+ public:
+  bool due() { return ++batches_ % kRemoteTuneBatches == 0; }  // counts a batch handed out
+  // `local_workers` reading here, `active` of `count` remote workers in use.
+  std::optional<RemoteDecision> observe(const Stats& stats, std::size_t local_workers,
+                                        std::size_t active, std::size_t count);
+
+ private:
+  std::size_t batches_ = 0;
+  std::optional<Stats> last_;
+};
+
+}  // namespace stoker::detail

@@ -1,0 +1,156 @@
+// The front end's decisions about kinds of worker (src/tune/worker_kind.h): pure functions,
+// tested on synthetic numbers.
+#include "tune/worker_kind.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "tune/tuner.h"
+
+namespace stoker::detail {
+namespace {
+
+bool contains(const std::string& text, const char* part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(WorkerKind, GilBoundReadsAreTheOnesThatKeepTheGilBusyAlone) {
+  // Pure-Python reads on two threads: busy ~95%, no load.
+  auto v = gil_bound(0.95, 0.95, 0.0, false);
+  EXPECT_TRUE(v.bound);
+  EXPECT_DOUBLE_EQ(v.scale, 1.0);
+  // The same reads on a loaded machine: 14% unscaled, but runnable 5x as long as on a core.
+  EXPECT_TRUE(gil_bound(0.14, 0.14, 0.6, false).bound);
+  // A sleeper's reads wait for a core after each wake-up: the scale stops at kRunDelayScale.
+  v = gil_bound(0.05, 0.05, 0.5, false);
+  EXPECT_FALSE(v.bound);
+  EXPECT_DOUBLE_EQ(v.scale, kRunDelayScale);
+  // Work that releases the GIL runs on several cores at once.
+  EXPECT_FALSE(gil_bound(1.8, 1.8, 0.0, false).bound);
+  EXPECT_FALSE(gil_bound(1.3, 1.3, 1.3, false).bound);
+  // Nothing measured: as it is.
+  v = gil_bound(0.02, 0.0, 0.0, false);
+  EXPECT_FALSE(v.bound);
+  EXPECT_DOUBLE_EQ(v.scale, 1.0);
+  // Batch jobs have no upper bound.
+  EXPECT_TRUE(gil_bound(1.4, 1.4, 0.0, true).bound);
+  EXPECT_TRUE(gil_bound(0.95, 0.95, 0.0, true).bound);
+  EXPECT_FALSE(gil_bound(0.05, 0.05, 0.0, true).bound);
+  // The thresholds themselves.
+  EXPECT_TRUE(gil_bound(kGilBusy, 1, 0, false).bound);
+  EXPECT_FALSE(gil_bound(kGilBusy * 0.99, 1, 0, false).bound);
+  EXPECT_TRUE(gil_bound(kGilParallel, 1, 0, false).bound);
+  EXPECT_FALSE(gil_bound(kGilParallel * 1.01, 1, 0, false).bound);
+}
+
+TEST(WorkerKind, ProcessesOnlyWithTwoCoresAndTwoThreadsAndTheReasonSaysWhy) {
+  auto c = choose_worker_kind(0.95, 0.95, 0.0, false, 2, 2);
+  EXPECT_TRUE(c.processes);
+  EXPECT_EQ(c.reason,
+            "auto: reads kept the GIL busy 95% of the time on 2 threads, 2 cores: GIL-bound, so "
+            "processes");
+  c = choose_worker_kind(1.4, 1.4, 0.0, true, 2, 2);
+  EXPECT_TRUE(c.processes);
+  EXPECT_TRUE(contains(c.reason, "whole batches made in Python, so processes"));
+  c = choose_worker_kind(0.95, 0.95, 0.0, false, 2, 1);
+  EXPECT_FALSE(c.processes);
+  EXPECT_TRUE(contains(c.reason, "fewer than 2 cores, so threads"));
+  c = choose_worker_kind(0.95, 0.95, 0.0, false, 1, 4);
+  EXPECT_FALSE(c.processes);
+  EXPECT_TRUE(contains(c.reason, "fewer than 2 threads, so threads"));
+  c = choose_worker_kind(1.8, 1.8, 0.0, false, 4, 4);
+  EXPECT_FALSE(c.processes);
+  EXPECT_TRUE(contains(c.reason, "work that releases the GIL, so threads"));
+  c = choose_worker_kind(0.02, 0.02, 0.0, false, 4, 4);
+  EXPECT_FALSE(c.processes);
+  EXPECT_TRUE(contains(c.reason, "not GIL-bound, so threads"));
+  // Waits for a core are said with the scaled share.
+  c = choose_worker_kind(0.14, 0.14, 0.6, false, 2, 2);
+  EXPECT_TRUE(c.processes);
+  EXPECT_TRUE(contains(c.reason, "(74% counting their waits for a core)"));
+}
+
+TEST(WorkerKind, RemoteWorkersAreAskedForOnlyPastSaturatedLocalWorkers) {
+  // The loop waits and the local workers are saturated: one more, up to the count.
+  EXPECT_EQ(next_remote_workers(0, 2, 0.5, 0.95, std::nullopt), 1u);
+  EXPECT_EQ(next_remote_workers(2, 2, 0.5, 0.95, std::nullopt), 2u);
+  // The loop waits but local cores are idle (I/O, a slow storage): no remote worker helps.
+  EXPECT_EQ(next_remote_workers(0, 2, 0.5, 0.3, std::nullopt), 0u);
+  // The loop no longer waits: one given back; in between, no change.
+  EXPECT_EQ(next_remote_workers(2, 2, 0.0, 0.95, std::nullopt), 1u);
+  EXPECT_EQ(next_remote_workers(1, 2, 0.05, 0.95, std::nullopt), 1u);
+  // The remote worker in use reads 90% of its time: saturated too, one more helps.
+  EXPECT_EQ(next_remote_workers(1, 2, 0.5, 0.95, 0.9), 2u);
+  // It idles 40% of its time while its rows travel (network-bound): one more would idle too.
+  EXPECT_EQ(next_remote_workers(1, 2, 0.5, 0.95, 0.6), 1u);
+}
+
+// The loader's Stats after `seconds`, with the GIL held `gil` of it, the workers on a core
+// `cpu` and waiting for one `delay` of it.
+Stats at(double seconds, double gil, double cpu, double delay) {
+  const auto ns = [](double s) {
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9));
+  };
+  Stats s;
+  s.elapsed = ns(seconds);
+  s.worker_lock_held = ns(gil * seconds);
+  s.worker_cpu = ns(cpu * seconds);
+  s.worker_run_delay = ns(delay * seconds);
+  return s;
+}
+
+TEST(WorkerKind, TheChooserMeasuresFromItsFirstBatch) {
+  WorkerKindChooser chooser(false);
+  // The start-up (GIL idle) is left out: measuring starts at the first call.
+  EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 0, 2, 2));
+  // Enough batches but too few reads: still measuring.
+  for (std::size_t b = 1; b <= kKindMinBatches; ++b) {
+    EXPECT_FALSE(
+        chooser.observe(at(1 + static_cast<double>(b), 0.5, 0.5, 0), kKindMinReads - 1, 2, 2));
+  }
+  // From the first call: the GIL held 0.95 s of each second.
+  Stats now = at(1, 0, 0, 0);
+  now.elapsed += std::chrono::seconds(2);
+  now.worker_lock_held = std::chrono::milliseconds(1900);
+  now.worker_cpu = std::chrono::milliseconds(1900);
+  const auto d = chooser.observe(now, 100, 2, 2);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->processes);
+  EXPECT_TRUE(contains(d->reason, "busy 95% of the time on 2 threads, 2 cores"));
+}
+
+TEST(WorkerKind, TheRemoteTunerDecidesEveryFewBatchesFromTheStretchSinceTheLast) {
+  RemoteWorkerTuner tuner;
+  std::size_t due = 0;
+  for (std::size_t b = 0; b < 3 * kRemoteTuneBatches; ++b) due += tuner.due() ? 1 : 0;
+  EXPECT_EQ(due, 3u);
+  Stats s;
+  s.cpu_cores = 2;
+  s.elapsed = std::chrono::seconds(10);
+  EXPECT_FALSE(tuner.observe(s, 2, 0, 2));  // the first: nothing to compare with
+  // Over the next 10 s the loop waited half of it, and 2 local workers were busy 1.9 cores.
+  s.elapsed += std::chrono::seconds(10);
+  s.consumer_wait += std::chrono::seconds(5);
+  s.worker_cpu += std::chrono::seconds(19);
+  auto d = tuner.observe(s, 2, 0, 2);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->active, 1u);
+  EXPECT_DOUBLE_EQ(d->wait, 0.5);
+  EXPECT_DOUBLE_EQ(d->load, 0.95);
+  // The next stretch: the remote worker idled 40% while its rows travelled (network-bound).
+  s.elapsed += std::chrono::seconds(10);
+  s.consumer_wait += std::chrono::seconds(5);
+  s.worker_cpu += std::chrono::seconds(19);
+  s.network_read += std::chrono::seconds(6);
+  s.network_idle += std::chrono::seconds(4);
+  d = tuner.observe(s, 2, 1, 2);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->active, 1u);
+}
+
+}  // namespace
+}  // namespace stoker::detail
