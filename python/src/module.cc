@@ -303,6 +303,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("indices", &RawBatch::indices)
       .def("skipped", &RawBatch::skipped)
       .def("release", &RawBatch::release)
+      .def("take", &RawBatch::take, py::arg("as_arrays"))
       .def_property_readonly("released", &RawBatch::released);
 
   bind_options(m);

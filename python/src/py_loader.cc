@@ -87,6 +87,12 @@ py::list RawBatch::arrays() const {
   return out;
 }
 
+py::tuple RawBatch::take(bool as_arrays) {
+  py::list fields = as_arrays ? arrays() : capsules();
+  release();
+  return py::make_tuple(std::move(fields), objects_);
+}
+
 py::list RawBatch::indices() const {
   py::list out;
   for (std::size_t i : indices_) out.append(i);

@@ -56,6 +56,9 @@ class RawBatch {
   py::list skipped() const;
   // Drops this handle's hold on the slab (the tensors made from it keep their own).
   void release() { holder_.reset(); }
+  // (capsules, or numpy arrays with `arrays`; objects), then release(): what the Python layer
+  // makes a delivered batch from, in one call.
+  py::tuple take(bool as_arrays);
 
  private:
   const std::shared_ptr<BatchHolder>& holder() const;

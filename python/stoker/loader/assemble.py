@@ -66,28 +66,29 @@ def batch_builder(structure, collate_fn: Callable | None) -> Callable:
     return build(structure)
 
 
-def converter(element_types: list[str], on_device: bool) -> Callable:
-    """A function RawBatch -> its field arrays: tensors through DLPack (zero-copy) when torch
-    is loaded, numpy arrays otherwise."""
+def converter(element_types: list[str], on_device: bool) -> tuple[bool, Callable]:
+    """(whether the batch's fields are to be taken as numpy arrays rather than DLPack capsules
+    (RawBatch.take), a function of those fields -> the batch's arrays): tensors through DLPack
+    (zero-copy) when torch is loaded, numpy arrays otherwise."""
     torch = _torch()
     if torch is None:
         if on_device:
             raise RuntimeError("stoker: batches on a device need torch")
 
-        def numpy_arrays(raw):
-            return [to_array(a, t) for a, t in zip(raw.arrays(), element_types)]
+        def numpy_arrays(fields):
+            return [to_array(a, t) for a, t in zip(fields, element_types)]
 
-        return numpy_arrays
+        return True, numpy_arrays
     from_dlpack = torch.from_dlpack
     views = [
         getattr(torch, t) if t == "bool" or (t.startswith("uint") and t != "uint8") else None
         for t in element_types
     ]
     if not any(v is not None for v in views):
-        return lambda raw: [from_dlpack(c) for c in raw.capsules()]
+        return False, lambda fields: [from_dlpack(c) for c in fields]
 
-    def tensors(raw):
-        out = [from_dlpack(c) for c in raw.capsules()]
+    def tensors(fields):
+        out = [from_dlpack(c) for c in fields]
         return [t if v is None else t.view(v) for t, v in zip(out, views)]
 
-    return tensors
+    return False, tensors

@@ -87,6 +87,7 @@ class EnginePipeline(Pipeline):
         if not plan.measure_worker_type:
             self.log_worker_type()
         self._build = self._convert = None
+        self._as_arrays = False  # fields taken as numpy arrays (no torch), else as capsules
         # A native data set's object columns (ParquetDataset's strings) come with the batch's
         # indices, on this side.
         self._objects_of = getattr(plan.dataset, "_batch_objects", None) if plan.native else None
@@ -152,11 +153,13 @@ class EnginePipeline(Pipeline):
             self._tune_remote()
         if self._build is None:
             self._make_batches(self._handle.structure())
-        arrays = self._convert(raw)
-        raw.release()  # the tensors keep the buffer; returning them all recycles it
+        # One call: the fields and object values, and the handle's hold on the slab let go
+        # (the tensors keep the buffer; returning them all recycles it).
+        fields, objects = raw.take(self._as_arrays)
+        arrays = self._convert(fields)
         if self._objects_of is not None:
             return self._build(arrays, self._objects_of(raw.indices()))
-        return self._build(arrays, raw.objects)
+        return self._build(arrays, objects)
 
     def __len__(self) -> int:
         index = self._index
@@ -370,7 +373,8 @@ class EnginePipeline(Pipeline):
         if pin:
             self._jobs.collate_fn = pinned(self._jobs.collate_fn)
         move = mover(self._loader.stats()["device"], pin)
-        self._convert = lambda raw: None  # a batch job's batch is its one object value
+        self._as_arrays = False
+        self._convert = lambda fields: None  # a batch job's batch is its one object value
         self._build = lambda arrays, objects: move(objects[0][0])
 
     def _epoch_batches(self, epoch: int) -> list:
@@ -393,8 +397,8 @@ class EnginePipeline(Pipeline):
         """How a delivered batch becomes what the training loop gets, once the layout is
         known (a Python data set's, from the first sample read)."""
         self._build = batch_builder(structure, None)
-        self._convert = converter(_element_types(structure),
-                                  self._loader.stats()["device"] not in ("cpu", "sim"))
+        self._as_arrays, self._convert = converter(
+            _element_types(structure), self._loader.stats()["device"] not in ("cpu", "sim"))
 
 
 def _element_types(structure) -> list[str]:
