@@ -13,12 +13,13 @@ from .. import _stoker
 from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
-from ..workers.startup import thread_worker_start
+from ..workers.startup import start_worker
 from . import compat
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, engine_enum
+from .seeding import TorchRandomOrder, WorkerSetup, peek_seed
 from .worker_choice import RemoteTuning, WorkerTypeChoice
 
 _log = logging.getLogger("stoker")
@@ -28,9 +29,11 @@ class EnginePipeline(Pipeline):
     """`index`: torch's public attributes the batches of a batch job's epoch follow (dataset,
     sampler, batch_sampler, batch_size, drop_last), as the DataLoader holds them."""
 
-    def __init__(self, plan: Plan, index: dict) -> None:
+    def __init__(self, plan: Plan, index: dict, setup: WorkerSetup) -> None:
         super().__init__(plan)
         self._index = index
+        self._setup = setup
+        self._order_state = self._resume_order = None  # a TorchRandomOrder epoch's draw
         self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
@@ -42,8 +45,11 @@ class EnginePipeline(Pipeline):
             # No reference to self from here: the C++ data set holds it, and a cycle through
             # C++ would keep the pipeline alive.
             thread_count = self._thread_count = [self.num_workers]
-            start = thread_worker_start(user_dataset(plan.dataset), plan.worker_seed,
-                                        lambda: thread_count[0], plan.worker_init_fn)
+            dataset = user_dataset(plan.dataset)
+
+            def start(worker_id: int) -> None:  # once per worker thread, as it starts
+                start_worker(worker_id, thread_count[0], setup.base_seed, dataset,
+                             setup.worker_init_fn, own_process=False)
             # Reads nothing: the layout comes from the first sample a worker reads.
             self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
             if self._jobs is not None:
@@ -51,14 +57,19 @@ class EnginePipeline(Pipeline):
         self._choice = (WorkerTypeChoice(self._jobs is not None)
                         if plan.measure_worker_type else None)
         self._remote_tuning = RemoteTuning() if plan.tune_remote else None
-        if self.worker_type == "process":
-            self._start_processes()
+        # Worker processes start with the first epoch, whose iter() draws their base seed.
+        self._processes_due = self.worker_type == "process"
+        if self._processes_due:
+            self._warn_not_persistent()
         if plan.remote is not None:
+            # Remote workers are set up now: their base seed is the one the first iter() would
+            # draw, peeked at (the generator does not move; nor does it at each iter()).
+            setup.base_seed, setup.persistent = peek_seed(setup.generator), True
             # Engine threads num_workers.. drive the remote workers; a unit is read locally
             # when no remote worker's slot is free.
             self._remote = RemoteWorkers(plan.remote, plan.dataset, self.num_workers,
                                          self.num_workers + plan.remote.count,
-                                         plan.worker_seed, plan.worker_init_fn,
+                                         setup.base_seed, setup.worker_init_fn,
                                          active=0 if plan.tune_remote else None)
             self._handle.use_remote(self._remote)
         self._order = None  # the custom sampler's order of the epoch running, once read
@@ -112,8 +123,17 @@ class EnginePipeline(Pipeline):
             if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
                 self._jobs.batches = batches
                 self._loader.restart_fresh(epoch)
+        if not self.plan.native:  # as torch's iter(): the workers' base seed, then the order
+            self._setup.begin_epoch()
+            if self._processes_due:
+                self._processes_due = False
+                self._start_processes(warn=False)
         if self.plan.order_length is not None:
-            order = list(self.plan.sampler)
+            if isinstance(self.plan.sampler, TorchRandomOrder):
+                order, self._order_state = self.plan.sampler.draw(self._resume_order)
+                self._resume_order = None
+            else:
+                order = list(self.plan.sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
                 self._loader.set_order(order)
                 if self._order is not None:
@@ -158,8 +178,13 @@ class EnginePipeline(Pipeline):
             epoch, batch = next_epoch, 0
         else:
             epoch, batch = self._loader.position()
-        return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
-                "batches_per_epoch": len(self)}
+        state = {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
+                 "batches_per_epoch": len(self)}
+        if resume is not None and self._resume_order is not None:
+            state["order"] = self._resume_order
+        elif resume is None and next_epoch is None and self._order_state is not None:
+            state["order"] = self._order_state  # what this epoch's permutation was drawn from
+        return state
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         if "batch" not in state:
@@ -173,6 +198,7 @@ class EnginePipeline(Pipeline):
             raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
                              f"seed {self.plan.seed}: pass seed= (or the same generator) to "
                              f"resume")
+        self._resume_order = state.get("order")
         return int(state["epoch"]), int(state["batch"])
 
     def _stats(self) -> dict:
@@ -237,19 +263,23 @@ class EnginePipeline(Pipeline):
         self._remote.set_active(active)
         self._loader.set_workers(self._engine_workers())
 
-    def _start_processes(self) -> None:
+    def _start_processes(self, warn: bool = True) -> None:
         """Starts the worker processes and sends reads to them from now on."""
+        if warn:
+            self._warn_not_persistent()
+        workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
+                                 self._setup.base_seed, self._setup.worker_init_fn)
+        pool = workers.make_pool()
+        pool.start()
+        self._workers, self._pool = workers, pool
+        self._handle.use_processes(pool)
+
+    def _warn_not_persistent(self) -> None:
         # Only when passed: a warning for torch's default could not be silenced.
         if self.plan.warn_not_persistent:
             compat.warn("worker processes persist across epochs (persistent_workers=False is "
                         "not honoured): changes made to the data set in this process after "
                         "they started are not seen by them")
-        workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
-                                 self.plan.worker_seed, self.plan.worker_init_fn)
-        pool = workers.make_pool()
-        pool.start()
-        self._workers, self._pool = workers, pool
-        self._handle.use_processes(pool)
 
     def _engine_workers(self, local: Optional[int] = None) -> int:
         """The engine's worker threads: the local workers (`local`, else num_workers) and one
