@@ -32,9 +32,10 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
-echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools)"
+echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
+echo "   lightning, accelerate, datasets for bench/frameworks_bench.py)"
 python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
-  webdataset pyarrow
+  webdataset pyarrow lightning accelerate datasets
 
 echo "== image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
@@ -65,9 +66,10 @@ rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
 # --no-compile: .pyc files only for the modules the tests import, not all of torch.
 # matplotlib and tqdm: tune's chart and the progress bars; pyarrow: ParquetDataset; webdataset:
-# the same samples as stoker.WebDataset reads; optional for users, tested here.
+# the same samples as stoker.WebDataset reads; lightning, accelerate, datasets: the frameworks
+# tests (tests/python/test_framework_runs.py, test_frameworks.py); optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest matplotlib tqdm webdataset pyarrow
+  pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== PyTorch's own DataLoader tests with stoker's loader (given their file)"
@@ -102,5 +104,6 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
 ./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
 .venv-test/bin/python bench/parquet_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/frameworks_bench.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"

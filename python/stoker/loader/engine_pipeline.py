@@ -109,6 +109,11 @@ class EnginePipeline(Pipeline):
     # --- the protocol -------------------------------------------------------------------
 
     def start(self, epoch: int, batch: int) -> None:
+        if not self.plan.native:  # as torch's iter(): the workers' base seed, then the order
+            self._setup.begin_epoch()
+            if self._processes_due:
+                self._processes_due = False
+                self._start_processes(warn=False)
         samples = compat.sized(self._index["dataset"])
         if self._samples is not None and samples is not None and samples != self._samples:
             compat.warn(f"the data set has {samples} samples, {self._samples} when this "
@@ -123,11 +128,6 @@ class EnginePipeline(Pipeline):
             if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
                 self._jobs.batches = batches
                 self._loader.restart_fresh(epoch)
-        if not self.plan.native:  # as torch's iter(): the workers' base seed, then the order
-            self._setup.begin_epoch()
-            if self._processes_due:
-                self._processes_due = False
-                self._start_processes(warn=False)
         if self.plan.order_length is not None:
             if isinstance(self.plan.sampler, TorchRandomOrder):
                 order, self._order_state = self.plan.sampler.draw(self._resume_order)
