@@ -3,10 +3,10 @@ made, in the same run: re-made by Lightning with a DistributedSampler (what its 
 do: lightning's own _update_dataloader, world size 1 so that one process reads the whole data
 set) and prepared by Accelerate (Accelerator(cpu=True).prepare), over reads that wait.
 
-    python bench/frameworks_bench.py [--samples 2048] [--wait-ms 5] [--rounds 3] [--smoke]
+    python bench/frameworks_bench.py [--samples 8192] [--wait-ms 5] [--rounds 3] [--smoke]
 
 Each sample's read sleeps --wait-ms (a file or object-store read) and returns a 4 KB tensor;
-batch 32, shuffled. For each loader: samples/s over one epoch after a warm-up epoch (workers
+batch 32, shuffled. For each loader: samples/s over one epoch after two warm-up epochs (workers
 started and tuned: num_workers='auto' tunes the count online), the kind and count of workers
 it ended with; --rounds alternated, medians; then each one's ratio to the user's loader. torch's
 DataLoader (num_workers=8, re-made by Lightning) is shown for scale. Needs lightning and
@@ -59,13 +59,13 @@ def epoch_rate(loader) -> float:
 def workers_of(loader) -> str:
     inner = loader.__dict__.get("base_dataloader", loader)
     if issubclass(type(inner), stoker.DataLoader):
-        return f"stoker, {int(inner.num_workers)} {inner.worker_type} workers"
+        return f"stoker, {inner.stats()['workers']} {inner.worker_type} workers at the end"
     return f"torch, {inner.num_workers} worker processes"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--samples", type=int, default=8192)
     parser.add_argument("--wait-ms", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny, to check the harness")
@@ -82,7 +82,8 @@ def main() -> None:
             tud.DataLoader(data, batch_size=32, shuffle=True, num_workers=8)),
     }
     for loader in loaders.values():
-        epoch_rate(loader)  # warm-up: workers start, the tuner settles
+        for _ in range(1 if args.smoke else 2):
+            epoch_rate(loader)  # warm-up: workers start, the tuner settles
     rates: dict[str, list[float]] = {name: [] for name in loaders}
     for _ in range(args.rounds):
         for name, loader in loaders.items():

@@ -16,7 +16,6 @@ import torch
 import torch.utils.data as tud
 
 import stoker
-from framework_datasets import Indices
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,34 +36,38 @@ def _lightning(strategy: str, out: Path, *loaders: str) -> None:
                     *loaders], env=env, check=True, timeout=420, cwd=out)
 
 
-def test_lightning_ddp_and_ddp_spawn_as_with_torch_s_loader(tmp_path):
+def test_lightning_ddp_ddp_spawn_and_ddp_fork_as_with_torch_s_loader(tmp_path):
     # fit, validate and predict under ddp with each loader; fit under ddp_spawn (the trainer,
-    # stoker's loader in it, pickled into the processes it spawns).
+    # stoker's loader in it, pickled into the processes it spawns) and ddp_fork.
     pytest.importorskip("lightning")
     _lightning("ddp", tmp_path, "torch", "stoker")
-    (tmp_path / "spawn").mkdir()
-    _lightning("ddp_spawn", tmp_path / "spawn", "stoker")
+    for strategy in ("ddp_spawn", "ddp_fork"):
+        (tmp_path / strategy).mkdir()
+        _lightning(strategy, tmp_path / strategy, "stoker")
     theirs, ours = _records(tmp_path / "torch"), _records(tmp_path / "stoker")
-    spawned = _records(tmp_path / "spawn" / "stoker")
+    spawned = _records(tmp_path / "ddp_spawn" / "stoker")
+    forked = _records(tmp_path / "ddp_fork" / "stoker")
     assert sorted(ours) == sorted(theirs) == [f"{stage}-{rank}.json" for stage in
                                               ("fit", "predict", "validate") for rank in (0, 1)]
-    assert sorted(spawned) == ["fit-0.json", "fit-1.json"]
+    assert sorted(spawned) == sorted(forked) == ["fit-0.json", "fit-1.json"]
     for name in ours:
         assert ours[name]["loader"] == "stoker.loader.dataloader", name  # stoker iterated
         assert theirs[name]["loader"] == "torch.utils.data.dataloader", name
         assert ours[name]["samples"] == theirs[name]["samples"], name  # the same per rank
         assert ours[name]["weights"] == pytest.approx(theirs[name]["weights"], abs=1e-6)
     for name in spawned:
-        assert spawned[name]["loader"] == "stoker.loader.dataloader"
-        assert spawned[name]["samples"] == theirs[name]["samples"], name
-        assert spawned[name]["weights"] == pytest.approx(theirs[name]["weights"], abs=1e-6)
+        for records in (spawned, forked):
+            assert records[name]["loader"] == "stoker.loader.dataloader"
+            assert records[name]["samples"] == theirs[name]["samples"], name
+            assert records[name]["weights"] == pytest.approx(theirs[name]["weights"], abs=1e-6)
     fit0, fit1 = ours["fit-0.json"]["samples"], ours["fit-1.json"]["samples"]
     for epoch in range(2):  # each epoch: the ranks share the data set
         assert sorted(sum(fit0[epoch] + fit1[epoch], [])) == list(range(32))
     assert fit0[0] != fit0[1]  # DistributedSampler's shuffle, epoch by epoch
     # seed_everything(workers=True): Lightning's worker_init_fn ran in stoker's workers.
     # (Each rank's workers: Lightning's worker_init_fn gets rank= from the rank that set it.)
-    for run in (tmp_path / "stoker", tmp_path / "spawn" / "stoker"):
+    for run in (tmp_path / "stoker", tmp_path / "ddp_spawn" / "stoker",
+                tmp_path / "ddp_fork" / "stoker"):
         pids = {p.name.split("-")[1] for p in (run / "worker-inits").iterdir()}
         assert len(pids) >= 2, run  # called in the workers of both ranks
 

@@ -231,6 +231,7 @@ class DataLoader:
     @num_workers.setter
     def num_workers(self, workers: int) -> None:
         self._pipeline.num_workers = workers
+        self.__dict__["num_workers"] = workers  # requested now
 
     @property
     def worker_type(self) -> str:
@@ -384,13 +385,9 @@ class _AutoCount(int):
     """A count that 'auto' resolved to: an int, that DataLoader(num_workers=...) takes as
     'auto' (frameworks re-make loaders from their attributes)."""
 
-    requested = "auto"
-
 
 class _AutoKind(str):
     """A kind of worker that worker_type='auto' resolved to, taken as 'auto' again."""
-
-    requested = "auto"
 
 
 def _resolved(value, requested):

@@ -214,7 +214,8 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
             DistributedSampler):
         # torch's DistributedSampler: its own order (its seed + epoch) and share of this rank,
         # read at each epoch, so that each rank reads the samples it would with torch's loader.
-        order, order_length = "torch's DistributedSampler, at each epoch", _length(engine_sampler)
+        order = "torch's DistributedSampler, at each epoch"
+        order_length = _length(engine_sampler)
         rank, world, shard_drop_last, engine_shuffle = 0, 1, False, False
     elif kind is None and engine_sampler is not None:
         # A custom sampler is read when each epoch starts, once, as torch reads it; until then
@@ -226,9 +227,13 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     # Nothing is drawn from torch's generators here (torch's loader draws nothing when it is
     # made): the workers' base seed is drawn as each epoch starts (seeding.WorkerSetup); a
     # native data set's own permutation is seeded by the generator's next draw, peeked at.
+    # torch's order: the engine's seed is only stoker.sample_seed()'s base; the order's own
+    # seed is drawn at each epoch (and saved in state_dict()), so the loader has none.
+    torch_order = isinstance(engine_sampler, TorchRandomOrder)
     engine_seed = (int(engine_seed_arg) if seed_given else
-                   (host.peek_seed(generator) if engine_shuffle else 0))
-    public_seed, public_shuffle = engine_seed, engine_shuffle
+                   (host.peek_seed(generator) if engine_shuffle or torch_order else 0))
+    public_seed = 0 if torch_order else engine_seed
+    public_shuffle = engine_shuffle or torch_order
     if mode == BATCH_JOBS:
         order = "torch's samplers, at each epoch"
         public_shuffle = bool(shuffle) and sampler is None and batch_sampler is None
@@ -322,7 +327,8 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
         depth=2 if prefetch_factor is None else int(prefetch_factor),
         batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
-        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0, rank=0, world_size=1, shard_drop_last=False, device=resolved,
+        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0, rank=0,
+        world_size=1, shard_drop_last=False, device=resolved,
         pin_memory="on" if pin else "off", pin_always=False, native=False,
         warnings=tuple(warnings), log=log, dataset=dataset,
         collate_fn=collate_fn if collate_fn is not None else default_collate(

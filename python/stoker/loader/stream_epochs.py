@@ -249,7 +249,8 @@ class Streams:
         self.closed = False
         _open_streams.add(self)
         # Makes the ProcessWorkers over this stream's jobs, given the base seed: started with
-        # the first epoch, whose iter() draws it (as torch's loader), not when the loader is made.
+        # the first epoch, whose iter() draws it (as torch's loader), not when the loader is
+        # made.
         self._processes = processes
 
     def pids(self) -> list:

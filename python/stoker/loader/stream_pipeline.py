@@ -37,10 +37,11 @@ class StreamPipeline(Pipeline):
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
-            def processes(base_seed: int) -> ProcessWorkers:
+            def make(base_seed: int) -> ProcessWorkers:
                 made.append(ProcessWorkers(jobs, plan.num_workers, plan.context, base_seed,
                                            setup.worker_init_fn))
                 return made[0]
+            processes = make
         elif pin:
             collate = pinned(collate)
         self._streams = Streams(
