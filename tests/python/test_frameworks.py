@@ -3,9 +3,11 @@ re-made from its attributes (Lightning, Accelerate, type(loader)(**kwargs)), giv
 worker_init_fn after it was made, and drawing random numbers where torch's loader draws them.
 The frameworks themselves run in test_framework_runs.py."""
 
+import copy as copy_module
 import multiprocessing
 import pickle
 
+import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
@@ -38,8 +40,24 @@ def test_a_loader_pickles_its_arguments_and_comes_back_working():
     assert copy._pipeline is not loader._pipeline
     assert (copy.batch_size, vars(copy)["num_workers"], copy.worker_type) == (4, 2, "thread")
     assert batches(copy) == expected
-    loader.close()
-    copy.close()
+    deep = copy_module.deepcopy(loader)  # copy.deepcopy goes the same way
+    assert type(deep) is Labelled and batches(deep) == expected
+    for each in (loader, copy, deep):
+        each.close()
+
+
+def test_a_native_data_set_s_shuffle_draws_nothing_when_made_and_repeats_for_a_seed():
+    data = stoker.ArrayDataset(np.arange(40, dtype=np.float32)[:, None])
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    orders = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        loader = stoker.DataLoader(data, batch_size=8, shuffle=True)
+        assert torch.equal(torch.rand(2), expected)  # peeked at, not drawn
+        orders.append([b[0].flatten().long().tolist() for b in loader])  # (array,) samples
+        loader.close()
+    assert orders[0] == orders[1] and sorted(sum(orders[0], [])) == list(range(40))
 
 
 def test_a_loader_iterates_in_a_spawned_process():
