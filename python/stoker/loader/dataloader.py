@@ -15,11 +15,16 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from .. import _stoker, integrations
+from .. import _stoker
 from . import compat, pipelines
 from .protocol import EPOCH_END
 from .plan import resolve, torch_attributes
 from .seeding import WorkerSetup
+
+
+# Called (no arguments) as each loader is made: stoker/__init__.py adds the framework
+# integrations' (stoker.integrations.install_available), which sit above the loader.
+ON_MADE: list[Callable[[], None]] = []
 
 
 class SkippedSample(NamedTuple):
@@ -143,7 +148,8 @@ class DataLoader:
             on_error=on_error, max_skipped=max_skipped, seed=seed, pin_budget=pin_budget,
             device_depth=device_depth, worker_type=worker_type, native=native,
             keep_on_host=keep_on_host, remote=remote)
-        integrations.install_available()  # e.g. Accelerate's prepare() keeps stoker iterating
+        for hook in ON_MADE:  # e.g. Accelerate's prepare() made to keep stoker iterating
+            hook()
         for message in plan.warnings:
             warnings.warn(message, UserWarning, stacklevel=2)
         self._plan = plan
