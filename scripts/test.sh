@@ -34,9 +34,10 @@ build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
-echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools)"
+echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
+echo "   lightning, accelerate, datasets for bench/frameworks_bench.py)"
 python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
-  webdataset pyarrow
+  webdataset pyarrow lightning accelerate datasets
 
 echo "== image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
@@ -67,9 +68,10 @@ rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
 # --no-compile: .pyc files only for the modules the tests import, not all of torch.
 # matplotlib and tqdm: tune's chart and the progress bars; pyarrow: ParquetDataset; webdataset:
-# the same samples as stoker.WebDataset reads; optional for users, tested here.
+# the same samples as stoker.WebDataset reads; lightning, accelerate, datasets: the frameworks
+# tests (tests/python/test_framework_runs.py, test_frameworks.py); optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest matplotlib tqdm webdataset pyarrow
+  pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 echo "== PyTorch's own DataLoader tests with stoker's loader (given their file)"
@@ -108,5 +110,6 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 .venv-test/bin/python bench/gpu_feed.py --device cpu --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/elastic_resume.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/auto_matrix.py --smoke --workload stream padding tiny >/dev/null 2>&1
+.venv-test/bin/python bench/frameworks_bench.py --smoke >/dev/null 2>&1
 
 echo "== all tests passed"

@@ -16,6 +16,8 @@ from .datasets.native import (ArrayDataset, ImageFolder, NativeDataset, RecordDa
 from .distributed import DistributedSampler, split_by_rank, split_by_worker, world
 from .loader import DataLoader, Report, SkippedSample
 from .loader.elastic import merge_states
+from .loader import dataloader as _dataloader
+from . import integrations as _integrations
 from .remote.actor import RayWorkers, ray_workers
 from .tuning import tune
 from .datasets.parquet import ParquetDataset
@@ -57,6 +59,10 @@ __version__ = _stoker.version()  # CMakeLists.txt's project() version, the one s
 
 # Before the first search for the CUDA runtime: PyTorch's wheel's runtime, if installed.
 _add_wheel_runtime_hints()
+
+# A loader made with a framework imported that substitutes its own loader (Accelerate) installs
+# what keeps stoker iterating in it (docs/frameworks.md).
+_dataloader.ON_MADE.append(_integrations.install_available)
 
 # Workers must stop before the interpreter tears down the objects they use.
 _atexit.register(_stoker.close_all)

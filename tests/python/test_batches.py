@@ -58,8 +58,9 @@ def test_collate_fn_runs_in_worker_processes_and_its_tensors_come_in_shared_memo
     before = memfds()
     loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=2, collate_fn=where,
                                worker_type="process")
+    it = iter(loader)  # worker processes start with the first epoch, as torch's
     pids = set(loader.stats()["worker_pids"])
-    batches = list(loader)
+    batches = list(it)
     assert [int(i) for b in batches for i in b[1]] == list(range(40))
     assert {b[2] for b in batches} <= pids and os.getpid() not in {b[2] for b in batches}
     assert all(torch.equal(b[0], b[1].float()[:, None].expand(-1, 2048)) for b in batches)

@@ -128,9 +128,10 @@ def test_ctrl_c_stops_a_loop_promptly_and_leaves_no_worker(tmp_path, what):
         import threading, torch, stoker, interrupts as ix, worker_datasets as wd
         loader = stoker.DataLoader({dataset}, batch_size=4, num_workers=2,
                                    worker_type="process")
+        it = iter(loader)  # worker processes start with the first epoch, as torch's
         print("pids", *loader.stats()["worker_pids"], flush=True)
         try:
-            for i, batch in enumerate(loader):
+            for i, batch in enumerate(it):
                 if i == 0:  # mid-loop: the signal lands in next() or in the loop's body
                     threading.Thread(target=ix.interrupt_main).start()
         except KeyboardInterrupt:

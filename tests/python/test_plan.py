@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import stoker  # noqa: E402
 from stoker.loader.plan import BATCH_JOBS, SAMPLES, STREAM, Host, Plan, resolve  # noqa: E402
 
-HOST = Host(cores=4, cpu_share=4, has_gpu=False, gpu=False, draw_seed=lambda generator: 1234)
+HOST = Host(cores=4, cpu_share=4, has_gpu=False, gpu=False, peek_seed=lambda generator: 1234)
 
 
 class Squares:
@@ -61,7 +61,6 @@ def test_defaults_of_a_map_style_data_set():
     assert (p.num_workers, p.tune_workers, p.max_workers) == (4, True, 32)
     assert p.depth == 2 * 4  # prefetch_factor 2 per worker
     assert (p.batch_size, p.drop_last, p.shuffle, p.seed, p.engine_seed) == (1, False, False, 0, 0)
-    assert p.worker_seed == 1234  # PyTorch's base seed of the workers, drawn
     assert (p.device, p.pin_memory, p.native) == ("cpu", "auto", False)
     assert p.pipeline == "python: Squares.__getitem__ in workers"
     assert p.warnings == ()
@@ -76,9 +75,22 @@ def test_the_plan_is_frozen_and_its_repr_and_str_are_readable():
     assert str(p).startswith("mode='samples'; pipeline='python: Squares.__getitem__")
 
 
-def test_shuffle_draws_the_seed_and_a_seed_given_is_kept():
-    assert (plan(shuffle=True).order, plan(shuffle=True).seed) == ("random", 1234)
+def test_shuffle_follows_torch_s_random_sampler_and_a_seed_given_is_stoker_s_own():
+    p = plan(shuffle=True)  # each epoch's permutation drawn as it starts, as torch's
+    assert (p.order, p.order_length, p.engine_shuffle, p.seed) == (
+        "random, as torch's RandomSampler", 10, False, 0)
+    assert isinstance(p.sampler, stoker.loader.seeding.TorchRandomOrder)
     assert plan(shuffle=True, seed=7).seed == plan(shuffle=True, seed=7).engine_seed == 7
+    assert plan(shuffle=True, seed=7).order == "random"  # stoker's own permutation
+    native = plan(stoker.ArrayDataset(np.zeros((8, 2), np.float32)), shuffle=True)
+    assert (native.order, native.engine_seed) == ("random", 1234)  # peeked, not drawn
+
+
+def test_torch_s_distributed_sampler_is_followed_at_each_epoch():
+    sampler = torch.utils.data.DistributedSampler(Squares(), num_replicas=2, rank=1, seed=5)
+    p = plan(sampler=sampler)
+    assert (p.order, p.order_length, p.rank, p.world_size) == (
+        "torch's DistributedSampler, at each epoch", 5, 0, 1)
 
 
 @pytest.mark.parametrize("arguments", [dict(collate_fn=lambda b: b), dict(batch_size=None),
@@ -97,8 +109,8 @@ def test_default_collate_is_stoker_s_own_batching():
 def test_a_torch_batch_sampler_is_batched_natively():
     sampler = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(Squares()), 3, True)
     p = plan(batch_sampler=sampler)
-    assert (p.mode, p.order, p.batch_size, p.drop_last, p.engine_shuffle) == (
-        SAMPLES, "random", 3, True, True)
+    assert (p.mode, p.order, p.batch_size, p.drop_last) == (
+        SAMPLES, "random, as torch's RandomSampler", 3, True)
 
 
 def test_a_custom_sampler_is_read_at_each_epoch():
@@ -125,8 +137,7 @@ def test_a_stream():
 
 def test_a_native_data_set_reads_on_threads():
     p = plan(stoker.ArrayDataset(np.zeros((8, 2), np.float32)), worker_type="process")
-    assert (p.native, p.worker_type, p.measure_worker_type, p.worker_seed) == (
-        True, "thread", False, 0)
+    assert (p.native, p.worker_type, p.measure_worker_type) == (True, "thread", False)
     assert p.max_workers == 8 * 4  # per core of the share
 
 
@@ -141,7 +152,7 @@ def test_worker_type_process_starts_one_process_per_core_of_the_share():
 def test_device_and_pinning():
     assert plan(pin_memory=False).pin_memory == "off"
     assert plan(pin_memory=True).pin_memory == "auto"  # no GPU: pinning is the engine's call
-    gpu = Host(cores=4, cpu_share=4, has_gpu=True, gpu=True, draw_seed=lambda g: 1)
+    gpu = Host(cores=4, cpu_share=4, has_gpu=True, gpu=True, peek_seed=lambda g: 1)
     assert resolve(Squares(), pin_memory=True, host=gpu).pin_memory == "on"
     assert plan(Stream(), device="cuda").device == "cpu"  # no GPU answers
     assert plan(Stream(), device="cuda").log == ("stoker: no GPU answers; batches stay on the CPU",)

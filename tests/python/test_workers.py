@@ -196,8 +196,9 @@ def test_a_killed_worker_is_replaced_and_its_samples_read_again(tmp_path, capfd)
     # epoch completes with every sample once, in order; the death is logged and counted.
     loader = stoker.DataLoader(wd.KillsItself(20, str(tmp_path / "killed")), batch_size=8,
                                num_workers=2, worker_type="process")
+    it = iter(loader)  # worker processes start with the first epoch, as torch's
     pids = set(loader.stats()["worker_pids"])
-    got = [int(x) for b in loader for x in b[:, 0]]
+    got = [int(x) for b in it for x in b[:, 0]]
     assert got == list(range(48))
     assert (tmp_path / "killed").exists()  # it did die
     stats = loader.stats()
@@ -217,10 +218,11 @@ def test_a_killed_worker_is_replaced_and_its_samples_read_again(tmp_path, capfd)
 def test_a_sample_that_kills_every_worker_is_named_like_torch(tmp_path):
     loader = stoker.DataLoader(wd.AlwaysKills([20]), batch_size=8, num_workers=2,
                                worker_type="process")
+    it = iter(loader)  # worker processes start with the first epoch, as torch's
     pids = set(loader.stats()["worker_pids"])
     got = []
     with pytest.raises(stoker.WorkerError) as info:
-        for batch in loader:
+        for batch in it:
             got.append(batch)
     message = str(info.value)
     # Read again after the first death, then row by row after the second: the one sample
@@ -272,9 +274,11 @@ def test_close_and_gc_mid_epoch_leave_no_process_and_no_memfd(how):
 def test_a_stuck_worker_is_the_timeouts_business_and_close_still_stops_it():
     loader = stoker.DataLoader(wd.Stuck(), batch_size=4, num_workers=2, worker_type="process",
                                timeout=0.3)
+    it = iter(loader)  # worker processes start with the first epoch, as torch's
     pids = loader.stats()["worker_pids"]
+    assert len(pids) == 2
     with pytest.raises(RuntimeError, match="DataLoader timed out after 0.3 seconds"):
-        next(iter(loader))
+        next(it)
     loader.close()  # SIGTERM is ignored: SIGKILL after the grace period
     assert not any(alive(p) for p in pids)
 
@@ -330,8 +334,8 @@ def test_get_worker_info_and_seeds_in_processes_as_torch():
     torch.manual_seed(3)
     loader = stoker.DataLoader(wd.WorkerInfo(), batch_size=4, num_workers=2,
                                worker_type="process", worker_init_fn=wd.record_seeds)
-    base = loader._plan.worker_seed
     rows = [{k: b[k][r] for k in b} for b in loader for r in range(len(b["i"]))]
+    base = loader._setup.base_seed  # drawn as the epoch started, as torch draws it
     assert {int(r["id"]) for r in rows} <= {0, 1}
     for r in rows:
         worker, seed = int(r["id"]), int(r["seed"])
@@ -360,7 +364,7 @@ def test_get_worker_info_and_worker_init_fn_on_threads():
                                worker_init_fn=init)
     rows = [{k: b[k][r] for k in b} for b in loader for r in range(len(b["i"]))]
     assert get_worker_info() is None  # on this thread, as before
-    base = loader._plan.worker_seed
+    base = loader._setup.base_seed
     ids = {int(r["id"]) for r in rows}
     assert ids <= {0, 1}
     assert all(int(r["seed"]) == base + int(r["id"]) and bool(r["same_dataset"]) for r in rows)

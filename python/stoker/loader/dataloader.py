@@ -8,6 +8,7 @@ the stream's)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import types
 import warnings
@@ -18,6 +19,12 @@ from .. import _stoker
 from . import compat, pipelines
 from .protocol import EPOCH_END
 from .plan import resolve, torch_attributes
+from .seeding import WorkerSetup
+
+
+# Called (no arguments) as each loader is made: stoker/__init__.py adds the framework
+# integrations' (stoker.integrations.install_available), which sit above the loader.
+ON_MADE: list[Callable[[], None]] = []
 
 
 class SkippedSample(NamedTuple):
@@ -126,6 +133,13 @@ class DataLoader:
         keep_on_host: Sequence[str] = (),
         remote=None,
     ) -> None:
+        # The arguments as given: what the loader pickles (never its running engine), and what
+        # vars(loader) shows, as frameworks re-make loaders from it. A count or kind that
+        # 'auto' resolved to, read back from an attribute, is 'auto' again.
+        arguments = {name: value for name, value in locals().items() if name in _PARAMETERS}
+        num_workers = arguments["num_workers"] = _requested(num_workers)
+        worker_type = arguments["worker_type"] = _requested(worker_type)
+        own_before = set(self.__dict__)
         plan = resolve(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -134,12 +148,16 @@ class DataLoader:
             on_error=on_error, max_skipped=max_skipped, seed=seed, pin_budget=pin_budget,
             device_depth=device_depth, worker_type=worker_type, native=native,
             keep_on_host=keep_on_host, remote=remote)
+        for hook in ON_MADE:  # e.g. Accelerate's prepare() made to keep stoker iterating
+            hook()
         for message in plan.warnings:
             warnings.warn(message, UserWarning, stacklevel=2)
         self._plan = plan
+        self._arguments = arguments
         self._multiprocessing_context = plan.multiprocessing_context
+        self._setup = WorkerSetup(worker_init_fn, plan.generator, bool(persistent_workers))
         self.timeout = timeout  # as given, as torch keeps it (its timeout message prints it)
-        self.seed = plan.seed
+        self.seed = seed  # as given: the seed of each epoch's order is in state_dict()
         self._epoch = 0  # the next epoch iter() starts, without a sampler that says
         self._resume: Optional[tuple[int, int]] = None
         # The current iterator, held weakly: it holds the loader, and a reference cycle would
@@ -155,7 +173,7 @@ class DataLoader:
             setattr(self, name, value)
         self._pipeline = pipelines.build(plan, dict(
             dataset=self.dataset, sampler=self.sampler, batch_sampler=self.batch_sampler,
-            batch_size=self.batch_size, drop_last=self.drop_last))
+            batch_size=self.batch_size, drop_last=self.drop_last), self._setup)
         # stoker's own arguments as given, also public, so that the loader can be made again
         # from its attributes (as Lightning does to add a DistributedSampler).
         stoker_arguments = dict(
@@ -166,7 +184,22 @@ class DataLoader:
             keep_on_host=keep_on_host, remote=remote)
         for name, value in stoker_arguments.items():
             setattr(self, name, value)
+        # The requested count and kind in vars(loader) (what Lightning re-makes a loader from);
+        # the attributes answer what runs now (num_workers, worker_type: properties).
+        self.__dict__["num_workers"] = num_workers
+        self.__dict__["worker_type"] = worker_type
+        self._own = frozenset(set(self.__dict__) - own_before) | {"_own", "_initialized"}
         self._initialized = True
+
+    def __reduce__(self):
+        """Pickles the arguments as given (with a worker_init_fn set since), the data set and
+        sampler among them, and the epoch to start next: the loader comes back working, with
+        no workers until its first iter(), as torch's does. A subclass's own attributes come
+        back as they were."""
+        arguments = dict(self._arguments, worker_init_fn=self.worker_init_fn,
+                         timeout=self.timeout)
+        extra = {name: value for name, value in self.__dict__.items() if name not in self._own}
+        return (_remake, (type(self), arguments, extra, self._epoch, self._resume))
 
     # --- the torch DataLoader surface -----------------------------------------------------
 
@@ -180,6 +213,10 @@ class DataLoader:
         if name in compat.FROZEN_ATTRIBUTES and self.__dict__.get("_initialized", False):
             raise ValueError(f"{name} attribute should not be set after "
                              f"{type(self).__name__} is initialized")
+        if name == "worker_init_fn" and "_setup" in self.__dict__:
+            # Frameworks set it on a loader they were given (Lightning's
+            # seed_everything(workers=True)): workers that start from now on call it.
+            self._setup.worker_init_fn = value
         super().__setattr__(name, value)
 
     @property
@@ -193,17 +230,20 @@ class DataLoader:
 
     @property
     def num_workers(self) -> int:
-        """The workers reading now (worker_type='auto' may move to one process per core)."""
-        return self._pipeline.num_workers
+        """The workers reading now (worker_type='auto' may move to one process per core); with
+        num_workers='auto', an int that a DataLoader made from it takes as 'auto'."""
+        return _resolved(self._pipeline.num_workers, self.__dict__.get("num_workers"))
 
     @num_workers.setter
     def num_workers(self, workers: int) -> None:
         self._pipeline.num_workers = workers
+        self.__dict__["num_workers"] = workers  # requested now
 
     @property
     def worker_type(self) -> str:
-        """'thread' or 'process': the kind of worker reading now (stats() says why)."""
-        return self._pipeline.worker_type
+        """'thread' or 'process': the kind of worker reading now (stats() says why); with
+        worker_type='auto', a str that a DataLoader made from it takes as 'auto'."""
+        return _resolved(self._pipeline.worker_type, self.__dict__.get("worker_type"))
 
     @property
     def worker_type_reason(self) -> str:
@@ -355,6 +395,40 @@ class DataLoader:
     def _sampler_set_epoch(self, epoch: int) -> None:
         if self._plan.sampler is not None and hasattr(self._plan.sampler, "set_epoch"):
             self._plan.sampler.set_epoch(epoch)
+
+
+_PARAMETERS = frozenset(list(inspect.signature(DataLoader.__init__).parameters)[1:])
+
+
+class _AutoCount(int):
+    """A count that 'auto' resolved to: an int, that DataLoader(num_workers=...) takes as
+    'auto' (frameworks re-make loaders from their attributes)."""
+
+
+class _AutoKind(str):
+    """A kind of worker that worker_type='auto' resolved to, taken as 'auto' again."""
+
+
+def _resolved(value, requested):
+    if requested != "auto":
+        return value
+    return _AutoCount(value) if isinstance(value, int) else _AutoKind(value)
+
+
+def _requested(value):
+    return "auto" if isinstance(value, (_AutoCount, _AutoKind)) else value
+
+
+def _remake(cls, arguments: dict, extra: dict, epoch: int, resume):
+    """A pickled DataLoader (of `cls`, a subclass maybe), made again from its arguments."""
+    loader = cls.__new__(cls)
+    with warnings.catch_warnings():  # said when it was made
+        warnings.simplefilter("ignore")
+        DataLoader.__init__(loader, **arguments)
+    for name, value in extra.items():
+        object.__setattr__(loader, name, value)
+    loader._epoch, loader._resume = epoch, resume
+    return loader
 
 
 class Report(dict):

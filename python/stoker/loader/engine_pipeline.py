@@ -13,12 +13,13 @@ from .. import _stoker
 from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
-from ..workers.startup import thread_worker_start
+from ..workers.startup import start_worker
 from . import compat, elastic
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
+from .seeding import TorchRandomOrder, WorkerSetup, peek_seed
 
 _log = logging.getLogger("stoker")
 
@@ -27,9 +28,11 @@ class EnginePipeline(Pipeline):
     """`index`: torch's public attributes the batches of a batch job's epoch follow (dataset,
     sampler, batch_sampler, batch_size, drop_last), as the DataLoader holds them."""
 
-    def __init__(self, plan: Plan, index: dict) -> None:
+    def __init__(self, plan: Plan, index: dict, setup: WorkerSetup) -> None:
         super().__init__(plan)
         self._index = index
+        self._setup = setup
+        self._order_state = self._resume_order = None  # a TorchRandomOrder epoch's draw
         self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
@@ -41,8 +44,11 @@ class EnginePipeline(Pipeline):
             # No reference to self from here: the C++ data set holds it, and a cycle through
             # C++ would keep the pipeline alive.
             thread_count = self._thread_count = [self.num_workers]
-            start = thread_worker_start(user_dataset(plan.dataset), plan.worker_seed,
-                                        lambda: thread_count[0], plan.worker_init_fn)
+            dataset = user_dataset(plan.dataset)
+
+            def start(worker_id: int) -> None:  # once per worker thread, as it starts
+                start_worker(worker_id, thread_count[0], setup.base_seed, dataset,
+                             setup.worker_init_fn, own_process=False)
             # Reads nothing: the layout comes from the first sample a worker reads.
             self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
             if self._jobs is not None:
@@ -52,12 +58,19 @@ class EnginePipeline(Pipeline):
         self._choice = (_stoker.WorkerKindChooser(self._jobs is not None)
                         if plan.measure_worker_type else None)
         self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
+        # Worker processes start with the first epoch, whose iter() draws their base seed.
+        self._processes_due = self.worker_type == "process"
+        if self._processes_due:
+            self._warn_not_persistent()
         if plan.remote is not None:
+            # Remote workers are set up now: their base seed is the one the first iter() would
+            # draw, peeked at (the generator does not move; nor does it at each iter()).
+            setup.base_seed, setup.persistent = peek_seed(setup.generator), True
             # Engine threads num_workers.. drive the remote workers; a unit is read locally
             # when no remote worker's slot is free.
             self._remote = RemoteWorkers(plan.remote, plan.dataset, self.num_workers,
                                          self.num_workers + plan.remote.count,
-                                         plan.worker_seed, plan.worker_init_fn,
+                                         setup.base_seed, setup.worker_init_fn,
                                          active=0 if plan.tune_remote else None)
         self._order = None  # the custom sampler's order of the epoch running, once read
         # Construction reads nothing, as torch's: a Python data set's workers start with the
@@ -79,9 +92,8 @@ class EnginePipeline(Pipeline):
             shared_slabs=not plan.native and self.worker_type == "process"
             or plan.measure_worker_type)
         # The kinds of worker besides threads (the engine's executors); the loader has no
-        # workers yet, so nothing was read elsewhere.
-        if self.worker_type == "process":
-            self._start_processes()
+        # workers yet, so nothing was read elsewhere. Worker processes join at the first
+        # start() (_processes_due).
         if self._remote is not None:
             self._loader.use_remote(self._remote)
         if not plan.measure_worker_type:
@@ -111,6 +123,11 @@ class EnginePipeline(Pipeline):
     # --- the protocol -------------------------------------------------------------------
 
     def start(self, epoch: int, batch: int) -> None:
+        if not self.plan.native:  # as torch's iter(): the workers' base seed, then the order
+            self._setup.begin_epoch()
+            if self._processes_due:
+                self._processes_due = False
+                self._start_processes(warn=False)
         samples = compat.sized(self._index["dataset"])
         if self._samples is not None and samples is not None and samples != self._samples:
             compat.warn(f"the data set has {samples} samples, {self._samples} when this "
@@ -126,7 +143,11 @@ class EnginePipeline(Pipeline):
                 self._jobs.batches = batches
                 self._loader.restart_fresh(epoch)
         if self.plan.order_length is not None:
-            order = list(self.plan.sampler)
+            if isinstance(self.plan.sampler, TorchRandomOrder):
+                order, self._order_state = self.plan.sampler.draw(self._resume_order)
+                self._resume_order = None
+            else:
+                order = list(self.plan.sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
                 self._loader.set_order(order)
                 if self._order is not None:
@@ -180,8 +201,13 @@ class EnginePipeline(Pipeline):
         else:
             epoch, batch = self._loader.position()
         if not self._elastic:
-            return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
-                    "batches_per_epoch": len(self)}
+            state = {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
+                     "batches_per_epoch": len(self)}
+            if resume is not None and self._resume_order is not None:
+                state["order"] = self._resume_order
+            elif resume is None and next_epoch is None and self._order_state is not None:
+                state["order"] = self._order_state  # what this epoch's permutation was drawn from
+            return state
         consumed, epoch_samples = [], self._loader.samples_per_epoch
         if self._pending is not None and self._pending[0] == epoch:
             consumed, epoch_samples = self._pending[1], len(self._pending[2])
@@ -212,6 +238,7 @@ class EnginePipeline(Pipeline):
                              f"seed {plan.seed}: pass seed= (or the same generator) to "
                              f"resume")
         epoch, batch = int(state["epoch"]), int(state["batch"])
+        self._resume_order = state.get("order")
         self._pending = None
         if state.get("consumed"):  # saved in an epoch resumed on another topology
             self._pending = (epoch, state["consumed"], self._resumed_order(epoch, state),
@@ -223,9 +250,11 @@ class EnginePipeline(Pipeline):
         plan = self.plan
         if not self._elastic:
             raise ValueError(
-                "stoker: this loader resumes only on the topology its state was saved on: a "
-                "custom sampler's or batch jobs' (collate_fn, batch_sampler) order is not "
-                "stoker's own, so the rest of the epoch cannot be split over other ranks")
+                "stoker: this loader resumes only on the topology its state was saved on: "
+                "its order is not stoker's own (a custom sampler, torch's samplers followed as "
+                "torch draws them, e.g. shuffle=True without seed=, or batch jobs), so the "
+                "rest of the epoch cannot be split over other ranks; stoker.DistributedSampler "
+                "or seed= gives stoker's order")
         if not state.get("merged"):
             if state["world_size"] != 1:
                 raise ValueError(
@@ -319,19 +348,23 @@ class EnginePipeline(Pipeline):
         self._remote.set_active(active)
         self._loader.set_workers(self._engine_workers())
 
-    def _start_processes(self) -> None:
+    def _start_processes(self, warn: bool = True) -> None:
         """Starts the worker processes and sends reads to them from now on."""
+        if warn:
+            self._warn_not_persistent()
+        workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
+                                 self._setup.base_seed, self._setup.worker_init_fn)
+        pool = workers.make_pool()
+        pool.start()
+        self._workers, self._pool = workers, pool
+        self._loader.use_processes(pool)
+
+    def _warn_not_persistent(self) -> None:
         # Only when passed: a warning for torch's default could not be silenced.
         if self.plan.warn_not_persistent:
             compat.warn("worker processes persist across epochs (persistent_workers=False is "
                         "not honoured): changes made to the data set in this process after "
                         "they started are not seen by them")
-        workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
-                                 self.plan.worker_seed, self.plan.worker_init_fn)
-        pool = workers.make_pool()
-        pool.start()
-        self._workers, self._pool = workers, pool
-        self._loader.use_processes(pool)
 
     def _engine_workers(self, local: Optional[int] = None) -> int:
         """The engine's worker threads: the local workers (`local`, else num_workers) and one

@@ -21,6 +21,7 @@ from ..workers.jobs import BatchJobs, is_datapipe, is_stream
 from ..workers.processes import mp_context
 from . import compat
 from .collate import default_collate
+from .seeding import TorchRandomOrder, peek_seed
 
 SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
 WORKER_TYPES = ("auto", "thread", "process")
@@ -36,13 +37,14 @@ _AUTO_MAX_WORKERS_PYTHON = 32
 @dataclasses.dataclass(frozen=True)
 class Host:
     """What the plan depends on besides the arguments: the cores of this rank's share, whether
-    torch's GPU answers (torch loaded), whether any GPU does, and the seed source."""
+    torch's GPU answers (torch loaded), whether any GPU does, and the seed source (its next
+    draw, peeked at: the generator is left as it was)."""
 
     cores: int
     cpu_share: int
     has_gpu: bool  # torch is loaded and torch.cuda.is_available()
     gpu: bool  # torch's GPU if torch is in use, else any the engine finds
-    draw_seed: Callable[[Any], int] = dataclasses.field(repr=False)
+    peek_seed: Callable[[Any], int] = dataclasses.field(repr=False)
 
     @staticmethod
     def here() -> "Host":
@@ -52,7 +54,7 @@ class Host:
         has_gpu = torch is not None and torch.cuda.is_available()
         return Host(cores=cores(), cpu_share=cpu_share(), has_gpu=has_gpu,
                     gpu=has_gpu if torch is not None else cuda_available(),
-                    draw_seed=draw_seed)
+                    peek_seed=peek_seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +81,6 @@ class Plan:
     engine_shuffle: bool  # the engine's permutation
     seed: int  # the loader's (state_dict()["seed"])
     engine_seed: int  # the engine's (its permutation and the samples' seeds)
-    worker_seed: int  # PyTorch's base seed of the workers: worker i is seeded base + i
     rank: int
     world_size: int
     shard_drop_last: bool
@@ -193,29 +194,50 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     kind = "distributed" if isinstance(engine_sampler, DistributedSampler) else (
         _torch_sampler_kind(engine_sampler) if engine_sampler is not None else None)
     order = kind or "sequential"
-    if kind == "distributed":
+    if kind == "distributed" and (is_native or type(engine_sampler) is DistributedSampler):
         rank, world = engine_sampler.rank, engine_sampler.num_replicas
         shard_drop_last, engine_shuffle = engine_sampler.drop_last, engine_sampler.shuffle
         engine_seed_arg, seed_given = engine_sampler.seed, True
     elif kind == "random":
         engine_shuffle = True
         generator = engine_sampler.generator if engine_sampler.generator is not None else generator
+    if not is_native and remote is None and not seed_given and (
+            kind == "random" or (kind is None and engine_sampler is None and engine_shuffle)):
+        # torch's order: each epoch's permutation drawn when the epoch starts, as torch's
+        # RandomSampler draws it (the same order for the same seed, the same draws from the
+        # generator); the epoch's seed is in state_dict(), so that a resumed epoch is the same.
+        engine_sampler = TorchRandomOrder(
+            dataset, engine_sampler.generator if kind == "random" else generator)
+        order, order_length, engine_shuffle = ("random, as torch's RandomSampler",
+                                               len(dataset), False)
+    elif not is_native and kind == "distributed" and type(engine_sampler) is not (
+            DistributedSampler):
+        # torch's DistributedSampler: its own order (its seed + epoch) and share of this rank,
+        # read at each epoch, so that each rank reads the samples it would with torch's loader.
+        order = "torch's DistributedSampler, at each epoch"
+        order_length = _length(engine_sampler)
+        rank, world, shard_drop_last, engine_shuffle = 0, 1, False, False
     elif kind is None and engine_sampler is not None:
         # A custom sampler is read when each epoch starts, once, as torch reads it; until then
         # the engine has as many positions (and reads nothing). A sampler may be longer than
         # the data set (replacement, num_samples): placeholders are sample 0.
         order, order_length = "custom sampler", _length(engine_sampler)
-    elif engine_shuffle:
+    elif engine_shuffle and kind is None:
         order = "random"
+    # Nothing is drawn from torch's generators here (torch's loader draws nothing when it is
+    # made): the workers' base seed is drawn as each epoch starts (seeding.WorkerSetup); a
+    # native data set's own permutation is seeded by the generator's next draw, peeked at.
+    # torch's order: the engine's seed is only stoker.sample_seed()'s base; the order's own
+    # seed is drawn at each epoch (and saved in state_dict()), so the loader has none.
+    torch_order = isinstance(engine_sampler, TorchRandomOrder)
     engine_seed = (int(engine_seed_arg) if seed_given else
-                   (host.draw_seed(generator) if engine_shuffle else 0))
-    worker_seed = host.draw_seed(generator) if not is_native else 0
-    public_seed, public_shuffle = engine_seed, engine_shuffle
+                   (host.peek_seed(generator) if engine_shuffle or torch_order else 0))
+    public_seed = 0 if torch_order else engine_seed
+    public_shuffle = engine_shuffle or torch_order
     if mode == BATCH_JOBS:
         order = "torch's samplers, at each epoch"
         public_shuffle = bool(shuffle) and sampler is None and batch_sampler is None
-        if public_shuffle:  # stoker's permutation of the samples, seeded as the engine's
-            public_seed = int(seed) if seed is not None else host.draw_seed(generator)
+        public_seed = int(seed) if seed is not None else 0
 
     if is_native:
         worker_type_chosen, reason = "thread", "a native data set reads in C++, on threads"
@@ -251,7 +273,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         remote_workers=remote_count, tune_remote=num_workers == "auto" and remote is not None,
         depth=depth, batch_size=int(engine_batch_size), drop_last=bool(engine_drop_last),
         shuffle=public_shuffle, engine_shuffle=engine_shuffle, seed=public_seed,
-        engine_seed=engine_seed, worker_seed=worker_seed, rank=rank, world_size=world,
+        engine_seed=engine_seed, rank=rank, world_size=world,
         shard_drop_last=shard_drop_last, device=resolved_device, pin_memory=str(engine_pin),
         pin_always=pin_memory == "on", native=is_native, warnings=tuple(warnings),
         dataset=read, sampler=engine_sampler, order_length=order_length, collate_fn=collate_fn,
@@ -297,7 +319,6 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
     if resolved.startswith("cuda") and not host.has_gpu:
         resolved, log = "cpu", ("stoker: no GPU answers; batches stay on the CPU",)
     pin = resolved.startswith("cuda") or (pin_memory is True and host.has_gpu)
-    worker_seed = host.draw_seed(common["generator"])
     return Plan(
         mode=STREAM, pipeline=f"python: a stream of {type(dataset).__name__}, iterated and "
                               f"collated in each worker",
@@ -306,8 +327,8 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
         depth=2 if prefetch_factor is None else int(prefetch_factor),
         batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
-        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0,
-        worker_seed=worker_seed, rank=0, world_size=1, shard_drop_last=False, device=resolved,
+        shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0, rank=0,
+        world_size=1, shard_drop_last=False, device=resolved,
         pin_memory="on" if pin else "off", pin_always=False, native=False,
         warnings=tuple(warnings), log=log, dataset=dataset,
         collate_fn=collate_fn if collate_fn is not None else default_collate(
@@ -426,18 +447,6 @@ def cpu_share() -> int:
     except ValueError:
         ranks = 1
     return max(1, cores() // ranks)
-
-
-def draw_seed(generator) -> int:
-    """A 63-bit base seed, drawn like torch's samplers draw theirs: from `generator`, or from
-    torch's default generator (so torch.manual_seed makes runs repeat), or at random."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        t = torch.empty((), dtype=torch.int64).random_(generator=generator)
-        return int(t.item()) & ((1 << 63) - 1)
-    if generator is not None:
-        raise TypeError("generator= needs torch")
-    return int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def torch_attributes(plan: Plan, dataset, *, batch_size, shuffle, sampler, batch_sampler,

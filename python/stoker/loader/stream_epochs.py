@@ -228,7 +228,7 @@ class Streams:
     that persist across epochs), the current epoch, and a position to resume from."""
 
     def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
-                 drop_last: bool, base_seed: int, worker_init_fn, processes, finish,
+                 drop_last: bool, setup, processes, finish,
                  generator=None) -> None:
         self._dataset = dataset
         self._generator = generator  # an IterDataPipe's seed for each epoch is drawn from it
@@ -237,8 +237,7 @@ class Streams:
         self._collate_fn = collate_fn
         self._batch_size = batch_size
         self._drop_last = drop_last
-        self._base_seed = base_seed
-        self._worker_init_fn = worker_init_fn
+        self._setup = setup  # seeding.WorkerSetup: worker_init_fn and each epoch's base seed
         self._finish = finish
         self._stateful = (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict"))
         self._pool = None
@@ -249,9 +248,10 @@ class Streams:
         self._passes = 0
         self.closed = False
         _open_streams.add(self)
-        if processes is not None:  # ProcessWorkers over this stream's jobs
-            self._pool = processes.make_pool()
-            self._pool.start()
+        # Makes the ProcessWorkers over this stream's jobs, given the base seed: started with
+        # the first epoch, whose iter() draws it (as torch's loader), not when the loader is
+        # made.
+        self._processes = processes
 
     def pids(self) -> list:
         return list(self._pool.pids()) if self._pool is not None else []
@@ -265,7 +265,7 @@ class Streams:
         return -(-length // self._batch_size)
 
     def _init_thread(self, w: int, dataset, workers: int, base_seed: int) -> None:
-        startup.start_worker(w, workers, base_seed, dataset, self._worker_init_fn,
+        startup.start_worker(w, workers, base_seed, dataset, self._setup.worker_init_fn,
                              own_process=False)
 
     def start(self) -> None:
@@ -273,6 +273,13 @@ class Streams:
         if self.closed:
             raise RuntimeError("stoker: the DataLoader is closed")
         self.stop()
+        # torch's iterator draws an IterDataPipe's shared seed, then the workers' base seed.
+        pipe_seed = self._epoch_seed()
+        base_seed = self._setup.begin_epoch()
+        if self._processes is not None:
+            self._pool = self._processes(base_seed).make_pool()
+            self._processes = None
+            self._pool.start()
         self._passes += 1
         pending, self.pending = self.pending, None
         if pending is not None and pending["workers"] != self._workers:
@@ -284,11 +291,11 @@ class Streams:
         self._epoch = StreamEpoch(
             dataset=self._dataset, workers=self._workers, depth=self._depth,
             collate_fn=self._collate_fn, batch_size=self._batch_size,
-            drop_last=self._drop_last, epoch=self._passes, base_seed=self._base_seed,
+            drop_last=self._drop_last, epoch=self._passes, base_seed=base_seed,
             init=self._init_thread, pool=self._pool,
             states=pending and pending["states"], ended=pending and pending["ended"],
             cursor=pending["cursor"] if pending else 0, want_state=self._stateful,
-            finish=self._finish, seed=self._epoch_seed())
+            finish=self._finish, seed=pipe_seed)
 
     def _epoch_seed(self) -> Optional[int]:
         """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the

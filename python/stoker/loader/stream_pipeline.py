@@ -23,24 +23,31 @@ _log = logging.getLogger("stoker")
 
 
 class StreamPipeline(Pipeline):
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, setup) -> None:
         super().__init__(plan)
         for line in plan.log:
             _log.info(line)
         pin = plan.pin_memory == "on"
         collate = plan.collate_fn
-        self._workers: Optional[ProcessWorkers] = None  # torch's iterator lists the processes
+        # The ProcessWorkers, once started (torch's iterator lists the processes); no reference
+        # to self from the factory (the streams hold it).
+        made: list[ProcessWorkers] = []
+        self._made = made
+        processes = None
         if self.worker_type == "process":
-            self._workers = ProcessWorkers(
-                StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last),
-                plan.num_workers, plan.context, plan.worker_seed, plan.worker_init_fn)
+            jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
+
+            def make(base_seed: int) -> ProcessWorkers:
+                made.append(ProcessWorkers(jobs, plan.num_workers, plan.context, base_seed,
+                                           setup.worker_init_fn))
+                return made[0]
+            processes = make
         elif pin:
             collate = pinned(collate)
         self._streams = Streams(
             dataset=plan.dataset, workers=plan.num_workers, depth=plan.depth,
             collate_fn=collate, batch_size=plan.batch_size, drop_last=plan.drop_last,
-            base_seed=plan.worker_seed, worker_init_fn=plan.worker_init_fn,
-            processes=self._workers, finish=mover(plan.device, pin),
+            setup=setup, processes=processes, finish=mover(plan.device, pin),
             generator=plan.generator)
         self.reported_len: Optional[int] = None  # len(dataset) when len(loader) was asked
         self._epoch = 0  # the epoch running
@@ -84,7 +91,7 @@ class StreamPipeline(Pipeline):
         return self._streams.pids()
 
     def processes(self) -> list:
-        return self._workers.processes() if self._workers is not None else []
+        return self._made[0].processes() if self._made else []
 
     def report(self) -> dict:
         stats = self._timing.stats()
