@@ -38,8 +38,8 @@ if(NOT STOKER_PARQUET STREQUAL "OFF")
         target_link_libraries(stoker_arrow_pyarrow INTERFACE "${STOKER_PARQUET_LIBRARY}"
           "${STOKER_ARROW_LIBRARY}")
         # The programs find the wheel's libraries where they are (its directory as RUNPATH).
-        target_link_options(stoker_arrow_pyarrow INTERFACE
-          "-Wl,-rpath,${_stoker_arrow_libdirs}")
+        string(REPLACE ";" ":" _stoker_arrow_rpath "${_stoker_arrow_libdirs}")
+        target_link_options(stoker_arrow_pyarrow INTERFACE "-Wl,-rpath,${_stoker_arrow_rpath}")
         set(_stoker_parquet_lib stoker_arrow_pyarrow)
         message(STATUS "stoker: Parquet from the Arrow C++ of pyarrow ${_stoker_pyarrow_version} (${_stoker_arrow_libdirs})")
       endif()
