@@ -103,6 +103,11 @@ python3 -m py_compile bench/torchvision_baseline.py
 wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
 ./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
-.venv-test/bin/python bench/parquet_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/parquet_bench.py --smoke --stoker-bin build/stoker >/dev/null 2>&1
+# the file that smoke run made; the C++ reader (stoker::ParquetDataset) from the command line
+pq_file="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-parquet-48-16.parquet"
+./build/stoker diagnose --parquet "$pq_file" --seconds 0.5 --json >/dev/null
+./build/stoker tune --parquet "$pq_file" --seconds 0.5 --measure 0.2 --json >/dev/null
+./build/stoker bench --parquet "$pq_file" --smoke --python .venv-test/bin/python --json >/dev/null
 
 echo "== all tests passed"
