@@ -31,7 +31,7 @@ bash scripts/fuzz.sh
 
 echo "== TSan (clang, -Wthread-safety)"
 build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
-  -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
+  -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools)"

@@ -304,8 +304,11 @@ TEST(Parquet, WithCacheBytesForTheDataSetEpochTwoReadsNoFile) {
       EXPECT_EQ(reads[0], 4u);  // each row group once
       EXPECT_EQ(reads[1], reads[0]);
       EXPECT_EQ(d->counters().cached_row_groups, 4u);
-    } else {  // one row group kept (per reading thread): a shuffled epoch reads them again
-      EXPECT_GT(reads[1], reads[0]);
+    } else {
+      // One row group kept (and one per thread reading): a second epoch reads at least two
+      // of the four again. (Not reads[1] > reads[0]: the workers read into the next epoch
+      // before this one's last batch is handed out.)
+      EXPECT_GE(reads[1], 6u);
     }
   }
 }
