@@ -305,10 +305,9 @@ TEST(Parquet, WithCacheBytesForTheDataSetEpochTwoReadsNoFile) {
       EXPECT_EQ(reads[1], reads[0]);
       EXPECT_EQ(d->counters().cached_row_groups, 4u);
     } else {
-      // One row group kept (and one per thread reading): a second epoch reads at least two
-      // of the four again. (Not reads[1] > reads[0]: the workers read into the next epoch
-      // before this one's last batch is handed out.)
-      EXPECT_GE(reads[1], 6u);
+      // One row group kept (per reading thread): shuffled epochs read row groups again. (Not
+      // reads[1] > reads[0]: the second epoch may be read ahead before the first one ends.)
+      EXPECT_GT(reads[1], 4u);
     }
   }
 }
