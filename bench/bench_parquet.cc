@@ -1,6 +1,7 @@
 #include "bench_parquet.h"
 
 #include <fmt/core.h>
+#include <time.h>
 
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -15,6 +16,16 @@
 namespace stoker::bench {
 
 using json = nlohmann::json;
+
+namespace {
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+}  // namespace
 
 int run_parquet(const BenchOptions& o, const std::string& files,
                 const std::vector<std::string>& columns) {
@@ -42,9 +53,11 @@ int run_parquet(const BenchOptions& o, const std::string& files,
   std::size_t taken = 0;
   std::size_t images = 0;
   Clock::time_point start;
+  double cpu_start = 0;
   for (std::size_t e = 0; e <= epochs; ++e) {
     if (e == 1) {
       start = Clock::now();
+      cpu_start = process_cpu_seconds();
       images = 0;
     }
     loader.set_epoch(e);
@@ -55,6 +68,9 @@ int run_parquet(const BenchOptions& o, const std::string& files,
     }
   }
   const double stoker_rate = static_cast<double>(images) / seconds_since(start);
+  // CPU time per image of the whole process (the loader's threads: nothing else runs), which
+  // a shared machine's load moves much less than images/s.
+  const double cpu_ms = 1e3 * (process_cpu_seconds() - cpu_start) / static_cast<double>(images);
   loader.stop_trace();
   json result = {{"workload", "parquet"},
                  {"files", files},
@@ -63,12 +79,15 @@ int run_parquet(const BenchOptions& o, const std::string& files,
                  {"epochs", epochs},
                  {"stoker_workers", workers},
                  {"stoker_images_per_s", stoker_rate},
+                 {"stoker_cpu_ms_per_image", cpu_ms},
                  {"stoker_row_group_reads", dataset->counters().row_group_reads}};
   if (!o.json) {
     fmt::print("parquet: {} rows of {}, train pipeline, batch {}\n", dataset->size(), files,
                lo.batch_size);
-    fmt::print("  stoker::ParquetDataset (Arrow C++), {} workers: {:.1f} images/s\n", workers,
-               stoker_rate);
+    fmt::print(
+        "  stoker::ParquetDataset (Arrow C++), {} workers: {:.1f} images/s, {:.2f} ms of CPU "
+        "per image\n",
+        workers, stoker_rate, cpu_ms);
     std::fflush(stdout);
   }
   if (o.baseline) {

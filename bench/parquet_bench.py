@@ -208,7 +208,10 @@ def main() -> None:
              "--workers", str(args.workers), "--epochs", str(args.runs)]
             + (["--smoke"] if args.smoke else []),
             check=True, capture_output=True, text=True).stdout
-        r = json.loads(out)["stoker_images_per_s"]
+        result = json.loads(out)
+        r = result["stoker_images_per_s"]
+        if "stoker_cpu_ms_per_image" in result:
+            CPU_MS.setdefault("cpp", []).append(result["stoker_cpu_ms_per_image"])
         print(f"stoker C++ reader workers={args.workers}: {r:7.1f} images/s", file=sys.stderr)
         return r
 
@@ -251,6 +254,8 @@ def main() -> None:
         result["rounds"]["stoker_cpp_reader"] = cpp_rates
         result["stoker_cpp_reader_images_per_s"] = statistics.median(cpp_rates)
         result["cpp_reader_over_pyarrow_reader"] = statistics.median(cpp_rates) / stoker_median
+        if "cpp" in CPU_MS:
+            result["cpu_ms_per_image"]["stoker_cpp_reader"] = statistics.median(CPU_MS["cpp"])
     if args.json:
         print(json.dumps(result))
     else:
@@ -263,7 +268,8 @@ def main() -> None:
             print(f"stoker::ParquetDataset (Arrow C++ reader, `stoker bench --parquet`) "
                   f"{result['stoker_cpp_reader_images_per_s']:.1f} images/s: "
                   f"{result['cpp_reader_over_pyarrow_reader']:.2f}x stoker.ParquetDataset "
-                  f"(pyarrow reader)")
+                  f"(pyarrow reader); CPU per image "
+                  f"{result['cpu_ms_per_image'].get('stoker_cpp_reader', float('nan')):.2f} ms")
 
 
 if __name__ == "__main__":

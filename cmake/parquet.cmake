@@ -6,7 +6,15 @@
 # without stoker::ParquetDataset (STOKER_PARQUET=ON makes that an error).
 #
 # Sets STOKER_HAVE_PARQUET and, when true, the target stoker_parquet.
-set(STOKER_PARQUET "AUTO" CACHE STRING "Build stoker::ParquetDataset (Arrow C++): AUTO, ON or OFF")
+# Off in the Python wheel (scikit-build-core sets SKBUILD): its `stoker` command would
+# otherwise depend on whichever Arrow the build machine has (docs/formats.md).
+if(SKBUILD)
+  set(_stoker_parquet_default OFF)
+else()
+  set(_stoker_parquet_default AUTO)
+endif()
+set(STOKER_PARQUET "${_stoker_parquet_default}" CACHE STRING
+  "Build stoker::ParquetDataset (Arrow C++): AUTO, ON or OFF")
 set_property(CACHE STOKER_PARQUET PROPERTY STRINGS AUTO ON OFF)
 set(STOKER_ARROW_PYTHON "" CACHE FILEPATH
   "A Python whose pyarrow wheel provides Arrow C++ (when no installed Arrow is found)")
@@ -38,8 +46,8 @@ if(NOT STOKER_PARQUET STREQUAL "OFF")
         target_link_libraries(stoker_arrow_pyarrow INTERFACE "${STOKER_PARQUET_LIBRARY}"
           "${STOKER_ARROW_LIBRARY}")
         # The programs find the wheel's libraries where they are (its directory as RUNPATH).
-        target_link_options(stoker_arrow_pyarrow INTERFACE
-          "-Wl,-rpath,${_stoker_arrow_libdirs}")
+        string(REPLACE ";" ":" _stoker_arrow_rpath "${_stoker_arrow_libdirs}")
+        target_link_options(stoker_arrow_pyarrow INTERFACE "-Wl,-rpath,${_stoker_arrow_rpath}")
         set(_stoker_parquet_lib stoker_arrow_pyarrow)
         message(STATUS "stoker: Parquet from the Arrow C++ of pyarrow ${_stoker_pyarrow_version} (${_stoker_arrow_libdirs})")
       endif()

@@ -31,7 +31,7 @@ bash scripts/fuzz.sh
 
 echo "== TSan (clang, -Wthread-safety)"
 build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
-  -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF
+  -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
 echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
@@ -100,6 +100,13 @@ python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/worker_kinds.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/ray_bench.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/chaos.py --smoke >/dev/null 2>&1
+# Parquet: the Python data set beside the C++ reader (`stoker bench --parquet`), then the C++
+# reader from the command line on the file that smoke run made
+.venv-test/bin/python bench/parquet_bench.py --smoke --stoker-bin build/stoker >/dev/null 2>&1
+pq_file="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-parquet-48-16.parquet"
+./build/stoker diagnose --parquet "$pq_file" --seconds 0.5 --json >/dev/null
+./build/stoker tune --parquet "$pq_file" --seconds 0.5 --measure 0.2 --json >/dev/null
+./build/stoker bench --parquet "$pq_file" --smoke --python .venv-test/bin/python --json >/dev/null
 .venv-test/bin/python bench/webdataset_bench.py --smoke >/dev/null 2>&1
 # the shards that smoke run made (bench/webdataset_bench.py: $TMPDIR/stoker-bench-wds-64-2)
 wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
