@@ -278,6 +278,13 @@ TEST(ObjectStoreUnit, DiskCacheStoresAndChecksEntries) {
   EXPECT_EQ(c.hits, 2u);
   EXPECT_EQ(c.hit_bytes, 10u);
   EXPECT_EQ(c.misses, 3u);
+  // A part of an entry: only those bytes; a part beyond it, or the wrong entry length, a miss.
+  std::vector<std::byte> part(2);
+  ASSERT_TRUE(cache.get_range(k, 5, 2, part.data(), 2));
+  EXPECT_EQ(as_string(part), "LL");
+  EXPECT_FALSE(cache.get_range(k, 5, 4, part.data(), 2));
+  EXPECT_FALSE(cache.get_range(k, 6, 0, part.data(), 2));
+  EXPECT_EQ(cache.counters().hit_bytes, 12u);
   // A truncated file is a miss.
   for (const auto& e : fs::directory_iterator(dir.path / "c")) fs::resize_file(e.path(), 10);
   EXPECT_FALSE(cache.get(k, out.data(), 5));

@@ -129,7 +129,9 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
 NativeDataset make_webdataset(const std::vector<std::string>& shards,
                               const std::vector<std::string>& fields, const std::string& transform,
                               std::size_t cache_bytes, std::uint64_t max_pixels,
-                              const std::string& index_cache_dir, bool index_cache) {
+                              const std::string& index_cache_dir, bool index_cache,
+                              const std::string& object_cache_dir,
+                              std::uint64_t object_cache_bytes) {
   WebDatasetOptions o;
   o.shards = shards;
   o.fields = fields;
@@ -138,6 +140,8 @@ NativeDataset make_webdataset(const std::vector<std::string>& shards,
   o.cache_bytes = cache_bytes;
   o.index_cache_dir = index_cache_dir;
   o.index_cache = index_cache;
+  o.object_cache_dir = object_cache_dir;
+  o.object_cache_bytes = object_cache_bytes;
   NativeDataset out;
   {
     py::gil_scoped_release nogil;  // indexing the shards may take a while
@@ -179,6 +183,24 @@ py::dict source_counters(const NativeDataset& dataset) {
   d["storage_bytes"] = c.storage_bytes;
   d["cached"] = c.cached;
   d["cached_bytes"] = c.cached_bytes;
+  return d;
+}
+
+py::dict object_storage_counters(const NativeDataset& dataset) {
+  py::dict d;
+  const auto* w = dynamic_cast<const WebDataset*>(dataset.dataset.get());
+  if (w == nullptr) return d;
+  const ObjectStorageCounters c = w->object_storage_counters();
+  d["requests"] = c.requests;
+  d["list_requests"] = c.list_requests;
+  d["head_requests"] = c.head_requests;
+  d["get_requests"] = c.get_requests;
+  d["bytes_fetched"] = c.bytes_fetched;
+  d["retries"] = c.retries;
+  d["failures"] = c.failures;
+  d["cache_hits"] = c.cache_hits;
+  d["cache_hit_bytes"] = c.cache_hit_bytes;
+  d["cache_misses"] = c.cache_misses;
   return d;
 }
 

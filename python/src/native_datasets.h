@@ -47,13 +47,21 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
                                  const std::string& transform, std::size_t cache_bytes,
                                  std::uint64_t max_pixels);
 
-// A WebDataset (stoker/webdataset.h) over `shards` (tar files or directories) with `fields`,
-// optionally behind a RAM cache of `cache_bytes`; indexes cached in `index_cache_dir` ("" the
-// default place) unless `index_cache` is false. Opens the shards with the GIL released.
+// A WebDataset (stoker/webdataset.h) over `shards` (tar files, directories or URLs) with
+// `fields`, optionally behind a RAM cache of `cache_bytes`; indexes cached in `index_cache_dir`
+// ("" the default place) unless `index_cache` is false; URL shards read through the object
+// cache `object_cache_dir` ("" the default place) of `object_cache_bytes` (0: none). Opens the
+// shards with the GIL released.
 NativeDataset make_webdataset(const std::vector<std::string>& shards,
                               const std::vector<std::string>& fields, const std::string& transform,
                               std::size_t cache_bytes, std::uint64_t max_pixels,
-                              const std::string& index_cache_dir, bool index_cache);
+                              const std::string& index_cache_dir, bool index_cache,
+                              const std::string& object_cache_dir,
+                              std::uint64_t object_cache_bytes);
+
+// The object-storage counters of a WebDataset with URL shards (ObjectStorageCounters' fields by
+// name); empty for other data sets.
+py::dict object_storage_counters(const NativeDataset& dataset);
 
 // One encoded image (JPEG or PNG) decoded and transformed as an image data set does it, into a
 // fresh array of the transform's shape and dtype, with the GIL released. `name` starts the

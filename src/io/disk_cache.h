@@ -32,6 +32,10 @@ class DiskCache {
 
   // Copies the entry into dst when it holds exactly `length` bytes; false otherwise.
   bool get(const std::string& key, std::byte* dst, std::size_t length);
+  // Copies bytes [offset, offset + n) of the entry into dst when the entry holds exactly
+  // `length` bytes (one pread of the part asked for, not the whole entry); false otherwise.
+  bool get_range(const std::string& key, std::size_t length, std::uint64_t offset, std::byte* dst,
+                 std::size_t n);
   // Stores the bytes (replacing an entry of the same key), then evicts down to the cap. An
   // entry larger than the cap is not stored. I/O errors are ignored: a cache is optional.
   void put(const std::string& key, const std::byte* data, std::size_t length);
