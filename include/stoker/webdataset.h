@@ -15,6 +15,13 @@
 
 namespace stoker {
 
+// A URL shard as it was resolved (by a listing or a HEAD).
+struct ObjectVersion {
+  std::string url;
+  std::uint64_t size = 0;
+  std::string etag;
+};
+
 struct WebDatasetOptions {
   // Tar files, or directories (every *.tar in them, in name order), or URLs of objects
   // (docs/storage.md): s3://BUCKET/KEY.tar and http(s)://... shards, or an s3:// prefix (every
@@ -42,6 +49,10 @@ struct WebDatasetOptions {
   // ~/.cache/stoker/objects.
   std::string object_cache_dir;
   std::uint64_t object_cache_bytes = 10ull << 30;
+  // URL shards already resolved (another process's WebDataset::objects()): a shard named by
+  // one of these URLs is taken as it is, with no request to find it (worker processes made from
+  // a pickled data set do not list the bucket again).
+  std::vector<ObjectVersion> known_objects;
 };
 
 // Object-storage traffic of the URL shards of this process (every WebDataset reading through
@@ -88,6 +99,8 @@ class WebDataset final : public Dataset {
   std::string key(std::size_t index) const;
   // Shards whose index came from the on-disk cache at construction (the rest were indexed).
   std::size_t indexes_from_cache() const;
+  // The URL shards, as resolved at construction (in shard order).
+  std::vector<ObjectVersion> objects() const;
   // The object-storage counters (all zero when no shard is a URL).
   ObjectStorageCounters object_storage_counters() const;
 

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -74,7 +77,8 @@ void parallel_for(std::size_t n, std::size_t threads, const std::function<void(s
 
 RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes)
     : cache_dir_(cache_bytes > 0 ? cache_dir : std::string()),
-      store_(std::make_unique<io::ObjectStore>()) {
+      store_(std::make_unique<io::ObjectStore>()),
+      cache_bytes_(cache_bytes) {
   if (!cache_dir_.empty()) {
     try {
       cache_ = std::make_unique<io::DiskCache>(cache_dir_, cache_bytes);
@@ -86,18 +90,27 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
 
 RemoteFiles::~RemoteFiles() = default;
 
-std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(const std::vector<std::string>& urls,
-                                                            std::string_view suffix) {
+std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(
+    const std::vector<std::string>& urls, std::string_view suffix,
+    const std::vector<RemoteObject>& known) {
   struct Item {
     io::ObjectUrl url;
     bool prefix = false;
-    std::string parent;  // s3: the listing that holds it ("s3://b/dir/")
+    std::string parent;                   // s3: the listing that holds it ("s3://b/dir/")
+    const RemoteObject* known = nullptr;  // resolved already
   };
   std::vector<Item> items;
   std::map<std::string, std::vector<std::size_t>> by_parent;  // objects named one by one
   for (const auto& u : urls) {
     Item it;
     it.url = io::parse_object_url(u);  // std::invalid_argument for a malformed URL
+    for (const auto& k : known) {
+      if (k.url == u) it.known = &k;
+    }
+    if (it.known != nullptr) {
+      items.push_back(std::move(it));
+      continue;
+    }
     if (it.url.scheme == io::ObjectUrl::Scheme::kS3) {
       const std::size_t slash = it.url.key.rfind('/');
       const std::string name =
@@ -117,8 +130,9 @@ std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(const std::vector<st
   // The listings to make: every prefix, and the parents of more than kHeadAtMost named objects.
   std::vector<std::string> listings;
   for (const auto& it : items) {
-    const bool list = it.prefix || (it.url.scheme == io::ObjectUrl::Scheme::kS3 &&
-                                    by_parent[it.parent].size() > kHeadAtMost);
+    const bool list =
+        it.known == nullptr && (it.prefix || (it.url.scheme == io::ObjectUrl::Scheme::kS3 &&
+                                              by_parent[it.parent].size() > kHeadAtMost));
     if (list && std::find(listings.begin(), listings.end(), it.parent) == listings.end()) {
       listings.push_back(it.parent);
     }
@@ -129,6 +143,10 @@ std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(const std::vector<st
   std::vector<std::vector<RemoteObject>> out(items.size());
   parallel_for(items.size(), kResolveThreads, [&](std::size_t i) {
     const Item& it = items[i];
+    if (it.known != nullptr) {
+      out[i].push_back(*it.known);
+      return;
+    }
     const auto l = std::find(listings.begin(), listings.end(), it.parent);
     if (l == listings.end()) {  // http(s), or one of a few s3 objects: a HEAD
       io::ObjectInfo info = store_->head(it.url.url);
@@ -228,6 +246,94 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
     in_flight_.erase(it);
   }
   return result.get();
+}
+
+std::string RemoteFiles::local_file(const RemoteObject& object) {
+  if (cache_dir_.empty()) {
+    throw std::runtime_error(object.url +
+                             ": reading it needs a local copy, and there is no object cache "
+                             "directory (set STOKER_CACHE_DIR, or give a cache size above 0)");
+  }
+  const std::string id = object.url + "|" + std::to_string(object.size) + "|" + object.etag;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, as the disk cache names its entries
+  for (unsigned char c : id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  std::string name = object.url.substr(object.url.rfind('/') + 1);
+  name = name.substr(0, name.find_first_of("?#"));
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  }
+  char prefix[24];
+  std::snprintf(prefix, sizeof prefix, "%016llx-", static_cast<unsigned long long>(h));
+  const fs::path dir = fs::path(cache_dir_) / "files";
+  const fs::path path = dir / (prefix + name);
+  {
+    MutexLock lock(mu_);
+    handed_out_.push_back(path.string());
+  }
+  std::error_code ec;
+  if (fs::file_size(path, ec) == object.size && !ec) {
+    fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used
+    return path.string();
+  }
+  fs::create_directories(dir, ec);
+  // Room for it: the least recently used files that no data set of this process holds go.
+  struct Old {
+    fs::path path;
+    std::uint64_t size;
+    fs::file_time_type time;
+  };
+  std::vector<Old> old;
+  std::uint64_t total = object.size;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code e2;
+    if (!e.is_regular_file(e2)) continue;
+    const std::uint64_t size = e.file_size(e2);
+    total += size;
+    old.push_back({e.path(), size, e.last_write_time(e2)});
+  }
+  std::sort(old.begin(), old.end(), [](const Old& a, const Old& b) { return a.time < b.time; });
+  for (const auto& o : old) {
+    if (total <= cache_bytes_) break;
+    bool held = false;
+    {
+      MutexLock lock(mu_);
+      held =
+          std::find(handed_out_.begin(), handed_out_.end(), o.path.string()) != handed_out_.end();
+    }
+    if (!held && fs::remove(o.path, ec)) total -= o.size;
+  }
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> out(std::fopen(tmp.c_str(), "wb"),
+                                                        &std::fclose);
+    if (!out) throw std::runtime_error(tmp + ": cannot write: " + std::strerror(errno));
+    io::ObjectReader reader(*store_, object.url, object.size, kRemoteChunkBytes, 4);
+    std::vector<std::byte> buf(1u << 20);
+    try {
+      while (std::size_t got = reader.read(buf.data(), buf.size())) {
+        if (std::fwrite(buf.data(), 1, got, out.get()) != got) {
+          throw std::runtime_error(tmp + ": cannot write: " + std::strerror(errno));
+        }
+      }
+      if (std::fflush(out.get()) != 0) {
+        throw std::runtime_error(tmp + ": cannot write: " + std::strerror(errno));
+      }
+    } catch (...) {
+      out.reset();
+      fs::remove(tmp, ec);
+      throw;
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw std::runtime_error(path.string() + ": cannot write: " + ec.message());
+  }
+  return path.string();
 }
 
 RemoteFiles::Counters RemoteFiles::counters() const {

@@ -58,8 +58,10 @@ class RemoteFiles {
   // PREFIX/ whose name ends in `suffix`, in key order (an error if there is none). s3:// objects
   // are resolved by one listing of each distinct parent prefix (not a HEAD each); http(s)://
   // objects by a HEAD each (in parallel). Throws io::ObjectStoreError naming the URL.
+  // A URL found in `known` is taken from there, with no request.
   std::vector<std::vector<RemoteObject>> resolve(const std::vector<std::string>& urls,
-                                                 std::string_view suffix);
+                                                 std::string_view suffix,
+                                                 const std::vector<RemoteObject>& known = {});
 
   // Reads bytes [offset, offset + n) of the object into dst: from the disk cache where it holds
   // the chunks, else with one range GET per chunk (kRemoteChunkBytes, aligned), each stored in
@@ -67,6 +69,14 @@ class RemoteFiles {
   // io::ObjectStoreError (the URL and the HTTP status in its message) or std::runtime_error for
   // a range past the object's end.
   void read(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
+
+  // The object as a whole local file, for readers that need one (Parquet through pyarrow):
+  // DIR/files/<hash of URL, size and ETag>-<its name>, where DIR is the cache directory,
+  // downloaded by a stream of range GETs when it is not there yet (written to a temporary name,
+  // then renamed). Files there that this process did not hand out are deleted, least recently
+  // used first, to keep them within the cache's byte cap. Throws std::runtime_error without a
+  // cache directory, io::ObjectStoreError naming the URL.
+  std::string local_file(const RemoteObject& object);
 
   struct Counters {
     std::uint64_t requests = 0;  // LIST + HEAD + GET, every attempt
@@ -94,6 +104,8 @@ class RemoteFiles {
   std::atomic<std::uint64_t> hits_{0}, hit_bytes_{0}, misses_{0};
   Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
+  std::uint64_t cache_bytes_ = 0;
+  std::vector<std::string> handed_out_ STOKER_GUARDED_BY(mu_);  // local_file()s: never evicted
 };
 
 // The RemoteFiles of this process for a cache directory ("" for the default) and cap (0: no

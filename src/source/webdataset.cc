@@ -773,7 +773,9 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     impl->object_cache_bytes = options_.object_cache_bytes;
     impl->owner = ::getpid();
     impl->remote_files = detail::remote_files(impl->object_cache_dir, impl->object_cache_bytes);
-    objects = impl->remote_files->resolve(urls, ".tar");
+    std::vector<detail::RemoteObject> known;
+    for (const auto& k : options_.known_objects) known.push_back({k.url, k.size, k.etag});
+    objects = impl->remote_files->resolve(urls, ".tar", known);
     std::vector<const detail::RemoteObject*> flat;
     for (const auto& per_url : objects) {
       for (const auto& o : per_url) flat.push_back(&o);
@@ -860,6 +862,14 @@ std::vector<std::string> WebDataset::shard_paths() const {
   return paths;
 }
 std::size_t WebDataset::indexes_from_cache() const { return impl_->from_cache; }
+
+std::vector<ObjectVersion> WebDataset::objects() const {
+  std::vector<ObjectVersion> out;
+  for (const auto& s : impl_->shards) {
+    if (s.remote) out.push_back({s.remote->url, s.remote->size, s.remote->etag});
+  }
+  return out;
+}
 
 ObjectStorageCounters WebDataset::object_storage_counters() const {
   ObjectStorageCounters out;

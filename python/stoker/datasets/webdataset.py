@@ -303,7 +303,7 @@ class WebDataset(NativeDataset):
 
     def __new__(cls, shards, fields=("jpg;jpeg;png", "cls"), transform=None, cache_bytes=0,
                 max_pixels=89_478_485, index_cache=None, stream=None, object_cache=None,
-                object_cache_bytes=10 << 30, **stream_options):
+                object_cache_bytes=10 << 30, _objects=(), **stream_options):
         paths = expand_shards(shards)
         compressed = any(p.endswith(_COMPRESSED) or _compressed_dir(p) for p in paths)
         urls = [p for p in paths if is_url(p)]
@@ -333,6 +333,7 @@ class WebDataset(NativeDataset):
         stream=None,
         object_cache=None,
         object_cache_bytes: int = 10 << 30,
+        _objects=(),
     ) -> None:
         self._made_with = ((shards,), dict(fields=fields, transform=transform,
                                            cache_bytes=cache_bytes, max_pixels=max_pixels,
@@ -359,7 +360,13 @@ class WebDataset(NativeDataset):
                                           int(cache_bytes), int(max_pixels), cache_dir,
                                           use_cache,
                                           "" if object_cache is None else os.fspath(object_cache),
-                                          int(object_cache_bytes))
+                                          int(object_cache_bytes), list(_objects))
+        objects = self._handle.objects()
+        if objects and all(is_url(p) for p in self.shards):
+            # Unpickled in a worker process: the shards as resolved here, so that it makes no
+            # request to find them again (no listing, no HEAD).
+            self._made_with = (([o[0] for o in objects],),
+                               dict(self._made_with[1], _objects=tuple(objects)))
 
     def key(self, index: int) -> str:
         """The key of sample `index` (``__key__`` in webdataset)."""
