@@ -165,6 +165,11 @@ void DiskCache::put(const std::string& key, const std::byte* data, std::size_t l
           std::to_string(tmp_counter_++);
   }
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {  // the directory was removed under us: make it again
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   if (fd < 0) return;
   bool ok = write_all(fd, head.data(), head.size()) && write_all(fd, data, length);
   ok = ::close(fd) == 0 && ok;
