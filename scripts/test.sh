@@ -102,5 +102,6 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
 ./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
 .venv-test/bin/python bench/parquet_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/s3_bench.py --smoke >/dev/null 2>&1  # SeaweedFS, STOKER_WEED
 
 echo "== all tests passed"
