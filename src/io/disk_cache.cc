@@ -120,12 +120,16 @@ bool DiskCache::get_range(const std::string& key, std::size_t length, std::uint6
                           std::byte* dst, std::size_t n) {
   if (offset > length || n > length - offset) return false;
   std::string name = hash_name(key);
+  bool touch = false;
   {
     detail::MutexLock lock(mu_);
-    if (index_.find(name) == index_.end()) {
+    auto it = index_.find(name);
+    if (it == index_.end()) {
       ++counters_.misses;
       return false;
     }
+    touch = !it->second->touched;
+    it->second->touched = true;
   }
   std::string path = dir_ + "/" + name;
   std::string want = header(key);
@@ -137,7 +141,7 @@ bool DiskCache::get_range(const std::string& key, std::size_t length, std::uint6
     ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == want.size() + length &&
          read_all(fd, got.data(), got.size()) && got == want &&
          pread_all(fd, dst, n, want.size() + offset);
-    if (ok) ::futimens(fd, nullptr);  // recently used, for the next process's order
+    if (ok && touch) ::futimens(fd, nullptr);  // recently used, for the next process's order
     ::close(fd);
   }
   detail::MutexLock lock(mu_);

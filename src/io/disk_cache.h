@@ -16,7 +16,8 @@ namespace stoker::io {
 // (magic, the key) and the bytes; a hit checks the key and the length, so a hash collision or a
 // truncated file is a miss. Files are written to a temporary name and renamed, so a reader
 // never sees half an entry. Entries already in the directory are indexed at construction
-// (oldest modification time evicted first); a hit refreshes an entry's time.
+// (oldest modification time evicted first); the first hit of an entry in a process refreshes its
+// file's time (later hits reorder it in memory only: no metadata write per read).
 //
 // Thread safety: every member from any thread. One DiskCache per directory and process: two
 // processes sharing a directory stay correct (a file evicted by the other is a miss) but each
@@ -56,6 +57,7 @@ class DiskCache {
   struct Entry {
     std::string name;
     std::uint64_t size = 0;
+    bool touched = false;  // its file's time set by a hit of this process already
   };
   void evict_locked() STOKER_REQUIRES(mu_);
   void drop_locked(const std::string& name) STOKER_REQUIRES(mu_);

@@ -782,7 +782,7 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     }
     remote_members.resize(flat.size());
     std::vector<char> cached(flat.size(), 0);
-    constexpr std::size_t kIndexThreads = 16;  // shards indexed at once (each waits on GETs)
+    constexpr std::size_t kIndexThreads = 64;  // shards indexed at once (each waits on GETs)
     detail::parallel_for(flat.size(), kIndexThreads, [&](std::size_t i) {
       bool hit = false;
       remote_members[i] = impl->index_remote(*flat[i], options_, hit);
