@@ -1,11 +1,12 @@
 # The C++ package, included from the top-level CMakeLists.txt when STOKER_INSTALL is on.
-# libstoker.a and libstoker.so hold the objects of stoker_core and stoker_image (nothing is
-# compiled twice); libjpeg, libpng and xxHash stay private (the public headers include only
+# libstoker.a and libstoker.so hold the objects of stoker_core, stoker_image and stoker_io
+# (nothing is compiled twice); libjpeg, libpng, xxHash, libcurl and pugixml stay private (the public headers include only
 # the standard library).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(_stoker_objects $<TARGET_OBJECTS:stoker_core> $<TARGET_OBJECTS:stoker_image>)
+set(_stoker_objects $<TARGET_OBJECTS:stoker_core> $<TARGET_OBJECTS:stoker_image>
+  $<TARGET_OBJECTS:stoker_io>)
 add_library(stoker_shared SHARED ${_stoker_objects})
 add_library(stoker_static STATIC ${_stoker_objects})
 add_library(stoker::stoker ALIAS stoker_shared)
@@ -18,7 +19,8 @@ foreach(_target stoker_shared stoker_static)
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
   target_link_libraries(${_target} PUBLIC Threads::Threads
-    PRIVATE JPEG::JPEG PNG::PNG ${XXHASH_LIBRARY} ${CMAKE_DL_LIBS})
+    PRIVATE JPEG::JPEG PNG::PNG ${XXHASH_LIBRARY} CURL::libcurl pugixml::pugixml
+    ${CMAKE_DL_LIBS})
 endforeach()
 
 install(TARGETS stoker_shared stoker_static EXPORT stokerTargets

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,7 @@
 #include <thread>
 
 #include "io/disk_cache.h"
+#include "source/remote.h"
 
 extern char** environ;
 
@@ -278,6 +280,13 @@ TEST(ObjectStoreUnit, DiskCacheStoresAndChecksEntries) {
   EXPECT_EQ(c.hits, 2u);
   EXPECT_EQ(c.hit_bytes, 10u);
   EXPECT_EQ(c.misses, 3u);
+  // A part of an entry: only those bytes; a part beyond it, or the wrong entry length, a miss.
+  std::vector<std::byte> part(2);
+  ASSERT_TRUE(cache.get_range(k, 5, 2, part.data(), 2));
+  EXPECT_EQ(as_string(part), "LL");
+  EXPECT_FALSE(cache.get_range(k, 5, 4, part.data(), 2));
+  EXPECT_FALSE(cache.get_range(k, 6, 0, part.data(), 2));
+  EXPECT_EQ(cache.counters().hit_bytes, 12u);
   // A truncated file is a miss.
   for (const auto& e : fs::directory_iterator(dir.path / "c")) fs::resize_file(e.path(), 10);
   EXPECT_FALSE(cache.get(k, out.data(), 5));
@@ -980,6 +989,64 @@ TEST_F(ObjectStoreHttp, PlainHttpRangeReads) {
   expect_error([&] { store.read(http + ".missing", 0, 10, buf.data()); }, Kind::kNotFound, 404,
                {"HTTP 404"});
   expect_error([&] { store.list(http); }, Kind::kClient, 0, {"no listing"});
+}
+
+// detail::RemoteFiles (what WebDataset's URL shards read through): an object of three chunks
+// read at random ranges by eight threads at once costs one GET per chunk (threads that miss a
+// chunk together wait for one fetch), the bytes equal the object's; a second RemoteFiles over
+// the same cache directory fetches nothing. Settings from the environment, as users give them.
+TEST_F(ObjectStoreS3, RemoteFilesFetchEachChunkOnceWhateverTheThreads) {
+  const std::string big = object_bytes(2 * detail::kRemoteChunkBytes + 12345, 7);
+  direct()->put(url("remote/big.bin"), big);
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  TempDir dir;
+  auto read_all_over = [&](detail::RemoteFiles& files) {
+    const auto objects = files.resolve({url("remote/big.bin")}, ".bin");
+    ASSERT_EQ(objects.size(), 1u);
+    ASSERT_EQ(objects[0].size(), 1u);
+    const detail::RemoteObject object = objects[0][0];
+    EXPECT_EQ(object.size, big.size());
+    std::vector<std::thread> threads;
+    std::atomic<int> wrong{0};
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(static_cast<std::uint64_t>(t));
+        std::vector<std::byte> buf;
+        for (int i = 0; i < 50; ++i) {
+          const std::size_t n = 1 + rng() % (3u << 20);  // some span two chunks
+          const std::uint64_t at = rng() % (big.size() - n);
+          buf.resize(n);
+          files.read(object, at, buf.data(), n);
+          if (std::memcmp(buf.data(), big.data() + at, n) != 0) ++wrong;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0);
+    std::vector<std::byte> past(2);
+    EXPECT_THROW(files.read(object, big.size() - 1, past.data(), 2), std::runtime_error);
+  };
+  {
+    detail::RemoteFiles files((dir.path / "cache").string(), 1ull << 30);
+    read_all_over(files);
+    EXPECT_EQ(proxy_count(proxy_port_, "HEAD"), 1);  // one object named: a HEAD, no listing
+    EXPECT_EQ(proxy_count(proxy_port_, "GET"), 3);   // three chunks, each fetched once
+    EXPECT_EQ(files.counters().get_requests, 3u);
+    EXPECT_GT(files.counters().cache_hits, 0u);
+  }
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  detail::RemoteFiles again((dir.path / "cache").string(), 1ull << 30);
+  read_all_over(again);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    unsetenv(v);
+  }
 }
 
 }  // namespace

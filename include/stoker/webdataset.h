@@ -15,9 +15,18 @@
 
 namespace stoker {
 
+// A URL shard as it was resolved (by a listing or a HEAD).
+struct ObjectVersion {
+  std::string url;
+  std::uint64_t size = 0;
+  std::string etag;
+};
+
 struct WebDatasetOptions {
-  // Tar files, or directories (every *.tar in them, in name order). Brace patterns are
-  // expanded by the caller (the Python package does it).
+  // Tar files, or directories (every *.tar in them, in name order), or URLs of objects
+  // (docs/storage.md): s3://BUCKET/KEY.tar and http(s)://... shards, or an s3:// prefix (every
+  // *.tar object directly under it, in key order). Brace patterns are expanded by the caller
+  // (the Python package does it).
   std::vector<std::string> shards;
   // The sample's fields, in order: a field is a member's name after its key (lower-case),
   // alternatives separated by ';' (the first present one is taken). Kinds, by the field's last
@@ -34,6 +43,32 @@ struct WebDatasetOptions {
   // ignored.
   std::string index_cache_dir;
   bool index_cache = true;
+  // URL shards: where the chunks read from object storage are kept, and the cache's byte cap
+  // (least recently used out; 0: no cache, every read fetches its range). "" is
+  // $STOKER_CACHE_DIR/objects, else $XDG_CACHE_HOME/stoker/objects, else
+  // ~/.cache/stoker/objects.
+  std::string object_cache_dir;
+  std::uint64_t object_cache_bytes = 10ull << 30;
+  // URL shards already resolved (another process's WebDataset::objects()): a shard named by
+  // one of these URLs is taken as it is, with no request to find it (worker processes made from
+  // a pickled data set do not list the bucket again).
+  std::vector<ObjectVersion> known_objects;
+};
+
+// Object-storage traffic of the URL shards of this process (every WebDataset reading through
+// the same object cache directory shares it): requests by kind (every attempt counts), body
+// bytes, retries, and chunk reads served by the disk cache.
+struct ObjectStorageCounters {
+  std::uint64_t requests = 0;
+  std::uint64_t list_requests = 0;
+  std::uint64_t head_requests = 0;
+  std::uint64_t get_requests = 0;
+  std::uint64_t bytes_fetched = 0;
+  std::uint64_t retries = 0;
+  std::uint64_t failures = 0;
+  std::uint64_t cache_hits = 0;
+  std::uint64_t cache_hit_bytes = 0;
+  std::uint64_t cache_misses = 0;
 };
 
 // The data set. Samples are the runs of consecutive members of a shard with the same key (the
@@ -64,6 +99,10 @@ class WebDataset final : public Dataset {
   std::string key(std::size_t index) const;
   // Shards whose index came from the on-disk cache at construction (the rest were indexed).
   std::size_t indexes_from_cache() const;
+  // The URL shards, as resolved at construction (in shard order).
+  std::vector<ObjectVersion> objects() const;
+  // The object-storage counters (all zero when no shard is a URL).
+  ObjectStorageCounters object_storage_counters() const;
 
   struct Impl;
 

@@ -148,6 +148,8 @@ PYBIND11_MODULE(_stoker, m) {
       .def("fields", [](const NativeDataset& d) { return fields_of(*d.dataset, d.element_types); })
       .def("read", &read_sample, py::arg("index"), py::arg("seed") = 0)
       .def("counters", &source_counters)
+      .def("object_storage", &object_storage_counters)
+      .def("objects", &webdataset_objects)
       .def("sample_name",
            [](const NativeDataset& d, std::size_t index) { return d.dataset->sample_name(index); })
       .def("classes", [](const NativeDataset& d) {
@@ -164,7 +166,9 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("max_pixels"), py::arg("name"));
   m.def("webdataset", &make_webdataset, py::arg("shards"), py::arg("fields"), py::arg("transform"),
         py::arg("cache_bytes"), py::arg("max_pixels"), py::arg("index_cache_dir"),
-        py::arg("index_cache"));
+        py::arg("index_cache"), py::arg("object_cache_dir"), py::arg("object_cache_bytes"),
+        py::arg("known_objects"));
+  m.def("object_files", &object_files, py::arg("urls"), py::arg("suffix"));
   m.def(
       "pack",
       [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes, bool overwrite,

@@ -9,6 +9,7 @@
 
 #include "gil.h"
 #include "image/resample.h"
+#include "source/remote.h"
 #include "stoker/image.h"
 #include "stoker/sources.h"
 #include "stoker/webdataset.h"
@@ -126,11 +127,14 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
   return out;
 }
 
-NativeDataset make_webdataset(const std::vector<std::string>& shards,
-                              const std::vector<std::string>& fields, const std::string& transform,
-                              std::size_t cache_bytes, std::uint64_t max_pixels,
-                              const std::string& index_cache_dir, bool index_cache) {
+NativeDataset make_webdataset(
+    const std::vector<std::string>& shards, const std::vector<std::string>& fields,
+    const std::string& transform, std::size_t cache_bytes, std::uint64_t max_pixels,
+    const std::string& index_cache_dir, bool index_cache, const std::string& object_cache_dir,
+    std::uint64_t object_cache_bytes,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects) {
   WebDatasetOptions o;
+  for (const auto& [url, size, etag] : known_objects) o.known_objects.push_back({url, size, etag});
   o.shards = shards;
   o.fields = fields;
   o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
@@ -138,6 +142,8 @@ NativeDataset make_webdataset(const std::vector<std::string>& shards,
   o.cache_bytes = cache_bytes;
   o.index_cache_dir = index_cache_dir;
   o.index_cache = index_cache;
+  o.object_cache_dir = object_cache_dir;
+  o.object_cache_bytes = object_cache_bytes;
   NativeDataset out;
   {
     py::gil_scoped_release nogil;  // indexing the shards may take a while
@@ -179,6 +185,49 @@ py::dict source_counters(const NativeDataset& dataset) {
   d["storage_bytes"] = c.storage_bytes;
   d["cached"] = c.cached;
   d["cached_bytes"] = c.cached_bytes;
+  return d;
+}
+
+std::vector<std::string> object_files(const std::vector<std::string>& urls,
+                                      const std::string& suffix) {
+  py::gil_scoped_release nogil;  // listing and downloading may take a while
+  auto files = detail::remote_files("", detail::kDefaultObjectCacheBytes);
+  std::vector<const detail::RemoteObject*> objects;
+  const auto resolved = files->resolve(urls, suffix);
+  for (const auto& per_url : resolved) {
+    for (const auto& o : per_url) objects.push_back(&o);
+  }
+  std::vector<std::string> out(objects.size());
+  constexpr std::size_t kDownloads = 8;  // objects fetched at once (each a stream of ranges)
+  detail::parallel_for(objects.size(), kDownloads,
+                       [&](std::size_t i) { out[i] = files->local_file(*objects[i]); });
+  return out;
+}
+
+std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(
+    const NativeDataset& dataset) {
+  std::vector<std::tuple<std::string, std::uint64_t, std::string>> out;
+  if (const auto* w = dynamic_cast<const WebDataset*>(dataset.dataset.get())) {
+    for (const auto& o : w->objects()) out.emplace_back(o.url, o.size, o.etag);
+  }
+  return out;
+}
+
+py::dict object_storage_counters(const NativeDataset& dataset) {
+  py::dict d;
+  const auto* w = dynamic_cast<const WebDataset*>(dataset.dataset.get());
+  if (w == nullptr) return d;
+  const ObjectStorageCounters c = w->object_storage_counters();
+  d["requests"] = c.requests;
+  d["list_requests"] = c.list_requests;
+  d["head_requests"] = c.head_requests;
+  d["get_requests"] = c.get_requests;
+  d["bytes_fetched"] = c.bytes_fetched;
+  d["retries"] = c.retries;
+  d["failures"] = c.failures;
+  d["cache_hits"] = c.cache_hits;
+  d["cache_hit_bytes"] = c.cache_hit_bytes;
+  d["cache_misses"] = c.cache_misses;
   return d;
 }
 

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "host_array.h"
@@ -47,13 +48,32 @@ NativeDataset make_image_dataset(const std::string& kind, const std::string& pat
                                  const std::string& transform, std::size_t cache_bytes,
                                  std::uint64_t max_pixels);
 
-// A WebDataset (stoker/webdataset.h) over `shards` (tar files or directories) with `fields`,
-// optionally behind a RAM cache of `cache_bytes`; indexes cached in `index_cache_dir` ("" the
-// default place) unless `index_cache` is false. Opens the shards with the GIL released.
-NativeDataset make_webdataset(const std::vector<std::string>& shards,
-                              const std::vector<std::string>& fields, const std::string& transform,
-                              std::size_t cache_bytes, std::uint64_t max_pixels,
-                              const std::string& index_cache_dir, bool index_cache);
+// A WebDataset (stoker/webdataset.h) over `shards` (tar files, directories or URLs) with
+// `fields`, optionally behind a RAM cache of `cache_bytes`; indexes cached in `index_cache_dir`
+// ("" the default place) unless `index_cache` is false; URL shards read through the object
+// cache `object_cache_dir` ("" the default place) of `object_cache_bytes` (0: none). Opens the
+// shards with the GIL released.
+NativeDataset make_webdataset(
+    const std::vector<std::string>& shards, const std::vector<std::string>& fields,
+    const std::string& transform, std::size_t cache_bytes, std::uint64_t max_pixels,
+    const std::string& index_cache_dir, bool index_cache, const std::string& object_cache_dir,
+    std::uint64_t object_cache_bytes,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects);
+
+// A WebDataset's URL shards as resolved: (url, size, etag) each (WebDataset::objects()).
+std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(
+    const NativeDataset& dataset);
+
+// Local copies of the objects `urls` name (s3:// objects or prefixes: every object directly
+// under one whose name ends in `suffix`; http(s):// objects), downloaded into the default object
+// cache directory's files/ folder unless there already (detail::RemoteFiles::local_file), in
+// order. With the GIL released.
+std::vector<std::string> object_files(const std::vector<std::string>& urls,
+                                      const std::string& suffix);
+
+// The object-storage counters of a WebDataset with URL shards (ObjectStorageCounters' fields by
+// name); empty for other data sets.
+py::dict object_storage_counters(const NativeDataset& dataset);
 
 // One encoded image (JPEG or PNG) decoded and transformed as an image data set does it, into a
 // fresh array of the transform's shape and dtype, with the GIL released. `name` starts the

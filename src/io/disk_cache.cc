@@ -62,6 +62,19 @@ bool read_all(int fd, void* data, std::size_t n) {
   return true;
 }
 
+bool pread_all(int fd, void* data, std::size_t n, std::uint64_t offset) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t r = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    offset += static_cast<std::uint64_t>(r);
+  }
+  return true;
+}
+
 }  // namespace
 
 DiskCache::DiskCache(std::string dir, std::uint64_t max_bytes)
@@ -100,13 +113,23 @@ std::string DiskCache::key(const std::string& url, std::uint64_t offset, std::si
 }
 
 bool DiskCache::get(const std::string& key, std::byte* dst, std::size_t length) {
+  return get_range(key, length, 0, dst, length);
+}
+
+bool DiskCache::get_range(const std::string& key, std::size_t length, std::uint64_t offset,
+                          std::byte* dst, std::size_t n) {
+  if (offset > length || n > length - offset) return false;
   std::string name = hash_name(key);
+  bool touch = false;
   {
     detail::MutexLock lock(mu_);
-    if (index_.find(name) == index_.end()) {
+    auto it = index_.find(name);
+    if (it == index_.end()) {
       ++counters_.misses;
       return false;
     }
+    touch = !it->second->touched;
+    it->second->touched = true;
   }
   std::string path = dir_ + "/" + name;
   std::string want = header(key);
@@ -116,8 +139,9 @@ bool DiskCache::get(const std::string& key, std::byte* dst, std::size_t length) 
     struct stat st {};
     std::string got(want.size(), '\0');
     ok = ::fstat(fd, &st) == 0 && static_cast<std::uint64_t>(st.st_size) == want.size() + length &&
-         read_all(fd, got.data(), got.size()) && got == want && read_all(fd, dst, length);
-    if (ok) ::futimens(fd, nullptr);  // recently used, for the next process's order
+         read_all(fd, got.data(), got.size()) && got == want &&
+         pread_all(fd, dst, n, want.size() + offset);
+    if (ok && touch) ::futimens(fd, nullptr);  // recently used, for the next process's order
     ::close(fd);
   }
   detail::MutexLock lock(mu_);
@@ -126,7 +150,7 @@ bool DiskCache::get(const std::string& key, std::byte* dst, std::size_t length) 
     return false;
   }
   ++counters_.hits;
-  counters_.hit_bytes += length;
+  counters_.hit_bytes += n;
   if (auto it = index_.find(name); it != index_.end()) {
     lru_.splice(lru_.begin(), lru_, it->second);
   }
@@ -145,6 +169,11 @@ void DiskCache::put(const std::string& key, const std::byte* data, std::size_t l
           std::to_string(tmp_counter_++);
   }
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == ENOENT) {  // the directory was removed under us: make it again
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  }
   if (fd < 0) return;
   bool ok = write_all(fd, head.data(), head.size()) && write_all(fd, data, length);
   ok = ::close(fd) == 0 && ok;

@@ -16,7 +16,8 @@ namespace stoker::io {
 // (magic, the key) and the bytes; a hit checks the key and the length, so a hash collision or a
 // truncated file is a miss. Files are written to a temporary name and renamed, so a reader
 // never sees half an entry. Entries already in the directory are indexed at construction
-// (oldest modification time evicted first); a hit refreshes an entry's time.
+// (oldest modification time evicted first); the first hit of an entry in a process refreshes its
+// file's time (later hits reorder it in memory only: no metadata write per read).
 //
 // Thread safety: every member from any thread. One DiskCache per directory and process: two
 // processes sharing a directory stay correct (a file evicted by the other is a miss) but each
@@ -32,6 +33,10 @@ class DiskCache {
 
   // Copies the entry into dst when it holds exactly `length` bytes; false otherwise.
   bool get(const std::string& key, std::byte* dst, std::size_t length);
+  // Copies bytes [offset, offset + n) of the entry into dst when the entry holds exactly
+  // `length` bytes (one pread of the part asked for, not the whole entry); false otherwise.
+  bool get_range(const std::string& key, std::size_t length, std::uint64_t offset, std::byte* dst,
+                 std::size_t n);
   // Stores the bytes (replacing an entry of the same key), then evicts down to the cap. An
   // entry larger than the cap is not stored. I/O errors are ignored: a cache is optional.
   void put(const std::string& key, const std::byte* data, std::size_t length);
@@ -52,6 +57,7 @@ class DiskCache {
   struct Entry {
     std::string name;
     std::uint64_t size = 0;
+    bool touched = false;  // its file's time set by a hit of this process already
   };
   void evict_locked() STOKER_REQUIRES(mu_);
   void drop_locked(const std::string& name) STOKER_REQUIRES(mu_);

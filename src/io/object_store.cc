@@ -601,6 +601,17 @@ std::uint64_t ObjectStore::size(const std::string& url) {
   return t->content_length;
 }
 
+ObjectInfo ObjectStore::head(const std::string& url) {
+  auto t = impl_->make(Kind::kHead, url);
+  impl_->submit(t).get();
+  ObjectInfo info;
+  info.url = url;
+  info.key = parse_object_url(url).key;
+  info.size = t->content_length;
+  info.etag = t->etag;
+  return info;
+}
+
 std::vector<ObjectInfo> ObjectStore::list(const std::string& prefix_url) {
   ObjectUrl u = parse_object_url(prefix_url);
   if (u.scheme != ObjectUrl::Scheme::kS3) {

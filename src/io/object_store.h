@@ -184,6 +184,8 @@ class ObjectStore {
 
   // The object's size in bytes (HEAD).
   std::uint64_t size(const std::string& url);
+  // The object's size and ETag (one HEAD; the ETag is empty when the server sends none).
+  ObjectInfo head(const std::string& url);
   // Every object under an s3:// prefix, in key order (ListObjectsV2, pages followed through
   // their continuation tokens). An http(s) URL has no listing: ObjectStoreError kClient.
   std::vector<ObjectInfo> list(const std::string& prefix_url);

@@ -20,7 +20,9 @@
 #include <string_view>
 #include <system_error>
 
+#include "io/object_store.h"
 #include "source/file_util.h"
+#include "source/remote.h"
 #include "source/tar_index.h"
 #include "util/log.h"
 
@@ -374,6 +376,7 @@ struct WebDataset::Impl final : EncodedSource {
     std::uint64_t size = 0;
     int fd = -1;  // kept open for up to kOpenShards shards, else opened per read
     std::vector<TarMember> members;
+    std::optional<detail::RemoteObject> remote;  // a URL shard: read through `files()`
   };
   // One member's bytes for one field: at `offset` in the shard, `rel` in the sample's bytes.
   struct Loc {
@@ -399,6 +402,16 @@ struct WebDataset::Impl final : EncodedSource {
   std::vector<Loc> locs;  // samples x fields
   std::size_t from_cache = 0;
   mutable detail::StorageReads storage_reads;
+  // URL shards: the process's RemoteFiles for the object cache (another one in a forked child).
+  std::string object_cache_dir;
+  std::uint64_t object_cache_bytes = 0;
+  std::shared_ptr<detail::RemoteFiles> remote_files;
+  pid_t owner = 0;
+
+  detail::RemoteFiles& files() const {
+    if (::getpid() == owner) return *remote_files;
+    return *detail::remote_files(object_cache_dir, object_cache_bytes);  // a forked worker
+  }
 
   ~Impl() override {
     for (auto& s : shards) {
@@ -439,9 +452,35 @@ struct WebDataset::Impl final : EncodedSource {
     }
   }
 
+  // Bytes [offset, offset + n) of a URL shard, errors naming the sample.
+  void read_remote(const Shard& shard, std::uint64_t offset, std::byte* dst, std::size_t n,
+                   std::size_t index) const {
+    try {
+      files().read(*shard.remote, offset, dst, n);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(name(index) + ": " + e.what());
+    }
+  }
+
   void read(std::size_t index, EncodedBytes& out) const override {
     const Sample& s = samples.at(index);
     const Shard& shard = shards[s.shard];
+    if (shard.remote) {
+      out.storage.resize(static_cast<std::size_t>(s.span_bytes));
+      if (s.contiguous) {
+        read_remote(shard, s.span_offset, out.storage.data(), out.storage.size(), index);
+      } else {
+        for (std::size_t f = 0; f < fields.size(); ++f) {
+          const Loc& l = loc(index, f);
+          if (l.size == kMissing) continue;
+          read_remote(shard, l.offset, out.storage.data() + l.rel, static_cast<std::size_t>(l.size),
+                      index);
+        }
+      }
+      out.bytes = {out.storage.data(), out.storage.size()};
+      storage_reads.add(out.storage.size());
+      return;
+    }
     ScopedFd own;
     int fd = shard.fd;
     if (fd < 0) {
@@ -490,10 +529,54 @@ struct WebDataset::Impl final : EncodedSource {
     return members;
   }
 
+  // The members of a URL shard, from the index cache when it holds them for this URL, size and
+  // ETag; else read from its tar headers through the object cache (whole chunks, in order).
+  std::vector<TarMember> index_remote(const detail::RemoteObject& object,
+                                      const WebDatasetOptions& o, bool& cached) const {
+    const ShardStat ss{object.size, static_cast<std::int64_t>(
+                                        XXH3_64bits(object.etag.data(), object.etag.size()))};
+    const std::string dir = o.index_cache ? cache_dir(o) : std::string();
+    const std::string file = dir.empty() ? std::string() : cache_file(dir, object.url);
+    if (!file.empty()) {
+      if (auto members = load_index(file, object.url, ss)) {
+        cached = true;
+        return std::move(*members);
+      }
+    }
+    std::vector<std::byte> chunk;
+    std::uint64_t chunk_at = 0;
+    detail::RemoteFiles& remote = files();
+    auto read_at = [&](std::uint64_t offset, std::span<std::byte> dst) -> std::size_t {
+      std::size_t done = 0;
+      while (done < dst.size() && offset + done < object.size) {
+        const std::uint64_t at = offset + done;
+        if (chunk.empty() || at < chunk_at || at >= chunk_at + chunk.size()) {
+          chunk_at = at / detail::kRemoteChunkBytes * detail::kRemoteChunkBytes;
+          chunk.resize(static_cast<std::size_t>(
+              std::min<std::uint64_t>(detail::kRemoteChunkBytes, object.size - chunk_at)));
+          remote.read(object, chunk_at, chunk.data(), chunk.size());
+        }
+        const auto n = static_cast<std::size_t>(
+            std::min<std::uint64_t>(dst.size() - done, chunk_at + chunk.size() - at));
+        std::memcpy(dst.data() + done, chunk.data() + (at - chunk_at), n);
+        done += n;
+      }
+      return done;
+    };
+    auto members = detail::index_tar(read_at, object.size, object.url);
+    if (!file.empty()) save_index(dir, file, object.url, ss, members);
+    return members;
+  }
+
   void add_shard(const std::string& path, const WebDatasetOptions& o) {
     Shard shard;
     shard.path = path;
     std::vector<TarMember> all = index_shard(path, o, shard);
+    add_members(std::move(shard), std::move(all));
+  }
+
+  void add_members(Shard shard, std::vector<TarMember> all) {
+    const std::string& path = shard.path;
     // Left out as webdataset leaves them out: meta files, members with no key.
     std::size_t keyless = 0;
     std::string example;
@@ -576,7 +659,7 @@ struct WebDataset::Impl final : EncodedSource {
       samples.push_back(std::move(s));
       i = j;
     }
-    if (shards.size() < kOpenShards) {
+    if (!shard.remote && shards.size() < kOpenShards) {
       shard.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
       if (shard.fd < 0) detail::throw_errno(path, "cannot open");
     }
@@ -600,7 +683,7 @@ std::vector<std::string> webdataset_shards(const std::vector<std::string>& paths
   std::vector<std::string> out;
   for (const auto& p : paths) {
     std::error_code ec;
-    if (!fs::is_directory(p, ec)) {
+    if (detail::is_url(p) || !fs::is_directory(p, ec)) {
       out.push_back(p);
       continue;
     }
@@ -667,16 +750,62 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     impl->fields.push_back(std::move(f));
   }
   if (images) options_.transform.validate();
-  const auto shards = webdataset_shards(options_.shards);
-  if (shards.empty()) throw std::invalid_argument("stoker.WebDataset: no shards");
-  for (const auto& s : shards) {
+  const auto named = webdataset_shards(options_.shards);
+  if (named.empty()) throw std::invalid_argument("stoker.WebDataset: no shards");
+  for (const auto& s : named) {
     if (ends_with(s, ".tar.gz") || ends_with(s, ".tgz")) {
       throw std::runtime_error(s +
                                ": a compressed shard cannot be indexed for random access; "
                                "stoker reads uncompressed .tar shards (decompress it, e.g. "
                                "gunzip)");
     }
-    impl->add_shard(s, options_);
+  }
+  // URL shards: resolved with one listing per prefix, indexed in parallel (each from the index
+  // cache, or from its tar headers through the object cache).
+  std::vector<std::string> urls;
+  for (const auto& s : named) {
+    if (detail::is_url(s)) urls.push_back(s);
+  }
+  std::vector<std::vector<detail::RemoteObject>> objects;
+  std::vector<std::vector<TarMember>> remote_members;
+  if (!urls.empty()) {
+    impl->object_cache_dir = options_.object_cache_dir;
+    impl->object_cache_bytes = options_.object_cache_bytes;
+    impl->owner = ::getpid();
+    impl->remote_files = detail::remote_files(impl->object_cache_dir, impl->object_cache_bytes);
+    std::vector<detail::RemoteObject> known;
+    for (const auto& k : options_.known_objects) known.push_back({k.url, k.size, k.etag});
+    objects = impl->remote_files->resolve(urls, ".tar", known);
+    std::vector<const detail::RemoteObject*> flat;
+    for (const auto& per_url : objects) {
+      for (const auto& o : per_url) flat.push_back(&o);
+    }
+    remote_members.resize(flat.size());
+    std::vector<char> cached(flat.size(), 0);
+    constexpr std::size_t kIndexThreads = 64;  // shards indexed at once (each waits on GETs)
+    detail::parallel_for(flat.size(), kIndexThreads, [&](std::size_t i) {
+      bool hit = false;
+      remote_members[i] = impl->index_remote(*flat[i], options_, hit);
+      cached[i] = hit;
+    });
+    impl->from_cache += static_cast<std::size_t>(std::count(cached.begin(), cached.end(), 1));
+  }
+  std::vector<std::string> shards;  // every shard, for the messages below
+  std::size_t next_url = 0, next_object = 0;
+  for (const auto& s : named) {
+    if (!detail::is_url(s)) {
+      shards.push_back(s);
+      impl->add_shard(s, options_);
+      continue;
+    }
+    for (const auto& o : objects[next_url++]) {
+      Impl::Shard shard;
+      shard.path = o.url;
+      shard.size = o.size;
+      shard.remote = o;
+      shards.push_back(o.url);
+      impl->add_members(std::move(shard), std::move(remote_members[next_object++]));
+    }
   }
   if (impl->samples.empty()) {
     throw std::runtime_error(shards[0] + (shards.size() > 1 ? " (and the other shards)" : "") +
@@ -694,9 +823,13 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     const auto& l = impl->loc(i, f);
     const auto& shard = impl->shards[impl->samples[i].shard];
     std::vector<std::byte> head(static_cast<std::size_t>(std::min<std::uint64_t>(l.size, 65536)));
-    ScopedFd fd{::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-    if (fd.fd < 0) detail::throw_errno(shard.path, "cannot open");
-    impl->pread_all(shard, fd.fd, l.offset, head.data(), head.size(), i);
+    if (shard.remote) {
+      impl->read_remote(shard, l.offset, head.data(), head.size(), i);
+    } else {
+      ScopedFd fd{::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
+      if (fd.fd < 0) detail::throw_errno(shard.path, "cannot open");
+      impl->pread_all(shard, fd.fd, l.offset, head.data(), head.size(), i);
+    }
     try {
       const Npy npy = parse_npy(head);
       field.spec.dtype = npy.dtype;
@@ -729,6 +862,31 @@ std::vector<std::string> WebDataset::shard_paths() const {
   return paths;
 }
 std::size_t WebDataset::indexes_from_cache() const { return impl_->from_cache; }
+
+std::vector<ObjectVersion> WebDataset::objects() const {
+  std::vector<ObjectVersion> out;
+  for (const auto& s : impl_->shards) {
+    if (s.remote) out.push_back({s.remote->url, s.remote->size, s.remote->etag});
+  }
+  return out;
+}
+
+ObjectStorageCounters WebDataset::object_storage_counters() const {
+  ObjectStorageCounters out;
+  if (!impl_->remote_files) return out;
+  const auto c = impl_->files().counters();
+  out.requests = c.requests;
+  out.list_requests = c.list_requests;
+  out.head_requests = c.head_requests;
+  out.get_requests = c.get_requests;
+  out.bytes_fetched = c.bytes_fetched;
+  out.retries = c.retries;
+  out.failures = c.failures;
+  out.cache_hits = c.cache_hits;
+  out.cache_hit_bytes = c.cache_hit_bytes;
+  out.cache_misses = c.cache_misses;
+  return out;
+}
 
 const std::shared_ptr<EncodedSource>& WebDataset::source() const { return source_; }
 

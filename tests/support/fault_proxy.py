@@ -15,6 +15,9 @@ GET, PUT). Faults are queued by the test and applied, one per request, to the ne
   stall     the upstream's headers, then nothing for 10 s (a stalled transfer: the client's
             stall timeout should end it first), then the connection closed
 
+With --latency-ms, every forwarded request waits that long first (a distant server's round
+trip; bench/s3_bench.py uses it).
+
 Control (not forwarded): POST /__proxy/faults with a JSON list of fault names appends them;
 GET /__proxy/counts returns the counts and the faults still queued; POST /__proxy/reset clears
 both. The port is written to --port-file once the proxy listens (port 0: any free port).
@@ -32,6 +35,7 @@ LOCK = threading.Lock()
 FAULTS = []
 COUNTS = {"LIST": 0, "HEAD": 0, "GET": 0, "PUT": 0, "faults_applied": 0}
 UPSTREAM = ("127.0.0.1", 0)
+LATENCY_S = 0.0
 
 ERROR_BODIES = {
     503: ("SlowDown", "Please reduce your request rate."),
@@ -92,6 +96,8 @@ class Handler(BaseHTTPRequestHandler):
                 COUNTS["faults_applied"] += 1
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
+        if LATENCY_S > 0:
+            time.sleep(LATENCY_S)
 
         if fault == "reset":
             self.close_connection = True
@@ -152,12 +158,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    global UPSTREAM
+    global UPSTREAM, LATENCY_S
     parser = argparse.ArgumentParser()
     parser.add_argument("--upstream", required=True, help="HOST:PORT")
     parser.add_argument("--port-file", required=True)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
     args = parser.parse_args()
+    LATENCY_S = args.latency_ms / 1000
     host, port = args.upstream.rsplit(":", 1)
     UPSTREAM = (host, int(port))
     # A deep accept queue: the tests open 64 connections at once.

@@ -33,12 +33,23 @@ def _pyarrow():
 
 def expand_files(files) -> list[str]:
     """The Parquet files `files` names: a path, a glob, a directory (its *.parquet files, in
-    name order) or a list of those, in the order given."""
+    name order), a URL (docs/storage.md: ``s3://`` objects or prefixes, ``http(s)://`` objects,
+    downloaded whole into the object cache and read from there) or a list of those, in the
+    order given."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     out: list[str] = []
-    for item in files:
-        path = os.fspath(item)
+    items = [os.fspath(f) for f in files]
+    for i, path in enumerate(items):
+        if path.startswith(("s3://", "http://", "https://")):
+            if i == 0 or not items[i - 1].startswith(("s3://", "http://", "https://")):
+                urls = []  # consecutive URLs: resolved together (one listing per prefix)
+                for u in items[i:]:
+                    if not u.startswith(("s3://", "http://", "https://")):
+                        break
+                    urls.append(u)
+                out += _stoker.object_files(urls, ".parquet")
+            continue
         if os.path.isdir(path):
             found = sorted(glob.glob(os.path.join(glob.escape(path), "*.parquet")))
             if not found:

@@ -18,9 +18,10 @@ from .native import NativeDataset
 
 
 def expand_shards(shards: Union[str, os.PathLike, Iterable]) -> list[str]:
-    """The shard paths `shards` names, as ``webdataset.WebDataset`` takes them: a path, a brace
-    pattern, several of them joined by ``::``, or a list of those. A directory stays as it is
-    (the data set reads every ``*.tar`` in it, in name order)."""
+    """The shard paths `shards` names, as ``webdataset.WebDataset`` takes them: a path or URL, a
+    brace pattern, several of them joined by ``::``, or a list of those. A directory (or an
+    ``s3://`` prefix) stays as it is (the data set reads every ``*.tar`` in it, in name
+    order)."""
     if isinstance(shards, (str, os.PathLike)):
         items = [os.fspath(shards)]
     else:
@@ -32,6 +33,14 @@ def expand_shards(shards: Union[str, os.PathLike, Iterable]) -> list[str]:
     if not out:
         raise ValueError("stoker.WebDataset: no shards")
     return out
+
+
+_URL_SCHEMES = ("s3://", "http://", "https://")
+
+
+def is_url(path: str) -> bool:
+    """Whether `path` is an object-storage URL (``s3://``, ``http://``, ``https://``)."""
+    return isinstance(path, str) and path.startswith(_URL_SCHEMES)
 
 
 _IMAGE_EXTENSIONS = ("jpg", "jpeg", "png")
@@ -279,12 +288,29 @@ class WebDataset(NativeDataset):
     resume and ``cache_bytes`` (the RAM cache) work as for ImageFolder. A sample with a missing
     field, a bad label or an image that does not decode raises naming shard and key (or is
     skipped with the DataLoader's ``on_error='skip'``).
+
+    Shards may be URLs (docs/storage.md): ``s3://bucket/train-{000000..000146}.tar``, an
+    ``s3://bucket/train/`` prefix (every ``*.tar`` object directly under it), or
+    ``http(s)://`` URLs; settings (keys, region, endpoint) come from the usual ``AWS_*``
+    variables and ``~/.aws`` files. Each shard is indexed once per node (the index cached as
+    above, keyed by URL, size and ETag); samples are read in chunks of 8 MiB (one range GET
+    each, so neighbouring samples share one) kept in ``object_cache`` (a directory; default
+    ``$STOKER_CACHE_DIR/objects``, ``$XDG_CACHE_HOME/stoker/objects`` or
+    ``~/.cache/stoker/objects``) up to ``object_cache_bytes`` (default 10 GiB, least recently
+    used out; 0 for no cache), so later epochs read from local disk. ``object_storage()``
+    counts requests, bytes fetched, retries and cache hits.
     """
 
     def __new__(cls, shards, fields=("jpg;jpeg;png", "cls"), transform=None, cache_bytes=0,
-                max_pixels=89_478_485, index_cache=None, stream=None, **stream_options):
+                max_pixels=89_478_485, index_cache=None, stream=None, object_cache=None,
+                object_cache_bytes=10 << 30, _objects=(), **stream_options):
         paths = expand_shards(shards)
         compressed = any(p.endswith(_COMPRESSED) or _compressed_dir(p) for p in paths)
+        urls = [p for p in paths if is_url(p)]
+        if urls and (stream or compressed):
+            raise ValueError(f"stoker.WebDataset: {urls[0]}: shards in object storage are read "
+                             "at random offsets, so they must be uncompressed .tar shards "
+                             "(no stream=True, no .tar.gz/.tgz)")
         if stream or (stream is None and compressed):
             if cache_bytes:
                 raise ValueError("stoker.WebDataset: a stream (compressed shards, or "
@@ -305,10 +331,14 @@ class WebDataset(NativeDataset):
         max_pixels: int = 89_478_485,
         index_cache=None,
         stream=None,
+        object_cache=None,
+        object_cache_bytes: int = 10 << 30,
+        _objects=(),
     ) -> None:
         self._made_with = ((shards,), dict(fields=fields, transform=transform,
                                            cache_bytes=cache_bytes, max_pixels=max_pixels,
-                                           index_cache=index_cache))
+                                           index_cache=index_cache, object_cache=object_cache,
+                                           object_cache_bytes=object_cache_bytes))
         if isinstance(fields, str):
             fields = (fields,)
         fields = tuple(str(f) for f in fields)
@@ -328,7 +358,15 @@ class WebDataset(NativeDataset):
         self._handle = _stoker.webdataset(self.shards, list(fields),
                                           transform.spec() if transform is not None else "",
                                           int(cache_bytes), int(max_pixels), cache_dir,
-                                          use_cache)
+                                          use_cache,
+                                          "" if object_cache is None else os.fspath(object_cache),
+                                          int(object_cache_bytes), list(_objects))
+        objects = self._handle.objects()
+        if objects and all(is_url(p) for p in self.shards):
+            # Unpickled in a worker process: the shards as resolved here, so that it makes no
+            # request to find them again (no listing, no HEAD).
+            self._made_with = (([o[0] for o in objects],),
+                               dict(self._made_with[1], _objects=tuple(objects)))
 
     def key(self, index: int) -> str:
         """The key of sample `index` (``__key__`` in webdataset)."""
@@ -337,6 +375,16 @@ class WebDataset(NativeDataset):
     def sample_name(self, index: int) -> str:
         """Shard and key of sample `index`, as errors name it: ``<shard> key '<key>'``."""
         return self._handle.sample_name(index)
+
+    def object_storage(self) -> dict:
+        """Object-storage traffic of this process's URL shards read through the same object
+        cache: ``requests`` (``list_requests``, ``head_requests``, ``get_requests``; every
+        attempt counts), ``bytes_fetched``, ``retries``, ``failures``, and ``cache_hits`` /
+        ``cache_hit_bytes`` / ``cache_misses`` (chunk reads served by, or missing from, the disk
+        cache). Empty when no shard is a URL."""
+        if not any(is_url(p) for p in self.shards):
+            return {}
+        return self._handle.object_storage()
 
     def counters(self) -> dict:
         """Reads so far, and how many went to the shard files (0 new ones once a RAM cache is

@@ -1,0 +1,370 @@
+#include "source/remote.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+#include <tuple>
+#include <unordered_map>
+
+#include "io/disk_cache.h"
+#include "io/object_store.h"
+
+namespace stoker::detail {
+namespace {
+
+namespace fs = std::filesystem;
+using io::ObjectStoreError;
+
+// Objects named one by one under a parent prefix are looked up by a HEAD each when there are
+// at most this many of them (a listing might return far more keys than asked for), else by one
+// listing of the parent.
+constexpr std::size_t kHeadAtMost = 4;
+constexpr std::size_t kResolveThreads = 16;
+
+}  // namespace
+
+bool is_url(std::string_view path) {
+  return path.starts_with("s3://") || path.starts_with("http://") || path.starts_with("https://");
+}
+
+std::string default_object_cache_dir() {
+  if (const char* d = std::getenv("STOKER_CACHE_DIR"); d && *d) {
+    return (fs::path(d) / "objects").string();
+  }
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
+    return (fs::path(d) / "stoker" / "objects").string();
+  }
+  if (const char* d = std::getenv("HOME"); d && *d) {
+    return (fs::path(d) / ".cache" / "stoker" / "objects").string();
+  }
+  return {};
+}
+
+void parallel_for(std::size_t n, std::size_t threads, const std::function<void(std::size_t)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i = next++; i < n; i = next++) {
+      try {
+        fn(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+        next = n;  // stop handing out more work: the first error is what the caller sees
+      }
+    }
+  };
+  const std::size_t k = std::min(threads, n);
+  std::vector<std::thread> pool;
+  pool.reserve(k > 0 ? k - 1 : 0);
+  for (std::size_t t = 1; t < k; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes)
+    : cache_dir_(cache_bytes > 0 ? cache_dir : std::string()),
+      store_(std::make_unique<io::ObjectStore>()),
+      cache_bytes_(cache_bytes) {
+  if (!cache_dir_.empty()) {
+    try {
+      cache_ = std::make_unique<io::DiskCache>(cache_dir_, cache_bytes);
+    } catch (const std::exception&) {
+      cache_dir_.clear();  // a cache that cannot be made is no cache: reads fetch their ranges
+    }
+  }
+}
+
+RemoteFiles::~RemoteFiles() = default;
+
+std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(
+    const std::vector<std::string>& urls, std::string_view suffix,
+    const std::vector<RemoteObject>& known) {
+  struct Item {
+    io::ObjectUrl url;
+    bool prefix = false;
+    std::string parent;                   // s3: the listing that holds it ("s3://b/dir/")
+    const RemoteObject* known = nullptr;  // resolved already
+  };
+  std::vector<Item> items;
+  std::map<std::string, std::vector<std::size_t>> by_parent;  // objects named one by one
+  for (const auto& u : urls) {
+    Item it;
+    it.url = io::parse_object_url(u);  // std::invalid_argument for a malformed URL
+    for (const auto& k : known) {
+      if (k.url == u) it.known = &k;
+    }
+    if (it.known != nullptr) {
+      items.push_back(std::move(it));
+      continue;
+    }
+    if (it.url.scheme == io::ObjectUrl::Scheme::kS3) {
+      const std::size_t slash = it.url.key.rfind('/');
+      const std::string name =
+          slash == std::string::npos ? it.url.key : it.url.key.substr(slash + 1);
+      it.prefix = name.size() <= suffix.size() || !name.ends_with(suffix);
+      if (it.prefix) {
+        it.parent = "s3://" + it.url.bucket + "/" + it.url.key;
+        if (!it.url.key.empty() && !it.url.key.ends_with('/')) it.parent += '/';
+      } else {
+        it.parent = "s3://" + it.url.bucket + "/" +
+                    (slash == std::string::npos ? "" : it.url.key.substr(0, slash + 1));
+        by_parent[it.parent].push_back(items.size());
+      }
+    }
+    items.push_back(std::move(it));
+  }
+  // The listings to make: every prefix, and the parents of more than kHeadAtMost named objects.
+  std::vector<std::string> listings;
+  for (const auto& it : items) {
+    const bool list =
+        it.known == nullptr && (it.prefix || (it.url.scheme == io::ObjectUrl::Scheme::kS3 &&
+                                              by_parent[it.parent].size() > kHeadAtMost));
+    if (list && std::find(listings.begin(), listings.end(), it.parent) == listings.end()) {
+      listings.push_back(it.parent);
+    }
+  }
+  std::vector<std::vector<io::ObjectInfo>> listed(listings.size());
+  parallel_for(listings.size(), kResolveThreads,
+               [&](std::size_t i) { listed[i] = store_->list(listings[i]); });
+  std::vector<std::vector<RemoteObject>> out(items.size());
+  parallel_for(items.size(), kResolveThreads, [&](std::size_t i) {
+    const Item& it = items[i];
+    if (it.known != nullptr) {
+      out[i].push_back(*it.known);
+      return;
+    }
+    const auto l = std::find(listings.begin(), listings.end(), it.parent);
+    if (l == listings.end()) {  // http(s), or one of a few s3 objects: a HEAD
+      io::ObjectInfo info = store_->head(it.url.url);
+      out[i].push_back({it.url.url, info.size, info.etag});
+      return;
+    }
+    const auto& objects = listed[static_cast<std::size_t>(l - listings.begin())];
+    const std::string key_prefix = it.parent.substr(5 + it.url.bucket.size() + 1);
+    if (!it.prefix) {
+      for (const auto& o : objects) {
+        if (o.key == it.url.key) {
+          out[i].push_back({it.url.url, o.size, o.etag});
+          return;
+        }
+      }
+      throw ObjectStoreError(
+          ObjectStoreError::Kind::kNotFound, it.url.url, 404, "NoSuchKey",
+          it.url.url + ": no such object (not in the listing of " + it.parent + ")");
+    }
+    for (const auto& o : objects) {
+      const std::string_view rest = std::string_view(o.key).substr(key_prefix.size());
+      if (rest.find('/') == std::string_view::npos && rest.size() > suffix.size() &&
+          rest.ends_with(suffix)) {
+        out[i].push_back({o.url, o.size, o.etag});
+      }
+    }
+    if (out[i].empty()) {
+      throw ObjectStoreError(ObjectStoreError::Kind::kNotFound, it.url.url, 404, "",
+                             it.parent + ": no objects named *" + std::string(suffix) +
+                                 " directly under this prefix (" + std::to_string(objects.size()) +
+                                 " objects under it in all)");
+    }
+  });
+  return out;
+}
+
+void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                       std::size_t n) {
+  if (n == 0) return;
+  if (offset > object.size || n > object.size - offset) {
+    throw std::runtime_error(object.url + ": bytes [" + std::to_string(offset) + ", " +
+                             std::to_string(offset + n) + ") lie past the object's end (" +
+                             std::to_string(object.size) + " bytes when it was listed)");
+  }
+  if (!cache_) {
+    store_->read(object.url, offset, n, dst);
+    return;
+  }
+  const std::uint64_t end = offset + n;
+  for (std::uint64_t c = offset / kRemoteChunkBytes * kRemoteChunkBytes; c < end;
+       c += kRemoteChunkBytes) {
+    const auto length =
+        static_cast<std::size_t>(std::min<std::uint64_t>(kRemoteChunkBytes, object.size - c));
+    const std::uint64_t lo = std::max(offset, c), hi = std::min(end, c + length);
+    std::byte* to = dst + (lo - offset);
+    const auto part = static_cast<std::size_t>(hi - lo);
+    const std::string key = io::DiskCache::key(object.url, c, length, object.etag);
+    if (cache_->get_range(key, length, lo - c, to, part)) {
+      ++hits_;
+      hit_bytes_ += part;
+      continue;
+    }
+    ++misses_;
+    const Chunk chunk = fetch_chunk(object, c, length, key);
+    std::memcpy(to, chunk->data() + (lo - c), part);
+  }
+}
+
+RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uint64_t offset,
+                                            std::size_t length, const std::string& key) {
+  std::promise<Chunk> promise;
+  {
+    MutexLock lock(mu_);
+    if (auto it = in_flight_.find(key); it != in_flight_.end()) {
+      std::shared_future<Chunk> theirs = it->second;
+      MutexUnlock unlocked(mu_);
+      return theirs.get();  // another thread is fetching it: one GET between us
+    }
+    in_flight_.emplace(key, promise.get_future().share());
+  }
+  std::shared_future<Chunk> result;
+  try {
+    auto buf = std::make_shared<std::vector<std::byte>>(length);
+    // Another thread may have fetched and stored it between our miss and now.
+    if (!cache_->get(key, buf->data(), length)) {
+      store_->read(object.url, offset, length, buf->data());
+      cache_->put(key, buf->data(), length);
+    }
+    promise.set_value(std::move(buf));
+  } catch (...) {
+    promise.set_exception(std::current_exception());
+  }
+  {
+    MutexLock lock(mu_);
+    auto it = in_flight_.find(key);
+    result = it->second;
+    in_flight_.erase(it);
+  }
+  return result.get();
+}
+
+std::string RemoteFiles::local_file(const RemoteObject& object) {
+  if (cache_dir_.empty()) {
+    throw std::runtime_error(object.url +
+                             ": reading it needs a local copy, and there is no object cache "
+                             "directory (set STOKER_CACHE_DIR, or give a cache size above 0)");
+  }
+  const std::string id = object.url + "|" + std::to_string(object.size) + "|" + object.etag;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, as the disk cache names its entries
+  for (unsigned char c : id) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  std::string name = object.url.substr(object.url.rfind('/') + 1);
+  name = name.substr(0, name.find_first_of("?#"));
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  }
+  char prefix[24];
+  std::snprintf(prefix, sizeof prefix, "%016llx-", static_cast<unsigned long long>(h));
+  const fs::path dir = fs::path(cache_dir_) / "files";
+  const fs::path path = dir / (prefix + name);
+  {
+    MutexLock lock(mu_);
+    handed_out_.push_back(path.string());
+  }
+  std::error_code ec;
+  if (fs::file_size(path, ec) == object.size && !ec) {
+    fs::last_write_time(path, fs::file_time_type::clock::now(), ec);  // recently used
+    return path.string();
+  }
+  fs::create_directories(dir, ec);
+  // Room for it: the least recently used files that no data set of this process holds go.
+  struct Old {
+    fs::path path;
+    std::uint64_t size;
+    fs::file_time_type time;
+  };
+  std::vector<Old> old;
+  std::uint64_t total = object.size;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::error_code e2;
+    if (!e.is_regular_file(e2)) continue;
+    const std::uint64_t size = e.file_size(e2);
+    total += size;
+    old.push_back({e.path(), size, e.last_write_time(e2)});
+  }
+  std::sort(old.begin(), old.end(), [](const Old& a, const Old& b) { return a.time < b.time; });
+  for (const auto& o : old) {
+    if (total <= cache_bytes_) break;
+    bool held = false;
+    {
+      MutexLock lock(mu_);
+      held =
+          std::find(handed_out_.begin(), handed_out_.end(), o.path.string()) != handed_out_.end();
+    }
+    if (!held && fs::remove(o.path, ec)) total -= o.size;
+  }
+  const std::string tmp = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  {
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> out(std::fopen(tmp.c_str(), "wb"),
+                                                        &std::fclose);
+    if (!out) throw std::runtime_error(tmp + ": cannot write: " + std::strerror(errno));
+    io::ObjectReader reader(*store_, object.url, object.size, kRemoteChunkBytes, 4);
+    std::vector<std::byte> buf(1u << 20);
+    try {
+      while (std::size_t got = reader.read(buf.data(), buf.size())) {
+        if (std::fwrite(buf.data(), 1, got, out.get()) != got) {
+          throw std::runtime_error(tmp + ": cannot write: " + std::strerror(errno));
+        }
+      }
+      if (std::fflush(out.get()) != 0) {
+        throw std::runtime_error(tmp + ": cannot write: " + std::strerror(errno));
+      }
+    } catch (...) {
+      out.reset();
+      fs::remove(tmp, ec);
+      throw;
+    }
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    throw std::runtime_error(path.string() + ": cannot write: " + ec.message());
+  }
+  return path.string();
+}
+
+RemoteFiles::Counters RemoteFiles::counters() const {
+  const io::IoStats s = store_->stats();
+  Counters c;
+  c.list_requests = s.list_requests;
+  c.head_requests = s.head_requests;
+  c.get_requests = s.get_requests;
+  c.requests = s.list_requests + s.head_requests + s.get_requests;
+  c.bytes_fetched = s.bytes_fetched;
+  c.retries = s.retries;
+  c.failures = s.failures;
+  c.cache_hits = hits_;
+  c.cache_hit_bytes = hit_bytes_;
+  c.cache_misses = misses_;
+  return c;
+}
+
+std::shared_ptr<RemoteFiles> remote_files(const std::string& cache_dir, std::uint64_t cache_bytes) {
+  // Never destroyed: a process forked from this one must not join its parent's transfer
+  // thread (which does not exist in the child), and the store's thread lives as long as the
+  // process anyway.
+  static auto* mu = new std::mutex;
+  static auto* made =
+      new std::map<std::tuple<pid_t, std::string, std::uint64_t>, std::shared_ptr<RemoteFiles>>;
+  const std::string dir = cache_dir.empty() ? default_object_cache_dir() : cache_dir;
+  if (dir.empty()) cache_bytes = 0;
+  std::lock_guard lock(*mu);
+  auto& slot = (*made)[{::getpid(), dir, cache_bytes}];
+  if (!slot) slot = std::make_shared<RemoteFiles>(dir, cache_bytes);
+  return slot;
+}
+
+}  // namespace stoker::detail

