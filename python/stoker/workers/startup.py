@@ -119,16 +119,6 @@ def install_thread_worker_info() -> bool:
     return True
 
 
-def thread_worker_start(dataset, base_seed: int, num_workers: Callable[[], int],
-                        worker_init_fn: Optional[Callable[[int], None]]):
-    """on_worker_start for worker threads: sets this thread's worker info, then runs
-    worker_init_fn(worker_id), once per thread."""
-    def start(worker_id: int) -> None:
-        start_worker(worker_id, num_workers(), base_seed, dataset, worker_init_fn,
-                     own_process=False)
-    return start
-
-
 def set_thread_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:
     """What get_worker_info() answers on this thread from now on."""
     if install_thread_worker_info():
