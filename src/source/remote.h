@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "stoker/webdataset.h"
 #include "util/mutex.h"
 
 namespace stoker::io {
@@ -78,18 +79,7 @@ class RemoteFiles {
   // cache directory, io::ObjectStoreError naming the URL.
   std::string local_file(const RemoteObject& object);
 
-  struct Counters {
-    std::uint64_t requests = 0;  // LIST + HEAD + GET, every attempt
-    std::uint64_t list_requests = 0;
-    std::uint64_t head_requests = 0;
-    std::uint64_t get_requests = 0;
-    std::uint64_t bytes_fetched = 0;
-    std::uint64_t retries = 0;
-    std::uint64_t failures = 0;
-    std::uint64_t cache_hits = 0;  // chunk reads served by the disk cache
-    std::uint64_t cache_hit_bytes = 0;
-    std::uint64_t cache_misses = 0;
-  };
+  using Counters = ObjectStorageCounters;  // stoker/webdataset.h
   Counters counters() const;
   const std::string& cache_dir() const { return cache_dir_; }
 

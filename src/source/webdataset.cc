@@ -872,20 +872,7 @@ std::vector<ObjectVersion> WebDataset::objects() const {
 }
 
 ObjectStorageCounters WebDataset::object_storage_counters() const {
-  ObjectStorageCounters out;
-  if (!impl_->remote_files) return out;
-  const auto c = impl_->files().counters();
-  out.requests = c.requests;
-  out.list_requests = c.list_requests;
-  out.head_requests = c.head_requests;
-  out.get_requests = c.get_requests;
-  out.bytes_fetched = c.bytes_fetched;
-  out.retries = c.retries;
-  out.failures = c.failures;
-  out.cache_hits = c.cache_hits;
-  out.cache_hit_bytes = c.cache_hit_bytes;
-  out.cache_misses = c.cache_misses;
-  return out;
+  return impl_->remote_files ? impl_->files().counters() : ObjectStorageCounters{};
 }
 
 const std::shared_ptr<EncodedSource>& WebDataset::source() const { return source_; }
