@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,12 @@ using io::ObjectStoreError;
 // listing of the parent.
 constexpr std::size_t kHeadAtMost = 4;
 constexpr std::size_t kResolveThreads = 16;
+
+std::uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since)
+          .count());
+}
 
 }  // namespace
 
@@ -191,8 +198,13 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
                              std::to_string(offset + n) + ") lie past the object's end (" +
                              std::to_string(object.size) + " bytes when it was listed)");
   }
-  if (!cache_) {
+  if (!cache_) {  // the read's own range, one GET
+    const auto started = std::chrono::steady_clock::now();
     store_->read(object.url, offset, n, dst);
+    const std::uint64_t ns = elapsed_ns(started);
+    wait_ns_ += ns;
+    fetch_ns_ += ns;
+    ++chunk_fetches_;
     return;
   }
   const std::uint64_t end = offset + n;
@@ -210,7 +222,9 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
       continue;
     }
     ++misses_;
+    const auto waiting = std::chrono::steady_clock::now();
     const Chunk chunk = fetch_chunk(object, c, length, key);
+    wait_ns_ += elapsed_ns(waiting);
     std::memcpy(to, chunk->data() + (lo - c), part);
   }
 }
@@ -232,7 +246,10 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
     auto buf = std::make_shared<std::vector<std::byte>>(length);
     // Another thread may have fetched and stored it between our miss and now.
     if (!cache_->get(key, buf->data(), length)) {
+      const auto started = std::chrono::steady_clock::now();
       store_->read(object.url, offset, length, buf->data());
+      fetch_ns_ += elapsed_ns(started);
+      ++chunk_fetches_;
       cache_->put(key, buf->data(), length);
     }
     promise.set_value(std::move(buf));
@@ -349,6 +366,9 @@ RemoteFiles::Counters RemoteFiles::counters() const {
   c.cache_hits = hits_;
   c.cache_hit_bytes = hit_bytes_;
   c.cache_misses = misses_;
+  c.chunk_fetches = chunk_fetches_;
+  c.fetch_ns = fetch_ns_;
+  c.wait_ns = wait_ns_;
   return c;
 }
 

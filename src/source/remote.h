@@ -92,6 +92,7 @@ class RemoteFiles {
   std::unique_ptr<io::ObjectStore> store_;
   std::unique_ptr<io::DiskCache> cache_;  // null: no cache
   std::atomic<std::uint64_t> hits_{0}, hit_bytes_{0}, misses_{0};
+  std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0};
   Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
   std::uint64_t cache_bytes_ = 0;

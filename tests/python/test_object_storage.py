@@ -158,6 +158,27 @@ def test_without_a_cache_each_read_is_a_range_and_faults_lose_or_repeat_no_sampl
     assert ds.object_storage()["retries"] >= counts["GET"] // 20 - 2
 
 
+def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
+        env, local_shards, tmp_path):
+    ds = dataset(PATTERN, tmp_path, object_cache_bytes=0, index_cache=False)
+    before = ds.object_storage()
+    loader = stoker.DataLoader(ds, batch_size=8, num_workers=2)
+    assert sum(len(b[0]) for b in loader) == N_SHARDS * PER_SHARD
+    io = loader.stats()["object_storage"]
+    # Without the cache, each sample is one range GET, counted from the loader's start only.
+    assert io["get_requests"] >= N_SHARDS * PER_SHARD
+    assert io["get_requests"] == ds.object_storage()["get_requests"] - before["get_requests"]
+    assert io["chunk_fetches"] == N_SHARDS * PER_SHARD
+    assert io["wait_s"] > 0 and io["fetch_s"] > 0
+    report = loader.report()
+    assert 0 < report["storage_wait"] <= 1
+    assert report["storage_fetch_latency"] > 0 and report["storage_bytes_per_second"] > 0
+    assert report["verdict"] in ("network-bound", "input-bound", "balanced", "compute-bound")
+    local = stoker.DataLoader(dataset(local_shards, tmp_path / "local"), batch_size=8)
+    assert "object_storage" not in local.stats()
+    assert "storage_wait" not in local.report()
+
+
 def test_http_urls(env, local_shards, tmp_path):
     base = f"http://127.0.0.1:{env.filer_port}/buckets/{BUCKET}/shards"
     remote = dataset([f"{base}/train-000002.tar", f"{base}/train-000003.tar"], tmp_path)

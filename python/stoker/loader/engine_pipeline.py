@@ -14,7 +14,7 @@ from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
 from ..workers.startup import start_worker
-from . import compat, elastic
+from . import compat, elastic, object_storage
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
@@ -109,6 +109,9 @@ class EnginePipeline(Pipeline):
             on_device = self._loader.stats()["device"] not in ("cpu", "sim")
             self._finish_batch_jobs(on_device or plan.pin_always)
         self._samples = compat.sized(index["dataset"])
+        # A data set of URL shards: its object store's counters at the loader's start.
+        self._storage = getattr(plan.dataset, "object_storage", None) if plan.native else None
+        self._storage_start = self._storage() if self._storage is not None else {}
         # Elastic resume (elastic.py) needs stoker's own order of a sized data set.
         self._elastic = (self._jobs is None and plan.order_length is None
                          and self._samples is not None)
@@ -290,6 +293,9 @@ class EnginePipeline(Pipeline):
         stats = self._loader.stats()
         if self._remote is not None:
             stats["remote"] = self._remote.stats()
+        if self._storage_start:
+            stats["object_storage"] = object_storage.since(self._storage(),
+                                                           self._storage_start)
         return stats
 
     def pids(self) -> list:
@@ -302,7 +308,11 @@ class EnginePipeline(Pipeline):
         return self._workers.processes() if self._workers is not None else []
 
     def report(self) -> dict:
-        return self._loader.report()
+        report = self._loader.report()
+        if not self._storage_start:
+            return report
+        stats = self._stats()
+        return object_storage.with_object_storage(report, stats, stats["object_storage"])
 
     def skipped(self) -> list:
         return self._loader.skipped_samples()
