@@ -203,6 +203,10 @@ def test_a_killed_worker_is_replaced_and_its_samples_read_again(tmp_path, capfd)
     assert (tmp_path / "killed").exists()  # it did die
     stats = loader.stats()
     assert stats["worker_deaths"] == 1
+    report = loader.report()
+    assert report["worker_deaths"] == 1
+    assert "1 worker process died reading and was replaced, its samples read again" in str(
+        report), str(report)
     now = set(stats["worker_pids"])
     assert len(now) == 2 and len(now - pids) == 1
     dead = (pids - now).pop()

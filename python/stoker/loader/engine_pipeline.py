@@ -309,6 +309,13 @@ class EnginePipeline(Pipeline):
 
     def report(self) -> dict:
         report = self._loader.report()
+        deaths = self.deaths()
+        if deaths:  # worker processes killed (the OOM killer) and replaced
+            report["worker_deaths"] = deaths
+            report["text"] += (f"; {deaths} worker process{'es' if deaths > 1 else ''} died "
+                               f"reading and {'were' if deaths > 1 else 'was'} replaced, "
+                               f"{'their' if deaths > 1 else 'its'} samples read again (if "
+                               f"the OOM killer: fewer workers or a memory cap)")
         if not self._storage_start:
             return report
         stats = self._stats()
