@@ -341,6 +341,7 @@ bool Engine::order_ready() const { return has_order_ && order_epoch_ == open_epo
 void Engine::compute_order() {
   order_busy_ = true;
   const std::uint64_t epoch = open_epoch_;
+  const std::uint64_t resumes = resumes_;
   try {
     if (resumed_ && resumed_->epoch == epoch) {
       order_scratch_ = resumed_->order;
@@ -354,9 +355,13 @@ void Engine::compute_order() {
     return;
   }
   order_busy_ = false;
-  std::swap(order_, order_scratch_);
-  order_epoch_ = epoch;
-  has_order_ = true;
+  // A resume() while the lock was released may have given this epoch another order: this
+  // one is then dropped (the next look computes that one).
+  if (resumes_ == resumes) {
+    std::swap(order_, order_scratch_);
+    order_epoch_ = epoch;
+    has_order_ = true;
+  }
   wake_all();
 }
 
@@ -780,6 +785,7 @@ void Engine::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::si
   MutexLock lock(mu_);
   cancel_in_flight();
   resumed_ = ResumedEpoch{epoch, std::move(order), batches};
+  ++resumes_;
   if (has_order_ && order_epoch_ == epoch) has_order_ = false;
   probes_started_ = 0;
   epoch_ = epoch;

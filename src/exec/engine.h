@@ -311,6 +311,7 @@ class Engine {
     std::size_t batches = 0;
   };
   std::optional<ResumedEpoch> resumed_ STOKER_GUARDED_BY(mu_);
+  std::uint64_t resumes_ STOKER_GUARDED_BY(mu_) = 0;  // resume() calls, for compute_order()
   // The sample order of epoch order_epoch_ (valid when has_order_).
   std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);
   std::uint64_t order_epoch_ STOKER_GUARDED_BY(mu_) = 0;
