@@ -28,6 +28,19 @@ python_venv .venv-vision torch==2.14.1 torchvision==0.29.1 numpy pillow
 .venv-vision/bin/pip install -q .
 .venv-vision/bin/python bench/python_bench.py --workload tvfolder tvjitter
 
+echo
+echo "== auto against every fixed setting, with and without a CPU training step"
+echo "   (bench/auto_matrix.py, in .venv-vision for torchvision's workloads; several minutes)"
+.venv-vision/bin/python bench/auto_matrix.py
+
+if [ -x .venv-test/bin/weed ]; then
+  echo
+  echo "== WebDataset shards over s3:// (SeaweedFS through a proxy adding 20 ms a request)"
+  echo "   against webdataset and against local disk (bench/s3_bench.py; weed and webdataset"
+  echo "   in .venv-test, from scripts/test.sh)"
+  STOKER_WEED=.venv-test/bin/weed .venv-test/bin/python bench/s3_bench.py
+fi
+
 if .venv-test/bin/python -c "import ray, stoker" 2>/dev/null; then
   echo
   echo "== remote workers on Ray: local-only against local + a Ray node on the other core"
