@@ -188,13 +188,30 @@ def test_what_cannot_resume_elsewhere_says_why():
     with pytest.raises(ValueError, match="custom sampler"):
         custom.load_state_dict(merged)
 
-    class Stream(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(range(10))
+    class Stream(torch.utils.data.IterableDataset):  # Stateful, but its state is its own
+        def __init__(self):
+            self.at = 0
 
-    stream = stoker.DataLoader(Stream(), batch_size=2)
-    with pytest.raises(ValueError, match="stream"):
-        stoker.merge_states([stream.state_dict()])
+        def __iter__(self):
+            while self.at < 10:
+                self.at += 1
+                yield self.at
+
+        def state_dict(self):
+            return {"at": self.at}
+
+        def load_state_dict(self, state):
+            self.at = state["at"]
+
+    stream = stoker.DataLoader(Stream(), batch_size=2, num_workers=2, worker_type="thread")
+    it = iter(stream)
+    next(it)
+    state = stream.state_dict()
+    with pytest.raises(ValueError, match="workers' own"):
+        stoker.merge_states([state])
+    with pytest.raises(ValueError, match="map-style"):
+        stoker.merge_states([state, states[0]])
+    stream.close()
 
 
 def test_a_state_saved_before_the_epoch_began_resumes_at_its_start():
@@ -253,3 +270,153 @@ def test_a_native_data_set_resumes_on_another_topology():
         loader.load_state_dict(merged)
         rest += [x for b in loader for x in b[0].tolist()]
     exactly_once(seen, rest, repeats=3)
+
+
+# --- shard streams (stoker.WebDatasetStream): positions per shard, dealt again -------------
+
+def stream_shards(root, shards=11):
+    """`shards` gzip-compressed shards of 4-9 samples (ids 0..), each sample a uid.txt."""
+    import gzip
+    import io
+    import tarfile
+
+    uid = 0
+    root.mkdir()
+    for s in range(shards):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for i in range(4 + s % 6):
+                data = f"{uid}\n".encode()
+                info = tarfile.TarInfo(f"s{s}/k{i:03d}.uid.txt")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                uid += 1
+        (root / f"part-{s:03d}.tar.gz").write_bytes(gzip.compress(buf.getvalue()))
+    return uid
+
+
+def stream_loader(root, rank, world, workers, monkeypatch, kind="thread", seed=5):
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    ds = stoker.WebDataset(root, fields=("uid.txt",), shuffle=5, seed=seed)
+    assert isinstance(ds, stoker.WebDatasetStream)
+    return stoker.DataLoader(ds, batch_size=3, num_workers=workers, worker_type=kind)
+
+
+def stream_checkpoint(root, world, workers, stops, monkeypatch, merged=None, kind="thread"):
+    """Each rank (resuming `merged` if given) reads stops[r] batches; (seen, states)."""
+    seen, states = [], []
+    for r in range(world):
+        loader = stream_loader(root, r, world, workers, monkeypatch, kind)
+        if merged is not None:
+            loader.load_state_dict(merged)
+        it = iter(loader)
+        for _ in range(stops[r]):
+            batch = next(it, None)
+            if batch is None:
+                break
+            seen += batch[0].tolist()
+        states.append(loader.state_dict())
+        loader.close()
+    return seen, states
+
+
+def stream_rest(root, world, workers, merged, monkeypatch, kind="thread"):
+    seen = []
+    for r in range(world):
+        loader = stream_loader(root, r, world, workers, monkeypatch,
+                               "process" if kind == "mixed" and r == 1 else
+                               ("thread" if kind == "mixed" else kind))
+        loader.load_state_dict(merged)
+        seen += [u for b in loader for u in b[0].tolist()]
+        loader.close()
+    return seen
+
+
+@pytest.mark.parametrize("stops", [[1, 0, 2, 1], [2, 2, 2, 2], [3, 1, 0, 4]])
+def test_shard_stream_saved_on_four_ranks_resumes_on_three_and_two(tmp_path, monkeypatch,
+                                                                    stops):
+    n = stream_shards(tmp_path / "shards")
+    before, states = stream_checkpoint(tmp_path / "shards", 4, 3, stops, monkeypatch)
+    merged = stoker.merge_states(states)
+    assert merged["merged"] and len(json.dumps(merged)) < 2000  # per shard, not per sample
+    for world, workers, kind in ((3, 2, "mixed"), (2, 2, "process"), (1, 0, "thread")):
+        rest = stream_rest(tmp_path / "shards", world, workers, merged, monkeypatch, kind)
+        assert sorted(before + rest) == list(range(n)), (world, workers, kind)
+
+
+def test_shard_stream_resumed_twice_and_the_next_epoch_is_a_fresh_one(tmp_path, monkeypatch):
+    root = tmp_path / "shards"
+    n = stream_shards(root)
+    first, states = stream_checkpoint(root, 4, 3, [2, 1, 1, 2], monkeypatch)
+    second, states = stream_checkpoint(root, 3, 2, [1, 2, 1], monkeypatch,
+                                       merged=stoker.merge_states(states))
+    merged = stoker.merge_states(states)
+    rest = stream_rest(root, 2, 1, merged, monkeypatch)
+    assert sorted(first + second + rest) == list(range(n))
+    assert not set(first) & set(second)  # the resumed epoch read none of what was consumed
+    # The epoch after: a fresh 2-rank epoch, the same as a loader that never stopped gives.
+    loaders = [stream_loader(root, r, 2, 1, monkeypatch) for r in range(2)]
+    fresh = []
+    for r, loader in enumerate(loaders):
+        monkeypatch.setenv("RANK", str(r))
+        loader.set_epoch(merged["epoch"] + 1)
+        fresh.append([u for b in loader for u in b[0].tolist()])
+    after = []
+    for r in range(2):
+        loader = stream_loader(root, r, 2, 1, monkeypatch)
+        loader.load_state_dict(merged)
+        list(loader)
+        after.append([u for b in loader for u in b[0].tolist()])
+        loader.close()
+    assert after == fresh and sorted(after[0] + after[1]) == list(range(n))
+
+
+def test_shard_stream_own_state_and_a_single_process_state(tmp_path, monkeypatch):
+    root = tmp_path / "shards"
+    n = stream_shards(root)
+    # One process with 3 workers, saved; the same loader shape resumes its own state, and a
+    # loader with 2 worker processes takes it too (one rank: merged on load).
+    loader = stream_loader(root, 0, 1, 3, monkeypatch)
+    it = iter(loader)
+    seen = [u for _ in range(5) for u in next(it)[0].tolist()]
+    state = loader.state_dict()
+    loader.close()
+    for workers, kind in ((3, "thread"), (2, "process"), (0, "thread")):
+        again = stream_loader(root, 0, 1, workers, monkeypatch, kind)
+        again.load_state_dict(state)
+        rest = [u for b in again for u in b[0].tolist()]
+        again.close()
+        assert sorted(seen + rest) == list(range(n)), (workers, kind)
+
+
+def test_shard_stream_state_errors(tmp_path, monkeypatch):
+    root = tmp_path / "shards"
+    stream_shards(root)
+    _, states = stream_checkpoint(root, 2, 2, [1, 1], monkeypatch)
+    with pytest.raises(ValueError, match=r"ranks \[1\] are missing"):
+        stoker.merge_states(states[:1])
+    other = stream_loader(root, 0, 3, 1, monkeypatch)
+    with pytest.raises(ValueError, match="merge every rank's state first"):
+        other.load_state_dict(states[0])
+    reseeded = stream_loader(root, 0, 1, 1, monkeypatch, seed=6)
+    with pytest.raises(ValueError, match="seed is 5 in the state and 6 here"):
+        reseeded.load_state_dict(stoker.merge_states(states))
+        next(iter(reseeded))
+    reseeded.close()
+    other.close()
+
+
+def test_shard_progress_union_and_deal():
+    from stoker.datasets import shard_progress as sp
+
+    a = [10, False, [3, 7]]  # 0-9 read, 3 and 7 still in a buffer
+    b = [5, False, [1]]      # 0-4 read, 1 in a buffer
+    u = sp.union(a, b)  # consumed in a or in b: 1 in a, 3 in b; 7 in neither
+    assert u == [10, False, [7]]
+    assert sp.union(a, a) == a and sp.union(None, b) == b
+    assert [o for o in range(12) if not sp.consumed(u, o)] == [7, 10, 11]
+    assert sp.merge([{"2": a}, {2: b, 4: [3, True, []]}]) == {2: u, 4: [3, True, []]}
+    start = {0: [4, True, []], 1: [4, True, [2]], 3: [1, False, []]}
+    assert sp.deal([3, 0, 1, 2, 4], start, 0, 1, 0, 1) == [3, 1, 2, 4]
+    assert sp.deal([3, 0, 1, 2, 4], start, 1, 2, 1, 2) == [4]

@@ -14,6 +14,7 @@ import numpy as np
 from braceexpand import braceexpand
 
 from .. import _stoker
+from . import shard_progress
 from .native import NativeDataset
 
 
@@ -146,57 +147,108 @@ class _Stream:
         self.shuffle = int(shuffle)
         self.shardshuffle = bool(shardshuffle)
         self.seed = int(seed)
-        self._epoch: Optional[int] = None
-        self._next_epoch = 0
+        self._epoch: Optional[int] = None  # set_epoch()'s
+        self._loader_epoch: Optional[int] = None  # stoker's DataLoader's, before each pass
+        self._next_epoch = 0  # iterated bare: each pass counts one
+        self._resume: Optional[tuple] = None  # (epoch, start, progress) for the next pass
+        self._pass: Optional[_Pass] = None  # the pass running (or ended): its position
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
 
-    def _my_shards(self, epoch: int) -> list[str]:
-        from ..distributed import world
+    def _stoker_epoch(self, epoch: int) -> None:
+        """stoker's DataLoader tells each worker's copy the epoch it starts (unless
+        set_epoch() set one), so worker threads and processes shuffle alike."""
+        self._loader_epoch = int(epoch)
 
+    def _shard_list(self) -> list[str]:
+        """Every shard, in the data set's order: directories give their *.tar, *.tar.gz and
+        *.tgz in name order."""
         shards = []
-        for s in self.shards:  # directories: their *.tar, *.tar.gz and *.tgz in name order
+        for s in self.shards:
             if os.path.isdir(s):
                 shards += sorted(os.path.join(s, n) for n in os.listdir(s)
                                  if n.endswith((".tar",) + _COMPRESSED))
             else:
                 shards.append(s)
+        return shards
+
+    def _identity(self, shards: int) -> dict:
+        return {"seed": self.seed, "shards": shards, "shuffle": self.shuffle,
+                "shardshuffle": self.shardshuffle}
+
+    def state_dict(self) -> dict:
+        """Where the pass stands (torchdata's Stateful protocol): per shard, the samples read
+        and those still in the shuffle buffer (stoker/datasets/shard_progress.py). Every
+        worker's state of every rank merges into one that resumes on other ranks and workers
+        (``stoker.merge_states``)."""
+        if self._pass is not None:
+            return self._pass.state()
+        epoch = self._epoch if self._epoch is not None else self._next_epoch
+        return {"kind": shard_progress.KIND, "version": shard_progress.VERSION,
+                **self._identity(len(self._shard_list())), "epoch": epoch, "merged": False,
+                "start": {}, "progress": {}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The next pass resumes `state`: one worker's own (the same ranks and workers read
+        on) or a merged one (any ranks and workers: the shards with samples left are dealt
+        over them, and each reads only the samples not yet consumed)."""
+        shard_progress.check(state, **self._identity(len(self._shard_list())))
+        self._resume = (int(state["epoch"]), shard_progress.merge([state.get("start")]),
+                        shard_progress.merge([state.get("progress")]))
+
+    def __iter__(self):
+        from ..distributed import world
+
+        shards = self._shard_list()
+        if self._resume is not None:
+            (epoch, start, progress), self._resume = self._resume, None
+            self._next_epoch = epoch + 1
+        else:
+            start, progress = {}, {}
+            if self._epoch is not None:
+                epoch = self._epoch
+            elif self._loader_epoch is not None:
+                epoch = self._loader_epoch
+            else:
+                epoch = self._next_epoch
+                self._next_epoch += 1
+        order = list(range(len(shards)))
         if self.shardshuffle:
-            random.Random(self.seed + epoch).shuffle(shards)
+            random.Random(self.seed + epoch).shuffle(order)
         rank, world_size = world()
-        shards = shards[rank::world_size]
         try:
             from torch.utils.data import get_worker_info
             info = get_worker_info()
         except ImportError:  # pragma: no cover
             info = None
-        if info is not None:
-            shards = shards[info.id::info.num_workers]
-        return shards
-
-    def __iter__(self):
-        if self._epoch is not None:
-            epoch = self._epoch
-        else:
-            epoch = self._next_epoch
-            self._next_epoch += 1
-        shards = self._my_shards(epoch)
-        rng = random.Random(f"{self.seed}-{epoch}-{'|'.join(shards)}")
-        buffer: list = []
-        for shard in shards:
-            for key, sample in _tar_samples(shard):
-                item = (shard, key, sample)
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = shard_progress.deal(order, start, rank, world_size, worker, workers)
+        buffer: list = []  # (shard, ordinal, key, sample): read, not handed out
+        this = self._pass = _Pass(self._identity(len(shards)), epoch, start, progress, buffer)
+        rng = random.Random(f"{self.seed}-{epoch}-{'|'.join(shards[s] for s in mine)}")
+        for s in mine:
+            base = this.open(s)
+            for ordinal, (key, sample) in enumerate(_tar_samples(shards[s])):
+                if base.done(ordinal):
+                    break
+                this.processed[s] = ordinal + 1
+                if base.consumed(ordinal):
+                    continue
+                item = (s, ordinal, key, sample)
                 if len(buffer) < self.shuffle:
                     buffer.append(item)
                     continue
                 if self.shuffle > 0:
                     i = rng.randrange(len(buffer))
                     buffer[i], item = item, buffer[i]
-                yield self._convert(*item, rng.getrandbits(64))
+                yield self._convert(shards[item[0]], *item[2:], rng.getrandbits(64))
+            this.ended.add(s)
         rng.shuffle(buffer)
-        for item in buffer:
-            yield self._convert(*item, rng.getrandbits(64))
+        buffer.reverse()
+        while buffer:  # taken off the buffer before it is handed out (state_dict)
+            item = buffer.pop()
+            yield self._convert(shards[item[0]], *item[2:], rng.getrandbits(64))
 
     def _convert(self, shard: str, key: str, sample: dict, seed: int) -> tuple:
         out = []
@@ -220,6 +272,58 @@ class _Stream:
                 except ValueError as e:
                     raise RuntimeError(f"{where}: field '{name}': {e}") from None
         return tuple(out)
+
+
+class _Pass:
+    """One pass of a shard stream: what it resumed from and how far it read each of its
+    shards; with the shuffle buffer, enough to say which samples were handed out."""
+
+    def __init__(self, identity: dict, epoch: int, start: dict, progress: dict,
+                 buffer: list) -> None:
+        self._identity = identity
+        self._epoch = epoch
+        self._start = start  # never changed: shared by every state of the pass
+        self._progress = progress  # a loaded worker state's own, for its shards
+        self._buffer = buffer
+        self._bases: dict[int, _Base] = {}
+        self.processed: dict[int, int] = {}  # shard -> ordinals read (or skipped)
+        self.ended: set[int] = set()
+
+    def open(self, shard: int) -> "_Base":
+        entry = shard_progress.union(self._start.get(shard), self._progress.get(shard))
+        base = self._bases[shard] = _Base(entry)
+        self.processed[shard] = 0
+        return base
+
+    def state(self) -> dict:
+        pending: dict[int, set] = {s: set() for s in self.processed}
+        for s, ordinal, _, _ in self._buffer:
+            pending[s].add(ordinal)
+        progress = dict(self._progress)
+        for s, processed in self.processed.items():
+            base = self._bases[s]
+            pending[s].update(o for o in base.pending if o >= processed)
+            progress[s] = [max(processed, base.read), s in self.ended or base.end,
+                           sorted(pending[s])]
+        return {"kind": shard_progress.KIND, "version": shard_progress.VERSION,
+                **self._identity, "epoch": self._epoch, "merged": False,
+                "start": self._start, "progress": progress}
+
+
+class _Base:
+    """A shard's entry at the start of a pass: which ordinals to skip, and where to stop."""
+
+    def __init__(self, entry) -> None:
+        self.read, self.end = (entry[0], bool(entry[1])) if entry else (0, False)
+        self.pending = frozenset(entry[2]) if entry else frozenset()
+        # Read to its end before: nothing after the last pending sample is left.
+        self._last = max(self.pending, default=-1) if self.end else None
+
+    def consumed(self, ordinal: int) -> bool:
+        return ordinal < self.read and ordinal not in self.pending
+
+    def done(self, ordinal: int) -> bool:
+        return self._last is not None and ordinal > self._last
 
 
 def _compressed_dir(path: str) -> bool:

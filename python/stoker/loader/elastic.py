@@ -45,12 +45,9 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
     states = list(states)
     if not states:
         raise ValueError("stoker.merge_states: no states to merge")
+    if any("stream" in state for state in states):
+        return _merge_streams(states)
     for state in states:
-        if "stream" in state:
-            raise ValueError(
-                "stoker.merge_states: a stream's state (an IterableDataset's) resumes only on "
-                "the topology it was saved on (the same ranks and workers); load each rank's "
-                "own state there")
         if state.get("version", 1) < VERSION or "world_size" not in state:
             raise ValueError(
                 "stoker.merge_states: a state saved by an older stoker, or by a loader with a "
@@ -69,15 +66,7 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
                     f"{first[key]!r} on rank {first['rank']} and {state[key]!r} on rank "
                     f"{state['rank']} (save every rank's state at the same step)")
     world = first["world_size"]
-    by_rank = {}
-    for state in states:
-        if state["rank"] in by_rank:
-            raise ValueError(f"stoker.merge_states: two states of rank {state['rank']}")
-        by_rank[state["rank"]] = state
-    missing = sorted(set(range(world)) - set(by_rank))
-    if missing:
-        raise ValueError(f"stoker.merge_states: the checkpoint was taken on {world} ranks; the "
-                         f"states of ranks {missing} are missing")
+    by_rank = _ranks(states, "checkpoint")
     taken = [by_rank[r]["taken"] for r in range(world)]
     samples = first["samples"]
     consumed = _stoker.consumed_positions(samples, [tuple(r) for r in first["consumed"]],
@@ -88,6 +77,65 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
     return {"version": VERSION, "merged": True, "epoch": int(epoch), "seed": first["seed"],
             "samples": samples, "shuffle": first["shuffle"],
             "consumed": [list(r) for r in consumed]}
+
+
+def _ranks(states: list, what: str) -> dict:
+    """The states by rank, every rank of the checkpoint there once."""
+    world = states[0]["world_size"]
+    by_rank = {}
+    for state in states:
+        if state["world_size"] != world:
+            raise ValueError(f"stoker.merge_states: the states are not of one checkpoint: "
+                             f"saved on {world} and on {state['world_size']} ranks")
+        if state["rank"] in by_rank:
+            raise ValueError(f"stoker.merge_states: two states of rank {state['rank']}")
+        by_rank[state["rank"]] = state
+    missing = sorted(set(range(world)) - set(by_rank))
+    if missing:
+        raise ValueError(f"stoker.merge_states: the {what} was taken on {world} ranks; the "
+                         f"states of ranks {missing} are missing")
+    return by_rank
+
+
+def _merge_streams(states: list) -> dict[str, Any]:
+    """Stream states: those of stoker's shard streams merge (every worker's position per
+    shard, stoker/datasets/shard_progress.py); any other stream's state is each worker's own
+    and resumes only where it was saved."""
+    from ..datasets import shard_progress
+
+    if not all("stream" in state for state in states):
+        raise ValueError("stoker.merge_states: a stream's state and a map-style loader's "
+                         "cannot be merged")
+    if len(states) == 1 and (states[0]["stream"] or {}).get("merged"):
+        return dict(states[0])
+    if any("world_size" not in state for state in states):
+        raise ValueError("stoker.merge_states: a stream state saved by an older stoker has "
+                         "no rank; it resumes only on the topology it was saved on")
+    _ranks(states, "checkpoint")
+    epochs = {state["epoch"] for state in states}
+    if len(epochs) > 1:
+        raise ValueError(f"stoker.merge_states: the states are not of one checkpoint: epochs "
+                         f"{sorted(epochs)} (save every rank's state at the same step)")
+    epoch = epochs.pop()
+    positions = [state["stream"] for state in states]
+    if all(p is None for p in positions):  # between epochs: the next one starts fresh
+        return {"version": VERSION, "merged": True, "epoch": epoch, "stream": None}
+    if any(p is None or p.get("merged") for p in positions):
+        raise ValueError("stoker.merge_states: some ranks' states are between epochs or "
+                         "merged already, others mid-epoch: not one checkpoint")
+    parts = [s for p in positions for s in p["states"]]
+    if not all(s is None or (isinstance(s, dict) and s.get("kind") == shard_progress.KIND)
+               for s in parts):
+        raise ValueError(
+            "stoker.merge_states: this stream's state is its workers' own (its data set is "
+            "not one of stoker's shard streams), which cannot be split over other ranks or "
+            "workers; resume each rank's own state with the same ranks and num_workers")
+    if all(s is None for s in parts):  # nothing handed out yet in this epoch
+        return {"version": VERSION, "merged": True, "epoch": epoch, "stream": None}
+    merged = shard_progress.merge_states(parts)
+    done = merged["epoch"] - next(s for s in parts if s is not None)["epoch"]
+    return {"version": VERSION, "merged": True, "epoch": epoch + done,
+            "stream": None if done else {"merged": True, "dataset": merged}}
 
 
 def gather(state: dict) -> list:

@@ -52,7 +52,8 @@ class StreamEpoch:
     def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
                  drop_last: bool, epoch: int, base_seed: int, init: Callable,
                  pool, states: Optional[list], ended: Optional[list], cursor: int,
-                 want_state: bool, finish: Callable, seed: Optional[int]) -> None:
+                 want_state: bool, finish: Callable, seed: Optional[int],
+                 loader_epoch: int) -> None:
         self._finish = finish
         self._stop = threading.Event()
         self._want_state = want_state
@@ -66,7 +67,7 @@ class StreamEpoch:
         self.cursor = cursor
         if workers == 0:  # the calling thread iterates (worker info stays None, as in torch)
             self._inline = StreamJobs(dataset, collate_fn, batch_size, drop_last)
-            self._inline.begin(self.states[0], seed)
+            self._inline.begin(self.states[0], seed, loader_epoch)
             return
         self._queues = [queue.Queue(maxsize=depth) for _ in range(workers)]
         self._threads = []
@@ -74,12 +75,13 @@ class StreamEpoch:
             if self.ended[w]:
                 continue
             if pool is not None:
-                args = pickle.dumps((self.states[w], want_state, depth, seed),
+                args = pickle.dumps((self.states[w], want_state, depth, seed, loader_epoch),
                                     protocol=pickle.HIGHEST_PROTOCOL)
                 target, extra = self._ask_process, (pool, epoch, args)
             else:
                 jobs = StreamJobs(_own_copy(dataset), collate_fn, batch_size, drop_last)
-                target, extra = self._iterate, (jobs, base_seed, init, self.states[w], seed)
+                target, extra = self._iterate, (jobs, base_seed, init, self.states[w], seed,
+                                                loader_epoch)
             thread = threading.Thread(target=self._produce, args=(target, w, *extra),
                                       daemon=True, name=f"stoker stream worker {w}")
             thread.start()
@@ -106,9 +108,10 @@ class StreamEpoch:
                 pass
         return False
 
-    def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state, seed) -> None:
+    def _iterate(self, w: int, jobs: StreamJobs, base_seed: int, init, state, seed,
+                 loader_epoch: int) -> None:
         init(w, jobs.dataset, self.workers, base_seed)  # an error ends the stream (_produce)
-        jobs.begin(state, seed)
+        jobs.begin(state, seed, loader_epoch)
         while not self._stop.is_set():
             try:
                 batch = jobs.next_batch()
@@ -268,8 +271,8 @@ class Streams:
         startup.start_worker(w, workers, base_seed, dataset, self._setup.worker_init_fn,
                              own_process=False)
 
-    def start(self) -> None:
-        """Starts the next pass over the stream (a new epoch)."""
+    def start(self, epoch: int) -> None:
+        """Starts the next pass over the stream, the loader's epoch `epoch`."""
         if self.closed:
             raise RuntimeError("stoker: the DataLoader is closed")
         self.stop()
@@ -295,7 +298,7 @@ class Streams:
             init=self._init_thread, pool=self._pool,
             states=pending and pending["states"], ended=pending and pending["ended"],
             cursor=pending["cursor"] if pending else 0, want_state=self._stateful,
-            finish=self._finish, seed=pipe_seed)
+            finish=self._finish, seed=pipe_seed, loader_epoch=epoch)
 
     def _epoch_seed(self) -> Optional[int]:
         """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the

@@ -12,7 +12,9 @@ import os
 import time
 from typing import Optional
 
+from ..distributed import world
 from ..workers.jobs import StreamJobs
+from . import elastic
 from ..workers.processes import ProcessWorkers
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
@@ -56,7 +58,7 @@ class StreamPipeline(Pipeline):
         self.log_worker_type()
 
     def start(self, epoch: int, batch: int) -> None:
-        self._streams.start()
+        self._streams.start(epoch)
         self._epoch = epoch
 
     def next(self, timeout: float):
@@ -71,16 +73,34 @@ class StreamPipeline(Pipeline):
         return len(self._streams)
 
     def state_dict(self, resume, next_epoch: Optional[int]) -> dict:
+        rank, world_size = world()
+        where = {"version": elastic.VERSION, "rank": rank, "world_size": world_size}
         if resume is not None:
-            return {"epoch": resume[0], "stream": self._streams.pending}
+            return {**where, "epoch": resume[0], "stream": self._streams.pending}
         if next_epoch is not None:
-            return {"epoch": next_epoch, "stream": None}
-        return {"epoch": self._epoch, "stream": self._streams.position()}
+            return {**where, "epoch": next_epoch, "stream": None}
+        return {**where, "epoch": self._epoch, "stream": self._streams.position()}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         if "stream" not in state:
             raise ValueError("stoker: the state is not a stream's")
-        self._streams.load(state["stream"])
+        position = state["stream"]
+        if position is not None and not position.get("merged"):
+            saved = state.get("world_size", world()[1])
+            if position["workers"] != self.num_workers or saved != world()[1]:
+                if saved != 1:
+                    raise ValueError(
+                        f"stoker: the state is one rank's of {saved}, saved with "
+                        f"{position['workers']} workers; on other ranks or workers, merge "
+                        f"every rank's state first (stoker.merge_states, or "
+                        f"loader.global_state_dict() when saving)")
+                state = elastic.merge_states([state])
+                position = state["stream"]
+        if position is not None and position.get("merged"):
+            n = max(self.num_workers, 1)  # each worker takes its part of the rest itself
+            position = {"workers": self.num_workers, "states": [position["dataset"]] * n,
+                        "ended": [False] * n, "cursor": 0}
+        self._streams.load(position)
         return int(state["epoch"]), 0
 
     def _stats(self) -> dict:

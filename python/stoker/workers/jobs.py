@@ -140,9 +140,12 @@ class StreamJobs:
         self._want_state = False
         self._ahead = 1
 
-    def begin(self, state, seed: Optional[int] = None) -> None:
+    def begin(self, state, seed: Optional[int] = None, epoch: Optional[int] = None) -> None:
         """A new pass over the stream, from `state` (the data set's state_dict()) if given;
-        `seed`: the epoch's seed of an IterDataPipe's shuffle steps."""
+        `seed`: the epoch's seed of an IterDataPipe's shuffle steps; `epoch`: the loader's,
+        told to stoker's own streams (their shard order)."""
+        if epoch is not None and hasattr(self.dataset, "_stoker_epoch"):
+            self.dataset._stoker_epoch(epoch)
         if state is not None:
             self.dataset.load_state_dict(state)
         if is_datapipe(self.dataset):
@@ -184,7 +187,7 @@ class StreamJobs:
         Requests of an older epoch (an abandoned one's last) get [END]. If the worker's
         worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
         reports that error) and the stream ends there."""
-        state, self._want_state, self._ahead, seed = pickle.loads(args)
+        state, self._want_state, self._ahead, seed, loader_epoch = pickle.loads(args)
         if epoch < self._epoch:
             return [END]
         if epoch > self._epoch:
@@ -196,7 +199,7 @@ class StreamJobs:
             self._ended = True  # until the pass has begun: an error here ends the stream
             if init_failed:
                 return INIT_FAILED
-            self.begin(state, seed)
+            self.begin(state, seed, loader_epoch)
         if not self._ready:
             self._ready.append(self._make(arenas))
         items, self._ready = self._ready, []
