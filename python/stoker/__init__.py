@@ -74,6 +74,6 @@ if hasattr(_os, "register_at_fork"):
 
 def __getattr__(name):
     if name == "WebDatasetStream":  # made on first use: it subclasses torch's IterableDataset
-        from .datasets import webdataset
-        return webdataset.WebDatasetStream
+        from .datasets.webdataset_stream import stream_class
+        return stream_class()
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")

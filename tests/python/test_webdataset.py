@@ -12,7 +12,7 @@ from PIL import Image
 
 import stoker
 from stoker import transforms as T
-from stoker.datasets.webdataset import expand_shards
+from stoker.datasets.shards import expand_shards
 
 MEAN = np.array(T.IMAGENET_MEAN, np.float32)[:, None, None]
 STD = np.array(T.IMAGENET_STD, np.float32)[:, None, None]
