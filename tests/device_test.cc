@@ -13,7 +13,7 @@
 #include "memory/host_allocator.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
-#include "support/sim_step.h"
+#include "stoker/frontend/sim_step.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -160,7 +160,7 @@ TEST(SimDevice, APinnedHostBatchIsNotRefilledUnderTheConsumersOwnCopy) {
 // The simulated step of 24 batches of 8 rows (10 KB each).
 double steady_step(double copy_s, double compute_s, std::size_t device_depth) {
   constexpr std::size_t kBatches = 24, kBatch = 8;
-  const auto r = testing::sim_step(std::make_shared<IndexDataset<>>(kBatches * kBatch, 10000),
+  const auto r = detail::sim_step(std::make_shared<IndexDataset<>>(kBatches * kBatch, 10000),
                                    kBatch, copy_s, compute_s, device_depth);
   EXPECT_EQ(r.batches, kBatches);
   return r.step_s;
