@@ -17,9 +17,9 @@
 #include "bench_util.h"
 #include "interrupt.h"
 #include "progress.h"
+#include "stoker/frontend/sim_step.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
-#include "stoker/frontend/sim_step.h"
 
 #ifndef STOKER_SOURCE_DIR
 #define STOKER_SOURCE_DIR "."

@@ -22,10 +22,10 @@
 #include "interrupt.h"
 #include "progress.h"
 #include "stoker/encoded.h"
+#include "stoker/frontend/jpeg_encode.h"
+#include "stoker/frontend/random.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
-#include "stoker/frontend/jpeg_encode.h"
-#include "util/random.h"
 
 #ifndef STOKER_SOURCE_DIR
 #define STOKER_SOURCE_DIR "."

@@ -43,8 +43,8 @@ inline std::vector<std::uint8_t> pattern(int width, int height, int channels,
 
 inline std::vector<std::byte> make_jpeg(int width, int height, int components = 3,
                                         std::uint32_t seed = 1, bool subsample = true) {
-  return detail::encode_jpeg(pattern(width, height, components, seed), width, height, components, 90,
-                     subsample);
+  return detail::encode_jpeg(pattern(width, height, components, seed), width, height, components,
+                             90, subsample);
 }
 
 // Full decode with libjpeg, RGB, for reference.
