@@ -15,12 +15,11 @@
 #include <thread>
 
 #include "bench_util.h"
-#include "device/sim_backend.h"
 #include "interrupt.h"
 #include "progress.h"
+#include "stoker/frontend/sim_step.h"
 #include "stoker/loader.h"
 #include "stoker/sources.h"
-#include "support/sim_step.h"
 
 #ifndef STOKER_SOURCE_DIR
 #define STOKER_SOURCE_DIR "."
@@ -398,7 +397,7 @@ json run_device_sim(const BenchOptions& o) {
   }
   for (auto [c, t] : {std::pair{10.0, 4.0}, {4.0, 10.0}, {8.0, 8.0}}) {
     for (std::size_t depth : {1, 2, 4}) {
-      const double step = 1e3 * testing::sim_step(ds, 64, t / 1e3, c / 1e3, depth).step_s;
+      const double step = 1e3 * detail::sim_step(ds, 64, t / 1e3, c / 1e3, depth).step_s;
       rows.push_back({{"compute_ms", c},
                       {"copy_ms", t},
                       {"device_depth", depth},

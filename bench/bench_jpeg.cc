@@ -22,10 +22,10 @@
 #include "interrupt.h"
 #include "progress.h"
 #include "stoker/encoded.h"
+#include "stoker/frontend/jpeg_encode.h"
+#include "stoker/frontend/random.h"
 #include "stoker/image.h"
 #include "stoker/loader.h"
-#include "support/jpeg.h"
-#include "util/random.h"
 
 #ifndef STOKER_SOURCE_DIR
 #define STOKER_SOURCE_DIR "."
@@ -150,7 +150,7 @@ DataSet prepare(const fs::path& dir, std::size_t images, std::size_t classes, bo
       for (std::size_t i; !tools::interrupted() && (i = next.fetch_add(1)) < images;) {
         int w = 0, h = 0;
         generate_image(0x5eed0000 + i, w, h, rgb);
-        const auto jpeg = testing::encode_jpeg(rgb, w, h, 3, 90);
+        const auto jpeg = detail::encode_jpeg(rgb, w, h, 3, 90);
         std::ofstream f(
             d.folder / fmt::format("class_{:02}", i % classes) / fmt::format("img_{:05}.jpg", i),
             std::ios::binary);

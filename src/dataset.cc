@@ -3,7 +3,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "memory/stream_copy.h"
+#include "stoker/frontend/stream_copy.h"
 
 namespace stoker {
 

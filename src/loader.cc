@@ -13,13 +13,14 @@
 
 #include "device/device_stage.h"
 #include "exec/engine.h"
-#include "loader_internals.h"
 #include "memory/batch_owner.h"
-#include "memory/host_allocator.h"
 #include "memory/slab_pool.h"
-#include "trace/trace.h"
+#include "stoker/device.h"
+#include "stoker/frontend/host_allocator.h"
+#include "stoker/frontend/loader_internals.h"
+#include "stoker/frontend/log.h"
+#include "stoker/frontend/tracer.h"
 #include "tune/tuner.h"
-#include "util/log.h"
 
 namespace stoker {
 namespace {
@@ -72,20 +73,16 @@ std::vector<FieldSpec> batch_fields(const LoaderOptions& o) {
 
 // The backend named by `device`, or null for the CPU (asked for, or no CUDA device answers).
 std::unique_ptr<detail::DeviceBackend> open_device(const LoaderOptions& o) {
-  if (o.device == "cpu") return nullptr;
-  if (o.device == "sim") return detail::open_sim(o.sim);
-  int ordinal = 0;
-  if (o.device.starts_with("cuda:")) {
-    const std::string n = o.device.substr(5);
-    if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) {
-      invalid("device '" + o.device + "': expected cuda:N");
-    }
-    ordinal = std::stoi(n);
-  } else if (o.device != "cuda") {
-    invalid("device '" + o.device + "' is not one of cpu, cuda, cuda:N, sim");
+  Device device;
+  try {
+    device = parse_device(o.device);
+  } catch (const std::invalid_argument& e) {
+    invalid(e.what());
   }
+  if (device.kind == DeviceKind::cpu) return nullptr;
+  if (device.kind == DeviceKind::sim) return detail::open_sim(o.sim);
   std::string why;
-  auto backend = detail::open_cuda(ordinal, why);
+  auto backend = detail::open_cuda(device.index < 0 ? 0 : device.index, why);
   if (!backend) {
     detail::log(LogLevel::warning, "device '" + o.device + "' asked for, but no CUDA device " +
                                        "answers (" + why + "); batches stay in host memory");

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "image_fixtures.h"
-#include "support/jpeg.h"
+#include "stoker/frontend/jpeg_encode.h"
 
 namespace stoker::testing {
 
@@ -73,8 +73,8 @@ inline std::vector<CorpusFile> make_corrupt_corpus(const std::filesystem::path& 
     files.push_back({path, bad, reason});
   };
   const auto rgb = pattern(160, 120, 3, 7);
-  const auto jpeg = encode_jpeg(rgb, 160, 120, 3, 90, true, false);
-  const auto progressive = encode_jpeg(rgb, 160, 120, 3, 90, true, true);
+  const auto jpeg = detail::encode_jpeg(rgb, 160, 120, 3, 90, true, false);
+  const auto progressive = detail::encode_jpeg(rgb, 160, 120, 3, 90, true, true);
   const auto png = encode_png(pattern(90, 70, 3, 8), 90, 70, 3);
   std::mt19937 rng(5);
   std::vector<std::byte> noise(3000);
@@ -92,12 +92,12 @@ inline std::vector<CorpusFile> make_corrupt_corpus(const std::filesystem::path& 
   add("random.jpg", noise, true, "not an image");
   add("text.jpg", text_bytes, true, "not an image");
   add("png_named.jpg", png, false);  // formats go by signature, not by name
-  add("gray.jpg", encode_jpeg(pattern(100, 80, 1, 9), 100, 80, 1, 90, true, false), false);
-  add("cmyk.jpg", encode_jpeg(pattern(100, 80, 4, 10), 100, 80, 4, 90, true, false), false);
+  add("gray.jpg", detail::encode_jpeg(pattern(100, 80, 1, 9), 100, 80, 1, 90, true, false), false);
+  add("cmyk.jpg", detail::encode_jpeg(pattern(100, 80, 4, 10), 100, 80, 4, 90, true, false), false);
   add("progressive.jpg", progressive, false);
-  add("one_pixel.jpg", encode_jpeg({200, 100, 50}, 1, 1, 3, 90, true, false), false);
-  add("wide.jpg", encode_jpeg(pattern(4000, 3, 3, 11), 4000, 3, 3, 90, true, false), false);
-  add("exif_rotated.jpg", encode_jpeg(rgb, 160, 120, 3, 90, true, false, 6), false);
+  add("one_pixel.jpg", detail::encode_jpeg({200, 100, 50}, 1, 1, 3, 90, true, false), false);
+  add("wide.jpg", detail::encode_jpeg(pattern(4000, 3, 3, 11), 4000, 3, 3, 90, true, false), false);
+  add("exif_rotated.jpg", detail::encode_jpeg(rgb, 160, 120, 3, 90, true, false, 6), false);
   // Truncated: inside the header, and inside the scan data at a third and two thirds; those
   // lose rows every crop of the val pipeline needs. A file missing only its end marker has
   // every row: it is good data.

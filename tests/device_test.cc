@@ -1,5 +1,7 @@
 // The device stage on the simulated device: ordering, slab and buffer reuse, overlap, the
 // pinned-memory budget, and the fallback when CUDA is asked for and no GPU answers.
+#include "stoker/device.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,11 +11,11 @@
 #include <vector>
 
 #include "device/sim_backend.h"
-#include "loader_internals.h"
-#include "memory/host_allocator.h"
+#include "stoker/frontend/host_allocator.h"
+#include "stoker/frontend/loader_internals.h"
+#include "stoker/frontend/sim_step.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
-#include "support/sim_step.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -160,8 +162,8 @@ TEST(SimDevice, APinnedHostBatchIsNotRefilledUnderTheConsumersOwnCopy) {
 // The simulated step of 24 batches of 8 rows (10 KB each).
 double steady_step(double copy_s, double compute_s, std::size_t device_depth) {
   constexpr std::size_t kBatches = 24, kBatch = 8;
-  const auto r = testing::sim_step(std::make_shared<IndexDataset<>>(kBatches * kBatch, 10000),
-                                   kBatch, copy_s, compute_s, device_depth);
+  const auto r = detail::sim_step(std::make_shared<IndexDataset<>>(kBatches * kBatch, 10000),
+                                  kBatch, copy_s, compute_s, device_depth);
   EXPECT_EQ(r.batches, kBatches);
   return r.step_s;
 }
@@ -339,6 +341,41 @@ TEST(Device, UnknownDeviceNamesAreRefused) {
   o.device = "sim";
   o.device_depth = 0;
   EXPECT_THROW(Loader{o}, std::invalid_argument);
+}
+
+TEST(Device, NamesAreParsedOnceAndPrintedBack) {
+  EXPECT_EQ(parse_device("cpu"), (Device{DeviceKind::cpu, -1}));
+  EXPECT_EQ(parse_device("sim"), (Device{DeviceKind::sim, -1}));
+  EXPECT_EQ(parse_device("cuda"), (Device{DeviceKind::cuda, -1}));
+  EXPECT_EQ(parse_device("cuda:3"), (Device{DeviceKind::cuda, 3}));
+  for (const char* name : {"cpu", "sim", "cuda", "cuda:0", "cuda:12"}) {
+    EXPECT_EQ(to_string(parse_device(name)), name);
+  }
+  EXPECT_TRUE(parse_device("cuda:1").is_cuda());
+  EXPECT_FALSE(parse_device("sim").is_cuda());
+  for (const char* bad : {"cuda:", "cuda:x", "cuda:-1", "cuda:12345678901"}) {
+    EXPECT_THROW(
+        {
+          try {
+            parse_device(bad);
+          } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("expected cuda:N"), std::string::npos) << bad;
+            throw;
+          }
+        },
+        std::invalid_argument);
+  }
+  EXPECT_THROW(parse_device("mps"), std::invalid_argument);
+  LoaderOptions o;
+  o.dataset = std::make_shared<IndexDataset<>>(8);
+  o.device = "gpu";
+  try {
+    Loader loader(o);
+    ADD_FAILURE() << "device 'gpu' accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(),
+                 "stoker::LoaderOptions: device 'gpu' is not one of cpu, cuda, cuda:N, sim");
+  }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Chunk executors (src/exec/executor.h): the engine offers each chunk to its executors in
+// Chunk executors (stoker/frontend/executor.h): the engine offers each chunk to its executors in
 // Kind order and reads it on its own thread when none takes it; replacements go the same way;
 // the executors' stats and bounds are the loader's.
-#include "exec/executor.h"
+#include "stoker/frontend/executor.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "loader_internals.h"
+#include "stoker/frontend/loader_internals.h"
 #include "stoker/loader.h"
 #include "test_datasets.h"
 

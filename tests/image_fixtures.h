@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "support/jpeg.h"
+#include "stoker/frontend/jpeg_encode.h"
 
 namespace stoker::testing {
 
@@ -43,8 +43,8 @@ inline std::vector<std::uint8_t> pattern(int width, int height, int channels,
 
 inline std::vector<std::byte> make_jpeg(int width, int height, int components = 3,
                                         std::uint32_t seed = 1, bool subsample = true) {
-  return encode_jpeg(pattern(width, height, components, seed), width, height, components, 90,
-                     subsample);
+  return detail::encode_jpeg(pattern(width, height, components, seed), width, height, components,
+                             90, subsample);
 }
 
 // Full decode with libjpeg, RGB, for reference.

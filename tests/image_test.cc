@@ -350,7 +350,7 @@ TEST(DecodeImage, GrayAndCmykBecomeRgb) {
     cmyk[i + 2] = 0;
     cmyk[i + 3] = 255;
   }
-  const auto red = run(testing::encode_jpeg(cmyk, w, h, 4), t);
+  const auto red = run(detail::encode_jpeg(cmyk, w, h, 4), t);
   for (std::size_t i = 0; i < red.size(); i += 3) {
     ASSERT_GE(red[i], 250) << i;
     ASSERT_LE(red[i + 1], 5) << i;

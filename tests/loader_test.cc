@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "device/backend.h"
-#include "loader_internals.h"
 #include "sampler/sampler.h"
+#include "stoker/frontend/loader_internals.h"
 #include "stoker/log.h"
 #include "test_datasets.h"
 

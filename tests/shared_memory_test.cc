@@ -1,4 +1,4 @@
-#include "memory/shared_memory.h"
+#include "stoker/frontend/shared_memory.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -9,8 +9,8 @@
 
 #include <cstring>
 
-#include "loader_internals.h"
 #include "memory/slab_pool.h"
+#include "stoker/frontend/loader_internals.h"
 #include "stoker/loader.h"
 #include "test_datasets.h"
 

@@ -1,6 +1,6 @@
-// The front end's decisions about kinds of worker (src/tune/worker_kind.h): pure functions,
+// The front end's decisions about kinds of worker (src/tune/worker_kind.cc): pure functions,
 // tested on synthetic numbers.
-#include "tune/worker_kind.h"
+#include "stoker/frontend/worker_kind.h"
 
 #include <gtest/gtest.h>
 

@@ -14,8 +14,8 @@
 
 #include "interrupt.h"
 #include "progress.h"
-#include "source/file_util.h"
 #include "stoker/encoded.h"
+#include "stoker/frontend/files.h"
 #include "stoker/image.h"
 
 namespace stoker::tools {

@@ -1,4 +1,4 @@
-// `stoker tune` and `stoker diagnose` (bench/tune.h): on a built-in workload, an image folder
+// `stoker tune` and `stoker diagnose` (tools/tune.h): on a built-in workload, an image folder
 // or record shards.
 #pragma once
 

@@ -89,6 +89,25 @@ PackResult pack_records(const EncodedSource& source, const std::string& dest,
 PackResult pack_image_folder(const std::string& src, const std::string& dest,
                              const PackOptions& options = {});
 
+// The tables of PackResult's and EncodedSource::Counters' fields (as for_each_stat is
+// Stats'): visit(name, value) for each, in declaration order; src/field_tables.cc checks at compile
+// time that they name every member.
+template <class Visit>
+void for_each_field(const PackResult& r, Visit&& visit) {
+  visit("records", r.records);
+  visit("shards", r.shards);
+  visit("bytes", r.bytes);
+  visit("classes", r.classes);
+}
+template <class Visit>
+void for_each_field(const EncodedSource::Counters& c, Visit&& visit) {
+  visit("reads", c.reads);
+  visit("storage_reads", c.storage_reads);
+  visit("storage_bytes", c.storage_bytes);
+  visit("cached", c.cached);
+  visit("cached_bytes", c.cached_bytes);
+}
+
 // Keeps the encoded bytes of `source` in RAM, up to `budget_bytes` (first come, first kept),
 // so that later epochs never touch the disk: the RAM-disk trick without root or tmpfs. The
 // budget is reserved as address space only; memory is used as samples are kept.

@@ -33,4 +33,16 @@ struct CudaInfo {
 // reports what it found; later calls return the same answer. Thread safety: any thread.
 CudaInfo cuda_info();
 
+// The table of CudaInfo's fields (as for_each_stat is Stats'): visit(name, value) for each, in
+// declaration order; src/field_tables.cc checks at compile time that it names every member.
+template <class Visit>
+void for_each_field(const CudaInfo& info, Visit&& visit) {
+  visit("library", info.library);
+  visit("runtime_version", info.runtime_version);
+  visit("driver_version", info.driver_version);
+  visit("devices", info.devices);
+  visit("why", info.why);
+  visit("searched", info.searched);
+}
+
 }  // namespace stoker

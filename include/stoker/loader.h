@@ -43,7 +43,7 @@ class Loader {
   // Throws std::invalid_argument for an impossible option (no dataset, batch size 0, rank
   // outside world size, ...), with the option named.
   explicit Loader(LoaderOptions options);
-  // With the internal options of src/loader_internals.h (how slabs are allocated, ...).
+  // With the internal options of stoker/frontend/loader_internals.h (how slabs are allocated, ...).
   Loader(LoaderOptions options, const detail::LoaderInternals& internals);
   ~Loader();
   Loader(const Loader&) = delete;

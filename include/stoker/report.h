@@ -47,4 +47,28 @@ struct Report {
 // Stats::worker_cpu, the wait of a runnable one for a core is not).
 Report diagnose(const Stats& stats, bool process_workers = false);
 
+// The table of Report's fields, as for_each_stat is Stats' (stats.h): calls visit(name, value)
+// for each, in declaration order. Every printout of a Report that lists its fields (the Python
+// package's report() dict) is made from it; src/field_tables.cc checks at compile time that it
+// names every member.
+template <class Visit>
+void for_each_field(const Report& r, Visit&& visit) {
+  visit("verdict", r.verdict);
+  visit("wait_fraction", r.wait_fraction);
+  visit("samples_per_second", r.samples_per_second);
+  visit("workers", r.workers);
+  visit("worker_busy", r.worker_busy);
+  visit("worker_cores", r.worker_cores);
+  visit("cpu_cores", r.cpu_cores);
+  visit("gil_busy", r.gil_busy);
+  visit("worker_run_delay", r.worker_run_delay);
+  visit("network_wait", r.network_wait);
+  visit("network_bytes_per_second", r.network_bytes_per_second);
+  visit("remote_busy", r.remote_busy);
+  visit("busiest", r.busiest);
+  visit("busiest_load", r.busiest_load);
+  visit("more_workers", r.more_workers);
+  visit("suggestions", r.suggestions);
+}
+
 }  // namespace stoker

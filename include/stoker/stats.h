@@ -26,7 +26,7 @@ struct Stats {
   std::chrono::nanoseconds worker_busy{0};  // summed over workers: time spent in read()
   std::chrono::nanoseconds inline_busy{0};  // read() time on the consumer (workers = 0)
   // Of worker_busy, time on a CPU (the rest waited); with worker processes, the CPU time of
-  // their main threads too (the executor's, src/exec/executor.h), and their run delay below.
+  // their main threads too (the executor's, stoker/frontend/executor.h), and their run delay below.
   std::chrono::nanoseconds worker_cpu{0};
   // Skip policy, in the batches handed out: failed reads (a replacement that failed too
   // counts again), and the distinct samples among them (Loader::skipped_samples).

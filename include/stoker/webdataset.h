@@ -3,6 +3,7 @@
 // access, the global shuffle, exact resume, the RAM cache) like an image folder.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -77,6 +78,27 @@ struct ObjectStorageCounters {
   std::uint64_t fetch_ns = 0;
   std::uint64_t wait_ns = 0;
 };
+
+// The table of ObjectStorageCounters' fields (as for_each_stat is Stats'): visit(name, value)
+// for each, in declaration order; src/field_tables.cc checks at compile time that it names every
+// member.
+template <class Visit>
+void for_each_field(const ObjectStorageCounters& c, Visit&& visit) {
+  visit("requests", c.requests);
+  visit("list_requests", c.list_requests);
+  visit("head_requests", c.head_requests);
+  visit("get_requests", c.get_requests);
+  visit("bytes_fetched", c.bytes_fetched);
+  visit("retries", c.retries);
+  visit("failures", c.failures);
+  visit("cache_hits", c.cache_hits);
+  visit("cache_hit_bytes", c.cache_hit_bytes);
+  visit("cache_misses", c.cache_misses);
+  visit("chunk_fetches", c.chunk_fetches);
+  // Durations, as Stats' are (printed in seconds: "fetch_s", "wait_s").
+  visit("fetch", std::chrono::nanoseconds(c.fetch_ns));
+  visit("wait", std::chrono::nanoseconds(c.wait_ns));
+}
 
 // The data set. Samples are the runs of consecutive members of a shard with the same key (the
 // member's path up to the first dot of its base name), as the `webdataset` package groups

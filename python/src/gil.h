@@ -22,7 +22,7 @@
 #include <condition_variable>
 #include <cstddef>
 
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::python {
 

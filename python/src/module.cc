@@ -2,23 +2,26 @@
 // the public API; this module is its private engine room.
 #include <pybind11/chrono.h>
 #include <pybind11/numpy.h>
+#include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <string>
 
-#include "device/cuda_runtime.h"
-#include "memory/shared_memory.h"
-#include "memory/stream_copy.h"
 #include "native_datasets.h"
 #include "parquet_dataset.h"
 #include "py_dataset.h"
 #include "py_loader.h"
 #include "py_workers.h"
+#include "stoker/device.h"
 #include "stoker/encoded.h"
+#include "stoker/frontend/cuda_runtime.h"
+#include "stoker/frontend/shared_memory.h"
+#include "stoker/frontend/stream_copy.h"
+#include "stoker/frontend/worker_kind.h"
 #include "stoker/info.h"
 #include "stoker/log.h"
-#include "tune/worker_kind.h"
+#include "stoker/webdataset.h"
 
 namespace py = pybind11;
 using namespace stoker;
@@ -188,11 +191,7 @@ PYBIND11_MODULE(_stoker, m) {
           };
           r = pack_image_folder(src, dest, o);
         }
-        py::dict d;
-        d["records"] = r.records;
-        d["shards"] = r.shards;
-        d["bytes"] = r.bytes;
-        return d;
+        return fields_dict(r);
       },
       py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
       py::arg("on_progress") = py::none());
@@ -320,8 +319,17 @@ PYBIND11_MODULE(_stoker, m) {
         "STOKER_LOG=debug).");
   m.def("log_level", &log_level);
   m.def("stats_fields", &stats_fields);
+  // Every struct that crosses as a dict, by the keys of its field table (fields.h).
+  py::dict tables;
+  tables["Stats"] = stats_fields();
+  tables["Report"] = field_names<Report>();
+  tables["CudaInfo"] = field_names<CudaInfo>();
+  tables["PackResult"] = field_names<PackResult>();
+  tables["SourceCounters"] = field_names<EncodedSource::Counters>();
+  tables["ObjectStorageCounters"] = field_names<ObjectStorageCounters>();
+  m.attr("FIELDS") = tables;
 
-  // The front end's decisions about kinds of worker (src/tune/worker_kind.h).
+  // The front end's decisions about kinds of worker (src/tune/worker_kind.cc).
   m.def(
       "gil_bound",
       [](double busy, double on_cpu, double delayed, bool whole_batches) {
@@ -371,10 +379,25 @@ PYBIND11_MODULE(_stoker, m) {
           "(remote workers to use, the loop's wait share, the local workers' load), or None.");
   m.attr("TRACE_MAX_EVENTS") = TraceOptions{}.max_events;
 
+  // Where batches are delivered, as a value (stoker/device.h): Python asks it, never parses
+  // the name itself.
+  py::enum_<DeviceKind>(m, "DeviceKind")
+      .value("cpu", DeviceKind::cpu)
+      .value("cuda", DeviceKind::cuda)
+      .value("sim", DeviceKind::sim);
+  py::class_<Device>(m, "Device")
+      .def(py::init(&parse_device), py::arg("name"))
+      .def_readonly("kind", &Device::kind)
+      .def_readonly("index", &Device::index)
+      .def_property_readonly("is_cuda", &Device::is_cuda)
+      .def(py::self == py::self)  // NOLINT(misc-redundant-expression)
+      .def("__str__", [](const Device& d) { return to_string(d); })
+      .def("__repr__", [](const Device& d) { return "Device('" + to_string(d) + "')"; });
   py::class_<PyLoader>(m, "Loader")
       .def(py::init(&make_loader), py::arg("dataset"), py::arg("options"), py::arg("order"),
            py::arg("shared_slabs") = false)
       .def("next", &PyLoader::next, py::arg("timeout") = 0.0)
+      .def("device", [](PyLoader& l) { return parse_device(l.typed_stats().device); })
       .def("set_epoch", &PyLoader::set_epoch, py::arg("epoch"))
       .def("restore", &PyLoader::restore, py::arg("epoch"), py::arg("batch"))
       .def("restart_fresh", &PyLoader::restart_fresh, py::arg("epoch"))
@@ -459,14 +482,7 @@ PYBIND11_MODULE(_stoker, m) {
           py::gil_scoped_release release;
           info = stoker::cuda_info();
         }
-        py::dict d;
-        d["library"] = info.library.empty() ? py::object(py::none()) : py::str(info.library);
-        d["runtime_version"] = info.runtime_version;
-        d["driver_version"] = info.driver_version;
-        d["devices"] = info.devices;
-        d["why"] = info.why.empty() ? py::object(py::none()) : py::str(info.why);
-        d["searched"] = info.searched;
-        return d;
+        return fields_dict(info, EmptyString::none);  // no library, no reason: None
       },
       "What the search for the CUDA runtime found (stoker::cuda_info), loading it on the first "
       "call.");

@@ -3,13 +3,15 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <chrono>
 #include <span>
 #include <stdexcept>
 
+#include "fields.h"
 #include "gil.h"
-#include "image/resample.h"
-#include "source/remote.h"
+#include "stoker/frontend/object_files.h"
+#include "stoker/frontend/pixels.h"
 #include "stoker/image.h"
 #include "stoker/sources.h"
 #include "stoker/webdataset.h"
@@ -178,30 +180,13 @@ py::array decode_image_bytes(const py::bytes& data, const std::string& transform
 
 py::dict source_counters(const NativeDataset& dataset) {
   if (!dataset.source) throw py::type_error("stoker: not an image data set");
-  const auto c = dataset.source->counters();
-  py::dict d;
-  d["reads"] = c.reads;
-  d["storage_reads"] = c.storage_reads;
-  d["storage_bytes"] = c.storage_bytes;
-  d["cached"] = c.cached;
-  d["cached_bytes"] = c.cached_bytes;
-  return d;
+  return fields_dict(dataset.source->counters());
 }
 
 std::vector<std::string> object_files(const std::vector<std::string>& urls,
                                       const std::string& suffix) {
   py::gil_scoped_release nogil;  // listing and downloading may take a while
-  auto files = detail::remote_files("", detail::kDefaultObjectCacheBytes);
-  std::vector<const detail::RemoteObject*> objects;
-  const auto resolved = files->resolve(urls, suffix);
-  for (const auto& per_url : resolved) {
-    for (const auto& o : per_url) objects.push_back(&o);
-  }
-  std::vector<std::string> out(objects.size());
-  constexpr std::size_t kDownloads = 8;  // objects fetched at once (each a stream of ranges)
-  detail::parallel_for(objects.size(), kDownloads,
-                       [&](std::size_t i) { out[i] = files->local_file(*objects[i]); });
-  return out;
+  return detail::local_object_files(urls, suffix);
 }
 
 std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(
@@ -214,24 +199,9 @@ std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_obje
 }
 
 py::dict object_storage_counters(const NativeDataset& dataset) {
-  py::dict d;
   const auto* w = dynamic_cast<const WebDataset*>(dataset.dataset.get());
-  if (w == nullptr) return d;
-  const ObjectStorageCounters c = w->object_storage_counters();
-  d["requests"] = c.requests;
-  d["list_requests"] = c.list_requests;
-  d["head_requests"] = c.head_requests;
-  d["get_requests"] = c.get_requests;
-  d["bytes_fetched"] = c.bytes_fetched;
-  d["retries"] = c.retries;
-  d["failures"] = c.failures;
-  d["cache_hits"] = c.cache_hits;
-  d["cache_hit_bytes"] = c.cache_hit_bytes;
-  d["cache_misses"] = c.cache_misses;
-  d["chunk_fetches"] = c.chunk_fetches;
-  d["fetch_s"] = 1e-9 * static_cast<double>(c.fetch_ns);
-  d["wait_s"] = 1e-9 * static_cast<double>(c.wait_ns);
-  return d;
+  if (w == nullptr) return {};
+  return fields_dict(w->object_storage_counters());
 }
 
 py::list read_sample(const NativeDataset& dataset, std::size_t index, std::uint64_t seed) {
@@ -270,24 +240,20 @@ py::array to_tensor(const py::array& pixels, const std::vector<float>& mean,
   const auto height = static_cast<int>(pixels.shape(0));
   const auto width = static_cast<int>(pixels.shape(1));
   py::array_t<float> out({py::ssize_t{3}, pixels.shape(0), pixels.shape(1)});
-  image::OutputArgs args;
-  args.out = std::span(reinterpret_cast<std::byte*>(out.mutable_data()),
-                       static_cast<std::size_t>(out.nbytes()));
-  args.dtype = DType::f32;
-  args.width = width;
-  args.height = height;
-  if (mean.empty() && std.empty()) {
-    image::normalize_args({0, 0, 0}, {1, 1, 1}, args);  // ToTensor alone
-  } else if (mean.size() == 3 && std.size() == 3) {
-    image::normalize_args({mean[0], mean[1], mean[2]}, {std[0], std[1], std[2]}, args);
-  } else {
+  std::array<float, 3> m{0, 0, 0};  // ToTensor alone
+  std::array<float, 3> s{1, 1, 1};
+  if (mean.size() == 3 && std.size() == 3) {
+    m = {mean[0], mean[1], mean[2]};
+    s = {std[0], std[1], std[2]};
+  } else if (!mean.empty() || !std.empty()) {
     throw py::value_error("stoker: to_tensor's mean and std have 3 values each, or none");
   }
   const auto* in = static_cast<const std::uint8_t*>(pixels.data());
   const auto row_stride = static_cast<std::size_t>(pixels.strides(0));
+  const std::span<float> chw(out.mutable_data(), static_cast<std::size_t>(out.size()));
   {
     py::gil_scoped_release nogil;
-    image::write_pixels(in, row_stride, args);
+    detail::pixels_to_tensor(in, row_stride, width, height, m, s, chw);
   }
   return out;
 }

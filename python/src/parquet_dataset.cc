@@ -15,8 +15,8 @@
 
 #include "gil.h"
 #include "host_array.h"
+#include "stoker/frontend/mutex.h"
 #include "stoker/image.h"
-#include "util/mutex.h"
 
 namespace stoker::python {
 namespace {

@@ -51,8 +51,8 @@
 #include "host_array.h"
 #include "py_layout.h"
 #include "stoker/dataset.h"
+#include "stoker/frontend/mutex.h"
 #include "stoker/loader.h"
-#include "util/mutex.h"
 
 namespace stoker::python {
 

@@ -1,6 +1,6 @@
 // The kinds of worker a Python data set is read by, as the engine's chunk executors
-// (src/exec/executor.h): the engine's worker thread that claimed a chunk offers it to them in
-// turn (remote workers, then worker processes, then the thread itself), so scheduling, order,
+// (stoker/frontend/executor.h): the engine's worker thread that claimed a chunk offers it to them
+// in turn (remote workers, then worker processes, then the thread itself), so scheduling, order,
 // exactly-once delivery, cancellation and the error policy are the engine's for every kind.
 //
 //   RemoteExecutor   a remote worker on Ray, when one is free (python/stoker/remote/pool.py);
@@ -24,9 +24,9 @@
 #include <memory>
 #include <vector>
 
-#include "exec/executor.h"
 #include "py_dataset.h"
 #include "py_workers.h"
+#include "stoker/frontend/executor.h"
 
 namespace stoker::python {
 

@@ -275,24 +275,8 @@ py::dict PyLoader::stats() {
 
 py::dict PyLoader::report() {
   const Report r = released([](Loader& loader) { return loader.report(); });
-  py::dict d;
-  d["verdict"] = r.verdict;
+  py::dict d = fields_dict(r);
   d["text"] = r.text();
-  d["wait_fraction"] = r.wait_fraction;
-  d["samples_per_second"] = r.samples_per_second;
-  d["workers"] = r.workers;
-  d["worker_busy"] = r.worker_busy;
-  d["worker_cores"] = r.worker_cores;
-  d["cpu_cores"] = r.cpu_cores;
-  d["gil_busy"] = r.gil_busy;
-  d["worker_run_delay"] = r.worker_run_delay;
-  d["network_wait"] = r.network_wait;
-  d["network_bytes_per_second"] = r.network_bytes_per_second;
-  d["remote_busy"] = r.remote_busy;
-  d["busiest"] = r.busiest;
-  d["busiest_load"] = r.busiest_load;
-  d["more_workers"] = r.more_workers;
-  d["suggestions"] = r.suggestions;
   return d;
 }
 

@@ -26,12 +26,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "fields.h"
 #include "host_array.h"
-#include "loader_internals.h"
 #include "py_dataset.h"
 #include "py_workers.h"
+#include "stoker/frontend/loader_internals.h"
+#include "stoker/frontend/mutex.h"
 #include "stoker/loader.h"
-#include "util/mutex.h"
 
 namespace stoker::python {
 
@@ -108,7 +109,7 @@ class PyLoader {
   void set_workers(std::size_t workers);
   void set_depth(std::size_t depth);
   py::dict stats();
-  // The same, as the struct (for the worker-kind decisions, src/tune/worker_kind.h), and the
+  // The same, as the struct (for the worker-kind decisions, src/tune/worker_kind.cc), and the
   // samples read on threads so far (those holding the GIL; 0 for a native data set).
   Stats typed_stats();
   std::uint64_t thread_reads() const;
@@ -175,22 +176,6 @@ class PyLoader {
   detail::Mutex call_mu_;  // one consumer call at a time
   bool closed_ = false;
 };
-
-// A Stats field as Python sees it (stoker/stats.h's table): durations in seconds, named
-// "<field>_s"; the rest as they are.
-template <class T>
-std::string py_stat_name(const char* name, const T&) {
-  if constexpr (std::is_same_v<T, std::chrono::nanoseconds>) return std::string(name) + "_s";
-  return name;
-}
-template <class T>
-py::object py_stat_value(const T& value) {
-  if constexpr (std::is_same_v<T, std::chrono::nanoseconds>) {
-    return py::float_(to_seconds(value));
-  } else {
-    return py::cast(value);
-  }
-}
 
 // The Python exception type raised for a sample that failed in native code (and for a Python
 // one whose exception was no longer kept): stoker.SampleError. Set once at module import.

@@ -15,11 +15,11 @@
 #include <utility>
 
 #include "gil.h"
-#include "memory/shared_memory.h"
 #include "py_dataset.h"
-#include "trace/trace.h"
-#include "util/log.h"
-#include "util/schedstat.h"
+#include "stoker/frontend/log.h"
+#include "stoker/frontend/schedstat.h"
+#include "stoker/frontend/shared_memory.h"
+#include "stoker/frontend/tracer.h"
 
 namespace stoker::python {
 namespace {

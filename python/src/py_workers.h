@@ -3,7 +3,7 @@
 // N persistent child processes (started by python/stoker/workers/processes.py with multiprocessing,
 // honouring multiprocessing_context) each call __getitem__ (or __getitems__) and write the
 // sample's arrays straight into its row of the batch slab, which lives in shared memory (a
-// memfd per slab, src/memory/shared_memory.h) mapped in both processes. Only indices, small
+// memfd per slab, stoker/frontend/shared_memory.h) mapped in both processes. Only indices, small
 // object values and errors cross the socket; array bytes never do, so every byte is copied
 // once, as on threads. The exception: before the layout is known, each worker's first
 // sample (a probe) is sent back whole, pickled, and written by the parent.
@@ -45,10 +45,10 @@
 #include <string>
 #include <vector>
 
-#include "exec/executor.h"
-#include "memory/shared_memory.h"
 #include "py_layout.h"
 #include "stoker/dataset.h"
+#include "stoker/frontend/executor.h"
+#include "stoker/frontend/shared_memory.h"
 
 namespace stoker::python {
 

@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "memory/host_allocator.h"
 #include "memory/slab_pool.h"
+#include "stoker/frontend/host_allocator.h"
 #include "stoker/options.h"
 
 namespace stoker::detail {

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <utility>
 
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::detail {
 namespace {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "stoker/frontend/cuda_runtime.h"  // add_cuda_runtime_hints
 #include "stoker/info.h"
 
 namespace stoker::detail {
@@ -76,10 +77,6 @@ std::shared_ptr<const CudaRuntime> load_cuda_runtime(const std::vector<std::stri
 // The places the process-wide runtime is searched in (see stoker::CudaInfo): `hint_dirs`
 // after $STOKER_CUDA_RUNTIME, before the system's.
 std::vector<std::string> default_cuda_runtime_places(const std::vector<std::string>& hint_dirs);
-
-// Directories to search before the system's (the Python package passes the PyTorch wheel's).
-// Only a search not yet made sees them. Thread safety: any thread.
-void add_cuda_runtime_hints(const std::vector<std::string>& dirs);
 
 // The process-wide runtime, loaded on the first call. Thread safety: any thread.
 std::shared_ptr<const CudaRuntime> cuda_runtime();

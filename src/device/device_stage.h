@@ -22,8 +22,8 @@
 #include "memory/recycling_pool.h"
 #include "memory/slab_pool.h"
 #include "stoker/batch.h"
+#include "stoker/frontend/tracer.h"
 #include "stoker/stats.h"
-#include "trace/trace.h"
 
 namespace stoker::detail {
 

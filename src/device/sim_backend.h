@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "device/backend.h"
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::detail {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "util/log.h"
-#include "util/schedstat.h"
+#include "stoker/frontend/log.h"
+#include "stoker/frontend/schedstat.h"
 
 namespace stoker::detail {
 namespace {

@@ -53,15 +53,15 @@
 #include <utility>
 #include <vector>
 
-#include "exec/executor.h"
 #include "memory/recycling_pool.h"
 #include "memory/slab_pool.h"
 #include "sampler/sampler.h"
 #include "stoker/batch.h"
+#include "stoker/frontend/executor.h"
+#include "stoker/frontend/mutex.h"
+#include "stoker/frontend/tracer.h"
 #include "stoker/options.h"
 #include "stoker/stats.h"
-#include "trace/trace.h"
-#include "util/mutex.h"
 
 namespace stoker::detail {
 

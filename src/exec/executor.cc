@@ -1,4 +1,4 @@
-#include "exec/executor.h"
+#include "stoker/frontend/executor.h"
 
 #include <algorithm>
 #include <utility>

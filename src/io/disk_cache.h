@@ -8,7 +8,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::io {
 

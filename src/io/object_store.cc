@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "io/disk_cache.h"
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::io {
 

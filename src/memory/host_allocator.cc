@@ -1,4 +1,4 @@
-#include "memory/host_allocator.h"
+#include "stoker/frontend/host_allocator.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::detail {
 

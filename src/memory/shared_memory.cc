@@ -1,4 +1,4 @@
-#include "memory/shared_memory.h"
+#include "stoker/frontend/shared_memory.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <system_error>
 
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::detail {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "util/log.h"
+#include "stoker/frontend/log.h"
 
 namespace stoker::detail {
 namespace {

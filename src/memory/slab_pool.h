@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "memory/batch_owner.h"
-#include "memory/host_allocator.h"
 #include "memory/recycling_pool.h"
+#include "stoker/frontend/host_allocator.h"
 
 namespace stoker::detail {
 

@@ -1,4 +1,4 @@
-#include "memory/stream_copy.h"
+#include "stoker/frontend/stream_copy.h"
 
 #include <cstdint>
 #include <cstring>

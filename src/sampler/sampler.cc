@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "util/random.h"
+#include "stoker/frontend/random.h"
 
 namespace stoker::detail {
 namespace {

@@ -2,7 +2,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "memory/host_allocator.h"
+#include "stoker/frontend/host_allocator.h"
 #include "stoker/sources.h"
 
 namespace stoker {

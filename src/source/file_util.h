@@ -8,12 +8,9 @@
 #include <vector>
 
 #include "stoker/encoded.h"
+#include "stoker/frontend/files.h"  // read_whole_file
 
 namespace stoker::detail {
-
-// Reads the whole file at `path` into `out` (resized to the file's size; its capacity reused).
-// Throws std::runtime_error "<path>: <reason>".
-void read_whole_file(const std::string& path, std::vector<std::byte>& out);
 
 // Reads served from storage (files, mapped shards), counted for EncodedSource::counters().
 // Thread safety: add() from any thread.

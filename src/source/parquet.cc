@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker {
 namespace {

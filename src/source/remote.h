@@ -18,8 +18,8 @@
 #include <string_view>
 #include <vector>
 
+#include "stoker/frontend/mutex.h"
 #include "stoker/webdataset.h"
-#include "util/mutex.h"
 
 namespace stoker::io {
 class ObjectStore;

@@ -24,7 +24,7 @@
 #include "source/file_util.h"
 #include "source/remote.h"
 #include "source/tar_index.h"
-#include "util/log.h"
+#include "stoker/frontend/log.h"
 
 namespace stoker {
 namespace {

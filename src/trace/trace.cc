@@ -1,5 +1,3 @@
-#include "trace/trace.h"
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,7 +8,8 @@
 #include <system_error>
 #include <utility>
 
-#include "util/log.h"
+#include "stoker/frontend/log.h"
+#include "stoker/frontend/tracer.h"
 
 namespace stoker::detail {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "stoker/frontend/log.h"
 #include "util/format.h"
-#include "util/log.h"
 
 namespace stoker::detail {
 

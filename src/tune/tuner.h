@@ -11,8 +11,8 @@
 #include <optional>
 #include <string>
 
+#include "stoker/frontend/mutex.h"
 #include "stoker/stats.h"
-#include "util/mutex.h"
 
 namespace stoker::detail {
 

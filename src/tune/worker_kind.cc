@@ -1,4 +1,4 @@
-#include "tune/worker_kind.h"
+#include "stoker/frontend/worker_kind.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "util/log.h"
+#include "stoker/frontend/log.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -380,7 +380,7 @@ def test_the_device_step_reaches_tensors_in_any_nesting():
     assert type(moved) is dict and type(moved["a"][1]) is tuple and type(moved["b"]) is Pair
     assert torch.equal(moved["a"][0], torch.ones(2)) and moved["a"][1][1] == "s"
     assert torch.equal(moved["b"].x, torch.full((3,), 2.0)) and moved["b"].name == 7
-    assert stoker.loader.collate.mover("cpu", False)(batch) is batch
+    assert stoker.loader.collate.mover(stoker._stoker.Device("cpu"), False)(batch) is batch
 
 
 @pytest.mark.parametrize("worker_type", ["thread", "process"])

@@ -436,6 +436,59 @@ def test_stats_keys_are_the_cpp_stats_fields():
     assert set(loader.stats()) == set(fields) | derived | python_only
     assert {"worker_cpu_s", "consumer_wait_s", "copies", "device"} <= set(fields)
     assert loader.stats()["batches"] == 2
+    assert fields == _stoker.FIELDS["Stats"]
+
+
+def test_every_dict_from_cpp_is_its_field_table(tmp_path):
+    # Report, CudaInfo, PackResult and the source and object-storage counters cross as dicts
+    # made from their C++ field tables (python/src/fields.h; src/field_tables.cc checks at
+    # compile time that each table names every member): the keys are the table's, plus what
+    # the Python package adds, named here.
+    from stoker import _stoker
+    tables = _stoker.FIELDS
+    assert set(tables) == {"Stats", "Report", "CudaInfo", "PackResult", "SourceCounters",
+                           "ObjectStorageCounters"}
+    for name, keys in tables.items():
+        assert keys and len(keys) == len(set(keys)), name
+    ds = stoker.ArrayDataset(np.zeros((8, 2), np.float32))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=1)
+    assert len(list(loader)) == 2
+    report = loader.report()
+    assert set(report) == set(tables["Report"]) | {"text", "plan"}
+    assert report["verdict"] and report["workers"] == 1
+    assert set(_stoker.cuda_info()) == set(tables["CudaInfo"])
+    Image = pytest.importorskip("PIL.Image")
+    for i in range(2):
+        folder = tmp_path / "src" / f"c{i}"
+        folder.mkdir(parents=True)
+        Image.fromarray(np.full((8, 8, 3), 40 * i, np.uint8)).save(folder / "a.png")
+    packed = stoker.pack(tmp_path / "src", tmp_path / "packed")
+    assert set(packed) == set(tables["PackResult"])
+    assert packed["records"] == 2 and packed["classes"] == 2
+    images = stoker.ImageFolder(tmp_path / "src", transform=stoker.transforms.val(8, 8))
+    images[0]
+    counters = images.counters()
+    assert set(counters) == set(tables["SourceCounters"]) and counters["reads"] == 1
+    # Durations are in seconds, as in stats(): "fetch_s", "wait_s".
+    storage = set(tables["ObjectStorageCounters"])
+    assert {"requests", "get_requests", "fetch_s", "wait_s"} <= storage
+
+
+def test_the_device_is_a_value_parsed_once_in_cpp():
+    from stoker import _stoker
+    assert _stoker.Device("cuda:1").kind == _stoker.DeviceKind.cuda
+    assert _stoker.Device("cuda:1").index == 1 and _stoker.Device("cuda").index == -1
+    assert _stoker.Device("cuda:1").is_cuda and not _stoker.Device("sim").is_cuda
+    assert str(_stoker.Device("cuda:3")) == "cuda:3" and str(_stoker.Device("cpu")) == "cpu"
+    assert _stoker.Device("sim") == _stoker.Device("sim")
+    with pytest.raises(ValueError, match="device 'mps' is not one of cpu, cuda, cuda:N, sim"):
+        _stoker.Device("mps")
+    with pytest.raises(ValueError, match="device 'cuda:x': expected cuda:N"):
+        _stoker.Device("cuda:x")
+    ds = stoker.ArrayDataset(np.zeros((8, 2), np.float32))
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=1)
+    next(iter(loader))
+    assert loader._pipeline._loader.device() == _stoker.Device(loader.stats()["device"])
 
 
 def test_options_are_checked_by_name():

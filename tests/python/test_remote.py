@@ -402,7 +402,7 @@ def test_an_actor_is_started_when_first_asked_for_and_stopped_when_given_back(cl
                                remote=stoker.ray_workers(2))
     assert loader.stats()["remote"]["pids"] == [None, None]
 
-    def set_active(n):  # what the loader's own policy does (RemoteWorkerTuner, src/tune/worker_kind.h)
+    def set_active(n):  # what the loader's own policy does (RemoteWorkerTuner, src/tune/worker_kind.cc)
         loader._pipeline.set_remote_active(n)
 
     set_active(1)

@@ -79,7 +79,7 @@ def test_reached_is_where_the_throughput_stays_within_reach():
 
 
 def test_remote_workers_are_asked_for_only_past_saturated_local_workers():
-    # The policy is src/tune/worker_kind.h's (tests/worker_kind_test.cc); this is its binding.
+    # The policy is src/tune/worker_kind.cc's (tests/worker_kind_test.cc); this is its binding.
     from stoker._stoker import next_remote_workers as next_active
 
     # The loop waits and the local workers are saturated: one more, up to the count.

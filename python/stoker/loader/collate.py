@@ -45,15 +45,15 @@ def _stack(batch, *, collate_fn_map=None):
     return torch.stack(batch, 0)
 
 
-def mover(device: str, pin: bool) -> Callable:
+def mover(device, pin: bool) -> Callable:
     """What a batch path's batch goes through in the training loop: its tensors (in any
-    nesting) moved to `device` ('cuda[:N]'); a batch for the CPU as it is. With `pin` (set
-    where a GPU reads the batches) worker threads pin the collate output first (pinned()), so
-    the copy is an asynchronous DMA."""
-    if not device.startswith("cuda"):
+    nesting) moved to `device` (a _stoker.Device) if it is a CUDA device; a batch for the CPU
+    as it is. With `pin` (set where a GPU reads the batches) worker threads pin the collate
+    output first (pinned()), so the copy is an asynchronous DMA."""
+    if not device.is_cuda:
         return lambda batch: batch
     torch = _torch()
-    target = torch.device(device)
+    target = torch.device(str(device))
     return lambda batch: _tree_map(
         batch, lambda t: t.to(target, non_blocking=pin and t.is_pinned()))
 

@@ -53,7 +53,7 @@ class EnginePipeline(Pipeline):
             self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
             if self._jobs is not None:
                 self._handle.set_batch_jobs(self._jobs.job_args)
-        # The two decisions taken while it runs (src/tune/worker_kind.h): worker_type='auto',
+        # The two decisions taken while it runs (src/tune/worker_kind.cc): worker_type='auto',
         # and with num_workers='auto' and remote=, how many remote workers to use.
         self._choice = (_stoker.WorkerKindChooser(self._jobs is not None)
                         if plan.measure_worker_type else None)
@@ -106,8 +106,7 @@ class EnginePipeline(Pipeline):
         if plan.native:
             self._make_batches(plan.dataset._structure())
         if self._jobs is not None:
-            on_device = self._loader.stats()["device"] not in ("cpu", "sim")
-            self._finish_batch_jobs(on_device or plan.pin_always)
+            self._finish_batch_jobs(self._loader.device().is_cuda or plan.pin_always)
         self._samples = compat.sized(index["dataset"])
         # A data set of URL shards: its object store's counters at the loader's start.
         self._storage = getattr(plan.dataset, "object_storage", None) if plan.native else None
@@ -422,7 +421,7 @@ class EnginePipeline(Pipeline):
         threads."""
         if pin:
             self._jobs.collate_fn = pinned(self._jobs.collate_fn)
-        move = mover(self._loader.stats()["device"], pin)
+        move = mover(self._loader.device(), pin)
         self._as_arrays = False
         self._convert = lambda fields: None  # a batch job's batch is its one object value
         self._build = lambda arrays, objects: move(objects[0][0])
@@ -448,7 +447,7 @@ class EnginePipeline(Pipeline):
         known (a Python data set's, from the first sample read)."""
         self._build = batch_builder(structure, None)
         self._as_arrays, self._convert = converter(
-            _element_types(structure), self._loader.stats()["device"] not in ("cpu", "sim"))
+            _element_types(structure), self._loader.device().is_cuda)
 
 
 def _element_types(structure) -> list[str]:
@@ -472,9 +471,10 @@ def _training_stream(plan: Plan) -> int:
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_available():
         return 0
-    if not (plan.device.startswith("cuda") or plan.pin_memory == "on"):
+    on_gpu = _stoker.Device(plan.device).is_cuda
+    if not (on_gpu or plan.pin_memory == "on"):
         return 0
-    on = torch.device(plan.device) if plan.device.startswith("cuda") else None
+    on = torch.device(plan.device) if on_gpu else None
     return torch.cuda.current_stream(on).cuda_stream
 
 

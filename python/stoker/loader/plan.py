@@ -175,7 +175,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     workers_given = num_workers != "auto"
     workers = host.cpu_share if num_workers == "auto" else int(num_workers)
     # The engine's tuner counts threads: with remote workers the local count stays fixed and,
-    # with 'auto', the loader asks for remote workers itself (RemoteWorkerTuner, src/tune/worker_kind.h).
+    # with 'auto', the loader asks for remote workers itself (RemoteWorkerTuner, src/tune/worker_kind.cc).
     tune = num_workers == "auto" and remote is None
     max_workers = 0
     if tune:
@@ -316,9 +316,9 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
     else:
         chosen, reason = worker_type, "asked for"
     resolved, log = _device(device), ()
-    if resolved.startswith("cuda") and not host.has_gpu:
+    if _stoker.Device(resolved).is_cuda and not host.has_gpu:
         resolved, log = "cpu", ("stoker: no GPU answers; batches stay on the CPU",)
-    pin = resolved.startswith("cuda") or (pin_memory is True and host.has_gpu)
+    pin = _stoker.Device(resolved).is_cuda or (pin_memory is True and host.has_gpu)
     return Plan(
         mode=STREAM, pipeline=f"python: a stream of {type(dataset).__name__}, iterated and "
                               f"collated in each worker",

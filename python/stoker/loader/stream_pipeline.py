@@ -12,10 +12,11 @@ import os
 import time
 from typing import Optional
 
+from .. import _stoker
 from ..distributed import world
 from ..workers.jobs import StreamJobs
-from . import elastic
 from ..workers.processes import ProcessWorkers
+from . import elastic
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import Plan
@@ -49,7 +50,7 @@ class StreamPipeline(Pipeline):
         self._streams = Streams(
             dataset=plan.dataset, workers=plan.num_workers, depth=plan.depth,
             collate_fn=collate, batch_size=plan.batch_size, drop_last=plan.drop_last,
-            setup=setup, processes=processes, finish=mover(plan.device, pin),
+            setup=setup, processes=processes, finish=mover(_stoker.Device(plan.device), pin),
             generator=plan.generator)
         self.reported_len: Optional[int] = None  # len(dataset) when len(loader) was asked
         self._epoch = 0  # the epoch running

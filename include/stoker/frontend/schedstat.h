@@ -1,6 +1,8 @@
 // Linux's scheduler statistics of one task (/proc/<pid>/schedstat, /proc/self/task/<tid>/
 // schedstat): how long it ran on a CPU and how long it was runnable but waited for one. The
 // engine reads its worker threads', the Python package its worker processes'.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstdint>

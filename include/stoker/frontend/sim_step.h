@@ -1,5 +1,6 @@
 // The simulated-device step harness: how long one training step takes when batches are copied
-// to the simulated device while the consumer's kernel computes.
+// to the simulated device while the consumer's kernel computes (`stoker bench --device sim`,
+// tests/device_test.cc). Unstable: part of the front ends' seam (frontend/README.md).
 #pragma once
 
 #include <cstddef>
@@ -7,7 +8,7 @@
 
 #include "stoker/dataset.h"
 
-namespace stoker::testing {
+namespace stoker::detail {
 
 struct SimSteps {
   double step_s = 0;        // simulated seconds per batch after the first (NaN: one batch)
@@ -21,4 +22,4 @@ struct SimSteps {
 SimSteps sim_step(const std::shared_ptr<const Dataset>& ds, std::size_t batch, double copy_s,
                   double compute_s, std::size_t device_depth);
 
-}  // namespace stoker::testing
+}  // namespace stoker::detail

@@ -1,4 +1,4 @@
-#include "support/sim_step.h"
+#include "stoker/frontend/sim_step.h"
 
 #include <chrono>
 #include <limits>
@@ -8,7 +8,7 @@
 #include "device/sim_backend.h"
 #include "stoker/loader.h"
 
-namespace stoker::testing {
+namespace stoker::detail {
 
 SimSteps sim_step(const std::shared_ptr<const Dataset>& ds, std::size_t batch, double copy_s,
                   double compute_s, std::size_t device_depth) {
@@ -40,4 +40,4 @@ SimSteps sim_step(const std::shared_ptr<const Dataset>& ds, std::size_t batch, d
   return {(ends[k - 1] - ends[0]) / static_cast<double>(k - 1), k};
 }
 
-}  // namespace stoker::testing
+}  // namespace stoker::detail

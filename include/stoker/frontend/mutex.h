@@ -1,5 +1,7 @@
 // A mutex and scoped lock that clang's -Wthread-safety can check (std::mutex in libstdc++ is
 // not annotated). With other compilers the annotations compile to nothing.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <chrono>

@@ -15,8 +15,8 @@
 
 #include "bench_util.h"
 #include "interrupt.h"
-#include "memory/host_allocator.h"
 #include "progress.h"
+#include "stoker/frontend/host_allocator.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
 

@@ -2,6 +2,8 @@
 // thread or by the device's copy engine, so large copies bypass the cache with streaming
 // stores: that saves the read-for-ownership of every destination line (a third of the memory
 // traffic of an ordinary copy) and keeps the cache for the source.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstddef>

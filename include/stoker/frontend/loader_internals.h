@@ -1,10 +1,12 @@
 // Loader options for stoker's own components, not for users: they name internal types.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <memory>
 
-#include "exec/executor.h"
-#include "memory/host_allocator.h"
+#include "stoker/frontend/executor.h"
+#include "stoker/frontend/host_allocator.h"
 
 namespace stoker::detail {
 
@@ -20,7 +22,7 @@ struct LoaderInternals {
   // answers). Tests put the simulated device here.
   std::shared_ptr<DeviceBackend> host_device;
   // The kinds of worker other than the engine's threads that read chunks (worker processes,
-  // remote workers: exec/executor.h), which the front end may add to while the loader runs
+  // remote workers: executor.h), which the front end may add to while the loader runs
   // (null: threads only).
   std::shared_ptr<Executors> executors;
 };

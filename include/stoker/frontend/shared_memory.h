@@ -9,6 +9,8 @@
 // The registry maps any address inside a live allocation to its region (id, fd, offset), so
 // the code that sends a worker a job can name "row r of field f of this slab" as (region id,
 // byte offset) without the slab pool knowing about processes.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +19,7 @@
 #include <optional>
 #include <vector>
 
-#include "memory/host_allocator.h"
+#include "stoker/frontend/host_allocator.h"
 
 namespace stoker::detail {
 

@@ -1,6 +1,8 @@
 // SplitMix64 (Steele, Lea and Flood, 2014): the one generator stoker draws its random numbers
 // from (sample order, per-sample augmentation, generated benchmark data). Fast, 64 bits of
 // state, and identical on every platform, so results are a pure function of the seed.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstdint>

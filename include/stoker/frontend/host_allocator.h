@@ -1,5 +1,7 @@
 // Host memory for slabs and in-memory arrays, and the process-wide budget for page-locked
 // memory.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstddef>

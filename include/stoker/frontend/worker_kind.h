@@ -6,6 +6,8 @@
 //     decided once from the first batches read on threads;
 //   - num_workers='auto' with remote=: how many remote workers to use, one more or one fewer
 //     every kRemoteTuneBatches batches.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstddef>

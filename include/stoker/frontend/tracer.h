@@ -17,6 +17,8 @@
 // Thread safety: on(), record() and the static members from any thread; start() and stop()
 // from one thread at a time (the loader's consumer). A Tracer outlives every thread that
 // records into it (the loader destroys its engine first).
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <atomic>
@@ -27,8 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "stoker/frontend/mutex.h"
 #include "stoker/trace.h"
-#include "util/mutex.h"
 
 namespace stoker::detail {
 

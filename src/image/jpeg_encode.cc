@@ -1,4 +1,4 @@
-#include "support/jpeg.h"
+#include "stoker/frontend/jpeg_encode.h"
 
 // clang-format off
 #include <cstdio>  // jpeglib.h needs FILE and size_t first
@@ -7,7 +7,7 @@
 
 #include <cstdlib>
 
-namespace stoker::testing {
+namespace stoker::detail {
 
 std::vector<std::byte> encode_jpeg(const std::vector<std::uint8_t>& pixels, int width, int height,
                                    int components, int quality, bool subsample, bool progressive,
@@ -58,4 +58,4 @@ std::vector<std::byte> encode_jpeg(const std::vector<std::uint8_t>& pixels, int 
   return out;
 }
 
-}  // namespace stoker::testing
+}  // namespace stoker::detail

@@ -8,6 +8,8 @@
 //
 // Thread safety: offer() from any number of engine threads at once; limit(), stats() and
 // stop() from any thread.
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <chrono>
@@ -19,7 +21,7 @@
 #include <vector>
 
 #include "stoker/dataset.h"
-#include "util/mutex.h"
+#include "stoker/frontend/mutex.h"
 
 namespace stoker::detail {
 
