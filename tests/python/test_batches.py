@@ -217,7 +217,9 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, work
     # first: read, step and the hand-over's two sides, none negative.
     assert len(asked) == 1 and min(asked[0][:4]) >= 0 and asked[0][4] >= 1
     assert loader.stats()["worker_type_reason"] == f"auto: chose {workers} (forced)"
-    assert f"(auto: chose {workers} (forced))" in str(loader.report())
+    report = loader.report()
+    assert report["readers"] == ("1 process worker(s)" if workers else "read in-line")
+    assert str(report).endswith(f"{report['readers']}: auto: chose {workers} (forced)")
     loader.close()
 
 

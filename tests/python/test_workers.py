@@ -480,6 +480,9 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     stats = loader.stats()
     assert (stats["worker_type"], stats["worker_type_reason"]) == ("process", "auto: forced")
     assert len(stats["worker_pids"]) == loader.num_workers
+    report = loader.report()
+    assert report["readers"] == f"{loader.num_workers} process worker(s)"
+    assert report["readers_reason"] == "auto: forced"
     loader.close()
 
 

@@ -132,8 +132,8 @@ class StreamPipeline(Pipeline):
         readers = (f"from {self.num_workers} {self.worker_type} worker(s)" if self.num_workers
                    else "read in-line")
         text = (f"stream: the training loop waited {stats['wait_fraction']:.0%} of its time "
-                f"for {stats['batches']} batches {readers} ({self.worker_type_reason}); the "
-                f"engine's analysis (busiest stage, more workers) covers map-style data sets")
+                f"for {stats['batches']} batches {readers}; the engine's analysis (busiest "
+                f"stage, more workers) covers map-style data sets")
         return {"verdict": "stream", "text": text, **stats}
 
     def trace(self, path: Optional[str], max_events: int) -> None:
