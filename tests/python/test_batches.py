@@ -193,7 +193,7 @@ def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
 
 
 @pytest.mark.parametrize("workers", [0, 1])
-def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, workers):
+def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_path, workers):
     # The choice itself is choose_stream_workers' (tests/worker_kind_test.cc); here it is
     # forced, and each epoch must still read the whole stream once, in order.
     from stoker.loader import stream_pipeline
@@ -206,6 +206,7 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, work
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers", choose)
     loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
+    loader.trace(str(tmp_path / "trace.json"))
     assert (loader.num_workers, loader.stats()["worker_type_reason"]) == (
         0, "auto: epoch 1 read in-line and measured, to choose in-line or one process")
     whole = list(range(40))
@@ -220,7 +221,11 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, work
     report = loader.report()
     assert report["readers"] == ("1 process worker(s)" if workers else "read in-line")
     assert str(report).endswith(f"{report['readers']}: auto: chose {workers} (forced)")
-    loader.close()
+    loader.close()  # writes the trace: the decision is on it
+    import json
+
+    names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
+    assert f"workers: auto: chose {workers} (forced)" in names
 
 
 def test_a_short_stream_on_auto_measures_over_epochs_until_enough_batches(monkeypatch):

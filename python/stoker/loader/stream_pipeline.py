@@ -91,6 +91,9 @@ class StreamPipeline(Pipeline):
         if decision is None:
             return
         workers, self.worker_type_reason = decision
+        if self._trace is not None:  # the decision on the timeline, with its evidence
+            now = time.perf_counter()
+            self._trace.event(f"workers: {self.worker_type_reason}", now, now)
         if workers:
             self._streams.use_processes(self._choice.make)
             self.worker_type, self.num_workers = "process", 1
