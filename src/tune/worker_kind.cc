@@ -42,7 +42,7 @@ StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores) {
   out.worker_s = std::max(
       {worker, loop, (worker + loop) / static_cast<double>(std::max<std::size_t>(cores, 1))});
   const std::string measured = format(
-      "epoch 1 in-line measured a batch read in %.3f ms and the training loop's %.3f ms "
+      "read in-line, a batch took %.3f ms to read and the training loop spent %.3f ms "
       "between batches; a hand-over costs the worker %.3f ms and the loop %.3f ms, so %.3f ms "
       "a batch in-line against %.3f ms with one worker process",
       1e3 * c.read, 1e3 * c.step, 1e3 * c.pack, 1e3 * c.unpack, 1e3 * out.inline_s,
@@ -53,13 +53,15 @@ StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores) {
   }
   if (out.worker_s <= (1 - kStreamGain) * out.inline_s) {
     out.workers = 1;
-    out.reason = "auto: one worker process from epoch 2 (" + measured + ")";
+    out.reason = "auto: one worker process from the next epoch (" + measured + ")";
   } else {
-    const char* why = c.step <= c.pack     ? "the loop's own time between batches is below a "
-                                             "hand-over's, so nothing overlaps"
-                      : c.read <= c.unpack ? "a batch costs less to read than to take over"
-                                           : "the overlap saves less than the hand-over costs";
-    out.reason = format("auto: in-line (%s; %s)", why, measured.c_str());
+    const std::string why =
+        c.step <= c.pack ? "the loop's own time between batches is below a hand-over's, so "
+                           "nothing overlaps"
+        : c.read <= c.unpack
+            ? "a batch costs less to read than to take over"
+            : format("the overlap would save under %.0f%% of the time", 100 * kStreamGain);
+    out.reason = "auto: in-line (" + why + "; " + measured + ")";
   }
   return out;
 }

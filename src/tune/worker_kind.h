@@ -110,7 +110,7 @@ struct StreamChoice {
   std::size_t workers = 0;  // 0: in-line, 1: one worker process
   double inline_s = 0;      // the model's seconds per batch, each way
   double worker_s = 0;
-  std::string reason;  // "auto: in-line, epoch 1 measured: a batch read in 1.2 ms, ..."
+  std::string reason;  // "auto: in-line (a batch costs less to read than to take over; ...)"
 };
 // The setting for epoch 2 on, `cores` the cores of this rank's share.
 StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores);
