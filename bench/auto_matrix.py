@@ -133,20 +133,25 @@ class Step:
         return Step(max(1, round(seconds / per)))
 
 
-def run(loader, samples: int, epochs: int, step) -> tuple[float, int]:
-    """Samples/s over epochs 2..epochs as one span, and the batches of one epoch."""
+def run(loader, samples: int, epochs: int, step, each=None) -> tuple[float, int]:
+    """Samples/s over epochs 2..epochs as one span, and the batches of one epoch; `each`, a
+    list, gets each of those epochs' samples/s (a switch's cost shows in one of them)."""
     batches = 0
     for batch in loader:  # epoch 1: start-up, not timed
         _touch(batch)
         batches += 1
         if step is not None:
             step()
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     for _ in range(epochs - 1):
         for batch in loader:
             _touch(batch)
             if step is not None:
                 step()
+        if each is not None:
+            now = time.perf_counter()
+            each.append(samples / (now - last))
+            last = now
     return (epochs - 1) * samples / (time.perf_counter() - start), batches
 
 
@@ -173,9 +178,11 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dic
         results[f"stoker {name}"] = run(loader, w.samples, epochs, step)[0]
         loader.close()
     loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, **w.loader_args)
-    results["stoker auto"] = run(loader, w.samples, epochs, step)[0]
+    auto_epochs: list = []
+    results["stoker auto"] = run(loader, w.samples, epochs, step, auto_epochs)[0]
     stats = loader.stats()
-    chosen = f"{stats.get('worker_type', 'thread')} {stats.get('workers')}"
+    chosen = (f"{stats.get('worker_type', 'thread')} {stats.get('workers')}"
+              if stats.get("workers") else "inline")
     loader.close()
     if torch_ds is not None:
         for n in (0, 2) if smoke else TORCH_WORKERS:
@@ -189,7 +196,8 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dic
     torch_best = max(torch_keys, key=results.get) if torch_keys else None
     auto = results["stoker auto"]
     return {"workload": w.name, "step_ms": None if calibrate is None else 1e3 * calibrate,
-            "samples_per_s": results, "auto_chose": chosen, "best_fixed": best_fixed,
+            "samples_per_s": results, "auto_epochs": auto_epochs, "auto_chose": chosen,
+            "auto_reason": stats.get("worker_type_reason"), "best_fixed": best_fixed,
             "torch_best": torch_best, "auto_over_best_fixed": auto / results[best_fixed],
             "auto_over_torch_best": auto / results[torch_best] if torch_best else None}
 
@@ -229,7 +237,8 @@ def main() -> None:
 
 def show(r: dict) -> None:
     head = r["workload"] + (f" + a {r['step_ms']:.1f} ms step" if r["step_ms"] else "")
-    print(f"{head}: auto chose {r['auto_chose']}")
+    print(f"{head}: auto chose {r['auto_chose']} ({r['auto_reason']})")
+    print("  auto by epoch from 2: " + " ".join(f"{v:.0f}" for v in r["auto_epochs"]))
     for k, v in sorted(r["samples_per_s"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:<18} {v:10.0f}")
 

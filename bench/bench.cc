@@ -10,7 +10,9 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <thread>
 
@@ -191,6 +193,47 @@ double memcpy_gbps(std::size_t threads, std::size_t bytes) {
   return best;
 }
 
+// The gather's limit, as the same work done by the simplest code: each field's rows (of the
+// sample's size) copied in the epoch's shuffled order from an in-memory array into a reused
+// buffer of one batch, the batches dealt out to `threads` threads (each with its own buffer).
+// GB/s of rows copied over one epoch, best of 5.
+double gather_gbps(const Workload& w, std::size_t threads) {
+  std::vector<std::size_t> row;
+  for (const FieldSpec& f : w.fields) row.push_back(f.bytes());
+  std::vector<std::vector<std::byte>> src;
+  for (const std::size_t r : row) src.emplace_back(w.samples * r, std::byte{1});
+  std::vector<std::size_t> order(w.samples);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(0));
+  const std::size_t batches = (w.samples + w.batch_size - 1) / w.batch_size;
+  double bytes = 0;
+  for (const std::size_t r : row) bytes += static_cast<double>(w.samples * r);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto start = Clock::now();
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        std::vector<std::vector<std::byte>> buffer;
+        for (const std::size_t r : row) buffer.emplace_back(w.batch_size * r);
+        for (std::size_t b = t; b < batches; b += threads) {
+          const std::size_t first = b * w.batch_size;
+          const std::size_t end = std::min(w.samples, first + w.batch_size);
+          for (std::size_t f = 0; f < row.size(); ++f) {
+            std::byte* out = buffer[f].data();
+            for (std::size_t i = first; i < end; ++i, out += row[f]) {
+              std::memcpy(out, src[f].data() + order[i] * row[f], row[f]);
+            }
+          }
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    best = std::max(best, bytes / seconds_since(start) / 1e9);
+  }
+  return best;
+}
+
 std::string read_file(const std::string& path) {
   std::string text;
   if (FILE* f = std::fopen(path.c_str(), "r")) {
@@ -325,6 +368,11 @@ json run_workload(const Workload& w, const BenchOptions& o) {
     result["memcpy_gb_per_s"] = {{"1", one}, {"2", two}};
     result["fraction_of_memcpy_2t"] = m.gb_per_s / two;
   }
+  if (w.name == "tensor" || w.name == "tiny") {
+    const double gather = gather_gbps(w, m.workers);
+    result["gather_gb_per_s"] = gather;
+    result["fraction_of_gather"] = m.gb_per_s / gather;
+  }
   if (w.name == "heavy") {
     const double batches = std::ceil(static_cast<double>(w.samples) / w.batch_size);
     const double compute_s = batches * w.consumer_ms / 1e3;
@@ -360,6 +408,13 @@ json run_workload(const Workload& w, const BenchOptions& o) {
           result["memcpy_gb_per_s"]["1"].get<double>(),
           result["memcpy_gb_per_s"]["2"].get<double>(),
           100 * result["fraction_of_memcpy_2t"].get<double>());
+    }
+    if (result.contains("gather_gb_per_s")) {
+      fmt::print(
+          "  gather: {:.2f} GB/s on {} threads (rows shuffled into a reused batch buffer); "
+          "stoker at {:.0f}% of it\n",
+          result["gather_gb_per_s"].get<double>(), m.workers,
+          100 * result["fraction_of_gather"].get<double>());
     }
     if (result.contains("bound_s")) {
       fmt::print(

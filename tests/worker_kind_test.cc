@@ -123,6 +123,32 @@ TEST(WorkerKind, TheChooserMeasuresFromItsFirstBatch) {
   EXPECT_TRUE(contains(d->reason, "busy 95% of the time on 2 threads, 2 cores"));
 }
 
+TEST(WorkerKind, BatchJobsDecideAfterKindMinBatchesOfWholeBatchesRead) {
+  // A padding collate's batches: each read is a batch, so 3 of them are the evidence (not
+  // kKindMinReads, 2 epochs of 8 batches, after which the switch cost the third).
+  WorkerKindChooser chooser(true);
+  EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 1, 2, 2));
+  for (std::size_t b = 1; b < kKindMinBatches; ++b) {
+    EXPECT_FALSE(
+        chooser.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1 + b, 2, 2));
+  }
+  Stats now = at(1, 0, 0, 0);
+  now.elapsed += std::chrono::milliseconds(30);
+  now.worker_lock_held = std::chrono::milliseconds(30);
+  now.worker_cpu = std::chrono::milliseconds(30);
+  const auto d = chooser.observe(now, 1 + kKindMinBatches, 2, 2);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->processes);
+  EXPECT_TRUE(contains(d->reason, "busy 100% of the time on 2 threads"));
+  // One batch read fewer: still measuring.
+  WorkerKindChooser fewer(true);
+  EXPECT_FALSE(fewer.observe(at(1, 0, 0, 0), 1, 2, 2));
+  for (std::size_t b = 1; b < kKindMinBatches; ++b) {
+    EXPECT_FALSE(fewer.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1, 2, 2));
+  }
+  EXPECT_FALSE(fewer.observe(now, kKindMinBatches, 2, 2));
+}
+
 TEST(WorkerKind, TheRemoteTunerDecidesEveryFewBatchesFromTheStretchSinceTheLast) {
   RemoteWorkerTuner tuner;
   std::size_t due = 0;
@@ -150,6 +176,55 @@ TEST(WorkerKind, TheRemoteTunerDecidesEveryFewBatchesFromTheStretchSinceTheLast)
   d = tuner.observe(s, 2, 1, 2);
   ASSERT_TRUE(d);
   EXPECT_EQ(d->active, 1u);
+}
+
+TEST(StreamWorkers, InlineWhenTheLoopDoesNothingBetweenBatches) {
+  // The cheap stream without a training step: 1.2 ms a batch read, 0.01 ms between batches.
+  // One worker would only add its hand-over to the reading.
+  auto c =
+      choose_stream_workers({.read = 1.2e-3, .step = 1e-5, .pack = 0.1e-3, .unpack = 0.05e-3}, 2);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_DOUBLE_EQ(c.inline_s, 1.21e-3);
+  EXPECT_DOUBLE_EQ(c.worker_s, 1.3e-3);
+  EXPECT_TRUE(contains(c.reason, "auto: in-line (the loop's own time between batches is below"));
+  EXPECT_TRUE(contains(c.reason, "1.210 ms a batch in-line against 1.300 ms"));
+}
+
+TEST(StreamWorkers, OneWorkerProcessWhenReadingAndTheStepOverlap) {
+  // A balanced loop: 2 ms read, 2 ms of training step; a hand-over of 0.1 ms each side.
+  auto c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 2);
+  EXPECT_EQ(c.workers, 1u);
+  EXPECT_DOUBLE_EQ(c.inline_s, 4e-3);
+  EXPECT_DOUBLE_EQ(c.worker_s, 2.1e-3);
+  EXPECT_TRUE(contains(c.reason,
+                       "auto: one worker process from the next epoch (read in-line, a batch took"));
+  // One core: the worker would take the loop's.
+  c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 1);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_TRUE(contains(c.reason, "fewer than 2 cores"));
+}
+
+TEST(StreamWorkers, InlineWhenAHandOverCostsMoreThanTheRead) {
+  // Batches cheap to read but big to hand over: the loop's half of the hand-over exceeds the
+  // read it saves.
+  auto c =
+      choose_stream_workers({.read = 0.2e-3, .step = 3e-3, .pack = 0.5e-3, .unpack = 0.3e-3}, 2);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_TRUE(contains(c.reason, "a batch costs less to read than to take over"));
+}
+
+TEST(StreamWorkers, TheGainMustExceedTheModelsMargin) {
+  // Overlap saves a little, less than kStreamGain of the in-line time.
+  const StreamCosts small{.read = 1e-3, .step = 0.2e-3, .pack = 0.1e-3, .unpack = 0.1e-3};
+  auto c = choose_stream_workers(small, 2);
+  EXPECT_LT(c.worker_s, c.inline_s);
+  EXPECT_GT(c.worker_s, (1 - kStreamGain) * c.inline_s);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_TRUE(contains(c.reason, "the overlap would save under 10% of the time"));
+  // On 2 cores the sum bounds it: both sides busy and a hand-over on top.
+  c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 1e-3, .unpack = 1e-3}, 2);
+  EXPECT_DOUBLE_EQ(c.worker_s, 3e-3);
+  EXPECT_EQ(c.workers, 1u);
 }
 
 }  // namespace

@@ -348,6 +348,16 @@ PYBIND11_MODULE(_stoker, m) {
       },
       py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"), py::arg("whole_batches"),
       py::arg("threads"), py::arg("cores"), "worker_type='auto': (processes, the reason).");
+  m.def(
+      "choose_stream_workers",
+      [](double read, double step, double pack, double unpack, std::size_t cores) {
+        const auto c = detail::choose_stream_workers(
+            {.read = read, .step = step, .pack = pack, .unpack = unpack}, cores);
+        return py::make_tuple(c.workers, c.reason);
+      },
+      py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("cores"),
+      "A stream on auto, from epoch 1 read in-line: (workers from epoch 2, the reason).");
+  m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
   m.def("next_remote_workers", &detail::next_remote_workers, py::arg("active"), py::arg("count"),
         py::arg("wait_fraction"), py::arg("local_load"), py::arg("remote_busy") = py::none());
   py::class_<detail::WorkerKindChooser>(m, "WorkerKindChooser")

@@ -34,6 +34,38 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
   return {.processes = false, .reason = "auto: " + measured + ": " + why + ", so threads"};
 }
 
+StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores) {
+  StreamChoice out;
+  out.inline_s = c.read + c.step;
+  const double worker = c.read + c.pack;
+  const double loop = c.step + c.unpack;
+  out.worker_s = std::max(
+      {worker, loop, (worker + loop) / static_cast<double>(std::max<std::size_t>(cores, 1))});
+  const std::string measured = format(
+      "read in-line, a batch took %.3f ms to read and the training loop spent %.3f ms "
+      "between batches; a hand-over costs the worker %.3f ms and the loop %.3f ms, so %.3f ms "
+      "a batch in-line against %.3f ms with one worker process",
+      1e3 * c.read, 1e3 * c.step, 1e3 * c.pack, 1e3 * c.unpack, 1e3 * out.inline_s,
+      1e3 * out.worker_s);
+  if (cores < 2) {
+    out.reason = "auto: in-line (fewer than 2 cores: a worker process would take the loop's)";
+    return out;
+  }
+  if (out.worker_s <= (1 - kStreamGain) * out.inline_s) {
+    out.workers = 1;
+    out.reason = "auto: one worker process from the next epoch (" + measured + ")";
+  } else {
+    const std::string why =
+        c.step <= c.pack ? "the loop's own time between batches is below a hand-over's, so "
+                           "nothing overlaps"
+        : c.read <= c.unpack
+            ? "a batch costs less to read than to take over"
+            : format("the overlap would save under %.0f%% of the time", 100 * kStreamGain);
+    out.reason = "auto: in-line (" + why + "; " + measured + ")";
+  }
+  return out;
+}
+
 std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,
                                 double local_load, std::optional<double> remote_busy) {
   const bool network_bound = remote_busy && *remote_busy < kRemoteSaturated;
@@ -53,7 +85,10 @@ std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::ui
     return std::nullopt;
   }
   ++batches_;
-  if (batches_ < kKindMinBatches || reads - first_reads_ < kKindMinReads) return std::nullopt;
+  // A batch job's read is a whole batch: kKindMinBatches of them are the evidence (16 would
+  // be 2 epochs of a small data set, and the switch would cost the third).
+  const std::uint64_t min_reads = whole_batches_ ? kKindMinBatches : kKindMinReads;
+  if (batches_ < kKindMinBatches || reads - first_reads_ < min_reads) return std::nullopt;
   const double wall = std::max(to_seconds(stats.elapsed - first_->elapsed), 1e-9);
   const double busy = to_seconds(stats.worker_lock_held - first_->worker_lock_held) / wall;
   return choose_worker_kind(busy, to_seconds(stats.worker_cpu - first_->worker_cpu),

@@ -192,6 +192,69 @@ def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
     second.close()
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_path, workers):
+    # The choice itself is choose_stream_workers' (tests/worker_kind_test.cc); here it is
+    # forced, and each epoch must still read the whole stream once, in order.
+    from stoker.loader import stream_pipeline
+
+    asked = []
+
+    def choose(read, step, pack, unpack, cores):
+        asked.append((read, step, pack, unpack, cores))
+        return workers, f"auto: chose {workers} (forced)"
+
+    monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers", choose)
+    loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
+    loader.trace(str(tmp_path / "trace.json"))
+    assert (loader.num_workers, loader.stats()["worker_type_reason"]) == (
+        0, "auto: epoch 1 read in-line and measured, to choose in-line or one process")
+    whole = list(range(40))
+    for epoch in range(3):
+        assert [x for b in loader for x in b[:, 0].tolist()] == whole
+        assert loader.num_workers == (0 if epoch == 0 else workers)
+        assert len(loader.stats()["worker_pids"]) == (0 if epoch == 0 else workers)
+    # Decided once, at epoch 2's start, on times measured over epoch 1's batches after its
+    # first: read, step and the hand-over's two sides, none negative.
+    assert len(asked) == 1 and min(asked[0][:4]) >= 0 and asked[0][4] >= 1
+    assert loader.stats()["worker_type_reason"] == f"auto: chose {workers} (forced)"
+    report = loader.report()
+    assert report["readers"] == ("1 process worker(s)" if workers else "read in-line")
+    assert str(report).endswith(f"{report['readers']}: auto: chose {workers} (forced)")
+    loader.close()  # writes the trace: the decision is on it
+    import json
+
+    names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
+    assert f"workers: auto: chose {workers} (forced)" in names
+
+
+def test_a_short_stream_on_auto_measures_over_epochs_until_enough_batches(monkeypatch):
+    from stoker.loader import stream_pipeline
+
+    asked = []
+    monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
+                        lambda *a: asked.append(a) or (0, "auto: in-line (forced)"))
+    loader = stoker.DataLoader(wd.Counting(12), batch_size=2)  # 6 batches: 5 measured each
+    list(loader)
+    list(loader)
+    assert asked == []  # 5 batches measured, fewer than STREAM_MIN_BATCHES
+    list(loader)
+    assert len(asked) == 1 and stoker._stoker.STREAM_MIN_BATCHES <= 10
+    loader.close()
+
+
+def test_the_hand_over_probe_times_both_sides_and_leaves_no_memfd():
+    from stoker.workers import arena
+
+    before = memfds()
+    batch = {"x": torch.arange(4096, dtype=torch.float32).reshape(64, 64),
+             "n": np.arange(2048, dtype=np.int64), "name": "a"}
+    pack, unpack = arena.handover_cost(batch)
+    assert pack > 0 and unpack > 0
+    assert memfds() == before
+    assert batch["x"][63, 63] == 4095  # the batch itself untouched
+
+
 def test_a_stream_without_state_dict_says_it_cannot_resume():
     class Plain(tud.IterableDataset):
         def __iter__(self):

@@ -125,9 +125,14 @@ def test_a_distributed_sampler_shards_natively():
 
 
 def test_a_stream():
+    # Both on auto: epoch 1 in-line, measured; one worker process at most after it.
     p = plan(Stream(), batch_size=2)
     assert (p.mode, p.order, p.num_workers, p.worker_type, p.depth) == (
-        STREAM, "stream", 1, "process", 2)
+        STREAM, "stream", 0, "thread", 2)
+    assert (p.measure_worker_type, p.process_count) == (True, 1)
+    assert p.worker_type_reason.startswith("auto: epoch 1 read in-line and measured")
+    p = plan(Stream(), batch_size=2, num_workers=2)
+    assert (p.num_workers, p.worker_type, p.measure_worker_type) == (2, "process", False)
     assert p.worker_type_reason.startswith("auto: a stream is read by worker processes")
     assert p.collate_fn is stoker.loader.collate._default_collate  # into ordinary memory
     p = plan(Stream(), num_workers=0, batch_size=None)

@@ -455,6 +455,60 @@ def test_auto_forks_its_worker_processes_while_no_thread_is_inside_a_read():
     loader.close()
 
 
+class _MoveAtOnce:
+    """worker_type='auto' deciding for processes at its first batch (the rule itself is
+    tests/worker_kind_test.cc's)."""
+
+    def __init__(self, whole_batches):
+        pass
+
+    def observe(self, loader, threads, cores):
+        return True, "auto: forced"
+
+
+def _pairs_collate(samples):
+    return torch.stack([x for x, _ in samples]), [i for _, i in samples]
+
+
+def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monkeypatch):
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=_pairs_collate)
+    for _ in range(3):  # each epoch every batch once, in order, across the move
+        assert [i for _, ids in loader for i in ids] == list(range(192))
+    stats = loader.stats()
+    assert (stats["worker_type"], stats["worker_type_reason"]) == ("process", "auto: forced")
+    assert len(stats["worker_pids"]) == loader.num_workers
+    report = loader.report()
+    assert report["readers"] == f"{loader.num_workers} process worker(s)"
+    assert report["readers_reason"] == "auto: forced"
+    loader.close()
+
+
+class _StuckInProcesses(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if stoker.workers.jobs.in_worker_process:
+            threading.Event().wait()  # a worker process never makes its batch
+        return np.full(2, i, dtype=np.int64)
+
+
+def test_close_during_the_warm_up_stops_its_worker_processes(monkeypatch):
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    loader = stoker.DataLoader(_StuckInProcesses(), batch_size=8, collate_fn=lambda s: s)
+    it = iter(loader)
+    next(it)  # the move: processes started, their warm-up stuck
+    pids = loader.stats()["worker_pids"]
+    assert pids and loader._pipeline._warming is not None
+    loader.close()  # stops the warm-up, then the processes
+    assert not any(alive(p) for p in pids)
+
+
 def test_auto_keeps_whole_batches_that_wait_on_threads():
     loader = stoker.DataLoader(wd.Slow(96, 0.005), batch_size=8, collate_fn=lambda s: s)
     assert [int(x[0]) for b in loader for x in b] == list(range(96))

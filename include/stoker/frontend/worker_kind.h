@@ -20,8 +20,9 @@
 namespace stoker::detail {
 
 // worker_type='auto' measures reads from the first batch handed out (the start-up is left
-// out) over at least this many more batches and samples: long enough for the threads to meet
-// at the GIL, short next to an epoch.
+// out) over at least this many more batches and samples (batch jobs: reads of whole batches,
+// kKindMinBatches of them): long enough for the threads to meet at the GIL, short next to an
+// epoch.
 inline constexpr std::size_t kKindMinBatches = 3;
 inline constexpr std::size_t kKindMinReads = 16;
 
@@ -82,6 +83,39 @@ class WorkerKindChooser {
   std::optional<Stats> first_;
   std::uint64_t first_reads_ = 0;
 };
+
+// A stream (an iterable data set) on num_workers='auto' and worker_type='auto' has one worker
+// at most (every worker iterates its own copy, so a stream that does not shard itself by
+// get_worker_info() would be read once per worker): the training loop reads it in-line, or
+// one worker process reads it beside the loop. Epoch 1 runs in-line and is measured, per
+// batch: `read`, the loop's time making a batch; `step`, its time between batches (the
+// training step: the consumer's own CPU counts); `pack` and `unpack`, a hand-over of one of
+// those batches timed on its own code (the worker writes it into a shared-memory arena, the
+// loop maps it: stoker/workers/arena.py). In-line a batch costs read + step; with the worker
+// the two overlap, each side paying its half of the hand-over, and the cores bound the sum:
+// max(read + pack, step + unpack, (read + pack + step + unpack) / cores). The worker is
+// chosen only when that saves at least kStreamGain of the in-line time: the model leaves out
+// the reply's trip over the worker's socket and the producer thread's wake-ups (a few tens of
+// microseconds a batch), and a saving below it is not worth a process.
+inline constexpr double kStreamGain = 0.1;
+// Measured over at least this many batches of epoch 1 after its first (the start-up).
+inline constexpr std::size_t kStreamMinBatches = 8;
+
+struct StreamCosts {
+  double read = 0;  // seconds per batch, each
+  double step = 0;
+  double pack = 0;
+  double unpack = 0;
+};
+
+struct StreamChoice {
+  std::size_t workers = 0;  // 0: in-line, 1: one worker process
+  double inline_s = 0;      // the model's seconds per batch, each way
+  double worker_s = 0;
+  std::string reason;  // "auto: in-line (a batch costs less to read than to take over; ...)"
+};
+// The setting for epoch 2 on, `cores` the cores of this rank's share.
+StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores);
 
 // num_workers='auto' with remote=: remote workers are asked for one at a time while the
 // training loop waits more than kRemoteGrowWait of its time and the local workers are

@@ -6,7 +6,9 @@ delegates to it through the protocol of protocol.py."""
 from __future__ import annotations
 
 import logging
+import pickle
 import sys
+import threading
 from typing import Optional
 
 from .. import _stoker
@@ -37,6 +39,7 @@ class EnginePipeline(Pipeline):
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
+        self._warming: Optional[threading.Thread] = None  # _start_processes(warm=True)
         self._thread_count = [0]
         if plan.native:
             self._handle = plan.dataset._handle
@@ -338,6 +341,7 @@ class EnginePipeline(Pipeline):
     def close(self) -> None:
         if self._loader.closed:
             return
+        self._stop_warming()
         if self._remote is not None:
             self._remote.stop()  # threads waiting for a remote worker return at once
         try:
@@ -349,6 +353,7 @@ class EnginePipeline(Pipeline):
         # The C++ loader writes a trace still recording as it goes (a failure is logged).
         loader = getattr(self, "_loader", None)
         if loader is not None and not loader.closed:
+            self._stop_warming()
             if self._remote is not None:
                 self._remote.stop()
             loader.close()
@@ -364,8 +369,9 @@ class EnginePipeline(Pipeline):
         self._remote.set_active(active)
         self._loader.set_workers(self._engine_workers())
 
-    def _start_processes(self, warn: bool = True) -> None:
-        """Starts the worker processes and sends reads to them from now on."""
+    def _start_processes(self, warn: bool = True, warm: bool = False) -> None:
+        """Starts the worker processes and sends reads to them from now on; `warm` (batch
+        jobs): once each has made one batch, the threads reading until then."""
         if warn:
             self._warn_not_persistent()
         workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
@@ -373,7 +379,20 @@ class EnginePipeline(Pipeline):
         pool = workers.make_pool()
         pool.start()
         self._workers, self._pool = workers, pool
-        self._loader.use_processes(pool)
+        if not (warm and self._jobs is not None and self._jobs.batches):
+            self._loader.use_processes(pool)
+            return
+        # A fresh process's first batch costs several (its first collate, its arena made and
+        # faulted in): paid here, in the background, not by the training loop's next batches.
+        args = pickle.dumps(self._jobs.batches[0], protocol=pickle.HIGHEST_PROTOCOL)
+        self._warming = _Warming(self._loader, pool, args)
+
+    def _stop_warming(self) -> None:
+        """close(): a warm-up still running ends now, its pool stopped and, if the loader
+        never got it, its processes reaped (the loader's close reaps those it got)."""
+        warming, self._warming = self._warming, None
+        if warming is not None:
+            warming.stop()
 
     def _warn_not_persistent(self) -> None:
         # Only when passed: a warning for torch's default could not be silenced.
@@ -399,7 +418,7 @@ class EnginePipeline(Pipeline):
         self._choice = None
         to_processes, self.worker_type_reason = decision
         if to_processes:
-            self._start_processes()
+            self._start_processes(warm=True)
             self.worker_type = "process"
             self.num_workers = self.plan.process_count
             self._loader.set_workers(self._engine_workers())
@@ -448,6 +467,44 @@ class EnginePipeline(Pipeline):
         self._build = batch_builder(structure, None)
         self._as_arrays, self._convert = converter(
             _element_types(structure), self._loader.device().is_cuda)
+
+
+class _Warming:
+    """Each worker process makes one batch (all at once, the GIL released while they do),
+    then the loader sends its reads to them (the threads reading until then)."""
+
+    def __init__(self, loader, pool, args: bytes) -> None:
+        self._pool = pool
+        self._stopped = threading.Event()
+        self._handed = False
+        self._calls = [threading.Thread(target=self._warm, args=(w, args), daemon=True,
+                                        name=f"stoker warm-up {w}") for w in range(pool.size)]
+        self._thread = threading.Thread(target=self._run, args=(loader,), daemon=True,
+                                        name="stoker warm-up")
+        self._thread.start()
+
+    def _warm(self, w: int, args: bytes) -> None:
+        try:
+            self._pool.call(w, 0, args)  # (False, why) if it died: restarted by its next job
+        except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
+            _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
+
+    def _run(self, loader) -> None:
+        for c in self._calls:
+            c.start()
+        for c in self._calls:
+            c.join()
+        if not self._stopped.is_set():
+            loader.use_processes(self._pool)
+            self._handed = True
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._pool.stop()  # a warm-up call returns at once
+            self._thread.join()
+        if not self._handed:
+            self._pool.finish()
 
 
 def _element_types(structure) -> list[str]:

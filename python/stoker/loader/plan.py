@@ -67,7 +67,7 @@ class Plan:
     order: str  # sequential, random, distributed, custom sampler, torch's samplers, stream
     worker_type: str  # 'thread' or 'process' to start with
     worker_type_reason: str
-    measure_worker_type: bool  # worker_type='auto': the first batches on threads decide
+    measure_worker_type: bool  # worker_type='auto': the first batches (a stream's: epoch 1) decide
     num_workers: int
     process_count: int  # worker processes, if processes read
     tune_workers: bool  # the engine's tuner moves the count
@@ -306,10 +306,16 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
     workers = 1 if num_workers == "auto" else int(num_workers)
     if worker_type == "process" and workers == 0:
         raise ValueError("worker_type='process' needs num_workers >= 1")
+    # Both auto: epoch 1 is read in-line and measured, and one worker process reads from epoch
+    # 2 on where it would save time (choose_stream_workers, src/tune/worker_kind.h).
+    measure = num_workers == "auto" and worker_type == "auto"
     # auto: processes, as torch's workers: each iterates its own copy of the data set with its
     # own globals and seeded generators, and a stream's Python code (parsing, tokenizing) runs
     # on every core. Threads (asked for) suit streams that wait on I/O.
-    if worker_type == "auto":
+    if measure:
+        workers, chosen = 0, "thread"
+        reason = "auto: epoch 1 read in-line and measured, to choose in-line or one process"
+    elif worker_type == "auto":
         chosen = "process" if workers > 0 else "thread"
         reason = ("auto: a stream is read by worker processes, each iterating its own copy, "
                   "as torch's" if workers > 0 else "num_workers=0 reads in the training loop")
@@ -323,7 +329,7 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         mode=STREAM, pipeline=f"python: a stream of {type(dataset).__name__}, iterated and "
                               f"collated in each worker",
         order="stream", worker_type=chosen, worker_type_reason=reason,
-        measure_worker_type=False, num_workers=workers, process_count=workers,
+        measure_worker_type=measure, num_workers=workers, process_count=1 if measure else workers,
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
         depth=2 if prefetch_factor is None else int(prefetch_factor),
         batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
@@ -333,7 +339,7 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         warnings=tuple(warnings), log=log, dataset=dataset,
         collate_fn=collate_fn if collate_fn is not None else default_collate(
             batch_size is not None),
-        context=mp_context(multiprocessing_context) if chosen == "process" else None,
+        context=mp_context(multiprocessing_context) if chosen == "process" or measure else None,
         **common)
 
 

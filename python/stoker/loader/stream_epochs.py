@@ -285,7 +285,8 @@ class Streams:
             self._pool.start()
         self._passes += 1
         pending, self.pending = self.pending, None
-        if pending is not None and pending["workers"] != self._workers:
+        # In-line and one worker iterate the same one copy (auto moves from one to the other).
+        if pending is not None and max(pending["workers"], 1) != max(self._workers, 1):
             raise ValueError(f"stoker: the state is for a stream read by {pending['workers']} "
                              f"workers, this loader has {self._workers}: a stream's state is "
                              f"each worker's own data set state, which cannot be split over "
@@ -299,6 +300,11 @@ class Streams:
             states=pending and pending["states"], ended=pending and pending["ended"],
             cursor=pending["cursor"] if pending else 0, want_state=self._stateful,
             finish=self._finish, seed=pipe_seed, loader_epoch=epoch)
+
+    def use_processes(self, processes) -> None:
+        """From the next start() on, one worker process reads (worker_type='auto' chose it
+        after epochs read in-line); `processes` makes its ProcessWorkers, given the base seed."""
+        self._workers, self._processes = 1, processes
 
     def _epoch_seed(self) -> Optional[int]:
         """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the

@@ -19,7 +19,9 @@ from ..workers.processes import ProcessWorkers
 from . import elastic
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
-from .plan import Plan
+from .. import _stoker
+from ..workers import arena as _arena
+from .plan import Plan, cpu_share
 from .stream_epochs import Streams
 
 _log = logging.getLogger("stoker")
@@ -37,6 +39,7 @@ class StreamPipeline(Pipeline):
         made: list[ProcessWorkers] = []
         self._made = made
         processes = None
+        self._choice: Optional[_Choice] = None
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -45,7 +48,15 @@ class StreamPipeline(Pipeline):
                                            setup.worker_init_fn))
                 return made[0]
             processes = make
-        elif pin:
+        elif plan.measure_worker_type:  # epoch 1 in-line, measured (_Choice)
+            jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
+
+            def make(base_seed: int) -> ProcessWorkers:
+                made.append(ProcessWorkers(jobs, 1, plan.context, base_seed,
+                                           setup.worker_init_fn))
+                return made[0]
+            self._choice = _Choice(make)
+        if pin and self.worker_type != "process":
             collate = pinned(collate)
         self._streams = Streams(
             dataset=plan.dataset, workers=plan.num_workers, depth=plan.depth,
@@ -59,6 +70,8 @@ class StreamPipeline(Pipeline):
         self.log_worker_type()
 
     def start(self, epoch: int, batch: int) -> None:
+        if self._choice is not None:
+            self._choose()
         self._streams.start(epoch)
         self._epoch = epoch
 
@@ -66,8 +79,29 @@ class StreamPipeline(Pipeline):
         asked = time.perf_counter()
         batch = self._streams.next(timeout)
         if batch is not EPOCH_END:
-            self._timing.batch(asked, time.perf_counter(), self._trace)
+            got = time.perf_counter()
+            self._timing.batch(asked, got, self._trace)
+            if self._choice is not None:
+                self._choice.batch(asked, got, batch)
+        elif self._choice is not None:
+            self._choice.epoch_end()
         return batch
+
+    def _choose(self) -> None:
+        """Between epochs, once epoch 1 (and more, if short) was measured in-line: in-line on,
+        or one worker process from now on."""
+        decision = self._choice.decide()
+        if decision is None:
+            return
+        workers, self.worker_type_reason = decision
+        if self._trace is not None:  # the decision on the timeline, with its evidence
+            now = time.perf_counter()
+            self._trace.event(f"workers: {self.worker_type_reason}", now, now)
+        if workers:
+            self._streams.use_processes(self._choice.make)
+            self.worker_type, self.num_workers = "process", 1
+        self._choice = None
+        self.log_worker_type()
 
     def __len__(self) -> int:
         self.reported_len = len(self.plan.dataset)
@@ -88,7 +122,8 @@ class StreamPipeline(Pipeline):
         position = state["stream"]
         if position is not None and not position.get("merged"):
             saved = state.get("world_size", world()[1])
-            if position["workers"] != self.num_workers or saved != world()[1]:
+            # In-line and one worker read alike (auto moves a stream between them).
+            if max(position["workers"], 1) != max(self.num_workers, 1) or saved != world()[1]:
                 if saved != 1:
                     raise ValueError(
                         f"stoker: the state is one rank's of {saved}, saved with "
@@ -119,10 +154,11 @@ class StreamPipeline(Pipeline):
         if not stats["batches"]:
             text = "no data yet"
             return {"verdict": "no data yet", "text": text, **stats}
+        readers = (f"from {self.num_workers} {self.worker_type} worker(s)" if self.num_workers
+                   else "read in-line")
         text = (f"stream: the training loop waited {stats['wait_fraction']:.0%} of its time "
-                f"for {stats['batches']} batches from {self.num_workers} "
-                f"{self.worker_type} worker(s); the engine's analysis (busiest stage, more "
-                f"workers) covers map-style data sets")
+                f"for {stats['batches']} batches {readers}; the engine's analysis (busiest "
+                f"stage, more workers) covers map-style data sets")
         return {"verdict": "stream", "text": text, **stats}
 
     def trace(self, path: Optional[str], max_events: int) -> None:
@@ -148,6 +184,40 @@ class StreamPipeline(Pipeline):
 
     def release(self) -> None:
         self.close()
+
+
+class _Choice:
+    """A stream on num_workers='auto' and worker_type='auto', read in-line: its batches after
+    each epoch's first, timed in the training loop (the read: the time in next(); the step:
+    the time between batches), and one batch handed over on the worker's code, then
+    choose_stream_workers (src/tune/worker_kind.h) at the next epoch's start."""
+
+    def __init__(self, make) -> None:
+        self.make = make  # the one worker process's ProcessWorkers, given the base seed
+        self._batches = 0
+        self._read = self._step = 0.0
+        self._handover: Optional[tuple[float, float]] = None
+        self._got: Optional[float] = None  # when the last batch of this epoch was handed out
+
+    def batch(self, asked: float, got: float, batch) -> None:
+        if self._got is not None:  # not the epoch's first: its time includes the start
+            self._batches += 1
+            self._read += got - asked
+            self._step += asked - self._got
+            if self._handover is None:
+                self._handover = _arena.handover_cost(batch)
+        self._got = got
+
+    def epoch_end(self) -> None:
+        self._got = None
+
+    def decide(self) -> Optional[tuple[int, str]]:
+        if self._batches < _stoker.STREAM_MIN_BATCHES or self._handover is None:
+            return None
+        n = self._batches
+        workers, reason = _stoker.choose_stream_workers(
+            self._read / n, self._step / n, *self._handover, cpu_share())
+        return workers, reason
 
 
 class _Timing:

@@ -104,6 +104,18 @@ class BatchJobs:
             e.add_note(f"stoker: in batch {k}, samples {_summary(batch)}")
             raise
 
+    def call(self, k: int, args: bytes, init_failed: bool, arenas: "_arena.Arenas") -> list:
+        """A worker process's warm-up (ProcessPool.call): batch `k` (its indices in `args`)
+        made and written into an arena, then dropped, so that the worker's first job does not
+        pay its first batch (worker_type='auto' moving a loader to processes: engine_pipeline.py).
+        Nothing comes back; an error is the real read's to report."""
+        if init_failed:
+            return INIT_FAILED
+        made = self.run(k, pickle.loads(args))
+        if made is not None:
+            arenas.discard(arenas.dumps(made))
+        return []
+
     def job_args(self, ks: list) -> bytes:
         return pickle.dumps([self.batches[k] for k in ks] if self.batches is not None
                             else [None] * len(ks), protocol=pickle.HIGHEST_PROTOCOL)
