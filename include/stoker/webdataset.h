@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -76,6 +77,9 @@ struct ObjectStorageCounters {
   std::uint64_t chunk_fetches = 0;
   std::uint64_t fetch_ns = 0;
   std::uint64_t wait_ns = 0;
+  // Of chunk_fetches, the chunks fetched ahead of their reads (the loader names the samples of
+  // the batches it has opened before reading them: WebDataset::will_read).
+  std::uint64_t prefetched = 0;
 };
 
 // The data set. Samples are the runs of consecutive members of a shard with the same key (the
@@ -97,6 +101,10 @@ class WebDataset final : public Dataset {
   std::size_t size() const override;
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
+  // Over URLs with an object cache: starts the range GETs of the samples' chunks that the cache
+  // does not hold, all at once (RemoteFiles::prefetch), so a batch over many shards waits for
+  // one round trip rather than one per sample per worker thread.
+  void will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
 
   // The samples' encoded bytes (behind the RAM cache when cache_bytes > 0): its counters()

@@ -229,6 +229,7 @@ py::dict object_storage_counters(const NativeDataset& dataset) {
   d["cache_hit_bytes"] = c.cache_hit_bytes;
   d["cache_misses"] = c.cache_misses;
   d["chunk_fetches"] = c.chunk_fetches;
+  d["prefetched"] = c.prefetched;
   d["fetch_s"] = 1e-9 * static_cast<double>(c.fetch_ns);
   d["wait_s"] = 1e-9 * static_cast<double>(c.wait_ns);
   return d;
