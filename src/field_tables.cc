@@ -20,7 +20,7 @@ namespace {
   [[maybe_unused]] const auto& [c1, c2, c3, c4, c5, c6] = c;
   [[maybe_unused]] const auto& [p1, p2, p3, p4] = p;
   [[maybe_unused]] const auto& [s1, s2, s3, s4, s5] = s;
-  [[maybe_unused]] const auto& [o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13] = o;
+  [[maybe_unused]] const auto& [o1, o2, o3, o4, o5, o6, o7, o8, o9, o10, o11, o12, o13, o14] = o;
 }
 
 }  // namespace

@@ -1049,5 +1049,113 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchEachChunkOnceWhateverTheThreads) {
   }
 }
 
+// RemoteFiles::prefetch: the chunks asked for are fetched in the background, each once, with
+// a 503 and a dropped connection among their GETs; reads from eight threads then wait for those
+// GETs (no GET of their own) and get the object's bytes; the chunks land in the cache, so a
+// second RemoteFiles over the directory fetches nothing. A RemoteFiles destroyed while its
+// chunks are still being fetched ends (its transfers failed, nothing left behind).
+TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
+  const std::string big = object_bytes(2 * detail::kRemoteChunkBytes + 4321, 11);
+  direct()->put(url("remote/ahead.bin"), big);
+  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  TempDir dir;
+  {
+    detail::RemoteFiles files((dir.path / "cache").string(), 1ull << 30);
+    const detail::RemoteObject object = files.resolve({url("remote/ahead.bin")}, ".bin")[0][0];
+    proxy_control(proxy_port_, "/__proxy/reset", "{}");
+    proxy_control(proxy_port_, "/__proxy/faults", R"(["503", "drop"])");
+    files.prefetch(object, 0, big.size());
+    files.prefetch(object, 5, 10);  // a chunk being fetched already: nothing more
+    std::vector<std::thread> threads;
+    std::atomic<int> wrong{0};
+    for (int t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 100);
+        std::vector<std::byte> buf;
+        for (int i = 0; i < 20; ++i) {
+          const std::size_t n = 1 + rng() % (1u << 20);
+          const std::uint64_t at = rng() % (big.size() - n);
+          buf.resize(n);
+          files.read(object, at, buf.data(), n);
+          if (std::memcmp(buf.data(), big.data() + at, n) != 0) ++wrong;
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0);
+    const auto c = files.counters();
+    EXPECT_EQ(c.prefetched, 3u);
+    EXPECT_EQ(c.chunk_fetches, 3u);  // the reads made no GET of their own
+    EXPECT_EQ(c.retries, 2u);
+    EXPECT_EQ(proxy_count(proxy_port_, "GET"), 5);  // three chunks, two of them retried once
+  }
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  {
+    detail::RemoteFiles again((dir.path / "cache").string(), 1ull << 30);
+    const detail::RemoteObject object = again.resolve({url("remote/ahead.bin")}, ".bin")[0][0];
+    again.prefetch(object, 0, big.size());  // all in the cache: nothing fetched
+    std::vector<std::byte> buf(big.size());
+    again.read(object, 0, buf.data(), buf.size());
+    EXPECT_EQ(std::memcmp(buf.data(), big.data(), big.size()), 0);
+    EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);
+    EXPECT_EQ(again.counters().prefetched, 0u);
+  }
+  {
+    detail::RemoteFiles dropped((dir.path / "other").string(), 1ull << 30);
+    const detail::RemoteObject object = dropped.resolve({url("remote/ahead.bin")}, ".bin")[0][0];
+    dropped.prefetch(object, 0, big.size());
+  }  // destroyed with its GETs in flight
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    unsetenv(v);
+  }
+}
+
+// A listing kept for a job: the first RemoteFiles lists, a second one (another rank of the
+// job) reads the file and makes no LIST; another job lists for itself; without a job nothing
+// is shared. The objects resolved are the same each way.
+TEST_F(ObjectStoreS3, RemoteFilesShareAListingWithinAJob) {
+  for (int i = 0; i < 3; ++i) {
+    direct()->put(url("shared/part-" + std::to_string(i) + ".bin"), object_bytes(1000 + i, i));
+  }
+  direct()->put(url("shared/odd key +&=.bin"), object_bytes(10, 9));
+  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  TempDir dir;
+  const std::string listings = (dir.path / "listings").string();
+  auto resolve = [&](const std::string& job) {
+    detail::RemoteFiles files("", 0);
+    return files.resolve({url("shared/")}, ".bin", {}, {listings, job})[0];
+  };
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const auto first = resolve("job-1");
+  ASSERT_EQ(first.size(), 4u);
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 1);
+  const auto second = resolve("job-1");
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 1);  // read from the job's file
+  ASSERT_EQ(second.size(), first.size());
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    EXPECT_EQ(second[i].url, first[i].url);
+    EXPECT_EQ(second[i].size, first[i].size);
+    EXPECT_EQ(second[i].etag, first[i].etag);
+  }
+  resolve("job-2");
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 2);
+  resolve("");
+  resolve("");
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 4);
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    unsetenv(v);
+  }
+}
+
 }  // namespace
 }  // namespace stoker::io

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,9 @@ struct ObjectStorageCounters {
   std::uint64_t chunk_fetches = 0;
   std::uint64_t fetch_ns = 0;
   std::uint64_t wait_ns = 0;
+  // Of chunk_fetches, the chunks fetched ahead of their reads (the loader names the samples of
+  // the batches it has opened before reading them: WebDataset::will_read).
+  std::uint64_t prefetched = 0;
 };
 
 // The table of ObjectStorageCounters' fields (as for_each_stat is Stats'): visit(name, value)
@@ -98,6 +102,7 @@ void for_each_field(const ObjectStorageCounters& c, Visit&& visit) {
   // Durations, as Stats' are (printed in seconds: "fetch_s", "wait_s").
   visit("fetch", std::chrono::nanoseconds(c.fetch_ns));
   visit("wait", std::chrono::nanoseconds(c.wait_ns));
+  visit("prefetched", c.prefetched);
 }
 
 // The data set. Samples are the runs of consecutive members of a shard with the same key (the
@@ -119,6 +124,10 @@ class WebDataset final : public Dataset {
   std::size_t size() const override;
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
+  // Over URLs with an object cache: starts the range GETs of the samples' chunks that the cache
+  // does not hold, all at once (RemoteFiles::prefetch), so a batch over many shards waits for
+  // one round trip rather than one per sample per worker thread.
+  void will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
 
   // The samples' encoded bytes (behind the RAM cache when cache_bytes > 0): its counters()

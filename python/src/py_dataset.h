@@ -258,6 +258,7 @@ class RemappedDataset final : public Dataset {
   }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
+  void will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
   bool reads_chunks() const override { return base_->reads_chunks(); }
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,

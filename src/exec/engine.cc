@@ -406,6 +406,7 @@ Ticket* Engine::open_next() {
     ticket->skipped.clear();
   }
   std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size, ticket->rows().begin());
+  config_.dataset->will_read(ticket->rows());  // a hint: fetches start before the reads
   ticket->chunk_rows = (size + std::max<std::size_t>(target_workers_, 1) - 1) /
                        std::max<std::size_t>(target_workers_, 1);
   ticket->chunks = (size + ticket->chunk_rows - 1) / ticket->chunk_rows;

@@ -157,6 +157,12 @@ bool DiskCache::get_range(const std::string& key, std::size_t length, std::uint6
   return true;
 }
 
+bool DiskCache::contains(const std::string& key) const {
+  const std::string name = hash_name(key);
+  detail::MutexLock lock(mu_);
+  return index_.find(name) != index_.end();
+}
+
 void DiskCache::put(const std::string& key, const std::byte* data, std::size_t length) {
   std::string name = hash_name(key);
   std::string head = header(key);

@@ -37,6 +37,9 @@ class DiskCache {
   // `length` bytes (one pread of the part asked for, not the whole entry); false otherwise.
   bool get_range(const std::string& key, std::size_t length, std::uint64_t offset, std::byte* dst,
                  std::size_t n);
+  // Whether this process's index of the directory has the entry (no file is read: a hint,
+  // e.g. for not fetching again what is there; get() still checks the file).
+  bool contains(const std::string& key) const;
   // Stores the bytes (replacing an entry of the same key), then evicts down to the cap. An
   // entry larger than the cap is not stored. I/O errors are ignored: a cache is optional.
   void put(const std::string& key, const std::byte* data, std::size_t length);

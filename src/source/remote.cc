@@ -1,5 +1,7 @@
 #include "source/remote.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +14,10 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <optional>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 #include <tuple>
@@ -39,7 +44,111 @@ std::uint64_t elapsed_ns(std::chrono::steady_clock::time_point since) {
           .count());
 }
 
+std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// A listing shared by the processes of a job on a node: DIR/<hash>.lst, holding a header line,
+// the prefix, the job and the endpoint (a file whose header differs is not used), then
+// "SIZE ETAG_BYTES KEY_BYTES\nETAGKEY\n" per object (keys may hold any byte).
+constexpr std::string_view kListingMagic = "stoker-listing 1";
+
+std::string listing_file(const std::string& dir, const std::string& prefix, const std::string& job,
+                         const std::string& endpoint) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.lst",
+                static_cast<unsigned long long>(fnv1a(prefix + '\n' + job + '\n' + endpoint)));
+  return (fs::path(dir) / name).string();
+}
+
+std::string listing_header(const std::string& prefix, const std::string& job,
+                           const std::string& endpoint) {
+  return std::string(kListingMagic) + '\n' + prefix + '\n' + job + '\n' + endpoint + '\n';
+}
+
+std::optional<std::vector<io::ObjectInfo>> load_listing(const std::string& file,
+                                                        const std::string& header,
+                                                        const std::string& bucket) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::string got(header.size(), '\0');
+  if (!in.read(got.data(), static_cast<std::streamsize>(got.size())) || got != header) {
+    return std::nullopt;
+  }
+  std::vector<io::ObjectInfo> out;
+  std::uint64_t size = 0;
+  std::size_t etag_bytes = 0, key_bytes = 0;
+  while (in >> size >> etag_bytes >> key_bytes) {
+    if (in.get() != '\n' || etag_bytes > 4096 || key_bytes > 65536) return std::nullopt;
+    io::ObjectInfo o;
+    o.size = size;
+    o.etag.resize(etag_bytes);
+    o.key.resize(key_bytes);
+    if (!in.read(o.etag.data(), static_cast<std::streamsize>(etag_bytes)) ||
+        !in.read(o.key.data(), static_cast<std::streamsize>(key_bytes)) || in.get() != '\n') {
+      return std::nullopt;  // cut short: listed again
+    }
+    o.url = "s3://" + bucket + "/" + o.key;
+    out.push_back(std::move(o));
+  }
+  if (!in.eof()) return std::nullopt;
+  return out;
+}
+
+// Written to a temporary name and renamed; a failure leaves no file (the next process lists).
+void save_listing(const std::string& file, const std::string& header,
+                  const std::vector<io::ObjectInfo>& objects) {
+  std::error_code ec;
+  fs::create_directories(fs::path(file).parent_path(), ec);
+  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << header;
+    for (const auto& o : objects) {
+      out << o.size << ' ' << o.etag.size() << ' ' << o.key.size() << '\n'
+          << o.etag << o.key << '\n';
+    }
+    if (!out.flush()) {
+      out.close();
+      fs::remove(tmp, ec);
+      return;
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) fs::remove(tmp, ec);
+}
+
 }  // namespace
+
+std::string torchrun_job() {
+  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
+  if (run == nullptr || *run == '\0') return {};
+  return std::string(run) + "/" + std::to_string(::getppid());
+}
+
+NodeLock::NodeLock(const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw std::runtime_error(path + ": cannot make the lock file: " + std::strerror(errno));
+  }
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    const int err = errno;
+    ::close(fd_);
+    throw std::runtime_error(path + ": cannot lock: " + std::strerror(err));
+  }
+}
+
+NodeLock::~NodeLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing the file releases its lock
+}
 
 bool is_url(std::string_view path) {
   return path.starts_with("s3://") || path.starts_with("http://") || path.starts_with("https://");
@@ -95,11 +204,21 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
   }
 }
 
-RemoteFiles::~RemoteFiles() = default;
+RemoteFiles::~RemoteFiles() {
+  // Closing the store fails the GETs still running, so the finisher ends at once.
+  store_.reset();
+  {
+    MutexLock lock(mu_);
+    stopping_ = true;
+  }
+  ahead_cv_.notify_all();
+  if (finisher_.joinable()) finisher_.join();
+}
 
-std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(
-    const std::vector<std::string>& urls, std::string_view suffix,
-    const std::vector<RemoteObject>& known) {
+std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(const std::vector<std::string>& urls,
+                                                            std::string_view suffix,
+                                                            const std::vector<RemoteObject>& known,
+                                                            const SharedListings& shared) {
   struct Item {
     io::ObjectUrl url;
     bool prefix = false;
@@ -145,8 +264,23 @@ std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(
     }
   }
   std::vector<std::vector<io::ObjectInfo>> listed(listings.size());
-  parallel_for(listings.size(), kResolveThreads,
-               [&](std::size_t i) { listed[i] = store_->list(listings[i]); });
+  const bool share = !shared.dir.empty() && !shared.job.empty();
+  parallel_for(listings.size(), kResolveThreads, [&](std::size_t i) {
+    if (!share) {
+      listed[i] = store_->list(listings[i]);
+      return;
+    }
+    const std::string& endpoint = store_->settings().endpoint;
+    const std::string file = listing_file(shared.dir, listings[i], shared.job, endpoint);
+    const std::string header = listing_header(listings[i], shared.job, endpoint);
+    const std::string bucket = io::parse_object_url(listings[i]).bucket;
+    if (auto cached = load_listing(file, header, bucket)) {
+      listed[i] = std::move(*cached);
+      return;
+    }
+    listed[i] = store_->list(listings[i]);
+    save_listing(file, header, listed[i]);
+  });
   std::vector<std::vector<RemoteObject>> out(items.size());
   parallel_for(items.size(), kResolveThreads, [&](std::size_t i) {
     const Item& it = items[i];
@@ -225,7 +359,7 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
     const auto waiting = std::chrono::steady_clock::now();
     const Chunk chunk = fetch_chunk(object, c, length, key);
     wait_ns_ += elapsed_ns(waiting);
-    std::memcpy(to, chunk->data() + (lo - c), part);
+    std::memcpy(to, chunk.get() + (lo - c), part);
   }
 }
 
@@ -234,6 +368,12 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
   std::promise<Chunk> promise;
   {
     MutexLock lock(mu_);
+    if (auto it = ahead_.find(key); it != ahead_.end()) {
+      const Ahead ahead = it->second;
+      MutexUnlock unlocked(mu_);
+      ahead.done.get();  // fetched ahead: wait for that GET (its error is this read's)
+      return ahead.data;
+    }
     if (auto it = in_flight_.find(key); it != in_flight_.end()) {
       std::shared_future<Chunk> theirs = it->second;
       MutexUnlock unlocked(mu_);
@@ -243,14 +383,14 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
   }
   std::shared_future<Chunk> result;
   try {
-    auto buf = std::make_shared<std::vector<std::byte>>(length);
+    std::shared_ptr<std::byte[]> buf = std::make_shared_for_overwrite<std::byte[]>(length);
     // Another thread may have fetched and stored it between our miss and now.
-    if (!cache_->get(key, buf->data(), length)) {
+    if (!cache_->get(key, buf.get(), length)) {
       const auto started = std::chrono::steady_clock::now();
-      store_->read(object.url, offset, length, buf->data());
+      store_->read(object.url, offset, length, buf.get());
       fetch_ns_ += elapsed_ns(started);
       ++chunk_fetches_;
-      cache_->put(key, buf->data(), length);
+      cache_->put(key, buf.get(), length);
     }
     promise.set_value(std::move(buf));
   } catch (...) {
@@ -265,6 +405,67 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
   return result.get();
 }
 
+void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
+  if (!cache_ || n == 0 || offset >= object.size) return;
+  const std::uint64_t end = std::min<std::uint64_t>(offset + n, object.size);
+  for (std::uint64_t c = offset / kRemoteChunkBytes * kRemoteChunkBytes; c < end;
+       c += kRemoteChunkBytes) {
+    const auto length =
+        static_cast<std::size_t>(std::min<std::uint64_t>(kRemoteChunkBytes, object.size - c));
+    std::string key = io::DiskCache::key(object.url, c, length, object.etag);
+    MutexLock lock(mu_);
+    if (stopping_) return;
+    // Under mu_: the finisher stores a chunk in the cache before it forgets it here.
+    if (ahead_.contains(key) || in_flight_.contains(key) || cache_->contains(key)) continue;
+    if (ahead_.size() >= kAheadChunks || ahead_bytes_ + length > kAheadBytes) return;
+    Ahead ahead;
+    ahead.data = std::make_shared_for_overwrite<std::byte[]>(length);
+    ahead.length = length;
+    ahead.started = std::chrono::steady_clock::now();
+    try {
+      ahead.done = store_->submit_read(object.url, c, length, ahead.data.get()).share();
+    } catch (const std::exception&) {
+      return;  // the store is closing: a hint, dropped
+    }
+    if (!finisher_.joinable()) finisher_ = std::thread([this] { finish_ahead(); });
+    ahead_bytes_ += length;
+    ahead_order_.push_back(key);
+    ahead_.emplace(std::move(key), std::move(ahead));
+    ++prefetched_;
+    ++chunk_fetches_;
+    ahead_cv_.notify_all();
+  }
+}
+
+void RemoteFiles::finish_ahead() {
+  for (;;) {
+    std::string key;
+    Ahead ahead;
+    {
+      MutexLock lock(mu_);
+      while (!stopping_ && ahead_order_.empty()) lock.wait(ahead_cv_);
+      if (ahead_order_.empty()) return;
+      key = ahead_order_.front();
+      ahead = ahead_.at(key);
+    }
+    ahead.done.wait();
+    bool ok = true;
+    try {
+      ahead.done.get();
+    } catch (...) {
+      ok = false;  // its readers get the error; a later read fetches it again
+    }
+    if (ok) {
+      fetch_ns_ += elapsed_ns(ahead.started);
+      cache_->put(key, ahead.data.get(), ahead.length);
+    }
+    MutexLock lock(mu_);
+    ahead_.erase(key);
+    ahead_order_.pop_front();
+    ahead_bytes_ -= ahead.length;
+  }
+}
+
 std::string RemoteFiles::local_file(const RemoteObject& object) {
   if (cache_dir_.empty()) {
     throw std::runtime_error(object.url +
@@ -272,11 +473,7 @@ std::string RemoteFiles::local_file(const RemoteObject& object) {
                              "directory (set STOKER_CACHE_DIR, or give a cache size above 0)");
   }
   const std::string id = object.url + "|" + std::to_string(object.size) + "|" + object.etag;
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, as the disk cache names its entries
-  for (unsigned char c : id) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  const std::uint64_t h = fnv1a(id);  // as the disk cache names its entries
   std::string name = object.url.substr(object.url.rfind('/') + 1);
   name = name.substr(0, name.find_first_of("?#"));
   for (char& c : name) {
@@ -369,6 +566,7 @@ RemoteFiles::Counters RemoteFiles::counters() const {
   c.chunk_fetches = chunk_fetches_;
   c.fetch_ns = fetch_ns_;
   c.wait_ns = wait_ns_;
+  c.prefetched = prefetched_;
   return c;
 }
 

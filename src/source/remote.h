@@ -8,14 +8,18 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "stoker/frontend/mutex.h"
@@ -42,17 +46,45 @@ struct RemoteObject {
 std::string default_object_cache_dir();
 inline constexpr std::uint64_t kDefaultObjectCacheBytes = 10ull << 30;
 inline constexpr std::size_t kRemoteChunkBytes = 8u << 20;
+// Chunks fetched ahead of their readers (RemoteFiles::prefetch) at most at once: as many as the
+// store runs transfers at once (io::ObjectStoreOptions::max_in_flight), and at most this many
+// bytes (32 full chunks) held for them.
+inline constexpr std::size_t kAheadChunks = 64;
+inline constexpr std::uint64_t kAheadBytes = 256ull << 20;
 
 // Runs fn(0) ... fn(n - 1) on up to `threads` threads; rethrows the first exception (by index
 // order among those that failed) after every call has returned.
 void parallel_for(std::size_t n, std::size_t threads, const std::function<void(std::size_t)>& fn);
+
+// The key of this process's job on this node for sharing listings, or "" when it is not run by
+// torchrun: TORCHELASTIC_RUN_ID with the parent's pid (torchrun's agent on this node, the
+// parent of every local rank), so that the ranks of one job share and a later job, or another
+// job on the node, does not see their listings.
+std::string torchrun_job();
+
+// An exclusive lock on a file (flock), held from construction to destruction, so that the
+// processes of a node that make the same data set take turns: the first lists and indexes, the
+// next find its results in the caches. Released by the kernel if the holder dies. Throws
+// std::runtime_error naming the file when it cannot be made or locked.
+class NodeLock {
+ public:
+  explicit NodeLock(const std::string& path);
+  ~NodeLock();
+  NodeLock(const NodeLock&) = delete;
+  NodeLock& operator=(const NodeLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
 
 // One per process and cache directory (remote_files()): an ObjectStore (its settings from the
 // environment and ~/.aws) and the disk cache. Thread safety: every member from any thread.
 class RemoteFiles {
  public:
   RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes);
-  ~RemoteFiles();
+  ~RemoteFiles();  // fails what is still being fetched ahead, and waits for it
+  RemoteFiles(const RemoteFiles&) = delete;
+  RemoteFiles& operator=(const RemoteFiles&) = delete;
 
   // The objects each URL names, in order. A URL whose last path component ends in `suffix`
   // (".tar") is one object; any other s3:// URL is a prefix: every object directly under
@@ -60,9 +92,18 @@ class RemoteFiles {
   // are resolved by one listing of each distinct parent prefix (not a HEAD each); http(s)://
   // objects by a HEAD each (in parallel). Throws io::ObjectStoreError naming the URL.
   // A URL found in `known` is taken from there, with no request.
+  //
+  // With `shared.job` (the job's key on this node, torchrun_job()) and `shared.dir`, each listing
+  // is kept in `shared.dir` for the processes of that job on this node: the first lists, the
+  // others read its file. Callers serialise the processes (NodeLock) so that one lists first.
+  struct SharedListings {
+    std::string dir;
+    std::string job;
+  };
   std::vector<std::vector<RemoteObject>> resolve(const std::vector<std::string>& urls,
                                                  std::string_view suffix,
-                                                 const std::vector<RemoteObject>& known = {});
+                                                 const std::vector<RemoteObject>& known = {},
+                                                 const SharedListings& shared = {});
 
   // Reads bytes [offset, offset + n) of the object into dst: from the disk cache where it holds
   // the chunks, else with one range GET per chunk (kRemoteChunkBytes, aligned), each stored in
@@ -70,6 +111,14 @@ class RemoteFiles {
   // io::ObjectStoreError (the URL and the HTTP status in its message) or std::runtime_error for
   // a range past the object's end.
   void read(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
+
+  // A hint that bytes [offset, offset + n) of the object will be read soon: each chunk holding
+  // them that is neither in the disk cache nor being fetched is fetched now, in the background
+  // (range GETs in parallel through the store's multi handle), and stored in the cache; a
+  // read() of a chunk being fetched waits for that GET instead of making its own. At most
+  // kAheadChunks chunks and kAheadBytes are fetched ahead at once: past that the hint is
+  // dropped (the read fetches its chunk itself). Never waits for I/O. Nothing without a cache.
+  void prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n);
 
   // The object as a whole local file, for readers that need one (Parquet through pyarrow):
   // DIR/files/<hash of URL, size and ETag>-<its name>, where DIR is the cache directory,
@@ -84,17 +133,33 @@ class RemoteFiles {
   const std::string& cache_dir() const { return cache_dir_; }
 
  private:
-  using Chunk = std::shared_ptr<const std::vector<std::byte>>;
+  using Chunk = std::shared_ptr<const std::byte[]>;
   Chunk fetch_chunk(const RemoteObject& object, std::uint64_t offset, std::size_t length,
                     const std::string& key);
+  // Stores the chunks fetched ahead in the cache as their GETs end (in the order they were
+  // asked for), then forgets them.
+  void finish_ahead();
+
+  struct Ahead {  // a chunk being fetched ahead of its readers
+    std::shared_ptr<std::byte[]> data;
+    std::size_t length = 0;
+    std::shared_future<void> done;
+    std::chrono::steady_clock::time_point started;
+  };
 
   std::string cache_dir_;
   std::unique_ptr<io::ObjectStore> store_;
   std::unique_ptr<io::DiskCache> cache_;  // null: no cache
   std::atomic<std::uint64_t> hits_{0}, hit_bytes_{0}, misses_{0};
-  std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0};
+  std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0}, prefetched_{0};
   Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
+  std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);
+  std::deque<std::string> ahead_order_ STOKER_GUARDED_BY(mu_);  // oldest first
+  std::uint64_t ahead_bytes_ STOKER_GUARDED_BY(mu_) = 0;
+  bool stopping_ STOKER_GUARDED_BY(mu_) = false;
+  std::condition_variable ahead_cv_;
+  std::thread finisher_;  // started by the first prefetch() that fetches
   std::uint64_t cache_bytes_ = 0;
   std::vector<std::string> handed_out_ STOKER_GUARDED_BY(mu_);  // local_file()s: never evicted
 };

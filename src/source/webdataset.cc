@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -775,7 +776,27 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     impl->remote_files = detail::remote_files(impl->object_cache_dir, impl->object_cache_bytes);
     std::vector<detail::RemoteObject> known;
     for (const auto& k : options_.known_objects) known.push_back({k.url, k.size, k.etag});
-    objects = impl->remote_files->resolve(urls, ".tar", known);
+    // One listing and one index per node: the processes that make this data set over this
+    // index cache take turns (a lock file), so the first lists and indexes and the others,
+    // the ranks of a torchrun job on this node, find the listing (shared within the job) and
+    // the indexes (shared by URL, size and ETag) in the cache.
+    const std::string index_dir = options_.index_cache ? cache_dir(options_) : std::string();
+    std::optional<detail::NodeLock> node_lock;
+    detail::RemoteFiles::SharedListings shared;
+    if (!index_dir.empty()) {
+      std::string all;
+      for (const auto& u : urls) all += u + '\n';
+      char name[40];
+      std::snprintf(name, sizeof name, "%016llx.lock",
+                    static_cast<unsigned long long>(XXH3_64bits(all.data(), all.size())));
+      try {
+        node_lock.emplace((fs::path(index_dir) / "locks" / name).string());
+      } catch (const std::exception& e) {  // e.g. a read-only cache: each process does it all
+        detail::log(LogLevel::warning, std::string(e.what()) + " (processes not serialised)");
+      }
+      shared = {(fs::path(index_dir) / "listings").string(), detail::torchrun_job()};
+    }
+    objects = impl->remote_files->resolve(urls, ".tar", known, shared);
     std::vector<const detail::RemoteObject*> flat;
     for (const auto& per_url : objects) {
       for (const auto& o : per_url) flat.push_back(&o);
@@ -876,6 +897,32 @@ ObjectStorageCounters WebDataset::object_storage_counters() const {
 }
 
 const std::shared_ptr<EncodedSource>& WebDataset::source() const { return source_; }
+
+void WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
+  const Impl& impl = *impl_;
+  if (!impl.remote_files) return;
+  try {
+    detail::RemoteFiles& files = impl.files();
+    for (const std::size_t index : rows) {
+      if (index >= impl.samples.size()) continue;
+      const auto& s = impl.samples[index];
+      const auto& shard = impl.shards[s.shard];
+      if (!shard.remote || s.span_bytes == 0) continue;
+      if (s.contiguous) {
+        files.prefetch(*shard.remote, s.span_offset, static_cast<std::size_t>(s.span_bytes));
+        continue;
+      }
+      for (std::size_t f = 0; f < impl.fields.size(); ++f) {
+        const auto& l = impl.loc(index, f);
+        if (l.size != kMissing) {
+          files.prefetch(*shard.remote, l.offset, static_cast<std::size_t>(l.size));
+        }
+      }
+    }
+  } catch (...) {
+    // A hint: whatever failed here, each read fetches its own chunk and reports its error.
+  }
+}
 
 void WebDataset::read(std::size_t index, const SampleOut& out) const {
   if (index >= size()) {

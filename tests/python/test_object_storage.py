@@ -6,6 +6,7 @@ without `weed`."""
 import os
 import pickle
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,6 +138,52 @@ def test_second_run_fetches_no_data_and_no_index(env, local_shards, tmp_path):
     counts = env.counts()
     assert counts["GET"] == 0 and counts["HEAD"] == 0
     assert counts["LIST"] == 1  # the listing, to see the shards' sizes and ETags
+
+
+def test_the_chunks_of_opened_batches_are_fetched_ahead_each_once(env, local_shards, tmp_path):
+    samples_by_uid(dataset(PATTERN, tmp_path))  # indexes the shards into tmp_path / "index"
+    env.reset()
+    # The indexes cached, no object: each batch's chunks are asked for as the loader opens the
+    # batch, all at once, before a worker thread reads one of its samples.
+    ds = dataset(PATTERN, tmp_path, object_cache=tmp_path / "objects-2")
+    got = samples_by_uid(ds, shuffle=True, seed=11, num_workers=2)
+    assert len(got) == N_SHARDS * PER_SHARD
+    io = ds.object_storage()
+    assert env.counts()["GET"] == io["get_requests"] == N_SHARDS  # each shard's chunk once
+    assert io["prefetched"] == io["chunk_fetches"] == N_SHARDS  # all fetched ahead of the reads
+
+
+TORCHRUN_RANK = """
+import sys
+import stoker
+from stoker import transforms as T
+url, index, objects, n = sys.argv[1:5]
+ds = stoker.WebDataset(url, fields=("jpg", "cls"), transform=T.val(24, 24), index_cache=index,
+                       object_cache=objects)
+assert len(ds) == int(n), len(ds)
+"""
+
+
+def test_torchrun_ranks_on_a_node_share_one_listing_and_one_index(env, local_shards, tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(TORCHRUN_RANK)
+
+    def job():
+        env.reset()
+        subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "3", str(script), PATTERN, str(tmp_path / "index"), str(tmp_path / "objects"),
+             str(N_SHARDS * PER_SHARD)],
+            check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        return env.counts()
+
+    # Three ranks, one listing and one GET per shard (its index) between them: they take turns
+    # (a lock file in the index cache), the first lists and indexes, the others read its files.
+    counts = job()
+    assert (counts["LIST"], counts["HEAD"], counts["GET"]) == (1, 0, N_SHARDS)
+    # Another job: its own listing (once), the indexes from the cache.
+    counts = job()
+    assert (counts["LIST"], counts["HEAD"], counts["GET"]) == (1, 0, 0)
 
 
 def test_without_a_cache_each_read_is_a_range_and_faults_lose_or_repeat_no_sample(

@@ -19,6 +19,8 @@ With --latency-ms, every forwarded request waits that long first (a distant serv
 trip; bench/s3_bench.py uses it).
 
 Control (not forwarded): POST /__proxy/faults with a JSON list of fault names appends them;
+POST /__proxy/fault_rate with {"rate": R, "kinds": [...], "seed": S} makes each later data GET
+(once the queue is empty) fail with probability R, the kinds taken in turn (rate 0: none);
 GET /__proxy/counts returns the counts and the faults still queued; POST /__proxy/reset clears
 both. The port is written to --port-file once the proxy listens (port 0: any free port).
 """
@@ -26,6 +28,7 @@ import argparse
 import http.client
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -36,6 +39,7 @@ FAULTS = []
 COUNTS = {"LIST": 0, "HEAD": 0, "GET": 0, "PUT": 0, "faults_applied": 0}
 UPSTREAM = ("127.0.0.1", 0)
 LATENCY_S = 0.0
+RATE = {"rate": 0.0, "kinds": [], "next": 0, "rng": random.Random(0)}
 
 ERROR_BODIES = {
     503: ("SlowDown", "Please reduce your request rate."),
@@ -63,8 +67,13 @@ class Handler(BaseHTTPRequestHandler):
         with LOCK:
             if self.path == "/__proxy/faults":
                 FAULTS.extend(json.loads(body))
+            elif self.path == "/__proxy/fault_rate":
+                spec = json.loads(body)
+                RATE.update(rate=float(spec["rate"]), kinds=list(spec.get("kinds") or ["503"]),
+                            next=0, rng=random.Random(spec.get("seed", 0)))
             elif self.path == "/__proxy/reset":
                 FAULTS.clear()
+                RATE["rate"] = 0.0
                 for k in COUNTS:
                     COUNTS[k] = 0
             out = json.dumps({"counts": COUNTS, "queued": FAULTS}).encode()
@@ -93,6 +102,11 @@ class Handler(BaseHTTPRequestHandler):
             COUNTS[kind] = COUNTS.get(kind, 0) + 1
             if kind == "GET" and self.headers.get("Range") and FAULTS:
                 fault = FAULTS.pop(0)
+                COUNTS["faults_applied"] += 1
+            elif (kind == "GET" and self.headers.get("Range") and RATE["rate"] > 0
+                  and RATE["rng"].random() < RATE["rate"]):
+                fault = RATE["kinds"][RATE["next"] % len(RATE["kinds"])]
+                RATE["next"] += 1
                 COUNTS["faults_applied"] += 1
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
