@@ -30,6 +30,13 @@ struct Report {
   double network_wait = 0;
   double network_bytes_per_second = 0;
   double remote_busy = 0;
+  // The memory cap and what counts against it, now and at peak (Stats::memory_*), and as one
+  // line with what holds it: "memory: 412 MiB of the 1536 MiB cap (batch slabs 300, worker
+  // processes 100, RAM cache 12), peak 450 MiB" (text() ends with it).
+  std::size_t memory_limit = 0;
+  std::size_t memory_used = 0;
+  std::size_t memory_peak = 0;
+  std::string memory;
   // The busiest stage: "reads", "the GIL", "the network", "remote reads" or "the training
   // loop".
   std::string busiest;

@@ -51,6 +51,10 @@ struct ExecutorStats {
   std::chrono::nanoseconds remote_read{0};
   std::chrono::nanoseconds remote_idle{0};
 
+  // Not a sum over time: the resident memory of its processes now, their private pages only
+  // (the shared slabs they write into are the loader's); 0 for threads.
+  std::uint64_t resident_bytes = 0;
+
   ExecutorStats& operator+=(const ExecutorStats& o);
 };
 
