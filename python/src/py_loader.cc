@@ -293,6 +293,10 @@ py::dict PyLoader::report() {
   d["busiest_load"] = r.busiest_load;
   d["more_workers"] = r.more_workers;
   d["suggestions"] = r.suggestions;
+  d["memory_limit"] = r.memory_limit;
+  d["memory_used"] = r.memory_used;
+  d["memory_peak"] = r.memory_peak;
+  d["memory"] = r.memory;
   return d;
 }
 
