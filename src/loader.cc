@@ -165,14 +165,15 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     detail::MemoryUse others;
     others.cache = config.dataset->resident_bytes();
     others.device_slots = device_depth_ * slabs.slab_bytes();
-    const auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(),
-                                                 slabs.slab_bytes(), others);
+    const std::size_t slab = slabs.slab_bytes();
+    const auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab,
+                                                 others, detail::kHeldBatches);
     if (slabs.has_layout() && share.max_depth == 0) {
       throw std::invalid_argument(
           "stoker::Loader: " +
-          detail::memory_cap_too_small(memory_->limit(), slabs.slab_bytes(), others));
+          detail::memory_cap_too_small(memory_->limit(), slab, others, detail::kHeldBatches));
     }
-    return share.slab_budget;
+    return share.depth_budget;
   };
   config.memory_budget = slab_share(*pool);
   const std::size_t config_memory_budget = config.memory_budget;
@@ -222,14 +223,16 @@ void Loader::check_memory() {
   others.device_slots = s.memory_device_slots;
   others.cache = s.memory_cache;
   others.workers = s.memory_workers;
-  const auto share =
-      detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab, others);
+  using detail::kHeldBatches;
+  const auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab,
+                                               others, kHeldBatches);
   if (share.max_depth == 0) {
-    throw std::invalid_argument("stoker::Loader: " +
-                                detail::memory_cap_too_small(memory_->limit(), slab, others));
+    throw std::invalid_argument("stoker::Loader: " + detail::memory_cap_too_small(memory_->limit(),
+                                                                                  slab, others,
+                                                                                  kHeldBatches));
   }
-  engine_->set_memory_budget(share.slab_budget);
-  tuner_->set_memory_budget(share.slab_budget);
+  engine_->set_memory_budget(share.depth_budget, kHeldBatches);
+  tuner_->set_memory_budget(share.depth_budget);
 }
 
 void Loader::tune() {

@@ -31,6 +31,12 @@ TEST(MemoryCap, TheSlabsGetWhatTheOthersLeave) {
   const auto share = divide_memory_cap(200 * kMiB, 0, 10 * kMiB, others);
   EXPECT_EQ(share.slab_budget, 100 * kMiB);
   EXPECT_EQ(share.max_depth, 9u);
+  EXPECT_EQ(share.depth_budget, 100 * kMiB);  // (depth + 1) slabs, as the engine counts
+  // A training loop that holds two batches (Python's for loop, asking for the next): depth 8,
+  // given to the engine as 9 slabs' bytes.
+  const auto two = divide_memory_cap(200 * kMiB, 0, 10 * kMiB, others, 2);
+  EXPECT_EQ(two.max_depth, 8u);
+  EXPECT_EQ(two.depth_budget, 90 * kMiB);
 }
 
 TEST(MemoryCap, TheSlabBudgetNarrowsTheShareButNeverWidensIt) {
@@ -71,6 +77,12 @@ TEST(MemoryCap, TheErrorSaysWhatHoldsWhatAndWhatWouldFit) {
   EXPECT_NE(e.find("5.0 MiB held by the worker processes"), std::string::npos) << e;
   EXPECT_NE(e.find("at least 16.0 MiB would fit"), std::string::npos) << e;
   EXPECT_EQ(e.find("device slots"), std::string::npos) << e;  // none held
+  const std::string held = detail::memory_cap_too_small(10 * kMiB, 4 * kMiB, others, 2);
+  EXPECT_NE(held.find("needs 3 batch slabs of 4.0 MiB (the batch being read and 2 the training "
+                      "loop holds)"),
+            std::string::npos)
+      << held;
+  EXPECT_NE(held.find("at least 20.0 MiB would fit"), std::string::npos) << held;
 }
 
 TEST(MemoryCap, TheDefaultIsHalfOfWhatIsAvailable) {
@@ -105,18 +117,19 @@ std::size_t slab_bytes_of(LoaderOptions o) {
 
 TEST(MemoryCapLoader, TheCapLowersTheDepthCountsTheCacheAndHolds) {
   const std::size_t slab = slab_bytes_of(options(std::make_shared<IndexDataset<>>(800, 4096), 1));
-  // A cache of 2 slabs' bytes and a cap of 6.5 slabs: 4.5 slabs left, depth 3.
+  // A cache of 2 slabs' bytes and a cap of 6.5 slabs: 4.5 slabs left, 2 for the batches the
+  // training loop holds (kHeldBatches), depth 2.
   auto ds = std::make_shared<CachingDataset>(800, 4096, 2 * slab);
   auto o = options(ds, 8);
   o.memory_limit = 6 * slab + slab / 2;
   Loader loader(o);
-  EXPECT_EQ(loader.stats().depth, 3u);
+  EXPECT_EQ(loader.stats().depth, 2u);
   loader.set_depth(10);  // asked again: still within the cap
   std::size_t rows = 0;
   while (auto b = loader.next()) rows += b->size();
   EXPECT_EQ(rows, 800u);
   const Stats s = loader.stats();
-  EXPECT_EQ(s.depth, 3u);
+  EXPECT_EQ(s.depth, 2u);
   EXPECT_EQ(s.memory_limit, o.memory_limit);
   EXPECT_EQ(s.memory_cache, 2 * slab);
   EXPECT_EQ(s.memory_workers, 0u);  // threads
@@ -141,7 +154,7 @@ TEST(MemoryCapLoader, ACapTooSmallForOneBatchIsRefusedSayingWhatWouldFit) {
     EXPECT_NE(what.find("too small for one batch"), std::string::npos) << what;
     EXPECT_NE(what.find("would fit"), std::string::npos) << what;
   }
-  o.memory_limit = 2 * slab;  // exactly one batch in flight and the one held
+  o.memory_limit = 3 * slab;  // exactly one batch in flight and the two held
   Loader loader(o);
   EXPECT_EQ(loader.stats().depth, 1u);
   std::size_t rows = 0;

@@ -155,17 +155,15 @@ void Engine::set_depth(std::size_t depth) {
   pool_->trim(depth + 1);
 }
 
-void Engine::set_memory_budget(std::size_t bytes) {
-  if (memory_budget_.exchange(bytes, std::memory_order_relaxed) == bytes) return;
+void Engine::set_memory_budget(std::size_t bytes, std::size_t held) {
+  memory_budget_.store(bytes, std::memory_order_relaxed);
   std::size_t depth = 0;
   {
     MutexLock lock(mu_);
     if (!layout_known_) return;  // the probe that learns the layout fits the depth
-    depth = fit_depth(depth_);
-    if (depth == depth_) return;
-    depth_ = depth;
+    depth_ = depth = fit_depth(depth_);
   }
-  pool_->trim(depth + 1);
+  pool_->trim(depth + held);
 }
 
 void Engine::count_run_delay(Worker& worker, std::int64_t now_ns) const {

@@ -172,8 +172,9 @@ class Engine {
   void set_depth(std::size_t depth) STOKER_EXCLUDES(mu_);
   // Slab bytes allowed from now on (EngineConfig::memory_budget; the loader's memory cap
   // moves it as the other holders of memory grow or shrink): a depth that no longer fits is
-  // lowered at once, the extra slabs freed as they come back.
-  void set_memory_budget(std::size_t bytes) STOKER_EXCLUDES(mu_);
+  // lowered at once; free slabs past depth + `held` (the batches the consumer holds) are freed
+  // on every call, so those still in use when the depth was lowered go once they are back.
+  void set_memory_budget(std::size_t bytes, std::size_t held) STOKER_EXCLUDES(mu_);
   Stats stats() const STOKER_EXCLUDES(mu_, bad_mu_);
   // Each distinct sample that failed in a batch handed out (skip policy), by index, with its
   // first reason.

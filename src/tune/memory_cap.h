@@ -25,23 +25,33 @@ struct MemoryUse {
 // the part that can be given back at once and cheaply: past the first, a batch ahead only
 // absorbs the jitter of reads, and the tuner measures whether it does. So the slabs get what
 // the others leave, within `slab_budget` (LoaderOptions::memory_budget, 0: none), and the depth
-// is what those bytes hold: (depth + 1) slabs, the extra one being the batch the consumer
-// holds.
+// is what those bytes hold beside the batches the consumer holds: (depth + held) slabs. `held`
+// is at least 1 (the batch being used); a Python `for x in loader` holds 2 while it asks for
+// the next one (x is replaced only after), and the pool then makes a slab more rather than
+// overwrite a batch in use: the loader measures it (slabs beyond the depth).
 struct MemoryShare {
   std::size_t slab_budget = 0;  // bytes the slabs may take
   std::size_t max_depth = 0;    // batches in flight they hold; 0: not even one (too small)
+  // For the engine and the tuner, which count (depth + 1) slabs: (max_depth + 1) slabs' bytes.
+  std::size_t depth_budget = 0;
 };
+
+// Batches the training loop holds beside those in flight: the one it uses and, while it asks
+// for the next, that one too (a Python `for x in loader` drops x only once the next batch is
+// there; the pool makes a slab more rather than overwrite a batch in use).
+inline constexpr std::size_t kHeldBatches = 2;
 
 // `cap` 0 is no cap (the slabs get `slab_budget`, or everything when it is 0 too).
 // `slab_bytes` 0 (layout not known yet): max_depth is SIZE_MAX.
 MemoryShare divide_memory_cap(std::size_t cap, std::size_t slab_budget, std::size_t slab_bytes,
-                              const MemoryUse& others);
+                              const MemoryUse& others, std::size_t held = 1);
 
-// The least cap that holds one batch in flight beside `others` (two slabs).
-std::size_t least_memory_cap(std::size_t slab_bytes, const MemoryUse& others);
+// The least cap that holds one batch in flight beside `others` and the `held` batches.
+std::size_t least_memory_cap(std::size_t slab_bytes, const MemoryUse& others, std::size_t held = 1);
 
 // The error for a cap too small for one batch: what holds what, and what would fit.
-std::string memory_cap_too_small(std::size_t cap, std::size_t slab_bytes, const MemoryUse& others);
+std::string memory_cap_too_small(std::size_t cap, std::size_t slab_bytes, const MemoryUse& others,
+                                 std::size_t held = 1);
 
 // The default cap: half of MemAvailable (`available`), leaving the other half to the training
 // process (model, optimizer state, its own tensors) and the rest of the machine; the pinned
