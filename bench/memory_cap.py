@@ -2,7 +2,8 @@
 
 A bursty consumer takes 2,000 batches from worker processes whose data set keeps a RAM cache
 of the samples it made (each worker up to --cache-mb, first come first kept, as
-stoker.ImageFolder's cache_bytes does natively). A sampler thread reads, every 20 ms, the
+stoker.ImageFolder's cache_bytes does natively). A sampler thread reads, over and over (20 ms
+apart; each look takes a while itself, as the kernel walks every page the processes map), the
 proportional set size (Pss, /proc/<pid>/smaps_rollup) of the loader's processes together: the
 training process and its workers. Pss splits pages shared between them (the shared batch
 buffers, copy-on-write pages after fork) so that the sum is the memory they use together.

@@ -65,7 +65,7 @@ struct LoaderOptions {
   // The one memory cap: bytes the loader may hold in all. Counted against it: the batch
   // slabs (in flight, ready and those the consumer holds), the device slots (device_depth
   // batches on the device), the data set's RAM cache (Dataset::resident_bytes) and the worker
-  // processes' own memory (their Pss_Anon; the shared slabs they write into are counted as
+  // processes' own memory (their RssAnon; the shared slabs they write into are counted as
   // slabs). The cache and the worker processes hold what they hold; the batches in flight get
   // the rest, beside two the consumer may hold (the one it uses and, while it asks for the
   // next, that one): a depth (given, set or tuned) whose slabs do not fit is lowered (said

@@ -374,8 +374,8 @@ detail::ExecutorStats ProcessPool::times() {
   std::uint64_t resident = 0;
   for (const pid_t pid : pids) {
     if (pid <= 0) continue;
-    resident += detail::read_pss_anon(("/proc/" + std::to_string(pid) + "/smaps_rollup").c_str())
-                    .value_or(0);
+    resident +=
+        detail::read_rss_anon(("/proc/" + std::to_string(pid) + "/status").c_str()).value_or(0);
   }
   std::lock_guard lock(mu_);
   times_.resident_bytes = resident;  // a level, now; not summed

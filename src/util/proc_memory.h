@@ -1,9 +1,11 @@
-// A process's share of anonymous memory (/proc/<pid>/smaps_rollup, Pss_Anon): its heap and
-// the like, each page shared copy-on-write with other processes (a forked worker and its
-// parent) counted in proportion, so that the figures of several processes add up to the
-// memory they use together. Shared-memory mappings (the slabs worker processes write into)
-// are Pss_Shmem, not counted here. The Python package reads its worker processes' for the
-// loader's memory cap (LoaderOptions::memory_limit).
+// A process's anonymous resident memory (/proc/<pid>/status, RssAnon): its heap and the like,
+// not the files and shared memory it maps (the slabs worker processes write into are
+// RssShmem). Pages a forked worker still shares copy-on-write with its parent count in full
+// in each (an overcount, on the cap's safe side, that shrinks as they are written, which
+// Python's reference counting does to most objects it touches). Not Pss_Anon from
+// smaps_rollup, which splits those pages fairly: reading it walks every mapped page, about
+// 0.2 s for a worker mapping 1 GiB of slabs, where status costs microseconds. The Python
+// package reads its worker processes' for the loader's memory cap (LoaderOptions::memory_limit).
 #pragma once
 
 #include <cstdint>
@@ -13,15 +15,15 @@
 
 namespace stoker::detail {
 
-// nullopt if the file cannot be read (the process is gone, or the kernel has no Pss_Anon).
-inline std::optional<std::uint64_t> read_pss_anon(const char* smaps_rollup_path) {
-  FILE* f = std::fopen(smaps_rollup_path, "r");
+// nullopt if the file cannot be read (the process is gone) or has no RssAnon line.
+inline std::optional<std::uint64_t> read_rss_anon(const char* status_path) {
+  FILE* f = std::fopen(status_path, "r");
   if (f == nullptr) return std::nullopt;
   char line[256];
   std::optional<std::uint64_t> bytes;
   while (std::fgets(line, sizeof line, f) != nullptr) {
     unsigned long long kib = 0;
-    if (std::strncmp(line, "Pss_Anon:", 9) == 0 && std::sscanf(line + 9, "%llu", &kib) == 1) {
+    if (std::strncmp(line, "RssAnon:", 8) == 0 && std::sscanf(line + 8, "%llu", &kib) == 1) {
       bytes = static_cast<std::uint64_t>(kib) * 1024;
       break;
     }
