@@ -16,7 +16,7 @@ namespace {
                                                  const EncodedSource::Counters& s,
                                                  const ObjectStorageCounters& o) {
   [[maybe_unused]] const auto& [r1, r2, r3, r4, r5, r6, r7, r8, r9, r10, r11, r12, r13, r14, r15,
-                                r16] = r;
+                                r16, r17, r18, r19, r20] = r;
   [[maybe_unused]] const auto& [c1, c2, c3, c4, c5, c6] = c;
   [[maybe_unused]] const auto& [p1, p2, p3, p4] = p;
   [[maybe_unused]] const auto& [s1, s2, s3, s4, s5] = s;

@@ -20,6 +20,7 @@
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/tracer.h"
+#include "tune/memory_cap.h"
 #include "tune/tuner.h"
 
 namespace stoker {
@@ -137,6 +138,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
       options.dataset->fields_known()
           ? std::make_shared<detail::SlabPool>(fields, options.batch_size, std::move(memory))
           : std::make_shared<detail::SlabPool>(options.batch_size, std::move(memory));
+  device_depth_ = backend ? options.device_depth : 0;
   stage_ = backend ? detail::make_copy_stage(std::move(backend), pool, options.device_depth,
                                              options.stream, *tracer_)
                    : detail::make_host_stage();
@@ -150,8 +152,28 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
   config.depth = options.depth;
   config.on_error = options.on_error;
   config.keep_on_host = options.keep_on_host;
-  config.memory_budget =
-      options.memory_budget ? options.memory_budget : detail::default_pin_budget();
+  memory_ = std::make_unique<detail::MemoryGuard>(
+      options.memory_limit ? options.memory_limit
+                           : detail::default_memory_limit(detail::mem_available()),
+      options.memory_budget);
+  // What the cap leaves the slabs before anything else holds memory (the cache may hold some
+  // already); check_memory() moves it as the rest grows.
+  const auto slab_share = [&](const detail::SlabPool& slabs) {
+    detail::MemoryUse others;
+    others.cache = config.dataset->resident_bytes();
+    others.device_slots = device_depth_ * slabs.slab_bytes();
+    const std::size_t slab = slabs.slab_bytes();
+    const auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab,
+                                                 others, detail::kHeldBatches);
+    if (slabs.has_layout() && share.max_depth == 0) {
+      throw std::invalid_argument(
+          "stoker::Loader: " +
+          detail::memory_cap_too_small(memory_->limit(), slab, others, detail::kHeldBatches));
+    }
+    return share.depth_budget;
+  };
+  config.memory_budget = slab_share(*pool);
+  const std::size_t config_memory_budget = config.memory_budget;
   config.max_skipped = options.max_skipped;
   config.tracer = tracer_.get();
   config.executors = internals.executors;
@@ -169,8 +191,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
   limits.max_workers = std::clamp(max, options.workers, kMaxWorkers);
   // Counted against each window's slab size: a data set may learn its layout from its first
   // sample, after this.
-  limits.memory_budget =
-      options.memory_budget ? options.memory_budget : detail::default_pin_budget();
+  limits.memory_budget = config_memory_budget;
   tuner_ = std::make_unique<detail::WorkerTuner>(limits, !options.tune_workers);
 }
 
@@ -178,6 +199,37 @@ Loader::~Loader() {
   stage_.reset();  // batches taken ahead go back before the engine stops
   engine_.reset();
   // tracer_ writes a trace still recording when it goes, now that nothing records into it.
+}
+
+void Loader::add_memory(Stats& s) const {
+  const std::size_t slab = s.slabs ? s.slab_bytes / s.slabs : 0;
+  s.memory_device_slots = device_depth_ * slab;
+  s.memory_used = s.memory_slabs + s.memory_device_slots + s.memory_cache + s.memory_workers;
+  s.memory_limit = memory_->limit();
+  s.memory_peak = std::max(memory_->peak(), s.memory_used);
+}
+
+void Loader::check_memory() {
+  if (!memory_->due()) return;
+  Stats s = engine_->stats();
+  add_memory(s);
+  const std::size_t slab = s.slabs ? s.slab_bytes / s.slabs : 0;
+  memory_->saw(s.memory_used, slab != 0);
+  if (slab == 0) return;  // the layout is not known yet: nothing to divide
+  detail::MemoryUse others;
+  others.device_slots = s.memory_device_slots;
+  others.cache = s.memory_cache;
+  others.workers = s.memory_workers;
+  using detail::kHeldBatches;
+  const auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab,
+                                               others, kHeldBatches);
+  if (share.max_depth == 0) {
+    throw std::invalid_argument("stoker::Loader: " + detail::memory_cap_too_small(memory_->limit(),
+                                                                                  slab, others,
+                                                                                  kHeldBatches));
+  }
+  engine_->set_memory_budget(share.depth_budget, kHeldBatches);
+  tuner_->set_memory_budget(share.depth_budget);
 }
 
 void Loader::tune() {
@@ -197,6 +249,7 @@ NextResult Loader::next_for(std::chrono::nanoseconds timeout) {
   using Clock = detail::Engine::Clock;
   const bool traced = tracer_->on();
   if (traced) trace_call();
+  check_memory();
   tune();
   detail::Engine::Deadline deadline;
   if (timeout != std::chrono::nanoseconds::max()) {
@@ -285,6 +338,7 @@ Stats Loader::stats() const {
   Stats s = engine_->stats();
   stage_->add_stats(s);
   tuner_->add_stats(s);
+  add_memory(s);
   return s;
 }
 Report Loader::report() const { return diagnose(stats(), engine_->worker_limit() != 0); }

@@ -26,6 +26,22 @@ constexpr double kRunDelay = 0.2;
 constexpr double kNetworkDominates = 0.5;
 constexpr double kRemoteSaturated = 0.8;
 
+std::string memory_line(const Stats& s) {
+  using detail::format;
+  const auto mib = [](std::size_t bytes) { return format("%.0f", bytes / 1048576.0); };
+  std::string parts;
+  const auto part = [&](const char* what, std::size_t bytes) {
+    if (bytes == 0) return;
+    parts += (parts.empty() ? "" : ", ") + std::string(what) + " " + mib(bytes);
+  };
+  part("batch slabs", s.memory_slabs);
+  part("device slots", s.memory_device_slots);
+  part("RAM cache", s.memory_cache);
+  part("worker processes", s.memory_workers);
+  return "memory: " + mib(s.memory_used) + " MiB of the " + mib(s.memory_limit) + " MiB cap" +
+         (parts.empty() ? "" : " (" + parts + ")") + ", peak " + mib(s.memory_peak) + " MiB";
+}
+
 }  // namespace
 
 Report diagnose(const Stats& s, bool process_workers) {
@@ -33,6 +49,10 @@ Report diagnose(const Stats& s, bool process_workers) {
   Report r;
   r.workers = s.workers;
   r.cpu_cores = s.cpu_cores;
+  r.memory_limit = s.memory_limit;
+  r.memory_used = s.memory_used;
+  r.memory_peak = s.memory_peak;
+  if (s.memory_limit != 0) r.memory = memory_line(s);
   if (s.batches == 0 || s.elapsed.count() <= 0) {
     r.verdict = "no data yet";
     return r;
@@ -157,7 +177,9 @@ Report diagnose(const Stats& s, bool process_workers) {
 
 std::string Report::text() const {
   using detail::format;
-  if (verdict == "no data yet") return "no data yet: no batch was handed out";
+  if (verdict == "no data yet") {
+    return "no data yet: no batch was handed out" + (memory.empty() ? "" : "; " + memory);
+  }
   std::string out = format("%s: the training loop waited %.0f%% of its time (%.0f samples/s); ",
                            verdict.c_str(), 100 * wait_fraction, samples_per_second);
   if (busiest == "reads") {
@@ -182,6 +204,7 @@ std::string Report::text() const {
       out += (i ? " / " : "") + suggestions[i];
     }
   }
+  if (!memory.empty()) out += "; " + memory;
   return out;
 }
 

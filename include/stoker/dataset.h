@@ -135,6 +135,10 @@ class Dataset {
   // shard and record. Default: nothing (the index says it all).
   virtual std::string sample_name(std::size_t /*index*/) const { return {}; }
 
+  // Bytes this data set keeps in RAM between reads (a RAM cache of encoded bytes), counted
+  // against the loader's memory_limit. Any thread. Default: none.
+  virtual std::size_t resident_bytes() const { return 0; }
+
   // A hint, called just before the previous sample is read: `index` is read next by this
   // thread. A dataset whose bytes are in memory can start bringing them into cache, which
   // overlaps that sample's memory latency with the current copy. Default: nothing.

@@ -139,6 +139,8 @@ class ImageDataset final : public Dataset {
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
   std::string sample_name(std::size_t index) const override;
+  // The source's RAM cache (cache_in_ram): the bytes it keeps.
+  std::size_t resident_bytes() const override;
 
   const std::shared_ptr<EncodedSource>& source() const { return options_.source; }
   const ImageTransform& transform() const { return options_.transform; }

@@ -29,6 +29,7 @@ namespace detail {
 class Engine;
 class DeviceStage;
 class WorkerTuner;
+class MemoryGuard;
 class Tracer;
 struct LoaderInternals;
 }  // namespace detail
@@ -99,6 +100,10 @@ class Loader {
  private:
   void restart(Position position);
   void tune();
+  // The memory cap: what counts against it now (into `s`, from the engine's stats) and, from
+  // next() at most every kMemoryCheckPeriod, the slab budget it leaves.
+  void add_memory(Stats& s) const;
+  void check_memory();
   // The consumer's side of the trace: a step ends where next() is called, a wait where it
   // hands out a batch or the end of an epoch.
   void trace_call();
@@ -112,6 +117,8 @@ class Loader {
   std::unique_ptr<detail::Engine> engine_;
   std::unique_ptr<detail::DeviceStage> stage_;
   std::unique_ptr<detail::WorkerTuner> tuner_;  // with LoaderOptions::tune_workers
+  std::unique_ptr<detail::MemoryGuard> memory_;
+  std::size_t device_depth_ = 0;  // device slots counted against the cap (0: on the host)
 };
 
 }  // namespace stoker

@@ -62,9 +62,20 @@ struct LoaderOptions {
   // 0 takes the process's CPU affinity divided among the ranks torchrun started on this node
   // (LOCAL_WORLD_SIZE), so ranks sharing a machine do not oversubscribe it.
   double cpu_cores = 0;
-  // Slab bytes for batches in flight ((depth + 1) slabs); 0: a quarter of MemAvailable. A
-  // depth (given, set or tuned) that does not fit is lowered, said once in the log; the tuner
-  // never raises one past it.
+  // The one memory cap: bytes the loader may hold in all. Counted against it: the batch
+  // slabs (in flight, ready and those the consumer holds), the device slots (device_depth
+  // batches on the device), the data set's RAM cache (Dataset::resident_bytes) and the worker
+  // processes' own memory (their RssAnon; the shared slabs they write into are counted as
+  // slabs). The cache and the worker processes hold what they hold; the batches in flight get
+  // the rest, beside two the consumer may hold (the one it uses and, while it asks for the
+  // next, that one): a depth (given, set or tuned) whose slabs do not fit is lowered (said
+  // once in the log) and the tuner never raises one past it. When even one batch in flight
+  // (three slabs) does not fit, construction (or, when the layout is learned from the first
+  // sample, next()) throws std::invalid_argument saying what would fit. 0: half of
+  // MemAvailable when the loader is made. Stats::memory_* and Report show it.
+  std::size_t memory_limit = 0;
+  // Superseded by memory_limit, kept working: a bound on the slab bytes alone ((depth + 1)
+  // slabs), within the cap; 0: none of its own.
   std::size_t memory_budget = 0;
 
   // Where batches are delivered: "cpu" (host slabs), "cuda" or "cuda:N" (copied on a side

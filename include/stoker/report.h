@@ -30,6 +30,13 @@ struct Report {
   double network_wait = 0;
   double network_bytes_per_second = 0;
   double remote_busy = 0;
+  // The memory cap and what counts against it, now and at peak (Stats::memory_*), and as one
+  // line with what holds it: "memory: 412 MiB of the 1536 MiB cap (batch slabs 300, worker
+  // processes 100, RAM cache 12), peak 450 MiB" (text() ends with it).
+  std::size_t memory_limit = 0;
+  std::size_t memory_used = 0;
+  std::size_t memory_peak = 0;
+  std::string memory;
   // The busiest stage: "reads", "the GIL", "the network", "remote reads" or "the training
   // loop".
   std::string busiest;
@@ -65,6 +72,10 @@ void for_each_field(const Report& r, Visit&& visit) {
   visit("network_wait", r.network_wait);
   visit("network_bytes_per_second", r.network_bytes_per_second);
   visit("remote_busy", r.remote_busy);
+  visit("memory_limit", r.memory_limit);
+  visit("memory_used", r.memory_used);
+  visit("memory_peak", r.memory_peak);
+  visit("memory", r.memory);
   visit("busiest", r.busiest);
   visit("busiest_load", r.busiest_load);
   visit("more_workers", r.more_workers);

@@ -61,6 +61,17 @@ struct Stats {
   // The tuner's last change and why ("workers 2 -> 3: the training loop waits, ..."), or,
   // without tune_workers, what it would have done once the consumer waited; empty if nothing.
   std::string tuner;
+  // The memory cap (LoaderOptions::memory_limit, resolved), what counts against it now and
+  // the most seen at once (looked at while next() is called, at most every
+  // kMemoryCheckPeriod), and what is held now by kind: the batch slabs, the device slots, the
+  // data set's RAM cache and the worker processes' own memory (RssAnon).
+  std::size_t memory_limit = 0;
+  std::size_t memory_used = 0;
+  std::size_t memory_peak = 0;
+  std::size_t memory_slabs = 0;
+  std::size_t memory_device_slots = 0;
+  std::size_t memory_cache = 0;
+  std::size_t memory_workers = 0;
 
   double samples_per_second() const;
   double bytes_per_second() const;
@@ -106,6 +117,13 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("cpu_cores", s.cpu_cores);
   visit("tuner_changes", s.tuner_changes);
   visit("tuner", s.tuner);
+  visit("memory_limit", s.memory_limit);
+  visit("memory_used", s.memory_used);
+  visit("memory_peak", s.memory_peak);
+  visit("memory_slabs", s.memory_slabs);
+  visit("memory_device_slots", s.memory_device_slots);
+  visit("memory_cache", s.memory_cache);
+  visit("memory_workers", s.memory_workers);
 }
 
 // One line per field, "name: value" (durations in seconds), for logs and tools.

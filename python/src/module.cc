@@ -97,6 +97,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("tune_workers", &LoaderOptions::tune_workers)
       .def_readwrite("max_workers", &LoaderOptions::max_workers)
       .def_readwrite("cpu_cores", &LoaderOptions::cpu_cores)
+      .def_readwrite("memory_limit", &LoaderOptions::memory_limit)
       .def_readwrite("memory_budget", &LoaderOptions::memory_budget)
       .def_readwrite("device", &LoaderOptions::device)
       .def_readwrite("device_depth", &LoaderOptions::device_depth)

@@ -17,6 +17,7 @@
 #include "gil.h"
 #include "py_dataset.h"
 #include "stoker/frontend/log.h"
+#include "stoker/frontend/proc_memory.h"
 #include "stoker/frontend/schedstat.h"
 #include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/tracer.h"
@@ -370,7 +371,14 @@ detail::ExecutorStats ProcessPool::times() {
     if (pids[k] <= 0) continue;
     read[k] = detail::read_schedstat(("/proc/" + std::to_string(pids[k]) + "/schedstat").c_str());
   }
+  std::uint64_t resident = 0;
+  for (const pid_t pid : pids) {
+    if (pid <= 0) continue;
+    resident +=
+        detail::read_rss_anon(("/proc/" + std::to_string(pid) + "/status").c_str()).value_or(0);
+  }
   std::lock_guard lock(mu_);
+  times_.resident_bytes = resident;  // a level, now; not summed
   for (std::size_t k = 0; k < pids.size(); ++k) {
     Link& link = *links_[k];
     if (!read[k] || link.pid != pids[k]) continue;  // gone, or started afresh since

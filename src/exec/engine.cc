@@ -79,6 +79,7 @@ Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
       samples_per_epoch_(samples_per_rank(config_.order)),
       batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)),
       reads_chunks_(config_.dataset->reads_chunks() || config_.executors != nullptr) {
+  memory_budget_.store(config_.memory_budget, std::memory_order_relaxed);
   bool layout_known = pool_->has_layout();
   std::size_t depth = config_.depth;
   if (layout_known) depth = fit_depth(depth);
@@ -152,6 +153,17 @@ void Engine::set_depth(std::size_t depth) {
   // One slab beyond the window covers the batch the consumer holds; more are made on demand.
   pool_->reserve(depth + 1);
   pool_->trim(depth + 1);
+}
+
+void Engine::set_memory_budget(std::size_t bytes, std::size_t held) {
+  memory_budget_.store(bytes, std::memory_order_relaxed);
+  std::size_t depth = 0;
+  {
+    MutexLock lock(mu_);
+    if (!layout_known_) return;  // the probe that learns the layout fits the depth
+    depth_ = depth = fit_depth(depth_);
+  }
+  pool_->trim(depth + held);
 }
 
 void Engine::count_run_delay(Worker& worker, std::int64_t now_ns) const {
@@ -317,14 +329,18 @@ bool Engine::probe() {
 
 std::size_t Engine::fit_depth(std::size_t depth) const {
   const std::size_t slab = pool_->slab_bytes();
-  if (config_.memory_budget == 0 || slab == 0) return depth;
-  // One slab beyond the window is the batch the consumer holds; depth 1 is the least.
-  const std::size_t fits = std::max<std::size_t>(config_.memory_budget / slab, 2) - 1;
+  const std::size_t budget = memory_budget_.load(std::memory_order_relaxed);
+  if (budget == 0 || slab == 0) return depth;
+  // One slab beyond the window is the batch the consumer holds; depth 1 is the least (a cap
+  // too small for it is the loader's error to raise, with what would fit).
+  const std::size_t fits = std::max<std::size_t>(budget / slab, 2) - 1;
   if (depth <= fits) return depth;
   if (!budget_said_.exchange(true)) {
     const auto mib = [](std::size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; };
-    log(LogLevel::warning, "memory budget of " + mib(config_.memory_budget) + " holds " +
-                               std::to_string(fits + 1) + " batch slabs of " + mib(slab) +
+    log(LogLevel::warning, "memory for batch slabs (memory_limit, less what the RAM cache, " +
+                               std::string("worker processes and device slots hold) of ") +
+                               mib(budget) + " holds " + std::to_string(fits + 1) +
+                               " batch slabs of " + mib(slab) +
                                ": batches in flight lowered from " + std::to_string(depth) +
                                " to " + std::to_string(fits));
   }
@@ -846,6 +862,9 @@ Stats Engine::stats() const {
   s.slabs = pool_->slabs();
   s.slab_bytes = pool_->has_layout() ? s.slabs * pool_->slab_bytes() : 0;
   s.locked_slabs = pool_->locked_slabs();
+  s.memory_slabs = s.slab_bytes;
+  s.memory_cache = config_.dataset->resident_bytes();
+  s.memory_workers = executors.resident_bytes;
   return s;
 }
 

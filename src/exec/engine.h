@@ -170,6 +170,11 @@ class Engine {
   Position position() const STOKER_EXCLUDES(mu_);
   void set_workers(std::size_t workers) STOKER_EXCLUDES(mu_, threads_mu_);
   void set_depth(std::size_t depth) STOKER_EXCLUDES(mu_);
+  // Slab bytes allowed from now on (EngineConfig::memory_budget; the loader's memory cap
+  // moves it as the other holders of memory grow or shrink): a depth that no longer fits is
+  // lowered at once; free slabs past depth + `held` (the batches the consumer holds) are freed
+  // on every call, so those still in use when the depth was lowered go once they are back.
+  void set_memory_budget(std::size_t bytes, std::size_t held) STOKER_EXCLUDES(mu_);
   Stats stats() const STOKER_EXCLUDES(mu_, bad_mu_);
   // Each distinct sample that failed in a batch handed out (skip policy), by index, with its
   // first reason.
@@ -348,6 +353,7 @@ class Engine {
   mutable Mutex bad_mu_;
   std::map<std::size_t, SkippedSample> bad_ STOKER_GUARDED_BY(bad_mu_);
 
+  std::atomic<std::size_t> memory_budget_{0};     // EngineConfig::memory_budget, as set since
   mutable std::atomic<bool> budget_said_{false};  // the memory budget's log line was written
 
   RecyclingPool<Ticket> tickets_{[] { return std::make_unique<Ticket>(); }};

@@ -14,6 +14,7 @@ ExecutorStats& ExecutorStats::operator+=(const ExecutorStats& o) {
   remote_wait += o.remote_wait;
   remote_read += o.remote_read;
   remote_idle += o.remote_idle;
+  resident_bytes += o.resident_bytes;
   return *this;
 }
 

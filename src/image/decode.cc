@@ -294,6 +294,10 @@ std::string ImageDataset::sample_name(std::size_t index) const {
   return options_.source->name(index);
 }
 
+std::size_t ImageDataset::resident_bytes() const {
+  return static_cast<std::size_t>(options_.source->counters().cached_bytes);
+}
+
 void ImageDataset::read(std::size_t index, const SampleOut& out) const {
   if (index >= size()) {
     throw std::out_of_range("stoker::ImageDataset: index " + std::to_string(index) +

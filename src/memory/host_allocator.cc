@@ -86,17 +86,19 @@ void LockedBytes::give_back(std::size_t bytes) { locked_total.fetch_sub(bytes); 
 
 std::size_t LockedBytes::in_use() { return locked_total.load(); }
 
-std::size_t default_pin_budget() {
+std::size_t mem_available() {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   std::size_t kib = 0;
   std::string unit;
   while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024 / 4;
+    if (key == "MemAvailable:") return kib * 1024;
   }
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * page / 4 : 0;
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * page : 0;
 }
+
+std::size_t default_pin_budget() { return mem_available() / 4; }
 
 }  // namespace stoker::detail

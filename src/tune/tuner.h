@@ -85,6 +85,8 @@ class TunePolicy {
 
   TuneDecision decide(const TuneWindow& window);
   const TuneLimits& limits() const { return limits_; }
+  // The loader's memory cap moved the slab bytes allowed (TuneLimits::memory_budget).
+  void set_memory_budget(std::size_t bytes) { limits_.memory_budget = bytes; }
 
  private:
   enum class Knob { workers, depth };
@@ -162,6 +164,8 @@ class WorkerTuner {
   // advising). `worker_limit` as TuneWindow::worker_limit.
   std::optional<TuneDecision> observe(const Stats& stats, std::size_t worker_limit)
       STOKER_EXCLUDES(mu_);
+  // TunePolicy::set_memory_budget; the consumer's thread, as observe().
+  void set_memory_budget(std::size_t bytes) { policy_.set_memory_budget(bytes); }
   // Fills Stats::cpu_cores, tuner_changes and tuner.
   void add_stats(Stats& stats) const STOKER_EXCLUDES(mu_);
 

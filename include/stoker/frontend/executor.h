@@ -53,6 +53,10 @@ struct ExecutorStats {
   std::chrono::nanoseconds remote_read{0};
   std::chrono::nanoseconds remote_idle{0};
 
+  // Not a sum over time: the anonymous resident memory of its processes now (RssAnon: not the
+  // shared slabs they write into, which are the loader's); 0 for threads.
+  std::uint64_t resident_bytes = 0;
+
   ExecutorStats& operator+=(const ExecutorStats& o);
 };
 

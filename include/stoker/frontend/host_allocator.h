@@ -50,7 +50,9 @@ class LockedBytes {
   static std::size_t in_use();
 };
 
-// The default budget: a quarter of MemAvailable now (of physical memory if unknown).
+// MemAvailable now (physical memory if unknown), in bytes.
+std::size_t mem_available();
+// The default budget: a quarter of mem_available().
 std::size_t default_pin_budget();
 
 }  // namespace stoker::detail

@@ -64,6 +64,10 @@ class DataLoader:
         how they start (fork by default on Linux). stats() says which and why.
       pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
         budget (``pin_budget`` bytes, default a quarter of available memory).
+      memory_limit: bytes the loader may hold in all (0, default: half of the memory available
+        when it is made): batch buffers, device slots, a native data set's RAM cache and the
+        worker processes' own memory count; batches in flight are lowered to fit, and a
+        limit too small for one batch is an error saying what would fit. report() shows it.
       device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
         copied on a side stream while the previous batch trains (the "data prefetcher"), with
         the current stream made to wait for the copy. Falls back to the CPU, with one log line,
@@ -127,6 +131,7 @@ class DataLoader:
         max_skipped: int = 1000,
         seed: Optional[int] = None,
         pin_budget: int = 0,
+        memory_limit: int = 0,
         device_depth: int = 2,
         worker_type: str = "auto",
         native: bool = True,
@@ -146,7 +151,8 @@ class DataLoader:
             prefetch_factor=prefetch_factor, persistent_workers=persistent_workers,
             pin_memory_device=pin_memory_device, in_order=in_order, device=device,
             on_error=on_error, max_skipped=max_skipped, seed=seed, pin_budget=pin_budget,
-            device_depth=device_depth, worker_type=worker_type, native=native,
+            memory_limit=memory_limit, device_depth=device_depth, worker_type=worker_type,
+            native=native,
             keep_on_host=keep_on_host, remote=remote)
         for hook in ON_MADE:  # e.g. Accelerate's prepare() made to keep stoker iterating
             hook()
@@ -180,8 +186,8 @@ class DataLoader:
             worker_init_fn=worker_init_fn, pin_memory=pin_memory,
             persistent_workers=bool(persistent_workers), pin_memory_device=pin_memory_device,
             in_order=in_order, device=device, on_error=on_error, max_skipped=max_skipped,
-            pin_budget=pin_budget, device_depth=device_depth, native=native,
-            keep_on_host=keep_on_host, remote=remote)
+            pin_budget=pin_budget, memory_limit=memory_limit, device_depth=device_depth,
+            native=native, keep_on_host=keep_on_host, remote=remote)
         for name, value in stoker_arguments.items():
             setattr(self, name, value)
         # The requested count and kind in vars(loader) (what Lightning re-makes a loader from);

@@ -89,7 +89,8 @@ class EnginePipeline(Pipeline):
             max_skipped=plan.max_skipped, device=plan.device, device_depth=plan.device_depth,
             stream=_training_stream(plan),
             pin_memory=engine_enum(_stoker.PinMemory, plan.pin_memory),
-            pin_budget=plan.pin_budget, tune_workers=plan.tune_workers,
+            pin_budget=plan.pin_budget, memory_limit=plan.memory_limit,
+            tune_workers=plan.tune_workers,
             max_workers=plan.max_workers, keep_on_host=list(plan.keep_on_host)),
             [0] * plan.order_length if plan.order_length is not None else None,
             shared_slabs=not plan.native and self.worker_type == "process"

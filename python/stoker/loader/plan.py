@@ -91,6 +91,7 @@ class Plan:
     on_error: str
     max_skipped: int
     pin_budget: int
+    memory_limit: int  # LoaderOptions::memory_limit (0: half of MemAvailable)
     device_depth: int
     keep_on_host: tuple
     warnings: tuple = ()  # for arguments that do not act as in torch, said once
@@ -120,7 +121,8 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
             prefetch_factor: Optional[int] = None, persistent_workers: Optional[bool] = None,
             pin_memory_device: str = "", in_order: bool = True, device=None,
             on_error: str = "raise", max_skipped: int = 1000, seed: Optional[int] = None,
-            pin_budget: int = 0, device_depth: int = 2, worker_type: str = "auto",
+            pin_budget: int = 0, memory_limit: int = 0, device_depth: int = 2,
+            worker_type: str = "auto",
             native: bool = True, keep_on_host=(), remote=None,
             host: Optional[Host] = None) -> Plan:
     """The plan of a DataLoader with these arguments (DataLoader's), or the ValueError (or
@@ -136,8 +138,11 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', not "
                          f"{worker_type!r}")
     _enum(_stoker.ErrorPolicy, "on_error", on_error)
+    if int(memory_limit) < 0:
+        raise ValueError(f"memory_limit should be a number of bytes (0: half of the memory "
+                         f"available), but got memory_limit={memory_limit!r}")
     common = dict(on_error=on_error, max_skipped=int(max_skipped), pin_budget=int(pin_budget),
-                  device_depth=int(device_depth),
+                  memory_limit=int(memory_limit), device_depth=int(device_depth),
                   keep_on_host=tuple(str(name) for name in keep_on_host),
                   worker_init_fn=worker_init_fn, generator=generator,
                   multiprocessing_context=context)

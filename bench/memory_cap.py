@@ -1,0 +1,161 @@
+"""The one memory cap (memory_limit) against no cap, in the same run (issue 23).
+
+A bursty consumer takes 2,000 batches from worker processes whose data set keeps a RAM cache
+of the samples it made (each worker up to --cache-mb, first come first kept, as
+stoker.ImageFolder's cache_bytes does natively). A sampler thread reads, over and over (20 ms
+apart; each look takes a while itself, as the kernel walks every page the processes map), the
+proportional set size (Pss, /proc/<pid>/smaps_rollup) of the loader's processes together: the
+training process and its workers. Pss splits pages shared between them (the shared batch
+buffers, copy-on-write pages after fork) so that the sum is the memory they use together.
+The training process's own Pss before the loader was made (the interpreter, torch, numpy) is
+not the loader's: the loader's peak is the peak of the sum less that baseline.
+
+    python bench/memory_cap.py [--limit-gb 1.5] [--batches 2000] [--runs 3] [--smoke]
+
+Prints, per configuration, the median throughput and the highest peak over the runs, then
+the capped run's peak against the cap and its throughput against the uncapped one's. Exits 1
+if the capped peak went over the cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+
+import numpy as np
+
+import stoker
+
+MiB = 1 << 20
+
+
+def pss(pid: int) -> int:
+    """Bytes of Pss of process `pid`, 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class CachedSamples:
+    """Samples of `sample_bytes` uint8 made with some Python work per sample (so worker
+    processes pay), kept in a per-process RAM cache of at most `cache_bytes`."""
+
+    def __init__(self, n: int, sample_bytes: int, cache_bytes: int):
+        self.n, self.sample_bytes, self.cache_bytes = n, sample_bytes, cache_bytes
+        self.cache: dict = {}
+        self.cached = 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        hit = self.cache.get(i)
+        if hit is not None:
+            return hit
+        x = np.empty(self.sample_bytes, np.uint8)
+        x[:] = sum(range(i % 2000)) & 255  # a little Python work, holding the GIL
+        if self.cached + x.nbytes <= self.cache_bytes:
+            self.cache[i] = x
+            self.cached += x.nbytes
+        return x
+
+
+def run(args, limit: int) -> tuple:
+    """(batches/s, the loader's peak Pss in bytes, report()) for one loader."""
+    baseline = pss(os.getpid())
+    data = CachedSamples(args.samples, args.sample_kb * 1024, args.cache_mb * MiB)
+    loader = stoker.DataLoader(data, batch_size=args.batch, shuffle=True,
+                               num_workers=args.workers, worker_type="process",
+                               prefetch_factor=args.prefetch, persistent_workers=True,
+                               memory_limit=limit, seed=1)
+    peak = 0
+    stop = threading.Event()
+    pids: list = []
+
+    def sample():
+        nonlocal peak
+        while not stop.is_set():
+            total = pss(os.getpid()) + sum(pss(p) for p in pids if p > 0)
+            peak = max(peak, total - baseline)
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    taken = 0
+    start = time.perf_counter()
+    while taken < args.batches:
+        for x in loader:
+            if not pids:
+                pids[:] = loader.stats()["worker_pids"]
+            int(x[0, 0])  # touch the batch
+            taken += 1
+            # Bursty: a run of batches taken as fast as they come, then a long step (an
+            # evaluation, a checkpoint) while the loader reads ahead.
+            if taken % args.burst == 0:
+                time.sleep(args.pause)
+            if taken == args.batches:
+                break
+    elapsed = time.perf_counter() - start
+    report = loader.report()
+    stop.set()
+    sampler.join()
+    del loader
+    return args.batches / elapsed, peak, report
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--limit-gb", type=float, default=1.5)
+    p.add_argument("--batches", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--sample-kb", type=int, default=256)
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--cache-mb", type=int, default=192, help="per worker process")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--prefetch", type=int, default=16, help="prefetch_factor")
+    p.add_argument("--burst", type=int, default=50)
+    p.add_argument("--pause", type=float, default=0.25)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="a short run: checks it works only")
+    args = p.parse_args()
+    if args.smoke:
+        args.batches, args.runs, args.samples, args.burst, args.pause = 60, 1, 512, 20, 0.05
+    limit = int(args.limit_gb * (1 << 30))
+    print(f"memory_cap: {args.batches} batches of {args.batch} x {args.sample_kb} KiB, "
+          f"{args.workers} worker processes, prefetch_factor {args.prefetch}, RAM cache "
+          f"{args.cache_mb} MiB per worker; bursts of {args.burst} then {args.pause} s; "
+          f"{args.runs} runs, alternating")
+    rates: dict = {"uncapped": [], "capped": []}
+    peaks: dict = {"uncapped": [], "capped": []}
+    last = {}
+    for _ in range(args.runs):
+        for name, cap in (("uncapped", 0), ("capped", limit)):
+            rate, peak, report = run(args, cap)
+            rates[name].append(rate)
+            peaks[name].append(peak)
+            last[name] = report
+            print(f"  {name:8s} {rate:7.1f} batches/s, loader's peak Pss {peak / MiB:6.0f} MiB; "
+                  f"{report['memory']}")
+    for name in rates:
+        print(f"{name:8s}: median {statistics.median(rates[name]):.1f} batches/s, highest peak "
+              f"{max(peaks[name]) / MiB:.0f} MiB (default cap {last[name]['memory_limit'] / MiB:.0f}"
+              f" MiB)" if name == "uncapped" else
+              f"{name:8s}: median {statistics.median(rates[name]):.1f} batches/s, highest peak "
+              f"{max(peaks[name]) / MiB:.0f} MiB of the {limit / MiB:.0f} MiB cap")
+    ratio = statistics.median(rates["capped"]) / statistics.median(rates["uncapped"])
+    held = max(peaks["capped"]) <= limit
+    print(f"capped peak {max(peaks['capped']) / MiB:.0f} MiB {'<=' if held else '>'} cap "
+          f"{limit / MiB:.0f} MiB; throughput capped / uncapped {ratio:.2f}x")
+    return 0 if held else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

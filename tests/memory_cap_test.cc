@@ -1,0 +1,174 @@
+// The one memory cap (LoaderOptions::memory_limit): the pure division of the cap
+// (src/tune/memory_cap.h) and the loader obeying it.
+#include "tune/memory_cap.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "stoker/loader.h"
+#include "test_datasets.h"
+
+namespace stoker {
+namespace {
+
+using detail::divide_memory_cap;
+using detail::MemoryUse;
+using testing::IndexDataset;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+TEST(MemoryCap, TheSlabsGetWhatTheOthersLeave) {
+  MemoryUse others;
+  others.device_slots = 20 * kMiB;
+  others.cache = 30 * kMiB;
+  others.workers = 50 * kMiB;
+  EXPECT_EQ(others.total(), 100 * kMiB);
+  // 200 MiB cap, 100 held by the others: 100 MiB of slabs of 10 MiB, 10 slabs, depth 9.
+  const auto share = divide_memory_cap(200 * kMiB, 0, 10 * kMiB, others);
+  EXPECT_EQ(share.slab_budget, 100 * kMiB);
+  EXPECT_EQ(share.max_depth, 9u);
+  EXPECT_EQ(share.depth_budget, 100 * kMiB);  // (depth + 1) slabs, as the engine counts
+  // A training loop that holds two batches (Python's for loop, asking for the next): depth 8,
+  // given to the engine as 9 slabs' bytes.
+  const auto two = divide_memory_cap(200 * kMiB, 0, 10 * kMiB, others, 2);
+  EXPECT_EQ(two.max_depth, 8u);
+  EXPECT_EQ(two.depth_budget, 90 * kMiB);
+}
+
+TEST(MemoryCap, TheSlabBudgetNarrowsTheShareButNeverWidensIt) {
+  const MemoryUse none;
+  EXPECT_EQ(divide_memory_cap(200 * kMiB, 45 * kMiB, 10 * kMiB, none).max_depth, 3u);
+  EXPECT_EQ(divide_memory_cap(30 * kMiB, 450 * kMiB, 10 * kMiB, none).max_depth, 2u);
+  // No cap: the budget alone, or nothing at all.
+  EXPECT_EQ(divide_memory_cap(0, 45 * kMiB, 10 * kMiB, none).slab_budget, 45 * kMiB);
+  EXPECT_EQ(divide_memory_cap(0, 0, 10 * kMiB, none).slab_budget,
+            std::numeric_limits<std::size_t>::max());
+}
+
+TEST(MemoryCap, NotEvenOneBatchInFlightIsDepthZero) {
+  MemoryUse others;
+  others.workers = 90 * kMiB;
+  // 100 MiB cap, 90 held: 10 MiB left, one slab of 8 MiB, but one batch in flight needs two.
+  EXPECT_EQ(divide_memory_cap(100 * kMiB, 0, 8 * kMiB, others).max_depth, 0u);
+  // Others past the cap: nothing left at all.
+  others.workers = 300 * kMiB;
+  EXPECT_EQ(divide_memory_cap(100 * kMiB, 0, 8 * kMiB, others).slab_budget, 0u);
+  EXPECT_EQ(detail::least_memory_cap(8 * kMiB, others), 316 * kMiB);
+}
+
+TEST(MemoryCap, BeforeTheLayoutIsKnownNothingIsDivided) {
+  const auto share = divide_memory_cap(100 * kMiB, 0, 0, MemoryUse{});
+  EXPECT_EQ(share.slab_budget, 100 * kMiB);
+  EXPECT_EQ(share.max_depth, std::numeric_limits<std::size_t>::max());
+}
+
+TEST(MemoryCap, TheErrorSaysWhatHoldsWhatAndWhatWouldFit) {
+  MemoryUse others;
+  others.cache = 3 * kMiB;
+  others.workers = 5 * kMiB;
+  const std::string e = detail::memory_cap_too_small(10 * kMiB, 4 * kMiB, others);
+  EXPECT_NE(e.find("memory_limit of 10.0 MiB is too small for one batch"), std::string::npos) << e;
+  EXPECT_NE(e.find("two batch slabs of 4.0 MiB"), std::string::npos) << e;
+  EXPECT_NE(e.find("3.0 MiB of RAM cache"), std::string::npos) << e;
+  EXPECT_NE(e.find("5.0 MiB held by the worker processes"), std::string::npos) << e;
+  EXPECT_NE(e.find("at least 16.0 MiB would fit"), std::string::npos) << e;
+  EXPECT_EQ(e.find("device slots"), std::string::npos) << e;  // none held
+  const std::string held = detail::memory_cap_too_small(10 * kMiB, 4 * kMiB, others, 2);
+  EXPECT_NE(held.find("needs 3 batch slabs of 4.0 MiB (the batch being read and 2 the training "
+                      "loop holds)"),
+            std::string::npos)
+      << held;
+  EXPECT_NE(held.find("at least 20.0 MiB would fit"), std::string::npos) << held;
+}
+
+TEST(MemoryCap, TheDefaultIsHalfOfWhatIsAvailable) {
+  EXPECT_EQ(detail::default_memory_limit(std::size_t{8} << 30), std::size_t{4} << 30);
+}
+
+LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t depth) {
+  LoaderOptions o;
+  o.dataset = std::move(ds);
+  o.batch_size = 16;
+  o.workers = 2;
+  o.depth = depth;
+  return o;
+}
+
+// An IndexDataset that says it keeps `resident` bytes in a RAM cache.
+class CachingDataset : public IndexDataset<> {
+ public:
+  CachingDataset(std::size_t n, std::size_t payload, std::size_t resident)
+      : IndexDataset(n, payload), resident_(resident) {}
+  std::size_t resident_bytes() const override { return resident_; }
+
+ private:
+  std::size_t resident_;
+};
+
+std::size_t slab_bytes_of(LoaderOptions o) {
+  o.depth = 1;
+  const Stats s = Loader(o).stats();
+  return s.slab_bytes / s.slabs;
+}
+
+TEST(MemoryCapLoader, TheCapLowersTheDepthCountsTheCacheAndHolds) {
+  const std::size_t slab = slab_bytes_of(options(std::make_shared<IndexDataset<>>(800, 4096), 1));
+  // A cache of 2 slabs' bytes and a cap of 6.5 slabs: 4.5 slabs left, 2 for the batches the
+  // training loop holds (kHeldBatches), depth 2.
+  auto ds = std::make_shared<CachingDataset>(800, 4096, 2 * slab);
+  auto o = options(ds, 8);
+  o.memory_limit = 6 * slab + slab / 2;
+  Loader loader(o);
+  EXPECT_EQ(loader.stats().depth, 2u);
+  loader.set_depth(10);  // asked again: still within the cap
+  std::size_t rows = 0;
+  while (auto b = loader.next()) rows += b->size();
+  EXPECT_EQ(rows, 800u);
+  const Stats s = loader.stats();
+  EXPECT_EQ(s.depth, 2u);
+  EXPECT_EQ(s.memory_limit, o.memory_limit);
+  EXPECT_EQ(s.memory_cache, 2 * slab);
+  EXPECT_EQ(s.memory_workers, 0u);  // threads
+  EXPECT_EQ(s.memory_used, s.memory_slabs + s.memory_cache);
+  EXPECT_GE(s.memory_peak, s.memory_used);
+  EXPECT_LE(s.memory_peak, o.memory_limit);
+  const Report r = loader.report();
+  EXPECT_EQ(r.memory_peak, s.memory_peak);
+  EXPECT_NE(r.text().find("memory: "), std::string::npos) << r.text();
+  EXPECT_NE(r.memory.find("RAM cache"), std::string::npos) << r.memory;
+}
+
+TEST(MemoryCapLoader, ACapTooSmallForOneBatchIsRefusedSayingWhatWouldFit) {
+  const std::size_t slab = slab_bytes_of(options(std::make_shared<IndexDataset<>>(100, 4096), 1));
+  auto o = options(std::make_shared<IndexDataset<>>(100, 4096), 4);
+  o.memory_limit = slab + slab / 2;
+  try {
+    Loader loader(o);
+    FAIL() << "a cap of 1.5 slabs was accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("too small for one batch"), std::string::npos) << what;
+    EXPECT_NE(what.find("would fit"), std::string::npos) << what;
+  }
+  o.memory_limit = 3 * slab;  // exactly one batch in flight and the two held
+  Loader loader(o);
+  EXPECT_EQ(loader.stats().depth, 1u);
+  std::size_t rows = 0;
+  while (auto b = loader.next()) rows += b->size();
+  EXPECT_EQ(rows, 100u);
+}
+
+TEST(MemoryCapLoader, ByDefaultTheCapIsDerivedFromTheMachine) {
+  Loader loader(options(std::make_shared<IndexDataset<>>(64, 16), 2));
+  const Stats s = loader.stats();
+  EXPECT_GT(s.memory_limit, 0u);
+  EXPECT_GT(s.memory_used, 0u);  // the slabs made up front
+  EXPECT_EQ(s.memory_used, s.memory_slabs);
+}
+
+}  // namespace
+}  // namespace stoker

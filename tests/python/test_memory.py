@@ -1,0 +1,89 @@
+"""The one memory cap (memory_limit) from Python, and a new loader with worker processes each
+epoch leaving nothing behind (bench/memory_soak.py runs the 200-epoch version)."""
+
+import gc
+import os
+import random
+
+import numpy as np
+import pytest
+
+import stoker
+
+MiB = 1 << 20
+
+
+class Rows:
+    def __init__(self, n, row_bytes):
+        self.n, self.row_bytes = n, row_bytes
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return np.full(self.row_bytes, i & 255, np.uint8)
+
+
+def children():
+    out = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
+
+
+def test_report_shows_the_cap_and_what_counts_against_it_with_worker_processes():
+    loader = stoker.DataLoader(Rows(256, 4096), batch_size=16, num_workers=2,
+                               worker_type="process", memory_limit=512 * MiB)
+    rows = sum(len(x) for x in loader)
+    assert rows == 256
+    stats, report = loader.stats(), loader.report()
+    assert stats["memory_limit"] == report["memory_limit"] == 512 * MiB
+    assert stats["memory_workers"] > 0  # the worker processes' own memory counts
+    assert stats["memory_slabs"] > 0
+    assert stats["memory_used"] == (stats["memory_slabs"] + stats["memory_device_slots"]
+                                    + stats["memory_cache"] + stats["memory_workers"])
+    assert 0 < report["memory_used"] <= report["memory_peak"] <= 512 * MiB
+    assert report["memory"].startswith("memory: ") and "of the 512 MiB cap" in report["memory"]
+    assert "worker processes" in report["memory"] and report["memory"] in str(report)
+
+
+def test_the_default_cap_is_derived_from_the_machine():
+    loader = stoker.DataLoader(Rows(32, 64), batch_size=8)
+    with open("/proc/meminfo") as f:
+        total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    list(loader)
+    assert 0 < loader.report()["memory_limit"] <= total // 2
+
+
+def test_a_cap_too_small_for_one_batch_says_what_would_fit():
+    # One batch is 64 rows of 1 MiB: its two slabs alone are 128 MiB.
+    loader = stoker.DataLoader(Rows(128, MiB), batch_size=64, num_workers=2,
+                               worker_type="thread", memory_limit=100 * MiB)
+    with pytest.raises(ValueError, match=r"memory_limit of 100\.0 MiB is too small for one "
+                                         r"batch.*would fit"):
+        list(loader)
+
+
+def test_a_negative_cap_is_refused():
+    with pytest.raises(ValueError, match="memory_limit"):
+        stoker.DataLoader(Rows(8, 8), batch_size=4, memory_limit=-1)
+
+
+def test_a_new_loader_each_epoch_leaves_no_descriptor_or_process_behind():
+    rng = random.Random(3)
+    data = Rows(192, 256)
+    gc.collect()
+    fds, kids = len(os.listdir("/proc/self/fd")), children()
+    for epoch in range(20):
+        loader = stoker.DataLoader(data, batch_size=16, shuffle=True, num_workers=2,
+                                   worker_type="process", seed=epoch)
+        stop = rng.randrange(1, len(data) // 16) if epoch % 3 == 2 else None
+        for taken, x in enumerate(loader, 1):
+            assert x.shape == (16, 256)
+            if taken == stop:  # broken off with batches in flight
+                break
+        del loader, x
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert children() == kids
