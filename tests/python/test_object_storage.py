@@ -215,7 +215,8 @@ def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
     # Without the cache, each sample is one range GET, counted from the loader's start only.
     assert io["get_requests"] >= N_SHARDS * PER_SHARD
     assert io["get_requests"] == ds.object_storage()["get_requests"] - before["get_requests"]
-    assert io["chunk_fetches"] == N_SHARDS * PER_SHARD
+    # One GET per sample, and the store's retries if the machine's load made any time out.
+    assert N_SHARDS * PER_SHARD <= io["chunk_fetches"] <= N_SHARDS * PER_SHARD + io["retries"]
     assert io["wait_s"] > 0 and io["fetch_s"] > 0
     report = loader.report()
     assert 0 < report["storage_wait"] <= 1
@@ -245,7 +246,8 @@ def test_torch_dataloader_forked_workers_read_through_their_own_store(env, local
     assert uids == list(range(N_SHARDS * PER_SHARD))
     counts = env.counts()  # the parent listed; forked workers inherit what it found
     assert counts["LIST"] == 1 and counts["HEAD"] == 0
-    assert counts["GET"] == N_SHARDS * (1 + PER_SHARD)  # indexing, then a range per sample
+    # Indexing, then a range per sample (less the retries a loaded machine's timeouts caused).
+    assert counts["GET"] - counts["GET_repeated"] == N_SHARDS * (1 + PER_SHARD)
 
 
 def test_unpickled_copies_list_and_index_nothing_again(env, local_shards, tmp_path):

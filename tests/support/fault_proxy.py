@@ -36,7 +36,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LOCK = threading.Lock()
 FAULTS = []
-COUNTS = {"LIST": 0, "HEAD": 0, "GET": 0, "PUT": 0, "faults_applied": 0}
+# GET_repeated: GETs of a path and range asked for before (a client's retry after a failure
+# the proxy did not make, e.g. a timeout on a loaded machine); a test of how many requests an
+# epoch makes subtracts them.
+COUNTS = {"LIST": 0, "HEAD": 0, "GET": 0, "PUT": 0, "faults_applied": 0, "GET_repeated": 0}
+SEEN = set()
 UPSTREAM = ("127.0.0.1", 0)
 LATENCY_S = 0.0
 RATE = {"rate": 0.0, "kinds": [], "next": 0, "rng": random.Random(0)}
@@ -73,6 +77,7 @@ class Handler(BaseHTTPRequestHandler):
                             next=0, rng=random.Random(spec.get("seed", 0)))
             elif self.path == "/__proxy/reset":
                 FAULTS.clear()
+                SEEN.clear()
                 RATE["rate"] = 0.0
                 for k in COUNTS:
                     COUNTS[k] = 0
@@ -100,6 +105,10 @@ class Handler(BaseHTTPRequestHandler):
         fault = None
         with LOCK:
             COUNTS[kind] = COUNTS.get(kind, 0) + 1
+            if kind == "GET":
+                asked = (self.path, self.headers.get("Range"))
+                COUNTS["GET_repeated"] += asked in SEEN
+                SEEN.add(asked)
             if kind == "GET" and self.headers.get("Range") and FAULTS:
                 fault = FAULTS.pop(0)
                 COUNTS["faults_applied"] += 1
