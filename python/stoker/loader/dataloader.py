@@ -336,14 +336,7 @@ class DataLoader:
         ``busiest_load``, ``worker_cores``, ``cpu_cores``, ``more_workers``,
         ``suggestions``, ...) and ``plan``, how the arguments were resolved. A stream's
         report is the training loop's waits only (it runs outside the engine)."""
-        report = Report(self._pipeline.report(), plan=str(self._plan))
-        # Which workers read now and why (worker_type='auto' decides while it runs).
-        pipeline = self._pipeline
-        readers = (f"{pipeline.num_workers} {pipeline.worker_type} worker(s)"
-                   if pipeline.num_workers else "read in-line")
-        report.update(readers=readers, readers_reason=pipeline.worker_type_reason)
-        report["text"] += f"; {readers}: {pipeline.worker_type_reason}"
-        return report
+        return Report(self._pipeline.report(), plan=str(self._plan))
 
     def skipped_samples(self) -> list[SkippedSample]:
         """Each distinct sample that failed under ``on_error='skip'`` in the batches handed

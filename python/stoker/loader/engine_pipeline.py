@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import sys
-import threading
 from typing import Optional
 
 from .. import _stoker
@@ -16,7 +14,8 @@ from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
 from ..workers.startup import start_worker
-from . import compat, elastic, object_storage
+from ..workers.warming import Warming
+from . import compat, elastic, engine_options, object_storage
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
@@ -39,7 +38,7 @@ class EnginePipeline(Pipeline):
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
-        self._warming: Optional[threading.Thread] = None  # _start_processes(warm=True)
+        self._warming: Optional[Warming] = None  # _start_processes(warm=True)
         self._thread_count = [0]
         if plan.native:
             self._handle = plan.dataset._handle
@@ -80,14 +79,14 @@ class EnginePipeline(Pipeline):
         # first iter(), and so do those following a custom sampler (a native data set's
         # otherwise prefetch at once).
         self._reading = plan.native and plan.order_length is None
-        self._loader = _stoker.Loader(self._handle, _options(
+        self._loader = _stoker.Loader(self._handle, engine_options.options(
             batch_size=plan.batch_size, shuffle=plan.engine_shuffle, seed=plan.engine_seed,
             drop_last=plan.drop_last,
-            shard=_shard(plan.rank, plan.world_size, plan.shard_drop_last),
+            shard=engine_options.shard(plan.rank, plan.world_size, plan.shard_drop_last),
             workers=self._engine_workers() if self._reading else 0, depth=plan.depth,
             on_error=engine_enum(_stoker.ErrorPolicy, plan.on_error),
             max_skipped=plan.max_skipped, device=plan.device, device_depth=plan.device_depth,
-            stream=_training_stream(plan),
+            stream=engine_options.training_stream(plan),
             pin_memory=engine_enum(_stoker.PinMemory, plan.pin_memory),
             pin_budget=plan.pin_budget, memory_limit=plan.memory_limit,
             tune_workers=plan.tune_workers,
@@ -310,7 +309,7 @@ class EnginePipeline(Pipeline):
     def processes(self) -> list:
         return self._workers.processes() if self._workers is not None else []
 
-    def report(self) -> dict:
+    def _report(self) -> dict:
         report = self._loader.report()
         deaths = self.deaths()
         if deaths:  # worker processes killed (the OOM killer) and replaced
@@ -386,7 +385,7 @@ class EnginePipeline(Pipeline):
         # A fresh process's first batch costs several (its first collate, its arena made and
         # faulted in): paid here, in the background, not by the training loop's next batches.
         args = pickle.dumps(self._jobs.batches[0], protocol=pickle.HIGHEST_PROTOCOL)
-        self._warming = _Warming(self._loader, pool, args)
+        self._warming = Warming(self._loader, pool, args)
 
     def _stop_warming(self) -> None:
         """close(): a warm-up still running ends now, its pool stopped and, if the loader
@@ -467,85 +466,4 @@ class EnginePipeline(Pipeline):
         known (a Python data set's, from the first sample read)."""
         self._build = batch_builder(structure, None)
         self._as_arrays, self._convert = converter(
-            _element_types(structure), self._loader.device().is_cuda)
-
-
-class _Warming:
-    """Each worker process makes one batch (all at once, the GIL released while they do),
-    then the loader sends its reads to them (the threads reading until then)."""
-
-    def __init__(self, loader, pool, args: bytes) -> None:
-        self._pool = pool
-        self._stopped = threading.Event()
-        self._handed = False
-        self._calls = [threading.Thread(target=self._warm, args=(w, args), daemon=True,
-                                        name=f"stoker warm-up {w}") for w in range(pool.size)]
-        self._thread = threading.Thread(target=self._run, args=(loader,), daemon=True,
-                                        name="stoker warm-up")
-        self._thread.start()
-
-    def _warm(self, w: int, args: bytes) -> None:
-        try:
-            self._pool.call(w, 0, args)  # (False, why) if it died: restarted by its next job
-        except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
-            _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
-
-    def _run(self, loader) -> None:
-        for c in self._calls:
-            c.start()
-        for c in self._calls:
-            c.join()
-        if not self._stopped.is_set():
-            loader.use_processes(self._pool)
-            self._handed = True
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._pool.stop()  # a warm-up call returns at once
-            self._thread.join()
-        if not self._handed:
-            self._pool.finish()
-
-
-def _element_types(structure) -> list[str]:
-    types: dict[int, str] = {}
-
-    def walk(node):
-        if node[0] == "array":
-            types[node[1]] = node[2]
-        elif node[0] in ("seq", "map"):
-            for child in node[-1]:
-                walk(child)
-
-    walk(structure)
-    return [types[f] for f in sorted(types)]
-
-
-def _training_stream(plan: Plan) -> int:
-    """The training loop's CUDA stream: batches copied to the GPU make it wait for their copy;
-    with pin_memory=True a pinned slab is refilled only after the work queued on it when its
-    batch was freed (the loop's own x.to("cuda", non_blocking=True)) has run."""
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
-        return 0
-    on_gpu = _stoker.Device(plan.device).is_cuda
-    if not (on_gpu or plan.pin_memory == "on"):
-        return 0
-    on = torch.device(plan.device) if on_gpu else None
-    return torch.cuda.current_stream(on).cuda_stream
-
-
-def _options(**fields) -> "_stoker.LoaderOptions":
-    """stoker::LoaderOptions (include/stoker/options.h), field by field."""
-    options = _stoker.LoaderOptions()
-    for name, value in fields.items():
-        setattr(options, name, value)
-    return options
-
-
-def _shard(rank: int, world_size: int, drop_last: bool) -> "_stoker.Shard":
-    shard = _stoker.Shard()
-    shard.rank, shard.world_size, shard.drop_last = rank, world_size, drop_last
-    return shard
-
+            engine_options.element_types(structure), self._loader.device().is_cuda)

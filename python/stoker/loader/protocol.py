@@ -55,6 +55,16 @@ class Pipeline:
         stats["worker_deaths"] = self.deaths()
         return stats
 
+    def report(self) -> dict:
+        """The pipeline's verdict, ending with which workers read now and why (auto decides
+        while it runs: ``readers``, ``readers_reason``)."""
+        report = self._report()
+        readers = (f"{self.num_workers} {self.worker_type} worker(s)" if self.num_workers
+                   else "read in-line")
+        report.update(readers=readers, readers_reason=self.worker_type_reason)
+        report["text"] += f"; {readers}: {self.worker_type_reason}"
+        return report
+
     # --- each pipeline's own --------------------------------------------------------------
 
     def start(self, epoch: int, batch: int) -> None:
@@ -75,7 +85,7 @@ class Pipeline:
     def _stats(self) -> dict:
         raise NotImplementedError
 
-    def report(self) -> dict:
+    def _report(self) -> dict:
         raise NotImplementedError
 
     def trace(self, path: Optional[str], max_events: int) -> None:

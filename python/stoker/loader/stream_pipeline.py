@@ -14,14 +14,13 @@ from typing import Optional
 
 from .. import _stoker
 from ..distributed import world
+from ..workers import arena as _arena
 from ..workers.jobs import StreamJobs
 from ..workers.processes import ProcessWorkers
 from . import elastic
 from .collate import mover, pinned
-from .protocol import EPOCH_END, Pipeline
-from .. import _stoker
-from ..workers import arena as _arena
 from .plan import Plan, cpu_share
+from .protocol import EPOCH_END, Pipeline
 from .stream_epochs import Streams
 
 _log = logging.getLogger("stoker")
@@ -149,7 +148,7 @@ class StreamPipeline(Pipeline):
     def processes(self) -> list:
         return self._made[0].processes() if self._made else []
 
-    def report(self) -> dict:
+    def _report(self) -> dict:
         stats = self._timing.stats()
         if not stats["batches"]:
             text = "no data yet"

@@ -1,0 +1,48 @@
+"""Worker processes warmed before a switch of worker kind: each makes one batch while the
+engine's threads go on reading, then the loader's reads go to them (worker_type='auto' moving
+a loader from threads to processes mid-run, python/stoker/loader/engine_pipeline.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+_log = logging.getLogger("stoker")
+
+
+class Warming:
+    """Each worker process makes one batch (all at once, the GIL released while they do),
+    then the loader sends its reads to them (the threads reading until then)."""
+
+    def __init__(self, loader, pool, args: bytes) -> None:
+        self._pool = pool
+        self._stopped = threading.Event()
+        self._handed = False
+        self._calls = [threading.Thread(target=self._warm, args=(w, args), daemon=True,
+                                        name=f"stoker warm-up {w}") for w in range(pool.size)]
+        self._thread = threading.Thread(target=self._run, args=(loader,), daemon=True,
+                                        name="stoker warm-up")
+        self._thread.start()
+
+    def _warm(self, w: int, args: bytes) -> None:
+        try:
+            self._pool.call(w, 0, args)  # (False, why) if it died: restarted by its next job
+        except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
+            _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
+
+    def _run(self, loader) -> None:
+        for c in self._calls:
+            c.start()
+        for c in self._calls:
+            c.join()
+        if not self._stopped.is_set():
+            loader.use_processes(self._pool)
+            self._handed = True
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._pool.stop()  # a warm-up call returns at once
+            self._thread.join()
+        if not self._handed:
+            self._pool.finish()
