@@ -221,12 +221,28 @@ void Loader::check_memory() {
   others.cache = s.memory_cache;
   others.workers = s.memory_workers;
   using detail::kHeldBatches;
-  const auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab,
-                                               others, kHeldBatches);
+  auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab, others,
+                                         kHeldBatches);
   if (share.max_depth == 0) {
-    throw std::invalid_argument("stoker::Loader: " + detail::memory_cap_too_small(memory_->limit(),
-                                                                                  slab, others,
-                                                                                  kHeldBatches));
+    // Not one batch in flight fits beside what the rest holds. Beside the device slots alone
+    // (fixed from the start) it never will: refused. Outgrown by the worker processes or the
+    // RAM cache, which cannot give memory back at once, the run goes on with one batch in
+    // flight rather than end a run of hours, said once in the log.
+    detail::MemoryUse fixed;
+    fixed.device_slots = others.device_slots;
+    const std::string too_small =
+        detail::memory_cap_too_small(memory_->limit(), slab, others, kHeldBatches);
+    if (detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab, fixed,
+                                  kHeldBatches)
+            .max_depth == 0) {
+      throw std::invalid_argument("stoker::Loader: " + too_small);
+    }
+    if (memory_->first_overrun()) {
+      detail::log(LogLevel::warning,
+                  "stoker::Loader: " + too_small + "; going on with one batch in flight");
+    }
+    share.max_depth = 1;
+    share.depth_budget = 2 * slab;  // (depth + 1) slabs, as the engine and the tuner count
   }
   engine_->set_memory_budget(share.depth_budget, kHeldBatches);
   tuner_->set_memory_budget(share.depth_budget);

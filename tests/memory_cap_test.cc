@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "stoker/loader.h"
 #include "test_datasets.h"
@@ -109,6 +111,17 @@ class CachingDataset : public IndexDataset<> {
   std::size_t resident_;
 };
 
+// A RAM cache that grows while the loader runs (set_resident from the test).
+class GrowingCacheDataset : public IndexDataset<> {
+ public:
+  GrowingCacheDataset(std::size_t n, std::size_t payload) : IndexDataset(n, payload) {}
+  std::size_t resident_bytes() const override { return resident_.load(); }
+  void set_resident(std::size_t bytes) { resident_.store(bytes); }
+
+ private:
+  std::atomic<std::size_t> resident_{0};
+};
+
 std::size_t slab_bytes_of(LoaderOptions o) {
   o.depth = 1;
   const Stats s = Loader(o).stats();
@@ -160,6 +173,25 @@ TEST(MemoryCapLoader, ACapTooSmallForOneBatchIsRefusedSayingWhatWouldFit) {
   std::size_t rows = 0;
   while (auto b = loader.next()) rows += b->size();
   EXPECT_EQ(rows, 100u);
+}
+
+TEST(MemoryCapLoader, ACacheThatOutgrowsTheCapMidRunLeavesOneBatchInFlightNotAnError) {
+  const std::size_t slab = slab_bytes_of(options(std::make_shared<IndexDataset<>>(800, 4096), 1));
+  auto ds = std::make_shared<GrowingCacheDataset>(800, 4096);
+  auto o = options(ds, 4);
+  o.memory_limit = 8 * slab;
+  Loader loader(o);
+  std::size_t rows = 0;
+  auto first = loader.next();
+  ASSERT_TRUE(first);
+  rows += first->size();
+  first.reset();
+  ds->set_resident(20 * slab);  // the cache alone is now past the cap
+  std::this_thread::sleep_for(2 * detail::kMemoryCheckPeriod);  // the next look is due
+  while (auto b = loader.next()) rows += b->size();
+  EXPECT_EQ(rows, 800u);  // the epoch completes
+  EXPECT_EQ(loader.stats().depth, 1u);
+  EXPECT_GT(loader.stats().memory_peak, o.memory_limit);  // and says it went past
 }
 
 TEST(MemoryCapLoader, ByDefaultTheCapIsDerivedFromTheMachine) {

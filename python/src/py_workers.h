@@ -164,6 +164,9 @@ class ProcessPool {
     pid_t timed_pid = 0;
     std::int64_t timed_cpu_ns = 0;
     std::int64_t timed_delay_ns = 0;
+    // times(): the anonymous resident memory of process `rss_pid` when first seen.
+    pid_t rss_pid = 0;
+    std::uint64_t rss_base = 0;
   };
 
   // A worker's reply to a job.

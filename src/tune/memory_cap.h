@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <utility>
 
 namespace stoker::detail {
 
@@ -83,12 +84,15 @@ class MemoryGuard {
     if (layout_known) next_due_ = std::chrono::steady_clock::now() + kMemoryCheckPeriod;
   }
   std::size_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  // True the first time the rest outgrows the cap (the loader says it once).
+  bool first_overrun() { return !std::exchange(overrun_, true); }
 
  private:
   const std::size_t limit_;
   const std::size_t slab_budget_;
   std::atomic<std::size_t> peak_{0};
   std::chrono::steady_clock::time_point next_due_{};
+  bool overrun_ = false;
 };
 
 }  // namespace stoker::detail

@@ -24,6 +24,20 @@ class Rows:
         return np.full(self.row_bytes, i & 255, np.uint8)
 
 
+class Cached(Rows):
+    """Keeps every row it made (a cache of its own in each worker process)."""
+
+    def __init__(self, n, row_bytes):
+        super().__init__(n, row_bytes)
+        self.kept = []
+
+    def __getitem__(self, i):
+        row = super().__getitem__(i)
+        self.kept.append(row.copy())
+        return row
+
+
+
 def children():
     out = []
     for task in os.listdir("/proc/self/task"):
@@ -33,7 +47,7 @@ def children():
 
 
 def test_report_shows_the_cap_and_what_counts_against_it_with_worker_processes():
-    loader = stoker.DataLoader(Rows(256, 4096), batch_size=16, num_workers=2,
+    loader = stoker.DataLoader(Cached(256, 4096), batch_size=16, num_workers=2,
                                worker_type="process", memory_limit=512 * MiB)
     rows = sum(len(x) for x in loader)
     assert rows == 256
@@ -87,3 +101,17 @@ def test_a_new_loader_each_epoch_leaves_no_descriptor_or_process_behind():
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
     assert children() == kids
+
+
+def test_worker_memory_is_its_own_not_the_training_process_pages_it_shares():
+    # The training process holds 256 MiB; each forked worker maps it (copy-on-write) and
+    # RssAnon counts it in full in each. The cap counts what a worker grew by: its own cache
+    # of 128 rows of 64 KiB here, not the 2 x 256 MiB it shares.
+    held = np.ones(256 * MiB // 8)
+    loader = stoker.DataLoader(Cached(256, 64 << 10), batch_size=16, num_workers=2,
+                               worker_type="process", memory_limit=400 * MiB,
+                               multiprocessing_context="fork")
+    assert sum(len(x) for x in loader) == 256
+    workers = loader.stats()["memory_workers"]
+    assert 0 < workers < 128 * MiB, workers
+    assert held[0] == 1
