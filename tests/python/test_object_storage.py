@@ -212,11 +212,15 @@ def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
     loader = stoker.DataLoader(ds, batch_size=8, num_workers=2)
     assert sum(len(b[0]) for b in loader) == N_SHARDS * PER_SHARD
     io = loader.stats()["object_storage"]
-    # Without the cache, each sample is one range GET, counted from the loader's start only.
+    # Without the cache, each sample is one range GET, counted from the loader's start only
+    # (the next epoch's first batches may already be read: the loader prefetches it).
     assert io["get_requests"] >= N_SHARDS * PER_SHARD
-    assert io["get_requests"] == ds.object_storage()["get_requests"] - before["get_requests"]
-    # One GET per sample, and the store's retries if the machine's load made any time out.
-    assert N_SHARDS * PER_SHARD <= io["chunk_fetches"] <= N_SHARDS * PER_SHARD + io["retries"]
+    assert io["get_requests"] <= ds.object_storage()["get_requests"] - before["get_requests"]
+    # One GET per sample, the store's retries if the machine's load made any time out, and
+    # the next epoch's prefetched batches (depth x batch_size samples at most).
+    ahead = loader.stats()["depth"] * 8
+    assert (N_SHARDS * PER_SHARD <= io["chunk_fetches"]
+            <= N_SHARDS * PER_SHARD + io["retries"] + ahead)
     assert io["wait_s"] > 0 and io["fetch_s"] > 0
     report = loader.report()
     assert 0 < report["storage_wait"] <= 1
