@@ -243,11 +243,17 @@ void ProcessPool::respawn(Link& link) {
   }
   const int fd = started[0].cast<int>();
   const pid_t pid = started[1].cast<pid_t>();
+  // What the process holds as it starts: a forked one, the training process's pages it maps
+  // copy-on-write (times() counts what it grows by beyond them).
+  const std::uint64_t rss_base =
+      detail::read_rss_anon(("/proc/" + std::to_string(pid) + "/status").c_str()).value_or(0);
   track_fd(fd);
   close_fd(std::exchange(link.fd, -1));
   std::lock_guard lock(mu_);
   link.fd = fd;
   link.pid = pid;
+  link.rss_pid = pid;
+  link.rss_base = rss_base;
   link.dead = false;
   link.regions.clear();
   link.has_layout = false;
@@ -377,9 +383,10 @@ detail::ExecutorStats ProcessPool::times() {
     rss[k] = detail::read_rss_anon(("/proc/" + std::to_string(pids[k]) + "/status").c_str());
   }
   std::lock_guard lock(mu_);
-  // A worker's own memory: its anonymous resident memory above what it had when first seen.
-  // A forked worker starts with the training process's pages mapped (shared copy-on-write,
-  // counted in full in its RssAnon): they are the training process's, not the worker's.
+  // A worker's own memory: its anonymous resident memory above what it had as it started
+  // (respawn()), or when first seen here if that could not be read. A forked worker starts
+  // with the training process's pages mapped (shared copy-on-write, counted in full in its
+  // RssAnon): they are the training process's, not the worker's.
   std::uint64_t resident = 0;
   for (std::size_t k = 0; k < pids.size(); ++k) {
     Link& link = *links_[k];
