@@ -243,17 +243,11 @@ void ProcessPool::respawn(Link& link) {
   }
   const int fd = started[0].cast<int>();
   const pid_t pid = started[1].cast<pid_t>();
-  // What the process holds as it starts: a forked one, the training process's pages it maps
-  // copy-on-write (times() counts what it grows by beyond them).
-  const std::uint64_t rss_base =
-      detail::read_rss_anon(("/proc/" + std::to_string(pid) + "/status").c_str()).value_or(0);
   track_fd(fd);
   close_fd(std::exchange(link.fd, -1));
   std::lock_guard lock(mu_);
   link.fd = fd;
   link.pid = pid;
-  link.rss_pid = pid;
-  link.rss_base = rss_base;
   link.dead = false;
   link.regions.clear();
   link.has_layout = false;
@@ -377,26 +371,13 @@ detail::ExecutorStats ProcessPool::times() {
     if (pids[k] <= 0) continue;
     read[k] = detail::read_schedstat(("/proc/" + std::to_string(pids[k]) + "/schedstat").c_str());
   }
-  std::vector<std::optional<std::uint64_t>> rss(pids.size());
-  for (std::size_t k = 0; k < pids.size(); ++k) {
-    if (pids[k] <= 0) continue;
-    rss[k] = detail::read_rss_anon(("/proc/" + std::to_string(pids[k]) + "/status").c_str());
+  std::uint64_t resident = 0;
+  for (const pid_t pid : pids) {
+    if (pid <= 0) continue;
+    resident +=
+        detail::read_rss_anon(("/proc/" + std::to_string(pid) + "/status").c_str()).value_or(0);
   }
   std::lock_guard lock(mu_);
-  // A worker's own memory: its anonymous resident memory above what it had as it started
-  // (respawn()), or when first seen here if that could not be read. A forked worker starts
-  // with the training process's pages mapped (shared copy-on-write, counted in full in its
-  // RssAnon): they are the training process's, not the worker's.
-  std::uint64_t resident = 0;
-  for (std::size_t k = 0; k < pids.size(); ++k) {
-    Link& link = *links_[k];
-    if (!rss[k] || link.pid != pids[k]) continue;
-    if (link.rss_pid != link.pid) {
-      link.rss_pid = link.pid;
-      link.rss_base = *rss[k];
-    }
-    resident += *rss[k] - std::min(*rss[k], link.rss_base);
-  }
   times_.resident_bytes = resident;  // a level, now; not summed
   for (std::size_t k = 0; k < pids.size(); ++k) {
     Link& link = *links_[k];

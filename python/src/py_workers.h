@@ -164,9 +164,6 @@ class ProcessPool {
     pid_t timed_pid = 0;
     std::int64_t timed_cpu_ns = 0;
     std::int64_t timed_delay_ns = 0;
-    // The anonymous resident memory of process `rss_pid` as it started (respawn()).
-    pid_t rss_pid = 0;
-    std::uint64_t rss_base = 0;
   };
 
   // A worker's reply to a job.

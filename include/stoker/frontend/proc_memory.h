@@ -1,7 +1,8 @@
 // A process's anonymous resident memory (/proc/<pid>/status, RssAnon): its heap and the like,
 // not the files and shared memory it maps (the slabs worker processes write into are
-// RssShmem). Pages a forked worker shares copy-on-write with its parent count in full in
-// each (so the Python package counts a worker's growth above its first reading). Not Pss_Anon from
+// RssShmem). Pages a forked worker still shares copy-on-write with its parent count in full
+// in each (an overcount, on the cap's safe side, that shrinks as they are written, which
+// Python's reference counting does to most objects it touches). Not Pss_Anon from
 // smaps_rollup, which splits those pages fairly: reading it walks every mapped page, about
 // 0.2 s for a worker mapping 1 GiB of slabs, where status costs microseconds. The Python
 // package reads its worker processes' for the loader's memory cap (LoaderOptions::memory_limit).
