@@ -48,17 +48,17 @@ def children():
 
 def test_report_shows_the_cap_and_what_counts_against_it_with_worker_processes():
     loader = stoker.DataLoader(Cached(256, 4096), batch_size=16, num_workers=2,
-                               worker_type="process", memory_limit=512 * MiB)
+                               worker_type="process", memory_limit=8192 * MiB)
     rows = sum(len(x) for x in loader)
     assert rows == 256
     stats, report = loader.stats(), loader.report()
-    assert stats["memory_limit"] == report["memory_limit"] == 512 * MiB
+    assert stats["memory_limit"] == report["memory_limit"] == 8192 * MiB
     assert stats["memory_workers"] > 0  # the worker processes' own memory counts
     assert stats["memory_slabs"] > 0
     assert stats["memory_used"] == (stats["memory_slabs"] + stats["memory_device_slots"]
                                     + stats["memory_cache"] + stats["memory_workers"])
-    assert 0 < report["memory_used"] <= report["memory_peak"] <= 512 * MiB
-    assert report["memory"].startswith("memory: ") and "of the 512 MiB cap" in report["memory"]
+    assert 0 < report["memory_used"] <= report["memory_peak"] <= 8192 * MiB
+    assert report["memory"].startswith("memory: ") and "of the 8192 MiB cap" in report["memory"]
     assert "worker processes" in report["memory"] and report["memory"] in str(report)
 
 
