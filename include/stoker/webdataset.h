@@ -93,6 +93,8 @@ class WebDataset final : public Dataset {
   std::vector<ObjectVersion> objects() const;
   // The object-storage counters (all zero when no shard is a URL).
   ObjectStorageCounters object_storage_counters() const override;
+  // The RAM cache's bytes (cache_bytes) and, for URL shards, the chunks being fetched ahead.
+  std::size_t resident_bytes() const override;
 
   struct Impl;
 

@@ -550,6 +550,11 @@ std::string RemoteFiles::local_file(const RemoteObject& object) {
   return path.string();
 }
 
+std::uint64_t RemoteFiles::ahead_bytes() const {
+  MutexLock lock(mu_);
+  return ahead_bytes_;
+}
+
 RemoteFiles::Counters RemoteFiles::counters() const {
   const io::IoStats s = store_->stats();
   Counters c;

@@ -128,8 +128,11 @@ class RemoteFiles {
   // cache directory, io::ObjectStoreError naming the URL.
   std::string local_file(const RemoteObject& object);
 
-  using Counters = ObjectStorageCounters;  // stoker/webdataset.h
+  using Counters = ObjectStorageCounters;  // stoker/object_storage.h
   Counters counters() const;
+  // Bytes of the chunks being fetched ahead now (held in memory until they reach the cache):
+  // at most kAheadBytes.
+  std::uint64_t ahead_bytes() const;
   const std::string& cache_dir() const { return cache_dir_; }
 
  private:
@@ -152,7 +155,7 @@ class RemoteFiles {
   std::unique_ptr<io::DiskCache> cache_;  // null: no cache
   std::atomic<std::uint64_t> hits_{0}, hit_bytes_{0}, misses_{0};
   std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0}, prefetched_{0};
-  Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
   std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);
   std::deque<std::string> ahead_order_ STOKER_GUARDED_BY(mu_);  // oldest first

@@ -896,6 +896,11 @@ ObjectStorageCounters WebDataset::object_storage_counters() const {
   return impl_->remote_files ? impl_->files().counters() : ObjectStorageCounters{};
 }
 
+std::size_t WebDataset::resident_bytes() const {
+  const std::uint64_t ahead = impl_->remote_files ? impl_->files().ahead_bytes() : 0;
+  return static_cast<std::size_t>(source_->counters().cached_bytes + ahead);
+}
+
 const std::shared_ptr<EncodedSource>& WebDataset::source() const { return source_; }
 
 void WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
