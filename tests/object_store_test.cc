@@ -1289,5 +1289,54 @@ TEST_F(ObjectStoreS3, RecordPacksAndImageFoldersFromAPrefixReadAsTheLocalFiles) 
   }
 }
 
+// A record shard larger than a chunk: its header and index are read by two exact range GETs
+// (not the 8 MiB chunks around them), kept in the index cache, and the records then read
+// through the chunks, each fetched once.
+TEST_F(ObjectStoreS3, ALargeRecordShardReadsItsIndexByExactRanges) {
+  TempDir dir;
+  const fs::path local = dir.path / "big";
+  std::vector<std::string> images;
+  for (int i = 0; i < 3; ++i) {
+    fs::create_directories(local / "c");
+    images.push_back(object_bytes((3u << 20) + 1000u * static_cast<unsigned>(i), 70u + i));
+    std::ofstream(local / "c" / (std::to_string(i) + ".jpg"), std::ios::binary) << images.back();
+  }
+  pack_image_folder(local.string(), (dir.path / "pack").string());
+  std::ostringstream shard;
+  shard << std::ifstream(dir.path / "pack" / "part-00000.stkr", std::ios::binary).rdbuf();
+  ASSERT_GT(shard.str().size(), detail::kRemoteChunkBytes);
+  direct()->put(url("big/part-00000.stkr"), shard.str());
+  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  ObjectStorageOptions o;
+  o.object_cache_dir = (dir.path / "objects").string();
+  o.index_cache_dir = (dir.path / "index").string();
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const auto records = open_records(url("big/part-00000.stkr"), o);
+  EXPECT_EQ(proxy_count(proxy_port_, "HEAD"), 1);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the header, the index: exact ranges
+  // The header and the index: the shard less its records' payloads.
+  const std::size_t payloads = images[0].size() + images[1].size() + images[2].size();
+  EXPECT_EQ(records->object_storage().bytes_fetched, shard.str().size() - payloads);
+  ASSERT_EQ(records->size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EncodedBytes b;
+    records->read(i, b);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.bytes.data()), b.bytes.size()),
+              images[i]);
+  }
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 4);  // and two chunks for the records
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  EXPECT_EQ(open_records(url("big/part-00000.stkr"), o)->size(), 3u);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);  // the index from the index cache
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    unsetenv(v);
+  }
+}
+
 }  // namespace
 }  // namespace stoker::io

@@ -103,6 +103,21 @@ class ShardFile {
                                " bytes were to be read at " + std::to_string(offset) + ")");
     }
   }
+  // read_exactly for a shard's header and index, read once (and, in object storage, kept in
+  // the index cache): a shard in object storage larger than one chunk is read by exact ranges
+  // (its 64-byte header need not cost an 8 MiB chunk, its index the chunks around it); a smaller
+  // one through its one chunk, whose GET then serves its records too.
+  void read_metadata(std::uint64_t offset, std::size_t n, std::byte* dst) const {
+    if (!remote_ || size_ <= detail::kRemoteChunkBytes) {
+      read_exactly(offset, n, dst, [&] { return path_; });
+      return;
+    }
+    try {
+      (*files_)->read_uncached(*remote_, offset, dst, n);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path_ + ": " + e.what());
+    }
+  }
   // A hint that bytes [offset, offset + n) will be read soon (object storage only).
   void will_read(std::uint64_t offset, std::size_t n) const {
     if (remote_) (*files_)->prefetch(*remote_, offset, n);
@@ -147,7 +162,7 @@ void read_index(ShardFile& file) {
     corrupt(path, "truncated (" + std::to_string(size) + " bytes, no complete header)");
   }
   Header& h = file.header;
-  file.read_exactly(0, sizeof h, reinterpret_cast<std::byte*>(&h), [&] { return path; });
+  file.read_metadata(0, sizeof h, reinterpret_cast<std::byte*>(&h));
   if (std::memcmp(h.magic, records::kMagic, sizeof h.magic) != 0) {
     throw std::runtime_error(path + ": not a stoker record shard (bad magic)");
   }
@@ -163,7 +178,7 @@ void read_index(ShardFile& file) {
                       std::to_string(h.index_offset + h.index_bytes) + ")");
   }
   file.index.resize(h.index_bytes);
-  file.read_exactly(h.index_offset, h.index_bytes, file.index.data(), [&] { return path; });
+  file.read_metadata(h.index_offset, h.index_bytes, file.index.data());
   if (checksum(file.index.data(), h.index_bytes) != h.index_checksum) {
     corrupt(path, "index checksum mismatch");
   }

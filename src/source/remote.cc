@@ -349,12 +349,7 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
                              std::to_string(object.size) + " bytes when it was listed)");
   }
   if (!cache_) {  // the read's own range, one GET
-    const auto started = std::chrono::steady_clock::now();
-    store_->read(object.url, offset, n, dst);
-    const std::uint64_t ns = elapsed_ns(started);
-    wait_ns_ += ns;
-    fetch_ns_ += ns;
-    ++chunk_fetches_;
+    read_uncached(object, offset, dst, n);
     return;
   }
   const std::uint64_t end = offset + n;
@@ -377,6 +372,22 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
     wait_ns_ += elapsed_ns(waiting);
     std::memcpy(to, chunk.get() + (lo - c), part);
   }
+}
+
+void RemoteFiles::read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                                std::size_t n) {
+  if (n == 0) return;
+  if (offset > object.size || n > object.size - offset) {
+    throw std::runtime_error(object.url + ": bytes [" + std::to_string(offset) + ", " +
+                             std::to_string(offset + n) + ") lie past the object's end (" +
+                             std::to_string(object.size) + " bytes when it was listed)");
+  }
+  const auto started = std::chrono::steady_clock::now();
+  store_->read(object.url, offset, n, dst);
+  const std::uint64_t ns = elapsed_ns(started);
+  wait_ns_ += ns;
+  fetch_ns_ += ns;
+  ++chunk_fetches_;
 }
 
 RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uint64_t offset,

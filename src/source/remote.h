@@ -120,6 +120,13 @@ class RemoteFiles {
   // a range past the object's end.
   void read(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
 
+  // Bytes [offset, offset + n) with one range GET of exactly them, neither looked up in nor
+  // kept in the chunk cache: for what is read once and kept elsewhere (a large record shard's
+  // header and index, in the index cache), so that 64 bytes do not cost an 8 MiB chunk. Throws
+  // as read().
+  void read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                     std::size_t n);
+
   // A hint that bytes [offset, offset + n) of the object will be read soon: each chunk holding
   // them that is neither in the disk cache nor being fetched is fetched now, in the background
   // (range GETs in parallel through the store's multi handle), and stored in the cache; a
