@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "stoker/frontend/mutex.h"
-#include "stoker/webdataset.h"
+#include "stoker/object_storage.h"
 
 namespace stoker::io {
 class ObjectStore;
@@ -143,7 +143,7 @@ class RemoteFiles {
   // cache directory, io::ObjectStoreError naming the URL.
   std::string local_file(const RemoteObject& object);
 
-  using Counters = ObjectStorageCounters;  // stoker/webdataset.h
+  using Counters = ObjectStorageCounters;  // stoker/object_storage.h
   Counters counters() const;
   const std::string& cache_dir() const { return cache_dir_; }
 
