@@ -1,17 +1,45 @@
-// What a data set reading object storage (s3://, http(s)://) fetched: the counters behind
+// Data read from object storage (s3:// and http(s):// URLs, docs/storage.md): the objects as
+// resolved, the settings a data set over URLs takes, and the traffic it counts (behind
 // Dataset::object_storage_counters(), the loader's Stats::storage_* and report()'s verdict
-// "network-bound" (docs/storage.md).
+// "network-bound"). WebDataset, record packs and image folders share them.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace stoker {
 
-// Object-storage traffic of a data set reading s3:// or http(s):// URLs (WebDataset's URL
-// shards) in this process (every data set reading through the same object cache directory
-// shares it): requests by kind (every attempt counts), body bytes, retries, and chunk reads
-// served by the disk cache (docs/storage.md).
+// An object as it was resolved (by a listing or a HEAD): a shard, a record shard, an image.
+struct ObjectVersion {
+  std::string url;
+  std::uint64_t size = 0;
+  std::string etag;
+};
+
+// Where a data set over URLs keeps what it fetched (the same settings as WebDatasetOptions').
+struct ObjectStorageOptions {
+  // The chunks read from object storage, and the cache's byte cap (least recently used out; 0:
+  // no cache, every read fetches its range). "" is $STOKER_CACHE_DIR/objects, else
+  // $XDG_CACHE_HOME/stoker/objects, else ~/.cache/stoker/objects.
+  std::string object_cache_dir;
+  std::uint64_t object_cache_bytes = 10ull << 30;
+  // Where what is read once per node is kept: a record shard's header and index (keyed by URL,
+  // size and ETag), the listings shared by the ranks of a torchrun job, the lock files by which
+  // the processes of a node take turns. "" is $STOKER_CACHE_DIR/indexes, else
+  // $XDG_CACHE_HOME/stoker/indexes, else ~/.cache/stoker/indexes. `index_cache` false: none
+  // (each process lists and reads the indexes itself).
+  std::string index_cache_dir;
+  bool index_cache = true;
+  // What another process resolved the same URL to (its source's objects()), taken as it is,
+  // with no request: the record shards of a prefix, an image folder's images.
+  std::vector<ObjectVersion> known_objects;
+};
+
+// Object-storage traffic of the data sets over URLs of this process (every data set reading
+// through the same object cache directory shares it): requests by kind (every attempt counts), body
+// bytes, retries, and chunk reads served by the disk cache.
 struct ObjectStorageCounters {
   std::uint64_t requests = 0;
   std::uint64_t list_requests = 0;

@@ -14,15 +14,9 @@
 #include "stoker/dataset.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
+#include "stoker/object_storage.h"
 
 namespace stoker {
-
-// A URL shard as it was resolved (by a listing or a HEAD).
-struct ObjectVersion {
-  std::string url;
-  std::uint64_t size = 0;
-  std::string etag;
-};
 
 struct WebDatasetOptions {
   // Tar files, or directories (every *.tar in them, in name order), or URLs of objects
