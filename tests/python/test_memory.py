@@ -128,11 +128,13 @@ def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all
     for taken, x in enumerate(loader, 1):
         assert x.shape == (8, 256 * 1024)
         if taken == 16:  # what counting each worker's RssAnon would have counted
-            whole = sum(rss_anon(pid) for pid in children())
+            whole = sum(rss_anon(pid) for pid in loader.stats()["worker_pids"])
     stats = loader.stats()
     assert whole > limit  # RssAnon would have overrun the cap (the depth down to 1)
     assert stats["memory_workers"] > 0
-    assert stats["memory_workers"] < 0.8 * own  # about 2/3 of it: 2 of 3 shares
+    # Their shares: about a third of what RssAnon counted (each holds 1/3 of the pages it
+    # shares, not all of them), more as they write their copies of shared pages.
+    assert stats["memory_workers"] < 0.6 * whole
     assert stats["memory_workers"] < 2 * held.nbytes
     assert stats["memory_peak"] <= limit
     assert stats["depth"] == 8  # the full prefetch kept
