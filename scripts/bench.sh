@@ -39,6 +39,9 @@ if [ -x .venv-test/bin/weed ]; then
   echo "   against webdataset and against local disk (bench/s3_bench.py; weed and webdataset"
   echo "   in .venv-test, from scripts/test.sh)"
   STOKER_WEED=.venv-test/bin/weed .venv-test/bin/python bench/s3_bench.py
+  echo
+  echo "== ImageFolder and record packs over s3:// against local disk (bench/s3_images_bench.py)"
+  STOKER_WEED=.venv-test/bin/weed .venv-test/bin/python bench/s3_images_bench.py
 fi
 
 if .venv-test/bin/python -c "import ray, stoker" 2>/dev/null; then

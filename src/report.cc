@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "util/format.h"
 
@@ -25,6 +27,9 @@ constexpr double kRunDelay = 0.2;
 // saturated (else they idle while rows travel: the network, or the object store, is slow).
 constexpr double kNetworkDominates = 0.5;
 constexpr double kRemoteSaturated = 0.8;
+// Reads waiting for object storage for at least this share of their time: the store (its
+// latency, the network to it) is the bottleneck rather than the CPU.
+constexpr double kStorageDominates = 0.5;
 
 std::string memory_line(const Stats& s) {
   using detail::format;
@@ -42,9 +47,9 @@ std::string memory_line(const Stats& s) {
          (parts.empty() ? "" : " (" + parts + ")") + ", peak " + mib(s.memory_peak) + " MiB";
 }
 
-}  // namespace
-
-Report diagnose(const Stats& s, bool process_workers) {
+// The verdict from the loader's own stages (reads, the GIL, remote workers, the training
+// loop), before object storage is looked at.
+Report diagnose_stages(const Stats& s, bool process_workers) {
   using detail::format;
   Report r;
   r.workers = s.workers;
@@ -175,6 +180,49 @@ Report diagnose(const Stats& s, bool process_workers) {
   return r;
 }
 
+// Object storage's numbers, and the verdict network-bound when the loop waits for reads that
+// wait for the store at least kStorageDominates of their time.
+void add_object_storage(const Stats& s, Report& r) {
+  using detail::format;
+  const double busy_s = to_seconds(s.worker_busy + s.inline_busy);
+  const double elapsed = to_seconds(s.elapsed);
+  r.storage_wait = busy_s > 0 ? std::min(1.0, to_seconds(s.storage_wait) / busy_s) : 0.0;
+  r.storage_fetch_latency =
+      s.storage_fetches ? to_seconds(s.storage_fetch_time) / static_cast<double>(s.storage_fetches)
+                        : 0.0;
+  r.storage_bytes_per_second = elapsed > 0 ? static_cast<double>(s.storage_bytes) / elapsed : 0.0;
+  if (s.storage_fetches + s.storage_cache_hits == 0) return;
+  r.storage = format(
+      "object storage: %llu chunk GETs at %.0f ms each, %.1f MB/s fetched, %llu retries, %llu "
+      "reads from the local cache",
+      static_cast<unsigned long long>(s.storage_fetches), 1e3 * r.storage_fetch_latency,
+      r.storage_bytes_per_second / 1e6, static_cast<unsigned long long>(s.storage_retries),
+      static_cast<unsigned long long>(s.storage_cache_hits));
+  if (r.verdict != "input-bound" || r.storage_wait < kStorageDominates) return;
+  r.verdict = "network-bound";
+  r.busiest = "the object store";
+  r.busiest_load = r.storage_wait;
+  r.more_workers =
+      "more workers would help as more reads in flight: a read waiting for its "
+      "chunk holds a worker and no CPU";
+  const std::vector<std::string> store = {
+      format("more reads in flight: num_workers above %zu (a read waiting %.0f ms for its chunk "
+             "holds a worker thread and no CPU)",
+             s.workers, 1e3 * r.storage_fetch_latency),
+      "a local object cache that holds the data set (object_cache_bytes), so that later epochs "
+      "read from disk",
+      "the bucket in the machines' region, or an endpoint closer to them (AWS_ENDPOINT_URL)"};
+  r.suggestions.insert(r.suggestions.begin(), store.begin(), store.end());
+}
+
+}  // namespace
+
+Report diagnose(const Stats& s, bool process_workers) {
+  Report r = diagnose_stages(s, process_workers);
+  add_object_storage(s, r);
+  return r;
+}
+
 std::string Report::text() const {
   using detail::format;
   if (verdict == "no data yet") {
@@ -187,6 +235,9 @@ std::string Report::text() const {
         "reads are the busiest stage at %.0f%% of %.2g cores (workers %zu, %.0f%% "
         "busy)",
         100 * busiest_load / std::max(cpu_cores, 1e-9), cpu_cores, workers, 100 * worker_busy);
+  } else if (busiest == "the object store") {
+    out += format("the object store is the busiest stage: reads waited for it %.0f%% of their time",
+                  100 * busiest_load);
   } else if (busiest == "the network" || busiest == "remote reads") {
     out += format(
         "%s %s the busiest stage: reads waited for remote workers %.0f%% of their time "
@@ -204,6 +255,7 @@ std::string Report::text() const {
       out += (i ? " / " : "") + suggestions[i];
     }
   }
+  if (!storage.empty()) out += "; " + storage;
   if (!memory.empty()) out += "; " + memory;
   return out;
 }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "image_fixtures.h"
+#include "source/image_folder.h"
 #include "source/record_format.h"
 #include "stoker/encoded.h"
 #include "stoker/image.h"
@@ -91,6 +92,26 @@ TEST(ImageFolder, OrderLabelsAndExtensionsFollowTorchvision) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("x.jpeg: cannot open"), std::string::npos) << e.what();
   }
+}
+
+// The layout of a folder given as keys (an s3:// listing), in any order: the rules of the test
+// above, with folder markers ("b/") and directories that sort between a class's files.
+TEST(ImageFolder, LayoutFromKeysFollowsTorchvision) {
+  const std::vector<std::string_view> keys = {
+      "b/sub/m.jpg", "stray.jpg", "b/z.JPEG",      "b/notes.txt", "a/x.jpeg",
+      "b/",          "b/a.png",   "b/sub-x/k.png", "c/sub/",      "b/sub/deep/n.jpg"};
+  detail::FolderLayout layout = detail::image_folder_layout(keys);
+  EXPECT_EQ(layout.classes, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(layout.empty, "c");  // only a folder marker: torchvision refuses it
+  // a/x.jpeg; then b's own files, b/sub, b/sub-x ('-' sorts before '/'), b/sub/deep.
+  std::vector<std::string_view> order;
+  for (std::size_t i : layout.images) order.push_back(keys[i]);
+  EXPECT_EQ(order, (std::vector<std::string_view>{"a/x.jpeg", "b/a.png", "b/z.JPEG", "b/sub/m.jpg",
+                                                  "b/sub-x/k.png", "b/sub/deep/n.jpg"}));
+  EXPECT_EQ(layout.labels, (std::vector<std::int64_t>{0, 1, 1, 1, 1, 1}));
+  EXPECT_TRUE(detail::image_folder_layout({"x.jpg", "y/"}).images.empty());
+  EXPECT_TRUE(detail::has_image_extension("A.WebP"));
+  EXPECT_FALSE(detail::has_image_extension("a.jpg.txt"));
 }
 
 TEST(ImageFolder, ANamedPipeIsRefusedNotWaitedOn) {

@@ -33,6 +33,7 @@
 
 #include "io/disk_cache.h"
 #include "source/remote.h"
+#include "stoker/encoded.h"
 
 extern char** environ;
 
@@ -1151,6 +1152,186 @@ TEST_F(ObjectStoreS3, RemoteFilesShareAListingWithinAJob) {
   resolve("");
   resolve("");
   EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 4);
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    unsetenv(v);
+  }
+}
+
+// Record packs and image folders over an s3:// prefix (stoker/encoded.h): the same samples,
+// labels, classes and bytes as the local files (the images hold any bytes: sources do not
+// decode), one listing each, a record shard's index read once per node (a second source over
+// the same index cache and a fresh object cache makes no GET until it reads), the chunks of
+// samples named by will_read fetched ahead (no GET of the reads' own), and epoch 2 from the
+// object cache. Read from eight threads at once (this binary runs under ASan and TSan too).
+TEST_F(ObjectStoreS3, RecordPacksAndImageFoldersFromAPrefixReadAsTheLocalFiles) {
+  TempDir dir;
+  const fs::path local = dir.path / "train";
+  const std::vector<std::string> files = {"b/x.jpg",  "b/sub/y.png", "b/z.jpg",        "a/1.jpg",
+                                          "a/2.JPEG", "a/notes.txt", "c/deep/er/q.jpg"};
+  auto store = direct();
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    fs::create_directories((local / files[i]).parent_path());
+    const std::string bytes = object_bytes(3000 + 977 * i, static_cast<unsigned>(i + 40));
+    std::ofstream(local / files[i], std::ios::binary) << bytes;
+    store->put(url("folder/train/" + files[i]), bytes);
+  }
+  PackOptions pack;
+  pack.shard_bytes = 8000;  // several shards
+  const PackResult packed = pack_image_folder(local.string(), (dir.path / "pack").string(), pack);
+  ASSERT_GE(packed.shards, 3u);
+  auto file_bytes = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream bytes;
+    bytes << in.rdbuf();
+    return bytes.str();
+  };
+  for (const auto& e : fs::directory_iterator(dir.path / "pack")) {
+    store->put(url("folder/pack/" + e.path().filename().string()), file_bytes(e.path()));
+  }
+  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  auto options = [&](const std::string& objects) {
+    ObjectStorageOptions o;
+    o.object_cache_dir = (dir.path / objects).string();
+    o.index_cache_dir = (dir.path / "index").string();
+    return o;
+  };
+  // Every sample's bytes from 8 threads (after will_read of them all), compared with `want`.
+  auto same_samples = [](const EncodedSource& got, const EncodedSource& want) {
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(got.classes(), want.classes());
+    std::vector<std::size_t> rows(got.size());
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = i;
+    got.will_read(rows);
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < 8; ++t) {
+      threads.emplace_back([&, t] {
+        EncodedBytes a, b;
+        for (std::size_t i = t; i < got.size(); i += 8) {
+          got.read(i, a);
+          want.read(i, b);
+          if (got.label(i) != want.label(i) || a.bytes.size() != b.bytes.size() ||
+              std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) != 0) {
+            ++wrong;
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0);
+  };
+
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const auto folder = open_image_folder(url("folder/train"), options("objects"));
+  const auto local_folder = open_image_folder(local.string());
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 1);
+  ASSERT_EQ(folder->size(), 6u);
+  for (std::size_t i = 0; i < folder->size(); ++i) {  // torchvision's order
+    EXPECT_EQ(folder->name(i),
+              url("folder/train/") + fs::relative(local_folder->name(i), local).string());
+  }
+  same_samples(*folder, *local_folder);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 6);  // each image once
+  const auto io = folder->object_storage();
+  EXPECT_EQ(io.prefetched, 6u);
+  EXPECT_EQ(io.chunk_fetches, 6u);  // the reads made no GET of their own
+
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const auto pack_url = url("folder/pack/");
+  const auto records = open_records(pack_url, options("objects"));
+  EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 1);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<long>(packed.shards));  // a chunk each
+  same_samples(*records, *open_records((dir.path / "pack").string()));
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<long>(packed.shards));  // no more
+  EXPECT_EQ(records->objects().size(), packed.shards);
+
+  // Another process of the node: the indexes from the index cache, the records fetched ahead.
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const auto again = open_records(pack_url, options("objects-2"));
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);
+  same_samples(*again, *records);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<long>(packed.shards));
+  EXPECT_EQ(again->object_storage().prefetched, packed.shards);
+
+  // Errors name the URL: an empty prefix, an http(s) image folder, a shard missing.
+  EXPECT_THROW(
+      {
+        try {
+          open_image_folder(url("folder/none/"), options("objects"));
+        } catch (const ObjectStoreError& e) {
+          EXPECT_NE(std::string(e.what()).find(url("folder/none/")), std::string::npos);
+          EXPECT_EQ(e.http_status(), 404);
+          throw;
+        }
+      },
+      ObjectStoreError);
+  EXPECT_THROW(open_image_folder("http://127.0.0.1:1/x/", options("objects")),
+               std::invalid_argument);
+  store->put(url("folder/partial/part-00000.stkr"),
+             file_bytes(dir.path / "pack" / "part-00000.stkr"));
+  try {
+    open_records(url("folder/partial"), options("objects"));
+    ADD_FAILURE() << "a partial pack was opened";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(url("folder/partial") + ": " +
+                                         std::to_string(packed.shards - 1) + " of its"),
+              std::string::npos)
+        << e.what();
+  }
+  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
+                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    unsetenv(v);
+  }
+}
+
+// A record shard larger than a chunk: its header and index are read by two exact range GETs
+// (not the 8 MiB chunks around them), kept in the index cache, and the records then read
+// through the chunks, each fetched once.
+TEST_F(ObjectStoreS3, ALargeRecordShardReadsItsIndexByExactRanges) {
+  TempDir dir;
+  const fs::path local = dir.path / "big";
+  std::vector<std::string> images;
+  for (int i = 0; i < 3; ++i) {
+    fs::create_directories(local / "c");
+    images.push_back(object_bytes((3u << 20) + 1000u * static_cast<unsigned>(i), 70u + i));
+    std::ofstream(local / "c" / (std::to_string(i) + ".jpg"), std::ios::binary) << images.back();
+  }
+  pack_image_folder(local.string(), (dir.path / "pack").string());
+  std::ostringstream shard;
+  shard << std::ifstream(dir.path / "pack" / "part-00000.stkr", std::ios::binary).rdbuf();
+  ASSERT_GT(shard.str().size(), detail::kRemoteChunkBytes);
+  direct()->put(url("big/part-00000.stkr"), shard.str());
+  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
+  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  ObjectStorageOptions o;
+  o.object_cache_dir = (dir.path / "objects").string();
+  o.index_cache_dir = (dir.path / "index").string();
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const auto records = open_records(url("big/part-00000.stkr"), o);
+  EXPECT_EQ(proxy_count(proxy_port_, "HEAD"), 1);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the header, the index: exact ranges
+  // The header and the index: the shard less its records' payloads.
+  const std::size_t payloads = images[0].size() + images[1].size() + images[2].size();
+  EXPECT_EQ(records->object_storage().bytes_fetched, shard.str().size() - payloads);
+  ASSERT_EQ(records->size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EncodedBytes b;
+    records->read(i, b);
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(b.bytes.data()), b.bytes.size()),
+              images[i]);
+  }
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 4);  // and two chunks for the records
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  EXPECT_EQ(open_records(url("big/part-00000.stkr"), o)->size(), 3u);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);  // the index from the index cache
   for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
                         "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
     unsetenv(v);

@@ -304,6 +304,10 @@ TEST(Parquet, WithCacheBytesForTheDataSetEpochTwoReadsNoFile) {
       EXPECT_EQ(reads[0], 4u);  // each row group once
       EXPECT_EQ(reads[1], reads[0]);
       EXPECT_EQ(d->counters().cached_row_groups, 4u);
+      // What the cache holds counts against the loader's memory cap.
+      EXPECT_GT(d->resident_bytes(), 0u);
+      EXPECT_EQ(d->resident_bytes(), d->counters().cached_bytes);
+      EXPECT_EQ(loader.stats().memory_cache, d->counters().cached_bytes);
     } else {
       // One row group kept (per reading thread): shuffled epochs read row groups again. (Not
       // reads[1] > reads[0]: the second epoch may be read ahead before the first one ends.)

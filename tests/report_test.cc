@@ -186,6 +186,66 @@ TEST(Report, RemoteWaitsThatDoNotDominateLeaveTheLocalVerdict) {
   EXPECT_NEAR(r.network_wait, 12.0 / 49, 1e-9);
 }
 
+// Ten seconds in which the loop waited 6 s and 2 workers read for 8 s in all, waiting
+// `wait_ms` of that for object storage: 40 chunk GETs taking 2 s, 40 MiB, 3 retries, 7 reads
+// from the local cache.
+Stats storage_run(int wait_ms) {
+  Stats s = run(6000, 2, 8000, 1000);
+  s.storage_fetches = 40;
+  s.storage_fetch_time = milliseconds(2000);
+  s.storage_bytes = 40 << 20;
+  s.storage_wait = milliseconds(wait_ms);
+  s.storage_retries = 3;
+  s.storage_cache_hits = 7;
+  return s;
+}
+
+TEST(Report, NetworkBoundWhenReadsWaitForObjectStorage) {
+  const Report local = diagnose(run(6000, 2, 8000, 1000));
+  const Report r = diagnose(storage_run(6000));
+  EXPECT_EQ(r.verdict, "network-bound");
+  EXPECT_EQ(r.busiest, "the object store");
+  EXPECT_DOUBLE_EQ(r.busiest_load, 0.75);
+  EXPECT_DOUBLE_EQ(r.storage_wait, 0.75);
+  EXPECT_DOUBLE_EQ(r.storage_fetch_latency, 0.05);
+  EXPECT_DOUBLE_EQ(r.storage_bytes_per_second, (40 << 20) / 10.0);
+  ASSERT_EQ(r.suggestions.size(), 3 + local.suggestions.size());
+  EXPECT_EQ(r.suggestions.at(0),
+            "more reads in flight: num_workers above 2 (a read waiting 50 ms for its chunk "
+            "holds a worker thread and no CPU)");
+  EXPECT_EQ(r.suggestions.back(), local.suggestions.back());  // the stages' remedies follow
+  const std::string text = r.text();
+  EXPECT_TRUE(has(text,
+                  "network-bound: the training loop waited 60% of its time (640 "
+                  "samples/s); the object store is the busiest stage: reads waited for it "
+                  "75% of their time"))
+      << text;
+  EXPECT_TRUE(has(text,
+                  "; object storage: 40 chunk GETs at 50 ms each, 4.2 MB/s fetched, 3 "
+                  "retries, 7 reads from the local cache"))
+      << text;
+}
+
+TEST(Report, StorageWaitsBelowTheShareOrACalmLoopKeepTheVerdict) {
+  const Report below = diagnose(storage_run(3900));  // 49% of the reads' time
+  EXPECT_EQ(below.verdict, "input-bound");
+  EXPECT_EQ(below.busiest, "reads");
+  EXPECT_TRUE(has(below.text(), "; object storage: 40 chunk GETs")) << below.text();
+  Stats calm = storage_run(6000);
+  calm.consumer_wait = milliseconds(100);
+  const Report r = diagnose(calm);
+  EXPECT_EQ(r.verdict, "compute-bound");
+  EXPECT_DOUBLE_EQ(r.storage_wait, 0.75);
+}
+
+TEST(Report, LocalDataHasNoStorageLine) {
+  const Report r = diagnose(run(6000, 2, 8000, 1000));
+  EXPECT_EQ(r.storage_wait, 0.0);
+  EXPECT_EQ(r.storage_fetch_latency, 0.0);
+  EXPECT_TRUE(r.storage.empty());
+  EXPECT_FALSE(has(r.text(), "object storage")) << r.text();
+}
+
 TEST(Report, NoDataYet) { EXPECT_EQ(diagnose(Stats{}).verdict, "no data yet"); }
 
 TEST(Report, FromALoader) {

@@ -314,6 +314,21 @@ TEST(WebDataset, GroupsByKeyWithDottedDirectoriesAndReadsFields) {
   EXPECT_NE(e.find("key '0003': field 'jpg;png'"), std::string::npos) << e;
 }
 
+TEST(WebDataset, TheRamCacheCountsAsResidentBytes) {
+  TempDir dir;
+  TarWriter t;
+  for (const char* key : {"k0", "k1", "k2", "k3"}) t.add(std::string(key) + ".cls", key + 1);
+  write(dir / "a.tar", t.finish());
+  WebDatasetOptions o = options(dir.path(), {"cls"});
+  EXPECT_EQ(WebDataset(o).resident_bytes(), 0u);
+  o.cache_bytes = 1 << 20;
+  WebDataset d(o);
+  EXPECT_EQ(d.resident_bytes(), 0u);
+  for (std::size_t i = 0; i < d.size(); ++i) read_sample(d, i);
+  EXPECT_GT(d.resident_bytes(), 0u);  // the loader's memory cap counts it (memory_cache)
+  EXPECT_EQ(d.resident_bytes(), d.source()->counters().cached_bytes);
+}
+
 TEST(WebDataset, IndexIsCachedByPathSizeAndMtime) {
   TempDir dir;
   TarWriter t;

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "stoker/object_storage.h"
+
 namespace stoker {
 
 enum class DType : std::uint8_t { u8, i8, i16, i32, i64, f16, bf16, f32, f64 };
@@ -138,6 +140,12 @@ class Dataset {
   // Bytes this data set keeps in RAM between reads (a RAM cache of encoded bytes), counted
   // against the loader's memory_limit. Any thread. Default: none.
   virtual std::size_t resident_bytes() const { return 0; }
+
+  // What this data set's reads fetched from object storage so far (s3://, http(s)://: the
+  // counters of this process's store, shared by the data sets reading through it), from which
+  // the loader counts its own traffic (Stats::storage_*) and tells a network-bound loop.
+  // Any thread. Default: nothing (local data).
+  virtual ObjectStorageCounters object_storage_counters() const { return {}; }
 
   // A hint, called just before the previous sample is read: `index` is read next by this
   // thread. A dataset whose bytes are in memory can start bringing them into cache, which

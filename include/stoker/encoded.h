@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "stoker/object_storage.h"
+
 namespace stoker {
 
 // The encoded bytes of one sample: either a view into memory the source keeps (the RAM
@@ -47,13 +49,30 @@ class EncodedSource {
     std::uint64_t cached_bytes = 0;
   };
   virtual Counters counters() const = 0;
+
+  // Sources over URLs (docs/storage.md): a hint that these samples will be read soon (the
+  // loader's Dataset::will_read, passed on), so the chunks holding them that the object cache
+  // lacks are fetched now, in parallel; quick, never waits for I/O, never throws. The objects
+  // as resolved, and this process's traffic through the source's object cache (nothing, and
+  // all zero, for local files).
+  virtual void will_read(std::span<const std::size_t> /*rows*/) const noexcept {}
+  virtual std::vector<ObjectVersion> objects() const { return {}; }
+  virtual ObjectStorageCounters object_storage() const { return {}; }
 };
 
 // torchvision.datasets.ImageFolder's layout: root/<class>/<file>, classes sorted by name,
 // files sorted by path within each class, only files with an image extension (.jpg .jpeg .png
 // .ppm .bmp .pgm .tif .tiff .webp, any case). Throws std::runtime_error if `root` has no class
 // folder or no image.
-std::shared_ptr<EncodedSource> open_image_folder(const std::string& root);
+//
+// `root` may be an s3:// prefix (docs/storage.md): one recursive listing (shared by the ranks
+// of a torchrun job on the node), class folders the first level of keys below it, the same
+// order and labels; each image is then read whole through the object cache described by
+// `remote`. An http(s):// URL has no listing: refused. An empty listing, a missing bucket or
+// refused credentials throw (io::ObjectStoreError, a std::runtime_error) naming the URL and
+// the HTTP status.
+std::shared_ptr<EncodedSource> open_image_folder(const std::string& root,
+                                                 const ObjectStorageOptions& remote = {});
 
 // Packed record shards written by `stoker pack` (format: docs/record_format.md), read with
 // pread (not mapped). `path` is one shard file or a directory of them (every *.stkr file, in
@@ -61,7 +80,13 @@ std::shared_ptr<EncodedSource> open_image_folder(const std::string& root);
 // truncated or corrupt shard (bad magic, version, header or index checksum, records outside
 // the file). Each record's checksum is verified on every read(): a corrupt record, or one that
 // a shard truncated or rewritten while open no longer holds, throws, naming shard and record.
-std::shared_ptr<EncodedSource> open_records(const std::string& path);
+//
+// `path` may be a URL (docs/storage.md): an s3:// prefix (every *.stkr object directly under
+// it, checked for completeness as a directory is), or one shard's s3:// or http(s):// URL. Each
+// shard's header and index are read once per node (kept in `remote.index_cache_dir`, keyed by
+// URL, size and ETag); records are read through the chunked object cache.
+std::shared_ptr<EncodedSource> open_records(const std::string& path,
+                                            const ObjectStorageOptions& remote = {});
 
 struct PackOptions {
   std::uint64_t shard_bytes = std::uint64_t{1} << 30;  // a new shard starts past this size

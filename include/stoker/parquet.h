@@ -76,6 +76,8 @@ class ParquetDataset final : public Dataset {
     std::uint64_t cached_bytes = 0;
   };
   Counters counters() const;
+  // The row groups kept in RAM (cache_bytes).
+  std::size_t resident_bytes() const override;
 
   struct Impl;
 

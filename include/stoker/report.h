@@ -11,8 +11,9 @@ namespace stoker {
 
 struct Report {
   // "input-bound" (the training loop waits for data), "network-bound" (it waits, and the
-  // reads mostly wait for remote workers' rows, which those workers are mostly idle to send:
-  // the network or the object store is the bottleneck), "compute-bound" (it hardly waits),
+  // reads mostly wait for object storage, or for remote workers' rows, which those workers
+  // are mostly idle to send: the network or the store is the bottleneck), "compute-bound" (it
+  // hardly waits),
   // "balanced" (in between), or "no data yet" (no batch handed out).
   std::string verdict;
   // The numbers behind it.
@@ -30,6 +31,15 @@ struct Report {
   double network_wait = 0;
   double network_bytes_per_second = 0;
   double remote_busy = 0;
+  // Object storage (Stats::storage_*): share of the reads' time waiting for the store,
+  // seconds per range GET, and bytes fetched per second (all zero for local data).
+  double storage_wait = 0;
+  double storage_fetch_latency = 0;
+  double storage_bytes_per_second = 0;
+  // With object storage, one line of its traffic: "object storage: 80 chunk GETs at 79 ms
+  // each, 0.1 MB/s fetched, 0 retries, 0 reads from the local cache" (text() ends with it,
+  // before the memory line); empty for local data.
+  std::string storage;
   // The memory cap and what counts against it, now and at peak (Stats::memory_*), and as one
   // line with what holds it: "memory: 412 MiB of the 1536 MiB cap (batch slabs 300, worker
   // processes 100, RAM cache 12), peak 450 MiB" (text() ends with it).
@@ -37,8 +47,8 @@ struct Report {
   std::size_t memory_used = 0;
   std::size_t memory_peak = 0;
   std::string memory;
-  // The busiest stage: "reads", "the GIL", "the network", "remote reads" or "the training
-  // loop".
+  // The busiest stage: "reads", "the GIL", "the network", "the object store", "remote reads"
+  // or "the training loop".
   std::string busiest;
   double busiest_load = 0;  // its load: cores for reads, a share of the time otherwise
   // Whether more workers would help, and why ("more workers would not help: CPU saturated").
@@ -72,6 +82,10 @@ void for_each_field(const Report& r, Visit&& visit) {
   visit("network_wait", r.network_wait);
   visit("network_bytes_per_second", r.network_bytes_per_second);
   visit("remote_busy", r.remote_busy);
+  visit("storage_wait", r.storage_wait);
+  visit("storage_fetch_latency", r.storage_fetch_latency);
+  visit("storage_bytes_per_second", r.storage_bytes_per_second);
+  visit("storage", r.storage);
   visit("memory_limit", r.memory_limit);
   visit("memory_used", r.memory_used);
   visit("memory_peak", r.memory_peak);

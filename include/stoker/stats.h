@@ -56,6 +56,16 @@ struct Stats {
   std::chrono::nanoseconds network_wait{0};
   std::chrono::nanoseconds network_read{0};
   std::chrono::nanoseconds network_idle{0};
+  // Object storage (a data set reading s3:// or http(s):// URLs: Dataset::object_storage_counters),
+  // since the loader was made: the range GETs made for reads, their time and the bytes
+  // fetched, the time reads waited for the store (summed over the reading threads), retries,
+  // and chunk reads the local object cache served. All zero for local data.
+  std::uint64_t storage_fetches = 0;
+  std::chrono::nanoseconds storage_fetch_time{0};
+  std::uint64_t storage_bytes = 0;
+  std::chrono::nanoseconds storage_wait{0};
+  std::uint64_t storage_retries = 0;
+  std::uint64_t storage_cache_hits = 0;
   double cpu_cores = 0;             // the CPU budget: cores for the workers and the training loop
   std::uint64_t tuner_changes = 0;  // configurations the tuner changed (tune_workers)
   // The tuner's last change and why ("workers 2 -> 3: the training loop waits, ..."), or,
@@ -115,6 +125,12 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("network_wait", s.network_wait);
   visit("network_read", s.network_read);
   visit("network_idle", s.network_idle);
+  visit("storage_fetches", s.storage_fetches);
+  visit("storage_fetch_time", s.storage_fetch_time);
+  visit("storage_bytes", s.storage_bytes);
+  visit("storage_wait", s.storage_wait);
+  visit("storage_retries", s.storage_retries);
+  visit("storage_cache_hits", s.storage_cache_hits);
   visit("cpu_cores", s.cpu_cores);
   visit("tuner_changes", s.tuner_changes);
   visit("tuner", s.tuner);

@@ -165,7 +165,11 @@ PYBIND11_MODULE(_stoker, m) {
   m.def("to_tensor", &to_tensor, py::arg("pixels"), py::arg("mean") = std::vector<float>{},
         py::arg("std") = std::vector<float>{});
   m.def("image_dataset", &make_image_dataset, py::arg("kind"), py::arg("path"),
-        py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"));
+        py::arg("transform"), py::arg("cache_bytes"), py::arg("max_pixels"),
+        py::arg("index_cache_dir") = "", py::arg("index_cache") = true,
+        py::arg("object_cache_dir") = "", py::arg("object_cache_bytes") = 10ull << 30,
+        py::arg("known_objects") =
+            std::vector<std::tuple<std::string, std::uint64_t, std::string>>{});
   m.def("decode_image", &decode_image_bytes, py::arg("data"), py::arg("transform"), py::arg("seed"),
         py::arg("max_pixels"), py::arg("name"));
   m.def("webdataset", &make_webdataset, py::arg("shards"), py::arg("fields"), py::arg("transform"),

@@ -102,20 +102,29 @@ NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields
   return out;
 }
 
-NativeDataset make_image_dataset(const std::string& kind, const std::string& path,
-                                 const std::string& transform, std::size_t cache_bytes,
-                                 std::uint64_t max_pixels) {
+NativeDataset make_image_dataset(
+    const std::string& kind, const std::string& path, const std::string& transform,
+    std::size_t cache_bytes, std::uint64_t max_pixels, const std::string& index_cache_dir,
+    bool index_cache, const std::string& object_cache_dir, std::uint64_t object_cache_bytes,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects) {
   ImageDatasetOptions o;
   o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
   o.max_pixels = max_pixels;
+  ObjectStorageOptions remote;
+  remote.index_cache_dir = index_cache_dir;
+  remote.index_cache = index_cache;
+  remote.object_cache_dir = object_cache_dir;
+  remote.object_cache_bytes = object_cache_bytes;
+  for (const auto& [url, size, etag] : known_objects)
+    remote.known_objects.push_back({url, size, etag});
 
   NativeDataset out;
   {
-    py::gil_scoped_release nogil;  // a folder scan or a shard check may take a while
+    py::gil_scoped_release nogil;  // a folder scan, a listing or a shard check may take a while
     if (kind == "folder") {
-      o.source = open_image_folder(path);
+      o.source = open_image_folder(path, remote);
     } else if (kind == "records") {
-      o.source = open_records(path);
+      o.source = open_records(path, remote);
     } else {
       throw std::invalid_argument("stoker: unknown image source '" + kind + "'");
     }
@@ -194,14 +203,14 @@ std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_obje
   std::vector<std::tuple<std::string, std::uint64_t, std::string>> out;
   if (const auto* w = dynamic_cast<const WebDataset*>(dataset.dataset.get())) {
     for (const auto& o : w->objects()) out.emplace_back(o.url, o.size, o.etag);
+  } else if (dataset.source) {
+    for (const auto& o : dataset.source->objects()) out.emplace_back(o.url, o.size, o.etag);
   }
   return out;
 }
 
 py::dict object_storage_counters(const NativeDataset& dataset) {
-  const auto* w = dynamic_cast<const WebDataset*>(dataset.dataset.get());
-  if (w == nullptr) return {};
-  return fields_dict(w->object_storage_counters());
+  return fields_dict(dataset.dataset->object_storage_counters());  // zero: local files
 }
 
 py::list read_sample(const NativeDataset& dataset, std::size_t index, std::uint64_t seed) {

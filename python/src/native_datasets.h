@@ -44,9 +44,13 @@ py::array to_tensor(const py::array& pixels, const std::vector<float>& mean,
 // by name (crop, size, resize, scale, ratio, flip, dtype, layout, mean, std). Opens the source
 // with the GIL released.
 // `transform` is an ImageTransform spec (ImageTransform::parse; transforms.Compose.spec()).
-NativeDataset make_image_dataset(const std::string& kind, const std::string& path,
-                                 const std::string& transform, std::size_t cache_bytes,
-                                 std::uint64_t max_pixels);
+// `path` may be a URL (docs/storage.md): the rest are ObjectStorageOptions' settings, as
+// make_webdataset's ("" the default places).
+NativeDataset make_image_dataset(
+    const std::string& kind, const std::string& path, const std::string& transform,
+    std::size_t cache_bytes, std::uint64_t max_pixels, const std::string& index_cache_dir,
+    bool index_cache, const std::string& object_cache_dir, std::uint64_t object_cache_bytes,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects);
 
 // A WebDataset (stoker/webdataset.h) over `shards` (tar files, directories or URLs) with
 // `fields`, optionally behind a RAM cache of `cache_bytes`; indexes cached in `index_cache_dir`
@@ -60,7 +64,8 @@ NativeDataset make_webdataset(
     std::uint64_t object_cache_bytes,
     const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects);
 
-// A WebDataset's URL shards as resolved: (url, size, etag) each (WebDataset::objects()).
+// The objects of a data set over URLs as resolved: (url, size, etag) each (WebDataset::objects(),
+// EncodedSource::objects()).
 std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(
     const NativeDataset& dataset);
 
@@ -71,8 +76,8 @@ std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_obje
 std::vector<std::string> object_files(const std::vector<std::string>& urls,
                                       const std::string& suffix);
 
-// The object-storage counters of a WebDataset with URL shards (ObjectStorageCounters' fields by
-// name); empty for other data sets.
+// The object-storage counters of a data set over URLs (ObjectStorageCounters' fields by name);
+// empty for other data sets.
 py::dict object_storage_counters(const NativeDataset& dataset);
 
 // One encoded image (JPEG or PNG) decoded and transformed as an image data set does it, into a

@@ -260,6 +260,10 @@ class RemappedDataset final : public Dataset {
   void prefetch(std::size_t index) const override;
   void will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
+  std::size_t resident_bytes() const override { return base_->resident_bytes(); }
+  ObjectStorageCounters object_storage_counters() const override {
+    return base_->object_storage_counters();
+  }
   bool reads_chunks() const override { return base_->reads_chunks(); }
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;

@@ -75,6 +75,7 @@ std::int64_t ns_since(std::chrono::steady_clock::time_point start) {
 
 Engine::Engine(EngineConfig config, std::shared_ptr<SlabPool> pool)
     : config_(std::move(config)),
+      storage_start_(config_.dataset->object_storage_counters()),
       pool_(std::move(pool)),
       samples_per_epoch_(samples_per_rank(config_.order)),
       batches_per_epoch_(batch_count(samples_per_epoch_, config_.batch_size, config_.drop_last)),
@@ -865,6 +866,14 @@ Stats Engine::stats() const {
   s.memory_slabs = s.slab_bytes;
   s.memory_cache = config_.dataset->resident_bytes();
   s.memory_workers = executors.resident_bytes;
+  const ObjectStorageCounters storage = config_.dataset->object_storage_counters();
+  const ObjectStorageCounters& from = storage_start_;
+  s.storage_fetches = storage.chunk_fetches - from.chunk_fetches;
+  s.storage_fetch_time = std::chrono::nanoseconds(storage.fetch_ns - from.fetch_ns);
+  s.storage_bytes = storage.bytes_fetched - from.bytes_fetched;
+  s.storage_wait = std::chrono::nanoseconds(storage.wait_ns - from.wait_ns);
+  s.storage_retries = storage.retries - from.retries;
+  s.storage_cache_hits = storage.cache_hits - from.cache_hits;
   return s;
 }
 

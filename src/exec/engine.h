@@ -274,6 +274,9 @@ class Engine {
   void wake_all() STOKER_REQUIRES(mu_);
 
   const EngineConfig config_;
+  // The data set's object-storage counters when the engine was made (Stats::storage_* count
+  // from there: the store is the process's, shared with other loaders).
+  const ObjectStorageCounters storage_start_;
   const std::shared_ptr<SlabPool> pool_;
   const std::size_t samples_per_epoch_;
   const std::size_t batches_per_epoch_;

@@ -294,8 +294,16 @@ std::string ImageDataset::sample_name(std::size_t index) const {
   return options_.source->name(index);
 }
 
+void ImageDataset::will_read(std::span<const std::size_t> rows) const noexcept {
+  options_.source->will_read(rows);
+}
+
 std::size_t ImageDataset::resident_bytes() const {
   return static_cast<std::size_t>(options_.source->counters().cached_bytes);
+}
+
+ObjectStorageCounters ImageDataset::object_storage_counters() const {
+  return options_.source->object_storage();
 }
 
 void ImageDataset::read(std::size_t index, const SampleOut& out) const {

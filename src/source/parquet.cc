@@ -538,4 +538,10 @@ ParquetDataset::Counters ParquetDataset::counters() const {
   return c;
 }
 
+std::size_t ParquetDataset::resident_bytes() const {
+  const Impl& d = *impl_;
+  detail::MutexLock lock(d.mu);
+  return d.cached_bytes;
+}
+
 }  // namespace stoker

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -20,6 +22,7 @@
 
 #include "source/file_util.h"
 #include "source/record_format.h"
+#include "source/remote.h"
 #include "stoker/encoded.h"
 
 namespace stoker {
@@ -41,7 +44,8 @@ std::uint64_t header_checksum(const Header& h) {
 // ---------------------------------------------------------------------------- reading
 
 // A shard read with pread, never mapped: a shard truncated or rewritten while a loader has it
-// open is an error naming the file (a mapping would take the process down with SIGBUS).
+// open is an error naming the file (a mapping would take the process down with SIGBUS). Or a
+// shard in object storage, read through the object cache's chunks (docs/storage.md).
 class ShardFile {
  public:
   explicit ShardFile(const std::string& path) : path_(path) {
@@ -54,13 +58,23 @@ class ShardFile {
     }
     size_ = static_cast<std::uint64_t>(st.st_size);
   }
-  ~ShardFile() { ::close(fd_); }
+  ShardFile(detail::RemoteObject object, const detail::RemoteHandle& files)
+      : path_(object.url), size_(object.size), remote_(std::move(object)), files_(&files) {}
+  ~ShardFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
 
   // Reads up to `n` bytes at `offset` into `dst`; returns how many the file still holds there
   // (fewer once it was truncated). Throws std::runtime_error naming the file on an I/O error.
   std::size_t read_at(std::uint64_t offset, std::size_t n, std::byte* dst) const {
+    if (remote_) {
+      if (offset >= size_) return 0;
+      n = static_cast<std::size_t>(std::min<std::uint64_t>(n, size_ - offset));
+      (*files_)->read(*remote_, offset, dst, n);  // the URL and the HTTP status on failure
+      return n;
+    }
     std::size_t done = 0;
     while (done < n) {
       const ssize_t got = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
@@ -76,22 +90,52 @@ class ShardFile {
   // read_at, all `n` bytes or an error naming `what` (built only then).
   template <typename What>
   void read_exactly(std::uint64_t offset, std::size_t n, std::byte* dst, What what) const {
-    if (const std::size_t got = read_at(offset, n, dst); got < n) {
+    std::size_t got = 0;
+    try {
+      got = read_at(offset, n, dst);
+    } catch (const std::exception& e) {
+      if (!remote_) throw;
+      throw std::runtime_error(what() + ": " + e.what());
+    }
+    if (got < n) {
       throw std::runtime_error(what() + ": the shard was truncated while open (it ends at " +
                                std::to_string(offset + got) + " bytes, " + std::to_string(n) +
                                " bytes were to be read at " + std::to_string(offset) + ")");
     }
   }
+  // read_exactly for a shard's header and index, read once (and, in object storage, kept in
+  // the index cache): a shard in object storage larger than one chunk is read by exact ranges
+  // (its 64-byte header need not cost an 8 MiB chunk, its index the chunks around it); a smaller
+  // one through its one chunk, whose GET then serves its records too.
+  void read_metadata(std::uint64_t offset, std::size_t n, std::byte* dst) const {
+    if (!remote_ || size_ <= detail::kRemoteChunkBytes) {
+      read_exactly(offset, n, dst, [&] { return path_; });
+      return;
+    }
+    try {
+      (*files_)->read_uncached(*remote_, offset, dst, n);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(path_ + ": " + e.what());
+    }
+  }
+  // A hint that bytes [offset, offset + n) will be read soon (object storage only).
+  void will_read(std::uint64_t offset, std::size_t n) const {
+    if (remote_) (*files_)->prefetch(*remote_, offset, n);
+  }
 
   std::uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // The shard's index (class list, entries, names), read once when the shard is opened.
+  const std::optional<detail::RemoteObject>& remote() const { return remote_; }
+  // The shard's header and index (class list, entries, names), read once when it is opened.
+  Header header{};
   std::vector<std::byte> index;
 
  private:
   std::string path_;
   int fd_ = -1;
   std::uint64_t size_ = 0;
+  std::optional<detail::RemoteObject> remote_;
+  const detail::RemoteHandle* files_ = nullptr;
 };
 
 struct Record {
@@ -108,9 +152,117 @@ struct Record {
   throw std::runtime_error(path + ": corrupt record shard: " + why);
 }
 
+// Reads the shard's header and index into file.header and file.index, checking them (naming
+// the file): the magic, the version, the header checksum, that the index lies inside the file,
+// its checksum.
+void read_index(ShardFile& file) {
+  const std::string& path = file.path();
+  const std::uint64_t size = file.size();
+  if (size < records::kHeaderBytes) {
+    corrupt(path, "truncated (" + std::to_string(size) + " bytes, no complete header)");
+  }
+  Header& h = file.header;
+  file.read_metadata(0, sizeof h, reinterpret_cast<std::byte*>(&h));
+  if (std::memcmp(h.magic, records::kMagic, sizeof h.magic) != 0) {
+    throw std::runtime_error(path + ": not a stoker record shard (bad magic)");
+  }
+  if (h.version != records::kVersion) {
+    throw std::runtime_error(path + ": record format version " + std::to_string(h.version) +
+                             " is not supported (this build reads version " +
+                             std::to_string(records::kVersion) + ")");
+  }
+  if (header_checksum(h) != h.header_checksum) corrupt(path, "header checksum mismatch");
+  if (h.header_bytes != records::kHeaderBytes) corrupt(path, "unexpected header size");
+  if (h.index_offset > size || h.index_bytes > size - h.index_offset) {
+    corrupt(path, "truncated (" + std::to_string(size) + " bytes, the index ends at " +
+                      std::to_string(h.index_offset + h.index_bytes) + ")");
+  }
+  file.index.resize(h.index_bytes);
+  file.read_metadata(h.index_offset, h.index_bytes, file.index.data());
+  if (checksum(file.index.data(), h.index_bytes) != h.index_checksum) {
+    corrupt(path, "index checksum mismatch");
+  }
+}
+
+// ---------------------------------------------------------------------------- index cache
+
+// A record shard in object storage: its header and index kept in INDEX_DIR/<hash of URL>.rix,
+// "STKRIX01", the object's size, the hash of its ETag, the URL, the header, the index, then
+// XXH3-64 of all that: a file for another size or ETag (the object replaced), cut short or
+// damaged is not used.
+constexpr char kIndexMagic[8] = {'S', 'T', 'K', 'R', 'I', 'X', '0', '1'};
+
+std::string index_file(const std::string& dir, const std::string& url) {
+  char name[40];
+  std::snprintf(name, sizeof name, "%016llx.rix",
+                static_cast<unsigned long long>(XXH3_64bits(url.data(), url.size())));
+  return (fs::path(dir) / name).string();
+}
+
+std::string index_id(const detail::RemoteObject& o) {
+  std::string id(kIndexMagic, sizeof kIndexMagic);
+  const std::uint64_t etag = XXH3_64bits(o.etag.data(), o.etag.size());
+  const std::uint64_t url_bytes = o.url.size();
+  id.append(reinterpret_cast<const char*>(&o.size), 8);
+  id.append(reinterpret_cast<const char*>(&etag), 8);
+  id.append(reinterpret_cast<const char*>(&url_bytes), 8);
+  return id + o.url;
+}
+
+bool load_cached_index(const std::string& file, ShardFile& shard) {
+  std::vector<std::byte> bytes;
+  try {
+    detail::read_whole_file(file, bytes);
+  } catch (const std::exception&) {
+    return false;
+  }
+  const std::string id = index_id(*shard.remote());
+  if (bytes.size() < id.size() + sizeof(Header) + 8) return false;
+  const std::size_t body = bytes.size() - 8;
+  std::uint64_t sum = 0;
+  std::memcpy(&sum, bytes.data() + body, 8);
+  if (checksum(bytes.data(), body) != sum || std::memcmp(bytes.data(), id.data(), id.size()) != 0) {
+    return false;
+  }
+  std::memcpy(&shard.header, bytes.data() + id.size(), sizeof(Header));
+  const std::size_t at = id.size() + sizeof(Header);
+  if (shard.header.index_bytes != body - at) return false;
+  shard.index.assign(bytes.begin() + static_cast<std::ptrdiff_t>(at),
+                     bytes.begin() + static_cast<std::ptrdiff_t>(body));
+  return true;
+}
+
+// Written to a temporary name and renamed; any failure is ignored (the next process reads the
+// index from the object again).
+void save_cached_index(const std::string& dir, const std::string& file, const ShardFile& shard) {
+  std::string data = index_id(*shard.remote());
+  data.append(reinterpret_cast<const char*>(&shard.header), sizeof(Header));
+  data.append(reinterpret_cast<const char*>(shard.index.data()), shard.index.size());
+  const std::uint64_t sum = checksum(data.data(), data.size());
+  data.append(reinterpret_cast<const char*>(&sum), 8);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::random_device rd;
+  const std::string tmp = file + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out.write(data.data(), static_cast<std::streamsize>(data.size())) || !out.flush()) {
+      out.close();
+      fs::remove(tmp, ec);
+      return;
+    }
+  }
+  fs::rename(tmp, file, ec);
+  if (ec) fs::remove(tmp, ec);
+}
+
 class RecordSource final : public EncodedSource {
  public:
-  explicit RecordSource(const std::string& path) {
+  RecordSource(const std::string& path, const ObjectStorageOptions& remote) {
+    if (detail::is_url(path)) {
+      open_remote(path, remote);
+      return;
+    }
     std::vector<std::string> files;
     std::error_code ec;
     const bool directory = fs::is_directory(path, ec);
@@ -124,7 +276,11 @@ class RecordSource final : public EncodedSource {
       files.push_back(path);
     }
     std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;  // (shard, shards) per file
-    for (const auto& f : files) numbers.push_back(add_shard(f));
+    for (const auto& f : files) {
+      auto file = std::make_unique<ShardFile>(f);
+      read_index(*file);
+      numbers.push_back(add_shard(std::move(file)));
+    }
     if (directory) check_complete(path, files, numbers);  // a shard given alone is read alone
   }
 
@@ -151,7 +307,69 @@ class RecordSource final : public EncodedSource {
 
   Counters counters() const override { return storage_reads_.counters(); }
 
+  void will_read(std::span<const std::size_t> rows) const noexcept override {
+    if (!files_) return;
+    try {
+      for (const std::size_t index : rows) {
+        if (index >= records_.size()) continue;
+        const Record& r = records_[index];
+        shards_[r.shard]->will_read(r.offset, static_cast<std::size_t>(r.length));
+      }
+    } catch (...) {
+      // A hint: each read fetches its own chunk and reports its error.
+    }
+  }
+  std::vector<ObjectVersion> objects() const override {
+    std::vector<ObjectVersion> out;
+    for (const auto& s : shards_) {
+      if (s->remote()) out.push_back({s->remote()->url, s->remote()->size, s->remote()->etag});
+    }
+    return out;
+  }
+  ObjectStorageCounters object_storage() const override {
+    return files_ ? files_->counters() : ObjectStorageCounters{};
+  }
+
  private:
+  // Record shards in object storage: an s3:// prefix (every *.stkr directly under it, checked
+  // for completeness as a directory is) or one shard's URL, or the shards `o.known_objects`
+  // names (as another process resolved `url`: no request). The processes of a node take turns
+  // (one listing, each index read once: the others find it in the index cache).
+  void open_remote(const std::string& url, const ObjectStorageOptions& o) {
+    files_ = detail::RemoteHandle(o.object_cache_dir, o.object_cache_bytes);
+    const std::string index_dir =
+        !o.index_cache ? std::string()
+                       : (o.index_cache_dir.empty() ? detail::default_cache_dir("indexes")
+                                                    : o.index_cache_dir);
+    const detail::NodeTurn turn(index_dir, "records\n" + url);
+    std::vector<detail::RemoteObject> objects;  // known: the shards as another process resolved
+    for (const auto& k : o.known_objects) objects.push_back({k.url, k.size, k.etag});
+    if (objects.empty())
+      objects = files_->resolve({url}, records::kShardSuffix, {}, turn.shared).at(0);
+    const std::string base = url.substr(url.find_last_of('/') + 1);
+    const bool prefix =
+        url.starts_with("s3://") && !(base.size() > std::strlen(records::kShardSuffix) &&
+                                      base.ends_with(records::kShardSuffix));
+    std::vector<std::unique_ptr<ShardFile>> files;
+    for (auto& object : objects) files.push_back(std::make_unique<ShardFile>(object, files_));
+    constexpr std::size_t kIndexThreads = 16;  // shards whose index is read at once
+    detail::parallel_for(files.size(), kIndexThreads, [&](std::size_t i) {
+      ShardFile& f = *files[i];
+      const std::string cached =
+          index_dir.empty() ? std::string() : index_file(index_dir, f.path());
+      if (!cached.empty() && load_cached_index(cached, f)) return;
+      read_index(f);
+      if (!cached.empty()) save_cached_index(index_dir, cached, f);
+    });
+    std::vector<std::string> names;
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;
+    for (auto& f : files) {
+      names.push_back(f->path());
+      numbers.push_back(add_shard(std::move(f)));
+    }
+    if (prefix) check_complete(url, names, numbers);
+  }
+
   // A directory's shards, each with the (number, count) its header carries: every shard of
   // the pack must be there (a copy of the pack made in part would lose its records silently).
   // Packs written before the count was recorded (0, 0) are checked by their file names,
@@ -198,32 +416,12 @@ class RecordSource final : public EncodedSource {
     }
   }
 
-  std::pair<std::uint32_t, std::uint32_t> add_shard(const std::string& path) {
-    auto file = std::make_unique<ShardFile>(path);
-    const std::uint64_t size = file->size();
-    if (size < records::kHeaderBytes) {
-      corrupt(path, "truncated (" + std::to_string(size) + " bytes, no complete header)");
-    }
-    Header h;
-    file->read_exactly(0, sizeof h, reinterpret_cast<std::byte*>(&h), [&] { return path; });
-    if (std::memcmp(h.magic, records::kMagic, sizeof h.magic) != 0) {
-      throw std::runtime_error(path + ": not a stoker record shard (bad magic)");
-    }
-    if (h.version != records::kVersion) {
-      throw std::runtime_error(path + ": record format version " + std::to_string(h.version) +
-                               " is not supported (this build reads version " +
-                               std::to_string(records::kVersion) + ")");
-    }
-    if (header_checksum(h) != h.header_checksum) corrupt(path, "header checksum mismatch");
-    if (h.header_bytes != records::kHeaderBytes) corrupt(path, "unexpected header size");
-    if (h.index_offset > size || h.index_bytes > size - h.index_offset) {
-      corrupt(path, "truncated (" + std::to_string(size) + " bytes, the index ends at " +
-                        std::to_string(h.index_offset + h.index_bytes) + ")");
-    }
-    file->index.resize(h.index_bytes);
-    file->read_exactly(h.index_offset, h.index_bytes, file->index.data(), [&] { return path; });
+  // Parses a shard's index (read and checked by read_index, or from the index cache).
+  std::pair<std::uint32_t, std::uint32_t> add_shard(std::unique_ptr<ShardFile> file) {
+    const std::string& path = file->path();
+    const Header& h = file->header;
     const std::byte* index = file->index.data();
-    if (checksum(index, h.index_bytes) != h.index_checksum) {
+    if (file->index.size() != h.index_bytes || checksum(index, h.index_bytes) != h.index_checksum) {
       corrupt(path, "index checksum mismatch");
     }
     // Index: u32 class count, (u32 length, bytes) per class, the entries, then the names.
@@ -271,6 +469,7 @@ class RecordSource final : public EncodedSource {
     return {h.shard, h.shards};
   }
 
+  detail::RemoteHandle files_;  // shards in object storage: their object cache
   std::vector<std::unique_ptr<ShardFile>> shards_;
   std::vector<Record> records_;
   std::vector<std::string> classes_;
@@ -406,8 +605,9 @@ std::string hidden_name(const fs::path& target, const std::string& suffix) {
 
 }  // namespace
 
-std::shared_ptr<EncodedSource> open_records(const std::string& path) {
-  return std::make_shared<RecordSource>(path);
+std::shared_ptr<EncodedSource> open_records(const std::string& path,
+                                            const ObjectStorageOptions& remote) {
+  return std::make_shared<RecordSource>(path, remote);
 }
 
 PackResult pack_records(const EncodedSource& source, const std::string& dest,

@@ -25,6 +25,7 @@
 
 #include "io/disk_cache.h"
 #include "io/object_store.h"
+#include "stoker/frontend/log.h"
 
 namespace stoker::detail {
 namespace {
@@ -264,23 +265,8 @@ std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(const std::vector<st
     }
   }
   std::vector<std::vector<io::ObjectInfo>> listed(listings.size());
-  const bool share = !shared.dir.empty() && !shared.job.empty();
-  parallel_for(listings.size(), kResolveThreads, [&](std::size_t i) {
-    if (!share) {
-      listed[i] = store_->list(listings[i]);
-      return;
-    }
-    const std::string& endpoint = store_->settings().endpoint;
-    const std::string file = listing_file(shared.dir, listings[i], shared.job, endpoint);
-    const std::string header = listing_header(listings[i], shared.job, endpoint);
-    const std::string bucket = io::parse_object_url(listings[i]).bucket;
-    if (auto cached = load_listing(file, header, bucket)) {
-      listed[i] = std::move(*cached);
-      return;
-    }
-    listed[i] = store_->list(listings[i]);
-    save_listing(file, header, listed[i]);
-  });
+  parallel_for(listings.size(), kResolveThreads,
+               [&](std::size_t i) { listed[i] = listing(listings[i], shared); });
   std::vector<std::vector<RemoteObject>> out(items.size());
   parallel_for(items.size(), kResolveThreads, [&](std::size_t i) {
     const Item& it = items[i];
@@ -324,6 +310,36 @@ std::vector<std::vector<RemoteObject>> RemoteFiles::resolve(const std::vector<st
   return out;
 }
 
+std::vector<io::ObjectInfo> RemoteFiles::listing(const std::string& prefix,
+                                                 const SharedListings& shared) {
+  if (shared.dir.empty() || shared.job.empty()) return store_->list(prefix);
+  const std::string& endpoint = store_->settings().endpoint;
+  const std::string file = listing_file(shared.dir, prefix, shared.job, endpoint);
+  const std::string header = listing_header(prefix, shared.job, endpoint);
+  const std::string bucket = io::parse_object_url(prefix).bucket;
+  if (auto cached = load_listing(file, header, bucket)) return std::move(*cached);
+  std::vector<io::ObjectInfo> listed = store_->list(prefix);
+  save_listing(file, header, listed);
+  return listed;
+}
+
+std::vector<RemoteObject> RemoteFiles::list_all(const std::string& prefix,
+                                                const SharedListings& shared) {
+  const io::ObjectUrl u = io::parse_object_url(prefix);  // std::invalid_argument if malformed
+  if (u.scheme != io::ObjectUrl::Scheme::kS3) {
+    throw std::invalid_argument(prefix +
+                                ": an http(s) URL has no listing; an image folder in object "
+                                "storage is an s3:// prefix");
+  }
+  std::string parent = "s3://" + u.bucket + "/" + u.key;
+  if (!u.key.empty() && !u.key.ends_with('/')) parent += '/';
+  std::vector<RemoteObject> out;
+  for (auto& o : listing(parent, shared)) {
+    out.push_back({std::move(o.url), o.size, std::move(o.etag)});
+  }
+  return out;
+}
+
 void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
                        std::size_t n) {
   if (n == 0) return;
@@ -333,12 +349,7 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
                              std::to_string(object.size) + " bytes when it was listed)");
   }
   if (!cache_) {  // the read's own range, one GET
-    const auto started = std::chrono::steady_clock::now();
-    store_->read(object.url, offset, n, dst);
-    const std::uint64_t ns = elapsed_ns(started);
-    wait_ns_ += ns;
-    fetch_ns_ += ns;
-    ++chunk_fetches_;
+    read_uncached(object, offset, dst, n);
     return;
   }
   const std::uint64_t end = offset + n;
@@ -361,6 +372,22 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
     wait_ns_ += elapsed_ns(waiting);
     std::memcpy(to, chunk.get() + (lo - c), part);
   }
+}
+
+void RemoteFiles::read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                                std::size_t n) {
+  if (n == 0) return;
+  if (offset > object.size || n > object.size - offset) {
+    throw std::runtime_error(object.url + ": bytes [" + std::to_string(offset) + ", " +
+                             std::to_string(offset + n) + ") lie past the object's end (" +
+                             std::to_string(object.size) + " bytes when it was listed)");
+  }
+  const auto started = std::chrono::steady_clock::now();
+  store_->read(object.url, offset, n, dst);
+  const std::uint64_t ns = elapsed_ns(started);
+  wait_ns_ += ns;
+  fetch_ns_ += ns;
+  ++chunk_fetches_;
 }
 
 RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uint64_t offset,
@@ -550,6 +577,11 @@ std::string RemoteFiles::local_file(const RemoteObject& object) {
   return path.string();
 }
 
+std::uint64_t RemoteFiles::ahead_bytes() const {
+  MutexLock lock(mu_);
+  return ahead_bytes_;
+}
+
 RemoteFiles::Counters RemoteFiles::counters() const {
   const io::IoStats s = store_->stats();
   Counters c;
@@ -568,6 +600,40 @@ RemoteFiles::Counters RemoteFiles::counters() const {
   c.wait_ns = wait_ns_;
   c.prefetched = prefetched_;
   return c;
+}
+
+RemoteHandle::RemoteHandle(std::string cache_dir, std::uint64_t cache_bytes)
+    : cache_dir_(std::move(cache_dir)),
+      cache_bytes_(cache_bytes),
+      files_(remote_files(cache_dir_, cache_bytes_)),
+      owner_(::getpid()) {}
+
+RemoteFiles& RemoteHandle::operator*() const {
+  if (::getpid() == owner_) return *files_;
+  return *remote_files(cache_dir_, cache_bytes_);  // a forked worker: its own
+}
+
+std::string default_cache_dir(std::string_view sub) {
+  if (const char* d = std::getenv("STOKER_CACHE_DIR"); d && *d) return (fs::path(d) / sub).string();
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
+    return (fs::path(d) / "stoker" / sub).string();
+  }
+  if (const char* d = std::getenv("HOME"); d && *d) {
+    return (fs::path(d) / ".cache" / "stoker" / sub).string();
+  }
+  return {};
+}
+
+NodeTurn::NodeTurn(const std::string& index_dir, std::string_view what) {
+  if (index_dir.empty()) return;
+  char name[40];
+  std::snprintf(name, sizeof name, "%016llx.lock", static_cast<unsigned long long>(fnv1a(what)));
+  try {
+    lock.emplace((fs::path(index_dir) / "locks" / name).string());
+  } catch (const std::exception& e) {  // e.g. a read-only cache: each process does it all
+    log(LogLevel::warning, std::string(e.what()) + " (processes not serialised)");
+  }
+  shared = {(fs::path(index_dir) / "listings").string(), torchrun_job()};
 }
 
 std::shared_ptr<RemoteFiles> remote_files(const std::string& cache_dir, std::uint64_t cache_bytes) {

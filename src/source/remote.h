@@ -17,17 +17,19 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
 #include "stoker/frontend/mutex.h"
-#include "stoker/webdataset.h"
+#include "stoker/object_storage.h"
 
 namespace stoker::io {
 class ObjectStore;
 class DiskCache;
+struct ObjectInfo;
 }  // namespace stoker::io
 
 namespace stoker::detail {
@@ -105,12 +107,25 @@ class RemoteFiles {
                                                  const std::vector<RemoteObject>& known = {},
                                                  const SharedListings& shared = {});
 
+  // Every object under the s3:// prefix `prefix` ("s3://b/dir/"; a trailing '/' is added), at
+  // any depth, in key order: one listing (every page), shared within the job as resolve()'s
+  // are. Throws io::ObjectStoreError naming the URL (std::invalid_argument for an http(s) URL,
+  // which has no listing).
+  std::vector<RemoteObject> list_all(const std::string& prefix, const SharedListings& shared = {});
+
   // Reads bytes [offset, offset + n) of the object into dst: from the disk cache where it holds
   // the chunks, else with one range GET per chunk (kRemoteChunkBytes, aligned), each stored in
   // the cache. Without a cache (cache_bytes 0) exactly the range is fetched. Throws
   // io::ObjectStoreError (the URL and the HTTP status in its message) or std::runtime_error for
   // a range past the object's end.
   void read(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
+
+  // Bytes [offset, offset + n) with one range GET of exactly them, neither looked up in nor
+  // kept in the chunk cache: for what is read once and kept elsewhere (a large record shard's
+  // header and index, in the index cache), so that 64 bytes do not cost an 8 MiB chunk. Throws
+  // as read().
+  void read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                     std::size_t n);
 
   // A hint that bytes [offset, offset + n) of the object will be read soon: each chunk holding
   // them that is neither in the disk cache nor being fetched is fetched now, in the background
@@ -128,12 +143,17 @@ class RemoteFiles {
   // cache directory, io::ObjectStoreError naming the URL.
   std::string local_file(const RemoteObject& object);
 
-  using Counters = ObjectStorageCounters;  // stoker/webdataset.h
+  using Counters = ObjectStorageCounters;  // stoker/object_storage.h
   Counters counters() const;
+  // Bytes of the chunks being fetched ahead now (held in memory until they reach the cache):
+  // at most kAheadBytes.
+  std::uint64_t ahead_bytes() const;
   const std::string& cache_dir() const { return cache_dir_; }
 
  private:
   using Chunk = std::shared_ptr<const std::byte[]>;
+  // One listing of `prefix`, from the job's shared file when `shared` names one that holds it.
+  std::vector<io::ObjectInfo> listing(const std::string& prefix, const SharedListings& shared);
   Chunk fetch_chunk(const RemoteObject& object, std::uint64_t offset, std::size_t length,
                     const std::string& key);
   // Stores the chunks fetched ahead in the cache as their GETs end (in the order they were
@@ -152,7 +172,7 @@ class RemoteFiles {
   std::unique_ptr<io::DiskCache> cache_;  // null: no cache
   std::atomic<std::uint64_t> hits_{0}, hit_bytes_{0}, misses_{0};
   std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0}, prefetched_{0};
-  Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
   std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);
   std::deque<std::string> ahead_order_ STOKER_GUARDED_BY(mu_);  // oldest first
@@ -169,5 +189,36 @@ class RemoteFiles {
 // included). A process forked after it was made gets its own on first use in the child, so
 // worker processes never touch their parent's transfer thread.
 std::shared_ptr<RemoteFiles> remote_files(const std::string& cache_dir, std::uint64_t cache_bytes);
+
+// A data set's RemoteFiles, as it reaches them from any process: the one it was made with in
+// the process that made it, else (a forked worker) that process's own for the same directory.
+class RemoteHandle {
+ public:
+  RemoteHandle() = default;
+  RemoteHandle(std::string cache_dir, std::uint64_t cache_bytes);
+  explicit operator bool() const { return files_ != nullptr; }
+  RemoteFiles& operator*() const;
+  RemoteFiles* operator->() const { return &**this; }
+
+ private:
+  std::string cache_dir_;
+  std::uint64_t cache_bytes_ = 0;
+  std::shared_ptr<RemoteFiles> files_;
+  pid_t owner_ = 0;
+};
+
+// A cache directory's default place: $STOKER_CACHE_DIR/SUB, else $XDG_CACHE_HOME/stoker/SUB,
+// else ~/.cache/stoker/SUB ("" when none of them is set).
+std::string default_cache_dir(std::string_view sub);
+
+// Taking turns on a node (docs/storage.md, "Ranks of a node"): with an index cache directory,
+// an exclusive lock on INDEX_DIR/locks/<hash of `what`>.lock for as long as this lives (a
+// cache that cannot be written: a warning, no lock), and the listings shared within the
+// torchrun job in INDEX_DIR/listings. Without a directory: nothing shared.
+struct NodeTurn {
+  NodeTurn(const std::string& index_dir, std::string_view what);
+  std::optional<NodeLock> lock;
+  RemoteFiles::SharedListings shared;
+};
 
 }  // namespace stoker::detail

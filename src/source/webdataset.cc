@@ -781,22 +781,10 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     // the ranks of a torchrun job on this node, find the listing (shared within the job) and
     // the indexes (shared by URL, size and ETag) in the cache.
     const std::string index_dir = options_.index_cache ? cache_dir(options_) : std::string();
-    std::optional<detail::NodeLock> node_lock;
-    detail::RemoteFiles::SharedListings shared;
-    if (!index_dir.empty()) {
-      std::string all;
-      for (const auto& u : urls) all += u + '\n';
-      char name[40];
-      std::snprintf(name, sizeof name, "%016llx.lock",
-                    static_cast<unsigned long long>(XXH3_64bits(all.data(), all.size())));
-      try {
-        node_lock.emplace((fs::path(index_dir) / "locks" / name).string());
-      } catch (const std::exception& e) {  // e.g. a read-only cache: each process does it all
-        detail::log(LogLevel::warning, std::string(e.what()) + " (processes not serialised)");
-      }
-      shared = {(fs::path(index_dir) / "listings").string(), detail::torchrun_job()};
-    }
-    objects = impl->remote_files->resolve(urls, ".tar", known, shared);
+    std::string all;
+    for (const auto& u : urls) all += u + '\n';
+    const detail::NodeTurn turn(index_dir, all);
+    objects = impl->remote_files->resolve(urls, ".tar", known, turn.shared);
     std::vector<const detail::RemoteObject*> flat;
     for (const auto& per_url : objects) {
       for (const auto& o : per_url) flat.push_back(&o);
@@ -894,6 +882,11 @@ std::vector<ObjectVersion> WebDataset::objects() const {
 
 ObjectStorageCounters WebDataset::object_storage_counters() const {
   return impl_->remote_files ? impl_->files().counters() : ObjectStorageCounters{};
+}
+
+std::size_t WebDataset::resident_bytes() const {
+  const std::uint64_t ahead = impl_->remote_files ? impl_->files().ahead_bytes() : 0;
+  return static_cast<std::size_t>(source_->counters().cached_bytes + ahead);
 }
 
 const std::shared_ptr<EncodedSource>& WebDataset::source() const { return source_; }

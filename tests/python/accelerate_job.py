@@ -11,7 +11,7 @@ import torch.utils.data as tud
 from accelerate import Accelerator
 
 import stoker
-from framework_datasets import Indices
+from framework_datasets import Indices, exit_before_finalizing
 
 
 def main(name: str, out: str) -> None:
@@ -41,3 +41,4 @@ def main(name: str, out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+    exit_before_finalizing()

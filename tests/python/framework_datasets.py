@@ -1,7 +1,9 @@
 """Data sets and a worker_init_fn for test_frameworks.py, in a module of their own that
-worker processes import to unpickle them."""
+worker processes import to unpickle them; and how the frameworks' jobs end."""
 
+import atexit
 import os
+import sys
 import threading
 
 import torch
@@ -58,3 +60,21 @@ class Indices(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return torch.tensor([float(i)])
+
+
+def exit_before_finalizing() -> None:
+    """Ends a framework job (accelerate_job.py, lightning_job.py) after running the exit
+    handlers (stoker's close_all among them), without the interpreter's finalization.
+
+    torch 2.13 keeps its gloo threads (pt_gloo_runloop) alive after Accelerate's
+    end_training() and Lightning's teardown destroy the process group (something still holds
+    the group), and one of them may drop its last AsyncWork while Py_FinalizeEx runs: the
+    work's destructor takes the GIL, the finalizing interpreter ends that thread, and the
+    unwind through a noexcept destructor aborts the process ("terminate called without an
+    active exception"; the open pytorch/pytorch#179291 describes it). Reproduced with no
+    stoker import at all (1 of 8 torch-loader Accelerate runs on a loaded machine); the core's
+    backtrace showed exactly that."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

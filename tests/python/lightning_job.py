@@ -10,7 +10,7 @@ import lightning as L
 import lightning.fabric.utilities.data as lightning_data
 import torch
 
-from framework_datasets import Indices
+from framework_datasets import Indices, exit_before_finalizing
 
 
 def counted_worker_init(worker_id, *args, **kwargs):
@@ -130,3 +130,4 @@ if __name__ == "__main__":
     for name in sys.argv[3:]:
         run(strategy, name, os.path.join(out, name),
             ("fit", "validate", "predict") if strategy == "ddp" else ("fit",))
+    exit_before_finalizing()

@@ -222,13 +222,18 @@ def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
     assert (N_SHARDS * PER_SHARD <= io["chunk_fetches"]
             <= N_SHARDS * PER_SHARD + io["retries"] + ahead)
     assert io["wait_s"] > 0 and io["fetch_s"] > 0
+    # The engine's own count (Stats::storage_*: the same counters, from the engine's making).
+    stats = loader.stats()
+    assert stats["storage_fetches"] >= N_SHARDS * PER_SHARD
+    assert stats["storage_wait_s"] > 0 and stats["storage_fetch_time_s"] > 0
+    assert stats["storage_bytes"] > 0
     report = loader.report()
     assert 0 < report["storage_wait"] <= 1
     assert report["storage_fetch_latency"] > 0 and report["storage_bytes_per_second"] > 0
     assert report["verdict"] in ("network-bound", "input-bound", "balanced", "compute-bound")
     local = stoker.DataLoader(dataset(local_shards, tmp_path / "local"), batch_size=8)
-    assert "object_storage" not in local.stats()
-    assert "storage_wait" not in local.report()
+    assert "object_storage" not in local.stats() and local.stats()["storage_fetches"] == 0
+    assert local.report()["storage_wait"] == 0 and local.report()["storage"] == ""
 
 
 def test_http_urls(env, local_shards, tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 from .. import _stoker
@@ -94,25 +95,49 @@ class _ImageDataset(NativeDataset):
     _kind = ""
 
     def __init__(self, path, transform, cache_bytes: int = 0,
-                 max_pixels: int = 89_478_485) -> None:
+                 max_pixels: int = 89_478_485, index_cache=None, object_cache=None,
+                 object_cache_bytes: int = 10 << 30, _objects=()) -> None:
         from ..transforms import Compose
 
-        self._made_with = ((path, transform, cache_bytes, max_pixels), {})
+        self._made_with = ((path, transform, cache_bytes, max_pixels),
+                           dict(index_cache=index_cache, object_cache=object_cache,
+                                object_cache_bytes=object_cache_bytes))
         if not isinstance(transform, Compose):
             raise TypeError("transform must be a stoker.transforms.Compose (torchvision's "
                             "ImageNet pipelines, run in C++)")
-        self.root = str(path)
+        self.root = path if _is_url(path) else str(path)
         self.transform = transform
         self._names = ("image", "label")
         self._as_dict = False
-        self._handle = _stoker.image_dataset(self._kind, self.root, transform.spec(),
-                                             int(cache_bytes), int(max_pixels))
+        if index_cache is False:
+            index_dir, use_index = "", False
+        else:
+            index_dir = "" if index_cache in (None, True) else os.fspath(index_cache)
+            use_index = True
+        self._handle = _stoker.image_dataset(
+            self._kind, self.root, transform.spec(), int(cache_bytes), int(max_pixels),
+            index_dir, use_index, "" if object_cache is None else os.fspath(object_cache),
+            int(object_cache_bytes), list(_objects))
         self.classes = self._handle.classes()
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 
     def counters(self) -> dict:
         """Reads so far, and how many went to storage (0 new ones once a RAM cache is warm)."""
         return self._handle.counters()
+
+    def sample_name(self, index: int) -> str:
+        """Sample `index` as errors name it: its file (its URL), or shard and record."""
+        return self._handle.sample_name(index)
+
+    def object_storage(self) -> dict:
+        """Over a URL (docs/storage.md): this process's object-storage traffic through the same
+        object cache, as ``stoker.WebDataset.object_storage()`` counts it. Empty for local
+        files."""
+        return self._handle.object_storage() if _is_url(self.root) else {}
+
+
+def _is_url(path) -> bool:
+    return isinstance(path, str) and path.startswith(("s3://", "http://", "https://"))
 
 
 class ImageFolder(_ImageDataset):
@@ -122,16 +147,41 @@ class ImageFolder(_ImageDataset):
     ``cache_bytes`` keeps up to that many bytes of encoded images in RAM, so later epochs do
     not touch the disk. A file that fails to decode raises (or, with the DataLoader's
     ``on_error='skip'``, is replaced and reported) with its path and the reason.
+
+    ``root`` may be an ``s3://bucket/train/`` prefix (docs/storage.md): one recursive listing
+    per node, classes the first level of keys below it (same order and labels), each image read
+    whole through ``object_cache`` (a directory; default ``$STOKER_CACHE_DIR/objects``) up to
+    ``object_cache_bytes`` (0: no cache), the images of the batches the loader has opened
+    fetched ahead in parallel. ``index_cache`` (default ``$STOKER_CACHE_DIR/indexes``; False:
+    none) holds the lock files and, under torchrun, the listing the ranks of a node share.
     """
 
     _kind = "folder"
 
 
 class RecordDataset(_ImageDataset):
-    """Record shards written by ``stoker pack SRC DEST`` (docs/record_format.md), read through
-    mmap, each record's checksum checked; otherwise as ImageFolder."""
+    """Record shards written by ``stoker pack SRC DEST`` (docs/record_format.md), read with
+    pread, each record's checksum checked; otherwise as ImageFolder.
+
+    ``path`` may be a URL (docs/storage.md): an ``s3://bucket/pack/`` prefix (every ``*.stkr``
+    directly under it) or one shard's ``s3://`` or ``http(s)://`` URL. Each shard's index is
+    read once per node and kept in ``index_cache`` (default ``$STOKER_CACHE_DIR/indexes``;
+    False: none), keyed by URL, size and ETag; records are read in 8 MiB chunks (a range GET
+    each, shared by neighbouring records) kept in ``object_cache`` as for ImageFolder.
+    """
 
     _kind = "records"
+
+    def __init__(self, path, transform, cache_bytes: int = 0, max_pixels: int = 89_478_485,
+                 index_cache=None, object_cache=None, object_cache_bytes: int = 10 << 30,
+                 _objects=()) -> None:
+        super().__init__(path, transform, cache_bytes, max_pixels, index_cache, object_cache,
+                         object_cache_bytes, _objects)
+        if _is_url(self.root):
+            # Unpickled in a worker process: the shards as resolved here, so that it makes no
+            # request to find them again (no listing, no HEAD).
+            self._made_with = (self._made_with[0],
+                               dict(self._made_with[1], _objects=tuple(self._handle.objects())))
 
 
 def pack(src, dest, shard_bytes: int = 1 << 30, overwrite: bool = False) -> dict:

@@ -15,7 +15,7 @@ from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
 from ..workers.startup import start_worker
 from ..workers.warming import Warming
-from . import compat, elastic, engine_options, object_storage
+from . import compat, elastic, engine_options
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
@@ -295,9 +295,9 @@ class EnginePipeline(Pipeline):
         stats = self._loader.stats()
         if self._remote is not None:
             stats["remote"] = self._remote.stats()
-        if self._storage_start:
-            stats["object_storage"] = object_storage.since(self._storage(),
-                                                           self._storage_start)
+        if self._storage_start:  # the store is the process's: counted from the loader's start
+            stats["object_storage"] = {k: v - self._storage_start.get(k, 0)
+                                       for k, v in self._storage().items()}
         return stats
 
     def pids(self) -> list:
@@ -318,10 +318,7 @@ class EnginePipeline(Pipeline):
                                f"reading and {'were' if deaths > 1 else 'was'} replaced, "
                                f"{'their' if deaths > 1 else 'its'} samples read again (if "
                                f"the OOM killer: fewer workers or a memory cap)")
-        if not self._storage_start:
-            return report
-        stats = self._stats()
-        return object_storage.with_object_storage(report, stats, stats["object_storage"])
+        return report
 
     def skipped(self) -> list:
         return self._loader.skipped_samples()
