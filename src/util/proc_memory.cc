@@ -23,7 +23,7 @@ std::chrono::nanoseconds thread_cpu() {
 
 // RssAnon, then smaps_rollup (so that growth during the walk counts twice rather than never);
 // nullopt if the process is gone.
-std::optional<AnonSample> read_sample(pid_t pid) {
+std::optional<AnonSample> read_sample(int pid) {
   const auto rss = read_rss_anon(pid);
   if (!rss) return std::nullopt;
   const auto rollup = read_proc_file("/proc/" + std::to_string(pid) + "/smaps_rollup");
@@ -70,7 +70,7 @@ std::optional<std::string> read_proc_file(const std::string& path) {
   return text;
 }
 
-std::optional<std::uint64_t> read_rss_anon(pid_t pid) {
+std::optional<std::uint64_t> read_rss_anon(int pid) {
   const auto status = read_proc_file("/proc/" + std::to_string(pid) + "/status");
   if (!status) return std::nullopt;
   return proc_kib_field(*status, "RssAnon");
@@ -91,7 +91,7 @@ void AnonMemorySampler::join() {
   if (thread_.joinable()) thread_.join();
 }
 
-void AnonMemorySampler::add(pid_t pid) {
+void AnonMemorySampler::add(int pid) {
   const std::uint64_t rss = read_rss_anon(pid).value_or(0);
   {
     MutexLock lock(mu_);
@@ -101,12 +101,12 @@ void AnonMemorySampler::add(pid_t pid) {
   cv_.notify_all();
 }
 
-void AnonMemorySampler::remove(pid_t pid) {
+void AnonMemorySampler::remove(int pid) {
   MutexLock lock(mu_);
   entries_.erase(pid);
 }
 
-std::uint64_t AnonMemorySampler::estimate(std::span<const pid_t> pids) {
+std::uint64_t AnonMemorySampler::estimate(std::span<const int> pids) {
   std::vector<std::optional<std::uint64_t>> rss(pids.size());
   for (std::size_t k = 0; k < pids.size(); ++k) rss[k] = read_rss_anon(pids[k]);
   std::uint64_t sum = 0;
@@ -158,7 +158,7 @@ void AnonMemorySampler::run() {
       continue;
     }
     // The processes not read yet first; a round that is not due reads only them.
-    std::vector<pid_t> pids;
+    std::vector<int> pids;
     for (const auto& [pid, e] : entries_) {
       if (!e.read) pids.push_back(pid);
     }
@@ -171,7 +171,7 @@ void AnonMemorySampler::run() {
     unread_ = false;
     const auto start = thread_cpu();
     std::uint64_t reads = 0;
-    for (const pid_t pid : pids) {
+    for (const int pid : pids) {
       if (stopped_) break;
       std::optional<AnonSample> sample;
       {

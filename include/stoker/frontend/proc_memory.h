@@ -20,8 +20,6 @@
 // Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
-#include <sys/types.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -37,6 +35,8 @@
 
 namespace stoker::detail {
 
+// Processes are named by their pid (pid_t, an int on Linux: no system header here).
+
 // --- /proc text, pure -------------------------------------------------------------------------
 
 // The bytes of the line "`key`:   N kB" of /proc text (status, smaps_rollup); nullopt if it
@@ -48,7 +48,7 @@ std::optional<std::string> read_proc_file(const std::string& path);
 
 // RssAnon of process `pid` (its anonymous resident memory, shared copy-on-write pages counted
 // in full); nullopt if it is gone or has no memory any more (a zombie has no RssAnon line).
-std::optional<std::uint64_t> read_rss_anon(pid_t pid);
+std::optional<std::uint64_t> read_rss_anon(int pid);
 
 // --- the estimate, pure --------------------------------------------------------------------
 
@@ -114,11 +114,11 @@ class AnonMemorySampler {
   // Process `pid` has just been forked (or started otherwise): its RssAnon is read now
   // (microseconds) and its first smaps_rollup read comes in the next round, at once. Until
   // then it counts as forked_sample(), shared by the training process and every process added.
-  void add(pid_t pid) STOKER_EXCLUDES(mu_);
-  void remove(pid_t pid) STOKER_EXCLUDES(mu_);  // gone, or replaced
+  void add(int pid) STOKER_EXCLUDES(mu_);
+  void remove(int pid) STOKER_EXCLUDES(mu_);  // gone, or replaced
   // The sum of the estimates of `pids` now (estimate_pss_anon), each one's RssAnon read now; a
   // process not added counts its RssAnon, one gone counts 0. Never reads smaps_rollup.
-  std::uint64_t estimate(std::span<const pid_t> pids) STOKER_EXCLUDES(mu_);
+  std::uint64_t estimate(std::span<const int> pids) STOKER_EXCLUDES(mu_);
   // The thread ends (at once if waiting; a read in progress finishes first). Idempotent, any
   // thread. estimate() still answers, from the last reads.
   void stop() noexcept STOKER_EXCLUDES(mu_);
@@ -142,7 +142,7 @@ class AnonMemorySampler {
   };
   mutable Mutex mu_;
   std::condition_variable cv_;
-  std::map<pid_t, Entry> entries_ STOKER_GUARDED_BY(mu_);
+  std::map<int, Entry> entries_ STOKER_GUARDED_BY(mu_);
   bool stopped_ STOKER_GUARDED_BY(mu_) = false;
   bool unread_ STOKER_GUARDED_BY(mu_) = false;  // a process added and not read yet
   bool asked_ STOKER_GUARDED_BY(mu_) = false;   // estimate() called since the last round
