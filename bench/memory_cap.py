@@ -8,7 +8,10 @@ proportional set size (Pss, /proc/<pid>/smaps_rollup) of the loader's processes 
 training process and its workers. Pss splits pages shared between them (the shared batch
 buffers, copy-on-write pages after fork) so that the sum is the memory they use together.
 The training process's own Pss before the loader was made (the interpreter, torch, numpy) is
-not the loader's: the loader's peak is the peak of the sum less that baseline.
+not the loader's: the loader's peak is the peak of the sum less that baseline. The loader
+counts its workers' memory itself from a background thread of its own (`stoker-pss`, reading
+their smaps_rollup at most every 0.5 s): its CPU time over each run is printed too (0 for a
+loader without that thread).
 
     python bench/memory_cap.py [--limit-gb 1.5] [--batches 2000] [--runs 3] [--smoke]
 
@@ -30,6 +33,21 @@ import numpy as np
 import stoker
 
 MiB = 1 << 20
+
+
+def reader_cpu() -> float:
+    """Seconds on a CPU of this process's `stoker-pss` threads (the loader's memory reader)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != "stoker-pss":
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total / 1e9
 
 
 def pss(pid: int) -> int:
@@ -69,7 +87,8 @@ class CachedSamples:
 
 
 def run(args, limit: int) -> tuple:
-    """(batches/s, the loader's peak Pss in bytes, report()) for one loader."""
+    """(batches/s, the loader's peak Pss in bytes, report(), the seconds the loader's memory
+    reader spent on a CPU, the run's seconds) for one loader."""
     baseline = pss(os.getpid())
     data = CachedSamples(args.samples, args.sample_kb * 1024, args.cache_mb * MiB)
     loader = stoker.DataLoader(data, batch_size=args.batch, shuffle=True,
@@ -105,10 +124,11 @@ def run(args, limit: int) -> tuple:
                 break
     elapsed = time.perf_counter() - start
     report = loader.report()
+    reader = reader_cpu()  # before the loader closes, which ends the thread
     stop.set()
     sampler.join()
     del loader
-    return args.batches / elapsed, peak, report
+    return args.batches / elapsed, peak, report, reader, elapsed
 
 
 def main() -> int:
@@ -138,12 +158,12 @@ def main() -> int:
     last = {}
     for _ in range(args.runs):
         for name, cap in (("uncapped", 0), ("capped", limit)):
-            rate, peak, report = run(args, cap)
+            rate, peak, report, reader, elapsed = run(args, cap)
             rates[name].append(rate)
             peaks[name].append(peak)
             last[name] = report
             print(f"  {name:8s} {rate:7.1f} batches/s, loader's peak Pss {peak / MiB:6.0f} MiB; "
-                  f"{report['memory']}")
+                  f"{report['memory']}; memory reader {reader:.2f} s CPU in {elapsed:.1f} s")
     for name in rates:
         print(f"{name:8s}: median {statistics.median(rates[name]):.1f} batches/s, highest peak "
               f"{max(peaks[name]) / MiB:.0f} MiB (default cap {last[name]['memory_limit'] / MiB:.0f}"

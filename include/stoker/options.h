@@ -65,11 +65,14 @@ struct LoaderOptions {
   // The one memory cap: bytes the loader may hold in all. Counted against it: the batch
   // slabs (in flight, ready and those the consumer holds), the device slots (device_depth
   // batches on the device), the data set's RAM cache (Dataset::resident_bytes) and the worker
-  // processes' own memory (their RssAnon; the shared slabs they write into are counted as
-  // slabs). The cache and the worker processes hold what they hold; the batches in flight get
-  // the rest, beside two the consumer may hold (the one it uses and, while it asks for the
-  // next, that one): a depth (given, set or tuned) whose slabs do not fit is lowered (said
-  // once in the log) and the tuner never raises one past it. When even one batch in flight
+  // processes' own memory (each one's proportional share of its anonymous memory, Pss_Anon:
+  // pages a forked worker shares copy-on-write with the training process split among them;
+  // read in the background at most every 0.5 s or so, growth since counted at once; the
+  // shared slabs they write into are counted as slabs). The cache and the worker processes
+  // hold what they hold; the batches in flight get the rest, beside two the consumer may hold
+  // (the one it uses and, while it asks for the next, that one): a depth (given, set or
+  // tuned) whose slabs do not fit is lowered (said once in the log) and the tuner never
+  // raises one past it. When even one batch in flight
   // (three slabs) does not fit, construction (or, when the layout is learned from the first
   // sample, next()) throws std::invalid_argument saying what would fit. 0: half of
   // MemAvailable when the loader is made. Stats::memory_* and Report show it.

@@ -74,7 +74,8 @@ struct Stats {
   // The memory cap (LoaderOptions::memory_limit, resolved), what counts against it now and
   // the most seen at once (looked at while next() is called, at most every
   // kMemoryCheckPeriod), and what is held now by kind: the batch slabs, the device slots, the
-  // data set's RAM cache and the worker processes' own memory (RssAnon).
+  // data set's RAM cache and the worker processes' own memory (their Pss_Anon, estimated
+  // between background reads: ExecutorStats::resident_bytes).
   std::size_t memory_limit = 0;
   std::size_t memory_used = 0;
   std::size_t memory_peak = 0;

@@ -183,7 +183,8 @@ ProcessPool::ProcessPool(py::object spawn, py::object decode, py::object reap, s
       owner_pid_(getpid()),
       spawn_(std::move(spawn)),
       decode_(std::move(decode)),
-      reap_(std::move(reap)) {
+      reap_(std::move(reap)),
+      memory_(std::make_unique<detail::AnonMemorySampler>()) {
   for (std::size_t i = 0; i < workers_; ++i) {
     auto link = std::make_unique<Link>();
     link->id = i;
@@ -195,10 +196,12 @@ ProcessPool::ProcessPool(py::object spawn, py::object decode, py::object reap, s
 ProcessPool::~ProcessPool() {
   if (getpid() != owner_pid_) {
     // A forked worker's copy: the sockets are the parent's (closed by the worker at start);
-    // nothing here is ours to stop.
+    // nothing here is ours to stop. The memory sampler's thread is not in this process:
+    // destroying its std::thread, joinable in the copy, would abort.
     (void)spawn_.release();
     (void)decode_.release();
     (void)reap_.release();
+    (void)memory_.release();
     return;
   }
   try {
@@ -243,6 +246,9 @@ void ProcessPool::respawn(Link& link) {
   }
   const int fd = started[0].cast<int>();
   const pid_t pid = started[1].cast<pid_t>();
+  // Its memory at start (a fork's: all shared with the training process), read at once.
+  if (link.pid > 0) memory_->remove(link.pid);
+  memory_->add(pid);
   track_fd(fd);
   close_fd(std::exchange(link.fd, -1));
   std::lock_guard lock(mu_);
@@ -371,12 +377,11 @@ detail::ExecutorStats ProcessPool::times() {
     if (pids[k] <= 0) continue;
     read[k] = detail::read_schedstat(("/proc/" + std::to_string(pids[k]) + "/schedstat").c_str());
   }
-  std::uint64_t resident = 0;
+  std::vector<pid_t> started;
   for (const pid_t pid : pids) {
-    if (pid <= 0) continue;
-    resident +=
-        detail::read_rss_anon(("/proc/" + std::to_string(pid) + "/status").c_str()).value_or(0);
+    if (pid > 0) started.push_back(pid);
   }
+  const std::uint64_t resident = memory_->estimate(started);
   std::lock_guard lock(mu_);
   times_.resident_bytes = resident;  // a level, now; not summed
   for (std::size_t k = 0; k < pids.size(); ++k) {
@@ -721,6 +726,7 @@ py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py
 
 void ProcessPool::stop() noexcept {
   if (getpid() != owner_pid_) return;
+  memory_->stop();  // its thread ends now; the destructor joins it
   std::lock_guard lock(mu_);
   stopped_ = true;
   for (auto& link : links_) {
@@ -736,6 +742,7 @@ void ProcessPool::finish() {
   // Every lessee has returned (the engine is stopped), so the links are ours alone.
   for (auto& link : links_) close_fd(std::exchange(link->fd, -1));
   if (reap_ && !reap_.is_none()) reap_();
+  memory_->join();  // stopped above, done reading long since
   // Let go of the Python side (it holds the data set) now rather than with the pool.
   spawn_ = py::none();
   decode_ = py::none();

@@ -48,6 +48,7 @@
 #include "py_layout.h"
 #include "stoker/dataset.h"
 #include "stoker/frontend/executor.h"
+#include "stoker/frontend/proc_memory.h"
 #include "stoker/frontend/shared_memory.h"
 
 namespace stoker::python {
@@ -134,7 +135,9 @@ class ProcessPool {
   void finish();
 
   // The workers' time (cpu, run_delay) since the pool started, of those that died too (up to
-  // their last reading). Any thread, no GIL.
+  // their last reading), and their memory now (resident_bytes: the sum of their Pss_Anon
+  // estimates, detail::AnonMemorySampler). Any thread, no GIL; reads /proc/<pid>/schedstat
+  // and status, never smaps_rollup.
   detail::ExecutorStats times();
 
   std::size_t size() const { return workers_; }
@@ -219,6 +222,9 @@ class ProcessPool {
   std::size_t deaths_ = 0;                    // guarded by mu_
   std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
   bool finished_ = false;                     // GIL
+  // The workers' memory, read on its own thread; told of each worker as it starts. Held by
+  // pointer: a forked worker's copy of the pool lets go of it without destroying it.
+  std::unique_ptr<detail::AnonMemorySampler> memory_;
 };
 
 // The worker process's half: the slab regions it was sent, mapped, and the layout to check

@@ -16,7 +16,7 @@ struct MemoryUse {
   std::size_t slabs = 0;         // host batch slabs allocated (in flight, ready, held)
   std::size_t device_slots = 0;  // batches on the device (device_depth slots)
   std::size_t cache = 0;         // the data set's RAM cache (Dataset::resident_bytes)
-  std::size_t workers = 0;       // worker processes' private resident memory
+  std::size_t workers = 0;       // worker processes' own memory (their Pss_Anon)
   std::size_t total() const { return slabs + device_slots + cache + workers; }
 };
 

@@ -38,6 +38,16 @@ class Cached(Rows):
 
 
 
+def rss_anon(pid):
+    """RssAnon of process `pid` in bytes (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("RssAnon:")), 0)
+    except OSError:
+        return 0
+
+
 def children():
     out = []
     for task in os.listdir("/proc/self/task"):
@@ -101,3 +111,34 @@ def test_a_new_loader_each_epoch_leaves_no_descriptor_or_process_behind():
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == fds
     assert children() == kids
+
+
+def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all_of_them(capfd):
+    # The training process holds 600 MiB (written, so resident) when it forks 2 workers: each
+    # worker's RssAnon counts all of it, their Pss_Anon a third each (shared by 3 processes).
+    # The cap fits the workers' shares and the full prefetch (8 batches of 2 MiB), not their
+    # RssAnon.
+    held = np.ones(600 * MiB, np.uint8)
+    own = rss_anon(os.getpid())
+    limit = own + own // 4 + 64 * MiB
+    capfd.readouterr()
+    loader = stoker.DataLoader(Rows(512, 256 * 1024), batch_size=8, num_workers=2,
+                               worker_type="process", prefetch_factor=4, memory_limit=limit)
+    whole = 0
+    for taken, x in enumerate(loader, 1):
+        assert x.shape == (8, 256 * 1024)
+        if taken == 16:  # what counting each worker's RssAnon would have counted
+            whole = sum(rss_anon(pid) for pid in loader.stats()["worker_pids"])
+    stats = loader.stats()
+    assert whole > limit  # RssAnon would have overrun the cap (the depth down to 1)
+    assert stats["memory_workers"] > 0
+    # Their shares: about a third of what RssAnon counted (each holds 1/3 of the pages it
+    # shares, not all of them), more as they write their copies of shared pages.
+    assert stats["memory_workers"] < 0.6 * whole
+    assert stats["memory_workers"] < 2 * held.nbytes
+    assert stats["memory_peak"] <= limit
+    assert stats["depth"] == 8  # the full prefetch kept
+    said = capfd.readouterr().err  # the library's log: nothing about the cap
+    assert "memory_limit" not in said and "lowered" not in said
+    loader.close()
+    del held

@@ -53,8 +53,11 @@ struct ExecutorStats {
   std::chrono::nanoseconds remote_read{0};
   std::chrono::nanoseconds remote_idle{0};
 
-  // Not a sum over time: the anonymous resident memory of its processes now (RssAnon: not the
-  // shared slabs they write into, which are the loader's); 0 for threads.
+  // Not a sum over time: its processes' own memory now, each one's proportional share of the
+  // anonymous memory it maps (Pss_Anon, pages shared copy-on-write split among the processes
+  // sharing them; not the shared slabs they write into, which are the loader's), as
+  // AnonMemorySampler estimates it (proc_memory.h: read on a thread of its own at most a
+  // period, 0.5 s or more, ago; growth since counted at once); 0 for threads.
   std::uint64_t resident_bytes = 0;
 
   ExecutorStats& operator+=(const ExecutorStats& o);
