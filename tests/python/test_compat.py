@@ -645,16 +645,23 @@ def test_attributes_that_define_the_batches_cannot_be_set_after_init(name):
         loader.timeout = 3.0  # the others can be
 
 
-def test_len_follows_a_growing_data_set_and_iter_says_what_is_read():
-    data = [torch.ones(2) for _ in range(4)]
-    theirs = tud.DataLoader(data, batch_size=3)
-    ours = stoker.DataLoader(data, batch_size=3, num_workers=0)
+@pytest.mark.parametrize("order", ["sequential", "shuffle", "random_sampler"])
+def test_len_follows_a_growing_data_set_and_iter_says_what_is_read(order):
+    """Shuffled, too (torch's RandomSampler's permutations, which stoker draws as torch does):
+    PyTorch's test_growing_dataset checks len() of a shuffling loader."""
+    data = [torch.full((2,), float(i)) for i in range(4)]
+    kwargs = {"sequential": {}, "shuffle": {"shuffle": True},
+              "random_sampler": {"sampler": tud.RandomSampler(data)}}[order]
+    theirs = tud.DataLoader(data, batch_size=3, **kwargs)
+    ours = stoker.DataLoader(data, batch_size=3, num_workers=0, **kwargs)
     data.append(torch.ones(2))
     data.append(torch.ones(2))
     data.append(torch.ones(2))
     assert len(ours) == len(theirs) == 3
-    with pytest.warns(UserWarning, match="it reads those 4"):
-        assert sum(len(b) for b in ours) == 4
+    for _ in range(2):  # each epoch reads the samples there were when the loader was made
+        with pytest.warns(UserWarning, match="it reads those 4"):
+            read = torch.cat([b[:, 0] for b in ours])
+        assert sorted(read.tolist()) == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_loader_made_again_from_its_attributes_as_lightning_does():

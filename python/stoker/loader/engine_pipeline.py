@@ -122,8 +122,11 @@ class EnginePipeline(Pipeline):
         # order, batch).
         self._resumed: Optional[tuple] = None
         self._pending: Optional[tuple] = None
-        self._follows_len = (plan.order_length is None and plan.world_size == 1
-                             and self._jobs is None)
+        # len() follows the data set's length where the order is of all its samples:
+        # stoker's own, or torch's RandomSampler's permutations (TorchRandomOrder).
+        self._follows_len = ((plan.order_length is None
+                              or isinstance(plan.sampler, TorchRandomOrder))
+                             and plan.world_size == 1 and self._jobs is None)
 
     # --- the protocol -------------------------------------------------------------------
 

@@ -67,18 +67,21 @@ class TorchRandomOrder:
     """torch's RandomSampler's permutations (without replacement), each drawn when its epoch
     starts from the same source torch's draws from: a seed from torch's default generator, or
     the sampler's own ``generator``. ``draw()`` gives the epoch's order and what it was drawn
-    from, which ``draw(state)`` replays (a resumed epoch is the interrupted one)."""
+    from, which ``draw(state)`` replays (a resumed epoch is the interrupted one). The
+    permutations are of the samples the data set had when the loader was made: the engine's
+    order has that many positions, and a data set that grew or shrank since is read as a
+    sequential order reads it (those samples, and iter() warns)."""
 
     def __init__(self, dataset, generator) -> None:
-        self._dataset = dataset
+        self._length = len(dataset)
         self.generator = generator
 
     def __len__(self) -> int:
-        return len(self._dataset)
+        return self._length
 
     def draw(self, state: Optional[Any] = None) -> tuple[list, Any]:
         torch = _torch()
-        n = len(self._dataset)
+        n = self._length
         if state is None:
             if self.generator is None:
                 state = int(torch.empty((), dtype=torch.int64).random_().item())
