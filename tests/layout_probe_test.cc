@@ -105,7 +105,15 @@ TEST(LayoutProbe, TheFirstSamplesTellTheLayoutAndAreReadOnce) {
       EXPECT_EQ(seen, rest) << "workers " << workers;
       std::lock_guard lock(ds->mu_);
       ASSERT_FALSE(ds->probes.empty());
-      EXPECT_EQ(ds->probes[0].first, 0u);
+      // One reader probes in order from sample 0; two probe at once, in either order (the
+      // other's probe of sample 1 came first once in 60 runs beside two busy loops).
+      if (workers <= 1) {
+        EXPECT_EQ(ds->probes[0].first, 0u);
+      } else {
+        EXPECT_EQ(std::count_if(ds->probes.begin(), ds->probes.end(),
+                                [](const auto& p) { return p.first == 0; }),
+                  1);
+      }
       for (const auto& p : ds->probes) {
         EXPECT_LT(p.first, 8u);  // one probe at a time per worker: the first batch's samples
         EXPECT_EQ(std::count(ds->reads_.begin(), ds->reads_.end(), p), 0)
