@@ -1,6 +1,7 @@
 """The two kinds of worker: processes (worker_type='process') against threads, worker death,
 errors, shutdown, PyTorch's worker semantics, __getitems__, and the auto choice."""
 
+import collections
 import gc
 import logging
 import multiprocessing
@@ -483,6 +484,33 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     report = loader.report()
     assert report["readers"] == f"{loader.num_workers} process worker(s)"
     assert report["readers_reason"] == "auto: forced"
+    loader.close()
+
+
+def test_auto_keeps_threads_for_samples_a_worker_process_could_not_send_back(monkeypatch):
+    # A namedtuple made inside a function does not pickle: a worker process could not send
+    # such samples back (worker_type='process' raises PicklingError for them), threads can.
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    Pair = collections.namedtuple("Pair", "left right")
+
+    class Local(torch.utils.data.Dataset):
+        def __len__(self):
+            return 24
+
+        def __getitem__(self, i):
+            return Pair(np.full(2, i, np.int64), float(i))
+
+    loader = stoker.DataLoader(Local(), batch_size=4, num_workers=2)
+    for _ in range(2):
+        batches = list(loader)
+        assert all(isinstance(b, Pair) for b in batches)
+        assert [int(x) for b in batches for x in b.left[:, 0]] == list(range(24))
+    stats = loader.stats()
+    assert stats["worker_type"] == "thread" and not stats["worker_pids"]
+    assert stats["worker_type_reason"].startswith("auto: forced; but its samples do not pickle")
+    assert loader.report()["readers_reason"] == stats["worker_type_reason"]
     loader.close()
 
 

@@ -417,12 +417,26 @@ class EnginePipeline(Pipeline):
             return
         self._choice = None
         to_processes, self.worker_type_reason = decision
+        if to_processes and (unpicklable := self._unpicklable_samples()):
+            # A worker process sends its samples' structure back pickled: one whose types
+            # cannot be (a namedtuple or class made inside a function) stays on threads.
+            to_processes = False
+            self.worker_type_reason += f"; but {unpicklable}, so worker threads"
         if to_processes:
             self._start_processes(warm=True)
             self.worker_type = "process"
             self.num_workers = self.plan.process_count
             self._loader.set_workers(self._engine_workers())
         self.log_worker_type()
+
+    def _unpicklable_samples(self) -> str:
+        """Why the samples read so far could not cross to a worker process ("" if they can):
+        their structure (the containers' types) does not pickle."""
+        try:
+            pickle.dumps(self._handle.structure(), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # noqa: BLE001 (PicklingError, AttributeError, TypeError, ...)
+            return f"its samples do not pickle ({type(e).__name__}: {e})"
+        return ""
 
     def _tune_remote(self) -> None:
         before = self._remote.active
