@@ -992,6 +992,26 @@ TEST_F(ObjectStoreHttp, PlainHttpRangeReads) {
   expect_error([&] { store.list(http); }, Kind::kClient, 0, {"no listing"});
 }
 
+// The test server's settings (through the proxy) in the environment, as users give them,
+// for one test's scope.
+struct ProxyEnvironment {
+  static constexpr const char* kNames[] = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                           "AWS_ENDPOINT_URL", "AWS_SHARED_CREDENTIALS_FILE",
+                                           "AWS_CONFIG_FILE"};
+  explicit ProxyEnvironment(int proxy_port) {
+    setenv("AWS_ACCESS_KEY_ID", kKey, 1);
+    setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
+    setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port)).c_str(), 1);
+    setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+    setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  }
+  ~ProxyEnvironment() {
+    for (const char* name : kNames) unsetenv(name);
+  }
+  ProxyEnvironment(const ProxyEnvironment&) = delete;
+  ProxyEnvironment& operator=(const ProxyEnvironment&) = delete;
+};
+
 // detail::RemoteFiles (what WebDataset's URL shards read through): an object of three chunks
 // read at random ranges by eight threads at once costs one GET per chunk (threads that miss a
 // chunk together wait for one fetch), the bytes equal the object's; a second RemoteFiles over
@@ -1000,11 +1020,7 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchEachChunkOnceWhateverTheThreads) {
   const std::string big = object_bytes(2 * detail::kRemoteChunkBytes + 12345, 7);
   direct()->put(url("remote/big.bin"), big);
   proxy_control(proxy_port_, "/__proxy/reset", "{}");
-  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
-  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
-  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
-  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  const ProxyEnvironment aws(proxy_port_);
   TempDir dir;
   auto read_all_over = [&](detail::RemoteFiles& files) {
     const auto objects = files.resolve({url("remote/big.bin")}, ".bin");
@@ -1044,10 +1060,6 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchEachChunkOnceWhateverTheThreads) {
   detail::RemoteFiles again((dir.path / "cache").string(), 1ull << 30);
   read_all_over(again);
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);
-  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
-    unsetenv(v);
-  }
 }
 
 // RemoteFiles::prefetch: the chunks asked for are fetched in the background, each once, with
@@ -1058,11 +1070,7 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchEachChunkOnceWhateverTheThreads) {
 TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
   const std::string big = object_bytes(2 * detail::kRemoteChunkBytes + 4321, 11);
   direct()->put(url("remote/ahead.bin"), big);
-  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
-  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
-  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
-  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  const ProxyEnvironment aws(proxy_port_);
   TempDir dir;
   {
     detail::RemoteFiles files((dir.path / "cache").string(), 1ull << 30);
@@ -1110,10 +1118,6 @@ TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
     const detail::RemoteObject object = dropped.resolve({url("remote/ahead.bin")}, ".bin")[0][0];
     dropped.prefetch(object, 0, big.size());
   }  // destroyed with its GETs in flight
-  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
-    unsetenv(v);
-  }
 }
 
 // A listing kept for a job: the first RemoteFiles lists, a second one (another rank of the
@@ -1124,11 +1128,7 @@ TEST_F(ObjectStoreS3, RemoteFilesShareAListingWithinAJob) {
     direct()->put(url("shared/part-" + std::to_string(i) + ".bin"), object_bytes(1000 + i, i));
   }
   direct()->put(url("shared/odd key +&=.bin"), object_bytes(10, 9));
-  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
-  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
-  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
-  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  const ProxyEnvironment aws(proxy_port_);
   TempDir dir;
   const std::string listings = (dir.path / "listings").string();
   auto resolve = [&](const std::string& job) {
@@ -1152,10 +1152,6 @@ TEST_F(ObjectStoreS3, RemoteFilesShareAListingWithinAJob) {
   resolve("");
   resolve("");
   EXPECT_EQ(proxy_count(proxy_port_, "LIST"), 4);
-  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
-    unsetenv(v);
-  }
 }
 
 // Record packs and image folders over an s3:// prefix (stoker/encoded.h): the same samples,
@@ -1189,11 +1185,7 @@ TEST_F(ObjectStoreS3, RecordPacksAndImageFoldersFromAPrefixReadAsTheLocalFiles) 
   for (const auto& e : fs::directory_iterator(dir.path / "pack")) {
     store->put(url("folder/pack/" + e.path().filename().string()), file_bytes(e.path()));
   }
-  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
-  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
-  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
-  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  const ProxyEnvironment aws(proxy_port_);
   auto options = [&](const std::string& objects) {
     ObjectStorageOptions o;
     o.object_cache_dir = (dir.path / objects).string();
@@ -1283,10 +1275,6 @@ TEST_F(ObjectStoreS3, RecordPacksAndImageFoldersFromAPrefixReadAsTheLocalFiles) 
               std::string::npos)
         << e.what();
   }
-  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
-    unsetenv(v);
-  }
 }
 
 // A record shard larger than a chunk: its header and index are read by two exact range GETs
@@ -1306,11 +1294,7 @@ TEST_F(ObjectStoreS3, ALargeRecordShardReadsItsIndexByExactRanges) {
   shard << std::ifstream(dir.path / "pack" / "part-00000.stkr", std::ios::binary).rdbuf();
   ASSERT_GT(shard.str().size(), detail::kRemoteChunkBytes);
   direct()->put(url("big/part-00000.stkr"), shard.str());
-  setenv("AWS_ACCESS_KEY_ID", kKey, 1);
-  setenv("AWS_SECRET_ACCESS_KEY", kSecret, 1);
-  setenv("AWS_ENDPOINT_URL", ("http://127.0.0.1:" + std::to_string(proxy_port_)).c_str(), 1);
-  setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
-  setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+  const ProxyEnvironment aws(proxy_port_);
   ObjectStorageOptions o;
   o.object_cache_dir = (dir.path / "objects").string();
   o.index_cache_dir = (dir.path / "index").string();
@@ -1332,10 +1316,6 @@ TEST_F(ObjectStoreS3, ALargeRecordShardReadsItsIndexByExactRanges) {
   proxy_control(proxy_port_, "/__proxy/reset", "{}");
   EXPECT_EQ(open_records(url("big/part-00000.stkr"), o)->size(), 3u);
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), 0);  // the index from the index cache
-  for (const char* v : {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL",
-                        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
-    unsetenv(v);
-  }
 }
 
 }  // namespace

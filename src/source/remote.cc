@@ -340,14 +340,23 @@ std::vector<RemoteObject> RemoteFiles::list_all(const std::string& prefix,
   return out;
 }
 
-void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
-                       std::size_t n) {
-  if (n == 0) return;
+namespace {
+
+// Throws std::runtime_error for bytes [offset, offset + n) past the object's end.
+void check_range(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
   if (offset > object.size || n > object.size - offset) {
     throw std::runtime_error(object.url + ": bytes [" + std::to_string(offset) + ", " +
                              std::to_string(offset + n) + ") lie past the object's end (" +
                              std::to_string(object.size) + " bytes when it was listed)");
   }
+}
+
+}  // namespace
+
+void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                       std::size_t n) {
+  if (n == 0) return;
+  check_range(object, offset, n);
   if (!cache_) {  // the read's own range, one GET
     read_uncached(object, offset, dst, n);
     return;
@@ -377,11 +386,7 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
 void RemoteFiles::read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
                                 std::size_t n) {
   if (n == 0) return;
-  if (offset > object.size || n > object.size - offset) {
-    throw std::runtime_error(object.url + ": bytes [" + std::to_string(offset) + ", " +
-                             std::to_string(offset + n) + ") lie past the object's end (" +
-                             std::to_string(object.size) + " bytes when it was listed)");
-  }
+  check_range(object, offset, n);
   const auto started = std::chrono::steady_clock::now();
   store_->read(object.url, offset, n, dst);
   const std::uint64_t ns = elapsed_ns(started);
