@@ -85,13 +85,24 @@ def test_world_from_torchrun_variables(monkeypatch):
         stoker.DistributedSampler(list(range(9)), num_replicas=2, rank=2)
 
 
+# torch's own teardown race (docs/frameworks.md, pytorch/pytorch#179291): DDP keeps the gloo
+# process group and its threads alive past destroy_process_group(), and one of them may drop
+# its last work item while the interpreter finalizes, aborting the rank as it exits with this
+# line, after the job did all its work. Seen once in a loaded run of this test; the example is
+# what users copy, so it ends as a user's script does and its test runs it once more then.
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
 def test_ddp_example_under_torchrun(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         str(ROOT / "examples" / "ddp_train.py"), "--samples", "1000", "--epochs", "2",
-         "--record", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, env=env)
+    for attempt in (1, 2):
+        result = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+             str(ROOT / "examples" / "ddp_train.py"), "--samples", "1000", "--epochs", "2",
+             "--record", str(tmp_path)],
+            capture_output=True, text=True, timeout=300, env=env)
+        if result.returncode == 0 or GLOO_EXIT_ABORT not in result.stderr:
+            break
     assert result.returncode == 0, result.stdout + result.stderr
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["steps"] == ranks[1]["steps"] == [16, 16]  # 500 samples / 32, rounded up
