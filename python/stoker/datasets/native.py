@@ -8,6 +8,7 @@ from typing import Sequence
 from .. import _stoker
 from ..elements import element_dtype, to_array
 from ..progress import Bar
+from .shards import is_url
 
 
 class NativeDataset:
@@ -105,7 +106,7 @@ class _ImageDataset(NativeDataset):
         if not isinstance(transform, Compose):
             raise TypeError("transform must be a stoker.transforms.Compose (torchvision's "
                             "ImageNet pipelines, run in C++)")
-        self.root = path if _is_url(path) else str(path)
+        self.root = path if is_url(path) else str(path)
         self.transform = transform
         self._names = ("image", "label")
         self._as_dict = False
@@ -133,11 +134,7 @@ class _ImageDataset(NativeDataset):
         """Over a URL (docs/storage.md): this process's object-storage traffic through the same
         object cache, as ``stoker.WebDataset.object_storage()`` counts it. Empty for local
         files."""
-        return self._handle.object_storage() if _is_url(self.root) else {}
-
-
-def _is_url(path) -> bool:
-    return isinstance(path, str) and path.startswith(("s3://", "http://", "https://"))
+        return self._handle.object_storage() if is_url(self.root) else {}
 
 
 class ImageFolder(_ImageDataset):
@@ -177,7 +174,7 @@ class RecordDataset(_ImageDataset):
                  _objects=()) -> None:
         super().__init__(path, transform, cache_bytes, max_pixels, index_cache, object_cache,
                          object_cache_bytes, _objects)
-        if _is_url(self.root):
+        if is_url(self.root):
             # Unpickled in a worker process: the shards as resolved here, so that it makes no
             # request to find them again (no listing, no HEAD).
             self._made_with = (self._made_with[0],
