@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stoker/encoded.h"
@@ -34,5 +35,11 @@ class StorageReads {
 };
 
 [[noreturn]] void throw_errno(const std::string& path, const std::string& what);
+
+// Writes `data` as the file `path` at once for its readers: into a temporary name beside it
+// (this process's pid and a random number), then renamed over it, its directory made first.
+// For caches: false on any failure, which leaves no temporary file (the next reader makes the
+// entry again).
+bool replace_file(const std::string& path, std::string_view data) noexcept;
 
 }  // namespace stoker::detail

@@ -232,28 +232,14 @@ bool load_cached_index(const std::string& file, ShardFile& shard) {
   return true;
 }
 
-// Written to a temporary name and renamed; any failure is ignored (the next process reads the
-// index from the object again).
-void save_cached_index(const std::string& dir, const std::string& file, const ShardFile& shard) {
+// Any failure is ignored (the next process reads the index from the object again).
+void save_cached_index(const std::string& file, const ShardFile& shard) {
   std::string data = index_id(*shard.remote());
   data.append(reinterpret_cast<const char*>(&shard.header), sizeof(Header));
   data.append(reinterpret_cast<const char*>(shard.index.data()), shard.index.size());
   const std::uint64_t sum = checksum(data.data(), data.size());
   data.append(reinterpret_cast<const char*>(&sum), 8);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  std::random_device rd;
-  const std::string tmp = file + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out.write(data.data(), static_cast<std::streamsize>(data.size())) || !out.flush()) {
-      out.close();
-      fs::remove(tmp, ec);
-      return;
-    }
-  }
-  fs::rename(tmp, file, ec);
-  if (ec) fs::remove(tmp, ec);
+  detail::replace_file(file, data);
 }
 
 class RecordSource final : public EncodedSource {
@@ -359,7 +345,7 @@ class RecordSource final : public EncodedSource {
           index_dir.empty() ? std::string() : index_file(index_dir, f.path());
       if (!cached.empty() && load_cached_index(cached, f)) return;
       read_index(f);
-      if (!cached.empty()) save_cached_index(index_dir, cached, f);
+      if (!cached.empty()) save_cached_index(cached, f);
     });
     std::vector<std::string> names;
     std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;

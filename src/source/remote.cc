@@ -25,6 +25,7 @@
 
 #include "io/disk_cache.h"
 #include "io/object_store.h"
+#include "source/file_util.h"
 #include "stoker/frontend/log.h"
 
 namespace stoker::detail {
@@ -101,27 +102,15 @@ std::optional<std::vector<io::ObjectInfo>> load_listing(const std::string& file,
   return out;
 }
 
-// Written to a temporary name and renamed; a failure leaves no file (the next process lists).
+// A failure leaves no file (the next process lists).
 void save_listing(const std::string& file, const std::string& header,
                   const std::vector<io::ObjectInfo>& objects) {
-  std::error_code ec;
-  fs::create_directories(fs::path(file).parent_path(), ec);
-  const std::string tmp = file + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << header;
-    for (const auto& o : objects) {
-      out << o.size << ' ' << o.etag.size() << ' ' << o.key.size() << '\n'
-          << o.etag << o.key << '\n';
-    }
-    if (!out.flush()) {
-      out.close();
-      fs::remove(tmp, ec);
-      return;
-    }
+  std::ostringstream out;
+  out << header;
+  for (const auto& o : objects) {
+    out << o.size << ' ' << o.etag.size() << ' ' << o.key.size() << '\n' << o.etag << o.key << '\n';
   }
-  fs::rename(tmp, file, ec);
-  if (ec) fs::remove(tmp, ec);
+  detail::replace_file(file, out.str());
 }
 
 }  // namespace

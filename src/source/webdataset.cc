@@ -187,8 +187,8 @@ std::optional<std::vector<TarMember>> load_index(const std::string& file, const 
 }
 
 // Writes the index atomically (a temporary file renamed); any failure is ignored.
-void save_index(const std::string& dir, const std::string& file, const std::string& path,
-                const ShardStat& st, const std::vector<TarMember>& members) {
+void save_index(const std::string& file, const std::string& path, const ShardStat& st,
+                const std::vector<TarMember>& members) {
   Writer w;
   w.put_bytes(kCacheMagic, sizeof kCacheMagic);
   w.put(st.size);
@@ -204,25 +204,7 @@ void save_index(const std::string& dir, const std::string& file, const std::stri
     w.put_bytes(m.name.data(), m.name.size());
   }
   w.put(static_cast<std::uint64_t>(XXH3_64bits(w.data.data(), w.data.size())));
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  std::random_device rd;
-  const std::string tmp = file + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  std::size_t done = 0;
-  bool ok = true;
-  while (done < w.data.size()) {
-    const ssize_t n = ::write(fd, w.data.data() + done, w.data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ok = false;
-      break;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), file.c_str()) != 0) ::unlink(tmp.c_str());
+  detail::replace_file(file, w.data);
 }
 
 // ---------------------------------------------------------------------------- fields
@@ -526,7 +508,7 @@ struct WebDataset::Impl final : EncodedSource {
       }
     }
     auto members = detail::index_tar_file(path);
-    if (!file.empty()) save_index(dir, file, absolute, ss, members);
+    if (!file.empty()) save_index(file, absolute, ss, members);
     return members;
   }
 
@@ -565,7 +547,7 @@ struct WebDataset::Impl final : EncodedSource {
       return done;
     };
     auto members = detail::index_tar(read_at, object.size, object.url);
-    if (!file.empty()) save_index(dir, file, object.url, ss, members);
+    if (!file.empty()) save_index(file, object.url, ss, members);
     return members;
   }
 
