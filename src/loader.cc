@@ -336,6 +336,10 @@ void Loader::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::si
   stage_->reset({epoch, batch});
 }
 
+bool Loader::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) {
+  return engine_->order_ahead(epoch, std::move(order));
+}
+
 std::size_t Loader::batches_in(std::uint64_t epoch) const { return engine_->batches_in(epoch); }
 
 std::size_t Loader::batches_per_epoch() const { return engine_->batches_per_epoch(); }

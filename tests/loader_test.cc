@@ -257,6 +257,44 @@ TEST(Loader, AResumedEpochWithNothingLeftEndsAtOnce) {
   EXPECT_THROW(loader.resume(1, {3, 4}, 2), std::invalid_argument);
 }
 
+TEST(Loader, AnOrderGivenAheadIsReadFromThatEpochOn) {
+  // A front end that draws each epoch's order itself gives the next one while the current is
+  // read: that epoch reads it, the batches prefetched across the boundary included, and so
+  // does the one after it, given before the next opened.
+  const std::size_t n = 40;
+  auto o = options(std::make_shared<IndexDataset<>>(n), 4, 2);
+  o.depth = 4;
+  o.shuffle = true;
+  o.seed = 5;
+  const SampleOrder own{n, true, 5, o.shard};
+  Loader loader(o);
+  std::vector<std::size_t> reversed(n);
+  for (std::size_t i = 0; i < n; ++i) reversed[i] = n - 1 - i;
+  auto begun = loader.next();  // epoch 0 has begun: too late for it
+  ASSERT_TRUE(begun);
+  EXPECT_FALSE(loader.order_ahead(0, reversed));
+  EXPECT_TRUE(loader.order_ahead(1, reversed));
+  // The one after it, given before epoch 1 opened: epoch 1's is kept.
+  std::vector<std::size_t> rotated(n);
+  for (std::size_t i = 0; i < n; ++i) rotated[i] = (i + 7) % n;
+  EXPECT_TRUE(loader.order_ahead(2, rotated));
+  std::vector<std::size_t> epoch0(begun->indices().begin(), begun->indices().end());
+  for (std::size_t i : flat(drain(loader))) epoch0.push_back(i);
+  EXPECT_EQ(epoch0, epoch_order(own, 0));
+  // Epoch 1 begun: what it reads stays.
+  auto first = loader.next();
+  ASSERT_TRUE(first);
+  EXPECT_FALSE(loader.order_ahead(1, epoch_order(own, 1)));
+  std::vector<std::size_t> epoch1(first->indices().begin(), first->indices().end());
+  for (std::size_t i : flat(drain(loader))) epoch1.push_back(i);
+  EXPECT_EQ(epoch1, reversed);
+  EXPECT_EQ(flat(drain(loader)), rotated);
+  EXPECT_EQ(flat(drain(loader)), epoch_order(own, 3));  // the loader's own again
+  EXPECT_THROW(loader.order_ahead(5, {1, 2}), std::invalid_argument);
+  reversed[3] = n;
+  EXPECT_THROW(loader.order_ahead(5, reversed), std::out_of_range);
+}
+
 TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
   auto o = options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{},
                                                     std::chrono::microseconds(20)),

@@ -70,6 +70,13 @@ class Loader {
   // std::invalid_argument for a batch past the order's end, std::out_of_range for a sample
   // past the data set's.
   void resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch = 0);
+  // A later epoch's order, every sample of it, given before that epoch opens (a front end
+  // that draws each epoch's order itself, ahead of it, so that batches are read across the
+  // boundary): that epoch reads it unless resume() gives it another. False, changing nothing,
+  // when that epoch's order is already computed or it has begun opening. Throws
+  // std::invalid_argument for an order of another length, std::out_of_range for a sample past
+  // the data set's.
+  bool order_ahead(std::uint64_t epoch, std::vector<std::size_t> order);
 
   std::size_t batches_per_epoch() const;
   std::size_t batches_in(std::uint64_t epoch) const;  // a resumed epoch's, else the above

@@ -422,6 +422,13 @@ PYBIND11_MODULE(_stoker, m) {
             l.resume(epoch, to_indices(order, "order"), batch);
           },
           py::arg("epoch"), py::arg("order"), py::arg("batch"))
+      .def(
+          "order_ahead",
+          [](PyLoader& l, std::uint64_t epoch, const py::object& order) {
+            return l.order_ahead(epoch, to_indices(order, "order"));
+          },
+          py::arg("epoch"), py::arg("order"),
+          "A later epoch's order given before it opens (Loader::order_ahead); False if late.")
       .def("batches_in", &PyLoader::batches_in, py::arg("epoch"))
       .def("position", &PyLoader::position)
       .def("set_order",

@@ -226,6 +226,12 @@ void PyLoader::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::
   loader_->resume(epoch, std::move(order), batch);
 }
 
+bool PyLoader::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) {
+  auto locks = lock_call(true);
+  py::gil_scoped_release nogil;
+  return loader_->order_ahead(epoch, std::move(order));
+}
+
 std::size_t PyLoader::batches_in(std::uint64_t epoch) const { return loader_->batches_in(epoch); }
 
 py::tuple PyLoader::position() {

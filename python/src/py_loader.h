@@ -101,6 +101,7 @@ class PyLoader {
   void restart_fresh(std::uint64_t epoch);
   // Elastic resume: Loader::resume.
   void resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch);
+  bool order_ahead(std::uint64_t epoch, std::vector<std::size_t> order);  // Loader::order_ahead
   std::size_t batches_in(std::uint64_t epoch) const;
   py::tuple position();
 

@@ -360,8 +360,12 @@ void Engine::compute_order() {
   const std::uint64_t epoch = open_epoch_;
   const std::uint64_t resumes = resumes_;
   try {
+    const auto ahead = std::find_if(ahead_.begin(), ahead_.end(),
+                                    [&](const ResumedEpoch& a) { return a.epoch == epoch; });
     if (resumed_ && resumed_->epoch == epoch) {
       order_scratch_ = resumed_->order;
+    } else if (ahead != ahead_.end()) {
+      order_scratch_ = ahead->order;  // kept: a restart() into that epoch reads it again
     } else {
       MutexUnlock unlocked(mu_);
       epoch_order(config_.order, epoch, order_scratch_);
@@ -372,8 +376,8 @@ void Engine::compute_order() {
     return;
   }
   order_busy_ = false;
-  // A resume() while the lock was released may have given this epoch another order: this
-  // one is then dropped (the next look computes that one).
+  // A resume() or order_ahead() while the lock was released may have given this epoch
+  // another order: this one is then dropped (the next look computes that one).
   if (resumes_ == resumes) {
     std::swap(order_, order_scratch_);
     order_epoch_ = epoch;
@@ -812,6 +816,34 @@ void Engine::resume(std::uint64_t epoch, std::vector<std::size_t> order, std::si
   open_batch_ = batch;
   roll_open_epoch();
   wake_all();
+}
+
+bool Engine::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) {
+  if (order.size() != samples_per_epoch_) {
+    throw std::invalid_argument("stoker: an epoch's order given ahead has " +
+                                std::to_string(order.size()) + " samples, not " +
+                                std::to_string(samples_per_epoch_));
+  }
+  const std::size_t size = config_.dataset->size();
+  for (std::size_t index : order) {
+    if (index >= size) {
+      throw std::out_of_range("stoker: an epoch's order given ahead has sample " +
+                              std::to_string(index) + ", past the data set's " +
+                              std::to_string(size));
+    }
+  }
+  MutexLock lock(mu_);
+  const bool begun = open_epoch_ > epoch || (open_epoch_ == epoch && open_batch_ > 0) ||
+                     (has_order_ && order_epoch_ == epoch);
+  if (begun) return false;
+  // Orders of epochs the consumer has passed go; one not yet opened stays (the consumer may
+  // give the next epoch's before the engine opened this one).
+  std::erase_if(ahead_,
+                [&](const ResumedEpoch& a) { return a.epoch < epoch_ || a.epoch == epoch; });
+  ahead_.push_back(ResumedEpoch{epoch, std::move(order), batches_per_epoch_});
+  ++resumes_;  // an order of that epoch being computed now is dropped
+  wake_all();
+  return true;
 }
 
 std::size_t Engine::batches_in(std::uint64_t epoch) const {

@@ -165,6 +165,13 @@ class Engine {
   // after it follow config.order again. Replaces an earlier resumed epoch.
   void resume(std::uint64_t epoch, std::vector<std::size_t> order, std::size_t batch)
       STOKER_EXCLUDES(mu_);
+  // The order of a later epoch given before it opens, by a front end that draws its epochs'
+  // orders itself and ahead of them (every epoch's samples, samples_per_epoch() of them): that
+  // epoch reads it unless resume() gives it another, and what is prefetched across the
+  // boundary is read in it. False, changing nothing, when it is too late (that epoch's order
+  // is computed or it has begun opening: resume() it instead). Throws std::invalid_argument
+  // for an order of another length, std::out_of_range for a sample past the data set's.
+  bool order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) STOKER_EXCLUDES(mu_);
   // Batches in `epoch`: batches_per_epoch(), or the resumed epoch's.
   std::size_t batches_in(std::uint64_t epoch) const STOKER_EXCLUDES(mu_);
   Position position() const STOKER_EXCLUDES(mu_);
@@ -319,7 +326,11 @@ class Engine {
     std::size_t batches = 0;
   };
   std::optional<ResumedEpoch> resumed_ STOKER_GUARDED_BY(mu_);
-  std::uint64_t resumes_ STOKER_GUARDED_BY(mu_) = 0;  // resume() calls, for compute_order()
+  // Orders given ahead for later epochs (order_ahead), every sample of each: two at most
+  // (the next epoch's, and the one after it given before the next opened).
+  std::vector<ResumedEpoch> ahead_ STOKER_GUARDED_BY(mu_);
+  // resume() and order_ahead() calls, for compute_order()
+  std::uint64_t resumes_ STOKER_GUARDED_BY(mu_) = 0;
   // The sample order of epoch order_epoch_ (valid when has_order_).
   std::vector<std::size_t> order_ STOKER_GUARDED_BY(mu_);
   std::uint64_t order_epoch_ STOKER_GUARDED_BY(mu_) = 0;

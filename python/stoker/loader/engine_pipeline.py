@@ -9,6 +9,8 @@ import logging
 import pickle
 from typing import Optional
 
+import numpy
+
 from .. import _stoker
 from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
@@ -20,7 +22,7 @@ from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
-from .seeding import TorchRandomOrder, WorkerSetup, peek_seed
+from .seeding import TorchOrderFeed, TorchRandomOrder, WorkerSetup, peek_seed
 
 _log = logging.getLogger("stoker")
 
@@ -34,6 +36,8 @@ class EnginePipeline(Pipeline):
         self._index = index
         self._setup = setup
         self._order_state = self._resume_order = None  # a TorchRandomOrder epoch's draw
+        self._torch_order = (TorchOrderFeed(plan.sampler, setup)
+                             if isinstance(plan.sampler, TorchRandomOrder) else None)
         self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
@@ -91,7 +95,11 @@ class EnginePipeline(Pipeline):
             pin_budget=plan.pin_budget, memory_limit=plan.memory_limit,
             tune_workers=plan.tune_workers,
             max_workers=plan.max_workers, keep_on_host=list(plan.keep_on_host)),
-            [0] * plan.order_length if plan.order_length is not None else None,
+            # torch's permutations go to the engine itself (order_ahead, resume) through
+            # the identity; a custom sampler's order is set at each epoch.
+            None if plan.order_length is None else
+            numpy.arange(plan.order_length) if isinstance(plan.sampler, TorchRandomOrder) else
+            [0] * plan.order_length,
             shared_slabs=not plan.native and self.worker_type == "process"
             or plan.measure_worker_type)
         # The kinds of worker besides threads (the engine's executors); the loader has no
@@ -131,8 +139,11 @@ class EnginePipeline(Pipeline):
     # --- the protocol -------------------------------------------------------------------
 
     def start(self, epoch: int, batch: int) -> None:
+        feed = self._torch_order
+        took = feed is not None and feed.take(epoch, batch, self._resume_order)
         if not self.plan.native:  # as torch's iter(): the workers' base seed, then the order
-            self._setup.begin_epoch()
+            if not took:
+                self._setup.begin_epoch()
             if self._processes_due:
                 self._processes_due = False
                 self._start_processes(warn=False)
@@ -150,12 +161,13 @@ class EnginePipeline(Pipeline):
             if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
                 self._jobs.batches = batches
                 self._loader.restart_fresh(epoch)
-        if self.plan.order_length is not None:
-            if isinstance(self.plan.sampler, TorchRandomOrder):
-                order, self._order_state = self.plan.sampler.draw(self._resume_order)
-                self._resume_order = None
-            else:
-                order = list(self.plan.sampler)
+        if feed is not None:
+            self._order_state = feed.start(self._loader, epoch, batch, took, self._resume_order)
+            self._resume_order = None
+            if not took:  # resumed with the order drawn now
+                return self._start_reading()
+        elif self.plan.order_length is not None:
+            order = list(self.plan.sampler)
             if order != self._order:  # a custom sampler's new order: drop the old prefetch
                 self._loader.set_order(order)
                 if self._order is not None:
@@ -168,6 +180,9 @@ class EnginePipeline(Pipeline):
             self._resumed = (epoch, consumed, len(order))
         else:
             self._loader.restore(epoch, batch)
+        self._start_reading()
+
+    def _start_reading(self) -> None:
         if not self._reading:
             self._reading = True
             self._loader.set_workers(self._engine_workers())

@@ -8,6 +8,8 @@ samples are the same with either loader for the same seed."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sys
 from typing import Any, Callable, Optional
@@ -63,6 +65,29 @@ class WorkerSetup:
         return self.base_seed
 
 
+@functools.cache
+def _openmp(torch) -> bool:
+    return "parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
+@contextlib.contextmanager
+def _on_this_thread(torch):
+    """torch's work in the block runs on the calling thread alone. torch.randperm fills its
+    n values with a parallel loop past 32k of them; under OpenMP the team's threads then spin
+    waiting for more work (libgomp's default), taking a core from the workers: measured, the
+    training process's OpenMP thread used 17% of the samples of an epoch of 50,000 cheap
+    samples on 2 cores, and the epoch ran 10-15% slower. The permutation is the same."""
+    threads = torch.get_num_threads()
+    if threads == 1 or not _openmp(torch):
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class TorchRandomOrder:
     """torch's RandomSampler's permutations (without replacement), each drawn when its epoch
     starts from the same source torch's draws from: a seed from torch's default generator, or
@@ -95,8 +120,81 @@ class TorchRandomOrder:
             if self.generator is not None:  # the user's generator moves as torch's would
                 self.generator.set_state(state)
                 generator = self.generator
-        order = torch.randperm(n, generator=generator).tolist()
-        if self.generator is not None:
-            # torch's sampler, run to its end, draws one more (empty) permutation's worth.
-            torch.randperm(n, generator=generator)
+        with _on_this_thread(torch):
+            order = torch.randperm(n, generator=generator).numpy()
+            if self.generator is not None:
+                # torch's sampler, run to its end, draws one more (empty) permutation's worth.
+                torch.randperm(n, generator=generator)
         return order, state
+
+
+class EpochDraws:
+    """The draws of an epoch's iter() (the workers' base seed, then torch's permutation) made
+    ahead of it, so that the engine reads the epoch's first batches while the one before ends,
+    and iter() draws nothing new when nothing else drew from those generators in between:
+    ``take()`` then moves them as the draws would have (the same numbers, the same states
+    after) and the epoch reads this order; else it draws for real and the batches read ahead
+    are dropped. torch's draws come at iter() because the training loop's own draws (dropout,
+    augmentations on the CPU) move the generator between epochs: drawn ahead, that is
+    noticed, not hidden."""
+
+    def __init__(self, epoch: int, setup: WorkerSetup, sampler: TorchRandomOrder) -> None:
+        torch = _torch()
+        self.epoch = epoch
+        # The generators drawn from, each once (the loader's and the sampler's may be one).
+        sources = [g if g is not None else torch.default_generator
+                   for g in (setup.generator, sampler.generator)]
+        self._sources = list({id(g): g for g in sources}.values())
+        self._before = [g.get_state() for g in self._sources]
+        try:
+            self._seed = (draw_seed(setup.generator)
+                          if setup.base_seed is None or not setup.persistent else None)
+            self.order, self.state = sampler.draw()
+            self._after = [g.get_state() for g in self._sources]
+        finally:
+            for g, state in zip(self._sources, self._before):
+                g.set_state(state)
+
+    def take(self, setup: WorkerSetup) -> bool:
+        """At the epoch's iter(): True, the draws made as iter() would (the generators moved,
+        the workers' base seed set), if no generator moved since they were drawn ahead."""
+        torch = _torch()
+        if not all(torch.equal(g.get_state(), s) for g, s in zip(self._sources, self._before)):
+            return False
+        for g, state in zip(self._sources, self._after):
+            g.set_state(state)
+        if self._seed is not None:
+            setup.base_seed = self._seed
+        return True
+
+
+class TorchOrderFeed:
+    """torch's permutations (TorchRandomOrder) given to the engine: each epoch's drawn at its
+    iter(), or drawn ahead and taken (EpochDraws), and the next one's drawn ahead."""
+
+    def __init__(self, sampler: TorchRandomOrder, setup: WorkerSetup) -> None:
+        self.sampler, self.setup = sampler, setup
+        self._ahead: Optional[EpochDraws] = None
+
+    def take(self, epoch: int, batch: int, resume_state: Optional[Any]) -> bool:
+        """As iter() starts `epoch` at `batch`: whether its draws were made ahead and taken
+        (the generators and the workers' base seed moved as they would have); else nothing
+        moved. A resumed epoch replays its own draw (`resume_state`)."""
+        ahead = self._ahead
+        return (ahead is not None and ahead.epoch == epoch and batch == 0
+                and resume_state is None and ahead.take(self.setup))
+
+    def start(self, loader, epoch: int, batch: int, took: bool,
+              resume_state: Optional[Any]) -> Any:
+        """Gives `loader` epoch `epoch`'s order (after take(): drawn now unless `took`, and
+        then resumed there, what was read ahead with another order dropped) and, before the
+        epoch starts, the next one's; returns what this epoch's order was drawn from."""
+        if took:
+            state = self._ahead.state
+        else:
+            order, state = self.sampler.draw(resume_state)
+        following = EpochDraws(epoch + 1, self.setup, self.sampler)
+        self._ahead = following if loader.order_ahead(following.epoch, following.order) else None
+        if not took:
+            loader.resume(epoch, order, batch)
+        return state
