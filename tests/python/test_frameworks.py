@@ -185,6 +185,33 @@ def test_a_generator_gives_torch_s_order_and_moves_as_torch_s():
     assert torch.equal(orders[0][1], orders[1][1])
 
 
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_torch_s_order_holds_when_the_training_loop_draws_between_epochs(worker_type):
+    # stoker draws the next epoch's permutation ahead and takes it at iter() only if no
+    # generator moved since: a loop that draws (dropout on the CPU) gets torch's order still.
+    results = []
+    for loader_type in (tud.DataLoader, stoker.DataLoader):
+        torch.manual_seed(7)
+        kwargs = dict(batch_size=5, shuffle=True, num_workers=2)
+        if loader_type is stoker.DataLoader:
+            kwargs["worker_type"] = worker_type
+        loader = loader_type(Indices(), **kwargs)
+        epochs, draws = [], []
+        for epoch in range(4):
+            got = []
+            for i, b in enumerate(loader):
+                got.append(b.flatten().long().tolist())
+                if epoch % 2 == 1 and i == 2:  # mid-epoch, every other epoch
+                    draws.append(torch.rand(1).item())
+            epochs.append(got)
+            if epoch == 1:  # between epochs
+                draws.append(torch.rand(1).item())
+        results.append((epochs, draws, torch.rand(1).item()))
+        if loader_type is stoker.DataLoader:
+            loader.close()
+    assert results[0] == results[1]
+
+
 def test_a_resumed_epoch_of_torch_s_order_is_the_interrupted_one():
     torch.manual_seed(3)
     loader = stoker.DataLoader(Indices(), batch_size=4, shuffle=True, num_workers=2)
