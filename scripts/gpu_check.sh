@@ -14,7 +14,10 @@
 # except the stoker package into $PYTHON's environment (pip --no-build-isolation).
 # On a GPU machine without the build's apt packages: build here with the CUDA toolkit
 # (build-gpu and a wheel for its Python), carry them, and set GPU_CHECK_PREBUILT=1 (use
-# build-gpu as it is) and GPU_CHECK_WHEEL=path/to/stoker.whl (install it, not the source tree).
+# build-gpu as it is) and GPU_CHECK_WHEEL=path/to/stoker.whl (install it, not the source tree;
+# it is installed without its dependencies: install a wheel of each the machine lacks first,
+# e.g. braceexpand on the device machines lent so far), with the Debian libraries the build
+# links that the machine lacks on LD_LIBRARY_PATH.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

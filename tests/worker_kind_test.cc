@@ -20,31 +20,26 @@ bool contains(const std::string& text, const char* part) {
 
 TEST(WorkerKind, GilBoundReadsAreTheOnesThatKeepTheGilBusyAlone) {
   // Pure-Python reads on two threads: busy ~95%, no load.
-  auto v = gil_bound(0.95, 0.95, 0.0, false);
+  auto v = gil_bound(0.95, 0.95, 0.0);
   EXPECT_TRUE(v.bound);
   EXPECT_DOUBLE_EQ(v.scale, 1.0);
   // The same reads on a loaded machine: 14% unscaled, but runnable 5x as long as on a core.
-  EXPECT_TRUE(gil_bound(0.14, 0.14, 0.6, false).bound);
+  EXPECT_TRUE(gil_bound(0.14, 0.14, 0.6).bound);
   // A sleeper's reads wait for a core after each wake-up: the scale stops at kRunDelayScale.
-  v = gil_bound(0.05, 0.05, 0.5, false);
+  v = gil_bound(0.05, 0.05, 0.5);
   EXPECT_FALSE(v.bound);
   EXPECT_DOUBLE_EQ(v.scale, kRunDelayScale);
-  // Work that releases the GIL runs on several cores at once.
-  EXPECT_FALSE(gil_bound(1.8, 1.8, 0.0, false).bound);
-  EXPECT_FALSE(gil_bound(1.3, 1.3, 1.3, false).bound);
+  // Work that also runs with the GIL released (cheap dicts of tensors, ColorJitter): its
+  // CPU time exceeds the wall time, and it is GIL-bound all the same (no upper bound).
+  EXPECT_TRUE(gil_bound(1.24, 1.24, 0.0).bound);
+  EXPECT_TRUE(gil_bound(1.54, 1.54, 0.0).bound);
   // Nothing measured: as it is.
-  v = gil_bound(0.02, 0.0, 0.0, false);
+  v = gil_bound(0.02, 0.0, 0.0);
   EXPECT_FALSE(v.bound);
   EXPECT_DOUBLE_EQ(v.scale, 1.0);
-  // Batch jobs have no upper bound.
-  EXPECT_TRUE(gil_bound(1.4, 1.4, 0.0, true).bound);
-  EXPECT_TRUE(gil_bound(0.95, 0.95, 0.0, true).bound);
-  EXPECT_FALSE(gil_bound(0.05, 0.05, 0.0, true).bound);
-  // The thresholds themselves.
-  EXPECT_TRUE(gil_bound(kGilBusy, 1, 0, false).bound);
-  EXPECT_FALSE(gil_bound(kGilBusy * 0.99, 1, 0, false).bound);
-  EXPECT_TRUE(gil_bound(kGilParallel, 1, 0, false).bound);
-  EXPECT_FALSE(gil_bound(kGilParallel * 1.01, 1, 0, false).bound);
+  // The threshold itself.
+  EXPECT_TRUE(gil_bound(kGilBusy, 1, 0).bound);
+  EXPECT_FALSE(gil_bound(kGilBusy * 0.99, 1, 0).bound);
 }
 
 TEST(WorkerKind, ProcessesOnlyWithTwoCoresAndTwoThreadsAndTheReasonSaysWhy) {
@@ -62,9 +57,10 @@ TEST(WorkerKind, ProcessesOnlyWithTwoCoresAndTwoThreadsAndTheReasonSaysWhy) {
   c = choose_worker_kind(0.95, 0.95, 0.0, false, 1, 4);
   EXPECT_FALSE(c.processes);
   EXPECT_TRUE(contains(c.reason, "fewer than 2 threads, so threads"));
-  c = choose_worker_kind(1.8, 1.8, 0.0, false, 4, 4);
-  EXPECT_FALSE(c.processes);
-  EXPECT_TRUE(contains(c.reason, "work that releases the GIL, so threads"));
+  c = choose_worker_kind(1.54, 1.54, 0.0, false, 2, 2);
+  EXPECT_TRUE(c.processes);
+  EXPECT_TRUE(
+      contains(c.reason, "busy 154% of the time on 2 threads, 2 cores: GIL-bound, so processes"));
   c = choose_worker_kind(0.02, 0.02, 0.0, false, 4, 4);
   EXPECT_FALSE(c.processes);
   EXPECT_TRUE(contains(c.reason, "not GIL-bound, so threads"));

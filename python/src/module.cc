@@ -337,11 +337,11 @@ PYBIND11_MODULE(_stoker, m) {
   // The front end's decisions about kinds of worker (src/tune/worker_kind.cc).
   m.def(
       "gil_bound",
-      [](double busy, double on_cpu, double delayed, bool whole_batches) {
-        const auto v = detail::gil_bound(busy, on_cpu, delayed, whole_batches);
+      [](double busy, double on_cpu, double delayed) {
+        const auto v = detail::gil_bound(busy, on_cpu, delayed);
         return py::make_tuple(v.bound, v.scale);
       },
-      py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"), py::arg("whole_batches") = false,
+      py::arg("busy"), py::arg("on_cpu"), py::arg("delayed"),
       "(GIL-bound, the scale applied for the threads' waits for a core).");
   m.def(
       "choose_worker_kind",

@@ -838,8 +838,9 @@ bool Engine::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) {
   if (begun) return false;
   // Orders of epochs the consumer has passed go; one not yet opened stays (the consumer may
   // give the next epoch's before the engine opened this one).
+  const std::uint64_t consumed = epoch_;  // the consumer's epoch: those before it are passed
   std::erase_if(ahead_,
-                [&](const ResumedEpoch& a) { return a.epoch < epoch_ || a.epoch == epoch; });
+                [&](const ResumedEpoch& a) { return a.epoch < consumed || a.epoch == epoch; });
   ahead_.push_back(ResumedEpoch{epoch, std::move(order), batches_per_epoch_});
   ++resumes_;  // an order of that epoch being computed now is dropped
   wake_all();

@@ -8,15 +8,14 @@
 
 namespace stoker::detail {
 
-GilVerdict gil_bound(double busy, double on_cpu, double delayed, bool whole_batches) {
+GilVerdict gil_bound(double busy, double on_cpu, double delayed) {
   const double scale = on_cpu > 0 ? std::min(kRunDelayScale, (on_cpu + delayed) / on_cpu) : 1.0;
-  const bool parallel = busy > kGilParallel && !whole_batches;
-  return {.bound = kGilBusy <= scale * busy && !parallel, .scale = scale};
+  return {.bound = kGilBusy <= scale * busy, .scale = scale};
 }
 
 KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool whole_batches,
                               std::size_t threads, std::size_t cores) {
-  const GilVerdict v = gil_bound(busy, on_cpu, delayed, whole_batches);
+  const GilVerdict v = gil_bound(busy, on_cpu, delayed);
   std::string measured =
       format("reads kept the GIL busy %.0f%% of the time on %zu threads, %zu cores", 100 * busy,
              threads, cores);
@@ -24,12 +23,11 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
     measured += format(" (%.0f%% counting their waits for a core)", 100 * v.scale * busy);
   }
   if (v.bound && cores >= 2 && threads >= 2) {
-    const char* why = busy > kGilParallel ? "whole batches made in Python" : "GIL-bound";
+    const char* why = whole_batches ? "whole batches made in Python" : "GIL-bound";
     return {.processes = true, .reason = "auto: " + measured + ": " + why + ", so processes"};
   }
   const char* why = cores < 2                ? "fewer than 2 cores"
                     : threads < 2 && v.bound ? "fewer than 2 threads"
-                    : busy > kGilParallel    ? "work that releases the GIL"
                                              : "not GIL-bound";
   return {.processes = false, .reason = "auto: " + measured + ": " + why + ", so threads"};
 }

@@ -323,6 +323,25 @@ def test_numpy_arrays_without_torch(tmp_path):
     assert result.stdout.strip() == str(sum(range(30)))
 
 
+def test_a_python_data_set_shuffled_without_torch_has_stoker_s_order():
+    # torch's order needs torch: without it loaded, shuffle=True is stoker's own permutation
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np, stoker\n"
+        "class Squares:\n"
+        "    def __len__(self): return 12\n"
+        "    def __getitem__(self, i): return np.int64(i * i)\n"
+        "loader = stoker.DataLoader(Squares(), batch_size=5, shuffle=True, num_workers=2)\n"
+        "epochs = [sorted(int(x) for b in loader for x in b) for _ in range(2)]\n"
+        "assert epochs == [[i * i for i in range(12)]] * 2, epochs\n"
+        "assert 'torch' not in sys.modules\n"
+        "print(loader.stats()['worker_type'])\n"
+    )
+    subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+
+
 def test_bad_options_are_named():
     ds = stoker.ArrayDataset(np.arange(10))
     with pytest.raises(ValueError, match="batch_size"):

@@ -421,7 +421,7 @@ class _NativeWork(torch.utils.data.Dataset):
 @pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
 def test_auto_moves_whole_batches_made_by_native_work_to_processes():
     # on the batch path a process costs only a streamed copy of the batch, so work that
-    # releases the GIL goes to processes too (per sample, it would stay on threads)
+    # releases the GIL goes to processes too
     loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=lambda s: (
         torch.stack([x for x, _ in s]), [i for _, i in s]))
     assert [i for _, ids in loader for i in ids] == list(range(192))
@@ -553,16 +553,11 @@ def test_the_gil_share_counts_the_waits_for_a_core_of_its_holder():
     assert _gil_bound(0.14, 0.14, 0.6)[0]
     # a 5 ms sleeper: a few percent, and each wake-up waits for a core (at most 6x counted)
     assert _gil_bound(0.05, 0.05, 0.5) == (False, 6.0)
-    # work that releases the GIL runs in parallel: more CPU time than wall time, and load
-    # only lowers that, so the bound is on the unscaled share
-    assert not _gil_bound(1.8, 1.8, 0.0)[0]
-    assert not _gil_bound(1.3, 1.3, 1.3)[0]
+    # work that also runs with the GIL released (torch ops in a cheap sample, ColorJitter):
+    # more CPU time than wall time, its Python serialised all the same
+    assert _gil_bound(1.24, 1.24, 0.0)[0]
+    assert _gil_bound(1.54, 1.54, 0.0)[0]
     assert _gil_bound(0.02, 0.0, 0.0) == (False, 1.0)  # nothing measured: as it is
-    # batch jobs (collate_fn) run Python around their native calls: parallel work too goes
-    # to processes, waits stay on threads
-    assert _gil_bound(1.4, 1.4, 0.0, whole_batches=True)[0]
-    assert _gil_bound(0.95, 0.95, 0.0, whole_batches=True)[0]
-    assert not _gil_bound(0.05, 0.05, 0.0, whole_batches=True)[0]
 
 
 def test_auto_stays_on_threads_for_a_data_set_that_sleeps(caplog):

@@ -27,26 +27,25 @@ inline constexpr std::size_t kKindMinBatches = 3;
 inline constexpr std::size_t kKindMinReads = 16;
 
 // The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
-// time) for at least this share of the time, and not much more than all of it: GIL-bound.
-// Pure-Python __getitem__s on two threads keep it busy ~95% of the time (measured on a 2-core
-// machine), cheap Python samples ~40-60% (the training loop's thread takes the rest); one that
-// sleeps or waits for I/O ~1-3%; one whose work releases the GIL (numpy, PIL, torch ops) runs
-// on several cores at once, so its threads' CPU time exceeds the wall time.
+// time) for at least this share of the time: GIL-bound, so processes. Pure-Python
+// __getitem__s on two threads keep it busy ~95% of the time (measured on a 2-core machine),
+// cheap Python samples ~55-125% (their torch ops run with the GIL released, and that time
+// counts too); one that sleeps or waits for I/O ~1-3%.
 // Other processes competing for the cores take CPU time, not GIL time: a thread that holds the
-// GIL while it waits for a core keeps the others out all the same. So the lower bound is
-// checked on the CPU time scaled by the share of their runnable time the reading threads got a
-// core (CPU time plus run-queue delay over CPU time), at most kRunDelayScale (tuner.h): a
-// sleeper's reads wait for a core after each wake-up, and the scale must not make their 1-5%
-// look like a busy GIL. Load only ever lowers the unscaled share, so the upper bound (work in
-// parallel) is checked on it.
-// Batch jobs (collate_fn, batch_sampler, batch_size=None) have no upper bound: a batch job
-// runs Python between its native calls (the fetch loop, the collate's walk of the samples)
-// and a process adds only a streamed copy of the batch into its arena, so work that releases
-// the GIL is no reason to stay on threads there. Processes against threads, side by side on
-// 2 cores (bench/worker_kinds.py): a padding collate (its reads busy 0.8-1.4 of the wall
-// time) 2.0x, per-sample randn stacked (1.06) 1.7x, a tensor indexed and stacked (0.25) 1.2x.
+// GIL while it waits for a core keeps the others out all the same. So the bound is checked on
+// the CPU time scaled by the share of their runnable time the reading threads got a core (CPU
+// time plus run-queue delay over CPU time), at most kRunDelayScale (tuner.h): a sleeper's
+// reads wait for a core after each wake-up, and the scale must not make their 1-5% look like
+// a busy GIL.
+// No upper bound: work that also runs with the GIL released (torch ops, PIL, numpy), whose
+// threads' CPU time exceeds the wall time, still serialises its Python at the GIL, and worker
+// processes ran it faster wherever it was measured, side by side on 2 cores: per sample,
+// cheap dicts (busy 55-125%) 1.75x, torchvision's ColorJitter pipeline (154%) 1.3x,
+// torch.randn per sample (97-100%) 2.0x (docs/BENCHMARKS.md, 2026-11-27); on the batch path
+// (bench/worker_kinds.py) a padding collate (80-140%) 2.0x, per-sample randn stacked (106%)
+// 1.7x, a tensor indexed and stacked (25%) 1.2x. An upper bound of 125% sent the first two to
+// threads whenever a measurement crossed it.
 inline constexpr double kGilBusy = 0.4;
-inline constexpr double kGilParallel = 1.25;
 
 struct GilVerdict {
   bool bound = false;  // GIL-bound
@@ -54,14 +53,14 @@ struct GilVerdict {
 };
 // Whether reads that kept the GIL busy `busy` of the wall time are GIL-bound, given the
 // worker threads' CPU time `on_cpu` and run-queue delay `delayed` over the same time.
-// `whole_batches`: the reads are batch jobs (no upper bound).
-GilVerdict gil_bound(double busy, double on_cpu, double delayed, bool whole_batches);
+GilVerdict gil_bound(double busy, double on_cpu, double delayed);
 
 struct KindChoice {
   bool processes = false;
   std::string reason;  // "auto: reads kept the GIL busy 95% of the time on 2 threads, ..."
 };
-// worker_type='auto' once measured: `threads` reading on `cores` cores.
+// worker_type='auto' once measured: `threads` reading on `cores` cores; `whole_batches`: the
+// reads are batch jobs (the reason says so).
 KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool whole_batches,
                               std::size_t threads, std::size_t cores);
 

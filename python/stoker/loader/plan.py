@@ -206,11 +206,12 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     elif kind == "random":
         engine_shuffle = True
         generator = engine_sampler.generator if engine_sampler.generator is not None else generator
-    if not is_native and remote is None and not seed_given and (
+    if not is_native and remote is None and not seed_given and "torch" in sys.modules and (
             kind == "random" or (kind is None and engine_sampler is None and engine_shuffle)):
         # torch's order: each epoch's permutation drawn when the epoch starts, as torch's
         # RandomSampler draws it (the same order for the same seed, the same draws from the
         # generator); the epoch's seed is in state_dict(), so that a resumed epoch is the same.
+        # Without torch loaded there is none to follow: stoker's own order.
         engine_sampler = TorchRandomOrder(
             dataset, engine_sampler.generator if kind == "random" else generator)
         order, order_length, engine_shuffle = ("random, as torch's RandomSampler",

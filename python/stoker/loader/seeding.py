@@ -104,7 +104,7 @@ class TorchRandomOrder:
     def __len__(self) -> int:
         return self._length
 
-    def draw(self, state: Optional[Any] = None) -> tuple[list, Any]:
+    def draw(self, state: Optional[Any] = None) -> tuple[Any, Any]:
         torch = _torch()
         n = self._length
         if state is None:
