@@ -361,7 +361,7 @@ void Engine::compute_order() {
   const std::uint64_t resumes = resumes_;
   try {
     const auto ahead = std::find_if(ahead_.begin(), ahead_.end(),
-                                    [&](const ResumedEpoch& a) { return a.epoch == epoch; });
+                                    [&](const AheadOrder& a) { return a.epoch == epoch; });
     if (resumed_ && resumed_->epoch == epoch) {
       order_scratch_ = resumed_->order;
     } else if (ahead != ahead_.end()) {
@@ -840,8 +840,8 @@ bool Engine::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) {
   // give the next epoch's before the engine opened this one).
   const std::uint64_t consumed = epoch_;  // the consumer's epoch: those before it are passed
   std::erase_if(ahead_,
-                [&](const ResumedEpoch& a) { return a.epoch < consumed || a.epoch == epoch; });
-  ahead_.push_back(ResumedEpoch{epoch, std::move(order), batches_per_epoch_});
+                [&](const AheadOrder& a) { return a.epoch < consumed || a.epoch == epoch; });
+  ahead_.push_back(AheadOrder{epoch, std::move(order)});
   ++resumes_;  // an order of that epoch being computed now is dropped
   wake_all();
   return true;

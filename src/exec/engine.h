@@ -328,7 +328,11 @@ class Engine {
   std::optional<ResumedEpoch> resumed_ STOKER_GUARDED_BY(mu_);
   // Orders given ahead for later epochs (order_ahead), every sample of each: two at most
   // (the next epoch's, and the one after it given before the next opened).
-  std::vector<ResumedEpoch> ahead_ STOKER_GUARDED_BY(mu_);
+  struct AheadOrder {  // every epoch's batch count: only its order is its own
+    std::uint64_t epoch = 0;
+    std::vector<std::size_t> order;
+  };
+  std::vector<AheadOrder> ahead_ STOKER_GUARDED_BY(mu_);
   // resume() and order_ahead() calls, for compute_order()
   std::uint64_t resumes_ STOKER_GUARDED_BY(mu_) = 0;
   // The sample order of epoch order_epoch_ (valid when has_order_).
