@@ -1096,6 +1096,15 @@ TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
     }
     for (auto& th : threads) th.join();
     EXPECT_EQ(wrong.load(), 0);
+    // The reads need not touch every chunk (the last is 4,321 bytes): a chunk nobody read may
+    // still be fetched (a retry's backoff) or on its way to the cache, and destroying `files`
+    // would fail it. Wait until every chunk fetched ahead is stored.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (files.ahead_bytes() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(files.ahead_bytes(), 0u)
+        << "the chunks fetched ahead did not reach the cache in 60 s";
     const auto c = files.counters();
     EXPECT_EQ(c.prefetched, 3u);
     EXPECT_EQ(c.chunk_fetches, 3u);  // the reads made no GET of their own
