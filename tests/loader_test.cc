@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <set>
+#include <span>
 #include <thread>
 
 #include "device/backend.h"
@@ -293,6 +295,52 @@ TEST(Loader, AnOrderGivenAheadIsReadFromThatEpochOn) {
   EXPECT_THROW(loader.order_ahead(5, {1, 2}), std::invalid_argument);
   reversed[3] = n;
   EXPECT_THROW(loader.order_ahead(5, reversed), std::out_of_range);
+}
+
+// Records the loader's will_read hints, and how many had been given when each sample was
+// first read.
+class HintedDataset : public IndexDataset<> {
+ public:
+  using IndexDataset::IndexDataset;
+  void will_read(std::span<const std::size_t> rows) const noexcept override {
+    std::lock_guard lock(mu);
+    hints.emplace_back(rows.begin(), rows.end());
+  }
+  void read(std::size_t index, const SampleOut& out) const override {
+    {
+      std::lock_guard lock(mu);
+      hints_at_first_read.emplace(index, hints.size());
+    }
+    IndexDataset::read(index, out);
+  }
+  mutable std::mutex mu;
+  mutable std::vector<std::vector<std::size_t>> hints;
+  mutable std::map<std::size_t, std::size_t> hints_at_first_read;
+};
+
+TEST(Loader, EachBatchIsHintedOnceAPrefetchDepthBeforeItOpens) {
+  // A batch opens only when the workers run out of chunks: a data set that fetches over a
+  // network learns of a batch `depth` batches earlier, each batch once per epoch, in order.
+  const std::size_t batches = 10, depth = 3;
+  auto ds = std::make_shared<HintedDataset>(batches * 4);
+  auto o = options(ds, 4, 2);
+  o.depth = depth;
+  o.shuffle = true;
+  o.seed = 3;
+  Loader loader(o);
+  auto delivered = drain(loader);
+  for (const auto& b : drain(loader)) delivered.push_back(b);
+  ASSERT_EQ(delivered.size(), 2 * batches);
+  std::lock_guard lock(ds->mu);
+  ASSERT_GE(ds->hints.size(), delivered.size());  // and the next epoch's first, maybe
+  for (std::size_t k = 0; k < delivered.size(); ++k) EXPECT_EQ(ds->hints[k], delivered[k]) << k;
+  // Epoch 0's batch b (but the first, whose samples may be read to learn the layout) was read
+  // only after batches up to b + depth - 1 were hinted.
+  for (std::size_t b = 1; b < batches; ++b) {
+    for (std::size_t index : delivered[b]) {
+      EXPECT_GE(ds->hints_at_first_read.at(index), std::min(b + depth, batches)) << b;
+    }
+  }
 }
 
 TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {

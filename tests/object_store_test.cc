@@ -20,12 +20,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <sstream>
@@ -681,6 +683,56 @@ TEST_F(ObjectStoreS3, RangeReadsEqualTheBytes) {
   std::vector<std::byte> odd(3);
   store->read(url("odd dir/a+b=c&d é.txt"), 2, 3, odd.data());
   EXPECT_EQ(as_string(odd), "kwa");
+}
+
+// Reads a caller waits for now start before the fetches ahead queued earlier, which start in
+// the order submitted; each on_done runs once its future is ready. One transfer at a time, and
+// the first fetch ahead's on_done holds the store's thread until the read is submitted, so the
+// order does not depend on timing.
+TEST_F(ObjectStoreS3, ReadsWaitedForNowGoBeforeTheFetchesAhead) {
+  S3Settings settings = direct()->settings();
+  ObjectStoreOptions o;
+  o.max_in_flight = 1;
+  ObjectStore store(settings, o);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> ended;
+  bool held = false, released = false;
+  auto on_done = [&](std::string name) {
+    return [&, name] {
+      std::unique_lock lock(mu);
+      ended.push_back(name);
+      held = true;
+      cv.notify_all();
+      if (name == "ahead 0") cv.wait(lock, [&] { return released; });
+    };
+  };
+  std::vector<std::vector<std::byte>> bufs(6, std::vector<std::byte>(1000));
+  std::vector<std::future<void>> futures;
+  for (std::size_t i = 0; i < 5; ++i) {
+    futures.push_back(store.submit_read(url("data/blob.bin"), i * 1000, 1000, bufs[i].data(),
+                                        ObjectStore::Priority::kAhead,
+                                        on_done("ahead " + std::to_string(i))));
+  }
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return held; });
+  }
+  futures.push_back(store.submit_read(url("data/blob.bin"), 5000, 1000, bufs[5].data(),
+                                      ObjectStore::Priority::kNow, on_done("now")));
+  {
+    std::lock_guard lock(mu);
+    released = true;
+  }
+  cv.notify_all();
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    futures[i].get();
+    EXPECT_EQ(as_string(bufs[i]), blob_.substr(i * 1000, 1000)) << i;
+  }
+  std::unique_lock lock(mu);  // on_done runs after its future is ready
+  cv.wait(lock, [&] { return ended.size() == futures.size(); });
+  EXPECT_EQ(ended, (std::vector<std::string>{"ahead 0", "now", "ahead 1", "ahead 2", "ahead 3",
+                                             "ahead 4"}));
 }
 
 TEST_F(ObjectStoreS3, SequentialRequestsReuseOneConnection) {

@@ -152,11 +152,11 @@ class Dataset {
   // overlaps that sample's memory latency with the current copy. Default: nothing.
   virtual void prefetch(std::size_t /*index*/) const {}
 
-  // A hint, called as the loader opens a batch (so at most its prefetch depth of batches ahead
-  // of the training loop): `rows` are the batch's samples, read soon by the worker threads. A
-  // data set whose reads wait on a network starts fetching them all at once here
-  // (WebDataset over URLs). Called with the loader's lock held: it must be quick, never wait
-  // for I/O and never throw. Default: nothing.
+  // A hint, once per batch and epoch, as the loader opens a batch up to its prefetch depth of
+  // batches before the loader opens that one: `rows` are the batch's samples, read soon by the
+  // worker threads. A data set whose reads wait on a network starts fetching them all at once
+  // here (WebDataset over URLs). Called with the loader's lock held: it must be quick, never
+  // wait for I/O and never throw. Default: nothing.
   virtual void will_read(std::span<const std::size_t> /*rows*/) const noexcept {}
 
   // Chunk-level reads, for data sets that pay a fixed cost per call (a Python data set's GIL

@@ -427,7 +427,7 @@ Ticket* Engine::open_next() {
     ticket->skipped.clear();
   }
   std::copy_n(order_.begin() + static_cast<std::ptrdiff_t>(first), size, ticket->rows().begin());
-  config_.dataset->will_read(ticket->rows());  // a hint: fetches start before the reads
+  hint_ahead();
   ticket->chunk_rows = (size + std::max<std::size_t>(target_workers_, 1) - 1) /
                        std::max<std::size_t>(target_workers_, 1);
   ticket->chunks = (size + ticket->chunk_rows - 1) / ticket->chunk_rows;
@@ -779,6 +779,22 @@ void Engine::restart(Position position) {
   open_batch_ = delivered_;
   roll_open_epoch();
   wake_all();
+}
+
+void Engine::hint_ahead() {
+  if (hinted_epoch_ != open_epoch_ || hinted_resumes_ != resumes_) {
+    hinted_epoch_ = open_epoch_;
+    hinted_resumes_ = resumes_;
+    hinted_through_ = 0;
+  }
+  const std::size_t end =
+      std::min(batches_of(open_epoch_), open_batch_ + std::max<std::size_t>(depth_, 1));
+  for (std::size_t b = std::max(hinted_through_, open_batch_); b < end; ++b) {
+    const auto rows =
+        std::span<const std::size_t>(order_).subspan(b * config_.batch_size, batch_rows(b));
+    config_.dataset->will_read(rows);  // a hint: fetches start before the reads
+  }
+  hinted_through_ = std::max(hinted_through_, end);
 }
 
 void Engine::roll_open_epoch() {

@@ -252,6 +252,11 @@ class Engine {
   }
   // Steps the opening position past the end of its epoch (several, for empty resumed ones).
   void roll_open_epoch() STOKER_REQUIRES(mu_);
+  // Hints the data set (Dataset::will_read) at the rows of the batches from the one being
+  // opened to depth_ past it, each batch once per order. A batch opens only when the workers
+  // run out of chunks, so a hint given as it opens comes one batch before its reads: too late
+  // for a fetch from object storage (20-100 ms), which then leaves the workers waiting.
+  void hint_ahead() STOKER_REQUIRES(mu_);
   // Where SampleOut writes a ticket's rows: nowhere for a batch without a slab.
   static std::byte* const* field_bases(const Ticket& ticket) {
     return ticket.slab != nullptr ? ticket.slab->fields() : nullptr;
@@ -304,6 +309,11 @@ class Engine {
   // The next batch to open.
   std::uint64_t open_epoch_ STOKER_GUARDED_BY(mu_) = 0;
   std::size_t open_batch_ STOKER_GUARDED_BY(mu_) = 0;
+  // Batches [0, hinted_through_) of epoch hinted_epoch_'s order (that after resume number
+  // hinted_resumes_) were hinted (hint_ahead).
+  std::uint64_t hinted_epoch_ STOKER_GUARDED_BY(mu_) = 0;
+  std::uint64_t hinted_resumes_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t hinted_through_ STOKER_GUARDED_BY(mu_) = 0;
   // Batches in flight, oldest (the consumer's next) first.
   Ticket* head_ STOKER_GUARDED_BY(mu_) = nullptr;
   Ticket* tail_ STOKER_GUARDED_BY(mu_) = nullptr;

@@ -134,6 +134,8 @@ struct Transfer {
   std::string put_data;     // PUT: the body
   std::size_t put_pos = 0;  // PUT: bytes sent
   std::promise<void> done;
+  bool ahead = false;             // Priority::kAhead, until its first retry
+  std::function<void()> on_done;  // after `done` is set, on the driver
 
   // driver
   CURL* easy = nullptr;
@@ -172,7 +174,8 @@ struct ObjectStore::Impl {
   std::thread driver;
 
   // driver only
-  std::deque<std::shared_ptr<Transfer>> waiting;   // ready to start
+  std::deque<std::shared_ptr<Transfer>> waiting;   // ready to start, before `ahead`
+  std::deque<std::shared_ptr<Transfer>> ahead;     // ready to start: fetches ahead, in order
   std::vector<std::shared_ptr<Transfer>> delayed;  // retries waiting for their time
   std::vector<std::shared_ptr<Transfer>> running;
   std::mt19937_64 rng{std::random_device{}()};
@@ -234,7 +237,7 @@ struct ObjectStore::Impl {
       {
         detail::MutexLock lock(mu);
         while (!incoming.empty()) {
-          waiting.push_back(std::move(incoming.front()));
+          (incoming.front()->ahead ? ahead : waiting).push_back(std::move(incoming.front()));
           incoming.pop_front();
         }
         if (stopping) break;
@@ -249,9 +252,11 @@ struct ObjectStore::Impl {
           ++i;
         }
       }
-      while (!waiting.empty() && static_cast<int>(running.size()) < options.max_in_flight) {
-        std::shared_ptr<Transfer> t = std::move(waiting.front());
-        waiting.pop_front();
+      while (static_cast<int>(running.size()) < options.max_in_flight &&
+             (!waiting.empty() || !ahead.empty())) {
+        auto& from = !waiting.empty() ? waiting : ahead;
+        std::shared_ptr<Transfer> t = std::move(from.front());
+        from.pop_front();
         start(std::move(t));
       }
       int still = 0;
@@ -269,7 +274,8 @@ struct ObjectStore::Impl {
         finish(std::move(t), rc);
       }
       int timeout_ms = 1000;
-      if (!waiting.empty() && static_cast<int>(running.size()) < options.max_in_flight) {
+      if ((!waiting.empty() || !ahead.empty()) &&
+          static_cast<int>(running.size()) < options.max_in_flight) {
         timeout_ms = 0;
       }
       for (const auto& d : delayed) {
@@ -281,18 +287,21 @@ struct ObjectStore::Impl {
     }
     // Closing: fail whatever is left.
     auto fail_closed = [](const std::shared_ptr<Transfer>& t) {
-      t->done.set_exception(std::make_exception_ptr(ObjectStoreError(
-          ObjectStoreError::Kind::kClient, t->url, 0, "",
-          std::string(kind_name(t->kind)) + " " + t->url + ": the ObjectStore was closed")));
+      settle(*t,
+             std::make_exception_ptr(ObjectStoreError(
+                 ObjectStoreError::Kind::kClient, t->url, 0, "",
+                 std::string(kind_name(t->kind)) + " " + t->url + ": the ObjectStore was closed")));
     };
     for (auto& t : running) {
       release(*t);
       fail_closed(t);
     }
-    for (auto& t : waiting) fail_closed(t);
+    for (auto* queue : {&waiting, &ahead}) {
+      for (auto& t : *queue) fail_closed(t);
+      queue->clear();
+    }
     for (auto& t : delayed) fail_closed(t);
     running.clear();
-    waiting.clear();
     delayed.clear();
   }
 
@@ -374,9 +383,13 @@ struct ObjectStore::Impl {
   }
 
   void start(std::shared_ptr<Transfer> t) {
+    if (t->kind == Kind::kGet && t->length == 0) {  // nothing to fetch
+      succeed(*t);
+      return;
+    }
     CURL* e = curl_easy_init();
     if (e == nullptr) {
-      t->done.set_exception(std::make_exception_ptr(std::runtime_error("curl_easy_init failed")));
+      settle(*t, std::make_exception_ptr(std::runtime_error("curl_easy_init failed")));
       return;
     }
     t->easy = e;
@@ -457,17 +470,26 @@ struct ObjectStore::Impl {
 
   // ---- outcomes ----
 
+  // Makes the transfer's future ready (with `error`, if any), then calls its on_done.
+  static void settle(Transfer& t, std::exception_ptr error) {
+    if (error) {
+      t.done.set_exception(std::move(error));
+    } else {
+      t.done.set_value();
+    }
+    if (t.on_done) t.on_done();
+  }
+
   void succeed(Transfer& t) {
     if (t.kind == Kind::kGet) bytes_fetched.fetch_add(t.delivered, std::memory_order_relaxed);
-    t.done.set_value();
+    settle(t, nullptr);
   }
 
   void fail(Transfer& t, ObjectStoreError::Kind kind, long status, const std::string& code,
             const std::string& message) {
     failures.fetch_add(1, std::memory_order_relaxed);
     if (t.kind == Kind::kGet) bytes_fetched.fetch_add(t.delivered, std::memory_order_relaxed);
-    t.done.set_exception(
-        std::make_exception_ptr(ObjectStoreError(kind, t.url, status, code, message)));
+    settle(t, std::make_exception_ptr(ObjectStoreError(kind, t.url, status, code, message)));
   }
 
   void retry_or_fail(std::shared_ptr<Transfer> t, long status, const std::string& code,
@@ -489,6 +511,7 @@ struct ObjectStore::Impl {
     double delay = retry_delay(options.retry, t->attempts, u);
     t->retry_at = Clock::now() +
                   std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(delay));
+    t->ahead = false;  // late already: its retries go before the fetches ahead
     delayed.push_back(std::move(t));
   }
 
@@ -657,15 +680,14 @@ std::vector<ObjectInfo> ObjectStore::list(const std::string& prefix_url) {
 }
 
 std::future<void> ObjectStore::submit_read(const std::string& url, std::uint64_t offset,
-                                           std::size_t length, std::byte* dst) {
+                                           std::size_t length, std::byte* dst, Priority priority,
+                                           std::function<void()> on_done) {
   auto t = impl_->make(Kind::kGet, url);
   t->offset = offset;
   t->length = length;
   t->dst = dst;
-  if (length == 0) {
-    t->done.set_value();
-    return t->done.get_future();
-  }
+  t->ahead = priority == Priority::kAhead;
+  t->on_done = std::move(on_done);
   return impl_->submit(std::move(t));
 }
 

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -154,7 +155,7 @@ struct ObjectInfo {
 struct ObjectStoreOptions {
   S3Overrides s3;  // over the environment and ~/.aws (load_s3_settings)
   RetryPolicy retry;
-  int max_in_flight = 64;  // transfers running at once; more wait their turn
+  int max_in_flight = 64;  // transfers running at once; more wait their turn (Priority)
   double connect_timeout_s = 10;
   // A transfer that moves no byte for this long is aborted (and retried).
   double stall_timeout_s = 30;
@@ -193,8 +194,15 @@ class ObjectStore {
   // resumed as needed; from the disk cache where it has the range). Throws ObjectStoreError.
   void read(const std::string& url, std::uint64_t offset, std::size_t length, std::byte* dst);
   // The same, asynchronous: the future is ready when all bytes are in dst (or holds the error).
+  // kNow reads (and every blocking call, and every retry) start before kAhead ones, which start
+  // in the order submitted: a fetch ahead of its readers is kAhead, so a reader that waits now
+  // never queues behind hundreds of them. `on_done`, when given, is called on the store's thread
+  // once the future is ready (also when the store closes); it must be quick and must not call
+  // the store.
+  enum class Priority { kNow, kAhead };
   std::future<void> submit_read(const std::string& url, std::uint64_t offset, std::size_t length,
-                                std::byte* dst);
+                                std::byte* dst, Priority priority = Priority::kNow,
+                                std::function<void()> on_done = {});
   // A sequential reader of the whole object.
   std::unique_ptr<ObjectReader> open(const std::string& url);
 

@@ -195,7 +195,8 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
 }
 
 RemoteFiles::~RemoteFiles() {
-  // Closing the store fails the GETs still running, so the finisher ends at once.
+  // Closing the store fails the GETs still running (each fetch ahead's on_done has run when it
+  // returns), so the finisher forgets them and ends at once.
   store_.reset();
   {
     MutexLock lock(mu_);
@@ -444,18 +445,29 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std
     ahead.length = length;
     ahead.started = std::chrono::steady_clock::now();
     try {
-      ahead.done = store_->submit_read(object.url, c, length, ahead.data.get()).share();
+      // Its on_done waits for mu_, held until the chunk is in ahead_.
+      ahead.done =
+          store_
+              ->submit_read(object.url, c, length, ahead.data.get(),
+                            io::ObjectStore::Priority::kAhead, [this, key] { ahead_ended(key); })
+              .share();
     } catch (const std::exception&) {
       return;  // the store is closing: a hint, dropped
     }
     if (!finisher_.joinable()) finisher_ = std::thread([this] { finish_ahead(); });
     ahead_bytes_ += length;
-    ahead_order_.push_back(key);
     ahead_.emplace(std::move(key), std::move(ahead));
     ++prefetched_;
     ++chunk_fetches_;
-    ahead_cv_.notify_all();
   }
+}
+
+void RemoteFiles::ahead_ended(const std::string& key) {
+  {
+    MutexLock lock(mu_);
+    ahead_ended_.push_back(key);
+  }
+  ahead_cv_.notify_all();
 }
 
 void RemoteFiles::finish_ahead() {
@@ -464,12 +476,12 @@ void RemoteFiles::finish_ahead() {
     Ahead ahead;
     {
       MutexLock lock(mu_);
-      while (!stopping_ && ahead_order_.empty()) lock.wait(ahead_cv_);
-      if (ahead_order_.empty()) return;
-      key = ahead_order_.front();
+      while (!stopping_ && ahead_ended_.empty()) lock.wait(ahead_cv_);
+      if (ahead_ended_.empty()) return;  // stopping, and every fetch ahead has ended
+      key = std::move(ahead_ended_.front());
+      ahead_ended_.pop_front();
       ahead = ahead_.at(key);
     }
-    ahead.done.wait();
     bool ok = true;
     try {
       ahead.done.get();
@@ -482,7 +494,6 @@ void RemoteFiles::finish_ahead() {
     }
     MutexLock lock(mu_);
     ahead_.erase(key);
-    ahead_order_.pop_front();
     ahead_bytes_ -= ahead.length;
   }
 }

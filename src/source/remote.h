@@ -48,10 +48,12 @@ struct RemoteObject {
 std::string default_object_cache_dir();
 inline constexpr std::uint64_t kDefaultObjectCacheBytes = 10ull << 30;
 inline constexpr std::size_t kRemoteChunkBytes = 8u << 20;
-// Chunks fetched ahead of their readers (RemoteFiles::prefetch) at most at once: as many as the
-// store runs transfers at once (io::ObjectStoreOptions::max_in_flight), and at most this many
-// bytes (32 full chunks) held for them.
-inline constexpr std::size_t kAheadChunks = 64;
+// Chunks fetched ahead of their readers (RemoteFiles::prefetch) at most at once, and at most
+// this many bytes (32 full chunks) held for them. More than the store runs at once
+// (io::ObjectStoreOptions::max_in_flight): the rest wait in its queue of fetches ahead, in the
+// order asked, so that the hints of every batch the engine has opened are taken (a batch of
+// small shards asks for as many chunks as it has samples) and the store never runs dry.
+inline constexpr std::size_t kAheadChunks = 1024;
 inline constexpr std::uint64_t kAheadBytes = 256ull << 20;
 
 // Runs fn(0) ... fn(n - 1) on up to `threads` threads; rethrows the first exception (by index
@@ -156,9 +158,10 @@ class RemoteFiles {
   std::vector<io::ObjectInfo> listing(const std::string& prefix, const SharedListings& shared);
   Chunk fetch_chunk(const RemoteObject& object, std::uint64_t offset, std::size_t length,
                     const std::string& key);
-  // Stores the chunks fetched ahead in the cache as their GETs end (in the order they were
-  // asked for), then forgets them.
+  // Stores the chunks fetched ahead in the cache as their GETs end (in that order, so that a
+  // retried one does not hold back those behind it), then forgets them.
   void finish_ahead();
+  void ahead_ended(const std::string& key);  // the store's on_done of a fetch ahead
 
   struct Ahead {  // a chunk being fetched ahead of its readers
     std::shared_ptr<std::byte[]> data;
@@ -175,7 +178,7 @@ class RemoteFiles {
   mutable Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
   std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);
-  std::deque<std::string> ahead_order_ STOKER_GUARDED_BY(mu_);  // oldest first
+  std::deque<std::string> ahead_ended_ STOKER_GUARDED_BY(mu_);  // their GETs ended, oldest first
   std::uint64_t ahead_bytes_ STOKER_GUARDED_BY(mu_) = 0;
   bool stopping_ STOKER_GUARDED_BY(mu_) = false;
   std::condition_variable ahead_cv_;
