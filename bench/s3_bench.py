@@ -271,8 +271,10 @@ def main() -> int:
         f = result["faults"]
         print(f"  {f['rate']:.0%} of GETs failing, an epoch over the {args.first_shards} shards "
               "(indexes cached), / fault-free: "
-              + ", ".join(f"{p['ratio']:.2f} ({p['faults']['faults']} faults, "
-                          f"{p['faults']['retries']} retries)" for p in f["pairs"])
+              + ", ".join(f"{p['ratio']:.2f} ({p['faults']['images_per_s']:.0f} / "
+                          f"{p['clean']['images_per_s']:.0f} images/s, "
+                          f"{p['faults']['faults']} faults, {p['faults']['retries']} retries)"
+                          for p in f["pairs"])
               + f" (median {f['median_ratio']:.2f}x)")
     return 0
 
