@@ -347,6 +347,7 @@ class RecordSource final : public EncodedSource {
       read_index(f);
       if (!cached.empty()) save_cached_index(cached, f);
     });
+    files_->flush_stores();  // the chunks read for the indexes, for the next in turn
     std::vector<std::string> names;
     std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;
     for (auto& f : files) {

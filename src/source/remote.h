@@ -145,6 +145,10 @@ class RemoteFiles {
   // cache directory, io::ObjectStoreError naming the URL.
   std::string local_file(const RemoteObject& object);
 
+  // Waits until every chunk a read fetched so far is in the cache (they are stored in the
+  // background): before another process of the node takes its turn (NodeTurn) and looks there.
+  void flush_stores();
+
   using Counters = ObjectStorageCounters;  // stoker/object_storage.h
   Counters counters() const;
   // Bytes of the chunks being fetched ahead now (held in memory until they reach the cache):
@@ -158,16 +162,24 @@ class RemoteFiles {
   std::vector<io::ObjectInfo> listing(const std::string& prefix, const SharedListings& shared);
   Chunk fetch_chunk(const RemoteObject& object, std::uint64_t offset, std::size_t length,
                     const std::string& key);
-  // Stores the chunks fetched ahead in the cache as their GETs end (in that order, so that a
+  // Stores the chunks held in ahead_ in the cache as their GETs end (in that order, so that a
   // retried one does not hold back those behind it), then forgets them.
   void finish_ahead();
   void ahead_ended(const std::string& key);  // the store's on_done of a fetch ahead
+  // A chunk a read fetched: into ahead_ for the finisher to store (the read goes on; later
+  // reads take it from memory meanwhile), or stored here when kAheadBytes are held already.
+  void store_later(const std::string& key, const std::shared_ptr<std::byte[]>& data,
+                   std::size_t length);
+  void start_finisher() STOKER_REQUIRES(mu_);
 
-  struct Ahead {  // a chunk being fetched ahead of its readers
+  // A chunk held in memory until it is in the cache: being fetched ahead of its readers, or
+  // fetched by a read and not yet stored.
+  struct Ahead {
     std::shared_ptr<std::byte[]> data;
     std::size_t length = 0;
     std::shared_future<void> done;
     std::chrono::steady_clock::time_point started;
+    bool fetched_ahead = true;  // its fetch time is counted as it is stored
   };
 
   std::string cache_dir_;
@@ -177,12 +189,14 @@ class RemoteFiles {
   std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0}, prefetched_{0};
   mutable Mutex mu_;
   std::map<std::string, std::shared_future<Chunk>> in_flight_ STOKER_GUARDED_BY(mu_);
-  std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);
+  std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);   // at most kAheadBytes
   std::deque<std::string> ahead_ended_ STOKER_GUARDED_BY(mu_);  // their GETs ended, oldest first
   std::uint64_t ahead_bytes_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t stores_held_ STOKER_GUARDED_BY(mu_) = 0;  // store_later()'s, not yet stored
+  std::condition_variable stored_cv_;                   // stores_held_ went down
   bool stopping_ STOKER_GUARDED_BY(mu_) = false;
   std::condition_variable ahead_cv_;
-  std::thread finisher_;  // started by the first prefetch() that fetches
+  std::thread finisher_ STOKER_GUARDED_BY(mu_);  // started by the first chunk held
   std::uint64_t cache_bytes_ = 0;
   std::vector<std::string> handed_out_ STOKER_GUARDED_BY(mu_);  // local_file()s: never evicted
 };

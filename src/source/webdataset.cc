@@ -780,6 +780,7 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
       cached[i] = hit;
     });
     impl->from_cache += static_cast<std::size_t>(std::count(cached.begin(), cached.end(), 1));
+    impl->remote_files->flush_stores();  // the shards' chunks, for the next in turn
   }
   std::vector<std::string> shards;  // every shard, for the messages below
   std::size_t next_url = 0, next_object = 0;
