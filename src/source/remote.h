@@ -151,8 +151,8 @@ class RemoteFiles {
 
   using Counters = ObjectStorageCounters;  // stoker/object_storage.h
   Counters counters() const;
-  // Bytes of the chunks being fetched ahead now (held in memory until they reach the cache):
-  // at most kAheadBytes.
+  // Bytes of the chunks held in memory until they reach the cache (being fetched ahead, or
+  // fetched by a read and not yet stored): at most kAheadBytes.
   std::uint64_t ahead_bytes() const;
   const std::string& cache_dir() const { return cache_dir_; }
 
