@@ -121,16 +121,20 @@ def main():
     loader = stoker.DataLoader(ds, batch_size=args.batch_size, shuffle=True, device=args.device)
     results["stoker device"] = run_epochs(lambda: loader, args.device, args.epochs, False)
     device_desc = loader.stats().get("device", args.device)
+    # The rate follows the workers (the gather of 151 KB rows): say what auto chose.
+    workers = {"stoker device": loader.stats().get("workers")}
     loader.close()
     # stoker's pinned host batches, copied by the loop itself (the seeds' idiom, stoker's pool).
     loader = stoker.DataLoader(ds, batch_size=args.batch_size, shuffle=True, pin_memory=pin)
     results["stoker pinned"] = run_epochs(lambda: loader, args.device, args.epochs, True)
+    workers["stoker pinned"] = loader.stats().get("workers")
     loader.close()
 
     limit = h2d_limit(args.device, args.batch_size * sample_bytes, 200)
     limit_rate = limit / sample_bytes if limit else None
 
     out = {"device": device_desc, "sample_bytes": sample_bytes, "samples_per_s": results,
+           "stoker_workers": workers,
            "torch_best": torch_best, "h2d_limit_samples_per_s": limit_rate}
     if args.json:
         print(json.dumps(out, indent=1))
@@ -141,6 +145,8 @@ def main():
         line = f"  {name:<16} {rate:10.0f}   {rate / results[torch_best]:5.2f}x torch best"
         if limit_rate:
             line += f"   {rate / limit_rate:5.2f} of the H2D limit"
+        if name in workers:
+            line += f"   ({workers[name]} workers)"
         print(line)
     if limit_rate:
         print(f"  H2D limit        {limit_rate:10.0f}   (pinned copy of one batch, "
