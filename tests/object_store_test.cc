@@ -1185,6 +1185,47 @@ TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
   }  // destroyed with its GETs in flight
 }
 
+// Without a cache, RemoteFiles::prefetch fetches exactly the ranges named and holds them until
+// a read of exactly that range takes each: the reads (from four threads) make no GET of their
+// own and get the bytes, a 503 among the fetches ahead is retried, a range read twice or never
+// named costs its own GET, and a RemoteFiles destroyed with ranges still held ends.
+TEST_F(ObjectStoreS3, RemoteFilesWithoutACacheFetchTheNamedRangesAhead) {
+  const std::string big = object_bytes(3 * 100000, 5);
+  direct()->put(url("remote/ranges.bin"), big);
+  const ProxyEnvironment aws(proxy_port_);
+  detail::RemoteFiles files("", 0);
+  const detail::RemoteObject object = files.resolve({url("remote/ranges.bin")}, ".bin")[0][0];
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  proxy_control(proxy_port_, "/__proxy/faults", R"(["503"])");
+  const std::size_t n = 12, length = 20000;
+  for (std::size_t i = 0; i < n; ++i) files.prefetch(object, i * length, length);
+  files.prefetch(object, 0, length);  // held already: nothing more
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(length);
+      for (std::size_t i = t; i < n; i += 4) {
+        files.read(object, i * length, buf.data(), length);
+        if (as_string(buf) != big.substr(i * length, length)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(files.counters().prefetched, n);
+  EXPECT_EQ(files.counters().retries, 1u);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<int>(n) + 1);  // one retried
+  EXPECT_EQ(files.ahead_bytes(), 0u);
+  std::vector<std::byte> again(length);
+  files.read(object, 0, again.data(), length);  // taken already: a GET of its own
+  files.read(object, 5, again.data(), length);  // never named: a GET of its own
+  EXPECT_EQ(as_string(again), big.substr(5, length));
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<int>(n) + 3);
+  files.prefetch(object, 7, 1000);  // held when `files` goes
+  EXPECT_GT(files.ahead_bytes(), 0u);
+}
+
 // A listing kept for a job: the first RemoteFiles lists, a second one (another rank of the
 // job) reads the file and makes no LIST; another job lists for itself; without a job nothing
 // is shared. The objects resolved are the same each way.

@@ -349,8 +349,8 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
                        std::size_t n) {
   if (n == 0) return;
   check_range(object, offset, n);
-  if (!cache_) {  // the read's own range, one GET
-    read_uncached(object, offset, dst, n);
+  if (!cache_) {  // the range fetched ahead, or the read's own range: one GET
+    if (!take_range(object, offset, dst, n)) read_uncached(object, offset, dst, n);
     return;
   }
   const std::uint64_t end = offset + n;
@@ -433,7 +433,11 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
 }
 
 void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
-  if (!cache_ || n == 0 || offset >= object.size) return;
+  if (n == 0 || offset >= object.size) return;
+  if (!cache_) {
+    prefetch_range(object, offset, n);
+    return;
+  }
   const std::uint64_t end = std::min<std::uint64_t>(offset + n, object.size);
   for (std::uint64_t c = offset / kRemoteChunkBytes * kRemoteChunkBytes; c < end;
        c += kRemoteChunkBytes) {
@@ -465,6 +469,63 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std
     ++prefetched_;
     ++chunk_fetches_;
   }
+}
+
+void RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
+  if (n > object.size - offset) return;  // the read reports it
+  std::string key = io::DiskCache::key(object.url, offset, n, object.etag);
+  MutexLock lock(mu_);
+  if (stopping_ || ranges_.contains(key)) return;
+  // Past the cap, the oldest ranges nobody took are dropped, once their GETs have ended (the
+  // transfer writes into the buffer until then).
+  while (ahead_bytes_ + n > kAheadBytes && !ranges_order_.empty()) {
+    auto it = ranges_.find(ranges_order_.front());
+    if (it != ranges_.end()) {
+      if (it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+      ahead_bytes_ -= it->second.length;
+      ranges_.erase(it);
+    }
+    ranges_order_.pop_front();
+  }
+  if (ahead_bytes_ + n > kAheadBytes) return;
+  Ahead range;
+  range.data = std::make_shared_for_overwrite<std::byte[]>(n);
+  range.length = n;
+  range.started = std::chrono::steady_clock::now();
+  try {
+    range.done = store_
+                     ->submit_read(object.url, offset, n, range.data.get(),
+                                   io::ObjectStore::Priority::kAhead,
+                                   [this, started = range.started] {
+                                     fetch_ns_ += elapsed_ns(started);  // its GET, queue included
+                                   })
+                     .share();
+  } catch (const std::exception&) {
+    return;  // the store is closing: a hint, dropped
+  }
+  ahead_bytes_ += n;
+  ranges_order_.push_back(key);
+  ranges_.emplace(std::move(key), std::move(range));
+  ++prefetched_;
+  ++chunk_fetches_;
+}
+
+bool RemoteFiles::take_range(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
+                             std::size_t n) {
+  Ahead range;
+  {
+    MutexLock lock(mu_);
+    auto it = ranges_.find(io::DiskCache::key(object.url, offset, n, object.etag));
+    if (it == ranges_.end()) return false;
+    range = std::move(it->second);
+    ranges_.erase(it);  // its name stays in ranges_order_ until it comes to the front
+    ahead_bytes_ -= range.length;
+  }
+  const auto waiting = std::chrono::steady_clock::now();
+  range.done.get();  // fetched ahead: its error (after the retries) is this read's
+  wait_ns_ += elapsed_ns(waiting);
+  std::memcpy(dst, range.data.get(), n);
+  return true;
 }
 
 void RemoteFiles::start_finisher() {

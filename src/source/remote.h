@@ -134,7 +134,9 @@ class RemoteFiles {
   // (range GETs in parallel through the store's multi handle), and stored in the cache; a
   // read() of a chunk being fetched waits for that GET instead of making its own. At most
   // kAheadChunks chunks and kAheadBytes are fetched ahead at once: past that the hint is
-  // dropped (the read fetches its chunk itself). Never waits for I/O. Nothing without a cache.
+  // dropped (the read fetches its chunk itself). Never waits for I/O. Without a cache, exactly
+  // the range is fetched and held in memory until a read() of exactly that range takes it
+  // (the oldest dropped once kAheadBytes are held).
   void prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n);
 
   // The object as a whole local file, for readers that need one (Parquet through pyarrow):
@@ -171,6 +173,9 @@ class RemoteFiles {
   void store_later(const std::string& key, const std::shared_ptr<std::byte[]>& data,
                    std::size_t length);
   void start_finisher() STOKER_REQUIRES(mu_);
+  // Without a cache: prefetch() and read() of exact ranges (ranges_).
+  void prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n);
+  bool take_range(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
 
   // A chunk held in memory until it is in the cache: being fetched ahead of its readers, or
   // fetched by a read and not yet stored.
@@ -192,8 +197,12 @@ class RemoteFiles {
   std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);   // at most kAheadBytes
   std::deque<std::string> ahead_ended_ STOKER_GUARDED_BY(mu_);  // their GETs ended, oldest first
   std::uint64_t ahead_bytes_ STOKER_GUARDED_BY(mu_) = 0;
-  std::size_t stores_held_ STOKER_GUARDED_BY(mu_) = 0;  // store_later()'s, not yet stored
-  std::condition_variable stored_cv_;                   // stores_held_ went down
+  // Without a cache: exact ranges fetched ahead, by DiskCache::key, until a read takes each;
+  // their bytes count in ahead_bytes_.
+  std::map<std::string, Ahead> ranges_ STOKER_GUARDED_BY(mu_);
+  std::deque<std::string> ranges_order_ STOKER_GUARDED_BY(mu_);  // oldest first (some taken)
+  std::size_t stores_held_ STOKER_GUARDED_BY(mu_) = 0;           // store_later()'s, not yet stored
+  std::condition_variable stored_cv_;                            // stores_held_ went down
   bool stopping_ STOKER_GUARDED_BY(mu_) = false;
   std::condition_variable ahead_cv_;
   std::thread finisher_ STOKER_GUARDED_BY(mu_);  // started by the first chunk held
