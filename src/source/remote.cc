@@ -479,8 +479,8 @@ void RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offse
   // Past the cap, the oldest ranges nobody took are dropped, once their GETs have ended (the
   // transfer writes into the buffer until then).
   while (ahead_bytes_ + n > kAheadBytes && !ranges_order_.empty()) {
-    auto it = ranges_.find(ranges_order_.front());
-    if (it != ranges_.end()) {
+    const auto& [oldest, number] = ranges_order_.front();
+    if (auto it = ranges_.find(oldest); it != ranges_.end() && it->second.number == number) {
       if (it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
       ahead_bytes_ -= it->second.length;
       ranges_.erase(it);
@@ -492,6 +492,7 @@ void RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offse
   range.data = std::make_shared_for_overwrite<std::byte[]>(n);
   range.length = n;
   range.started = std::chrono::steady_clock::now();
+  range.number = ++ranges_made_;
   try {
     range.done = store_
                      ->submit_read(object.url, offset, n, range.data.get(),
@@ -504,7 +505,7 @@ void RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offse
     return;  // the store is closing: a hint, dropped
   }
   ahead_bytes_ += n;
-  ranges_order_.push_back(key);
+  ranges_order_.emplace_back(key, range.number);
   ranges_.emplace(std::move(key), std::move(range));
   ++prefetched_;
   ++chunk_fetches_;

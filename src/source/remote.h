@@ -185,6 +185,7 @@ class RemoteFiles {
     std::shared_future<void> done;
     std::chrono::steady_clock::time_point started;
     bool fetched_ahead = true;  // its fetch time is counted as it is stored
+    std::uint64_t number = 0;   // ranges_: which range fetched ahead (ranges_order_)
   };
 
   std::string cache_dir_;
@@ -200,9 +201,12 @@ class RemoteFiles {
   // Without a cache: exact ranges fetched ahead, by DiskCache::key, until a read takes each;
   // their bytes count in ahead_bytes_.
   std::map<std::string, Ahead> ranges_ STOKER_GUARDED_BY(mu_);
-  std::deque<std::string> ranges_order_ STOKER_GUARDED_BY(mu_);  // oldest first (some taken)
-  std::size_t stores_held_ STOKER_GUARDED_BY(mu_) = 0;           // store_later()'s, not yet stored
-  std::condition_variable stored_cv_;                            // stores_held_ went down
+  // Oldest first, by key and number: a range taken stays here until it comes to the front, and
+  // its key may be fetched ahead again meanwhile (a later number).
+  std::deque<std::pair<std::string, std::uint64_t>> ranges_order_ STOKER_GUARDED_BY(mu_);
+  std::uint64_t ranges_made_ STOKER_GUARDED_BY(mu_) = 0;
+  std::size_t stores_held_ STOKER_GUARDED_BY(mu_) = 0;  // store_later()'s, not yet stored
+  std::condition_variable stored_cv_;                   // stores_held_ went down
   bool stopping_ STOKER_GUARDED_BY(mu_) = false;
   std::condition_variable ahead_cv_;
   std::thread finisher_ STOKER_GUARDED_BY(mu_);  // started by the first chunk held
