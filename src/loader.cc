@@ -220,6 +220,7 @@ void Loader::check_memory() {
   others.device_slots = s.memory_device_slots;
   others.cache = s.memory_cache;
   others.workers = s.memory_workers;
+  others.reserve = memory_->growth_reserve(others.cache + others.workers);
   using detail::kHeldBatches;
   auto share = detail::divide_memory_cap(memory_->limit(), memory_->slab_budget(), slab, others,
                                          kHeldBatches);

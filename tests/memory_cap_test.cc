@@ -62,6 +62,30 @@ TEST(MemoryCap, NotEvenOneBatchInFlightIsDepthZero) {
   EXPECT_EQ(detail::least_memory_cap(8 * kMiB, others), 316 * kMiB);
 }
 
+TEST(MemoryCap, TheGrowthReserveIsKeptButNeverTakesTheLastBatch) {
+  MemoryUse others;
+  others.workers = 50 * kMiB;
+  others.reserve = 20 * kMiB;
+  // 200 MiB cap, 50 held and 20 kept: 130 MiB for slabs of 10 MiB, depth 12 (was 14).
+  EXPECT_EQ(divide_memory_cap(200 * kMiB, 0, 10 * kMiB, others).max_depth, 12u);
+  // 80 MiB cap: 30 MiB left holds one batch in flight beside the one held only without the
+  // reserve, which then is not kept.
+  EXPECT_EQ(divide_memory_cap(80 * kMiB, 0, 10 * kMiB, others).max_depth, 2u);
+  others.reserve = 0;
+  EXPECT_EQ(divide_memory_cap(80 * kMiB, 0, 10 * kMiB, others).max_depth, 2u);
+}
+
+TEST(MemoryCap, TheGrowthReserveIsTheLargestRiseOverTheLastSecondOfLooks) {
+  detail::MemoryGuard guard(0, 0);
+  EXPECT_EQ(guard.growth_reserve(300 * kMiB), 0u);  // the first look: a base, not a rise
+  EXPECT_EQ(guard.growth_reserve(310 * kMiB), 10 * kMiB);
+  EXPECT_EQ(guard.growth_reserve(314 * kMiB), 10 * kMiB);  // the largest rise is kept
+  EXPECT_EQ(guard.growth_reserve(200 * kMiB), 10 * kMiB);  // a fall is no rise
+  for (std::size_t i = 0; i + 3 < detail::kGrowthLooks; ++i) guard.growth_reserve(200 * kMiB);
+  EXPECT_EQ(guard.growth_reserve(200 * kMiB), 4 * kMiB);  // the 10 MiB rise has aged out
+  EXPECT_EQ(guard.growth_reserve(200 * kMiB), 0u);
+}
+
 TEST(MemoryCap, BeforeTheLayoutIsKnownNothingIsDivided) {
   const auto share = divide_memory_cap(100 * kMiB, 0, 0, MemoryUse{});
   EXPECT_EQ(share.slab_budget, 100 * kMiB);

@@ -119,6 +119,24 @@ TEST(WorkerKind, TheChooserMeasuresFromItsFirstBatch) {
   EXPECT_TRUE(contains(d->reason, "busy 95% of the time on 2 threads, 2 cores"));
 }
 
+TEST(WorkerKind, OneBatchOfSlowSamplesIsEnoughEvidence) {
+  // torchvision's ColorJitter pipeline: 64 samples a batch, 2 ms each on 2 threads, an epoch
+  // of 4 batches. The batch after the first (64 ms) decides, not the epoch's last.
+  WorkerKindChooser chooser(false);
+  EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 64, 2, 2));
+  Stats now = at(1, 0, 0, 0);
+  now.elapsed += std::chrono::milliseconds(64);
+  now.worker_lock_held = std::chrono::milliseconds(40);
+  now.worker_cpu = std::chrono::milliseconds(100);
+  const auto d = chooser.observe(now, 128, 2, 2);
+  ASSERT_TRUE(d);
+  EXPECT_TRUE(d->processes);
+  // The same batch in under kKindMinSeconds (cheap samples): more batches first.
+  WorkerKindChooser quick(false);
+  EXPECT_FALSE(quick.observe(at(1, 0, 0, 0), 64, 2, 2));
+  EXPECT_FALSE(quick.observe(at(1.01, 0.009, 0.009, 0), 128, 2, 2));
+}
+
 TEST(WorkerKind, BatchJobsDecideAfterKindMinBatchesOfWholeBatchesRead) {
   // A padding collate's batches: each read is a batch, so 3 of them are the evidence (not
   // kKindMinReads, 2 epochs of 8 batches, after which the switch cost the third).
@@ -177,8 +195,8 @@ TEST(WorkerKind, TheRemoteTunerDecidesEveryFewBatchesFromTheStretchSinceTheLast)
 TEST(StreamWorkers, InlineWhenTheLoopDoesNothingBetweenBatches) {
   // The cheap stream without a training step: 1.2 ms a batch read, 0.01 ms between batches.
   // One worker would only add its hand-over to the reading.
-  auto c =
-      choose_stream_workers({.read = 1.2e-3, .step = 1e-5, .pack = 0.1e-3, .unpack = 0.05e-3}, 2);
+  auto c = choose_stream_workers({.read = 1.2e-3, .step = 1e-5, .pack = 0.1e-3, .unpack = 0.05e-3},
+                                 2, false);
   EXPECT_EQ(c.workers, 0u);
   EXPECT_DOUBLE_EQ(c.inline_s, 1.21e-3);
   EXPECT_DOUBLE_EQ(c.worker_s, 1.3e-3);
@@ -188,14 +206,16 @@ TEST(StreamWorkers, InlineWhenTheLoopDoesNothingBetweenBatches) {
 
 TEST(StreamWorkers, OneWorkerProcessWhenReadingAndTheStepOverlap) {
   // A balanced loop: 2 ms read, 2 ms of training step; a hand-over of 0.1 ms each side.
-  auto c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 2);
+  auto c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 2,
+                                 false);
   EXPECT_EQ(c.workers, 1u);
   EXPECT_DOUBLE_EQ(c.inline_s, 4e-3);
   EXPECT_DOUBLE_EQ(c.worker_s, 2.1e-3);
   EXPECT_TRUE(contains(c.reason,
                        "auto: one worker process from the next epoch (read in-line, a batch took"));
   // One core: the worker would take the loop's.
-  c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 1);
+  c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 1,
+                            false);
   EXPECT_EQ(c.workers, 0u);
   EXPECT_TRUE(contains(c.reason, "fewer than 2 cores"));
 }
@@ -203,8 +223,8 @@ TEST(StreamWorkers, OneWorkerProcessWhenReadingAndTheStepOverlap) {
 TEST(StreamWorkers, InlineWhenAHandOverCostsMoreThanTheRead) {
   // Batches cheap to read but big to hand over: the loop's half of the hand-over exceeds the
   // read it saves.
-  auto c =
-      choose_stream_workers({.read = 0.2e-3, .step = 3e-3, .pack = 0.5e-3, .unpack = 0.3e-3}, 2);
+  auto c = choose_stream_workers({.read = 0.2e-3, .step = 3e-3, .pack = 0.5e-3, .unpack = 0.3e-3},
+                                 2, false);
   EXPECT_EQ(c.workers, 0u);
   EXPECT_TRUE(contains(c.reason, "a batch costs less to read than to take over"));
 }
@@ -212,15 +232,47 @@ TEST(StreamWorkers, InlineWhenAHandOverCostsMoreThanTheRead) {
 TEST(StreamWorkers, TheGainMustExceedTheModelsMargin) {
   // Overlap saves a little, less than kStreamGain of the in-line time.
   const StreamCosts small{.read = 1e-3, .step = 0.2e-3, .pack = 0.1e-3, .unpack = 0.1e-3};
-  auto c = choose_stream_workers(small, 2);
+  auto c = choose_stream_workers(small, 2, false);
   EXPECT_LT(c.worker_s, c.inline_s);
   EXPECT_GT(c.worker_s, (1 - kStreamGain) * c.inline_s);
   EXPECT_EQ(c.workers, 0u);
   EXPECT_TRUE(contains(c.reason, "the overlap would save under 10% of the time"));
   // On 2 cores the sum bounds it: both sides busy and a hand-over on top.
-  c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 1e-3, .unpack = 1e-3}, 2);
+  c = choose_stream_workers({.read = 2e-3, .step = 2e-3, .pack = 1e-3, .unpack = 1e-3}, 2, false);
   EXPECT_DOUBLE_EQ(c.worker_s, 3e-3);
   EXPECT_EQ(c.workers, 1u);
+}
+
+TEST(StreamWorkers, AStreamThatShardsItselfGetsWorkersToShareTheRead) {
+  // The matrix's stream on 2 cores: 4 ms a batch read, the loop idle between batches. One
+  // worker only moves the read; two halve it, and the stream takes its share of each.
+  const StreamCosts stream{.read = 4e-3, .step = 0.1e-3, .pack = 0.03e-3, .unpack = 0.02e-3};
+  auto c = choose_stream_workers(stream, 2, true);
+  EXPECT_EQ(c.workers, 2u);
+  EXPECT_DOUBLE_EQ(c.worker_s, stream_batch_seconds(stream, 2, 2));
+  EXPECT_NEAR(c.worker_s, 2.075e-3, 1e-12);  // the cores bound it: (4.03 + 0.12) / 2
+  EXPECT_TRUE(contains(c.reason, "auto: 2 worker processes from the next epoch"));
+  EXPECT_TRUE(contains(c.reason, "it asked get_worker_info(), so it takes its worker's share"));
+  // Not sharded: each worker would read all of it, so one at most, which saves nothing.
+  c = choose_stream_workers(stream, 2, false);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_TRUE(contains(c.reason, "it never asked get_worker_info()"));
+  // On 8 cores the read is spread until the loop's own side bounds it (0.12 ms): the fewest
+  // workers within kStreamGain of the best.
+  c = choose_stream_workers(stream, 8, true);
+  EXPECT_EQ(c.workers, 8u);
+  const StreamCosts stepped{.read = 4e-3, .step = 1.5e-3, .pack = 0.03e-3, .unpack = 0.02e-3};
+  c = choose_stream_workers(stepped, 8, true);
+  EXPECT_EQ(c.workers, 3u);  // from 3 on the loop's own 1.52 ms bounds it; 2 make 2.015 ms
+  EXPECT_LE(stream_batch_seconds(stepped, 3, 8), (1 + kStreamGain) * 1.52e-3);
+  EXPECT_GT(stream_batch_seconds(stepped, 2, 8), (1 + kStreamGain) * 1.52e-3);
+}
+
+TEST(StreamWorkers, OneCoreStaysInLineEvenForAShardedStream) {
+  auto c = choose_stream_workers({.read = 4e-3, .step = 4e-3, .pack = 0.1e-3, .unpack = 0.1e-3}, 1,
+                                 true);
+  EXPECT_EQ(c.workers, 0u);
+  EXPECT_TRUE(contains(c.reason, "fewer than 2 cores"));
 }
 
 }  // namespace

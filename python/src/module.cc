@@ -355,12 +355,13 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("threads"), py::arg("cores"), "worker_type='auto': (processes, the reason).");
   m.def(
       "choose_stream_workers",
-      [](double read, double step, double pack, double unpack, std::size_t cores) {
+      [](double read, double step, double pack, double unpack, std::size_t cores, bool shards) {
         const auto c = detail::choose_stream_workers(
-            {.read = read, .step = step, .pack = pack, .unpack = unpack}, cores);
+            {.read = read, .step = step, .pack = pack, .unpack = unpack}, cores, shards);
         return py::make_tuple(c.workers, c.reason);
       },
       py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("cores"),
+      py::arg("shards"),
       "A stream on auto, from epoch 1 read in-line: (workers from epoch 2, the reason).");
   m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
   m.def("next_remote_workers", &detail::next_remote_workers, py::arg("active"), py::arg("count"),
@@ -429,6 +430,8 @@ PYBIND11_MODULE(_stoker, m) {
           },
           py::arg("epoch"), py::arg("order"),
           "A later epoch's order given before it opens (Loader::order_ahead); False if late.")
+      .def("thread_reads", &PyLoader::thread_reads,
+           "Samples (or batch jobs) read on this process's threads so far.")
       .def("batches_in", &PyLoader::batches_in, py::arg("epoch"))
       .def("position", &PyLoader::position)
       .def("set_order",

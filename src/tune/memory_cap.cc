@@ -11,17 +11,12 @@ namespace {
 
 std::string mib(std::size_t bytes) { return format("%.1f MiB", bytes / 1048576.0); }
 
-}  // namespace
-
-MemoryShare divide_memory_cap(std::size_t cap, std::size_t slab_budget, std::size_t slab_bytes,
-                              const MemoryUse& others, std::size_t held) {
+// divide_memory_cap with `taken` bytes of the cap held (or kept) by the others.
+MemoryShare divide(std::size_t cap, std::size_t slab_budget, std::size_t slab_bytes,
+                   std::size_t taken, std::size_t held) {
   constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
   held = std::max<std::size_t>(held, 1);
-  std::size_t from_cap = kNone;
-  if (cap != 0) {
-    const std::size_t taken = others.device_slots + others.cache + others.workers;
-    from_cap = cap > taken ? cap - taken : 0;
-  }
+  const std::size_t from_cap = cap == 0 ? kNone : cap > taken ? cap - taken : 0;
   MemoryShare share;
   share.slab_budget = std::min(from_cap, slab_budget != 0 ? slab_budget : kNone);
   if (slab_bytes == 0) {
@@ -42,6 +37,17 @@ MemoryShare divide_memory_cap(std::size_t cap, std::size_t slab_budget, std::siz
   share.max_depth = depth;
   share.depth_budget = depth == kNone ? kNone : (std::max<std::size_t>(depth, 1) + 1) * slab_bytes;
   return share;
+}
+
+}  // namespace
+
+MemoryShare divide_memory_cap(std::size_t cap, std::size_t slab_budget, std::size_t slab_bytes,
+                              const MemoryUse& others, std::size_t held) {
+  const std::size_t taken = others.device_slots + others.cache + others.workers;
+  const MemoryShare kept = divide(cap, slab_budget, slab_bytes, taken + others.reserve, held);
+  return kept.max_depth != 0 || others.reserve == 0
+             ? kept
+             : divide(cap, slab_budget, slab_bytes, taken, held);
 }
 
 std::size_t least_memory_cap(std::size_t slab_bytes, const MemoryUse& others, std::size_t held) {

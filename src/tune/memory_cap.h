@@ -3,9 +3,12 @@
 // applies them (src/loader.cc).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -17,6 +20,9 @@ struct MemoryUse {
   std::size_t device_slots = 0;  // batches on the device (device_depth slots)
   std::size_t cache = 0;         // the data set's RAM cache (Dataset::resident_bytes)
   std::size_t workers = 0;       // worker processes' own memory (their Pss_Anon)
+  // Not held: room kept below the cap for what the cache and the worker processes grow by
+  // before the slabs in flight give theirs back (MemoryGuard::growth_reserve).
+  std::size_t reserve = 0;
   std::size_t total() const { return slabs + device_slots + cache + workers; }
 };
 
@@ -43,7 +49,8 @@ struct MemoryShare {
 inline constexpr std::size_t kHeldBatches = 2;
 
 // `cap` 0 is no cap (the slabs get `slab_budget`, or everything when it is 0 too).
-// `slab_bytes` 0 (layout not known yet): max_depth is SIZE_MAX.
+// `slab_bytes` 0 (layout not known yet): max_depth is SIZE_MAX. The reserve is kept only as
+// far as it leaves one batch in flight: it guards against growth, it is not held.
 MemoryShare divide_memory_cap(std::size_t cap, std::size_t slab_budget, std::size_t slab_bytes,
                               const MemoryUse& others, std::size_t held = 1);
 
@@ -65,7 +72,12 @@ std::size_t default_memory_limit(std::size_t available);
 // not within milliseconds.
 inline constexpr std::chrono::milliseconds kMemoryCheckPeriod{50};
 
-// The loader's side of the cap: the limit, the peak seen, when to look next.
+// The rises of the cache and the worker processes over this many looks (a second) make the
+// growth reserve.
+inline constexpr std::size_t kGrowthLooks = 20;
+
+// The loader's side of the cap: the limit, the peak seen, when to look next, the growth
+// reserve.
 // Thread safety: due() and saw() on the consumer's thread (or under the caller's lock);
 // peak() from any thread.
 class MemoryGuard {
@@ -86,6 +98,19 @@ class MemoryGuard {
   std::size_t peak() const { return peak_.load(std::memory_order_relaxed); }
   // True the first time the rest outgrows the cap (the loader says it once).
   bool first_overrun() { return !std::exchange(overrun_, true); }
+  // Given what the cache and the worker processes hold at this look (`rest`), the room to
+  // keep for their growth: the largest rise between two looks over the last kGrowthLooks.
+  // When the rest grows the depth is lowered, but the slabs in flight above the new depth
+  // are freed only as the training loop takes and returns their batches (a bursty loop may
+  // pause with them ready): for that while the rest and the old slabs are both held. The
+  // first look sets the base (a worker's start is not growth to keep room for).
+  std::size_t growth_reserve(std::size_t rest) {
+    if (looks_++ != 0) rises_[looks_ % kGrowthLooks] = rest > rest_ ? rest - rest_ : 0;
+    rest_ = rest;
+    std::size_t most = 0;
+    for (const std::size_t r : rises_) most = std::max(most, r);
+    return most;
+  }
 
  private:
   const std::size_t limit_;
@@ -93,6 +118,9 @@ class MemoryGuard {
   std::atomic<std::size_t> peak_{0};
   std::chrono::steady_clock::time_point next_due_{};
   bool overrun_ = false;
+  std::size_t rest_ = 0;
+  std::uint64_t looks_ = 0;
+  std::array<std::size_t, kGrowthLooks> rises_{};
 };
 
 }  // namespace stoker::detail

@@ -32,30 +32,51 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
   return {.processes = false, .reason = "auto: " + measured + ": " + why + ", so threads"};
 }
 
-StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores) {
-  StreamChoice out;
-  out.inline_s = c.read + c.step;
+double stream_batch_seconds(const StreamCosts& c, std::size_t workers, std::size_t cores) {
   const double worker = c.read + c.pack;
   const double loop = c.step + c.unpack;
-  out.worker_s = std::max(
-      {worker, loop, (worker + loop) / static_cast<double>(std::max<std::size_t>(cores, 1))});
+  return std::max({worker / static_cast<double>(std::max<std::size_t>(workers, 1)), loop,
+                   (worker + loop) / static_cast<double>(std::max<std::size_t>(cores, 1))});
+}
+
+StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool shards) {
+  StreamChoice out;
+  out.inline_s = c.read + c.step;
+  // The fewest workers within kStreamGain of the best count: a process more for a few per
+  // cent is a core taken from everything else on the node.
+  const std::size_t most = shards ? std::max<std::size_t>(cores, 1) : 1;
+  double best = stream_batch_seconds(c, 1, cores);
+  for (std::size_t w = 2; w <= most; ++w) best = std::min(best, stream_batch_seconds(c, w, cores));
+  std::size_t workers = 1;
+  while (stream_batch_seconds(c, workers, cores) > (1 + kStreamGain) * best) ++workers;
+  out.worker_s = stream_batch_seconds(c, workers, cores);
+  const std::string sharding =
+      shards ? format(
+                   "; it asked get_worker_info(), so it takes its worker's share: up to %zu "
+                   "workers",
+                   most)
+             : "; it never asked get_worker_info(), so each worker would read all of it: one "
+               "worker at most";
   const std::string measured = format(
       "read in-line, a batch took %.3f ms to read and the training loop spent %.3f ms "
       "between batches; a hand-over costs the worker %.3f ms and the loop %.3f ms, so %.3f ms "
-      "a batch in-line against %.3f ms with one worker process",
+      "a batch in-line against %.3f ms with %zu worker process%s%s",
       1e3 * c.read, 1e3 * c.step, 1e3 * c.pack, 1e3 * c.unpack, 1e3 * out.inline_s,
-      1e3 * out.worker_s);
+      1e3 * out.worker_s, workers, workers == 1 ? "" : "es", sharding.c_str());
   if (cores < 2) {
     out.reason = "auto: in-line (fewer than 2 cores: a worker process would take the loop's)";
     return out;
   }
   if (out.worker_s <= (1 - kStreamGain) * out.inline_s) {
-    out.workers = 1;
-    out.reason = "auto: one worker process from the next epoch (" + measured + ")";
+    out.workers = workers;
+    out.reason =
+        workers == 1
+            ? "auto: one worker process from the next epoch (" + measured + ")"
+            : format("auto: %zu worker processes from the next epoch (", workers) + measured + ")";
   } else {
     const std::string why =
-        c.step <= c.pack ? "the loop's own time between batches is below a hand-over's, so "
-                           "nothing overlaps"
+        c.step <= c.pack && workers == 1
+            ? "the loop's own time between batches is below a hand-over's, so nothing overlaps"
         : c.read <= c.unpack
             ? "a batch costs less to read than to take over"
             : format("the overlap would save under %.0f%% of the time", 100 * kStreamGain);
@@ -86,8 +107,10 @@ std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::ui
   // A batch job's read is a whole batch: kKindMinBatches of them are the evidence (16 would
   // be 2 epochs of a small data set, and the switch would cost the third).
   const std::uint64_t min_reads = whole_batches_ ? kKindMinBatches : kKindMinReads;
-  if (batches_ < kKindMinBatches || reads - first_reads_ < min_reads) return std::nullopt;
   const double wall = std::max(to_seconds(stats.elapsed - first_->elapsed), 1e-9);
+  if ((batches_ < kKindMinBatches && wall < kKindMinSeconds) || reads - first_reads_ < min_reads) {
+    return std::nullopt;
+  }
   const double busy = to_seconds(stats.worker_lock_held - first_->worker_lock_held) / wall;
   return choose_worker_kind(busy, to_seconds(stats.worker_cpu - first_->worker_cpu),
                             to_seconds(stats.worker_run_delay - first_->worker_run_delay),

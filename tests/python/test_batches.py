@@ -192,40 +192,81 @@ def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
     second.close()
 
 
-@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_path, workers):
     # The choice itself is choose_stream_workers' (tests/worker_kind_test.cc); here it is
-    # forced, and each epoch must still read the whole stream once, in order.
+    # forced, and each epoch must still read the whole stream once, in order (with 2 workers
+    # taking turns, torch's order: the stream takes its share by get_worker_info()).
     from stoker.loader import stream_pipeline
 
     asked = []
 
-    def choose(read, step, pack, unpack, cores):
-        asked.append((read, step, pack, unpack, cores))
+    def choose(read, step, pack, unpack, cores, shards):
+        asked.append((read, step, pack, unpack, cores, shards))
         return workers, f"auto: chose {workers} (forced)"
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers", choose)
     loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
     loader.trace(str(tmp_path / "trace.json"))
     assert (loader.num_workers, loader.stats()["worker_type_reason"]) == (
-        0, "auto: epoch 1 read in-line and measured, to choose in-line or one process")
+        0, "auto: epoch 1 read in-line and measured, to choose in-line or processes")
     whole = list(range(40))
+    # Two workers: worker 0's batches [0, 2], [4, 6], ... in turn with worker 1's [1, 3], ...
+    turns = [x for b in range(0, 40, 4) for x in (b, b + 2, b + 1, b + 3)]
     for epoch in range(3):
-        assert [x for b in loader for x in b[:, 0].tolist()] == whole
+        assert [x for b in loader for x in b[:, 0].tolist()] == (
+            turns if epoch and workers == 2 else whole)
         assert loader.num_workers == (0 if epoch == 0 else workers)
         assert len(loader.stats()["worker_pids"]) == (0 if epoch == 0 else workers)
     # Decided once, at epoch 2's start, on times measured over epoch 1's batches after its
-    # first: read, step and the hand-over's two sides, none negative.
+    # first: read, step and the hand-over's two sides, none negative; Counting asks
+    # get_worker_info() as it begins (it takes its worker's share).
     assert len(asked) == 1 and min(asked[0][:4]) >= 0 and asked[0][4] >= 1
+    assert asked[0][5] is True
     assert loader.stats()["worker_type_reason"] == f"auto: chose {workers} (forced)"
     report = loader.report()
-    assert report["readers"] == ("1 process worker(s)" if workers else "read in-line")
+    assert report["readers"] == (f"{workers} process worker(s)" if workers else "read in-line")
     assert str(report).endswith(f"{report['readers']}: auto: chose {workers} (forced)")
     loader.close()  # writes the trace: the decision is on it
     import json
 
     names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
     assert f"workers: auto: chose {workers} (forced)" in names
+
+
+class _NeverAsks(torch.utils.data.IterableDataset):
+    """A stream that does not take a worker's share: every worker would read all of it."""
+
+    def __iter__(self):
+        return iter(np.full(2, i, dtype=np.int64) for i in range(40))
+
+
+class _AsksInIter(torch.utils.data.IterableDataset):
+    """A stream whose __iter__ (not a generator) asks get_worker_info() before it returns."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        return iter(np.full(2, i, dtype=np.int64) for i in range(w, 40, k))
+
+
+@pytest.mark.parametrize("dataset, shards", [(_NeverAsks(), False), (_AsksInIter(), True),
+                                             (wd.Counting(40), True)])
+def test_a_stream_on_auto_is_told_whether_it_asked_get_worker_info(monkeypatch, dataset,
+                                                                   shards):
+    # Asked in __iter__ or in a generator's first step, not by torch's default_collate (which
+    # asks get_worker_info() for every batch); in-line the stream still gets None.
+    from stoker.loader import stream_pipeline
+
+    asked = []
+    monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
+                        lambda *a: asked.append(a[5]) or (0, "auto: in-line (forced)"))
+    loader = stoker.DataLoader(dataset, batch_size=2)
+    assert [x for b in loader for x in b[:, 0].tolist()] == list(range(40))
+    list(loader)
+    assert asked == [shards]
+    assert torch.utils.data.get_worker_info() is None
+    loader.close()
 
 
 def test_a_short_stream_on_auto_measures_over_epochs_until_enough_batches(monkeypatch):

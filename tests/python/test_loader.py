@@ -517,3 +517,54 @@ def test_options_are_checked_by_name():
         stoker.DataLoader(ds, on_error="ignore")
     with pytest.raises(ValueError, match="pin_memory must be 'auto', 'on' or 'off', not 'x'"):
         stoker.DataLoader(ds, pin_memory="x")
+
+
+class _OrderAheadLog:
+    """The loader's side of TorchOrderFeed: the orders given ahead, each taken."""
+
+    def __init__(self):
+        self.ahead = []
+
+    def order_ahead(self, epoch, order):
+        self.ahead.append((epoch, list(order)))
+        return True
+
+    def resume(self, epoch, order, batch):
+        pass
+
+
+def test_the_next_epochs_order_is_drawn_ahead_again_only_after_reads_moved_the_generator():
+    # worker_type='auto' moving reads whose transforms draw from torch's default generator off
+    # this process's threads: the next epoch's order, drawn ahead at this one's start, is
+    # stale; drawn again, iter() takes it (its first batches read ahead are kept), and it is
+    # the order iter() would have drawn then.
+    from stoker.loader.seeding import TorchOrderFeed, TorchRandomOrder, WorkerSetup
+
+    torch.manual_seed(7)
+    setup = WorkerSetup(None, None, persistent=True)
+    feed = TorchOrderFeed(TorchRandomOrder(range(50), None), setup)
+    log = _OrderAheadLog()
+    setup.begin_epoch()
+    feed.start(log, 0, 0, feed.take(0, 0, None), None)
+    assert [e for e, _ in log.ahead] == [1]
+    feed.redraw_ahead(log)  # nothing drew since: nothing to draw again
+    assert len(log.ahead) == 1
+    torch.rand(3)  # a read on a thread, its random crop
+    feed.redraw_ahead(log)
+    assert [e for e, _ in log.ahead] == [1, 1]
+    state = torch.get_rng_state()
+    expected, _ = TorchRandomOrder(range(50), None).draw()  # iter()'s draw from here
+    torch.set_rng_state(state)
+    assert feed.take(1, 0, None)  # taken: the generator moved as iter()'s draw moves it
+    assert log.ahead[1][1] == list(expected)
+    assert torch.equal(torch.get_rng_state(), _after_draw(state))
+
+
+def _after_draw(state):
+    torch.set_rng_state(state)
+    from stoker.loader.seeding import TorchRandomOrder
+
+    TorchRandomOrder(range(50), None).draw()
+    after = torch.get_rng_state()
+    torch.set_rng_state(state)
+    return after

@@ -20,11 +20,14 @@
 namespace stoker::detail {
 
 // worker_type='auto' measures reads from the first batch handed out (the start-up is left
-// out) over at least this many more batches and samples (batch jobs: reads of whole batches,
-// kKindMinBatches of them): long enough for the threads to meet at the GIL, short next to an
-// epoch.
+// out) over at least this many more batches, or one more batch if it took kKindMinSeconds,
+// and this many samples (batch jobs: reads of whole batches, kKindMinBatches of them): long
+// enough for the threads to meet at the GIL, short next to an epoch, and early in it, so that
+// the worker processes start, and pay their start-up, in the epoch that decided (a data set of
+// 4 batches of slow samples decided at its last batch, and the next epoch paid the start).
 inline constexpr std::size_t kKindMinBatches = 3;
 inline constexpr std::size_t kKindMinReads = 16;
+inline constexpr double kKindMinSeconds = 0.05;
 
 // The reads keep the GIL busy (CPU time of the worker threads while they hold it, over wall
 // time) for at least this share of the time: GIL-bound, so processes. Pure-Python
@@ -67,8 +70,8 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
 // worker_type='auto' while the first batches are read on threads: fed the loader's Stats
 // after each batch handed out, with the samples read on threads so far (`reads`), it measures
 // from the first call on (the start-up is left out) and decides once, when it has seen
-// kKindMinBatches more batches and kKindMinReads more reads. The GIL's busy share is
-// Stats::worker_lock_held over Stats::elapsed, both over that stretch.
+// kKindMinBatches more batches (or one over kKindMinSeconds) and kKindMinReads more reads. The
+// GIL's busy share is Stats::worker_lock_held over Stats::elapsed, both over that stretch.
 class WorkerKindChooser {
  public:
   explicit WorkerKindChooser(bool whole_batches) : whole_batches_(whole_batches) {}
@@ -83,18 +86,20 @@ class WorkerKindChooser {
   std::uint64_t first_reads_ = 0;
 };
 
-// A stream (an iterable data set) on num_workers='auto' and worker_type='auto' has one worker
-// at most (every worker iterates its own copy, so a stream that does not shard itself by
-// get_worker_info() would be read once per worker): the training loop reads it in-line, or
-// one worker process reads it beside the loop. Epoch 1 runs in-line and is measured, per
-// batch: `read`, the loop's time making a batch; `step`, its time between batches (the
-// training step: the consumer's own CPU counts); `pack` and `unpack`, a hand-over of one of
-// those batches timed on its own code (the worker writes it into a shared-memory arena, the
-// loop maps it: stoker/workers/arena.py). In-line a batch costs read + step; with the worker
-// the two overlap, each side paying its half of the hand-over, and the cores bound the sum:
-// max(read + pack, step + unpack, (read + pack + step + unpack) / cores). The worker is
-// chosen only when that saves at least kStreamGain of the in-line time: the model leaves out
-// the reply's trip over the worker's socket and the producer thread's wake-ups (a few tens of
+// A stream (an iterable data set) on num_workers='auto' and worker_type='auto': every worker
+// iterates its own copy, so a stream that does not shard itself by get_worker_info() would be
+// read once per worker. Epoch 1 runs in-line and is measured, per batch: `read`, the loop's
+// time making a batch; `step`, its time between batches (the training step: the consumer's
+// own CPU counts); `pack` and `unpack`, a hand-over of one of those batches timed on its own
+// code (the worker writes it into a shared-memory arena, the loop maps it:
+// stoker/workers/arena.py); and whether the stream asked get_worker_info() as it began (torch's
+// documented way for a stream to take its worker's share), which allows `max_workers` (the
+// cores) workers, else one at most. In-line a batch costs read + step; with w workers each
+// makes every w-th batch, the loop and the workers overlap, each side paying its half of the
+// hand-over, and the cores bound the sum: max((read + pack) / w, step + unpack, (read + pack +
+// step + unpack) / cores). The fewest workers within kStreamGain of the best count are taken,
+// and only when they save at least kStreamGain of the in-line time: the model leaves out the
+// reply's trip over the worker's socket and the producer threads' wake-ups (a few tens of
 // microseconds a batch), and a saving below it is not worth a process.
 inline constexpr double kStreamGain = 0.1;
 // Measured over at least this many batches of epoch 1 after its first (the start-up).
@@ -108,13 +113,16 @@ struct StreamCosts {
 };
 
 struct StreamChoice {
-  std::size_t workers = 0;  // 0: in-line, 1: one worker process
-  double inline_s = 0;      // the model's seconds per batch, each way
-  double worker_s = 0;
-  std::string reason;  // "auto: in-line (a batch costs less to read than to take over; ...)"
+  std::size_t workers = 0;  // 0: in-line, else that many worker processes
+  double inline_s = 0;      // the model's seconds per batch, in-line and with `workers`
+  double worker_s = 0;      // (with one worker when in-line is chosen)
+  std::string reason;       // "auto: in-line (a batch costs less to read than to take over; ...)"
 };
-// The setting for epoch 2 on, `cores` the cores of this rank's share.
-StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores);
+// The model's seconds per batch with `workers` worker processes (>= 1) on `cores` cores.
+double stream_batch_seconds(const StreamCosts& costs, std::size_t workers, std::size_t cores);
+// The setting for epoch 2 on, `cores` the cores of this rank's share; `shards`: the stream
+// asked get_worker_info() (so up to `cores` workers, else 1).
+StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores, bool shards);
 
 // num_workers='auto' with remote=: remote workers are asked for one at a time while the
 // training loop waits more than kRemoteGrowWait of its time and the local workers are

@@ -79,6 +79,39 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
             "consumed": [list(r) for r in consumed]}
 
 
+def merged_for(state: dict, plan, samples: Optional[int], own_order: bool) -> dict:
+    """A map-style loader's state from another topology (ranks, batch size), merged or of one
+    rank, checked against this loader's `plan` (of a data set of `samples`; `own_order`:
+    stoker's own order, which alone can be split over other ranks): the merged state."""
+    if not own_order:
+        raise ValueError(
+            "stoker: this loader resumes only on the topology its state was saved on: "
+            "its order is not stoker's own (a custom sampler, torch's samplers followed as "
+            "torch draws them, e.g. shuffle=True without seed=, or batch jobs), so the "
+            "rest of the epoch cannot be split over other ranks; stoker.DistributedSampler "
+            "or seed= gives stoker's order")
+    if not state.get("merged"):
+        if state["world_size"] != 1:
+            raise ValueError(
+                f"stoker: the state was saved on rank {state['rank']} of "
+                f"{state['world_size']} with batch size {state['batch_size']}; this loader "
+                f"is rank {plan.rank} of {plan.world_size} with batch size "
+                f"{plan.batch_size}. Resume on another topology from every rank's state "
+                f"merged: stoker.merge_states(states), or loader.global_state_dict() "
+                f"when saving")
+        state = merge_states([state])
+    if state["samples"] != samples:
+        raise ValueError(f"stoker: the state is of a data set of {state['samples']} "
+                         f"samples, this loader's has {samples}")
+    if bool(state["shuffle"]) != plan.engine_shuffle or (
+            plan.engine_shuffle and int(state["seed"]) != plan.engine_seed):
+        raise ValueError(
+            f"stoker: the state was saved with shuffle={state['shuffle']} and seed "
+            f"{state['seed']}; this loader has shuffle={plan.engine_shuffle} and seed "
+            f"{plan.engine_seed}: pass the same shuffle and seed= to resume")
+    return state
+
+
 def _ranks(states: list, what: str) -> dict:
     """The states by rank, every rank of the checkpoint there once."""
     world = states[0]["world_size"]

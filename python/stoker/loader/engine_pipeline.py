@@ -26,6 +26,11 @@ from .seeding import TorchOrderFeed, TorchRandomOrder, WorkerSetup, peek_seed
 
 _log = logging.getLogger("stoker")
 
+# How long the training loop waits for worker processes to warm up when worker_type='auto'
+# moves batch jobs to them: a warm-up takes 40-220 ms on 2 cores (measured); past this the
+# threads go on reading while it ends (a data set whose first batch in a process is slow).
+_WARM_WAIT_S = 2.0
+
 
 class EnginePipeline(Pipeline):
     """`index`: torch's public attributes the batches of a batch job's epoch follow (dataset,
@@ -43,6 +48,9 @@ class EnginePipeline(Pipeline):
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
         self._warming: Optional[Warming] = None  # _start_processes(warm=True)
+        # After auto's move to processes: the reads ended on threads at the last batch, until
+        # none end between two batches (_after_threads_end).
+        self._threads_ending: Optional[int] = None
         self._thread_count = [0]
         if plan.native:
             self._handle = plan.dataset._handle
@@ -193,6 +201,8 @@ class EnginePipeline(Pipeline):
             return EPOCH_END
         if self._choice is not None:
             self._choose_worker_type()
+        elif self._threads_ending is not None:
+            self._after_threads_end()
         if self._remote_tuning is not None and self._remote_tuning.due():
             self._tune_remote()
         if self._build is None:
@@ -270,33 +280,7 @@ class EnginePipeline(Pipeline):
 
     def _load_elsewhere(self, state: dict) -> tuple[int, int]:
         """A state from another topology (ranks, batch size), merged or of one rank."""
-        plan = self.plan
-        if not self._elastic:
-            raise ValueError(
-                "stoker: this loader resumes only on the topology its state was saved on: "
-                "its order is not stoker's own (a custom sampler, torch's samplers followed as "
-                "torch draws them, e.g. shuffle=True without seed=, or batch jobs), so the "
-                "rest of the epoch cannot be split over other ranks; stoker.DistributedSampler "
-                "or seed= gives stoker's order")
-        if not state.get("merged"):
-            if state["world_size"] != 1:
-                raise ValueError(
-                    f"stoker: the state was saved on rank {state['rank']} of "
-                    f"{state['world_size']} with batch size {state['batch_size']}; this loader "
-                    f"is rank {plan.rank} of {plan.world_size} with batch size "
-                    f"{plan.batch_size}. Resume on another topology from every rank's state "
-                    f"merged: stoker.merge_states(states), or loader.global_state_dict() "
-                    f"when saving")
-            state = elastic.merge_states([state])
-        if state["samples"] != self._samples:
-            raise ValueError(f"stoker: the state is of a data set of {state['samples']} "
-                             f"samples, this loader's has {self._samples}")
-        if bool(state["shuffle"]) != plan.engine_shuffle or (
-                plan.engine_shuffle and int(state["seed"]) != plan.engine_seed):
-            raise ValueError(
-                f"stoker: the state was saved with shuffle={state['shuffle']} and seed "
-                f"{state['seed']}; this loader has shuffle={plan.engine_shuffle} and seed "
-                f"{plan.engine_seed}: pass the same shuffle and seed= to resume")
+        state = elastic.merged_for(state, self.plan, self._samples, self._elastic)
         epoch = int(state["epoch"])
         self._pending = None
         if state["consumed"]:
@@ -386,7 +370,8 @@ class EnginePipeline(Pipeline):
 
     def _start_processes(self, warn: bool = True, warm: bool = False) -> None:
         """Starts the worker processes and sends reads to them from now on; `warm` (batch
-        jobs): once each has made one batch, the threads reading until then."""
+        jobs): once each has made one batch, which the training loop waits for (up to
+        _WARM_WAIT_S, the threads reading after that until the warm-up ends)."""
         if warn:
             self._warn_not_persistent()
         workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
@@ -398,9 +383,14 @@ class EnginePipeline(Pipeline):
             self._loader.use_processes(pool)
             return
         # A fresh process's first batch costs several (its first collate, its arena made and
-        # faulted in): paid here, in the background, not by the training loop's next batches.
+        # faulted in, the copy-on-write faults after the fork): paid here, with the threads
+        # stopped (on a small machine they would take the cores the warm-up needs), in the
+        # epoch that decided, rather than by the next one's first batches. A short epoch
+        # (a few milliseconds) would otherwise pay it in full, once per run all the same.
         args = pickle.dumps(self._jobs.batches[0], protocol=pickle.HIGHEST_PROTOCOL)
+        self._loader.set_workers(self._engine_workers(0))
         self._warming = Warming(self._loader, pool, args)
+        self._warming.wait(_WARM_WAIT_S)
 
     def _stop_warming(self) -> None:
         """close(): a warm-up still running ends now, its pool stopped and, if the loader
@@ -442,7 +432,17 @@ class EnginePipeline(Pipeline):
             self.worker_type = "process"
             self.num_workers = self.plan.process_count
             self._loader.set_workers(self._engine_workers())
+            if self._torch_order is not None:
+                self._threads_ending = self._loader.thread_reads()
         self.log_worker_type()
+
+    def _after_threads_end(self) -> None:
+        """After a move to processes, at each batch until no read ended on a thread since the
+        last (the threads' chunks in flight are done): the next epoch's order is drawn ahead
+        again if their random transforms drew from this process's generators since."""
+        self._torch_order.redraw_ahead(self._loader)
+        reads = self._loader.thread_reads()
+        self._threads_ending = reads if reads != self._threads_ending else None
 
     def _unpicklable_samples(self) -> str:
         """Why the samples read so far could not cross to a worker process ("" if they can):

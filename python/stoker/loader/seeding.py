@@ -155,11 +155,15 @@ class EpochDraws:
             for g, state in zip(self._sources, self._before):
                 g.set_state(state)
 
+    def unmoved(self) -> bool:
+        """Whether no generator moved since the draws were made."""
+        torch = _torch()
+        return all(torch.equal(g.get_state(), s) for g, s in zip(self._sources, self._before))
+
     def take(self, setup: WorkerSetup) -> bool:
         """At the epoch's iter(): True, the draws made as iter() would (the generators moved,
         the workers' base seed set), if no generator moved since they were drawn ahead."""
-        torch = _torch()
-        if not all(torch.equal(g.get_state(), s) for g, s in zip(self._sources, self._before)):
+        if not self.unmoved():
             return False
         for g, state in zip(self._sources, self._after):
             g.set_state(state)
@@ -183,6 +187,17 @@ class TorchOrderFeed:
         ahead = self._ahead
         return (ahead is not None and ahead.epoch == epoch and batch == 0
                 and resume_state is None and ahead.take(self.setup))
+
+    def redraw_ahead(self, loader) -> None:
+        """Draws the next epoch's order ahead again if the generators moved since it was:
+        worker_type='auto' moved reads on threads, whose random transforms draw from this
+        process's generators, to worker processes, and the threads' last reads have ended.
+        Otherwise that epoch's first batches, read ahead, would be dropped at its iter()."""
+        ahead = self._ahead
+        if ahead is not None and not ahead.unmoved():
+            following = EpochDraws(ahead.epoch, self.setup, self.sampler)
+            self._ahead = (following if loader.order_ahead(following.epoch, following.order)
+                           else None)
 
     def start(self, loader, epoch: int, batch: int, took: bool,
               resume_state: Optional[Any]) -> Any:

@@ -152,6 +152,11 @@ class StreamEpoch:
                 if not self._put(w, item) or item is END:
                     return
 
+    @property
+    def asked_worker_info(self) -> bool:
+        """Read in-line: whether the stream asked get_worker_info() as it began."""
+        return self.workers == 0 and self._inline.asked_worker_info
+
     # --- the training loop's side --------------------------------------------------------
 
     def next(self, timeout: float):
@@ -301,10 +306,16 @@ class Streams:
             cursor=pending["cursor"] if pending else 0, want_state=self._stateful,
             finish=self._finish, seed=pipe_seed, loader_epoch=epoch)
 
-    def use_processes(self, processes) -> None:
-        """From the next start() on, one worker process reads (worker_type='auto' chose it
-        after epochs read in-line); `processes` makes its ProcessWorkers, given the base seed."""
-        self._workers, self._processes = 1, processes
+    @property
+    def asked_worker_info(self) -> bool:
+        """Whether the epoch running, read in-line, asked get_worker_info() as it began."""
+        return self._epoch is not None and self._epoch.asked_worker_info
+
+    def use_processes(self, processes, workers: int) -> None:
+        """From the next start() on, `workers` worker processes read (worker_type='auto'
+        chose them after epochs read in-line); `processes` makes their ProcessWorkers, given
+        the base seed."""
+        self._workers, self._processes = workers, processes
 
     def _epoch_seed(self) -> Optional[int]:
         """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the

@@ -50,8 +50,8 @@ class StreamPipeline(Pipeline):
         elif plan.measure_worker_type:  # epoch 1 in-line, measured (_Choice)
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
-            def make(base_seed: int) -> ProcessWorkers:
-                made.append(ProcessWorkers(jobs, 1, plan.context, base_seed,
+            def make(base_seed: int, count: int) -> ProcessWorkers:
+                made.append(ProcessWorkers(jobs, count, plan.context, base_seed,
                                            setup.worker_init_fn))
                 return made[0]
             self._choice = _Choice(make)
@@ -83,12 +83,13 @@ class StreamPipeline(Pipeline):
             if self._choice is not None:
                 self._choice.batch(asked, got, batch)
         elif self._choice is not None:
-            self._choice.epoch_end()
+            self._choice.epoch_end(self._streams.asked_worker_info)
         return batch
 
     def _choose(self) -> None:
         """Between epochs, once epoch 1 (and more, if short) was measured in-line: in-line on,
-        or one worker process from now on."""
+        or worker processes from now on (one, or more for a stream that takes its worker's
+        share)."""
         decision = self._choice.decide()
         if decision is None:
             return
@@ -97,8 +98,9 @@ class StreamPipeline(Pipeline):
             now = time.perf_counter()
             self._trace.event(f"workers: {self.worker_type_reason}", now, now)
         if workers:
-            self._streams.use_processes(self._choice.make)
-            self.worker_type, self.num_workers = "process", 1
+            make = self._choice.make
+            self._streams.use_processes(lambda seed: make(seed, workers), workers)
+            self.worker_type, self.num_workers = "process", workers
         self._choice = None
         self.log_worker_type()
 
@@ -188,15 +190,17 @@ class StreamPipeline(Pipeline):
 class _Choice:
     """A stream on num_workers='auto' and worker_type='auto', read in-line: its batches after
     each epoch's first, timed in the training loop (the read: the time in next(); the step:
-    the time between batches), and one batch handed over on the worker's code, then
-    choose_stream_workers (src/tune/worker_kind.h) at the next epoch's start."""
+    the time between batches), one batch handed over on the worker's code, and whether the
+    stream asked get_worker_info() as it began (it shards itself), then choose_stream_workers
+    (src/tune/worker_kind.h) at the next epoch's start."""
 
     def __init__(self, make) -> None:
-        self.make = make  # the one worker process's ProcessWorkers, given the base seed
+        self.make = make  # the worker processes' ProcessWorkers, given the base seed, count
         self._batches = 0
         self._read = self._step = 0.0
         self._handover: Optional[tuple[float, float]] = None
         self._got: Optional[float] = None  # when the last batch of this epoch was handed out
+        self._shards = False  # the stream asked get_worker_info() as an epoch began
 
     def batch(self, asked: float, got: float, batch) -> None:
         if self._got is not None:  # not the epoch's first: its time includes the start
@@ -207,15 +211,16 @@ class _Choice:
                 self._handover = _arena.handover_cost(batch)
         self._got = got
 
-    def epoch_end(self) -> None:
+    def epoch_end(self, asked_worker_info: bool) -> None:
         self._got = None
+        self._shards = self._shards or asked_worker_info
 
     def decide(self) -> Optional[tuple[int, str]]:
         if self._batches < _stoker.STREAM_MIN_BATCHES or self._handover is None:
             return None
         n = self._batches
         workers, reason = _stoker.choose_stream_workers(
-            self._read / n, self._step / n, *self._handover, cpu_share())
+            self._read / n, self._step / n, *self._handover, cpu_share(), self._shards)
         return workers, reason
 
 

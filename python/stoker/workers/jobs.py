@@ -17,6 +17,8 @@ import pickle
 import sys
 from typing import TYPE_CHECKING, Callable, Optional
 
+from .startup import asks_worker_info
+
 if TYPE_CHECKING:
     from . import arena as _arena
 
@@ -146,6 +148,8 @@ class StreamJobs:
         self._epoch = -1
         self._iterator = None
         self._ended = False
+        self.asked_worker_info = False
+        self._watch = False
         # In a worker process (call()): batches made before they were asked for, up to
         # `_ahead` of them.
         self._ready: list = []
@@ -162,15 +166,30 @@ class StreamJobs:
             self.dataset.load_state_dict(state)
         if is_datapipe(self.dataset):
             self.dataset = _prepare_datapipe(self.dataset, seed)
-        self._iterator = iter(self.dataset)
+        # Whether the stream asks get_worker_info() as a pass begins (in its __iter__, or a
+        # generator's first step): then it takes its worker's share (worker_type='auto', read
+        # in-line, may give it more workers). Its collate is not watched: torch's
+        # default_collate asks too.
+        self._iterator, self.asked_worker_info = asks_worker_info(lambda: iter(self.dataset))
+        self._watch = True
         self._ended = False
 
     def next_batch(self):
         """The next batch; StopIteration at the end of the stream."""
         if self._ended:
             raise StopIteration
+        if self._watch:
+            self._watch = False
+            samples, asked = asks_worker_info(self._samples)
+            self.asked_worker_info = self.asked_worker_info or asked
+        else:
+            samples = self._samples()
+        return self.collate_fn(samples)
+
+    def _samples(self):
+        """The next batch's samples (a sample, with batch_size=None)."""
         if self.batch_size is None:
-            return self.collate_fn(next(self._iterator))
+            return next(self._iterator)
         samples = []
         for _ in range(self.batch_size):
             try:
@@ -180,7 +199,7 @@ class StreamJobs:
                 break
         if not samples or (self.drop_last and len(samples) < self.batch_size):
             raise StopIteration
-        return self.collate_fn(samples)
+        return samples
 
     @property
     def exhausted(self) -> bool:

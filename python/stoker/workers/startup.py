@@ -95,8 +95,14 @@ _thread_info = threading.local()
 def _thread_aware_get_worker_info():
     # Runs with torch.utils.data._utils.worker's globals (its __code__ is swapped in below):
     # this thread's stoker worker info if any, else torch's own (a torch worker process's).
-    info = getattr(_stoker_thread_worker_info, "info", None)  # noqa: F821
-    return info if info is not None else _worker_info  # noqa: F821
+    # A thread watching (asks_worker_info) notes that it was asked.
+    local = _stoker_thread_worker_info  # noqa: F821
+    info = getattr(local, "info", None)
+    if info is not None:
+        return info
+    if getattr(local, "watching", False):
+        local.asked = True
+    return _worker_info  # noqa: F821
 
 
 def install_thread_worker_info() -> bool:
@@ -117,6 +123,20 @@ def install_thread_worker_info() -> bool:
         torch_worker._stoker_thread_worker_info = _thread_info
         torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
     return True
+
+
+def asks_worker_info(call: Callable[[], Any]) -> tuple[Any, bool]:
+    """call()'s result, and whether it asked torch's get_worker_info() on this thread: a
+    stream that does takes its worker's share, as torch's documentation tells it to
+    (worker_type='auto' gives such a stream more than one worker). Nothing else changes:
+    get_worker_info() answers as before."""
+    if not install_thread_worker_info():
+        return call(), False
+    _thread_info.watching, _thread_info.asked = True, False
+    try:
+        return call(), _thread_info.asked
+    finally:
+        _thread_info.watching = False
 
 
 def set_thread_worker_info(worker_id: int, num_workers: int, seed: int, dataset) -> None:

@@ -1,6 +1,7 @@
-"""Worker processes warmed before a switch of worker kind: each makes one batch while the
-engine's threads go on reading, then the loader's reads go to them (worker_type='auto' moving
-a loader from threads to processes mid-run, python/stoker/loader/engine_pipeline.py)."""
+"""Worker processes warmed before a switch of worker kind: each makes one batch, then the
+loader's reads go to them (worker_type='auto' moving a loader from threads to processes
+mid-run, python/stoker/loader/engine_pipeline.py). The training loop waits for it, up to a
+bound; past the bound the engine's threads read until the warm-up ends."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ _log = logging.getLogger("stoker")
 
 class Warming:
     """Each worker process makes one batch (all at once, the GIL released while they do),
-    then the loader sends its reads to them (the threads reading until then)."""
+    then the loader sends its reads to them."""
 
     def __init__(self, loader, pool, args: bytes) -> None:
         self._pool = pool
@@ -38,6 +39,12 @@ class Warming:
         if not self._stopped.is_set():
             loader.use_processes(self._pool)
             self._handed = True
+
+    def wait(self, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for the hand-over; whether it happened (Ctrl-C
+        interrupts the wait)."""
+        self._thread.join(timeout)
+        return self._handed
 
     def stop(self) -> None:
         self._stopped.set()
