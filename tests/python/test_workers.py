@@ -6,6 +6,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import pickle
 import random
 import re
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -485,6 +487,47 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     assert report["readers"] == f"{loader.num_workers} process worker(s)"
     assert report["readers_reason"] == "auto: forced"
     loader.close()
+
+
+class _WarmPool:
+    """A pool of one worker whose batches take `times` seconds each, made by a real Arenas."""
+
+    size = 1
+
+    def __init__(self, times):
+        from stoker.workers.arena import Arenas
+
+        self.arenas, self.times, self.calls = Arenas(), list(times), 0
+
+    def call(self, w, index, args):
+        time.sleep(self.times[min(self.calls, len(self.times) - 1)])
+        self.calls += 1
+        blob = self.arenas.dumps(torch.full((256, 256), float(self.calls)))
+        return True, False, pickle.dumps(([blob], [])), os.getpid()
+
+    def finish(self):
+        pass
+
+
+def test_the_warm_up_makes_batches_until_one_is_steady_and_lets_each_go():
+    from stoker.workers import warming
+
+    class Loader:
+        pool = None
+
+        def use_processes(self, pool):
+            self.pool = pool
+
+    loader, pool = Loader(), _WarmPool([0.05, 0.04, 0.0])
+    w = warming.Warming(loader, pool, b"", steady=0.01)
+    assert w.wait(30) and loader.pool is pool
+    assert pool.calls == 3  # the third took no longer than a batch job on the threads
+    gc.collect()
+    # Each reply was mapped and let go: its arena is free, so one arena served them all.
+    assert [mm[0] for _, mm, _ in pool.arenas._arenas] == [0]
+    slow = _WarmPool([0.02])  # never steady: at most _MOST_WARM_BATCHES
+    w = warming.Warming(Loader(), slow, b"", steady=0.0)
+    assert w.wait(30) and slow.calls == warming._MOST_WARM_BATCHES
 
 
 def test_auto_keeps_threads_for_samples_a_worker_process_could_not_send_back(monkeypatch):

@@ -388,8 +388,10 @@ class EnginePipeline(Pipeline):
         # epoch that decided, rather than by the next one's first batches. A short epoch
         # (a few milliseconds) would otherwise pay it in full, once per run all the same.
         args = pickle.dumps(self._jobs.batches[0], protocol=pickle.HIGHEST_PROTOCOL)
+        stats = self._loader.stats()  # a batch job's time on the threads
+        steady = stats["worker_busy_s"] / max(1, self._loader.thread_reads())
         self._loader.set_workers(self._engine_workers(0))
-        self._warming = Warming(self._loader, pool, args)
+        self._warming = Warming(self._loader, pool, args, steady)
         self._warming.wait(_WARM_WAIT_S)
 
     def _stop_warming(self) -> None:

@@ -1,5 +1,5 @@
-"""Worker processes warmed before a switch of worker kind: each makes one batch, then the
-loader's reads go to them (worker_type='auto' moving a loader from threads to processes
+"""Worker processes warmed before a switch of worker kind: each makes batches until one is as
+quick as on the threads, then the loader's reads go to them (worker_type='auto' moving a loader from threads to processes
 mid-run, python/stoker/loader/engine_pipeline.py). The training loop waits for it, up to a
 bound; past the bound the engine's threads read until the warm-up ends."""
 
@@ -7,27 +7,46 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+
+from .processes import _decode_reply
 
 _log = logging.getLogger("stoker")
 
+# A fresh worker process's first batches cost several steady ones: its first collate, the
+# copy-on-write faults after the fork, its heap and arenas growing (measured: a padding
+# collate's first 4-5 jobs in each process took 2-17 ms, 0.5 ms after). Each process makes
+# batches until one takes no longer than a batch job took on the threads, at most this many.
+_MOST_WARM_BATCHES = 8
+
 
 class Warming:
-    """Each worker process makes one batch (all at once, the GIL released while they do),
-    then the loader sends its reads to them."""
+    """Each worker process makes batches (all at once, the GIL released while they do) until
+    one takes at most `steady` seconds, then the loader sends its reads to them."""
 
-    def __init__(self, loader, pool, args: bytes) -> None:
+    def __init__(self, loader, pool, args: bytes, steady: float) -> None:
         self._pool = pool
         self._stopped = threading.Event()
         self._handed = False
-        self._calls = [threading.Thread(target=self._warm, args=(w, args), daemon=True,
+        self._calls = [threading.Thread(target=self._warm, args=(w, args, steady), daemon=True,
                                         name=f"stoker warm-up {w}") for w in range(pool.size)]
         self._thread = threading.Thread(target=self._run, args=(loader,), daemon=True,
                                         name="stoker warm-up")
         self._thread.start()
 
-    def _warm(self, w: int, args: bytes) -> None:
+    def _warm(self, w: int, args: bytes, steady: float) -> None:
         try:
-            self._pool.call(w, 0, args)  # (False, why) if it died: restarted by its next job
+            for _ in range(_MOST_WARM_BATCHES):
+                start = time.perf_counter()
+                reply = self._pool.call(w, 0, args)
+                took = time.perf_counter() - start
+                if not reply[0]:  # (False, why): it died, and is restarted by its next job
+                    return
+                _, failed, blob, pid = reply
+                if not failed:  # mapped and let go: its arena is free for the next batch
+                    _decode_reply(blob, w, pid, [], "batch")
+                if failed or took <= steady or self._stopped.is_set():
+                    return
         except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
             _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
 
