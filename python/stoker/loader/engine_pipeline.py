@@ -27,8 +27,8 @@ from .seeding import TorchOrderFeed, TorchRandomOrder, WorkerSetup, peek_seed
 _log = logging.getLogger("stoker")
 
 # How long the training loop waits for worker processes to warm up when worker_type='auto'
-# moves batch jobs to them: a warm-up takes 40-220 ms on 2 cores (measured); past this the
-# threads go on reading while it ends (a data set whose first batch in a process is slow).
+# moves batch jobs to them (a padding collate's took 15-30 ms on 2 cores): past this the
+# threads go on reading while it ends (a data set whose batches take seconds).
 _WARM_WAIT_S = 2.0
 
 
@@ -48,8 +48,7 @@ class EnginePipeline(Pipeline):
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
         self._warming: Optional[Warming] = None  # _start_processes(warm=True)
-        # After auto's move to processes: the reads ended on threads at the last batch, until
-        # none end between two batches (_after_threads_end).
+        # After auto's move to processes, until the threads' reads end: _after_threads_end.
         self._threads_ending: Optional[int] = None
         self._thread_count = [0]
         if plan.native:
@@ -370,8 +369,9 @@ class EnginePipeline(Pipeline):
 
     def _start_processes(self, warn: bool = True, warm: bool = False) -> None:
         """Starts the worker processes and sends reads to them from now on; `warm` (batch
-        jobs): once each has made one batch, which the training loop waits for (up to
-        _WARM_WAIT_S, the threads reading after that until the warm-up ends)."""
+        jobs): once each has made batches until one was as quick as on the threads, which
+        the training loop waits for (up to _WARM_WAIT_S, the threads reading after that until
+        the warm-up ends)."""
         if warn:
             self._warn_not_persistent()
         workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
@@ -382,7 +382,7 @@ class EnginePipeline(Pipeline):
         if not (warm and self._jobs is not None and self._jobs.batches):
             self._loader.use_processes(pool)
             return
-        # A fresh process's first batch costs several (its first collate, its arena made and
+        # A fresh process's first batches cost several (its first collate, its arenas made and
         # faulted in, the copy-on-write faults after the fork): paid here, with the threads
         # stopped (on a small machine they would take the cores the warm-up needs), in the
         # epoch that decided, rather than by the next one's first batches. A short epoch

@@ -56,7 +56,7 @@ class ProcessWorkers:
         """The C++ pool that drives these workers. It holds this object (not the other way
         round, so that no reference cycle runs through C++, where the collector cannot see it)."""
         item = "batch" if hasattr(self._dataset, "job_args") else "sample"
-        return _stoker.ProcessPool(self._spawn, functools.partial(_decode_reply, item=item),
+        return _stoker.ProcessPool(self._spawn, functools.partial(decode_reply, item=item),
                                    self._reap, self._count)
 
     def _spawn(self, worker_id: int):
@@ -123,7 +123,7 @@ class ProcessWorkers:
                 p.join()
 
 
-def _decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):
+def decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):
     """A worker's reply blob -> (object values per row or None, {row: exception}); `indices`
     (the rows' sample indices, for the messages) may be empty when no row's status failed."""
     objects, errors = pickle.loads(blob)

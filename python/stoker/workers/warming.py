@@ -1,7 +1,8 @@
 """Worker processes warmed before a switch of worker kind: each makes batches until one is as
-quick as on the threads, then the loader's reads go to them (worker_type='auto' moving a loader from threads to processes
-mid-run, python/stoker/loader/engine_pipeline.py). The training loop waits for it, up to a
-bound; past the bound the engine's threads read until the warm-up ends."""
+quick as on the threads, then the loader's reads go to them (worker_type='auto' moving a
+loader from threads to processes mid-run, python/stoker/loader/engine_pipeline.py). The
+training loop waits for it, up to a bound; past the bound the engine's threads read until
+the warm-up ends."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import threading
 import time
 
-from .processes import _decode_reply
+from .processes import decode_reply
 
 _log = logging.getLogger("stoker")
 
@@ -44,7 +45,7 @@ class Warming:
                     return
                 _, failed, blob, pid = reply
                 if not failed:  # mapped and let go: its arena is free for the next batch
-                    _decode_reply(blob, w, pid, [], "batch")
+                    decode_reply(blob, w, pid, [], "batch")
                 if failed or took <= steady or self._stopped.is_set():
                     return
         except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
