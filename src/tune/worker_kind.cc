@@ -42,11 +42,10 @@ double stream_batch_seconds(const StreamCosts& c, std::size_t workers, std::size
 StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool shards) {
   StreamChoice out;
   out.inline_s = c.read + c.step;
-  // The fewest workers within kStreamGain of the best count: a process more for a few per
-  // cent is a core taken from everything else on the node.
+  // The fewest workers within kStreamGain of the most allowed (more never take longer): a
+  // process more for a few per cent is a core taken from everything else on the node.
   const std::size_t most = shards ? std::max<std::size_t>(cores, 1) : 1;
-  double best = stream_batch_seconds(c, 1, cores);
-  for (std::size_t w = 2; w <= most; ++w) best = std::min(best, stream_batch_seconds(c, w, cores));
+  const double best = stream_batch_seconds(c, most, cores);
   std::size_t workers = 1;
   while (stream_batch_seconds(c, workers, cores) > (1 + kStreamGain) * best) ++workers;
   out.worker_s = stream_batch_seconds(c, workers, cores);
