@@ -14,6 +14,12 @@ their smaps_rollup at most every 0.5 s): its CPU time over each run is printed t
 loader without that thread).
 
     python bench/memory_cap.py [--limit-gb 1.5] [--batches 2000] [--runs 3] [--smoke]
+    python bench/memory_cap.py --stream   # the same over a stream with a shuffle buffer
+
+With --stream the data set is an IterableDataset each worker process reads its share of,
+through a shuffle buffer of --cache-mb per worker (as webdataset's shuffle does): the buffers
+count in the workers' memory, and the cap makes each worker's queue shallower
+(docs/python.md, streams under the cap).
 
 Prints, per configuration, the median throughput and the highest peak over the runs, then
 the capped run's peak against the cap and its throughput against the uncapped one's. Exits 1
@@ -86,15 +92,47 @@ class CachedSamples:
         return x
 
 
+def shuffled_stream(n: int, sample_bytes: int, buffer_bytes: int):
+    """An IterableDataset: each worker its share of `n` samples made as CachedSamples makes
+    them, through a shuffle buffer of `buffer_bytes`."""
+    import random
+
+    from torch.utils.data import IterableDataset, get_worker_info
+
+    class ShuffledStream(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+            rng = random.Random(w)
+            buffer: list = []
+            for i in range(w, n, workers):
+                x = np.empty(sample_bytes, np.uint8)
+                x[:] = sum(range(i % 2000)) & 255
+                if len(buffer) * sample_bytes < buffer_bytes:
+                    buffer.append(x)
+                    continue
+                k = rng.randrange(len(buffer))
+                buffer[k], x = x, buffer[k]
+                yield x
+            rng.shuffle(buffer)
+            yield from buffer
+
+    return ShuffledStream()
+
+
 def run(args, limit: int) -> tuple:
     """(batches/s, the loader's peak Pss in bytes, report(), the seconds the loader's memory
     reader spent on a CPU, the run's seconds) for one loader."""
     baseline = pss(os.getpid())
-    data = CachedSamples(args.samples, args.sample_kb * 1024, args.cache_mb * MiB)
-    loader = stoker.DataLoader(data, batch_size=args.batch, shuffle=True,
-                               num_workers=args.workers, worker_type="process",
-                               prefetch_factor=args.prefetch, persistent_workers=True,
-                               memory_limit=limit, seed=1)
+    if args.stream:
+        data = shuffled_stream(args.samples, args.sample_kb * 1024, args.cache_mb * MiB)
+        order = {}
+    else:
+        data = CachedSamples(args.samples, args.sample_kb * 1024, args.cache_mb * MiB)
+        order = {"shuffle": True, "seed": 1}
+    loader = stoker.DataLoader(data, batch_size=args.batch, num_workers=args.workers,
+                               worker_type="process", prefetch_factor=args.prefetch,
+                               persistent_workers=True, memory_limit=limit, **order)
     peak = 0
     stop = threading.Event()
     pids: list = []
@@ -144,13 +182,16 @@ def main() -> int:
     p.add_argument("--burst", type=int, default=50)
     p.add_argument("--pause", type=float, default=0.25)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--stream", action="store_true",
+                   help="a stream with a shuffle buffer of --cache-mb per worker")
     p.add_argument("--smoke", action="store_true", help="a short run: checks it works only")
     args = p.parse_args()
     if args.smoke:
         args.batches, args.runs, args.samples, args.burst, args.pause = 60, 1, 512, 20, 0.05
     limit = int(args.limit_gb * (1 << 30))
+    kept = "stream, shuffle buffer" if args.stream else "RAM cache"
     print(f"memory_cap: {args.batches} batches of {args.batch} x {args.sample_kb} KiB, "
-          f"{args.workers} worker processes, prefetch_factor {args.prefetch}, RAM cache "
+          f"{args.workers} worker processes, prefetch_factor {args.prefetch}, {kept} "
           f"{args.cache_mb} MiB per worker; bursts of {args.burst} then {args.pause} s; "
           f"{args.runs} runs, alternating")
     rates: dict = {"uncapped": [], "capped": []}

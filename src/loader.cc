@@ -19,8 +19,8 @@
 #include "stoker/frontend/host_allocator.h"
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/frontend/log.h"
+#include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/tracer.h"
-#include "tune/memory_cap.h"
 #include "tune/tuner.h"
 
 namespace stoker {

@@ -1,6 +1,6 @@
 // The one memory cap (LoaderOptions::memory_limit): the pure division of the cap
 // (src/tune/memory_cap.h) and the loader obeying it.
-#include "tune/memory_cap.h"
+#include "stoker/frontend/memory_cap.h"
 
 #include <gtest/gtest.h>
 
@@ -197,6 +197,81 @@ TEST(MemoryCapLoader, ACapTooSmallForOneBatchIsRefusedSayingWhatWouldFit) {
   std::size_t rows = 0;
   while (auto b = loader.next()) rows += b->size();
   EXPECT_EQ(rows, 100u);
+}
+
+// --- streams (python/stoker/loader/stream_epochs.py; the pipeline applies the depth) ---------
+
+TEST(StreamMemoryCap, ADepthHoldsAQueueAndOneMorePerThreadThreeQueuesPerProcess) {
+  EXPECT_EQ(detail::stream_batches_in_flight(0, 8, false), 0u);  // in-line: none
+  EXPECT_EQ(detail::stream_batches_in_flight(2, 4, false), 10u);
+  EXPECT_EQ(detail::stream_batches_in_flight(2, 4, true), 24u);
+}
+
+TEST(StreamMemoryCap, TheDepthIsTheDeepestThatFitsBesideTheRestAtMostTheOneAsked) {
+  using detail::stream_memory_depth;
+  // 2 threads, 10 MiB batches, 2 held: depth d holds 2 (d + 1) + 2 batches.
+  EXPECT_EQ(stream_memory_depth(0, 10 * kMiB, 2, false, 4, 0), 4u);   // no cap
+  EXPECT_EQ(stream_memory_depth(100 * kMiB, 0, 2, false, 4, 0), 4u);  // no batch seen yet
+  EXPECT_EQ(stream_memory_depth(1000 * kMiB, 10 * kMiB, 2, false, 4, 0), 4u);
+  EXPECT_EQ(stream_memory_depth(100 * kMiB, 10 * kMiB, 2, false, 8, 0), 3u);  // 10 batches
+  EXPECT_EQ(stream_memory_depth(100 * kMiB, 10 * kMiB, 2, false, 8, 40 * kMiB), 1u);
+  EXPECT_EQ(stream_memory_depth(100 * kMiB, 10 * kMiB, 2, false, 8, 50 * kMiB), 0u);
+  // 2 processes: d holds 6 d + 2.
+  EXPECT_EQ(stream_memory_depth(200 * kMiB, 10 * kMiB, 2, true, 8, 0), 3u);
+  EXPECT_EQ(stream_memory_depth(70 * kMiB, 10 * kMiB, 2, true, 8, 0), 0u);
+  // In-line: only the held batches.
+  EXPECT_EQ(stream_memory_depth(20 * kMiB, 10 * kMiB, 0, false, 2, 0), 2u);
+  EXPECT_EQ(stream_memory_depth(19 * kMiB, 10 * kMiB, 0, false, 2, 0), 0u);
+}
+
+TEST(StreamMemoryCap, AsTheWorkersGrowTheDepthFallsAndThePeakIsKept) {
+  detail::StreamMemoryCap cap(200 * kMiB, 8);
+  cap.set_workers(2, false);
+  auto look = cap.look(10 * kMiB, 40 * kMiB, 0, 0);
+  EXPECT_EQ(look.depth, 8u);        // 2 (8 + 1) + 2 = 20 batches: exactly the cap
+  EXPECT_EQ(look.used, 40 * kMiB);  // what is held now, not what the depth allows
+  look = cap.look(10 * kMiB, 180 * kMiB, 0, 0);
+  look = cap.look(10 * kMiB, 80 * kMiB, 50 * kMiB, 10 * kMiB);
+  // 60 MiB held, and as much kept for the same rise again: 80 MiB left, 8 batches, depth 2.
+  EXPECT_EQ(look.use.reserve, 60 * kMiB);
+  EXPECT_EQ(look.depth, 2u);
+  EXPECT_EQ(look.used, 80 * kMiB + 60 * kMiB);
+  EXPECT_FALSE(look.too_small);
+  EXPECT_FALSE(look.warn);
+  EXPECT_EQ(cap.peak(), 180 * kMiB);
+  EXPECT_NE(cap.line(look).find("(batches 80, worker processes 50, shuffle buffers 10)"),
+            std::string::npos)
+      << cap.line(look);
+  EXPECT_NE(cap.line(look).find("of the 200 MiB cap"), std::string::npos) << cap.line(look);
+  EXPECT_NE(cap.line(look).find("peak 180 MiB"), std::string::npos) << cap.line(look);
+}
+
+TEST(StreamMemoryCap, TooSmallForOneBatchIsRefusedOutgrownMidRunIsSaidOnce) {
+  detail::StreamMemoryCap tiny(30 * kMiB, 2);
+  tiny.set_workers(1, true);  // 3 in flight + 2 held
+  const auto refused = tiny.look(10 * kMiB, 10 * kMiB, 0, 0);
+  EXPECT_TRUE(refused.too_small);
+  EXPECT_NE(refused.message.find("memory_limit of 30.0 MiB is too small"), std::string::npos)
+      << refused.message;
+  EXPECT_NE(refused.message.find("it needs 5 batches of 10.0 MiB (3 in flight from 1 worker "
+                                 "process(es) and 2 the training loop holds)"),
+            std::string::npos)
+      << refused.message;
+  EXPECT_NE(refused.message.find("at least 50.0 MiB would fit"), std::string::npos)
+      << refused.message;
+
+  detail::StreamMemoryCap cap(100 * kMiB, 2);
+  cap.set_workers(1, true);
+  EXPECT_EQ(cap.look(10 * kMiB, 0, 0, 0).depth, 2u);
+  auto outgrown = cap.look(10 * kMiB, 0, 0, 80 * kMiB);  // a shuffle buffer grew past it
+  EXPECT_FALSE(outgrown.too_small);
+  EXPECT_TRUE(outgrown.warn);
+  EXPECT_EQ(outgrown.depth, 1u);
+  EXPECT_NE(outgrown.message.find("80.0 MiB of shuffle buffers"), std::string::npos)
+      << outgrown.message;
+  outgrown = cap.look(10 * kMiB, 0, 0, 80 * kMiB);
+  EXPECT_FALSE(outgrown.warn);  // once
+  EXPECT_EQ(outgrown.depth, 1u);
 }
 
 TEST(MemoryCapLoader, ACacheThatOutgrowsTheCapMidRunLeavesOneBatchInFlightNotAnError) {

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <memory>
 #include <string>
 
 #include "native_datasets.h"
@@ -16,6 +18,8 @@
 #include "stoker/device.h"
 #include "stoker/encoded.h"
 #include "stoker/frontend/cuda_runtime.h"
+#include "stoker/frontend/host_allocator.h"
+#include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/stream_copy.h"
 #include "stoker/frontend/worker_kind.h"
@@ -240,6 +244,10 @@ PYBIND11_MODULE(_stoker, m) {
       .def("finish", &ProcessPool::finish)
       .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
       .def("stop", &ProcessPool::stop)
+      .def(
+          "resident_bytes", [](ProcessPool& pool) { return pool.times().resident_bytes; },
+          py::call_guard<py::gil_scoped_release>(),
+          "The workers' own memory now: the sum of their Pss_Anon estimates.")
       .def_property_readonly("size", &ProcessPool::size);
   // The worker protocol's numbers (docs/worker_protocol.md), for the Python end.
   {
@@ -364,6 +372,39 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("shards"),
       "A stream on auto, from epoch 1 read in-line: (workers from epoch 2, the reason).");
   m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
+  // A stream's share of the memory cap (stoker/frontend/memory_cap.h; stream_pipeline.py).
+  m.attr("HELD_BATCHES") = detail::kHeldBatches;
+  py::class_<detail::StreamMemoryCap>(m, "StreamMemoryCap")
+      .def(py::init([](std::size_t limit, std::size_t depth) {
+             return std::make_unique<detail::StreamMemoryCap>(
+                 limit != 0 ? limit : detail::default_memory_limit(detail::mem_available()), depth);
+           }),
+           py::arg("limit"), py::arg("depth"), "limit 0: half of MemAvailable, as the engine's.")
+      .def_property_readonly("limit", &detail::StreamMemoryCap::limit)
+      .def("due", &detail::StreamMemoryCap::due)
+      .def("set_workers", &detail::StreamMemoryCap::set_workers, py::arg("workers"),
+           py::arg("processes"))
+      .def(
+          "look",
+          [](detail::StreamMemoryCap& cap, std::size_t batch_bytes, std::size_t batches,
+             std::size_t workers, std::size_t buffers) {
+            const auto look = cap.look(batch_bytes, batches, workers, buffers);
+            py::dict out;
+            out["depth"] = look.depth;
+            out["too_small"] = look.too_small;
+            out["warn"] = look.warn;
+            out["message"] = look.message;
+            out["line"] = cap.line(look);
+            out["memory_limit"] = cap.limit();
+            out["memory_used"] = look.used;
+            out["memory_peak"] = std::max(cap.peak(), look.used);
+            out["memory_batches"] = look.use.slabs;
+            out["memory_workers"] = look.use.workers;
+            out["memory_buffers"] = look.use.buffers;
+            return out;
+          },
+          py::arg("batch_bytes"), py::arg("batches"), py::arg("workers"), py::arg("buffers"),
+          "A look at what the stream holds: its queues' depth from now on, and the numbers.");
   m.def("next_remote_workers", &detail::next_remote_workers, py::arg("active"), py::arg("count"),
         py::arg("wait_fraction"), py::arg("local_load"), py::arg("remote_busy") = py::none());
   py::class_<detail::WorkerKindChooser>(m, "WorkerKindChooser")

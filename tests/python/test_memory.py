@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from torch.utils.data import IterableDataset, get_worker_info
 
 import stoker
 
@@ -142,3 +143,95 @@ def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all
     assert "memory_limit" not in said and "lowered" not in said
     loader.close()
     del held
+
+
+# --- streams: the same cap over an iterable data set's queues, workers and shuffle buffers ---
+
+class BigRows(IterableDataset):
+    """`n` samples of `row_bytes` each, i in every byte (a stream read whole by each worker
+    that does not shard itself: here, one worker or in-line)."""
+
+    def __init__(self, n, row_bytes):
+        self.n, self.row_bytes = n, row_bytes
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(w, self.n, workers):
+            yield np.full(self.row_bytes, i & 255, np.uint8)
+
+
+def test_a_streams_queues_are_made_shallower_to_fit_the_cap():
+    # 1 MiB batches from 2 worker threads: a depth d holds 2 (d + 1) in flight and 2 held,
+    # so a 10 MiB cap leaves depth 3 of the 8 asked for.
+    loader = stoker.DataLoader(BigRows(256, MiB // 4), batch_size=4, num_workers=2,
+                               worker_type="thread", prefetch_factor=8, memory_limit=10 * MiB)
+    firsts, held = [], []
+    for batch in loader:
+        firsts.append(int(batch[0, 0]))
+        held.append(loader.stats()["memory_batches"])
+    # Every batch, in torch's order for 2 workers (turns), none lost to the change of depth.
+    assert firsts == [(8 * (k // 2) + (k % 2)) & 255 for k in range(64)]
+    stats = loader.stats()
+    assert stats["depth"] == 3
+    assert stats["memory_limit"] == 10 * MiB
+    # What is held as counted (queued, being made, the 2 the loop holds), never past the cap.
+    assert max(held) <= (2 * (3 + 1) + 2) * MiB
+    assert stats["memory_batches"] == 2 * MiB  # the epoch is over: the 2 held
+    assert stats["memory_peak"] <= 10 * MiB
+    report = loader.report()
+    assert "of the 10 MiB cap (batches 2), peak " in report["text"], report["text"]
+    assert report["memory_limit"] == 10 * MiB
+
+
+def test_a_stream_too_small_for_one_batch_per_worker_says_what_would_fit():
+    loader = stoker.DataLoader(BigRows(64, MiB // 4), batch_size=4, num_workers=2,
+                               worker_type="thread", memory_limit=3 * MiB)
+    with pytest.raises(ValueError, match=r"memory_limit of 3\.0 MiB is too small for one batch "
+                       r"in flight per worker: it needs 6 batches of 1\.0 MiB .*at least "
+                       r"6\.0 MiB would fit"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_a_stream_in_line_counts_its_shuffle_buffer_and_by_default_has_a_cap(tmp_path):
+    import io
+    import tarfile
+
+    sample_bytes = []
+    with tarfile.open(tmp_path / "a.tar", "w") as tar:
+        for i in range(128):
+            npy = io.BytesIO()
+            np.save(npy, np.full(2500, i, np.int32))
+            members = {f"{i:04d}.npy": npy.getvalue(), f"{i:04d}.cls": str(i % 10).encode()}
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+            sample_bytes.append(sum(len(d) for d in members.values()))
+    ds = stoker.WebDataset(str(tmp_path / "a.tar"), fields=("npy", "cls"), stream=True,
+                           shuffle=32)
+    loader = stoker.DataLoader(ds, batch_size=4, num_workers=0)
+    it = iter(loader)
+    next(it)
+    stats = loader.stats()
+    # A full buffer: 32 samples of the same size (each swap keeps it full).
+    assert stats["memory_buffers"] == 32 * sample_bytes[0]
+    assert stats["memory_limit"] > 0  # half of MemAvailable
+    assert "shuffle buffers 0)" in loader.report()["text"], loader.report()["text"]  # in MiB
+    assert sum(len(batch[1]) for batch in it) == 124
+    assert loader.stats()["memory_buffers"] == 0  # emptied at the pass's end
+
+
+def test_a_stream_read_by_worker_processes_counts_their_memory_and_arenas():
+    loader = stoker.DataLoader(BigRows(64, MiB // 4), batch_size=4, num_workers=1,
+                               worker_type="process", memory_limit=256 * MiB)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    assert stats["memory_workers"] > 0
+    # The arenas (at least one 1 MiB batch in each) count though no batch is in flight now.
+    assert stats["memory_batches"] >= MiB
+    assert stats["memory_used"] == (stats["memory_batches"] + stats["memory_workers"]
+                                    + stats["memory_buffers"])
+    loader.close()

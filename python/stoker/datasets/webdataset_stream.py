@@ -91,6 +91,12 @@ class _Stream:
     def set_epoch(self, epoch: int) -> None:
         self._epoch = int(epoch)
 
+    def buffered_bytes(self) -> int:
+        """The bytes of the samples in the shuffle buffer now (read, not handed out): what
+        stoker's DataLoader counts against its memory_limit when this copy is read in the
+        training process."""
+        return self._pass.buffered if self._pass is not None else 0
+
     def _stoker_epoch(self, epoch: int) -> None:
         """stoker's DataLoader tells each worker's copy the epoch it starts (unless
         set_epoch() set one), so worker threads and processes shuffle alike."""
@@ -173,16 +179,19 @@ class _Stream:
                 item = (s, ordinal, key, sample)
                 if len(buffer) < self.shuffle:
                     buffer.append(item)
+                    this.buffered += _size(sample)
                     continue
                 if self.shuffle > 0:
                     i = rng.randrange(len(buffer))
                     buffer[i], item = item, buffer[i]
+                    this.buffered += _size(sample) - _size(item[3])
                 yield self._convert(shards[item[0]], *item[2:], rng.getrandbits(64))
             this.ended.add(s)
         rng.shuffle(buffer)
         buffer.reverse()
         while buffer:  # taken off the buffer before it is handed out (state_dict)
             item = buffer.pop()
+            this.buffered -= _size(item[3])
             yield self._convert(shards[item[0]], *item[2:], rng.getrandbits(64))
 
     def _convert(self, shard: str, key: str, sample: dict, seed: int) -> tuple:
@@ -209,6 +218,11 @@ class _Stream:
         return tuple(out)
 
 
+def _size(sample: dict) -> int:
+    """The bytes of a sample as read from its shard (its members' data)."""
+    return sum(len(data) for data in sample.values())
+
+
 class _Pass:
     """One pass of a shard stream: what it resumed from and how far it read each of its
     shards; with the shuffle buffer, enough to say which samples were handed out."""
@@ -223,6 +237,7 @@ class _Pass:
         self._bases: dict[int, _Base] = {}
         self.processed: dict[int, int] = {}  # shard -> ordinals read (or skipped)
         self.ended: set[int] = set()
+        self.buffered = 0  # the bytes of the samples in the buffer
 
     def open(self, shard: int) -> "_Base":
         entry = shard_progress.union(self._start.get(shard), self._progress.get(shard))

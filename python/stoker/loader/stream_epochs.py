@@ -65,6 +65,8 @@ class StreamEpoch:
         # (the data set's state may already be back at its start).
         self.last = [False] * max(workers, 1)
         self.cursor = cursor
+        self.depth = depth  # each worker's queue (and a worker process's batches made ahead)
+        self._jobs: list[StreamJobs] = []  # the copies read on worker threads
         if workers == 0:  # the calling thread iterates (worker info stays None, as in torch)
             self._inline = StreamJobs(dataset, collate_fn, batch_size, drop_last)
             self._inline.begin(self.states[0], seed, loader_epoch)
@@ -75,11 +77,11 @@ class StreamEpoch:
             if self.ended[w]:
                 continue
             if pool is not None:
-                args = pickle.dumps((self.states[w], want_state, depth, seed, loader_epoch),
-                                    protocol=pickle.HIGHEST_PROTOCOL)
-                target, extra = self._ask_process, (pool, epoch, args)
+                target, extra = self._ask_process, (pool, epoch, (self.states[w], seed,
+                                                                  loader_epoch))
             else:
                 jobs = StreamJobs(_own_copy(dataset), collate_fn, batch_size, drop_last)
+                self._jobs.append(jobs)
                 target, extra = self._iterate, (jobs, base_seed, init, self.states[w], seed,
                                                 loader_epoch)
             thread = threading.Thread(target=self._produce, args=(target, w, *extra),
@@ -127,8 +129,14 @@ class StreamEpoch:
                                  jobs.exhausted)):
                 return
 
-    def _ask_process(self, w: int, pool, epoch: int, args: bytes) -> None:
+    def _ask_process(self, w: int, pool, epoch: int, begin: tuple) -> None:
+        state, seed, loader_epoch = begin
+        depth = None
         while not self._stop.is_set():
+            if depth != self.depth:  # the batches it makes ahead follow the queue's depth
+                depth = self.depth
+                args = pickle.dumps((state, self._want_state, depth, seed, loader_epoch),
+                                    protocol=pickle.HIGHEST_PROTOCOL)
             reply = pool.call(w, epoch, args)
             if not reply[0]:
                 if not self._stop.is_set():
@@ -156,6 +164,29 @@ class StreamEpoch:
     def asked_worker_info(self) -> bool:
         """Read in-line: whether the stream asked get_worker_info() as it began."""
         return self.workers == 0 and self._inline.asked_worker_info
+
+    def set_depth(self, depth: int) -> None:
+        """Each worker's queue holds `depth` batches from now on (the memory cap lowers it; a
+        worker process makes as many ahead from its next request on)."""
+        self.depth = depth
+        for q in getattr(self, "_queues", ()):
+            with q.mutex:
+                q.maxsize = depth
+                q.not_full.notify_all()
+
+    def in_flight(self) -> int:
+        """Batches queued, and one per producer still running (making one, or holding one
+        for a full queue, or a reply's); in-line: none."""
+        if self.workers == 0:
+            return 0
+        return (sum(q.qsize() for q in self._queues)
+                + sum(thread.is_alive() for thread in self._threads))
+
+    def buffered_bytes(self) -> int:
+        """What the copies of the data set read in this process hold for later (their
+        buffered_bytes(), e.g. a shuffle buffer's); a worker process's counts in its memory."""
+        copies = [self._inline] if self.workers == 0 else self._jobs
+        return sum(int(getattr(jobs.dataset, "buffered_bytes", _none)()) for jobs in copies)
 
     # --- the training loop's side --------------------------------------------------------
 
@@ -202,6 +233,10 @@ class StreamEpoch:
         for thread in getattr(self, "_threads", ()):
             if thread is not threading.current_thread():
                 thread.join(None if wait else _PUT_POLL_S * 2)
+
+
+def _none() -> int:
+    return 0
 
 
 def _where(w: int, pid: int) -> str:
@@ -263,6 +298,23 @@ class Streams:
 
     def pids(self) -> list:
         return list(self._pool.pids()) if self._pool is not None else []
+
+    def resident_bytes(self) -> int:
+        """The worker processes' own memory (their Pss_Anon estimates)."""
+        return self._pool.resident_bytes() if self._pool is not None else 0
+
+    def buffered_bytes(self) -> int:
+        """What the data set's copies read in the training process hold for later."""
+        return self._epoch.buffered_bytes() if self._epoch is not None else 0
+
+    def in_flight(self) -> int:
+        return self._epoch.in_flight() if self._epoch is not None else 0
+
+    def set_depth(self, depth: int) -> None:
+        """Each worker's queue depth, from now on (the memory cap's)."""
+        self._depth = depth
+        if self._epoch is not None:
+            self._epoch.set_depth(depth)
 
     def __len__(self) -> int:
         length = len(self._dataset)  # TypeError without __len__, as torch

@@ -22,6 +22,7 @@ from .collate import mover, pinned
 from .plan import Plan, cpu_share
 from .protocol import EPOCH_END, Pipeline
 from .stream_epochs import Streams
+from .stream_memory import StreamMemory
 
 _log = logging.getLogger("stoker")
 
@@ -62,6 +63,8 @@ class StreamPipeline(Pipeline):
             collate_fn=collate, batch_size=plan.batch_size, drop_last=plan.drop_last,
             setup=setup, processes=processes, finish=mover(_stoker.Device(plan.device), pin),
             generator=plan.generator)
+        self._memory = StreamMemory(plan.memory_limit, plan.depth, self._streams,
+                                    plan.num_workers, self.worker_type == "process")
         self.reported_len: Optional[int] = None  # len(dataset) when len(loader) was asked
         self._epoch = 0  # the epoch running
         self._timing = _Timing()
@@ -80,6 +83,7 @@ class StreamPipeline(Pipeline):
         if batch is not EPOCH_END:
             got = time.perf_counter()
             self._timing.batch(asked, got, self._trace)
+            self._memory.batch(batch)
             if self._choice is not None:
                 self._choice.batch(asked, got, batch)
         elif self._choice is not None:
@@ -100,6 +104,7 @@ class StreamPipeline(Pipeline):
         if workers:
             make = self._choice.make
             self._streams.use_processes(lambda seed: make(seed, workers), workers)
+            self._memory.set_workers(workers, True)
             self.worker_type, self.num_workers = "process", workers
         self._choice = None
         self.log_worker_type()
@@ -141,8 +146,10 @@ class StreamPipeline(Pipeline):
         return int(state["epoch"]), 0
 
     def _stats(self) -> dict:
+        memory = self._memory.stats()
+        del memory["memory"]
         return {"workers": self.num_workers, "device": self.plan.device,
-                **self._timing.stats()}
+                **self._timing.stats(), **memory}
 
     def pids(self) -> list:
         return self._streams.pids()
@@ -152,15 +159,18 @@ class StreamPipeline(Pipeline):
 
     def _report(self) -> dict:
         stats = self._timing.stats()
+        memory = self._memory.stats()
+        line = memory.pop("memory")
+        keys = {key: memory[key] for key in ("memory_limit", "memory_used", "memory_peak")}
         if not stats["batches"]:
-            text = "no data yet"
-            return {"verdict": "no data yet", "text": text, **stats}
+            return {"verdict": "no data yet", "text": f"no data yet; {line}", "memory": line,
+                    **stats, **keys}
         readers = (f"from {self.num_workers} {self.worker_type} worker(s)" if self.num_workers
                    else "read in-line")
         text = (f"stream: the training loop waited {stats['wait_fraction']:.0%} of its time "
                 f"for {stats['batches']} batches {readers}; the engine's analysis (busiest "
-                f"stage, more workers) covers map-style data sets")
-        return {"verdict": "stream", "text": text, **stats}
+                f"stage, more workers) covers map-style data sets; {line}")
+        return {"verdict": "stream", "text": text, "memory": line, **stats, **keys}
 
     def trace(self, path: Optional[str], max_events: int) -> None:
         if self._trace is not None:

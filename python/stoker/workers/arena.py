@@ -249,6 +249,12 @@ def handover_cost(obj, rounds: int = 3) -> tuple[float, float]:
                 pass
 
 
+def mapped_bytes(pids) -> int:
+    """The bytes of the arenas of workers `pids` mapped here: the shared memory their batches
+    came in, which each keeps while it lives (what it grew to)."""
+    return sum(len(mm) for pid in pids for _, mm in list(_mapped.get(pid, {}).values()))
+
+
 def forget(pid: int) -> None:
     """Worker `pid` is gone: drop its mappings (each goes once no batch views it)."""
     _mapped.pop(pid, None)

@@ -1,6 +1,8 @@
 // The one memory cap (LoaderOptions::memory_limit): what counts against it, and how it is
 // divided. Pure functions, tested alone (tests/memory_cap_test.cc); the loader measures and
-// applies them (src/loader.cc).
+// applies them (src/loader.cc), and the Python package's stream pipeline its stream's share
+// (StreamMemoryCap). Implemented in src/tune/memory_cap.cc.
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <algorithm>
@@ -20,10 +22,13 @@ struct MemoryUse {
   std::size_t device_slots = 0;  // batches on the device (device_depth slots)
   std::size_t cache = 0;         // the data set's RAM cache (Dataset::resident_bytes)
   std::size_t workers = 0;       // worker processes' own memory (their Pss_Anon)
+  // A stream's: what its data set holds for later in the training process (a shuffle buffer
+  // read in-line or on threads; a worker process's counts in `workers`).
+  std::size_t buffers = 0;
   // Not held: room kept below the cap for what the cache and the worker processes grow by
   // before the slabs in flight give theirs back (MemoryGuard::growth_reserve).
   std::size_t reserve = 0;
-  std::size_t total() const { return slabs + device_slots + cache + workers; }
+  std::size_t total() const { return slabs + device_slots + cache + workers + buffers; }
 };
 
 // How the cap is divided. The RAM cache and the worker processes hold what they hold (a
@@ -122,5 +127,70 @@ class MemoryGuard {
   std::uint64_t looks_ = 0;
   std::array<std::size_t, kGrowthLooks> rises_{};
 };
+
+// --- streams ----------------------------------------------------------------------------------
+
+// An iterable data set's batches (python/stoker/loader/stream_epochs.py) are not slabs: each
+// worker fills a queue of `depth` batches and its producer holds one more while the queue is
+// full; a worker process makes up to `depth` ahead in its arenas while its producer hands over
+// the up to `depth` of its last reply. So a depth holds these many batches in flight (read
+// in-line: none).
+constexpr std::size_t stream_batches_in_flight(std::size_t workers, std::size_t depth,
+                                               bool processes) {
+  return workers * (processes ? 3 * depth : depth + 1);
+}
+
+// The deepest queue, at most `wanted`, whose batches in flight and the `held` ones the
+// training loop holds fit in `cap` beside `taken` bytes held by the rest; 0 when not even
+// depth 1 fits. `cap` 0 (no cap) or `batch_bytes` 0 (none seen yet): `wanted`.
+std::size_t stream_memory_depth(std::size_t cap, std::size_t batch_bytes, std::size_t workers,
+                                bool processes, std::size_t wanted, std::size_t taken,
+                                std::size_t held = kHeldBatches);
+
+// A stream's side of the one cap: the same guard (peak, period, growth reserve, one warning),
+// and each worker's queue depth as the rest grows. The stream pipeline measures (the largest
+// batch's bytes, the arenas its worker processes hand batches over in, their Pss_Anon, the
+// shuffle buffers read in the training process) and applies the depth; tests call it alone.
+// Thread safety: one thread (the training loop's).
+class StreamMemoryCap {
+ public:
+  StreamMemoryCap(std::size_t limit, std::size_t depth) : guard_(limit, 0), wanted_(depth) {}
+  std::size_t limit() const { return guard_.limit(); }
+  std::size_t peak() const { return guard_.peak(); }
+  bool due() const { return guard_.due(); }
+  // The readers from now on (worker_type='auto' moves a stream from in-line to processes).
+  void set_workers(std::size_t workers, bool processes) {
+    workers_ = workers;
+    processes_ = processes;
+  }
+
+  struct Look {
+    std::size_t depth = 0;  // each worker's queue from now on
+    MemoryUse use;          // bytes now, as given (the batches' in `slabs`), and the reserve
+    std::size_t used = 0;
+    bool too_small = false;  // not even depth 1 fits beside nothing: the caller refuses
+    bool warn = false;       // the rest outgrew the cap for the first time: depth 1, said once
+    std::string message;     // why, when too_small or warn
+  };
+  // `batch_bytes`: the largest batch seen (0: none yet), which the depth is divided by;
+  // `batches`: what the stream's batches hold now (queued, being made, held; with worker
+  // processes the arenas they came in, which a worker keeps while it lives); `workers`,
+  // `buffers`: as MemoryUse's. The depth leaves room for the most a depth lets be in flight
+  // (stream_batches_in_flight), whatever is in flight now.
+  Look look(std::size_t batch_bytes, std::size_t batches, std::size_t workers, std::size_t buffers);
+  // report()'s memory line of a look.
+  std::string line(const Look& look) const;
+
+ private:
+  MemoryGuard guard_;
+  std::size_t wanted_;  // prefetch_factor: the depth asked for
+  std::size_t workers_ = 0;
+  bool processes_ = false;
+};
+
+// The error (or the warning) for a cap too small for one batch in flight per worker.
+std::string stream_memory_too_small(std::size_t cap, std::size_t batch_bytes, std::size_t workers,
+                                    bool processes, const MemoryUse& others,
+                                    std::size_t held = kHeldBatches);
 
 }  // namespace stoker::detail
