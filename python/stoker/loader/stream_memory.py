@@ -72,10 +72,10 @@ class StreamMemory:
 
     def _look(self) -> dict:
         streams = self._streams
-        batches = (streams.in_flight() + _stoker.HELD_BATCHES) * self._batch
-        if self._processes:  # what their arenas grew to, which each keeps while it lives
-            batches = max(batches, _arena.mapped_bytes(streams.pids()))
-        return self._cap.look(self._batch, batches, streams.resident_bytes(),
+        batches = streams.in_flight() + _stoker.HELD_BATCHES
+        if self._processes:  # the arenas they grew, which each keeps while it lives
+            batches = max(batches, _arena.mapped_arenas(streams.pids()))
+        return self._cap.look(self._batch, batches * self._batch, streams.resident_bytes(),
                               streams.buffered_bytes())
 
     def stats(self) -> dict:

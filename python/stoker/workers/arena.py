@@ -249,10 +249,11 @@ def handover_cost(obj, rounds: int = 3) -> tuple[float, float]:
                 pass
 
 
-def mapped_bytes(pids) -> int:
-    """The bytes of the arenas of workers `pids` mapped here: the shared memory their batches
-    came in, which each keeps while it lives (what it grew to)."""
-    return sum(len(mm) for pid in pids for _, mm in list(_mapped.get(pid, {}).values()))
+def mapped_arenas(pids) -> int:
+    """How many arenas of workers `pids` are mapped here: the shared memory their batches came
+    in, which each keeps while it lives (as many as it once had in flight). An arena is sized
+    to a power of two, but only the pages a batch wrote are memory."""
+    return sum(len(_mapped.get(pid, ())) for pid in pids)
 
 
 def forget(pid: int) -> None:
