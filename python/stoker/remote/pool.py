@@ -231,8 +231,9 @@ class RemoteWorkers:
                 worker = self._workers[k]
                 layout = None if worker.has_layout else self._layout
             try:
-                if worker.pid is None:  # the actor is up (its start is not the network's)
-                    worker.pid = self._ray.get(worker.attached, timeout=self._spec.reissue_after)
+                if worker.pid is None:  # the actor is up (its start is not the network's);
+                    # one that never answers (never scheduled, its attach lost) is given up
+                    worker.pid = self._ray.get(worker.attached, timeout=READY_S)
                 started = time.monotonic()
                 status, rows, blob, where, read_s, idle_s = self._ray.get(
                     worker.handle.run.remote(job, layout), timeout=self._spec.reissue_after)
