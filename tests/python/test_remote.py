@@ -227,6 +227,21 @@ def test_a_unit_later_than_reissue_after_is_issued_again(cluster):
     assert remote["reissued"] >= 1 and remote["lost_workers"] == 1
 
 
+def test_an_actor_that_never_comes_up_is_given_up_not_waited_for(cluster, monkeypatch):
+    # An actor asking for a resource no node has is never placed: its first chunk waits
+    # READY_S for it (shortened here), then it is lost and every unit is read locally.
+    monkeypatch.setattr(_remote, "READY_S", 2.0)
+    data = wd.Seeded(n=48)
+    expected = _batches(_loader(data))
+    loader = _loader(data, stoker.ray_workers(1, resources={"nowhere": 1}, replace=False),
+                     workers=0)
+    got = _batches(loader)
+    remote = loader.stats()["remote"]
+    loader.close()
+    _same(got, expected)
+    assert remote["lost_workers"] == 1 and remote["alive"] == 0, remote
+
+
 def test_state_dict_resumes_mid_epoch_with_remote_workers(cluster):
     data = wd.Seeded(n=96)
     expected = _batches(_loader(data, shuffle=True))
