@@ -86,6 +86,29 @@ def test_tracing_block_close_and_garbage_collection_write_the_file(tmp_path):
     assert _events(tmp_path / "gc.json")[2]["wait for batch"]
 
 
+def test_a_streams_trace_left_open_is_written_as_the_interpreter_exits(tmp_path):
+    # A stream loader still recording, never closed, mid-epoch at exit: the file is written
+    # (not left empty), and nothing is printed about it.
+    import subprocess
+
+    path = tmp_path / "stream.json"
+    script = (
+        "import stoker\n"
+        "from torch.utils.data import IterableDataset\n"
+        "class S(IterableDataset):\n"
+        "    def __iter__(self):\n"
+        "        return iter(range(100))\n"
+        "loader = stoker.DataLoader(S(), batch_size=10, num_workers=1, worker_type='thread')\n"
+        f"loader.trace({str(path)!r})\n"
+        "it = iter(loader)\n"
+        "next(it), next(it)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    names = [e["name"] for e in json.loads(path.read_text())["traceEvents"]]
+    assert names.count("wait for batch") == 2 and "step" in names
+
+
 def test_cap_keeps_the_newest_events(tmp_path):
     path = tmp_path / "cap.json"
     loader = _loader(n=512)

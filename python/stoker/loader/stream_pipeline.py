@@ -5,11 +5,13 @@ batches and the steps in between, measured here."""
 
 from __future__ import annotations
 
+import atexit
 import collections
 import json
 import logging
 import os
 import time
+import weakref
 from typing import Optional
 
 from .. import _stoker
@@ -271,6 +273,8 @@ class _Trace:
         self._path = path
         self._events: collections.deque = collections.deque(maxlen=max(1, max_events))
         self._seen = 0
+        self._written = False
+        _unwritten.add(self)
 
     def event(self, name: str, start: float, end: float) -> None:
         self._seen += 1
@@ -278,8 +282,24 @@ class _Trace:
                              "ts": start * 1e6, "dur": (end - start) * 1e6})
 
     def write(self) -> None:
+        """Writes the file once (at the latest as the interpreter exits, while it still
+        can: a loader left open goes later, when builtins may be gone)."""
+        if self._written:
+            return
+        self._written = True
+        _unwritten.discard(self)
         thread = {"name": "thread_name", "ph": "M", "pid": os.getpid(), "tid": 0,
                   "args": {"name": "consumer"}}
         with open(self._path, "w") as f:
             json.dump({"traceEvents": [thread, *self._events],
                        "otherData": {"dropped_events": self._seen - len(self._events)}}, f)
+
+
+# Traces of streams still recording: written as the interpreter exits.
+_unwritten: "weakref.WeakSet[_Trace]" = weakref.WeakSet()
+
+
+@atexit.register
+def _write_unwritten() -> None:
+    for trace in list(_unwritten):
+        trace.write()
