@@ -163,6 +163,69 @@ TEST(WorkerKind, BatchJobsDecideAfterKindMinBatchesOfWholeBatchesRead) {
   EXPECT_FALSE(fewer.observe(now, kKindMinBatches, 2, 2));
 }
 
+TEST(WorkerKind, ProcessesAreAsFewAsTheTrainingLoopsOwnCpuLeavesUseFor) {
+  using detail::processes_for;
+  // A loop that spends nothing between batches: one process per core.
+  auto [workers, why] = processes_for({.read = 2e-3, .step = 0.05e-3}, 2);
+  EXPECT_EQ(workers, 2u);
+  EXPECT_TRUE(contains(why, "so 2 worker processes")) << why;
+  // A balanced loop (its step as long as a batch's reads) on 2 cores: one process feeds it as
+  // fast as two, and two would take the step's core.
+  std::tie(workers, why) = processes_for({.read = 2e-3, .step = 2e-3}, 2);
+  EXPECT_EQ(workers, 1u);
+  EXPECT_TRUE(contains(why,
+                       "a batch's reads took 2.000 ms of CPU and the training loop 2.000 "
+                       "ms between batches, so 1 worker process (2 would be under 10% "
+                       "faster)"))
+      << why;
+  // A light step on 4 cores: 2 of the 4 are within 10% (max(4/2, 1, 5/4) = 2 ms against
+  // max(1, 1, 1.25) = 1.25 ms: no; 3: max(1.33, 1, 1.25) = 1.33 ms, within 10% of 1.25).
+  EXPECT_EQ(processes_for({.read = 4e-3, .step = 1e-3}, 4).first, 3u);
+  // A hand-over the loop pays counts as its time.
+  EXPECT_EQ(processes_for({.read = 2e-3, .step = 0.5e-3, .unpack = 0.6e-3}, 2).first, 2u);
+  EXPECT_EQ(processes_for({.read = 2e-3, .step = 1.5e-3, .unpack = 0.6e-3}, 2).first, 1u);
+}
+
+TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
+  // Batch jobs on 2 threads, GIL-bound; over 3 batches after the first the reads took 3 ms
+  // of CPU each, and the training loop 3 ms of its own between batches: one process.
+  WorkerKindChooser chooser(true);
+  EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 1, 2, 2));
+  for (std::size_t b = 1; b < kKindMinBatches; ++b) {
+    EXPECT_FALSE(
+        chooser.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1 + b, 2, 2));
+  }
+  Stats now = at(1, 0, 0, 0);
+  now.elapsed += std::chrono::milliseconds(30);
+  now.worker_lock_held = std::chrono::milliseconds(27);
+  now.worker_cpu = std::chrono::milliseconds(9);  // 3 reads
+  now.consumer_cpu = std::chrono::milliseconds(9);
+  auto d = chooser.observe(now, 1 + kKindMinBatches, 2, 2);
+  ASSERT_TRUE(d && d->processes);
+  EXPECT_EQ(d->workers, 1u);
+  EXPECT_TRUE(contains(d->reason, "whole batches made in Python, so processes")) << d->reason;
+  EXPECT_TRUE(contains(d->workers_reason,
+                       "a batch's reads took 3.000 ms of CPU and the "
+                       "training loop 3.000 ms"))
+      << d->workers_reason;
+  // Samples: a batch's reads are its samples' (batches of 4 samples of 0.5 ms each, the GIL
+  // held 90% of the time), and a loop of 0.1 ms a batch: two processes.
+  WorkerKindChooser samples(false);
+  EXPECT_FALSE(samples.observe(at(1, 0, 0, 0), 0, 2, 2));
+  Stats later = at(1, 0, 0, 0);
+  for (std::size_t b = 1; b <= 4; ++b) {
+    later.elapsed = std::chrono::seconds(1) + std::chrono::milliseconds(2 * b);
+    later.worker_lock_held = std::chrono::microseconds(1800 * b);
+    later.worker_cpu = std::chrono::milliseconds(2 * b);
+    later.consumer_cpu = std::chrono::microseconds(100 * b);
+    later.samples = 4 * b;
+    d = samples.observe(later, 4 * b, 2, 2);
+  }
+  ASSERT_TRUE(d && d->processes);
+  EXPECT_EQ(d->workers, 2u);
+  EXPECT_TRUE(contains(d->workers_reason, "so 2 worker processes")) << d->workers_reason;
+}
+
 TEST(WorkerKind, TheRemoteTunerDecidesEveryFewBatchesFromTheStretchSinceTheLast) {
   RemoteWorkerTuner tuner;
   std::size_t due = 0;

@@ -1,6 +1,7 @@
 #include "stoker/frontend/worker_kind.h"
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "tune/tuner.h"
@@ -24,12 +25,17 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
   }
   if (v.bound && cores >= 2 && threads >= 2) {
     const char* why = whole_batches ? "whole batches made in Python" : "GIL-bound";
-    return {.processes = true, .reason = "auto: " + measured + ": " + why + ", so processes"};
+    KindChoice choice;
+    choice.processes = true;
+    choice.reason = "auto: " + measured + ": " + why + ", so processes";
+    return choice;
   }
   const char* why = cores < 2                ? "fewer than 2 cores"
                     : threads < 2 && v.bound ? "fewer than 2 threads"
                                              : "not GIL-bound";
-  return {.processes = false, .reason = "auto: " + measured + ": " + why + ", so threads"};
+  KindChoice choice;
+  choice.reason = "auto: " + measured + ": " + why + ", so threads";
+  return choice;
 }
 
 double stream_batch_seconds(const StreamCosts& c, std::size_t workers, std::size_t cores) {
@@ -95,8 +101,24 @@ std::size_t next_remote_workers(std::size_t active, std::size_t count, double wa
   return active;
 }
 
+std::pair<std::size_t, std::string> processes_for(const StreamCosts& c, std::size_t cores) {
+  cores = std::max<std::size_t>(cores, 1);
+  const double best = stream_batch_seconds(c, cores, cores);
+  std::size_t workers = 1;
+  while (stream_batch_seconds(c, workers, cores) > (1 + kStreamGain) * best) ++workers;
+  std::string why = format(
+      "a batch's reads took %.3f ms of CPU and the training loop %.3f ms between batches, so "
+      "%zu worker process%s",
+      1e3 * c.read, 1e3 * c.step, workers, workers == 1 ? "" : "es");
+  if (workers < cores) {
+    why += format(" (%zu would be under %.0f%% faster)", cores, 100 * kStreamGain);
+  }
+  return {workers, why};
+}
+
 std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::uint64_t reads,
-                                                     std::size_t threads, std::size_t cores) {
+                                                     std::size_t threads, std::size_t cores,
+                                                     double pack, double unpack) {
   if (!first_) {
     first_ = stats;
     first_reads_ = reads;
@@ -111,9 +133,23 @@ std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::ui
     return std::nullopt;
   }
   const double busy = to_seconds(stats.worker_lock_held - first_->worker_lock_held) / wall;
-  return choose_worker_kind(busy, to_seconds(stats.worker_cpu - first_->worker_cpu),
-                            to_seconds(stats.worker_run_delay - first_->worker_run_delay),
-                            whole_batches_, threads, cores);
+  const double cpu = to_seconds(stats.worker_cpu - first_->worker_cpu);
+  KindChoice choice =
+      choose_worker_kind(busy, cpu, to_seconds(stats.worker_run_delay - first_->worker_run_delay),
+                         whole_batches_, threads, cores);
+  if (choice.processes) {
+    // Per batch handed out: the reads' CPU (a batch job is one read; samples, as many as a
+    // batch holds) and the loop's own.
+    const double batches = static_cast<double>(std::max<std::uint64_t>(batches_, 1));
+    const double per_batch =
+        whole_batches_ ? 1.0 : static_cast<double>(stats.samples - first_->samples) / batches;
+    const StreamCosts costs{.read = cpu / static_cast<double>(reads - first_reads_) * per_batch,
+                            .step = to_seconds(stats.consumer_cpu - first_->consumer_cpu) / batches,
+                            .pack = pack,
+                            .unpack = unpack};
+    std::tie(choice.workers, choice.workers_reason) = processes_for(costs, cores);
+  }
+  return choice;
 }
 
 std::optional<RemoteDecision> RemoteWorkerTuner::observe(const Stats& stats,

@@ -465,8 +465,8 @@ class _MoveAtOnce:
     def __init__(self, whole_batches):
         pass
 
-    def observe(self, loader, threads, cores):
-        return True, "auto: forced"
+    def observe(self, loader, threads, cores, pack=0.0, unpack=0.0):
+        return True, "auto: forced", 2, "2 forced"
 
 
 def _pairs_collate(samples):
@@ -481,11 +481,27 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     for _ in range(3):  # each epoch every batch once, in order, across the move
         assert [i for _, ids in loader for i in ids] == list(range(192))
     stats = loader.stats()
-    assert (stats["worker_type"], stats["worker_type_reason"]) == ("process", "auto: forced")
-    assert len(stats["worker_pids"]) == loader.num_workers
+    # num_workers='auto': the chooser's count, and why.
+    assert (stats["worker_type"], stats["worker_type_reason"]) == ("process",
+                                                                    "auto: forced; 2 forced")
+    assert len(stats["worker_pids"]) == loader.num_workers == 2
     report = loader.report()
-    assert report["readers"] == f"{loader.num_workers} process worker(s)"
-    assert report["readers_reason"] == "auto: forced"
+    assert report["readers"] == "2 process worker(s)"
+    assert report["readers_reason"] == "auto: forced; 2 forced"
+    loader.close()
+
+
+def test_auto_starts_as_many_processes_as_num_workers_asks_when_given(monkeypatch):
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=_pairs_collate,
+                               num_workers=3)
+    assert [i for _, ids in loader for i in ids] == list(range(192))
+    stats = loader.stats()
+    assert len(stats["worker_pids"]) == loader.num_workers == 3
+    assert stats["worker_type_reason"] == ("auto: forced; 3 worker process(es), as num_workers "
+                                           "asks")
     loader.close()
 
 
@@ -518,8 +534,10 @@ def test_the_warm_up_makes_batches_until_one_is_steady_and_lets_each_go():
         def use_processes(self, pool):
             self.pool = pool
 
-    loader, pool = Loader(), _WarmPool([0.05, 0.04, 0.0])
-    w = warming.Warming(loader, pool, b"", steady=0.01)
+    # Margins a loaded machine keeps: the third reply takes well under 0.2 s, the first two
+    # well over it.
+    loader, pool = Loader(), _WarmPool([0.5, 0.4, 0.0])
+    w = warming.Warming(loader, pool, b"", steady=0.2)
     assert w.wait(30) and loader.pool is pool
     assert pool.calls == 3  # the third took no longer than a batch job on the threads
     gc.collect()

@@ -1,7 +1,7 @@
 // The two decisions about kinds of worker that the Python front end takes while a loader
 // runs, as pure functions beside the tuner's policy (no clocks, no threads; tested with
-// synthetic numbers in tests/tuner_test.cc, and called from python/stoker/loader/
-// worker_choice.py, which only measures):
+// synthetic numbers in tests/worker_kind_test.cc, and called from python/stoker/loader/
+// worker_choice.py and stream_pipeline.py, which only measure):
 //   - worker_type='auto': threads, or worker processes for reads that the GIL serializes,
 //     decided once from the first batches read on threads;
 //   - num_workers='auto' with remote=: how many remote workers to use, one more or one fewer
@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "stoker/stats.h"
 
@@ -61,6 +62,10 @@ GilVerdict gil_bound(double busy, double on_cpu, double delayed);
 struct KindChoice {
   bool processes = false;
   std::string reason;  // "auto: reads kept the GIL busy 95% of the time on 2 threads, ..."
+  // With processes, WorkerKindChooser's count for them (processes_for) and why: what a front
+  // end starts when the count is its to choose (num_workers='auto').
+  std::size_t workers = 0;
+  std::string workers_reason;
 };
 // worker_type='auto' once measured: `threads` reading on `cores` cores; `whole_batches`: the
 // reads are batch jobs (the reason says so).
@@ -75,9 +80,12 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
 class WorkerKindChooser {
  public:
   explicit WorkerKindChooser(bool whole_batches) : whole_batches_(whole_batches) {}
-  // None while measuring. `threads` reading on `cores` cores.
+  // None while measuring. `threads` reading on `cores` cores; `pack`, `unpack`: a batch's
+  // hand-over to the training process, seconds (batch jobs'; a sample's row goes straight into
+  // the shared slab). A choice of processes says how many (KindChoice::workers, processes_for:
+  // the reads' CPU time per batch and the training loop's over the same batches) and why.
   std::optional<KindChoice> observe(const Stats& stats, std::uint64_t reads, std::size_t threads,
-                                    std::size_t cores);
+                                    std::size_t cores, double pack = 0, double unpack = 0);
 
  private:
   bool whole_batches_;
@@ -120,6 +128,16 @@ struct StreamChoice {
 };
 // The model's seconds per batch with `workers` worker processes (>= 1) on `cores` cores.
 double stream_batch_seconds(const StreamCosts& costs, std::size_t workers, std::size_t cores);
+// How many worker processes auto starts when it moves reads to them, from what the reads
+// and the training loop cost per batch (`costs`: `read`, the CPU time of the reads making one
+// batch; `step`, the loop's own CPU time between batches; `pack`, `unpack`, a batch's
+// hand-over, as a stream's): the training loop competes with the processes for the cores,
+// so a batch takes stream_batch_seconds() with w processes, and the fewest within kStreamGain
+// of one per core are taken (a process more for less is a core taken from the training step;
+// a balanced loop, its step as long as a batch's reads, needs one). Returns the count and the
+// reason's clause.
+std::pair<std::size_t, std::string> processes_for(const StreamCosts& costs, std::size_t cores);
+
 // The setting for epoch 2 on, `cores` the cores of this rank's share; `shards`: the stream
 // asked get_worker_info() (so up to `cores` workers, else 1).
 StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores, bool shards);

@@ -23,6 +23,7 @@ from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
 from .seeding import TorchOrderFeed, TorchRandomOrder, WorkerSetup, peek_seed
+from .worker_choice import KindChooser
 
 _log = logging.getLogger("stoker")
 
@@ -68,8 +69,8 @@ class EnginePipeline(Pipeline):
                 self._handle.set_batch_jobs(self._jobs.job_args)
         # The two decisions taken while it runs (src/tune/worker_kind.cc): worker_type='auto',
         # and with num_workers='auto' and remote=, how many remote workers to use.
-        self._choice = (_stoker.WorkerKindChooser(self._jobs is not None)
-                        if plan.measure_worker_type else None)
+        self._choice = (KindChooser(self._jobs is not None, plan.tune_workers,
+                                    plan.process_count) if plan.measure_worker_type else None)
         self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
         # Worker processes start with the first epoch, whose iter() draws their base seed.
         self._processes_due = self.worker_type == "process"
@@ -153,7 +154,7 @@ class EnginePipeline(Pipeline):
                 self._setup.begin_epoch()
             if self._processes_due:
                 self._processes_due = False
-                self._start_processes(warn=False)
+                self._start_processes(self.plan.process_count, warn=False)
         samples = compat.sized(self._index["dataset"])
         if self._samples is not None and samples is not None and samples != self._samples:
             compat.warn(f"the data set has {samples} samples, {self._samples} when this "
@@ -209,6 +210,8 @@ class EnginePipeline(Pipeline):
         # One call: the fields and object values, and the handle's hold on the slab let go
         # (the tensors keep the buffer; returning them all recycles it).
         fields, objects = raw.take(self._as_arrays)
+        if self._choice is not None:
+            self._choice.batch(objects)
         arrays = self._convert(fields)
         if self._objects_of is not None:
             return self._build(arrays, self._objects_of(raw.indices()))
@@ -367,14 +370,14 @@ class EnginePipeline(Pipeline):
         self._remote.set_active(active)
         self._loader.set_workers(self._engine_workers())
 
-    def _start_processes(self, warn: bool = True, warm: bool = False) -> None:
-        """Starts the worker processes and sends reads to them from now on; `warm` (batch
+    def _start_processes(self, count: int, warn: bool = True, warm: bool = False) -> None:
+        """Starts `count` worker processes and sends reads to them from now on; `warm` (batch
         jobs): once each has made batches until one was as quick as on the threads, which
         the training loop waits for (up to _WARM_WAIT_S, the threads reading after that until
         the warm-up ends)."""
         if warn:
             self._warn_not_persistent()
-        workers = ProcessWorkers(self.plan.dataset, self.plan.process_count, self.plan.context,
+        workers = ProcessWorkers(self.plan.dataset, count, self.plan.context,
                                  self._setup.base_seed, self._setup.worker_init_fn)
         pool = workers.make_pool()
         pool.start()
@@ -419,20 +422,15 @@ class EnginePipeline(Pipeline):
         reads to processes (between batches, on this thread: nothing is lost or reordered)."""
         # The local threads (the engine's others wait for remote workers); None: all of them.
         threads = None if self._remote is None else self.num_workers
-        decision = self._choice.observe(self._loader, threads, cores())
+        decision = self._choice.observe(self._loader, threads, cores(), self._handle.structure())
         if decision is None:
             return
         self._choice = None
-        to_processes, self.worker_type_reason = decision
-        if to_processes and (unpicklable := self._unpicklable_samples()):
-            # A worker process sends its samples' structure back pickled: one whose types
-            # cannot be (a namedtuple or class made inside a function) stays on threads.
-            to_processes = False
-            self.worker_type_reason += f"; but {unpicklable}, so worker threads"
+        to_processes, self.worker_type_reason, count = decision
         if to_processes:
-            self._start_processes(warm=True)
+            self._start_processes(count, warm=True)
             self.worker_type = "process"
-            self.num_workers = self.plan.process_count
+            self.num_workers = count
             self._loader.set_workers(self._engine_workers())
             if self._torch_order is not None:
                 self._threads_ending = self._loader.thread_reads()
@@ -445,15 +443,6 @@ class EnginePipeline(Pipeline):
         self._torch_order.redraw_ahead(self._loader)
         reads = self._loader.thread_reads()
         self._threads_ending = reads if reads != self._threads_ending else None
-
-    def _unpicklable_samples(self) -> str:
-        """Why the samples read so far could not cross to a worker process ("" if they can):
-        their structure (the containers' types) does not pickle."""
-        try:
-            pickle.dumps(self._handle.structure(), protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:  # noqa: BLE001 (PicklingError, AttributeError, TypeError, ...)
-            return f"its samples do not pickle ({type(e).__name__}: {e})"
-        return ""
 
     def _tune_remote(self) -> None:
         before = self._remote.active

@@ -1,0 +1,59 @@
+"""worker_type='auto' on the engine pipeline: the first batches are read on threads and
+measured (WorkerKindChooser, src/tune/worker_kind.cc: the GIL's busy share, the reads' CPU
+time and the training loop's own per batch, a batch job's hand-over); then reads stay on
+threads or move to worker processes, and how many."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Optional
+
+from .. import _stoker
+from ..workers import arena as _arena
+
+
+class KindChooser:
+    """`whole_batches`: batch jobs; `auto_count`: num_workers='auto' (the count is auto's to
+    choose, else `count` processes, as asked)."""
+
+    def __init__(self, whole_batches: bool, auto_count: bool, count: int) -> None:
+        self._chooser = _stoker.WorkerKindChooser(whole_batches)
+        self._whole_batches = whole_batches
+        self._auto_count = auto_count
+        self._count = count
+        self._handover: Optional[tuple[float, float]] = None
+
+    def batch(self, objects) -> None:
+        """A delivered batch's object values: a batch job's batch (still in this process's
+        memory, before any move to a device) times its hand-over from a worker process once."""
+        if self._whole_batches and self._handover is None:
+            self._handover = _arena.handover_cost(objects[0][0])
+
+    def observe(self, loader, threads: Optional[int], cores: int,
+                structure) -> Optional[tuple[bool, str, int]]:
+        """After each batch handed out: None while measuring, then (processes, the reason,
+        how many). `structure`: the samples' (a worker process pickles it back)."""
+        pack, unpack = self._handover or (0.0, 0.0)
+        decision = self._chooser.observe(loader, threads, cores, pack, unpack)
+        if decision is None:
+            return None
+        to_processes, reason, workers, why = decision
+        if to_processes and (unpicklable := _unpicklable(structure)):
+            # A worker process sends its samples' structure back pickled: one whose types
+            # cannot be (a namedtuple or class made inside a function) stays on threads.
+            return False, f"{reason}; but {unpicklable}, so worker threads", 0
+        if not to_processes:
+            return False, reason, 0
+        if self._auto_count:
+            return True, f"{reason}; {why}", workers
+        return True, f"{reason}; {self._count} worker process(es), as num_workers asks", \
+            self._count
+
+
+def _unpicklable(structure) -> str:
+    """Why samples of `structure` could not cross to a worker process ("" if they can)."""
+    try:
+        pickle.dumps(structure, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 (PicklingError, AttributeError, TypeError, ...)
+        return f"its samples do not pickle ({type(e).__name__}: {e})"
+    return ""
