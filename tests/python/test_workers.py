@@ -236,7 +236,9 @@ def test_a_sample_that_kills_every_worker_is_named_like_torch(tmp_path):
     # that kills its worker by itself is named, not its whole chunk.
     assert "is killed by signal: Killed" in message and "samples lost: 20" in message, message
     assert isinstance(info.value, RuntimeError) and isinstance(info.value, stoker.SampleError)
-    assert info.value.pid not in pids
+    # The worker that died last, already gone (a replacement, or the other first worker:
+    # which one reads the sample alone is the scheduler's choice; under load it was the latter).
+    assert info.value.pid > 0 and not alive(info.value.pid)
     assert [int(x) for b in got for x in b[:, 0]] == list(range(16))
     assert loader.stats()["worker_deaths"] == 3  # twice the chunk, once the sample alone
     loader.close()
