@@ -208,6 +208,17 @@ TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
                        "a batch's reads took 3.000 ms of CPU and the "
                        "training loop 3.000 ms"))
       << d->workers_reason;
+  // The same, but 6 of the loop's 9 ms were the front end timing a hand-over: the loop's own
+  // 1 ms a batch leaves room for a second process.
+  WorkerKindChooser measured(true);
+  EXPECT_FALSE(measured.observe(at(1, 0, 0, 0), 1, 2, 2));
+  for (std::size_t b = 1; b < kKindMinBatches; ++b) {
+    EXPECT_FALSE(
+        measured.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1 + b, 2, 2));
+  }
+  d = measured.observe(now, 1 + kKindMinBatches, 2, 2, 0, 0, 6e-3);
+  ASSERT_TRUE(d && d->processes);
+  EXPECT_EQ(d->workers, 2u);
   // Samples: a batch's reads are its samples' (batches of 4 samples of 0.5 ms each, the GIL
   // held 90% of the time), and a loop of 0.1 ms a batch: two processes.
   WorkerKindChooser samples(false);

@@ -412,19 +412,20 @@ PYBIND11_MODULE(_stoker, m) {
       .def(
           "observe",
           [](detail::WorkerKindChooser& c, PyLoader& loader, std::optional<std::size_t> threads,
-             std::size_t cores, double pack, double unpack) -> py::object {
+             std::size_t cores, double pack, double unpack, double measuring) -> py::object {
             const Stats s = loader.typed_stats();
             const auto d = c.observe(s, loader.thread_reads(), threads.value_or(s.workers), cores,
-                                     pack, unpack);
+                                     pack, unpack, measuring);
             if (!d) return py::none();
             return py::make_tuple(d->processes, d->reason, d->workers, d->workers_reason);
           },
           py::arg("loader"), py::arg("threads"), py::arg("cores"), py::arg("pack") = 0.0,
-          py::arg("unpack") = 0.0,
+          py::arg("unpack") = 0.0, py::arg("measuring") = 0.0,
           "After each batch handed out: None while measuring, then (processes, the reason, how "
           "many processes, why so many). `threads`: the threads reading here (None: the loader's "
           "workers); `pack`, "
-          "`unpack`: a batch's hand-over, seconds (batch jobs').");
+          "`unpack`: a batch's hand-over, seconds (batch jobs'); `measuring`: the loop's CPU "
+          "seconds spent timing it.");
   py::class_<detail::RemoteWorkerTuner>(m, "RemoteWorkerTuner")
       .def(py::init<>())
       .def("due", &detail::RemoteWorkerTuner::due)

@@ -118,7 +118,7 @@ std::pair<std::size_t, std::string> processes_for(const StreamCosts& c, std::siz
 
 std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::uint64_t reads,
                                                      std::size_t threads, std::size_t cores,
-                                                     double pack, double unpack) {
+                                                     double pack, double unpack, double measuring) {
   if (!first_) {
     first_ = stats;
     first_reads_ = reads;
@@ -143,10 +143,12 @@ std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::ui
     const double batches = static_cast<double>(std::max<std::uint64_t>(batches_, 1));
     const double per_batch =
         whole_batches_ ? 1.0 : static_cast<double>(stats.samples - first_->samples) / batches;
-    const StreamCosts costs{.read = cpu / static_cast<double>(reads - first_reads_) * per_batch,
-                            .step = to_seconds(stats.consumer_cpu - first_->consumer_cpu) / batches,
-                            .pack = pack,
-                            .unpack = unpack};
+    const StreamCosts costs{
+        .read = cpu / static_cast<double>(reads - first_reads_) * per_batch,
+        .step = std::max(0.0, to_seconds(stats.consumer_cpu - first_->consumer_cpu) - measuring) /
+                batches,
+        .pack = pack,
+        .unpack = unpack};
     std::tie(choice.workers, choice.workers_reason) = processes_for(costs, cores);
   }
   return choice;

@@ -467,7 +467,7 @@ class _MoveAtOnce:
     def __init__(self, whole_batches):
         pass
 
-    def observe(self, loader, threads, cores, pack=0.0, unpack=0.0):
+    def observe(self, loader, threads, cores, pack=0.0, unpack=0.0, measuring=0.0):
         return True, "auto: forced", 2, "2 forced"
 
 

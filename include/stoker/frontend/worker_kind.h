@@ -84,8 +84,11 @@ class WorkerKindChooser {
   // hand-over to the training process, seconds (batch jobs'; a sample's row goes straight into
   // the shared slab). A choice of processes says how many (KindChoice::workers, processes_for:
   // the reads' CPU time per batch and the training loop's over the same batches) and why.
+  // `measuring`: CPU seconds the training loop's thread spent measuring for it (timing the
+  // hand-over), left out of the loop's own.
   std::optional<KindChoice> observe(const Stats& stats, std::uint64_t reads, std::size_t threads,
-                                    std::size_t cores, double pack = 0, double unpack = 0);
+                                    std::size_t cores, double pack = 0, double unpack = 0,
+                                    double measuring = 0);
 
  private:
   bool whole_batches_;

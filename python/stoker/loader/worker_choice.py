@@ -6,6 +6,7 @@ threads or move to worker processes, and how many."""
 from __future__ import annotations
 
 import pickle
+import time
 from typing import Optional
 
 from .. import _stoker
@@ -22,19 +23,23 @@ class KindChooser:
         self._auto_count = auto_count
         self._count = count
         self._handover: Optional[tuple[float, float]] = None
+        self._measuring = 0.0  # the training loop's CPU time spent timing the hand-over
 
     def batch(self, objects) -> None:
         """A delivered batch's object values: a batch job's batch (still in this process's
-        memory, before any move to a device) times its hand-over from a worker process once."""
+        memory, before any move to a device) times its hand-over from a worker process once,
+        on the training loop's thread (that CPU time is not the loop's own)."""
         if self._whole_batches and self._handover is None:
+            start = time.thread_time()
             self._handover = _arena.handover_cost(objects[0][0])
+            self._measuring = time.thread_time() - start
 
     def observe(self, loader, threads: Optional[int], cores: int,
                 structure) -> Optional[tuple[bool, str, int]]:
         """After each batch handed out: None while measuring, then (processes, the reason,
         how many). `structure`: the samples' (a worker process pickles it back)."""
         pack, unpack = self._handover or (0.0, 0.0)
-        decision = self._chooser.observe(loader, threads, cores, pack, unpack)
+        decision = self._chooser.observe(loader, threads, cores, pack, unpack, self._measuring)
         if decision is None:
             return None
         to_processes, reason, workers, why = decision
