@@ -269,6 +269,20 @@ def test_a_stream_on_auto_is_told_whether_it_asked_get_worker_info(monkeypatch, 
     loader.close()
 
 
+def test_a_stream_whose_batches_do_not_pickle_stays_in_line_on_auto():
+    # A batch holding a lock cannot be handed over by a worker process: auto keeps the
+    # stream in-line, and says why, rather than fail while timing a hand-over.
+    def with_lock(samples):
+        return torch.as_tensor(np.stack(samples)), threading.Lock()
+
+    loader = stoker.DataLoader(wd.Counting(40), batch_size=2, collate_fn=with_lock)
+    for _ in range(2):
+        assert [x for b, _ in loader for x in b[:, 0].tolist()] == list(range(40))
+    assert loader.num_workers == 0
+    assert "its batches do not pickle" in loader.stats()["worker_type_reason"]
+    loader.close()
+
+
 def test_a_short_stream_on_auto_measures_over_epochs_until_enough_batches(monkeypatch):
     from stoker.loader import stream_pipeline
 

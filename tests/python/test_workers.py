@@ -507,6 +507,23 @@ def test_auto_starts_as_many_processes_as_num_workers_asks_when_given(monkeypatc
     loader.close()
 
 
+def test_auto_keeps_threads_for_batches_a_worker_process_could_not_send_back(monkeypatch):
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+
+    def with_lock(samples):
+        return _pairs_collate(samples), threading.Lock()
+
+    loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=with_lock)
+    for _ in range(2):
+        assert [i for (_, ids), _ in loader for i in ids] == list(range(192))
+    stats = loader.stats()
+    assert stats["worker_type"] == "thread" and not stats["worker_pids"]
+    assert "but its batches do not pickle (TypeError" in stats["worker_type_reason"]
+    loader.close()
+
+
 class _WarmPool:
     """A pool of one worker whose batches take `times` seconds each, made by a real Arenas."""
 

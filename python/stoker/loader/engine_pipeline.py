@@ -422,7 +422,7 @@ class EnginePipeline(Pipeline):
         reads to processes (between batches, on this thread: nothing is lost or reordered)."""
         # The local threads (the engine's others wait for remote workers); None: all of them.
         threads = None if self._remote is None else self.num_workers
-        decision = self._choice.observe(self._loader, threads, cores(), self._handle.structure())
+        decision = self._choice.observe(self._loader, threads, cores(), self._handle.structure)
         if decision is None:
             return
         self._choice = None

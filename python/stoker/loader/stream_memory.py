@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+
 import numpy as np
 
 from .. import _stoker

@@ -213,6 +213,7 @@ class _Choice:
         self._handover: Optional[tuple[float, float]] = None
         self._got: Optional[float] = None  # when the last batch of this epoch was handed out
         self._shards = False  # the stream asked get_worker_info() as an epoch began
+        self._unpicklable = ""  # why its batches could not go to a worker process
 
     def batch(self, asked: float, got: float, batch) -> None:
         if self._got is not None:  # not the epoch's first: its time includes the start
@@ -220,7 +221,12 @@ class _Choice:
             self._read += got - asked
             self._step += asked - self._got
             if self._handover is None:
-                self._handover = _arena.handover_cost(batch)
+                try:
+                    self._handover = _arena.handover_cost(batch)
+                except Exception as e:  # noqa: BLE001 (a batch that does not pickle)
+                    self._unpicklable = f"its batches do not pickle ({type(e).__name__}: {e})"
+                    self._handover = (0.0, 0.0)
+                got = time.perf_counter()  # the timing is not the loop's step
         self._got = got
 
     def epoch_end(self, asked_worker_info: bool) -> None:
@@ -230,6 +236,8 @@ class _Choice:
     def decide(self) -> Optional[tuple[int, str]]:
         if self._batches < _stoker.STREAM_MIN_BATCHES or self._handover is None:
             return None
+        if self._unpicklable:
+            return 0, f"auto: in-line ({self._unpicklable})"
         n = self._batches
         workers, reason = _stoker.choose_stream_workers(
             self._read / n, self._step / n, *self._handover, cpu_share(), self._shards)

@@ -24,6 +24,7 @@ class KindChooser:
         self._count = count
         self._handover: Optional[tuple[float, float]] = None
         self._measuring = 0.0  # the training loop's CPU time spent timing the hand-over
+        self._unpicklable = ""  # why a batch job's batch could not be handed over
 
     def batch(self, objects) -> None:
         """A delivered batch's object values: a batch job's batch (still in this process's
@@ -31,19 +32,23 @@ class KindChooser:
         on the training loop's thread (that CPU time is not the loop's own)."""
         if self._whole_batches and self._handover is None:
             start = time.thread_time()
-            self._handover = _arena.handover_cost(objects[0][0])
+            try:
+                self._handover = _arena.handover_cost(objects[0][0])
+            except Exception as e:  # noqa: BLE001 (a batch that does not pickle)
+                self._handover = (0.0, 0.0)
+                self._unpicklable = f"its batches do not pickle ({type(e).__name__}: {e})"
             self._measuring = time.thread_time() - start
 
     def observe(self, loader, threads: Optional[int], cores: int,
                 structure) -> Optional[tuple[bool, str, int]]:
         """After each batch handed out: None while measuring, then (processes, the reason,
-        how many). `structure`: the samples' (a worker process pickles it back)."""
+        how many). `structure()`: the samples' (a worker process pickles it back)."""
         pack, unpack = self._handover or (0.0, 0.0)
         decision = self._chooser.observe(loader, threads, cores, pack, unpack, self._measuring)
         if decision is None:
             return None
         to_processes, reason, workers, why = decision
-        if to_processes and (unpicklable := _unpicklable(structure)):
+        if to_processes and (unpicklable := self._unpicklable or _unpicklable(structure())):
             # A worker process sends its samples' structure back pickled: one whose types
             # cannot be (a namedtuple or class made inside a function) stays on threads.
             return False, f"{reason}; but {unpicklable}, so worker threads", 0
