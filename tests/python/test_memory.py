@@ -4,6 +4,7 @@ epoch leaving nothing behind (bench/memory_soak.py runs the 200-epoch version)."
 import gc
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -177,10 +178,13 @@ def test_a_streams_queues_are_made_shallower_to_fit_the_cap():
     assert stats["memory_limit"] == 10 * MiB
     # What is held as counted (queued, being made, the 2 the loop holds), never past the cap.
     assert max(held) <= (2 * (3 + 1) + 2) * MiB
-    assert stats["memory_batches"] == 2 * MiB  # the epoch is over: the 2 held
+    # The epoch is over: the 2 held, and one for each producer thread still ending (a
+    # producer that put its END may not have returned yet on a loaded machine).
+    assert 2 * MiB <= stats["memory_batches"] <= 4 * MiB
     assert stats["memory_peak"] <= 10 * MiB
     report = loader.report()
-    assert "of the 10 MiB cap (batches 2), peak " in report["text"], report["text"]
+    assert re.search(r"of the 10 MiB cap \(batches [234]\), peak ", report["text"]), \
+        report["text"]
     assert report["memory_limit"] == 10 * MiB
 
 
