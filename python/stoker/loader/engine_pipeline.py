@@ -199,19 +199,18 @@ class EnginePipeline(Pipeline):
         raw = self._loader.next(timeout)
         if raw is None:
             return EPOCH_END
-        if self._choice is not None:
-            self._choose_worker_type()
-        elif self._threads_ending is not None:
-            self._after_threads_end()
-        if self._remote_tuning is not None and self._remote_tuning.due():
-            self._tune_remote()
         if self._build is None:
             self._make_batches(self._handle.structure())
         # One call: the fields and object values, and the handle's hold on the slab let go
         # (the tensors keep the buffer; returning them all recycles it).
         fields, objects = raw.take(self._as_arrays)
         if self._choice is not None:
-            self._choice.batch(objects)
+            self._choice.batch(objects)  # before it decides: a batch job's hand-over timed
+            self._choose_worker_type()
+        elif self._threads_ending is not None:
+            self._after_threads_end()
+        if self._remote_tuning is not None and self._remote_tuning.due():
+            self._tune_remote()
         arrays = self._convert(fields)
         if self._objects_of is not None:
             return self._build(arrays, self._objects_of(raw.indices()))

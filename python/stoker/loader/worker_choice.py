@@ -43,6 +43,8 @@ class KindChooser:
                 structure) -> Optional[tuple[bool, str, int]]:
         """After each batch handed out: None while measuring, then (processes, the reason,
         how many). `structure()`: the samples' (a worker process pickles it back)."""
+        if self._whole_batches and self._handover is None:
+            return None  # batch() times a batch job's hand-over first
         pack, unpack = self._handover or (0.0, 0.0)
         decision = self._chooser.observe(loader, threads, cores, pack, unpack, self._measuring)
         if decision is None:
