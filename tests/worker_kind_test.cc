@@ -137,15 +137,21 @@ TEST(WorkerKind, OneBatchOfSlowSamplesIsEnoughEvidence) {
   EXPECT_FALSE(quick.observe(at(1.01, 0.009, 0.009, 0), 128, 2, 2));
 }
 
-TEST(WorkerKind, BatchJobsDecideAfterKindMinBatchesOfWholeBatchesRead) {
-  // A padding collate's batches: each read is a batch, so 3 of them are the evidence (not
-  // kKindMinReads, 2 epochs of 8 batches, after which the switch cost the third).
-  WorkerKindChooser chooser(true);
+// A batch-jobs chooser fed its first batch and kKindMinBatches - 1 more (one batch read each):
+// the next call with enough reads decides.
+void feed_batch_jobs(WorkerKindChooser& chooser) {
   EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 1, 2, 2));
   for (std::size_t b = 1; b < kKindMinBatches; ++b) {
     EXPECT_FALSE(
         chooser.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1 + b, 2, 2));
   }
+}
+
+TEST(WorkerKind, BatchJobsDecideAfterKindMinBatchesOfWholeBatchesRead) {
+  // A padding collate's batches: each read is a batch, so 3 of them are the evidence (not
+  // kKindMinReads, 2 epochs of 8 batches, after which the switch cost the third).
+  WorkerKindChooser chooser(true);
+  feed_batch_jobs(chooser);
   Stats now = at(1, 0, 0, 0);
   now.elapsed += std::chrono::milliseconds(30);
   now.worker_lock_held = std::chrono::milliseconds(30);
@@ -190,11 +196,7 @@ TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
   // Batch jobs on 2 threads, GIL-bound; over 3 batches after the first the reads took 3 ms
   // of CPU each, and the training loop 3 ms of its own between batches: one process.
   WorkerKindChooser chooser(true);
-  EXPECT_FALSE(chooser.observe(at(1, 0, 0, 0), 1, 2, 2));
-  for (std::size_t b = 1; b < kKindMinBatches; ++b) {
-    EXPECT_FALSE(
-        chooser.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1 + b, 2, 2));
-  }
+  feed_batch_jobs(chooser);
   Stats now = at(1, 0, 0, 0);
   now.elapsed += std::chrono::milliseconds(30);
   now.worker_lock_held = std::chrono::milliseconds(27);
@@ -211,11 +213,7 @@ TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
   // The same, but 6 of the loop's 9 ms were the front end timing a hand-over: the loop's own
   // 1 ms a batch leaves room for a second process.
   WorkerKindChooser measured(true);
-  EXPECT_FALSE(measured.observe(at(1, 0, 0, 0), 1, 2, 2));
-  for (std::size_t b = 1; b < kKindMinBatches; ++b) {
-    EXPECT_FALSE(
-        measured.observe(at(1 + 0.01 * static_cast<double>(b), 0.01, 0.01, 0), 1 + b, 2, 2));
-  }
+  feed_batch_jobs(measured);
   d = measured.observe(now, 1 + kKindMinBatches, 2, 2, 0, 0, 6e-3);
   ASSERT_TRUE(d && d->processes);
   EXPECT_EQ(d->workers, 2u);
