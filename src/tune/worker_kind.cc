@@ -45,15 +45,26 @@ double stream_batch_seconds(const StreamCosts& c, std::size_t workers, std::size
                    (worker + loop) / static_cast<double>(std::max<std::size_t>(cores, 1))});
 }
 
+namespace {
+
+// The fewest workers whose time is within kStreamGain of `most` workers' (more never take
+// longer).
+std::size_t fewest_workers(const StreamCosts& c, std::size_t most, std::size_t cores) {
+  const double best = stream_batch_seconds(c, most, cores);
+  std::size_t workers = 1;
+  while (stream_batch_seconds(c, workers, cores) > (1 + kStreamGain) * best) ++workers;
+  return workers;
+}
+
+}  // namespace
+
 StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool shards) {
   StreamChoice out;
   out.inline_s = c.read + c.step;
   // The fewest workers within kStreamGain of the most allowed (more never take longer): a
   // process more for a few per cent is a core taken from everything else on the node.
   const std::size_t most = shards ? std::max<std::size_t>(cores, 1) : 1;
-  const double best = stream_batch_seconds(c, most, cores);
-  std::size_t workers = 1;
-  while (stream_batch_seconds(c, workers, cores) > (1 + kStreamGain) * best) ++workers;
+  const std::size_t workers = fewest_workers(c, most, cores);
   out.worker_s = stream_batch_seconds(c, workers, cores);
   const std::string sharding =
       shards ? format(
@@ -103,9 +114,7 @@ std::size_t next_remote_workers(std::size_t active, std::size_t count, double wa
 
 std::pair<std::size_t, std::string> processes_for(const StreamCosts& c, std::size_t cores) {
   cores = std::max<std::size_t>(cores, 1);
-  const double best = stream_batch_seconds(c, cores, cores);
-  std::size_t workers = 1;
-  while (stream_batch_seconds(c, workers, cores) > (1 + kStreamGain) * best) ++workers;
+  const std::size_t workers = fewest_workers(c, cores, cores);
   std::string why = format(
       "a batch's reads took %.3f ms of CPU and the training loop %.3f ms between batches, so "
       "%zu worker process%s",
