@@ -79,10 +79,10 @@ class StreamMemory:
         return self._cap.look(self._batch, batches * self._batch, streams.resident_bytes(),
                               streams.buffered_bytes())
 
-    def stats(self) -> dict:
-        """The memory_* numbers of a look now (the queues' depth is not changed by it)."""
+    def look(self) -> tuple[dict, str]:
+        """A look now (the queues' depth is not changed by it): stats()'s memory_* numbers and
+        each worker's queue `depth`, and report()'s memory line."""
         look = self._look()
-        return {key: look[key] for key in ("memory_limit", "memory_used", "memory_peak",
-                                           "memory_batches", "memory_workers",
-                                           "memory_buffers")} | {"depth": self._depth,
-                                                                 "memory": look["line"]}
+        keys = ("memory_limit", "memory_used", "memory_peak", "memory_batches",
+                "memory_workers", "memory_buffers")
+        return {key: look[key] for key in keys} | {"depth": self._depth}, look["line"]

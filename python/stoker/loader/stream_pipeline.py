@@ -16,7 +16,6 @@ from typing import Optional
 
 from .. import _stoker
 from ..distributed import world
-from ..workers import arena as _arena
 from ..workers.jobs import StreamJobs
 from ..workers.processes import ProcessWorkers
 from . import elastic
@@ -25,6 +24,7 @@ from .plan import Plan, cpu_share
 from .protocol import EPOCH_END, Pipeline
 from .stream_epochs import Streams
 from .stream_memory import StreamMemory
+from .worker_choice import handover
 
 _log = logging.getLogger("stoker")
 
@@ -148,8 +148,7 @@ class StreamPipeline(Pipeline):
         return int(state["epoch"]), 0
 
     def _stats(self) -> dict:
-        memory = self._memory.stats()
-        del memory["memory"]
+        memory, _ = self._memory.look()
         return {"workers": self.num_workers, "device": self.plan.device,
                 **self._timing.stats(), **memory}
 
@@ -161,8 +160,7 @@ class StreamPipeline(Pipeline):
 
     def _report(self) -> dict:
         stats = self._timing.stats()
-        memory = self._memory.stats()
-        line = memory.pop("memory")
+        memory, line = self._memory.look()
         keys = {key: memory[key] for key in ("memory_limit", "memory_used", "memory_peak")}
         if not stats["batches"]:
             return {"verdict": "no data yet", "text": f"no data yet; {line}", "memory": line,
@@ -221,11 +219,7 @@ class _Choice:
             self._read += got - asked
             self._step += asked - self._got
             if self._handover is None:
-                try:
-                    self._handover = _arena.handover_cost(batch)
-                except Exception as e:  # noqa: BLE001 (a batch that does not pickle)
-                    self._unpicklable = f"its batches do not pickle ({type(e).__name__}: {e})"
-                    self._handover = (0.0, 0.0)
+                self._handover, self._unpicklable = handover(batch)
                 got = time.perf_counter()  # the timing is not the loop's step
         self._got = got
 

@@ -32,11 +32,7 @@ class KindChooser:
         on the training loop's thread (that CPU time is not the loop's own)."""
         if self._whole_batches and self._handover is None:
             start = time.thread_time()
-            try:
-                self._handover = _arena.handover_cost(objects[0][0])
-            except Exception as e:  # noqa: BLE001 (a batch that does not pickle)
-                self._handover = (0.0, 0.0)
-                self._unpicklable = f"its batches do not pickle ({type(e).__name__}: {e})"
+            self._handover, self._unpicklable = handover(objects[0][0])
             self._measuring = time.thread_time() - start
 
     def observe(self, loader, threads: Optional[int], cores: int,
@@ -60,6 +56,15 @@ class KindChooser:
             return True, f"{reason}; {why}", workers
         return True, f"{reason}; {self._count} worker process(es), as num_workers asks", \
             self._count
+
+
+def handover(batch) -> tuple[tuple[float, float], str]:
+    """A batch's hand-over from a worker process, timed on its code (arena.handover_cost),
+    and "" or why it cannot be handed over at all (it does not pickle: (0, 0) then)."""
+    try:
+        return _arena.handover_cost(batch), ""
+    except Exception as e:  # noqa: BLE001 (a lock, a generator, ...)
+        return (0.0, 0.0), f"its batches do not pickle ({type(e).__name__}: {e})"
 
 
 def _unpicklable(structure) -> str:
