@@ -114,6 +114,36 @@ TEST(Loader, EpochsFollowOneAnotherWithNewOrders) {
   EXPECT_EQ(e1, expected);
 }
 
+// Each sample is the epoch its read was for (SampleOut::epoch()).
+class EpochDataset final : public Dataset {
+ public:
+  std::size_t size() const override { return 12; }
+  std::vector<FieldSpec> fields() const override { return {{"epoch", DType::i64, {}}}; }
+  void read(std::size_t, const SampleOut& out) const override {
+    out.as<std::int64_t>(0)[0] = static_cast<std::int64_t>(out.epoch());
+  }
+};
+
+TEST(Loader, AReadKnowsItsEpochAndThoseReadAheadAreForTheNext) {
+  // 2 batches an epoch and a depth of 8: reads of the next epochs go on while one is delivered.
+  auto o = options(std::make_shared<EpochDataset>(), 6, 2);
+  o.depth = 8;
+  Loader loader(o);
+  for (std::uint64_t epoch = 0; epoch < 4; ++epoch) {
+    std::size_t rows = 0;
+    while (auto batch = loader.next()) {
+      for (auto e : batch->as<const std::int64_t>(0))
+        EXPECT_EQ(e, static_cast<std::int64_t>(epoch));
+      rows += batch->size();
+    }
+    EXPECT_EQ(rows, 12u);
+  }
+  loader.set_epoch(9);  // a jump: epoch 9's reads are for it
+  while (auto batch = loader.next()) {
+    for (auto e : batch->as<const std::int64_t>(0)) EXPECT_EQ(e, 9);
+  }
+}
+
 TEST(Loader, SetEpochRestartsAnywhereAndKeepsPrefetchWhenAlreadyThere) {
   auto ds = std::make_shared<IndexDataset<>>(60);
   auto o = options(ds, 6, 2);

@@ -60,8 +60,8 @@ class SampleOut {
  public:
   // Built by the loader: field f of row `row` starts at field_bases[f] + row * field_bytes[f].
   SampleOut(std::span<const std::size_t> field_bytes, std::byte* const* field_bases,
-            std::size_t row, std::uint64_t seed) noexcept
-      : field_bytes_(field_bytes), bases_(field_bases), row_(row), seed_(seed) {}
+            std::size_t row, std::uint64_t seed, std::uint64_t epoch = 0) noexcept
+      : field_bytes_(field_bytes), bases_(field_bases), row_(row), seed_(seed), epoch_(epoch) {}
 
   std::size_t num_fields() const noexcept { return field_bytes_.size(); }
 
@@ -88,6 +88,9 @@ class SampleOut {
   // seed, the epoch and the sample index: results do not depend on workers or timing.
   std::uint64_t seed() const noexcept { return seed_; }
   std::size_t row() const noexcept { return row_; }  // position in the batch
+  // The epoch the sample is read for: a loader reads the next epoch's first batches before the
+  // current one ends, so a read may be for a later epoch than the one being delivered.
+  std::uint64_t epoch() const noexcept { return epoch_; }
 
  private:
   [[noreturn]] void throw_bad_element_size(std::size_t field, std::size_t size) const;
@@ -97,6 +100,7 @@ class SampleOut {
   std::byte* const* bases_;
   std::size_t row_;
   std::uint64_t seed_;
+  std::uint64_t epoch_;
 };
 
 // A map-style data set.

@@ -541,6 +541,8 @@ PYBIND11_MODULE(_stoker, m) {
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");
+  m.def("sample_epoch", &current_sample_epoch,
+        "The epoch the sample being read on this thread is for, or None outside a read.");
   m.def(
       "version", [] { return std::string(stoker::version()); },
       "The C++ library's version (CMake's project version).");

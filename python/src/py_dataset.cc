@@ -24,10 +24,17 @@ constexpr std::size_t kKeptErrors = 64;
 constexpr std::size_t kCopyRun = 256 << 10;
 
 thread_local std::optional<std::uint64_t> t_sample_seed;
+thread_local std::optional<std::uint64_t> t_sample_epoch;
 
+// A read's seed and epoch (current_sample_seed(), current_sample_epoch()) on this thread while
+// it runs; a probe has no epoch.
 struct SeedScope {
   explicit SeedScope(std::uint64_t seed) { t_sample_seed = seed; }
-  ~SeedScope() { t_sample_seed.reset(); }
+  explicit SeedScope(const SampleOut& out) : SeedScope(out.seed()) { t_sample_epoch = out.epoch(); }
+  ~SeedScope() {
+    t_sample_seed.reset();
+    t_sample_epoch.reset();
+  }
   SeedScope(const SeedScope&) = delete;
   SeedScope& operator=(const SeedScope&) = delete;
 };
@@ -87,6 +94,8 @@ class TimedGil {
 void set_sample_seed(std::optional<std::uint64_t> seed) { t_sample_seed = seed; }
 
 std::optional<std::uint64_t> current_sample_seed() { return t_sample_seed; }
+
+std::optional<std::uint64_t> current_sample_epoch() { return t_sample_epoch; }
 
 py::object read_one(py::handle dataset, std::size_t index) {
   if (!py::hasattr(dataset, "__getitems__")) return dataset[py::int_(index)];
@@ -279,7 +288,7 @@ void PyDataset::read(std::size_t index, const SampleOut& out) const {
     try {
       if (!sample) {
         start_worker();
-        const SeedScope seed(out.seed());
+        const SeedScope seed(out);
         const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(index));
         if (!key) throw py::error_already_set();
         sample = py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
@@ -395,7 +404,7 @@ void PyDataset::read_each(std::span<const std::size_t> indices, std::span<const 
         try {
           if (!sample) {
             start_worker();
-            const SeedScope seed(outs[k].seed());
+            const SeedScope seed(outs[k]);
             const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(indices[k]));
             if (!key) throw py::error_already_set();
             sample =
@@ -499,7 +508,7 @@ void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const
     try {
       if (!keys.empty()) {
         start_worker();
-        const SeedScope seed(outs[0].seed());
+        const SeedScope seed(outs[0]);
         const py::list got(st.dataset.attr("__getitems__")(keys));
         if (got.size() != keys.size()) {
           throw py::value_error("stoker: __getitems__ returned " + std::to_string(got.size()) +
@@ -660,10 +669,10 @@ void PyDataset::set_batch_jobs(py::object job_args) {
   has_job_args_ = true;
 }
 
-std::string PyDataset::job_args(std::span<const std::size_t> indices) const {
+std::string PyDataset::job_args(std::span<const std::size_t> indices, std::uint64_t epoch) const {
   py::list keys(indices.size());
   for (std::size_t k = 0; k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
-  return state_->job_args(keys).cast<std::string>();
+  return state_->job_args(keys, epoch).cast<std::string>();
 }
 
 py::object PyDataset::structure() const { return structure_of(state_->root); }

@@ -78,6 +78,9 @@ class PythonError : public std::runtime_error {
 // The seed of the sample being read on this thread (SampleOut::seed()), for __getitem__ to
 // draw its random choices from; empty outside a read.
 std::optional<std::uint64_t> current_sample_seed();
+// The epoch it is read for (SampleOut::epoch()): a batch job reads that epoch's batch (the
+// next epoch's first ones are read before the current one ends). Empty outside a read.
+std::optional<std::uint64_t> current_sample_epoch();
 
 // The Python error that is set, taken as an exception object with its traceback attached;
 // the error indicator is cleared. GIL held, an error set.
@@ -138,12 +141,14 @@ class PyDataset final : public Dataset {
   // Stops and reaps the worker processes, if any, and drops the object values of batches
   // read ahead (GIL held, after the engine has stopped).
   void release_workers();
-  // Batch jobs (python/stoker/workers/jobs.py): `job_args(indices)` returns the bytes a worker
-  // process needs besides the indices to run those rows (the batches' sample indices), sent
-  // with each job (GIL held); errors then name the item "batch" rather than "sample".
+  // Batch jobs (python/stoker/workers/jobs.py): `job_args(indices, epoch)` returns the bytes a
+  // worker process needs besides the indices to run those rows of that epoch (the batches'
+  // sample indices), sent with each job (GIL held); errors then name the item "batch" rather
+  // than "sample".
   void set_batch_jobs(py::object job_args);
   bool has_job_args() const { return has_job_args_; }
-  std::string job_args(std::span<const std::size_t> indices) const;  // GIL held; throws
+  std::string job_args(std::span<const std::size_t> indices,
+                       std::uint64_t epoch) const;  // GIL held; throws
   const char* item_name() const { return has_job_args_ ? "batch" : "sample"; }
   // How the reads used the GIL, summed over threads: (reads, seconds waiting to take it at
   // the start of a read, seconds holding it, CPU seconds of the thread while holding it).

@@ -131,9 +131,10 @@ bool RemoteExecutor::read(std::span<const std::size_t> indices, std::span<const 
     EngineThreadGil gil;
     try {
       // A batch job's batches travel with it, as to worker processes.
-      const std::vector<std::uint8_t> job =
-          encode_job(1, offsets, indices, outs,
-                     dataset_->has_job_args() ? dataset_->job_args(indices) : std::string(), false);
+      const std::vector<std::uint8_t> job = encode_job(
+          1, offsets, indices, outs,
+          dataset_->has_job_args() ? dataset_->job_args(indices, outs[0].epoch()) : std::string(),
+          false);
       reply.value =
           remote_.attr("run")(py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
       if (reply.value.is_none()) return false;

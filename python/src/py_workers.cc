@@ -507,7 +507,7 @@ void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indic
     if (!owner.has_job_args()) return std::string();
     EngineThreadGil gil;
     try {
-      return owner.job_args(rows);
+      return owner.job_args(rows, first.epoch());
     } catch (py::error_already_set& e) {
       e.restore();
       const py::object exception = take_python_error();

@@ -520,7 +520,7 @@ void Engine::read_chunk(Ticket* ticket, std::size_t begin, std::size_t end) {
   outs.reserve(indices.size());
   for (std::size_t row = begin; row < end; ++row) {
     const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, indices[row - begin]);
-    outs.emplace_back(pool_->field_bytes(), field_bases(*ticket), row, seed);
+    outs.emplace_back(pool_->field_bytes(), field_bases(*ticket), row, seed, ticket->epoch);
   }
   std::vector<std::exception_ptr> errors(indices.size());
   try {
@@ -568,7 +568,7 @@ void Engine::read_row(Ticket* ticket, std::size_t row, std::size_t index,
   for (std::size_t attempt = first_attempt;; ++attempt) {
     try {
       const std::uint64_t seed = mix(config_.order.seed, ticket->epoch, index);
-      const SampleOut out(pool_->field_bytes(), field_bases(*ticket), row, seed);
+      const SampleOut out(pool_->field_bytes(), field_bases(*ticket), row, seed, ticket->epoch);
       if (config_.executors != nullptr) {
         // A replacement goes where the chunk's other rows went (to a worker process: a
         // sample that kills its reader must not kill this one).

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -486,6 +487,68 @@ def test_shuffled_batch_jobs_visit_every_sample_once_per_epoch(worker_type):
     epochs = [[int(i) for _, y in loader for i in y] for _ in range(2)]
     assert all(sorted(e) == list(range(30)) for e in epochs)
     assert epochs[0] != epochs[1] and len(loader) == 8
+    loader.close()
+
+
+class _Counted:
+    """A collate_fn counting its batches in a counter worker processes share (fork)."""
+
+    def __init__(self):
+        self.count = multiprocessing.get_context("fork").Value("i", 0)
+
+    def __call__(self, samples):
+        with self.count.get_lock():
+            self.count.value += 1
+        return list(samples)
+
+
+def _epochs(loader, epochs, draw_between=False):
+    """Each epoch's batches, the training loop slower than the reads (so that the next
+    epoch's first batches are read before it starts), drawing from torch's default generator
+    between epochs if asked (as a training step's dropout does)."""
+    out = []
+    for _ in range(epochs):
+        batches = []
+        for batch in loader:
+            batches.append(batch)
+            time.sleep(0.004)
+        out.append(batches)
+        if draw_between:
+            torch.rand(1)
+    return out
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+@pytest.mark.parametrize("draw_between", [False, True])
+def test_batches_read_ahead_into_the_next_epoch_are_kept_if_its_iter_draws_them(
+        worker_type, draw_between):
+    # Each epoch's batches are drawn at its iter(), as torch draws them; the next epoch's are
+    # also drawn ahead of it (the draws undone) and read before it starts: kept when iter()
+    # draws the same, dropped when the generator moved in between.
+    collate = _Counted()
+    torch.manual_seed(0)
+    theirs = _epochs(tud.DataLoader(list(range(40)), batch_size=4, shuffle=True,
+                                    collate_fn=collate), 3, draw_between)
+    collate.count.value = 0
+    torch.manual_seed(0)
+    loader = stoker.DataLoader(list(range(40)), batch_size=4, shuffle=True, num_workers=2,
+                               prefetch_factor=2, collate_fn=collate, worker_type=worker_type)
+    assert _epochs(loader, 3, draw_between) == theirs
+    loader.close()
+    if not draw_between:  # each batch read once, and up to 4 (2 x 2) of a fourth epoch
+        assert 30 <= collate.count.value <= 34
+
+
+def test_batches_read_before_their_epochs_batches_were_drawn_are_read_again():
+    # Epochs of 2 batches and 16 read ahead: the engine reads batches of the epoch after the
+    # next, whose batches are not drawn yet (reads of None), and drops them as it starts.
+    torch.manual_seed(0)
+    theirs = _epochs(tud.DataLoader(list(range(8)), batch_size=4, shuffle=True,
+                                    collate_fn=list), 6)
+    torch.manual_seed(0)
+    loader = stoker.DataLoader(list(range(8)), batch_size=4, shuffle=True, num_workers=2,
+                               prefetch_factor=8, collate_fn=list, worker_type="thread")
+    assert _epochs(loader, 6) == theirs
     loader.close()
 
 

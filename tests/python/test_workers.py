@@ -525,27 +525,26 @@ def test_auto_keeps_threads_for_batches_a_worker_process_could_not_send_back(mon
 
 
 class _WarmPool:
-    """A pool of one worker whose batches take `times` seconds each, made by a real Arenas."""
+    """A pool of one worker, in this process, whose warm-up call is a real BatchJobs.call."""
 
     size = 1
 
-    def __init__(self, times):
+    def __init__(self, jobs):
         from stoker.workers.arena import Arenas
 
-        self.arenas, self.times, self.calls = Arenas(), list(times), 0
+        self.arenas, self.jobs = Arenas(), jobs
 
     def call(self, w, index, args):
-        time.sleep(self.times[min(self.calls, len(self.times) - 1)])
-        self.calls += 1
-        blob = self.arenas.dumps(torch.full((256, 256), float(self.calls)))
-        return True, False, pickle.dumps(([blob], [])), os.getpid()
+        ready = self.jobs.call(index, args, False, self.arenas)
+        blob = pickle.dumps(([pickle.dumps(ready)], []))
+        return True, False, blob, os.getpid()
 
     def finish(self):
         pass
 
 
-def test_the_warm_up_makes_batches_until_one_is_steady_and_lets_each_go():
-    from stoker.workers import warming
+def test_the_warm_up_makes_batches_until_one_is_steady_and_readies_the_arenas_in_flight():
+    from stoker.workers import arena, jobs, warming
 
     class Loader:
         pool = None
@@ -553,18 +552,29 @@ def test_the_warm_up_makes_batches_until_one_is_steady_and_lets_each_go():
         def use_processes(self, pool):
             self.pool = pool
 
-    # Margins a loaded machine keeps: the third reply takes well under 0.2 s, the first two
-    # well over it.
-    loader, pool = Loader(), _WarmPool([0.5, 0.4, 0.0])
-    w = warming.Warming(loader, pool, b"", steady=0.2)
-    assert w.wait(30) and loader.pool is pool
-    assert pool.calls == 3  # the third took no longer than a batch job on the threads
-    gc.collect()
-    # Each reply was mapped and let go: its arena is free, so one arena served them all.
-    assert [mm[0] for _, mm, _ in pool.arenas._arenas] == [0]
-    slow = _WarmPool([0.02])  # never steady: at most _MOST_WARM_BATCHES
-    w = warming.Warming(Loader(), slow, b"", steady=0.0)
-    assert w.wait(30) and slow.calls == warming._MOST_WARM_BATCHES
+    made = []
+    took = [0.5, 0.4, 0.0, 0.0]  # margins a loaded machine keeps, around steady=0.2
+
+    def collate(samples):
+        time.sleep(took[len(made)])
+        made.append(samples)
+        return torch.full((256, 256), float(len(made)))
+
+    pool = _WarmPool(jobs.BatchJobs(list(range(8)), collate, True, 4))
+    loader = Loader()
+    w = warming.Warming(loader, pool, [[0], [1], [2], [3]], steady=0.2, hold=3)
+    try:
+        assert w.wait(30) and loader.pool is pool
+        assert made == [[0], [1], [2]]  # the third took no longer than a batch job on threads
+        # Three free arenas of a batch's size, made in the worker and mapped here.
+        assert [mm[0] for _, mm, _ in pool.arenas._arenas] == [0, 0, 0]
+        assert all(len(mm) >= 256 * 256 * 4 for _, mm, _ in pool.arenas._arenas)
+        assert len(arena._mapped[os.getpid()]) == 3
+    finally:
+        arena.forget(os.getpid())
+        for fd, mm, _ in pool.arenas._arenas:
+            os.close(fd)
+            mm.close()
 
 
 def test_auto_keeps_threads_for_samples_a_worker_process_could_not_send_back(monkeypatch):

@@ -5,8 +5,8 @@ delegates to it through the protocol of protocol.py."""
 
 from __future__ import annotations
 
+import functools
 import logging
-import pickle
 from typing import Optional
 
 import numpy
@@ -22,7 +22,8 @@ from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
-from .seeding import TorchOrderFeed, TorchRandomOrder, WorkerSetup, peek_seed
+from .seeding import (BatchesAhead, TorchOrderFeed, TorchRandomOrder, WorkerSetup,
+                      peek_seed)
 from .worker_choice import KindChooser
 
 _log = logging.getLogger("stoker")
@@ -45,6 +46,10 @@ class EnginePipeline(Pipeline):
         self._torch_order = (TorchOrderFeed(plan.sampler, setup)
                              if isinstance(plan.sampler, TorchRandomOrder) else None)
         self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
+        # Each epoch's batches (batch jobs), drawn at iter() and, where they can be, ahead.
+        self._epoch_batches = functools.partial(epoch_batches, index, plan.shuffle, plan.seed)
+        self._batches_ahead = BatchesAhead(self._epoch_batches, index["batch_sampler"],
+                                           index["sampler"], setup)
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
@@ -166,8 +171,9 @@ class EnginePipeline(Pipeline):
                 raise ValueError(f"stoker: the batch sampler made {len(batches)} batches this "
                                  f"epoch and {len(self._jobs)} before: stoker needs the same "
                                  f"number in every epoch")
-            if batches != self._jobs.batches:  # batches read ahead with the old ones are dropped
-                self._jobs.batches = batches
+            kept = self._jobs.kept(epoch, batches)  # else what was read ahead is dropped
+            self._jobs.set_epoch(epoch, batches, self._batches_ahead(epoch + 1))
+            if not kept:
                 self._loader.restart_fresh(epoch)
         if feed is not None:
             self._order_state = feed.start(self._loader, epoch, batch, took, self._resume_order)
@@ -371,9 +377,9 @@ class EnginePipeline(Pipeline):
 
     def _start_processes(self, count: int, warn: bool = True, warm: bool = False) -> None:
         """Starts `count` worker processes and sends reads to them from now on; `warm` (batch
-        jobs): once each has made batches until one was as quick as on the threads, which
-        the training loop waits for (up to _WARM_WAIT_S, the threads reading after that until
-        the warm-up ends)."""
+        jobs): once each has made batches until one was as quick as on the threads and made
+        ready the arenas its batches in flight need, which the training loop waits for (up to
+        _WARM_WAIT_S, the threads reading after that until the warm-up ends)."""
         if warn:
             self._warn_not_persistent()
         workers = ProcessWorkers(self.plan.dataset, count, self.plan.context,
@@ -389,11 +395,13 @@ class EnginePipeline(Pipeline):
         # stopped (on a small machine they would take the cores the warm-up needs), in the
         # epoch that decided, rather than by the next one's first batches. A short epoch
         # (a few milliseconds) would otherwise pay it in full, once per run all the same.
-        args = pickle.dumps(self._jobs.batches[0], protocol=pickle.HIGHEST_PROTOCOL)
         stats = self._loader.stats()  # a batch job's time on the threads
         steady = stats["worker_busy_s"] / max(1, self._loader.thread_reads())
+        # A process's batches in flight: its share of the queue's and of the training loop's
+        # two, and the one it writes.
+        hold = -(-(stats["depth"] + 2) // count) + 2
         self._loader.set_workers(self._engine_workers(0))
-        self._warming = Warming(self._loader, pool, args, steady)
+        self._warming = Warming(self._loader, pool, self._jobs.batches, steady, hold)
         self._warming.wait(_WARM_WAIT_S)
 
     def _stop_warming(self) -> None:
@@ -464,25 +472,26 @@ class EnginePipeline(Pipeline):
         self._convert = lambda fields: None  # a batch job's batch is its one object value
         self._build = lambda arrays, objects: move(objects[0][0])
 
-    def _epoch_batches(self, epoch: int) -> list:
-        """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None)."""
-        index = self._index
-        if index["batch_sampler"] is not None:
-            return [list(b) for b in index["batch_sampler"]]
-        if index["sampler"] is not None:
-            order = list(index["sampler"])
-        else:
-            order = _stoker.epoch_order(len(index["dataset"]), self.plan.shuffle,
-                                        self.plan.seed, epoch, 0, 1, False).tolist()
-        if index["batch_size"] is None:
-            return order
-        size = index["batch_size"]
-        end = len(order) - len(order) % size if index["drop_last"] else len(order)
-        return [order[i:i + size] for i in range(0, end, size)]
-
     def _make_batches(self, structure) -> None:
         """How a delivered batch becomes what the training loop gets, once the layout is
         known (a Python data set's, from the first sample read)."""
         self._build = batch_builder(structure, None)
         self._as_arrays, self._convert = converter(
             engine_options.element_types(structure), self._loader.device().is_cuda)
+
+
+def epoch_batches(index: dict, shuffle: bool, seed: int, epoch: int) -> list:
+    """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None), as
+    torch's loader draws them at iter() from its attributes (`index`)."""
+    if index["batch_sampler"] is not None:
+        return [list(b) for b in index["batch_sampler"]]
+    if index["sampler"] is not None:
+        order = list(index["sampler"])
+    else:
+        order = _stoker.epoch_order(len(index["dataset"]), shuffle, seed, epoch, 0, 1,
+                                    False).tolist()
+    if index["batch_size"] is None:
+        return order
+    size = index["batch_size"]
+    end = len(order) - len(order) % size if index["drop_last"] else len(order)
+    return [order[i:i + size] for i in range(0, end, size)]

@@ -138,18 +138,21 @@ class EpochDraws:
     augmentations on the CPU) move the generator between epochs: drawn ahead, that is
     noticed, not hidden."""
 
-    def __init__(self, epoch: int, setup: WorkerSetup, sampler: TorchRandomOrder) -> None:
+    def __init__(self, epoch: int, setup: WorkerSetup, generator,
+                 draw: Callable[[], tuple[Any, Any]]) -> None:
+        """`draw()`: the epoch's order and what it was drawn from, drawn from `generator` (None:
+        torch's default generator)."""
         torch = _torch()
         self.epoch = epoch
         # The generators drawn from, each once (the loader's and the sampler's may be one).
         sources = [g if g is not None else torch.default_generator
-                   for g in (setup.generator, sampler.generator)]
+                   for g in (setup.generator, generator)]
         self._sources = list({id(g): g for g in sources}.values())
         self._before = [g.get_state() for g in self._sources]
         try:
             self._seed = (draw_seed(setup.generator)
                           if setup.base_seed is None or not setup.persistent else None)
-            self.order, self.state = sampler.draw()
+            self.order, self.state = draw()
             self._after = [g.get_state() for g in self._sources]
         finally:
             for g, state in zip(self._sources, self._before):
@@ -195,9 +198,12 @@ class TorchOrderFeed:
         Otherwise that epoch's first batches, read ahead, would be dropped at its iter()."""
         ahead = self._ahead
         if ahead is not None and not ahead.unmoved():
-            following = EpochDraws(ahead.epoch, self.setup, self.sampler)
+            following = self._draw_ahead(ahead.epoch)
             self._ahead = (following if loader.order_ahead(following.epoch, following.order)
                            else None)
+
+    def _draw_ahead(self, epoch: int) -> EpochDraws:
+        return EpochDraws(epoch, self.setup, self.sampler.generator, self.sampler.draw)
 
     def start(self, loader, epoch: int, batch: int, took: bool,
               resume_state: Optional[Any]) -> Any:
@@ -208,8 +214,52 @@ class TorchOrderFeed:
             state = self._ahead.state
         else:
             order, state = self.sampler.draw(resume_state)
-        following = EpochDraws(epoch + 1, self.setup, self.sampler)
+        following = self._draw_ahead(epoch + 1)
         self._ahead = following if loader.order_ahead(following.epoch, following.order) else None
         if not took:
             loader.resume(epoch, order, batch)
         return state
+
+
+class BatchesAhead:
+    """A batch-jobs loader's next epoch's batches drawn ahead of its iter(), where the samplers
+    are torch's own (`draw(epoch)`: the batch sampler run, or the sampler and batch size, as
+    at iter()), so that the engine's reads across the epoch boundary can be kept: iter()
+    still draws the epoch's batches as torch's loader does (the training loop may have drawn
+    from the generator since, or changed a sampler's weights or epoch), and what was read
+    ahead is kept if they are the same. The draws ahead are undone (EpochDraws). A sampler of
+    another type may count its epochs or draw from elsewhere: it is only run at iter()."""
+
+    def __init__(self, draw: Callable[[int], list], batch_sampler, sampler,
+                 setup: WorkerSetup) -> None:
+        self._draw, self.setup = draw, setup
+        if batch_sampler is not None:
+            drawn = batch_sampler.sampler if _is_torch(batch_sampler, "BatchSampler") else None
+        else:
+            drawn = sampler  # None: stoker's own order, which draws from nothing
+        self._drawable = (batch_sampler is None and sampler is None) or any(
+            _is_torch(drawn, name) for name in _DRAWABLE_SAMPLERS)
+        self._generator = getattr(drawn, "generator", None)
+
+    def __call__(self, epoch: int) -> Optional[list]:
+        """`epoch`'s batches drawn now, the draws undone, or None if the samplers do not
+        allow it."""
+        if not self._drawable:
+            return None
+        if _torch() is None:  # no samplers: stoker's own order, which draws from nothing
+            return self._draw(epoch)
+        return EpochDraws(epoch, self.setup, self._generator,
+                          lambda: (self._draw(epoch), None)).order
+
+
+# torch's samplers whose iteration has no effect but its draws from a generator (undone): the
+# same draw at iter() gives the same batches unless the generator, the weights or the epoch
+# changed in between (then the batches read ahead are dropped).
+_DRAWABLE_SAMPLERS = ("SequentialSampler", "RandomSampler", "SubsetRandomSampler",
+                      "WeightedRandomSampler", "DistributedSampler")
+
+
+def _is_torch(sampler, name: str) -> bool:
+    """Whether `sampler` is torch.utils.data's `name` itself (not a subclass)."""
+    torch = _torch()
+    return torch is not None and type(sampler) is getattr(torch.utils.data, name, None)

@@ -95,12 +95,16 @@ class Arenas:
         for arena in self._arenas:  # the smallest free one that fits
             if len(arena[1]) >= nbytes and arena[1][0] == 0:
                 return arena
+        arena = self._make(nbytes)
+        self._arenas.sort(key=lambda a: len(a[1]))
+        return arena
+
+    def _make(self, nbytes: int) -> tuple[int, mmap.mmap, int]:
         size = max(_MIN_ARENA, 1 << (nbytes - 1).bit_length())
         fd = os.memfd_create("stoker-batch", os.MFD_CLOEXEC)
         os.ftruncate(fd, size)
         arena = (fd, mmap.mmap(fd, size), os.fstat(fd).st_ino)
         self._arenas.append(arena)
-        self._arenas.sort(key=lambda a: len(a[1]))
         return arena
 
     def dumps(self, obj) -> bytes:
@@ -155,10 +159,47 @@ class Arenas:
     def discard(self, blob: bytes) -> None:
         """A reply made by dumps() that will not be sent: its arena is free again."""
         if blob.startswith(_TAG):
-            fd = pickle.loads(blob[6:6 + int.from_bytes(blob[2:6], "little")])[0]
+            fd = _head(blob)[0]
             for own, mm, _ in self._arenas:
                 if own == fd:
                     mm[0] = 0
+
+    @staticmethod
+    def written(blob: bytes) -> int:
+        """The bytes of its arena a reply made by dumps() uses (0: none, pickled whole)."""
+        if not blob.startswith(_TAG):
+            return 0
+        metas = _head(blob)[3]
+        return max((start + nbytes for _, _, _, start, nbytes in metas), default=_HEADER)
+
+    def reserve(self, nbytes: int, count: int) -> list[tuple[int, int, int, int]]:
+        """At least `count` free arenas of `nbytes`, made now if need be, their first `nbytes`
+        faulted in (written), as a worker's batches in flight will need them; returns them as
+        (fd, inode, size, nbytes) for the training process's fault_in()."""
+        free = [a for a in self._arenas if len(a[1]) >= nbytes and a[1][0] == 0]
+        for _ in range(count - len(free)):
+            free.append(self._make(nbytes))
+            _touch(free[-1][1], nbytes, write=True)
+        self._arenas.sort(key=lambda a: len(a[1]))
+        return [(fd, inode, len(mm), nbytes) for fd, mm, inode in free[:max(count, 0)]]
+
+
+def _head(blob: bytes) -> tuple:
+    """A reply's arena part: (fd, inode, arena size, leaves' metas)."""
+    return pickle.loads(blob[6:6 + int.from_bytes(blob[2:6], "little")])
+
+
+def _touch(mm: mmap.mmap, nbytes: int, write: bool) -> None:
+    """Faults in the pages of the first `nbytes` of `mm`: a byte of each read, or written (0,
+    past the header: the owner byte stays as it is)."""
+    view = np.frombuffer(mm, dtype=np.uint8, count=min(nbytes, len(mm)))
+    try:
+        if write:
+            view[_HEADER::mmap.PAGESIZE] = 0
+        else:
+            int(view[::mmap.PAGESIZE].sum())
+    finally:
+        del view
 
 
 class Packed:
@@ -247,6 +288,14 @@ def handover_cost(obj, rounds: int = 3) -> tuple[float, float]:
                 mm.close()
             except BufferError:  # a view of it is still alive: it goes with the view
                 pass
+
+
+def fault_in(pid: int, arenas: list[tuple[int, int, int, int]]) -> None:
+    """Maps worker `pid`'s arenas (Arenas.reserve) here ahead of its first replies in them, and
+    faults in the pages they will use: a worker's first replies otherwise pay it in the
+    training loop."""
+    for fd, inode, size, nbytes in arenas:
+        _touch(_mapping(pid, fd, inode, size), nbytes, write=False)
 
 
 def mapped_arenas(pids) -> int:

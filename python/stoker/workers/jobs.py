@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import pickle
 import sys
+import time
 from typing import TYPE_CHECKING, Callable, Optional
 
+from .. import _stoker
 from .startup import asks_worker_info
 
 if TYPE_CHECKING:
@@ -70,10 +72,13 @@ def user_dataset(dataset):
 
 
 class BatchJobs:
-    """A map-style data set of batch jobs: item k is batch k of the current epoch, fetched
-    and collated. ``batches`` is set for each epoch by the loader (a list of index lists, or
-    of indices with ``batch_size=None``); worker processes get a job's batches with the job
-    (``job_args``), since their copy of this object is the one they started with."""
+    """A map-style data set of batch jobs: item k of epoch e is batch k of that epoch, fetched
+    and collated. The loader sets each epoch's batches (`set_epoch`: a list of index lists,
+    or of indices with ``batch_size=None``) as it starts, with the next epoch's where they
+    could be drawn ahead of it, so that the engine's reads across the epoch boundary are kept;
+    a read of an epoch with no batches yet gives None, and is dropped as that epoch starts
+    (`kept`). Worker processes get a job's batches with the job (``job_args``), since
+    their copy of this object is the one they started with."""
 
     wraps_user_dataset = True  # user_dataset() unwraps it
 
@@ -82,16 +87,43 @@ class BatchJobs:
         self.collate_fn = collate_fn
         self.auto_collation = auto_collation
         self.size = size
-        self.batches: Optional[list] = None
+        self.batches: Optional[list] = None  # the running epoch's
+        self._epoch: Optional[int] = None
+        self._epochs: dict = {}  # epoch -> its batches: the running one's, the next one's
+        # Epochs read before their batches were set (each such read gave None): the loader
+        # drops what was read of them as they start (missed()).
+        self._missed: set = set()
         self.job_batches: Optional[dict] = None  # a worker process's current job's batches
 
     def __len__(self) -> int:
         return self.size
 
+    def kept(self, epoch: int, batches: list) -> bool:
+        """Whether what was read of `epoch` so far read `batches` (drawn ahead), else it must
+        be dropped. Asked once, as the epoch starts."""
+        missed = epoch in self._missed
+        self._missed.discard(epoch)
+        return not missed and self._epochs.get(epoch) == batches
+
+    def set_epoch(self, epoch: int, batches: list, ahead: Optional[list] = None) -> None:
+        """Epoch `epoch` runs now, reading `batches`, and the next reads `ahead` if it was
+        drawn ahead (else what is read of it is dropped as it starts); others are dropped."""
+        epochs = {epoch: batches}
+        if ahead is not None:
+            epochs[epoch + 1] = ahead
+        self.batches, self._epoch, self._epochs = batches, epoch, epochs
+
+    def _batches(self, epoch: Optional[int]) -> Optional[list]:
+        batches = self._epochs.get(self._epoch if epoch is None else epoch)
+        if batches is None:
+            self._missed.add(epoch)
+        return batches
+
     def __getitem__(self, k: int):
         if self.job_batches is not None:  # in a worker process: the job's own
             return self.run(k, self.job_batches[k])
-        return self.run(k, self.batches[k] if self.batches is not None else None)
+        batches = self._batches(_stoker.sample_epoch())
+        return self.run(k, batches[k] if batches is not None else None)
 
     def run(self, k: int, batch):
         if batch is None:  # read ahead before the first epoch: dropped at iter()
@@ -107,23 +139,36 @@ class BatchJobs:
             raise
 
     def call(self, k: int, args: bytes, init_failed: bool, arenas: "_arena.Arenas") -> list:
-        """A worker process's warm-up (ProcessPool.call): batch `k` (its indices in `args`)
-        made and written into an arena, then dropped, so that the worker's first job does not
-        pay its first batch (worker_type='auto' moving a loader to processes: engine_pipeline.py).
-        Nothing comes back; an error is the real read's to report."""
+        """A worker process's warm-up (ProcessPool.call; worker_type='auto' moving a loader to
+        processes: warming.py), so that its first jobs pay neither its first batches (the first
+        collates, its heap growing) nor the making of its arenas. `args`: (batches, steady,
+        hold): the batches are made and written into an arena one after another, each dropped,
+        until one takes at most `steady` seconds; then `hold` arenas of the largest one's size
+        are made ready, one for each batch the worker will have in flight. Returns them, as
+        (fd, inode, size, bytes), for the training process to map ahead (arena.fault_in). An
+        error is the real read's to report."""
         if init_failed:
             return INIT_FAILED
-        made = self.run(k, pickle.loads(args))
-        if made is not None:
-            arenas.discard(arenas.dumps(made))
-        return []
+        batches, steady, hold = pickle.loads(args)
+        largest = 0
+        for batch in batches:
+            start = time.perf_counter()
+            made = self.run(k, batch)
+            if made is not None:
+                blob = arenas.dumps(made)
+                largest = max(largest, arenas.written(blob))
+                arenas.discard(blob)
+            if time.perf_counter() - start <= steady:
+                break
+        return arenas.reserve(largest, hold) if largest else []
 
-    def job_args(self, ks: list) -> bytes:
-        return pickle.dumps([self.batches[k] for k in ks] if self.batches is not None
+    def job_args(self, ks: list, epoch: int) -> bytes:
+        batches = self._batches(epoch)
+        return pickle.dumps([batches[k] for k in ks] if batches is not None
                             else [None] * len(ks), protocol=pickle.HIGHEST_PROTOCOL)
 
-    def __getstate__(self):  # pickled for spawn: the epoch's batches travel with the jobs
-        return {**self.__dict__, "batches": None}
+    def __getstate__(self):  # pickled for spawn: the epochs' batches travel with the jobs
+        return {**self.__dict__, "batches": None, "_epochs": {}, "_missed": set()}
 
 
 def _summary(batch) -> str:

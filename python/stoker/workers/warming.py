@@ -1,53 +1,56 @@
 """Worker processes warmed before a switch of worker kind: each makes batches until one is as
-quick as on the threads, then the loader's reads go to them (worker_type='auto' moving a
-loader from threads to processes mid-run, python/stoker/loader/engine_pipeline.py). The
-training loop waits for it, up to a bound; past the bound the engine's threads read until
-the warm-up ends."""
+quick as on the threads and makes ready the arenas its batches in flight will need, then the
+loader's reads go to them (worker_type='auto' moving a loader from threads to processes
+mid-run, python/stoker/loader/engine_pipeline.py). The training loop waits for it, up to a
+bound; past the bound the engine's threads read until the warm-up ends."""
 
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
-import time
 
+from . import arena as _arena
 from .processes import decode_reply
 
 _log = logging.getLogger("stoker")
 
-# A fresh worker process's first batches cost several steady ones: its first collate, the
-# copy-on-write faults after the fork, its heap and arenas growing (measured: a padding
-# collate's first 4-5 jobs in each process took 2-17 ms, 0.5 ms after). Each process makes
-# batches until one takes no longer than a batch job took on the threads, at most this many.
+# A fresh worker process's first batches cost several steady ones: its first collates and its
+# heap growing after the fork, and each new arena (a memfd made and its pages faulted in, in
+# the worker as it writes and here as the training loop reads). Measured with a padding collate
+# (4 MB batches, `bench/auto_matrix.py --workload padding`): a forked worker's first 6 batches
+# took 4-6 ms (collate 2-4 ms, writing into a new arena 2.7 ms) against 0.4 ms after, and the
+# training loop's first read of each arena 0.5 ms against 0.13. Each process makes batches
+# until one takes no longer than a batch job took on the threads, at most this many.
 _MOST_WARM_BATCHES = 8
 
 
 class Warming:
-    """Each worker process makes batches (all at once, the GIL released while they do) until
-    one takes at most `steady` seconds, then the loader sends its reads to them."""
+    """Each worker process makes `batches` (all at once, the GIL released while they do) until
+    one takes at most `steady` seconds and makes `hold` arenas ready, which this process maps
+    and faults in; then the loader sends its reads to them."""
 
-    def __init__(self, loader, pool, args: bytes, steady: float) -> None:
+    def __init__(self, loader, pool, batches: list, steady: float, hold: int) -> None:
         self._pool = pool
         self._stopped = threading.Event()
         self._handed = False
-        self._calls = [threading.Thread(target=self._warm, args=(w, args, steady), daemon=True,
+        args = pickle.dumps((batches[:_MOST_WARM_BATCHES], steady, hold),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+        self._calls = [threading.Thread(target=self._warm, args=(w, args), daemon=True,
                                         name=f"stoker warm-up {w}") for w in range(pool.size)]
         self._thread = threading.Thread(target=self._run, args=(loader,), daemon=True,
                                         name="stoker warm-up")
         self._thread.start()
 
-    def _warm(self, w: int, args: bytes, steady: float) -> None:
+    def _warm(self, w: int, args: bytes) -> None:
         try:
-            for _ in range(_MOST_WARM_BATCHES):
-                start = time.perf_counter()
-                reply = self._pool.call(w, 0, args)
-                took = time.perf_counter() - start
-                if not reply[0]:  # (False, why): it died, and is restarted by its next job
-                    return
-                _, failed, blob, pid = reply
-                if not failed:  # mapped and let go: its arena is free for the next batch
-                    decode_reply(blob, w, pid, [], "batch")
-                if failed or took <= steady or self._stopped.is_set():
-                    return
+            reply = self._pool.call(w, 0, args)
+            if not reply[0]:  # (False, why): it died, and is restarted by its next job
+                return
+            _, failed, blob, pid = reply
+            if not failed and not self._stopped.is_set():
+                objects, _ = decode_reply(blob, w, pid, [], "batch")
+                _arena.fault_in(pid, objects[0])
         except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
             _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
 
