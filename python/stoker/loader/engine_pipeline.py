@@ -397,8 +397,9 @@ class EnginePipeline(Pipeline):
         # (a few milliseconds) would otherwise pay it in full, once per run all the same.
         stats = self._loader.stats()  # a batch job's time on the threads
         steady = stats["worker_busy_s"] / max(1, self._loader.thread_reads())
-        # A process's batches in flight: its share of the queue's and of the training loop's
-        # two, and the one it writes.
+        # A process's batches in flight: its share of the queue's and of the two the training
+        # loop holds, the one it writes, and one for an uneven share (2 processes at depth 4
+        # came to 5-6 arenas each).
         hold = -(-(stats["depth"] + 2) // count) + 2
         self._loader.set_workers(self._engine_workers(0))
         self._warming = Warming(self._loader, pool, self._jobs.batches, steady, hold)
