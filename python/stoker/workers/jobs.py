@@ -14,6 +14,7 @@ module's path; nothing here imports the loader.
 from __future__ import annotations
 
 import pickle
+import resource
 import sys
 import time
 from typing import TYPE_CHECKING, Callable, Optional
@@ -143,7 +144,8 @@ class BatchJobs:
         processes: warming.py), so that its first jobs pay neither its first batches (the first
         collates, its heap growing) nor the making of its arenas. `args`: (batches, steady,
         hold): the batches are made and written into an arena one after another, each dropped,
-        until one takes at most `steady` seconds; then `hold` arenas of the largest one's size
+        until one takes at most `steady` seconds and touches no new memory (its heap has
+        grown to what a batch needs); then `hold` arenas of the largest one's size
         are made ready, one for each batch the worker will have in flight. Returns them, as
         (fd, inode, size, bytes), for the training process to map ahead (arena.fault_in). An
         error is the real read's to report."""
@@ -152,13 +154,13 @@ class BatchJobs:
         batches, steady, hold = pickle.loads(args)
         largest = 0
         for batch in batches:
-            start = time.perf_counter()
+            start, faults = time.perf_counter(), _faults()
             made = self.run(k, batch)
             if made is not None:
                 blob = arenas.dumps(made)
                 largest = max(largest, arenas.written(blob))
                 arenas.discard(blob)
-            if time.perf_counter() - start <= steady:
+            if time.perf_counter() - start <= steady and _faults() - faults < 16:
                 break
         return arenas.reserve(largest, hold) if largest else []
 
@@ -169,6 +171,11 @@ class BatchJobs:
 
     def __getstate__(self):  # pickled for spawn: the epochs' batches travel with the jobs
         return {**self.__dict__, "batches": None, "_epochs": {}, "_missed": set()}
+
+
+def _faults() -> int:
+    """This process's minor page faults so far: memory it touched for the first time."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def _summary(batch) -> str:

@@ -21,14 +21,15 @@ _log = logging.getLogger("stoker")
 # (4 MB batches, `bench/auto_matrix.py --workload padding`): a forked worker's first 6 batches
 # took 4-6 ms (collate 2-4 ms, writing into a new arena 2.7 ms) against 0.4 ms after, and the
 # training loop's first read of each arena 0.5 ms against 0.13. Each process makes batches
-# until one takes no longer than a batch job took on the threads, at most this many.
+# until one takes no longer than a batch job took on the threads and faults in no new memory,
+# at most this many.
 _MOST_WARM_BATCHES = 8
 
 
 class Warming:
     """Each worker process makes `batches` (all at once, the GIL released while they do) until
-    one takes at most `steady` seconds and makes `hold` arenas ready, which this process maps
-    and faults in; then the loader sends its reads to them."""
+    one takes at most `steady` seconds and no new memory, and makes `hold` arenas ready, which
+    this process maps and faults in; then the loader sends its reads to them."""
 
     def __init__(self, loader, pool, batches: list, steady: float, hold: int) -> None:
         self._pool = pool
