@@ -106,6 +106,27 @@ TEST(TunePolicy, LatencyBoundReadsAreDoubledUntilTheLoopStopsWaiting) {
   EXPECT_LT(run.last_change, 40u) << history(run);  // settled, and stayed
 }
 
+TEST(TunePolicy, ALoopStarvedBySleepingReadsGrowsThemFourfoldAStep) {
+  Pipeline sleeper;  // 5 ms sleeps and a loop that takes nothing: it waits all the time
+  sleeper.loop_s = 1e-6;
+  const TuneRun run = drive(sleeper, {2, 32, 64}, 2, 4, 8);
+  std::vector<std::size_t> steps;
+  for (const auto& d : run.decisions) {
+    if (steps.empty() || d.workers != steps.back()) steps.push_back(d.workers);
+  }
+  EXPECT_EQ(steps, (std::vector<std::size_t>{8, 32})) << history(run);  // each judged first
+}
+
+TEST(TunePolicy, SleepingReadsGrowOnlyAsFarAsTheirCpuTimeFits) {
+  Pipeline sleeper;  // reads 60% off the CPU: the budget of 2 cores fits about 6 of them
+  sleeper.on_cpu = 0.3;
+  sleeper.loop_s = 1e-6;
+  const TuneRun run = drive(sleeper, {2, 64, 64}, 2, 4);
+  EXPECT_GT(run.max_workers, 2u) << history(run);
+  const double cores = run.last.worker_cpu_s / run.last.elapsed_s;
+  EXPECT_LE(cores, 2 + kCpuSlack) << history(run);
+}
+
 TEST(TunePolicy, OverProvisionedWorkersAndDepthAreGivenBackAndItSettles) {
   Pipeline sleeper;
   sleeper.loop_s = 0.002;  // about 3 workers needed
@@ -376,14 +397,14 @@ TEST(WorkerTuner, WindowsNeedTimeAndBatchesAndRestartWhenTheConfigurationChanges
   EXPECT_FALSE(tuner.observe(stats_at(50, 10, 45, 100, 0), 0));  // too short
   const auto d = tuner.observe(stats_at(400, 20, 350, 800, 10), 0);
   ASSERT_TRUE(d);
-  EXPECT_EQ(d->workers, 4u);
+  EXPECT_EQ(d->workers, 8u);  // the loop waited 87%: 4x (kMostGrowth)
   Stats s = stats_at(900, 30, 800, 1600, 20);
   s.workers = 3;  // someone else changed the count: a new window
   EXPECT_FALSE(tuner.observe(s, 0));
   Stats out;
   tuner.add_stats(out);
   EXPECT_EQ(out.tuner_changes, 1u);
-  EXPECT_NE(out.tuner.find("workers 2 -> 4"), std::string::npos) << out.tuner;
+  EXPECT_NE(out.tuner.find("workers 2 -> 8"), std::string::npos) << out.tuner;
 }
 
 // Until the first batch is delivered the workers start up (processes fork, the layout is
@@ -395,7 +416,7 @@ TEST(WorkerTuner, AWindowStartsOnceABatchWasDelivered) {
   EXPECT_FALSE(tuner.observe(stats_at(400, 4, 390, 30, 10), 0));
   const auto d = tuner.observe(stats_at(800, 20, 740, 830, 20), 0);
   ASSERT_TRUE(d);
-  EXPECT_EQ(d->workers, 4u);  // busy workers, not starved ones: more workers, not more depth
+  EXPECT_EQ(d->workers, 8u);  // busy workers, not starved ones: more workers, not more depth
   EXPECT_EQ(d->depth, 4u);
 }
 
@@ -429,7 +450,7 @@ TEST(WorkerTuner, ChangesAreLoggedAtDebugLevel) {
   tuner.observe(stats_at(0, 1, 0, 0, 0), 0);
   ASSERT_TRUE(tuner.observe(stats_at(400, 20, 350, 800, 10), 0));
   ASSERT_EQ(log.lines().size(), 1u);
-  EXPECT_NE(log.lines()[0].find("tuner: workers 2 -> 4"), std::string::npos) << log.lines()[0];
+  EXPECT_NE(log.lines()[0].find("tuner: workers 2 -> 8"), std::string::npos) << log.lines()[0];
 }
 
 TEST(WorkerTuner, AFixedConfigurationIsAdvisedOnceAndNeverChanged) {
@@ -439,7 +460,7 @@ TEST(WorkerTuner, AFixedConfigurationIsAdvisedOnceAndNeverChanged) {
   EXPECT_FALSE(tuner.observe(stats_at(400, 20, 350, 800, 10), 0));
   EXPECT_FALSE(tuner.due());  // said once: never looks again
   ASSERT_EQ(log.lines().size(), 1u);
-  EXPECT_NE(log.lines()[0].find("would change workers 2 -> 4"), std::string::npos)
+  EXPECT_NE(log.lines()[0].find("would change workers 2 -> 8"), std::string::npos)
       << log.lines()[0];
   Stats out;
   tuner.add_stats(out);

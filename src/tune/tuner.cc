@@ -129,11 +129,19 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
       keep.reason = "at the most workers, " + measured;
       return keep;
     }
-    // Workers that wait inside read() are doubled: more in flight hide the waiting and cost
-    // little CPU, as long as what they do use fits. Computing workers get one more.
-    std::size_t to = std::min(cap, computing ? w.workers + 1 : 2 * w.workers);
-    if (computing ? static_cast<double>(to) > cpu_workers
-                  : worker_cores * static_cast<double>(to) / n > cpu_budget) {
+    // Workers that wait inside read() are multiplied by what the loop's waiting says is
+    // missing (kMostGrowth): more in flight hide the waiting and cost little CPU, as many as
+    // what they do use fits. Computing workers get one more.
+    std::size_t to = w.workers + 1;
+    if (!computing) {
+      const double growth = std::clamp(1.0 / (1.0 - std::min(wait, 0.99)), 2.0, kMostGrowth);
+      to = static_cast<std::size_t>(std::ceil(n * growth));
+      if (worker_cores > 0) {  // as many as their CPU time fits in the budget
+        to = std::min(to, static_cast<std::size_t>(std::floor(n * cpu_budget / worker_cores)));
+      }
+    }
+    to = std::min(cap, to);
+    if (computing ? static_cast<double>(to) > cpu_workers : to <= w.workers) {
       keep.reason = "CPU saturated: no budget for another worker, " + measured;
       return keep;
     }
