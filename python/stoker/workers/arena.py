@@ -179,12 +179,13 @@ class Arenas:
         """At least `count` free arenas of `nbytes`, made now if need be, their first `nbytes`
         faulted in (written), as a worker's batches in flight will need them; returns them as
         (fd, inode, size, nbytes) for the training process's fault_in()."""
-        free = [a for a in self._arenas if len(a[1]) >= nbytes and a[1][0] == 0]
-        for _ in range(count - len(free)):
+        free = [a for a in self._arenas if len(a[1]) >= nbytes and a[1][0] == 0][:count]
+        while len(free) < count:
             free.append(self._make(nbytes))
-            _touch(free[-1][1], nbytes, write=True)
         self._arenas.sort(key=lambda a: len(a[1]))
-        return [(fd, inode, len(mm), nbytes) for fd, mm, inode in free[:max(count, 0)]]
+        for _, mm, _ in free:  # free: nobody reads them
+            _touch(mm, nbytes, write=True)
+        return [(fd, inode, len(mm), nbytes) for fd, mm, inode in free]
 
 
 def _head(blob: bytes) -> tuple:

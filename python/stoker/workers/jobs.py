@@ -91,8 +91,8 @@ class BatchJobs:
         self.batches: Optional[list] = None  # the running epoch's
         self._epoch: Optional[int] = None
         self._epochs: dict = {}  # epoch -> its batches: the running one's, the next one's
-        # Epochs read before their batches were set (each such read gave None): the loader
-        # drops what was read of them as they start (missed()).
+        # Epochs read before their batches were set (each such read gave None): what was read
+        # of them is dropped as they start (kept()).
         self._missed: set = set()
         self.job_batches: Optional[dict] = None  # a worker process's current job's batches
 
@@ -127,7 +127,7 @@ class BatchJobs:
         return self.run(k, batches[k] if batches is not None else None)
 
     def run(self, k: int, batch):
-        if batch is None:  # read ahead before the first epoch: dropped at iter()
+        if batch is None:  # an epoch whose batches are not drawn yet: dropped as it starts
             return None
         try:
             if not self.auto_collation:
@@ -144,11 +144,11 @@ class BatchJobs:
         processes: warming.py), so that its first jobs pay neither its first batches (the first
         collates, its heap growing) nor the making of its arenas. `args`: (batches, steady,
         hold): the batches are made and written into an arena one after another, each dropped,
-        until one takes at most `steady` seconds and touches no new memory (its heap has
-        grown to what a batch needs); then `hold` arenas of the largest one's size
-        are made ready, one for each batch the worker will have in flight. Returns them, as
-        (fd, inode, size, bytes), for the training process to map ahead (arena.fault_in). An
-        error is the real read's to report."""
+        until one takes at most `steady` seconds and touches no new memory (its heap has grown
+        to what a batch needs); then `hold` arenas of the largest one's size are made ready,
+        one for each batch the worker will have in flight. Returns them, as (fd, inode, size,
+        bytes), for the training process to map ahead (arena.fault_in). An error is the real
+        read's to report."""
         if init_failed:
             return INIT_FAILED
         batches, steady, hold = pickle.loads(args)
