@@ -88,8 +88,7 @@ class BatchJobs:
         self.collate_fn = collate_fn
         self.auto_collation = auto_collation
         self.size = size
-        self.batches: Optional[list] = None  # the running epoch's
-        self._epoch: Optional[int] = None
+        self._epoch: Optional[int] = None  # the running one
         self._epochs: dict = {}  # epoch -> its batches: the running one's, the next one's
         # Epochs read before their batches were set (each such read gave None): what was read
         # of them is dropped as they start (kept()).
@@ -98,6 +97,11 @@ class BatchJobs:
 
     def __len__(self) -> int:
         return self.size
+
+    @property
+    def batches(self) -> Optional[list]:
+        """The running epoch's batches (None before the first)."""
+        return self._epochs.get(self._epoch)
 
     def kept(self, epoch: int, batches: list) -> bool:
         """Whether what was read of `epoch` so far read `batches` (drawn ahead), else it must
@@ -112,7 +116,7 @@ class BatchJobs:
         epochs = {epoch: batches}
         if ahead is not None:
             epochs[epoch + 1] = ahead
-        self.batches, self._epoch, self._epochs = batches, epoch, epochs
+        self._epoch, self._epochs = epoch, epochs
 
     def _batches(self, epoch: Optional[int]) -> Optional[list]:
         batches = self._epochs.get(self._epoch if epoch is None else epoch)
@@ -170,7 +174,7 @@ class BatchJobs:
                             else [None] * len(ks), protocol=pickle.HIGHEST_PROTOCOL)
 
     def __getstate__(self):  # pickled for spawn: the epochs' batches travel with the jobs
-        return {**self.__dict__, "batches": None, "_epochs": {}, "_missed": set()}
+        return {**self.__dict__, "_epochs": {}, "_missed": set()}
 
 
 def _faults() -> int:
