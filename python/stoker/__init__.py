@@ -7,6 +7,10 @@ arrive on the GPU, copied on a side stream while the previous batch trains.
 """
 
 import atexit as _atexit
+# Before any exit handler of stoker's is registered: exit handlers run last registered first,
+# and multiprocessing's (registered when multiprocessing.util is first imported) terminates the
+# daemonic worker processes, which must not happen while a loader still reads from them.
+import multiprocessing.util as _mp_util  # noqa: F401
 import os as _os
 
 from . import _stoker, transforms
