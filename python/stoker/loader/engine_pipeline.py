@@ -46,10 +46,12 @@ class EnginePipeline(Pipeline):
         self._torch_order = (TorchOrderFeed(plan.sampler, setup)
                              if isinstance(plan.sampler, TorchRandomOrder) else None)
         self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
-        # Each epoch's batches (batch jobs), drawn at iter() and, where they can be, ahead.
-        self._epoch_batches = functools.partial(epoch_batches, index, plan.shuffle, plan.seed)
-        self._batches_ahead = BatchesAhead(self._epoch_batches, index["batch_sampler"],
-                                           index["sampler"], setup)
+        if self._jobs is not None:
+            # Each epoch's batches, drawn at iter() and, where they can be, ahead.
+            self._epoch_batches = functools.partial(epoch_batches, index, plan.shuffle,
+                                                    plan.seed)
+            self._batches_ahead = BatchesAhead(self._epoch_batches, index["batch_sampler"],
+                                               index["sampler"], setup)
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
