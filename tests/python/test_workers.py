@@ -313,6 +313,17 @@ def run_trainer(ending, returncode):
     return pids, result.stderr
 
 
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_processes_freeze_what_they_inherit_from_the_collector(context):
+    # Their collections never walk (and so never copy) the training process's objects.
+    loader = stoker.DataLoader(wd.Frozen(), batch_size=4, num_workers=2, worker_type="process",
+                               multiprocessing_context=context)
+    assert all(int(n) > 1000 for batch in loader for n in batch)
+    loader.close()
+    gc.collect()
+    assert gc.get_freeze_count() == 0  # this process's own objects are left to collect
+
+
 def test_interpreter_exit_without_close_leaves_no_worker():
     pids, stderr = run_trainer("", 0)
     assert not any(alive(p) for p in pids)

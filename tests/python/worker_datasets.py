@@ -178,6 +178,18 @@ class WorkerInfo:
                 "torch": _init_state.get("torch", 0.0), "pid": os.getpid()}
 
 
+class Frozen:
+    """How many objects the reading process's collections leave alone (gc.freeze)."""
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        import gc
+
+        return gc.get_freeze_count()
+
+
 class Stuck:
     """Sample 0 reads; every other sample blocks forever (and ignores SIGTERM)."""
 
