@@ -304,8 +304,11 @@ void PyLoader::trace(const std::optional<std::string>& path, std::size_t max_eve
 
 std::size_t PyLoader::dataset_index(std::size_t loader_index) const {
   if (!remap_) return loader_index;
-  const auto order = remap_->order();
-  return loader_index < order->size() ? (*order)[loader_index] : loader_index;
+  return through(*remap_->order(), loader_index);
+}
+
+std::size_t PyLoader::through(const std::vector<std::size_t>& order, std::size_t loader_index) {
+  return loader_index < order.size() ? order[loader_index] : loader_index;
 }
 
 py::object PyLoader::deliver(Batch batch) {
@@ -318,8 +321,9 @@ py::object PyLoader::deliver(Batch batch) {
   std::vector<std::size_t> indices(batch.indices().begin(), batch.indices().end());
   std::vector<SkippedSample> skipped(batch.skipped().begin(), batch.skipped().end());
   if (remap_) {
-    for (auto& i : indices) i = dataset_index(i);
-    for (auto& s : skipped) s.index = dataset_index(s.index);
+    const auto order = remap_->order();  // once a batch: an atomic shared_ptr's load locks
+    for (auto& i : indices) i = through(*order, i);
+    for (auto& s : skipped) s.index = through(*order, s.index);
   }
   // A Python data set's layout is known once a batch exists.
   const bool objects_field = py_dataset_ && py_dataset_->objects_field();

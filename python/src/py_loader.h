@@ -156,6 +156,8 @@ class PyLoader {
   [[noreturn]] void raise_sample_error(const SampleError& error);
   std::size_t dataset_index(std::size_t loader_index) const;  // through the custom order
   void close_from_engine_thread();                            // close() on a thread a loader owns
+  // `loader_index` through `order` (a custom order's), as dataset_index().
+  static std::size_t through(const std::vector<std::size_t>& order, std::size_t loader_index);
   void abandon();
 
   std::unique_ptr<Loader> loader_;
