@@ -78,8 +78,9 @@ def main() -> None:
                              + f"; epoch 2's longest wait {out['epoch2_longest_wait_ms']:.2f} ms")
                 print(line, flush=True)
             medians[name] = statistics.median(measured)
-    print(f"auto_switch: epochs 2-{EPOCHS}, medians: auto {medians['auto']:.0f}, process 2 "
-          f"{medians['process 2']:.0f} samples/s: auto {medians['auto'] / medians['process 2']:.2f}x")
+    auto, fixed = medians["auto"], medians["process 2"]
+    print(f"auto_switch: epochs 2-{EPOCHS}, medians: auto {auto:.0f}, process 2 {fixed:.0f} "
+          f"samples/s: auto {auto / fixed:.2f}x")
 
 
 if __name__ == "__main__":

@@ -150,10 +150,10 @@ class BatchJobs:
         collates, its heap growing) nor the making of its arenas. `args`: (batches, steady,
         hold): the batches are made and written into an arena one after another, each dropped,
         until one takes at most `steady` seconds and touches no new memory (its heap has grown
-        to what a batch needs, and is kept: _keep_heap); then `hold` arenas of the largest one's size are made ready,
-        one for each batch the worker will have in flight. Returns them, as (fd, inode, size,
-        bytes), for the training process to map ahead (arena.fault_in). An error is the real
-        read's to report."""
+        to what a batch needs, and is kept: _keep_heap); then `hold` arenas of the largest
+        one's size are made ready, one for each batch the worker will have in flight. Returns
+        them, as (fd, inode, size, bytes), for the training process to map ahead
+        (arena.fault_in). An error is the real read's to report."""
         if init_failed:
             return INIT_FAILED
         batches, steady, hold = pickle.loads(args)

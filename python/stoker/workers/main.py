@@ -87,6 +87,8 @@ def main(sock: socket.socket, dataset, worker_id: int,
             except OSError:
                 pass
     jobs.in_worker_process = True
+    if import_torch:  # spawned by a process that uses torch: get_worker_info() must answer
+        import torch  # noqa: F401
     # What this process inherited (a fork's copy of the training process's heap, or what a
     # spawned one imported) is never traversed by its collections, as Python's gc docs advise
     # for a process forked without exec: each full collection otherwise walks it all (torch
@@ -94,8 +96,6 @@ def main(sock: socket.socket, dataset, worker_id: int,
     # become the worker's own (bench/worker_gc.py: 41 MiB a worker and 385 ms of pauses
     # for a data set caching 200k samples, against 0.4 MiB and 102 ms).
     gc.freeze()
-    if import_torch:  # spawned by a process that uses torch: get_worker_info() must answer
-        import torch  # noqa: F401
     init_error = start_worker(worker_id, num_workers, base_seed, jobs.user_dataset(dataset),
                               worker_init_fn, own_process=True)
     writer = _stoker.SampleWriter()
