@@ -2,7 +2,7 @@
 (auto_matrix.py's: 512 variable-length samples, a padding collate_fn, batch 64) on auto against
 the fixed `process 2`, each round a new loader traced (loader.trace).
 
-    python bench/auto_switch.py [--rounds 5]
+    python bench/auto_switch.py [--rounds 5] [--smoke]
 
 Printed per round: each epoch's samples/s and epochs 2-5 together (auto_matrix.py's figure);
 for auto, the first jobs of the processes after the move as the training process saw them
@@ -58,7 +58,10 @@ def one_round(dataset, args: dict, trace: str) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="one round each")
     a = p.parse_args()
+    if a.smoke:
+        a.rounds = 1
     torch.set_num_threads(1)
     dataset = VariableLength(512)
     medians = {}

@@ -1,7 +1,7 @@
 """What a worker process's garbage collections cost it, with and without gc.freeze() at its
 start (stoker's worker processes freeze what they inherit: stoker/workers/main.py).
 
-    python bench/worker_gc.py [--samples 200000]
+    python bench/worker_gc.py [--samples 200000] [--rounds 3] [--smoke]
 
 A process that imported torch and stoker forks a child, as a worker process starts; the child
 reads a data set that keeps a RAM cache of its samples (small dicts that survive, so the
@@ -81,7 +81,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--samples", type=int, default=200000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--smoke", action="store_true", help="one round of 20,000 samples")
     a = p.parse_args()
+    if a.smoke:
+        a.rounds, a.samples = 1, 20000
     print(f"worker_gc: {len(gc.get_objects())} objects tracked in the parent; a child caches "
           f"{a.samples} samples")
     rows = {m: [run(m, a.samples) for _ in range(a.rounds)] for m in ("never", "forked",

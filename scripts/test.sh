@@ -100,6 +100,9 @@ python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/worker_kinds.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/ray_bench.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/chaos.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/worker_gc.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/worker_cpu.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/auto_switch.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/memory_cap.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/memory_cap.py --smoke --stream >/dev/null 2>&1
 .venv-test/bin/python bench/memory_soak.py --smoke >/dev/null 2>&1
