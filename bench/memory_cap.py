@@ -10,7 +10,7 @@ buffers, copy-on-write pages after fork) so that the sum is the memory they use 
 The training process's own Pss before the loader was made (the interpreter, torch, numpy) is
 not the loader's: the loader's peak is the peak of the sum less that baseline. The loader
 counts its workers' memory itself from a background thread of its own (`stoker-pss`, reading
-their smaps_rollup at most every 0.5 s): its CPU time over each run is printed too (0 for a
+their smaps_rollup at most every 2 s): its CPU time over each run is printed too (0 for a
 loader without that thread).
 
     python bench/memory_cap.py [--limit-gb 1.5] [--batches 2000] [--runs 3] [--smoke]

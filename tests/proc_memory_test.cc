@@ -72,12 +72,14 @@ TEST(ProcMemory, TheEstimateIsTheShareThenPlusTheGrowthSinceAtMostRssAnonNow) {
   EXPECT_EQ(estimate_pss_anon(forked_sample(900 * kMiB, 3), 910 * kMiB), 310 * kMiB);
 }
 
-TEST(ProcMemory, ThePeriodIsTwentyTimesTheReadsCostAndAtLeastHalfASecond) {
+TEST(ProcMemory, ThePeriodIsFiftyTimesTheReadsCostAndAtLeastTwoSeconds) {
   using std::chrono::milliseconds;
   EXPECT_EQ(sample_period(milliseconds(0)), kMinSamplePeriod);
-  EXPECT_EQ(sample_period(milliseconds(10)), kMinSamplePeriod);
-  EXPECT_EQ(sample_period(milliseconds(25)), milliseconds(500));
-  EXPECT_EQ(sample_period(milliseconds(200)), milliseconds(4000));
+  EXPECT_EQ(sample_period(milliseconds(28)), kMinSamplePeriod);  // two workers of CUDA torch
+  EXPECT_EQ(sample_period(milliseconds(40)), milliseconds(2000));
+  EXPECT_EQ(sample_period(milliseconds(200)), milliseconds(10000));
+  EXPECT_EQ(sample_period(milliseconds(1), milliseconds(10)), milliseconds(50));
+  EXPECT_EQ(sample_period(milliseconds(0), milliseconds(10)), milliseconds(10));
 }
 
 TEST(ProcMemory, ReadsThisProcesssRealProcText) {
@@ -151,6 +153,9 @@ class Forked {
   int done_ = -1;
 };
 
+// The tests' sampler period (the product's is kMinSamplePeriod, 2 s).
+constexpr std::chrono::milliseconds kShortPeriod{10};
+
 // Waits (without a time limit of its own: ctest's ends a hung test) until the sampler has
 // read `reads` files.
 void wait_for_reads(const AnonMemorySampler& sampler, std::uint64_t reads) {
@@ -164,12 +169,12 @@ TEST(AnonMemorySampler, AForkedChildCountsItsShareOfTheParentsPagesAndItsGrowthA
   const pid_t pid = child.pid();
   const std::uint64_t rss = read_rss_anon(pid).value();
   ASSERT_GE(rss, kHeld);  // RssAnon counts the shared pages whole
-  AnonMemorySampler sampler;
+  AnonMemorySampler sampler(kShortPeriod);
   sampler.add(pid);
   const pid_t pids[] = {pid};
   // Before its first read: the fork's share (it and this process: 2 sharers), at most RssAnon.
   // After: its Pss_Anon, about half of the pages it shares.
-  EXPECT_LE(sampler.estimate(pids), read_rss_anon(pid).value());
+  EXPECT_LE(sampler.estimate(pids), read_rss_anon(pid).value());  // asks for a round
   wait_for_reads(sampler, 1);
   const std::uint64_t shared = sampler.estimate(pids);
   const std::uint64_t rss_then = read_rss_anon(pid).value();
@@ -205,11 +210,14 @@ TEST(AnonMemorySampler, ProcessesNotAddedCountRssAnonAndThoseGoneNothing) {
 
 TEST(AnonMemorySampler, ReadsOnlyWhileAskedAndStopsAtOnceWhenWaiting) {
   Forked child(kMiB, kMiB);
-  auto sampler = std::make_unique<AnonMemorySampler>();
+  auto sampler = std::make_unique<AnonMemorySampler>(kShortPeriod);
   sampler->add(child.pid());
-  wait_for_reads(*sampler, 1);  // the first read comes unasked
+  std::this_thread::sleep_for(10 * kShortPeriod);
+  EXPECT_EQ(sampler->cost().reads, 0U) << "nobody asked: nothing read, not even the new process";
   const pid_t pids[] = {child.pid()};
-  sampler->estimate(pids);  // asks: a round once the period has passed since the first
+  sampler->estimate(pids);  // asks: a round once the period has passed since the start
+  wait_for_reads(*sampler, 1);
+  sampler->estimate(pids);  // and again, a period after the first
   wait_for_reads(*sampler, 2);
   EXPECT_GT(sampler->cost().cpu.count(), 0);
   sampler->stop();
@@ -219,6 +227,18 @@ TEST(AnonMemorySampler, ReadsOnlyWhileAskedAndStopsAtOnceWhenWaiting) {
   EXPECT_GT(sampler->estimate(pids), 0U);  // answers after it, from the last read
   EXPECT_EQ(sampler->cost().reads, reads);
   sampler.reset();
+}
+
+TEST(AnonMemorySampler, TheFirstRoundComesAPeriodAfterTheStartNotWhenAProcessIsAdded) {
+  // A worker just started maps the most (its slabs, its arenas, its heap growing): the walk of
+  // its pages, which holds its mmap lock, waits for the period.
+  Forked child(kMiB, kMiB);
+  AnonMemorySampler sampler(std::chrono::hours(1));
+  sampler.add(child.pid());
+  const pid_t pids[] = {child.pid()};
+  EXPECT_GT(sampler.estimate(pids), 0U);  // its share of the fork, from RssAnon
+  std::this_thread::sleep_for(10 * kShortPeriod);
+  EXPECT_EQ(sampler.cost().reads, 0U);
 }
 
 TEST(AnonMemorySampler, ADestroyedSamplerThatWasNeverAskedJoinsItsThread) {

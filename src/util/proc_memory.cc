@@ -82,7 +82,8 @@ AnonSample anon_sample(std::string_view smaps_rollup, std::uint64_t rss_anon) {
 
 // --- AnonMemorySampler ---------------------------------------------------------------------
 
-AnonMemorySampler::AnonMemorySampler() : thread_([this] { run(); }) {}
+AnonMemorySampler::AnonMemorySampler(std::chrono::nanoseconds least)
+    : least_(least), thread_([this] { run(); }) {}
 
 AnonMemorySampler::~AnonMemorySampler() { join(); }
 
@@ -96,9 +97,7 @@ void AnonMemorySampler::add(int pid) {
   {
     MutexLock lock(mu_);
     entries_[pid] = Entry{AnonSample{0, rss}, false};
-    unread_ = true;
   }
-  cv_.notify_all();
 }
 
 void AnonMemorySampler::remove(int pid) {
@@ -145,11 +144,10 @@ AnonMemorySampler::Cost AnonMemorySampler::cost() const {
 
 void AnonMemorySampler::run() {
   pthread_setname_np(pthread_self(), "stoker-pss");
-  Clock::time_point due{};  // the first round as soon as asked
+  Clock::time_point due = Clock::now() + least_;
   MutexLock lock(mu_);
   while (!stopped_) {
-    const bool whole = asked_ && Clock::now() >= due;
-    if (!whole && !unread_) {
+    if (!asked_ || Clock::now() < due) {
       if (asked_) {
         lock.wait_until(cv_, due);
       } else {
@@ -157,18 +155,14 @@ void AnonMemorySampler::run() {
       }
       continue;
     }
-    // The processes not read yet first; a round that is not due reads only them.
+    // Those never read first.
     std::vector<int> pids;
-    for (const auto& [pid, e] : entries_) {
-      if (!e.read) pids.push_back(pid);
-    }
-    if (whole) {
+    for (const bool read : {false, true}) {
       for (const auto& [pid, e] : entries_) {
-        if (e.read) pids.push_back(pid);
+        if (e.read == read) pids.push_back(pid);
       }
-      asked_ = false;
     }
-    unread_ = false;
+    asked_ = false;
     const auto start = thread_cpu();
     std::uint64_t reads = 0;
     for (const int pid : pids) {
@@ -186,7 +180,7 @@ void AnonMemorySampler::run() {
     const auto spent = thread_cpu() - start;
     cost_.reads += reads;
     cost_.cpu += spent;
-    if (whole) due = Clock::now() + sample_period(spent);
+    due = Clock::now() + sample_period(spent, least_);
   }
 }
 

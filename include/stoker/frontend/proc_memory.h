@@ -7,14 +7,19 @@
 // processes write into are shared memory, counted once as slabs.
 //
 // Reading smaps_rollup walks every page the process maps (about 0.2 s for a worker mapping
-// 1 GiB of slabs), far too slow for the training thread, which looks at the cap every 50 ms.
-// So AnonMemorySampler reads it on a thread of its own, at a period that keeps its cost a
-// small share of one core (20x the last round's CPU time, at least 0.5 s), and answers the
+// 1 GiB of slabs, 14 ms for a worker of a CUDA build of torch), far too slow for the training
+// thread, which looks at the cap every 50 ms. And the walk holds the process's mmap lock: a
+// worker that maps or unmaps memory meanwhile (a slab it is sent, an arena, its heap growing)
+// waits for it, on a busy machine for several milliseconds more (a worker's first job after
+// auto's move to processes waited 6-11 ms so on 2 cores). So AnonMemorySampler reads it on a
+// thread of its own, seldom: in rounds a period apart (kSampleCostRatio times the last round's
+// CPU time, at least kMinSamplePeriod; the first a period after it starts), and answers the
 // training thread from RssAnon (/proc/<pid>/status, microseconds) combined with the last read:
 // the share then plus what the process grew by since (new pages are its own), never more than
-// its RssAnon now. So growth counts at once; what the estimate misses until the next read is a
-// share that grows without the process growing (a sibling that wrote its copies of shared
-// pages, or exited), at most one period (plus one read) old.
+// its RssAnon now; a process not read yet counts its share of a fork (forked_sample). So
+// growth counts at once; what the estimate misses until the next read is a share that grows
+// without the process growing (a sibling that wrote its copies of shared pages, or exited), at
+// most one period (plus one read) old.
 //
 // The Python package's worker process pool uses it (python/src/py_workers.cc).
 // Installed for front ends, unstable (include/stoker/frontend/README.md).
@@ -83,22 +88,23 @@ constexpr AnonSample forked_sample(std::uint64_t rss_anon, std::size_t sharers) 
 }
 
 // The sampler's period after a round of reads that cost `cost` of its thread's CPU time:
-// kSampleCostRatio times it, at least kMinSamplePeriod (so the reads take at most 1/20 of one
-// core).
-inline constexpr int kSampleCostRatio = 20;
-inline constexpr std::chrono::milliseconds kMinSamplePeriod{500};
-constexpr std::chrono::nanoseconds sample_period(std::chrono::nanoseconds cost) {
+// kSampleCostRatio times it, at least `least` (so the reads take at most 1/50 of one core, and
+// hold each process's mmap lock about as seldom).
+inline constexpr int kSampleCostRatio = 50;
+inline constexpr std::chrono::milliseconds kMinSamplePeriod{2000};
+constexpr std::chrono::nanoseconds sample_period(
+    std::chrono::nanoseconds cost, std::chrono::nanoseconds least = kMinSamplePeriod) {
   const auto scaled = cost * kSampleCostRatio;
-  const std::chrono::nanoseconds least = kMinSamplePeriod;
   return scaled > least ? scaled : least;
 }
 
 // --- the sampler ---------------------------------------------------------------------------
 
 // Reads the smaps_rollup of the processes it is told of on a thread of its own (named
-// "stoker-pss"), and answers estimate() without reading it. Rounds run while someone asks:
-// one when a process is added (its first read), then one each period while estimate() is
-// called, none while nobody looks.
+// "stoker-pss"), and answers estimate() without reading it. Rounds run while someone asks,
+// a period apart (the first a period after the sampler starts), each reading every process
+// it was told of; none while nobody looks. A process added is first read in the next round:
+// not at once, when a worker just started maps the most.
 //
 // Thread safety: every member but join() from any thread. The thread holds no reference to
 // its owner; stop() wakes it (a read in progress finishes first: one process's smaps_rollup)
@@ -106,14 +112,15 @@ constexpr std::chrono::nanoseconds sample_period(std::chrono::nanoseconds cost) 
 // copy (the thread is not in the child): see ProcessPool::~ProcessPool.
 class AnonMemorySampler {
  public:
-  AnonMemorySampler();  // starts the thread
+  // Starts the thread; `least`: the shortest period (tests shorten it).
+  explicit AnonMemorySampler(std::chrono::nanoseconds least = kMinSamplePeriod);
   ~AnonMemorySampler();
   AnonMemorySampler(const AnonMemorySampler&) = delete;
   AnonMemorySampler& operator=(const AnonMemorySampler&) = delete;
 
   // Process `pid` has just been forked (or started otherwise): its RssAnon is read now
-  // (microseconds) and its first smaps_rollup read comes in the next round, at once. Until
-  // then it counts as forked_sample(), shared by the training process and every process added.
+  // (microseconds) and its first smaps_rollup read comes in the next round. Until then it
+  // counts as forked_sample(), shared by the training process and every process added.
   void add(int pid) STOKER_EXCLUDES(mu_);
   void remove(int pid) STOKER_EXCLUDES(mu_);  // gone, or replaced
   // The sum of the estimates of `pids` now (estimate_pss_anon), each one's RssAnon read now; a
@@ -144,9 +151,9 @@ class AnonMemorySampler {
   std::condition_variable cv_;
   std::map<int, Entry> entries_ STOKER_GUARDED_BY(mu_);
   bool stopped_ STOKER_GUARDED_BY(mu_) = false;
-  bool unread_ STOKER_GUARDED_BY(mu_) = false;  // a process added and not read yet
-  bool asked_ STOKER_GUARDED_BY(mu_) = false;   // estimate() called since the last round
+  bool asked_ STOKER_GUARDED_BY(mu_) = false;  // estimate() called since the last round
   Cost cost_ STOKER_GUARDED_BY(mu_);
+  const std::chrono::nanoseconds least_;
   std::thread thread_;  // last: started once the rest is made
 };
 
