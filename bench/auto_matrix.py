@@ -24,7 +24,8 @@ Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 c
   tiny      native: 60k x 784 float32, batch 256 (threads only: native reads run in C++)
   jpeg      native: stoker.ImageFolder with T.train(224) (threads only)
 The summary line per workload: auto over the best fixed stoker setting (target >= 0.95) and
-over torch's best (target >= 1.0).
+over torch's best (target >= 1.0); how far the best fixed setting's own rounds spread (a ratio
+within it of 1 is the machine's noise); '=' where auto chose that very setting.
 """
 
 from __future__ import annotations
@@ -243,10 +244,15 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dic
             rounds[k].append(rate_of[k]())
     final = {k: statistics.median(v) for k, v in rounds.items()}
     auto = final["stoker auto"]
+    # How far the best fixed setting's own rounds spread: a ratio nearer 1 than that is the
+    # machine's noise, not auto's choice (more so where auto chose that very setting).
+    best_rounds = rounds[best_fixed]
+    spread = (max(best_rounds) - min(best_rounds)) / final[best_fixed]
     return {"workload": w.name, "step_ms": None if calibrate is None else 1e3 * calibrate,
             "samples_per_s": results, "rematch": rounds, "auto_epochs": auto_epochs,
             "auto_chose": chosen, "auto_reason": stats.get("worker_type_reason"),
             "best_fixed": best_fixed, "torch_best": torch_best,
+            "same_setting": best_fixed == f"stoker {chosen}", "best_fixed_spread": spread,
             "auto_over_best_fixed": auto / final[best_fixed],
             "auto_over_torch_best": auto / final[torch_best] if torch_best else None}
 
@@ -278,12 +284,15 @@ def main() -> None:
     print(f"\nauto_matrix summary ({CORES} cores; epochs 2-{a.epochs}; samples/s, "
           f"or steps x batch with a step)")
     print(f"  {'workload':<20} {'auto chose':<12} {'best fixed':<18} {'auto/best':>9} "
-          f"{'torch best':<10} {'auto/torch':>10}")
+          f"{'spread':>6} {'torch best':<10} {'auto/torch':>10}")
     for r in rows:
         name = r["workload"] + (f" +step {r['step_ms']:.1f}ms" if r["step_ms"] else "")
-        print(f"  {name:<20} {r['auto_chose']:<12} {r['best_fixed']:<18} "
-              f"{r['auto_over_best_fixed']:9.2f} {r['torch_best'] or '-':<10} "
-              f"{r['auto_over_torch_best'] or float('nan'):10.2f}")
+        best = ("= " if r["same_setting"] else "") + r["best_fixed"]
+        print(f"  {name:<20} {r['auto_chose']:<12} {best:<18} "
+              f"{r['auto_over_best_fixed']:9.2f} {r['best_fixed_spread']:6.2f} "
+              f"{r['torch_best'] or '-':<10} {r['auto_over_torch_best'] or float('nan'):10.2f}")
+    print("  (best fixed '= ...': auto chose that very setting; spread: (max - min) / median "
+          "of the best fixed setting's own rounds)")
 
 
 def show(r: dict) -> None:
