@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -188,11 +189,16 @@ TEST(SimDevice, PinnedBudgetIsNeverExceeded) {
   ASSERT_EQ(detail::LockedBytes::in_use(), 0u);
   {
     Loader loader(o);
+    std::size_t peak = 0;  // the budget's two slabs are locked as the first slabs are made
     while (auto b = loader.next()) {
+      peak = std::max(peak, detail::LockedBytes::in_use());
       ASSERT_LE(detail::LockedBytes::in_use(), o.pin_budget);
     }
+    EXPECT_EQ(peak, 2 * slab);
+    // At the end, at most those two: a slow run (TSan, a busy machine) has the memory cap's
+    // look trim free slabs beyond the window, a locked one among them.
     const Stats s = loader.stats();
-    EXPECT_EQ(s.locked_slabs, 2u);
+    EXPECT_LE(s.locked_slabs, 2u);
     EXPECT_GT(s.slabs, 2u);
   }
   EXPECT_EQ(detail::LockedBytes::in_use(), 0u);  // given back with the slabs
