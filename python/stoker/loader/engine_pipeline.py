@@ -94,6 +94,10 @@ class EnginePipeline(Pipeline):
                                          setup.base_seed, setup.worker_init_fn,
                                          active=0 if plan.tune_remote else None)
         self._order = None  # the custom sampler's order of the epoch running, once read
+        # A data set of URL shards: its object store's counters at the loader's start, before
+        # the engine below starts reading (a native data set's workers prefetch at once).
+        self._storage = getattr(plan.dataset, "object_storage", None) if plan.native else None
+        self._storage_start = self._storage() if self._storage is not None else {}
         # Construction reads nothing, as torch's: a Python data set's workers start with the
         # first iter(), and so do those following a custom sampler (a native data set's
         # otherwise prefetch at once).
@@ -134,9 +138,6 @@ class EnginePipeline(Pipeline):
         if self._jobs is not None:
             self._finish_batch_jobs(self._loader.device().is_cuda or plan.pin_always)
         self._samples = compat.sized(index["dataset"])
-        # A data set of URL shards: its object store's counters at the loader's start.
-        self._storage = getattr(plan.dataset, "object_storage", None) if plan.native else None
-        self._storage_start = self._storage() if self._storage is not None else {}
         # Elastic resume (elastic.py) needs stoker's own order of a sized data set.
         self._elastic = (self._jobs is None and plan.order_length is None
                          and self._samples is not None)
