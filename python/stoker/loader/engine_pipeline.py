@@ -94,8 +94,7 @@ class EnginePipeline(Pipeline):
                                          setup.base_seed, setup.worker_init_fn,
                                          active=0 if plan.tune_remote else None)
         self._order = None  # the custom sampler's order of the epoch running, once read
-        # A data set of URL shards: its object store's counters at the loader's start, before
-        # the engine below starts reading (a native data set's workers prefetch at once).
+        # A data set of URL shards: its store's counters before the engine below prefetches.
         self._storage = getattr(plan.dataset, "object_storage", None) if plan.native else None
         self._storage_start = self._storage() if self._storage is not None else {}
         # Construction reads nothing, as torch's: a Python data set's workers start with the
