@@ -155,13 +155,8 @@ void AnonMemorySampler::run() {
       }
       continue;
     }
-    // Those never read first.
     std::vector<int> pids;
-    for (const bool read : {false, true}) {
-      for (const auto& [pid, e] : entries_) {
-        if (e.read == read) pids.push_back(pid);
-      }
-    }
+    for (const auto& [pid, e] : entries_) pids.push_back(pid);
     asked_ = false;
     const auto start = thread_cpu();
     std::uint64_t reads = 0;
