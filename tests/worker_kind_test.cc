@@ -192,6 +192,24 @@ TEST(WorkerKind, ProcessesAreAsFewAsTheTrainingLoopsOwnCpuLeavesUseFor) {
   EXPECT_EQ(processes_for({.read = 2e-3, .step = 1.5e-3, .unpack = 0.6e-3}, 2).first, 1u);
 }
 
+TEST(WorkerKind, WarmProcessesAreKeptAsTheirOwnReadsNeed) {
+  using detail::processes_to_keep;
+  // The padding collate beside a 1.4 ms step, measured: 1.94 ms a batch on 2 threads sharing
+  // the GIL (2 processes), 1.18 ms in a warm process: one of the two is enough.
+  const StreamCosts threads{.read = 1.94e-3, .step = 1.375e-3};
+  ASSERT_EQ(detail::processes_for(threads, 2).first, 2u);
+  auto [keep, why] = processes_to_keep(threads, 1.18e-3, 2, 2);
+  EXPECT_EQ(keep, 1u);
+  EXPECT_EQ(why, "; warm, a process's reads took 1.180 ms of CPU a batch, so 1 of the 2 kept");
+  // Without a step, both are kept, and nothing is said.
+  std::tie(keep, why) = processes_to_keep({.read = 2.8e-3, .step = 0.4e-3}, 1.18e-3, 2, 2);
+  EXPECT_EQ(keep, 2u);
+  EXPECT_EQ(why, "");
+  // Never more than were started (and measured), even if warm reads cost more.
+  EXPECT_EQ(processes_to_keep({.read = 1e-3, .step = 1e-3}, 8e-3, 1, 4).first, 1u);
+  EXPECT_EQ(processes_to_keep({.read = 4e-3, .step = 1e-3}, 4e-3, 3, 4).first, 3u);
+}
+
 TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
   // Batch jobs on 2 threads, GIL-bound; over 3 batches after the first the reads took 3 ms
   // of CPU each, and the training loop 3 ms of its own between batches: one process.
@@ -205,6 +223,8 @@ TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
   auto d = chooser.observe(now, 1 + kKindMinBatches, 2, 2);
   ASSERT_TRUE(d && d->processes);
   EXPECT_EQ(d->workers, 1u);
+  EXPECT_DOUBLE_EQ(d->costs.read, 3e-3);  // what processes_to_keep starts from
+  EXPECT_DOUBLE_EQ(d->costs.step, 3e-3);
   EXPECT_TRUE(contains(d->reason, "whole batches made in Python, so processes")) << d->reason;
   EXPECT_TRUE(contains(d->workers_reason,
                        "a batch's reads took 3.000 ms of CPU and the "

@@ -244,6 +244,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def("finish", &ProcessPool::finish)
       .def("call", &ProcessPool::call, py::arg("worker_id"), py::arg("index"), py::arg("args"))
       .def("stop", &ProcessPool::stop)
+      .def("retire", &ProcessPool::retire, py::arg("keep"))
       .def(
           "resident_bytes", [](ProcessPool& pool) { return pool.times().resident_bytes; },
           py::call_guard<py::gil_scoped_release>(),
@@ -417,15 +418,31 @@ PYBIND11_MODULE(_stoker, m) {
             const auto d = c.observe(s, loader.thread_reads(), threads.value_or(s.workers), cores,
                                      pack, unpack, measuring);
             if (!d) return py::none();
-            return py::make_tuple(d->processes, d->reason, d->workers, d->workers_reason);
+            const auto& k = d->costs;
+            return py::make_tuple(d->processes, d->reason, d->workers, d->workers_reason,
+                                  py::make_tuple(k.read, k.step, k.pack, k.unpack));
           },
           py::arg("loader"), py::arg("threads"), py::arg("cores"), py::arg("pack") = 0.0,
           py::arg("unpack") = 0.0, py::arg("measuring") = 0.0,
           "After each batch handed out: None while measuring, then (processes, the reason, how "
-          "many processes, why so many). `threads`: the threads reading here (None: the loader's "
+          "many processes, why so many, the costs per batch they were counted from: (read, "
+          "step, pack, unpack)). `threads`: the threads reading here (None: the loader's "
           "workers); `pack`, "
           "`unpack`: a batch's hand-over, seconds (batch jobs'); `measuring`: the loop's CPU "
           "seconds spent timing it.");
+  m.def(
+      "processes_to_keep",
+      [](py::tuple costs, double warm_read, std::size_t started, std::size_t cores) {
+        return detail::processes_to_keep({.read = costs[0].cast<double>(),
+                                          .step = costs[1].cast<double>(),
+                                          .pack = costs[2].cast<double>(),
+                                          .unpack = costs[3].cast<double>()},
+                                         warm_read, started, cores);
+      },
+      py::arg("costs"), py::arg("warm_read"), py::arg("started"), py::arg("cores"),
+      "After the worker processes' warm-up: (how many of the `started` to keep, the reason's "
+      "clause). `costs`: WorkerKindChooser.observe's; `warm_read`: a warm process's CPU "
+      "seconds a batch.");
   py::class_<detail::RemoteWorkerTuner>(m, "RemoteWorkerTuner")
       .def(py::init<>())
       .def("due", &detail::RemoteWorkerTuner::due)

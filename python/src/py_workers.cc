@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -384,7 +385,8 @@ detail::ExecutorStats ProcessPool::times() {
   const std::uint64_t resident = memory_->estimate(started);
   std::lock_guard lock(mu_);
   times_.resident_bytes = resident;  // a level, now; not summed
-  for (std::size_t k = 0; k < pids.size(); ++k) {
+  // retire() may have let links go since they were read.
+  for (std::size_t k = 0; k < pids.size() && k < links_.size(); ++k) {
     Link& link = *links_[k];
     if (!read[k] || link.pid != pids[k]) continue;  // gone, or started afresh since
     if (link.timed_pid != link.pid) {  // a new process: its counters start at its start
@@ -747,6 +749,29 @@ void ProcessPool::finish() {
   spawn_ = py::none();
   decode_ = py::none();
   reap_ = py::none();
+}
+
+void ProcessPool::retire(std::size_t keep) {
+  keep = std::max<std::size_t>(keep, 1);
+  std::vector<std::unique_ptr<Link>> gone;
+  {
+    py::gil_scoped_release unlocked;  // a lessee may need the GIL to give its link back
+    std::unique_lock lock(mu_);
+    if (keep >= links_.size()) return;
+    free_cv_.wait(lock, [&] {
+      return std::none_of(links_.begin() + static_cast<std::ptrdiff_t>(keep), links_.end(),
+                          [](const auto& link) { return link->busy; });
+    });
+    gone.assign(std::make_move_iterator(links_.begin() + static_cast<std::ptrdiff_t>(keep)),
+                std::make_move_iterator(links_.end()));
+    links_.resize(keep);
+    workers_ = keep;
+  }
+  for (auto& link : gone) {
+    if (link->fd >= 0) shutdown(link->fd, SHUT_RDWR);
+    close_fd(std::exchange(link->fd, -1));
+    if (link->pid > 0) memory_->remove(link->pid);
+  }
 }
 
 // --- SampleWriter --------------------------------------------------------------------------

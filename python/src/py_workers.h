@@ -31,6 +31,7 @@
 #include <pybind11/pybind11.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -133,6 +134,11 @@ class ProcessPool {
   void stop() noexcept;
   // stop(), then reap() and close the sockets (GIL held). Idempotent.
   void finish();
+  // Keeps workers 0..keep-1 and lets the others go (worker_type='auto' keeping fewer after
+  // their warm-up): waits without the GIL until none of those is leased, then shuts their
+  // sockets down (each sees EOF and exits; the reap of the others reaps it too) and forgets
+  // them. size() is `keep` from then on. GIL held.
+  void retire(std::size_t keep);
 
   // The workers' time (cpu, run_delay) since the pool started, of those that died too (up to
   // their last reading), and their memory now (resident_bytes: the sum of their Pss_Anon
@@ -140,7 +146,7 @@ class ProcessPool {
   // and status, never smaps_rollup.
   detail::ExecutorStats times();
 
-  std::size_t size() const { return workers_; }
+  std::size_t size() const { return workers_.load(); }
   py::list pids();
   // Workers that died while reading (each replaced by a new one). Any thread, no GIL.
   std::size_t deaths() {
@@ -208,8 +214,8 @@ class ProcessPool {
                  std::span<std::exception_ptr> errors, const char* items);
   std::string death_message(pid_t pid) const;
 
-  const std::size_t workers_;
-  const pid_t owner_pid_;  // a forked copy of the pool (in a worker) does nothing
+  std::atomic<std::size_t> workers_;  // the links' count; retire() lowers it
+  const pid_t owner_pid_;             // a forked copy of the pool (in a worker) does nothing
   py::object spawn_;
   py::object decode_;
   py::object reap_;

@@ -125,6 +125,17 @@ std::pair<std::size_t, std::string> processes_for(const StreamCosts& c, std::siz
   return {workers, why};
 }
 
+std::pair<std::size_t, std::string> processes_to_keep(const StreamCosts& costs, double warm_read,
+                                                      std::size_t started, std::size_t cores) {
+  StreamCosts warm = costs;
+  warm.read = warm_read;
+  const std::size_t keep = std::min(processes_for(warm, cores).first, started);
+  if (keep >= started) return {started, ""};
+  return {keep, format("; warm, a process's reads took %.3f ms of CPU a batch, so %zu of the %zu "
+                       "kept",
+                       1e3 * warm_read, keep, started)};
+}
+
 std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::uint64_t reads,
                                                      std::size_t threads, std::size_t cores,
                                                      double pack, double unpack, double measuring) {
@@ -159,6 +170,7 @@ std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::ui
         .pack = pack,
         .unpack = unpack};
     std::tie(choice.workers, choice.workers_reason) = processes_for(costs, cores);
+    choice.costs = costs;
   }
   return choice;
 }

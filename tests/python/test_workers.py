@@ -482,8 +482,11 @@ class _MoveAtOnce:
     def __init__(self, whole_batches):
         pass
 
+    # Per batch: reads, the training loop's own time, a hand-over's two halves (seconds).
+    costs = (0.0, 0.0, 0.0, 0.0)
+
     def observe(self, loader, threads, cores, pack=0.0, unpack=0.0, measuring=0.0):
-        return True, "auto: forced", 2, "2 forced"
+        return True, "auto: forced", 2, "2 forced", self.costs
 
 
 def _pairs_collate(samples):
@@ -506,6 +509,42 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     assert report["readers"] == "2 process worker(s)"
     assert report["readers_reason"] == "auto: forced; 2 forced"
     loader.close()
+
+
+class _MoveBesideASlowStep(_MoveAtOnce):
+    """Two processes forced beside a training loop of a second a batch: the warm processes'
+    reads show one is enough (processes_to_keep; its rule is tests/worker_kind_test.cc's)."""
+
+    costs = (0.01, 1.0, 0.0, 0.0)
+
+
+def test_auto_lets_go_of_the_processes_their_warm_reads_show_are_not_needed(monkeypatch):
+    from stoker.loader import engine_pipeline
+    from stoker.workers.processes import ProcessWorkers
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveBesideASlowStep)
+    monkeypatch.setattr(engine_pipeline, "_WARM_WAIT_S", 120.0)  # a busy machine's warm-up
+    retired = []
+    retire = ProcessWorkers.retire
+
+    def spy(self, pool, keep):
+        retired.extend(p.pid for p in self.processes()[keep:])
+        retire(self, pool, keep)
+
+    monkeypatch.setattr(ProcessWorkers, "retire", spy)
+    loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=_pairs_collate)
+    for _ in range(3):  # each epoch every batch once, in order, across the move
+        assert [i for _, ids in loader for i in ids] == list(range(192))
+    stats = loader.stats()
+    assert len(retired) == 1 and retired[0] not in stats["worker_pids"]
+    assert len(stats["worker_pids"]) == loader.num_workers == 1
+    assert re.fullmatch(r"auto: forced; 2 forced; warm, a process's reads took \d+\.\d{3} ms "
+                        r"of CPU a batch, so 1 of the 2 kept", stats["worker_type_reason"])
+    assert loader.report()["readers"] == "1 process worker(s)"
+    loader.close()
+    assert not alive(retired[0])
+    with pytest.raises(ChildProcessError):  # reaped with the others
+        os.waitpid(retired[0], os.WNOHANG)
 
 
 def test_auto_starts_as_many_processes_as_num_workers_asks_when_given(monkeypatch):
@@ -583,6 +622,7 @@ def test_the_warm_up_makes_batches_until_one_is_steady_and_readies_the_arenas_in
         assert w.wait(30) and loader.pool is pool
         # The third took no longer than a batch job on the threads, and faulted in no memory.
         assert made == [[0], [1], [2]]
+        assert list(w.cpu) == [0] and 0 <= w.cpu[0] < 0.4  # its least CPU a batch (it sleeps)
         # Three free arenas of a batch's size, made in the worker and mapped here.
         assert [mm[0] for _, mm, _ in pool.arenas._arenas] == [0, 0, 0]
         assert all(len(mm) >= 256 * 256 * 4 for _, mm, _ in pool.arenas._arenas)

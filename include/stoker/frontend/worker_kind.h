@@ -59,6 +59,15 @@ struct GilVerdict {
 // worker threads' CPU time `on_cpu` and run-queue delay `delayed` over the same time.
 GilVerdict gil_bound(double busy, double on_cpu, double delayed);
 
+// Per batch: the CPU time of its reads, the training loop's own between batches, a hand-over's
+// to the worker (pack) and to the loop (unpack); seconds.
+struct StreamCosts {
+  double read = 0;  // seconds per batch, each
+  double step = 0;
+  double pack = 0;
+  double unpack = 0;
+};
+
 struct KindChoice {
   bool processes = false;
   std::string reason;  // "auto: reads kept the GIL busy 95% of the time on 2 threads, ..."
@@ -66,6 +75,7 @@ struct KindChoice {
   // end starts when the count is its to choose (num_workers='auto').
   std::size_t workers = 0;
   std::string workers_reason;
+  StreamCosts costs;  // what the count was decided from (processes_to_keep takes them)
 };
 // worker_type='auto' once measured: `threads` reading on `cores` cores; `whole_batches`: the
 // reads are batch jobs (the reason says so).
@@ -116,13 +126,6 @@ inline constexpr double kStreamGain = 0.1;
 // Measured over at least this many batches of epoch 1 after its first (the start-up).
 inline constexpr std::size_t kStreamMinBatches = 8;
 
-struct StreamCosts {
-  double read = 0;  // seconds per batch, each
-  double step = 0;
-  double pack = 0;
-  double unpack = 0;
-};
-
 struct StreamChoice {
   std::size_t workers = 0;  // 0: in-line, else that many worker processes
   double inline_s = 0;      // the model's seconds per batch, in-line and with `workers`
@@ -140,6 +143,16 @@ double stream_batch_seconds(const StreamCosts& costs, std::size_t workers, std::
 // a balanced loop, its step as long as a batch's reads, needs one). Returns the count and the
 // reason's clause.
 std::pair<std::size_t, std::string> processes_for(const StreamCosts& costs, std::size_t cores);
+// After the `started` worker processes' warm-up (batch jobs: python/stoker/workers/warming.py),
+// how many to keep: processes_for() again with `warm_read`, the CPU time a warm process took
+// for a batch, in place of the threads' measurement (costs.read). Threads that share the GIL
+// pay its hand-offs and each other's cache misses in their CPU time: a padding collate's batch
+// took 1.9-4.3 ms of CPU on 2 threads and 0.7-1.5 ms in a warm process (docs/BENCHMARKS.md,
+// 2026-11-29), and counted on the threads it started 2 processes beside a 1-1.8 ms training
+// step where 1 ran 12-16% faster. Never more than `started` (only they were measured).
+// Returns the count and the reason's clause ("" when all are kept).
+std::pair<std::size_t, std::string> processes_to_keep(const StreamCosts& costs, double warm_read,
+                                                      std::size_t started, std::size_t cores);
 
 // The setting for epoch 2 on, `cores` the cores of this rank's share; `shards`: the stream
 // asked get_worker_info() (so up to `cores` workers, else 1).

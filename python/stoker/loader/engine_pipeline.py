@@ -16,14 +16,14 @@ from ..remote.pool import RemoteWorkers
 from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
 from ..workers.startup import start_worker
-from ..workers.warming import Warming
+from ..workers import warming
 from . import compat, elastic, engine_options
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
 from .seeding import (BatchesAhead, TorchOrderFeed, TorchRandomOrder, WorkerSetup,
-                      peek_seed)
+                      epoch_batches, peek_seed)
 from .worker_choice import KindChooser
 
 _log = logging.getLogger("stoker")
@@ -55,7 +55,7 @@ class EnginePipeline(Pipeline):
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
-        self._warming: Optional[Warming] = None  # _start_processes(warm=True)
+        self._warming: Optional[warming.Warming] = None  # _start_processes(warm=True)
         # After auto's move to processes, until the threads' reads end: _after_threads_end.
         self._threads_ending: Optional[int] = None
         self._thread_count = [0]
@@ -377,11 +377,12 @@ class EnginePipeline(Pipeline):
         self._remote.set_active(active)
         self._loader.set_workers(self._engine_workers())
 
-    def _start_processes(self, count: int, warn: bool = True, warm: bool = False) -> None:
+    def _start_processes(self, count: int, warn: bool = True, warm: bool = False) -> bool:
         """Starts `count` worker processes and sends reads to them from now on; `warm` (batch
         jobs): once each has made batches until one was as quick as on the threads and made
         ready the arenas its batches in flight need, which the training loop waits for (up to
-        _WARM_WAIT_S, the threads reading after that until the warm-up ends)."""
+        _WARM_WAIT_S, the threads reading after that until the warm-up ends). Whether they
+        were warmed and took over within that wait."""
         if warn:
             self._warn_not_persistent()
         workers = ProcessWorkers(self.plan.dataset, count, self.plan.context,
@@ -391,7 +392,7 @@ class EnginePipeline(Pipeline):
         self._workers, self._pool = workers, pool
         if not (warm and self._jobs is not None and self._jobs.batches):
             self._loader.use_processes(pool)
-            return
+            return False
         # A fresh process's first batches cost several (its first collate, its arenas made and
         # faulted in, the copy-on-write faults after the fork): paid here, with the threads
         # stopped (on a small machine they would take the cores the warm-up needs), in the
@@ -399,20 +400,17 @@ class EnginePipeline(Pipeline):
         # (a few milliseconds) would otherwise pay it in full, once per run all the same.
         stats = self._loader.stats()  # a batch job's time on the threads
         steady = stats["worker_busy_s"] / max(1, self._loader.thread_reads())
-        # A process's batches in flight: its share of the queue's and of the two the training
-        # loop holds, the one it writes, and one for an uneven share (2 processes at depth 4
-        # came to 5-6 arenas each).
-        hold = -(-(stats["depth"] + 2) // count) + 2
+        hold = warming.arenas_in_flight(stats["depth"], count)
         self._loader.set_workers(self._engine_workers(0))
-        self._warming = Warming(self._loader, pool, self._jobs.batches, steady, hold)
-        self._warming.wait(_WARM_WAIT_S)
+        self._warming = warming.Warming(self._loader, pool, self._jobs.batches, steady, hold)
+        return self._warming.wait(_WARM_WAIT_S)
 
     def _stop_warming(self) -> None:
         """close(): a warm-up still running ends now, its pool stopped and, if the loader
         never got it, its processes reaped (the loader's close reaps those it got)."""
-        warming, self._warming = self._warming, None
-        if warming is not None:
-            warming.stop()
+        warm, self._warming = self._warming, None
+        if warm is not None:
+            warm.stop()
 
     def _warn_not_persistent(self) -> None:
         # Only when passed: a warning for torch's default could not be silenced.
@@ -435,10 +433,18 @@ class EnginePipeline(Pipeline):
         decision = self._choice.observe(self._loader, threads, cores(), self._handle.structure)
         if decision is None:
             return
-        self._choice = None
+        choice, self._choice = self._choice, None
         to_processes, self.worker_type_reason, count = decision
         if to_processes:
-            self._start_processes(count, warm=True)
+            if self._start_processes(count, warm=True):
+                # Warm, the processes measured their own reads, without the threads' share of
+                # the GIL: as many are kept as those need beside the training loop.
+                keep, why = choice.keep(self._warming.cpu, count, cores())
+                if keep < count:
+                    self._workers.retire(self._pool, keep)
+                    warming.top_up(self._pool, self._jobs.batches, warming.arenas_in_flight(
+                        self._loader.stats()["depth"], keep))
+                    count, self.worker_type_reason = keep, self.worker_type_reason + why
             self.worker_type = "process"
             self.num_workers = count
             self._loader.set_workers(self._engine_workers())
@@ -481,20 +487,3 @@ class EnginePipeline(Pipeline):
         self._build = batch_builder(structure, None)
         self._as_arrays, self._convert = converter(
             engine_options.element_types(structure), self._loader.device().is_cuda)
-
-
-def epoch_batches(index: dict, shuffle: bool, seed: int, epoch: int) -> list:
-    """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None), as
-    torch's loader draws them at iter() from its attributes (`index`)."""
-    if index["batch_sampler"] is not None:
-        return [list(b) for b in index["batch_sampler"]]
-    if index["sampler"] is not None:
-        order = list(index["sampler"])
-    else:
-        order = _stoker.epoch_order(len(index["dataset"]), shuffle, seed, epoch, 0, 1,
-                                    False).tolist()
-    if index["batch_size"] is None:
-        return order
-    size = index["batch_size"]
-    end = len(order) - len(order) % size if index["drop_last"] else len(order)
-    return [order[i:i + size] for i in range(0, end, size)]

@@ -14,6 +14,8 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
+from .. import _stoker
+
 
 def _torch():
     return sys.modules.get("torch")
@@ -257,6 +259,23 @@ class BatchesAhead:
 # changed in between (then the batches read ahead are dropped).
 _DRAWABLE_SAMPLERS = ("SequentialSampler", "RandomSampler", "SubsetRandomSampler",
                       "WeightedRandomSampler", "DistributedSampler")
+
+
+def epoch_batches(index: dict, shuffle: bool, seed: int, epoch: int) -> list:
+    """Epoch `epoch`'s batches of sample indices (of indices, with batch_size=None), as
+    torch's loader draws them at iter() from its attributes (`index`)."""
+    if index["batch_sampler"] is not None:
+        return [list(b) for b in index["batch_sampler"]]
+    if index["sampler"] is not None:
+        order = list(index["sampler"])
+    else:
+        order = _stoker.epoch_order(len(index["dataset"]), shuffle, seed, epoch, 0, 1,
+                                    False).tolist()
+    if index["batch_size"] is None:
+        return order
+    size = index["batch_size"]
+    end = len(order) - len(order) % size if index["drop_last"] else len(order)
+    return [order[i:i + size] for i in range(0, end, size)]
 
 
 def _is_torch(sampler, name: str) -> bool:

@@ -1,11 +1,13 @@
 """worker_type='auto' on the engine pipeline: the first batches are read on threads and
 measured (WorkerKindChooser, src/tune/worker_kind.cc: the GIL's busy share, the reads' CPU
 time and the training loop's own per batch, a batch job's hand-over); then reads stay on
-threads or move to worker processes, and how many."""
+threads or move to worker processes, and how many; batch jobs' processes, once warm, measure
+their own reads, and those their count did not need are let go (processes_to_keep)."""
 
 from __future__ import annotations
 
 import pickle
+import statistics
 import time
 from typing import Optional
 
@@ -25,6 +27,7 @@ class KindChooser:
         self._handover: Optional[tuple[float, float]] = None
         self._measuring = 0.0  # the training loop's CPU time spent timing the hand-over
         self._unpicklable = ""  # why a batch job's batch could not be handed over
+        self._costs: Optional[tuple] = None  # per batch, what the count came from (observe)
 
     def batch(self, objects) -> None:
         """A delivered batch's object values: a batch job's batch (still in this process's
@@ -45,7 +48,7 @@ class KindChooser:
         decision = self._chooser.observe(loader, threads, cores, pack, unpack, self._measuring)
         if decision is None:
             return None
-        to_processes, reason, workers, why = decision
+        to_processes, reason, workers, why, self._costs = decision
         if to_processes and (unpicklable := self._unpicklable or _unpicklable(structure())):
             # A worker process sends its samples' structure back pickled: one whose types
             # cannot be (a namedtuple or class made inside a function) stays on threads.
@@ -56,6 +59,15 @@ class KindChooser:
             return True, f"{reason}; {why}", workers
         return True, f"{reason}; {self._count} worker process(es), as num_workers asks", \
             self._count
+
+    def keep(self, warm_cpu: dict, started: int, cores: int) -> tuple[int, str]:
+        """After the `started` processes' warm-up: how many to keep (num_workers='auto'; else
+        all), from the CPU time a warm one took a batch (`warm_cpu`: worker: seconds), and the
+        reason's clause ("" if all are kept)."""
+        if not self._auto_count or not warm_cpu or self._costs is None:
+            return started, ""
+        return _stoker.processes_to_keep(self._costs, statistics.median(warm_cpu.values()),
+                                         started, cores)
 
 
 def handover(batch) -> tuple[tuple[float, float], str]:

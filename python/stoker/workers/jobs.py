@@ -152,26 +152,31 @@ class BatchJobs:
         until one takes at most `steady` seconds and touches no new memory (its heap has grown
         to what a batch needs, and is kept: _keep_heap); then `hold` arenas of the largest
         one's size are made ready, one for each batch the worker will have in flight. Returns
-        them, as (fd, inode, size, bytes), for the training process to map ahead
-        (arena.fault_in). An error is the real read's to report."""
+        [them, as (fd, inode, size, bytes), for the training process to map ahead
+        (arena.fault_in); the least CPU time of this process a batch took to make, its
+        hand-over apart, in seconds (None if none was made), from which worker_type='auto'
+        decides how many processes to keep (processes_to_keep, src/tune/worker_kind.cc)]. An
+        error is the real read's to report."""
         if init_failed:
             return INIT_FAILED
         batches, steady, hold = pickle.loads(args)
-        largest = 0
+        largest, cpu = 0, None
         for batch in batches:
-            start, faults = time.perf_counter(), _faults()
+            start, faults, on_cpu = time.perf_counter(), _faults(), time.process_time()
             made = self.run(k, batch)
             if made is not None:
+                took = time.process_time() - on_cpu
+                cpu = took if cpu is None else min(cpu, took)
                 blob = arenas.dumps(made)
                 largest = max(largest, arenas.written(blob))
                 arenas.discard(blob)
             if time.perf_counter() - start <= steady and _faults() - faults < 16:
                 break
         if not largest:
-            return []
+            return [[], cpu]
         if in_worker_process:
             _keep_heap()
-        return arenas.reserve(largest, hold)
+        return [arenas.reserve(largest, hold), cpu]
 
     def job_args(self, ks: list, epoch: int) -> bytes:
         batches = self._batches(epoch)

@@ -94,6 +94,18 @@ class ProcessWorkers:
             self._processes[worker_id] = process
         return parent.detach(), process.pid
 
+    def retire(self, pool, keep: int) -> None:
+        """Keeps workers 0..keep-1 of `pool` (this object's) and lets the others go: their
+        sockets shut down (each exits at EOF, reaped with the others at close) and the arenas
+        this process mapped from them unmapped. The kept workers' get_worker_info() still
+        says the count they started with."""
+        pool.retire(keep)
+        with self._lock:
+            gone = [self._processes.pop(i) for i in sorted(self._processes) if i >= keep]
+            self._retired.extend(gone)
+        for p in gone:
+            _arena.forget(p.pid)
+
     def processes(self) -> list:
         """The worker processes now running (multiprocessing.Process objects), by worker id."""
         with self._lock:

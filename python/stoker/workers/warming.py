@@ -7,8 +7,10 @@ bound; past the bound the engine's threads read until the warm-up ends."""
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import threading
+from typing import Optional
 
 from . import arena as _arena
 from .processes import decode_reply
@@ -35,6 +37,7 @@ class Warming:
         self._pool = pool
         self._stopped = threading.Event()
         self._handed = False
+        self.cpu: dict[int, float] = {}  # worker: its least CPU seconds a batch (jobs.call)
         args = pickle.dumps((batches[:_MOST_WARM_BATCHES], steady, hold),
                             protocol=pickle.HIGHEST_PROTOCOL)
         self._calls = [threading.Thread(target=self._warm, args=(w, args), daemon=True,
@@ -44,16 +47,9 @@ class Warming:
         self._thread.start()
 
     def _warm(self, w: int, args: bytes) -> None:
-        try:
-            reply = self._pool.call(w, 0, args)
-            if not reply[0]:  # (False, why): it died, and is restarted by its next job
-                return
-            _, failed, blob, pid = reply
-            if not failed and not self._stopped.is_set():
-                objects, _ = decode_reply(blob, w, pid, [], "batch")
-                _arena.fault_in(pid, objects[0])
-        except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
-            _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
+        cpu = warm(self._pool, w, args, self._stopped)
+        if cpu is not None:
+            self.cpu[w] = cpu
 
     def _run(self, loader) -> None:
         for c in self._calls:
@@ -77,3 +73,39 @@ class Warming:
             self._thread.join()
         if not self._handed:
             self._pool.finish()
+
+
+def arenas_in_flight(depth: int, workers: int) -> int:
+    """The arenas a worker process needs ready, for its batches in flight: its share of the
+    queue's (`depth`) and of the two the training loop holds, the one it writes, and one for an
+    uneven share (2 processes at depth 4 came to 5-6 arenas each)."""
+    return -(-(depth + 2) // workers) + 2
+
+
+def warm(pool, w: int, args: bytes, stopped: Optional[threading.Event] = None):
+    """Worker `w`'s warm-up call (BatchJobs.call, with `args`): the arenas it made ready
+    mapped and faulted in here, unless `stopped` is set; returns its least CPU seconds a batch,
+    or None (it made none, failed or died: its reads go on all the same)."""
+    try:
+        reply = pool.call(w, 0, args)
+        if not reply[0]:  # (False, why): it died, and is restarted by its next job
+            return None
+        _, failed, blob, pid = reply
+        if failed or (stopped is not None and stopped.is_set()):
+            return None
+        objects, _ = decode_reply(blob, w, pid, [], "batch")
+        reserved, cpu = objects[0]
+        _arena.fault_in(pid, reserved)
+        return cpu
+    except Exception:  # noqa: BLE001 - the warm-up only saves time; the reads go on
+        _log.debug("stoker: warming worker process %d failed", w, exc_info=True)
+        return None
+
+
+def top_up(pool, batches: list, hold: int) -> None:
+    """After some of the warmed processes were let go, each of the others (`pool`'s) makes
+    `hold` arenas ready (one batch made first, for its size): each now has more batches in
+    flight."""
+    args = pickle.dumps((batches[:1], math.inf, hold), protocol=pickle.HIGHEST_PROTOCOL)
+    for w in range(pool.size):
+        warm(pool, w, args)
