@@ -596,6 +596,15 @@ class _WarmPool:
     def finish(self):
         pass
 
+    def release(self):
+        """The arenas made and mapped here, let go."""
+        from stoker.workers import arena
+
+        arena.forget(os.getpid())
+        for fd, mm, _ in self.arenas._arenas:
+            os.close(fd)
+            mm.close()
+
 
 def test_the_warm_up_makes_batches_until_one_is_steady_and_readies_the_arenas_in_flight():
     from stoker.workers import arena, jobs, warming
@@ -628,10 +637,21 @@ def test_the_warm_up_makes_batches_until_one_is_steady_and_readies_the_arenas_in
         assert all(len(mm) >= 256 * 256 * 4 for _, mm, _ in pool.arenas._arenas)
         assert len(arena._mapped[os.getpid()]) == 3
     finally:
-        arena.forget(os.getpid())
-        for fd, mm, _ in pool.arenas._arenas:
-            os.close(fd)
-            mm.close()
+        pool.release()
+
+
+def test_a_top_up_readies_the_arenas_a_kept_worker_now_has_in_flight():
+    from stoker.workers import arena, jobs, warming
+
+    # 2 processes at depth 4 need 5 arenas each; one left alone, 8.
+    assert (warming.arenas_in_flight(4, 2), warming.arenas_in_flight(4, 1)) == (5, 8)
+    pool = _WarmPool(jobs.BatchJobs(list(range(8)), lambda s: torch.full((64, 64), 1.0), True, 4))
+    try:
+        warming.top_up(pool, [[0], [1]], hold=8)
+        assert len(arena._mapped[os.getpid()]) == 8
+        assert all(len(mm) >= 64 * 64 * 4 for _, mm, _ in pool.arenas._arenas)
+    finally:
+        pool.release()
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt")
