@@ -62,7 +62,7 @@ GilVerdict gil_bound(double busy, double on_cpu, double delayed);
 // Per batch: the CPU time of its reads, the training loop's own between batches, a hand-over's
 // to the worker (pack) and to the loop (unpack); seconds.
 struct StreamCosts {
-  double read = 0;  // seconds per batch, each
+  double read = 0;
   double step = 0;
   double pack = 0;
   double unpack = 0;
