@@ -21,6 +21,7 @@
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/tracer.h"
+#include "tune/shuffle_choice.h"
 #include "tune/tuner.h"
 
 namespace stoker {
@@ -145,6 +146,23 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
 
   detail::EngineConfig config;
   config.order = {options.dataset->size(), options.shuffle, options.seed, options.shard};
+  if (options.shuffle) {
+    const Dataset::StorageLayout layout = options.dataset->storage_layout();
+    detail::ShuffleEvidence evidence;
+    evidence.asked = options.shuffle_mode;
+    evidence.samples = options.dataset->size();
+    if (layout.blocks != nullptr) {
+      evidence.blocks = layout.blocks->ends.size();
+      evidence.data_bytes = layout.blocks->total_bytes();
+      evidence.cache_bytes = layout.cache_bytes;
+    }
+    detail::ShuffleChoice choice = detail::choose_shuffle(evidence);
+    if (choice.window > 0) {
+      config.order.blocks = layout.blocks;
+      config.order.window = choice.window;
+    }
+    shuffle_ = std::move(choice.reason);
+  }
   config.dataset = std::move(options.dataset);
   config.batch_size = options.batch_size;
   config.drop_last = options.drop_last;
@@ -355,8 +373,11 @@ void Loader::set_workers(std::size_t workers) {
 }
 void Loader::set_depth(std::size_t depth) { engine_->set_depth(depth); }
 std::vector<SkippedSample> Loader::skipped_samples() const { return engine_->skipped_samples(); }
+const SampleOrder& Loader::order() const { return engine_->order(); }
 Stats Loader::stats() const {
   Stats s = engine_->stats();
+  s.shuffle = shuffle_;
+  s.shuffle_window = engine_->order().window;
   stage_->add_stats(s);
   tuner_->add_stats(s);
   add_memory(s);

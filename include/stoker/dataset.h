@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "stoker/object_storage.h"
+#include "stoker/sampler.h"
 
 namespace stoker {
 
@@ -150,6 +152,16 @@ class Dataset {
   // the loader counts its own traffic (Stats::storage_*) and tells a network-bound loop.
   // Any thread. Default: nothing (local data).
   virtual ObjectStorageCounters object_storage_counters() const { return {}; }
+
+  // Where the samples' bytes are, for a shuffle that reads each block of storage once an epoch
+  // (SampleOrder::blocks): the blocks, each fetched whole by one range GET, and the object cache
+  // they are read through (its byte cap; 0: none). Null blocks: the data set is local or in
+  // memory, or cannot tell. Any thread; the same for the data set's lifetime.
+  struct StorageLayout {
+    std::shared_ptr<const StorageBlocks> blocks;
+    std::uint64_t cache_bytes = 0;
+  };
+  virtual StorageLayout storage_layout() const { return {}; }
 
   // A hint, called just before the previous sample is read: `index` is read next by this
   // thread. A dataset whose bytes are in memory can start bringing them into cache, which

@@ -78,6 +78,10 @@ class Loader {
   // the data set's.
   bool order_ahead(std::uint64_t epoch, std::vector<std::size_t> order);
 
+  // The epoch order this loader follows, its shuffle resolved (SampleOrder::blocks and window
+  // where the data set does not fit its object cache): resumed_order() of it gives a resumed
+  // epoch's order.
+  const SampleOrder& order() const;
   std::size_t batches_per_epoch() const;
   std::size_t batches_in(std::uint64_t epoch) const;  // a resumed epoch's, else the above
   std::size_t samples_per_epoch() const;              // for this rank, before batching
@@ -125,6 +129,7 @@ class Loader {
   std::unique_ptr<detail::DeviceStage> stage_;
   std::unique_ptr<detail::WorkerTuner> tuner_;  // with LoaderOptions::tune_workers
   std::unique_ptr<detail::MemoryGuard> memory_;
+  std::string shuffle_;           // the shuffle chosen and why (Stats::shuffle)
   std::size_t device_depth_ = 0;  // device slots counted against the cap (0: on the host)
 };
 

@@ -36,11 +36,21 @@ struct SimDevice {
   double time_scale = 0.0;                // real seconds slept per simulated second
 };
 
+// Which shuffle a shuffled epoch gets (docs/storage.md, "Data larger than the cache").
+enum class ShuffleMode : std::uint8_t {
+  automatic,  // global while the data set fits its object cache, else window (default)
+  global,     // a uniform permutation of every sample
+  window,     // blocks in a random order, samples mixed across a window the cache holds
+};
+
 struct LoaderOptions {
   std::shared_ptr<const Dataset> dataset;
   std::size_t batch_size = 1;
   bool shuffle = false;
   std::uint64_t seed = 0;  // the order of epoch e is a function of (seed + e), as in torch
+  // With shuffle: global, or windowed over the data set's storage blocks when it is read from
+  // object storage and does not fit the object cache (Stats::shuffle says which and why).
+  ShuffleMode shuffle_mode = ShuffleMode::automatic;
   bool drop_last = false;  // drop the last batch of an epoch if it is short
   Shard shard;
 

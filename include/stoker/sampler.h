@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,12 +24,52 @@ struct Shard {
   bool drop_last = false;  // cut the tail instead of padding (DistributedSampler's drop_last)
 };
 
+// How a data set's samples lie in storage (Dataset::storage_layout): blocks of consecutive
+// samples, each fetched whole by one range GET into the object cache. Block b holds samples
+// [ends[b - 1], ends[b]) (ends[-1] is 0; ends.back() is the data set's size) and is bytes[b]
+// long.
+struct StorageBlocks {
+  std::vector<std::size_t> ends;
+  std::vector<std::uint64_t> bytes;
+  std::uint64_t total_bytes() const;
+  // The block holding sample `index` (binary search).
+  std::size_t block_of(std::size_t index) const;
+};
+
 struct SampleOrder {
   std::size_t samples = 0;  // data set size
   bool shuffle = false;
   std::uint64_t seed = 0;  // the order of epoch e is a function of (seed + e), as in torch
   Shard shard;
+  // A shuffle that knows where the bytes are (docs/storage.md, "Data larger than the cache"):
+  // with `blocks` and `window` >= 1, a shuffled epoch visits the blocks in a random order and
+  // spreads each block's samples at random over the span of `window` blocks from its place, so
+  // that about `window` blocks are being read at any time (the object cache holds them) and
+  // each is fetched once an epoch; samples of neighbouring blocks interleave, so no sample's
+  // neighbours are fixed by its block. Null or 0: the global permutation.
+  std::shared_ptr<const StorageBlocks> blocks = nullptr;
+  std::size_t window = 0;
 };
+
+// The windowed shuffle's global order of an epoch (world size 1) into `out`: a pure function of
+// (blocks, window, seed + epoch). Throws std::invalid_argument for blocks that do not cover
+// `samples` or a window of 0.
+void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t seed,
+                  std::vector<std::size_t>& out);
+
+// The quality of a shuffle (stoker shuffle-report, stoker.shuffle_quality): Mosaic Streaming's
+// measure, the Shannon entropy (bits) of the distances |order[i+1] - order[i]| between
+// neighbours in sample ids and in block ids, and, for labels that a data set sorted by label
+// would give (labels[i] the label of sample i), the mean number of distinct labels a batch holds
+// beside what an i.i.d. draw of the same batch size from the same labels gives on average.
+struct ShuffleQuality {
+  double sample_entropy = 0;  // bits
+  double block_entropy = 0;   // bits; 0 without blocks
+  double labels_per_batch = 0;
+  double iid_labels_per_batch = 0;  // expected, exact
+};
+ShuffleQuality shuffle_quality(std::span<const std::size_t> order, const StorageBlocks* blocks,
+                               std::span<const std::int64_t> labels, std::size_t batch_size);
 
 // Samples one rank sees per epoch (DistributedSampler's num_samples).
 std::size_t samples_per_rank(const SampleOrder& order);

@@ -66,6 +66,10 @@ struct Stats {
   std::chrono::nanoseconds storage_wait{0};
   std::uint64_t storage_retries = 0;
   std::uint64_t storage_cache_hits = 0;
+  // The epoch order's shuffle and why (tune/shuffle_choice.h): "global: ...", "window of 40
+  // blocks (...): ..."; empty without shuffle. shuffle_window: its blocks (0: global).
+  std::string shuffle;
+  std::size_t shuffle_window = 0;
   double cpu_cores = 0;             // the CPU budget: cores for the workers and the training loop
   std::uint64_t tuner_changes = 0;  // configurations the tuner changed (tune_workers)
   // The tuner's last change and why ("workers 2 -> 3: the training loop waits, ..."), or,
@@ -131,6 +135,8 @@ void for_each_stat(S& s, Visit&& visit) {
   visit("storage_wait", s.storage_wait);
   visit("storage_retries", s.storage_retries);
   visit("storage_cache_hits", s.storage_cache_hits);
+  visit("shuffle", s.shuffle);
+  visit("shuffle_window", s.shuffle_window);
   visit("cpu_cores", s.cpu_cores);
   visit("tuner_changes", s.tuner_changes);
   visit("tuner", s.tuner);

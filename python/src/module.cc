@@ -75,6 +75,10 @@ void bind_options(py::module_& m) {
   py::enum_<ErrorPolicy>(m, "ErrorPolicy")
       .value("raise", ErrorPolicy::raise)
       .value("skip", ErrorPolicy::skip);
+  py::enum_<ShuffleMode>(m, "ShuffleMode")
+      .value("auto", ShuffleMode::automatic)
+      .value("global", ShuffleMode::global)
+      .value("window", ShuffleMode::window);
   py::enum_<PinMemory>(m, "PinMemory")
       .value("auto", PinMemory::automatic)
       .value("on", PinMemory::on)
@@ -94,6 +98,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("batch_size", &LoaderOptions::batch_size)
       .def_readwrite("shuffle", &LoaderOptions::shuffle)
       .def_readwrite("seed", &LoaderOptions::seed)
+      .def_readwrite("shuffle_mode", &LoaderOptions::shuffle_mode)
       .def_readwrite("drop_last", &LoaderOptions::drop_last)
       .def_readwrite("shard", &LoaderOptions::shard)
       .def_readwrite("workers", &LoaderOptions::workers)
@@ -158,6 +163,16 @@ PYBIND11_MODULE(_stoker, m) {
       .def("counters", &source_counters)
       .def("object_storage", &object_storage_counters)
       .def("objects", &webdataset_objects)
+      .def("storage_layout",
+           [](const NativeDataset& d) -> py::object {
+             const Dataset::StorageLayout layout = d.dataset->storage_layout();
+             if (layout.blocks == nullptr) return py::none();
+             py::dict out;
+             out["block_ends"] = layout.blocks->ends;
+             out["block_bytes"] = layout.blocks->bytes;
+             out["cache_bytes"] = layout.cache_bytes;
+             return out;
+           })
       .def("sample_name",
            [](const NativeDataset& d, std::size_t index) { return d.dataset->sample_name(index); })
       .def("classes", [](const NativeDataset& d) {
@@ -496,6 +511,16 @@ PYBIND11_MODULE(_stoker, m) {
       .def("thread_reads", &PyLoader::thread_reads,
            "Samples (or batch jobs) read on this process's threads so far.")
       .def("batches_in", &PyLoader::batches_in, py::arg("epoch"))
+      .def_property_readonly("shuffle_window", &PyLoader::shuffle_window)
+      .def(
+          "resumed_order",
+          [](PyLoader& l, std::uint64_t epoch, const PositionRanges& consumed) {
+            const auto order = l.resumed_order(epoch, consumed);
+            py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
+            std::copy(order.begin(), order.end(), out.mutable_data());
+            return out;
+          },
+          py::arg("epoch"), py::arg("consumed"))
       .def("position", &PyLoader::position)
       .def("set_order",
            [](PyLoader& l, const py::object& order) {
@@ -555,6 +580,43 @@ PYBIND11_MODULE(_stoker, m) {
       },
       py::arg("size"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("rank"),
       py::arg("world_size"), py::arg("drop_last"), py::arg("consumed"));
+
+  // The windowed shuffle and a shuffle's quality (stoker/sampler.h), for shuffle_report().
+  m.def(
+      "window_order",
+      [](const std::vector<std::size_t>& block_ends, std::size_t window, std::uint64_t seed) {
+        StorageBlocks blocks;
+        blocks.ends = block_ends;
+        std::vector<std::size_t> order;
+        {
+          py::gil_scoped_release nogil;
+          window_order(blocks, window, seed, order);
+        }
+        py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
+        std::copy(order.begin(), order.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("block_ends"), py::arg("window"), py::arg("seed"));
+  m.def(
+      "shuffle_quality",
+      [](const std::vector<std::size_t>& order, const std::vector<std::size_t>& block_ends,
+         const std::vector<std::int64_t>& labels, std::size_t batch_size) {
+        StorageBlocks blocks;
+        blocks.ends = block_ends;
+        ShuffleQuality q;
+        {
+          py::gil_scoped_release nogil;
+          q = shuffle_quality(order, block_ends.empty() ? nullptr : &blocks, labels, batch_size);
+        }
+        py::dict out;
+        out["sample_entropy"] = q.sample_entropy;
+        out["block_entropy"] = q.block_entropy;
+        out["labels_per_batch"] = q.labels_per_batch;
+        out["iid_labels_per_batch"] = q.iid_labels_per_batch;
+        return out;
+      },
+      py::arg("order"), py::arg("block_ends") = std::vector<std::size_t>{},
+      py::arg("labels") = std::vector<std::int64_t>{}, py::arg("batch_size") = 0);
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");

@@ -234,6 +234,15 @@ bool PyLoader::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) 
 
 std::size_t PyLoader::batches_in(std::uint64_t epoch) const { return loader_->batches_in(epoch); }
 
+std::vector<std::size_t> PyLoader::resumed_order(std::uint64_t epoch,
+                                                 const PositionRanges& consumed) {
+  return released([&](Loader& loader) {
+    std::vector<std::size_t> out;
+    stoker::resumed_order(loader.order(), epoch, consumed, out);
+    return out;
+  });
+}
+
 py::tuple PyLoader::position() {
   auto locks = lock_call(true);
   if (held_) return py::make_tuple(held_->epoch(), held_->number());  // not handed out yet

@@ -193,6 +193,7 @@ class Engine {
 
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }
   std::size_t samples_per_epoch() const { return samples_per_epoch_; }
+  const SampleOrder& order() const { return config_.order; }
   std::span<const FieldSpec> fields() const { return pool_->fields(); }
   const std::shared_ptr<SlabPool>& pool() const { return pool_; }
 

@@ -1,9 +1,11 @@
 #include "sampler/sampler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "stoker/frontend/random.h"
 
@@ -53,6 +55,124 @@ namespace stoker {
 
 using detail::permutation;
 
+std::uint64_t StorageBlocks::total_bytes() const {
+  return std::accumulate(bytes.begin(), bytes.end(), std::uint64_t{0});
+}
+
+std::size_t StorageBlocks::block_of(std::size_t index) const {
+  return static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), index) - ends.begin());
+}
+
+void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t seed,
+                  std::vector<std::size_t>& out) {
+  if (window == 0) throw std::invalid_argument("stoker: a shuffle window of 0 blocks");
+  const std::size_t count = blocks.ends.size();
+  for (std::size_t b = 0; b < count; ++b) {
+    if (blocks.ends[b] <= (b > 0 ? blocks.ends[b - 1] : 0)) {
+      throw std::invalid_argument("stoker: storage block " + std::to_string(b) +
+                                  " holds no sample (block ends must increase)");
+    }
+  }
+  const std::size_t n = count > 0 ? blocks.ends.back() : 0;
+  // The blocks in a random order; block k of it starts at position `at` (the samples of the
+  // blocks before it) and its samples take uniform places in [at, at + span): a span of
+  // `window` blocks of the mean size, so about `window` blocks are open at any position.
+  std::vector<std::size_t> visit;
+  permutation(count, detail::mix(seed, 0x626c6f636b73ULL), visit);  // "blocks"
+  const double span =
+      count > 0 ? static_cast<double>(window) * static_cast<double>(n) / static_cast<double>(count)
+                : 0.0;
+  std::vector<std::pair<double, std::size_t>> placed;
+  placed.reserve(n);
+  double at = 0;
+  for (const std::size_t b : visit) {
+    const std::size_t begin = b > 0 ? blocks.ends[b - 1] : 0;
+    detail::SplitMix64 spread(detail::mix(seed, b, 0x7370726561640000ULL));  // "spread"
+    for (std::size_t i = begin; i < blocks.ends[b]; ++i) {
+      placed.emplace_back(at + span * spread.uniform(), i);
+    }
+    at += static_cast<double>(blocks.ends[b] - begin);
+  }
+  std::sort(placed.begin(), placed.end());
+  out.resize(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = placed[i].second;
+}
+
+namespace {
+
+// The epoch's global permutation: windowed over storage blocks, or uniform.
+void shuffled(const SampleOrder& spec, std::uint64_t epoch, std::vector<std::size_t>& out) {
+  if (spec.blocks != nullptr && spec.window > 0) {
+    if (spec.blocks->ends.empty() ? spec.samples != 0 : spec.blocks->ends.back() != spec.samples) {
+      throw std::invalid_argument(
+          "stoker: the storage blocks cover " +
+          std::to_string(spec.blocks->ends.empty() ? 0 : spec.blocks->ends.back()) +
+          " samples of a data set of " + std::to_string(spec.samples));
+    }
+    window_order(*spec.blocks, spec.window, spec.seed + epoch, out);
+  } else {
+    permutation(spec.samples, spec.seed + epoch, out);
+  }
+}
+
+// Plug-in Shannon entropy (bits) of the values' distribution.
+double entropy(const std::unordered_map<std::size_t, std::size_t>& counts, std::size_t total) {
+  double h = 0;
+  for (const auto& [value, c] : counts) {
+    const double p = static_cast<double>(c) / static_cast<double>(total);
+    h -= p * std::log2(p);
+  }
+  return h;
+}
+
+}  // namespace
+
+ShuffleQuality shuffle_quality(std::span<const std::size_t> order, const StorageBlocks* blocks,
+                               std::span<const std::int64_t> labels, std::size_t batch_size) {
+  ShuffleQuality q;
+  if (order.size() >= 2) {
+    std::unordered_map<std::size_t, std::size_t> samples, block_steps;
+    std::size_t prev_block = blocks != nullptr ? blocks->block_of(order[0]) : 0;
+    for (std::size_t i = 1; i < order.size(); ++i) {
+      const std::size_t a = order[i - 1], b = order[i];
+      ++samples[a > b ? a - b : b - a];
+      if (blocks != nullptr) {
+        const std::size_t block = blocks->block_of(b);
+        ++block_steps[prev_block > block ? prev_block - block : block - prev_block];
+        prev_block = block;
+      }
+    }
+    q.sample_entropy = entropy(samples, order.size() - 1);
+    if (blocks != nullptr) q.block_entropy = entropy(block_steps, order.size() - 1);
+  }
+  if (labels.empty() || batch_size == 0) return q;
+  for (const std::size_t i : order) {
+    if (i >= labels.size()) {
+      throw std::invalid_argument("stoker: shuffle_quality: sample " + std::to_string(i) +
+                                  " has no label (" + std::to_string(labels.size()) + " given)");
+    }
+  }
+  const std::size_t batches = order.size() / batch_size;
+  std::unordered_map<std::int64_t, std::size_t> seen;
+  std::size_t distinct = 0;
+  for (std::size_t b = 0; b < batches; ++b) {
+    seen.clear();
+    for (std::size_t k = 0; k < batch_size; ++k) seen[labels[order[b * batch_size + k]]] = 1;
+    distinct += seen.size();
+  }
+  q.labels_per_batch =
+      batches > 0 ? static_cast<double>(distinct) / static_cast<double>(batches) : 0.0;
+  // An i.i.d. batch (with replacement) from the labels' frequencies holds label l with
+  // probability 1 - (1 - p_l)^batch_size.
+  seen.clear();
+  for (const std::int64_t label : labels) ++seen[label];
+  for (const auto& [label, c] : seen) {
+    const double p = static_cast<double>(c) / static_cast<double>(labels.size());
+    q.iid_labels_per_batch += 1.0 - std::pow(1.0 - p, static_cast<double>(batch_size));
+  }
+  return q;
+}
+
 std::size_t samples_per_rank(const SampleOrder& spec) {
   const std::size_t world = spec.shard.world_size;
   if (spec.shard.drop_last) return spec.samples / world;
@@ -72,7 +192,7 @@ void epoch_order(const SampleOrder& spec, std::uint64_t epoch, std::vector<std::
   if (world == 1) {
     // Fast path, same result as the general one: no padding, no stride.
     if (spec.shuffle) {
-      permutation(n, spec.seed + epoch, out);
+      shuffled(spec, epoch, out);
     } else {
       out.resize(n);
       std::iota(out.begin(), out.end(), std::size_t{0});
@@ -85,9 +205,7 @@ void epoch_order(const SampleOrder& spec, std::uint64_t epoch, std::vector<std::
   // per_rank * world entries; this rank takes every world-th entry starting at rank.
   // Position p of the padded order is full[p % n].
   thread_local std::vector<std::size_t> full;
-  if (spec.shuffle) {
-    permutation(n, spec.seed + epoch, full);
-  }
+  if (spec.shuffle) shuffled(spec, epoch, full);
   out.resize(per_rank);
   for (std::size_t k = 0; k < per_rank; ++k) {
     const std::size_t p = (rank + k * world) % n;

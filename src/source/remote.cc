@@ -185,6 +185,7 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
     : cache_dir_(cache_bytes > 0 ? cache_dir : std::string()),
       store_(std::make_unique<io::ObjectStore>()),
       cache_bytes_(cache_bytes) {
+  if (cache_bytes > 0) ahead_limit_ = std::min(kAheadBytes, cache_bytes / 4);
   if (!cache_dir_.empty()) {
     try {
       cache_ = std::make_unique<io::DiskCache>(cache_dir_, cache_bytes);
@@ -343,6 +344,20 @@ void check_range(const RemoteObject& object, std::uint64_t offset, std::size_t n
   }
 }
 
+// The cache chunk of `object` that byte `offset` (< its size) lies in: its start and length.
+std::pair<std::uint64_t, std::size_t> chunk_at(const RemoteObject& object, std::uint64_t offset) {
+  if (object.chunk_starts != nullptr && !object.chunk_starts->empty()) {
+    const auto& starts = *object.chunk_starts;
+    const auto next = std::upper_bound(starts.begin(), starts.end(), offset);
+    const std::uint64_t begin = next == starts.begin() ? 0 : *(next - 1);
+    const std::uint64_t end = next == starts.end() ? object.size : *next;
+    return {begin, static_cast<std::size_t>(end - begin)};
+  }
+  const std::uint64_t begin = offset / kRemoteChunkBytes * kRemoteChunkBytes;
+  return {begin, static_cast<std::size_t>(
+                     std::min<std::uint64_t>(kRemoteChunkBytes, object.size - begin))};
+}
+
 }  // namespace
 
 void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
@@ -354,10 +369,9 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
     return;
   }
   const std::uint64_t end = offset + n;
-  for (std::uint64_t c = offset / kRemoteChunkBytes * kRemoteChunkBytes; c < end;
-       c += kRemoteChunkBytes) {
-    const auto length =
-        static_cast<std::size_t>(std::min<std::uint64_t>(kRemoteChunkBytes, object.size - c));
+  for (std::uint64_t at = offset; at < end;) {
+    const auto [c, length] = chunk_at(object, at);
+    at = c + length;
     const std::uint64_t lo = std::max(offset, c), hi = std::min(end, c + length);
     std::byte* to = dst + (lo - offset);
     const auto part = static_cast<std::size_t>(hi - lo);
@@ -439,16 +453,15 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std
     return;
   }
   const std::uint64_t end = std::min<std::uint64_t>(offset + n, object.size);
-  for (std::uint64_t c = offset / kRemoteChunkBytes * kRemoteChunkBytes; c < end;
-       c += kRemoteChunkBytes) {
-    const auto length =
-        static_cast<std::size_t>(std::min<std::uint64_t>(kRemoteChunkBytes, object.size - c));
+  for (std::uint64_t at = offset; at < end;) {
+    const auto [c, length] = chunk_at(object, at);
+    at = c + length;
     std::string key = io::DiskCache::key(object.url, c, length, object.etag);
     MutexLock lock(mu_);
     if (stopping_) return;
     // Under mu_: the finisher stores a chunk in the cache before it forgets it here.
     if (ahead_.contains(key) || in_flight_.contains(key) || cache_->contains(key)) continue;
-    if (ahead_.size() >= kAheadChunks || ahead_bytes_ + length > kAheadBytes) return;
+    if (ahead_.size() >= kAheadChunks || ahead_bytes_ + length > ahead_limit_) return;
     Ahead ahead;
     ahead.data = std::make_shared_for_overwrite<std::byte[]>(length);
     ahead.length = length;
@@ -538,7 +551,7 @@ void RemoteFiles::store_later(const std::string& key, const std::shared_ptr<std:
   bool held = false;
   {
     MutexLock lock(mu_);
-    if (!stopping_ && ahead_bytes_ + length <= kAheadBytes && !ahead_.contains(key)) {
+    if (!stopping_ && ahead_bytes_ + length <= ahead_limit_ && !ahead_.contains(key)) {
       std::promise<void> fetched;
       fetched.set_value();
       Ahead chunk;

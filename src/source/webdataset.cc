@@ -26,6 +26,7 @@
 #include "source/remote.h"
 #include "source/tar_index.h"
 #include "stoker/frontend/log.h"
+#include "tune/shuffle_choice.h"
 
 namespace stoker {
 namespace {
@@ -390,6 +391,8 @@ struct WebDataset::Impl final : EncodedSource {
   std::uint64_t object_cache_bytes = 0;
   std::shared_ptr<detail::RemoteFiles> remote_files;
   pid_t owner = 0;
+  // URL shards: the samples in storage blocks (storage_layout()), null with a local shard.
+  std::shared_ptr<const StorageBlocks> blocks;
 
   detail::RemoteFiles& files() const {
     if (::getpid() == owner) return *remote_files;
@@ -414,6 +417,55 @@ struct WebDataset::Impl final : EncodedSource {
   }
   const Loc& loc(std::size_t index, std::size_t field) const {
     return locs[index * fields.size() + field];
+  }
+
+  // Where sample `index`'s reads begin in its shard.
+  std::uint64_t sample_start(std::size_t index) const {
+    const Sample& s = samples[index];
+    if (s.contiguous) return s.span_offset;
+    std::uint64_t start = s.span_offset + s.span_bytes;
+    for (std::size_t f = 0; f < fields.size(); ++f) {
+      if (loc(index, f).size != kMissing) start = std::min(start, loc(index, f).offset);
+    }
+    return start;
+  }
+
+  // Groups each shard's samples into blocks of at least detail::storage_block_bytes() of the
+  // object cache, cut between samples (StorageBlocks). When the data set does not fit the
+  // cache, the shards' cache chunks become these blocks (RemoteObject::chunk_starts), so that
+  // a windowed shuffle fetches each block once, whole, and no sample straddles two chunks; a
+  // data set that fits keeps the aligned chunks its indexing fetched.
+  void make_blocks() {
+    const std::uint64_t target = detail::storage_block_bytes(object_cache_bytes);
+    auto out = std::make_shared<StorageBlocks>();
+    std::uint64_t total = 0;
+    std::vector<std::vector<std::uint64_t>> starts(shards.size());
+    for (std::size_t i = 0; i < samples.size();) {
+      const std::uint32_t shard = samples[i].shard;
+      std::vector<std::uint64_t>& cuts = starts[shard];
+      cuts.push_back(0);  // the first block of a shard starts at its first byte
+      std::uint64_t begin = 0;
+      for (++i; i <= samples.size(); ++i) {
+        const bool last = i == samples.size() || samples[i].shard != shard;
+        const std::uint64_t at = last ? shards[shard].size : sample_start(i);
+        if (!last && at - begin < target) continue;
+        out->ends.push_back(i);
+        out->bytes.push_back(at - begin);
+        total += at - begin;
+        if (last) break;
+        cuts.push_back(at);
+        begin = at;
+      }
+    }
+    if (object_cache_bytes > 0 && total > object_cache_bytes) {
+      for (std::size_t k = 0; k < shards.size(); ++k) {
+        if (shards[k].remote && !starts[k].empty()) {
+          shards[k].remote->chunk_starts =
+              std::make_shared<const std::vector<std::uint64_t>>(std::move(starts[k]));
+        }
+      }
+    }
+    blocks = std::move(out);
   }
 
   void pread_all(const Shard& shard, int fd, std::uint64_t offset, std::byte* dst, std::size_t n,
@@ -831,6 +883,7 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
       throw std::runtime_error(impl->name(i) + ": field '" + field.name + "': " + e.what());
     }
   }
+  if (!urls.empty() && urls.size() == named.size()) impl->make_blocks();
   impl_ = std::move(impl);
   source_ = impl_;
   if (options_.cache_bytes > 0) source_ = cache_in_ram(source_, options_.cache_bytes);
@@ -861,6 +914,10 @@ std::vector<ObjectVersion> WebDataset::objects() const {
     if (s.remote) out.push_back({s.remote->url, s.remote->size, s.remote->etag});
   }
   return out;
+}
+
+Dataset::StorageLayout WebDataset::storage_layout() const {
+  return {impl_->blocks, impl_->object_cache_bytes};
 }
 
 ObjectStorageCounters WebDataset::object_storage_counters() const {

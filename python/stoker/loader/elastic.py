@@ -18,19 +18,23 @@ from .. import _stoker
 
 VERSION = 2
 # Keys that every rank's state of one checkpoint shares.
-_SHARED = ("epoch", "seed", "samples", "shuffle", "world_size", "shard_drop_last", "consumed")
+_SHARED = ("epoch", "seed", "samples", "shuffle", "shuffle_window", "world_size",
+           "shard_drop_last", "consumed")
 
 
 def rank_state(position: tuple[int, int], *, seed: int, batches_per_epoch: int, samples: int,
-               shuffle: bool, batch_size: int, rank: int, world_size: int,
-               shard_drop_last: bool, epoch_samples: int, consumed: list) -> dict[str, Any]:
-    """One rank's state at `position` (epoch, batches handed out in it). `epoch_samples`: the
-    samples this rank reads in that epoch; `consumed`: the positions consumed before this
-    rank's order of that epoch began (an elastic resume), else []."""
+               shuffle: bool, shuffle_window: int, batch_size: int, rank: int,
+               world_size: int, shard_drop_last: bool, epoch_samples: int,
+               consumed: list) -> dict[str, Any]:
+    """One rank's state at `position` (epoch, batches handed out in it). `shuffle_window`:
+    the windowed shuffle's blocks (0: global); `epoch_samples`: the samples this rank reads in
+    that epoch; `consumed`: the positions consumed before this rank's order of that epoch
+    began (an elastic resume), else []."""
     epoch, batch = position
     return {"version": VERSION, "epoch": int(epoch), "batch": int(batch), "seed": int(seed),
             "batches_per_epoch": int(batches_per_epoch), "samples": int(samples),
-            "shuffle": bool(shuffle), "batch_size": int(batch_size), "rank": int(rank),
+            "shuffle": bool(shuffle), "shuffle_window": int(shuffle_window),
+            "batch_size": int(batch_size), "rank": int(rank),
             "world_size": int(world_size), "shard_drop_last": bool(shard_drop_last),
             "taken": min(int(batch) * int(batch_size), int(epoch_samples)),
             "consumed": [list(r) for r in consumed]}
@@ -60,7 +64,7 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
     first = states[0]
     for state in states[1:]:
         for key in _SHARED:
-            if state[key] != first[key]:
+            if state.get(key, 0) != first.get(key, 0):
                 raise ValueError(
                     f"stoker.merge_states: the states are not of one checkpoint: {key} is "
                     f"{first[key]!r} on rank {first['rank']} and {state[key]!r} on rank "
@@ -76,13 +80,16 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
         epoch, consumed = epoch + 1, []
     return {"version": VERSION, "merged": True, "epoch": int(epoch), "seed": first["seed"],
             "samples": samples, "shuffle": first["shuffle"],
+            "shuffle_window": int(first.get("shuffle_window", 0)),
             "consumed": [list(r) for r in consumed]}
 
 
-def merged_for(state: dict, plan, samples: Optional[int], own_order: bool) -> dict:
+def merged_for(state: dict, plan, samples: Optional[int], own_order: bool,
+               shuffle_window: int = 0) -> dict:
     """A map-style loader's state from another topology (ranks, batch size), merged or of one
     rank, checked against this loader's `plan` (of a data set of `samples`; `own_order`:
-    stoker's own order, which alone can be split over other ranks): the merged state."""
+    stoker's own order, which alone can be split over other ranks; `shuffle_window`: its
+    windowed shuffle's blocks): the merged state."""
     if not own_order:
         raise ValueError(
             "stoker: this loader resumes only on the topology its state was saved on: "
@@ -109,7 +116,22 @@ def merged_for(state: dict, plan, samples: Optional[int], own_order: bool) -> di
             f"stoker: the state was saved with shuffle={state['shuffle']} and seed "
             f"{state['seed']}; this loader has shuffle={plan.engine_shuffle} and seed "
             f"{plan.engine_seed}: pass the same shuffle and seed= to resume")
+    check_window(state, shuffle_window)
     return state
+
+
+def check_window(state: dict, shuffle_window: int) -> None:
+    """Raises ValueError when `state` was saved with another windowed shuffle than this
+    loader's (`shuffle_window` blocks; 0: global): its order would not be the saved one."""
+    saved = int(state.get("shuffle_window", 0))
+    if bool(state.get("shuffle", True)) and saved != shuffle_window:
+        def name(window):
+            return f"a window of {window} blocks" if window else "the global shuffle"
+        raise ValueError(
+            f"stoker: the state was saved with {name(saved)}, this loader has "
+            f"{name(shuffle_window)} (the object cache or its size differs, or shuffle=): "
+            f"resume with the same object_cache_bytes and shuffle= so that the order is the "
+            f"saved one")
 
 
 def _ranks(states: list, what: str) -> dict:

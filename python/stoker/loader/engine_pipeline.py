@@ -103,6 +103,7 @@ class EnginePipeline(Pipeline):
         self._reading = plan.native and plan.order_length is None
         self._loader = _stoker.Loader(self._handle, engine_options.options(
             batch_size=plan.batch_size, shuffle=plan.engine_shuffle, seed=plan.engine_seed,
+            shuffle_mode=engine_enum(_stoker.ShuffleMode, plan.shuffle_mode),
             drop_last=plan.drop_last,
             shard=engine_options.shard(plan.rank, plan.world_size, plan.shard_drop_last),
             workers=self._engine_workers() if self._reading else 0, depth=plan.depth,
@@ -258,7 +259,8 @@ class EnginePipeline(Pipeline):
         plan = self.plan
         return elastic.rank_state(
             (epoch, batch), seed=plan.seed, batches_per_epoch=len(self), samples=self._samples,
-            shuffle=plan.engine_shuffle, batch_size=plan.batch_size, rank=plan.rank,
+            shuffle=plan.engine_shuffle, shuffle_window=self._loader.shuffle_window,
+            batch_size=plan.batch_size, rank=plan.rank,
             world_size=plan.world_size, shard_drop_last=plan.shard_drop_last,
             epoch_samples=epoch_samples, consumed=consumed)
 
@@ -279,6 +281,8 @@ class EnginePipeline(Pipeline):
             raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
                              f"seed {plan.seed}: pass seed= (or the same generator) to "
                              f"resume")
+        if self._elastic:
+            elastic.check_window(state, self._loader.shuffle_window)
         epoch, batch = int(state["epoch"]), int(state["batch"])
         self._resume_order = state.get("order")
         self._pending = None
@@ -289,7 +293,8 @@ class EnginePipeline(Pipeline):
 
     def _load_elsewhere(self, state: dict) -> tuple[int, int]:
         """A state from another topology (ranks, batch size), merged or of one rank."""
-        state = elastic.merged_for(state, self.plan, self._samples, self._elastic)
+        state = elastic.merged_for(state, self.plan, self._samples, self._elastic,
+                                   self._loader.shuffle_window)
         epoch = int(state["epoch"])
         self._pending = None
         if state["consumed"]:
@@ -297,10 +302,9 @@ class EnginePipeline(Pipeline):
         return epoch, 0
 
     def _resumed_order(self, epoch: int, state: dict):
-        plan = self.plan
-        return _stoker.resumed_order(
-            self._samples, plan.engine_shuffle, plan.engine_seed, epoch, plan.rank,
-            plan.world_size, plan.shard_drop_last, [tuple(r) for r in state["consumed"]])
+        # The loader's own order (its shuffle resolved: windowed over storage blocks where the
+        # data set does not fit its object cache), less what was consumed.
+        return self._loader.resumed_order(epoch, [tuple(r) for r in state["consumed"]])
 
     def _stats(self) -> dict:
         stats = self._loader.stats()

@@ -25,6 +25,7 @@ from .seeding import TorchRandomOrder, peek_seed
 
 SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
 WORKER_TYPES = ("auto", "thread", "process")
+SHUFFLE_MODES = ("global", "window")  # shuffle= besides True/False (LoaderOptions::shuffle_mode)
 
 # num_workers='auto' starts with one worker per core of this rank's share and lets the
 # engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
@@ -107,6 +108,9 @@ class Plan:
     remote: Any = dataclasses.field(default=None, repr=False)  # stoker.ray_workers(...)
     generator: Any = dataclasses.field(default=None, repr=False)
     warn_not_persistent: bool = False  # persistent_workers=False given, for processes
+    # The engine's shuffle: 'auto' (global while a native data set fits its object cache, else
+    # windowed over its storage blocks), 'global' or 'window' (shuffle='global' / 'window').
+    shuffle_mode: str = "auto"
 
     def __str__(self) -> str:
         shown = ("mode", "pipeline", "order", "worker_type", "worker_type_reason",
@@ -128,6 +132,12 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     """The plan of a DataLoader with these arguments (DataLoader's), or the ValueError (or
     TypeError) that torch's DataLoader, or stoker, raises for them."""
     host = host if host is not None else Host.here()
+    shuffle_mode = "auto"
+    if isinstance(shuffle, str):  # stoker's: which shuffle (docs/storage.md)
+        if shuffle not in SHUFFLE_MODES:
+            raise ValueError(f"shuffle must be True, False, 'global' or 'window', not "
+                             f"{shuffle!r}")
+        shuffle_mode, shuffle = shuffle, True
     warnings = list(compat.check_arguments(
         num_workers=num_workers, timeout=timeout, prefetch_factor=prefetch_factor,
         persistent_workers=persistent_workers, sampler=sampler, shuffle=shuffle,
@@ -147,6 +157,9 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
                   worker_init_fn=worker_init_fn, generator=generator,
                   multiprocessing_context=context)
     if is_stream(dataset):
+        if shuffle_mode != "auto":
+            raise ValueError(f"stoker: shuffle={shuffle_mode!r} orders a map-style data set; a "
+                             f"stream's order is its own (its shard shuffle and buffer)")
         return _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                        collate_fn, pin_memory, drop_last, context,
                        prefetch_factor, device, worker_type, remote, host, warnings, common)
@@ -171,7 +184,10 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
                 batch_sampler.batch_size, batch_sampler.sampler, batch_sampler.drop_last)
         read, pipeline = _what_reads(dataset, native)
     is_native = isinstance(read, NativeDataset)
-    if remote is not None and is_native:
+    if shuffle_mode == "window" and not is_native:
+        raise ValueError("stoker: shuffle='window' orders a native data set read from object "
+                         "storage (stoker.WebDataset over s3:// or http(s):// URLs); this data "
+                         "set's order is drawn as torch draws it: use shuffle=True")
         # Served through its __getitem__ (the same C++ read, with the sample's seed), by the
         # local workers too: one more copy per sample than the native path.
         is_native = False
@@ -284,7 +300,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         pin_always=pin_memory == "on", native=is_native, warnings=tuple(warnings),
         dataset=read, sampler=engine_sampler, order_length=order_length, collate_fn=collate_fn,
         context=mp_context(context) if not is_native else None, remote=remote,
-        warn_not_persistent=persistent_workers is False, **common)
+        warn_not_persistent=persistent_workers is False, shuffle_mode=shuffle_mode, **common)
 
 
 def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,

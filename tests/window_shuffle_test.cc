@@ -1,0 +1,257 @@
+// The shuffle that knows where the bytes are (SampleOrder::blocks and window, sampler.h), its
+// quality measure (shuffle_quality) and the rule that chooses it (tune/shuffle_choice.h).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <list>
+#include <map>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+
+#include "sampler/sampler.h"
+#include "stoker/frontend/random.h"
+#include "tune/shuffle_choice.h"
+
+namespace stoker::detail {
+namespace {
+
+// Blocks of `sizes[b]` samples, each sample `sample_bytes` long.
+std::shared_ptr<StorageBlocks> blocks_of(const std::vector<std::size_t>& sizes,
+                                         std::uint64_t sample_bytes = 1000) {
+  auto b = std::make_shared<StorageBlocks>();
+  std::size_t end = 0;
+  for (const std::size_t s : sizes) {
+    end += s;
+    b->ends.push_back(end);
+    b->bytes.push_back(s * sample_bytes);
+  }
+  return b;
+}
+
+// Blocks of 5 to 14 samples, as shards cut into blocks give them.
+std::shared_ptr<StorageBlocks> uneven_blocks(std::size_t count, std::uint64_t seed = 3) {
+  SplitMix64 rng(seed);
+  std::vector<std::size_t> sizes(count);
+  for (auto& s : sizes) s = 5 + static_cast<std::size_t>(rng.below(10));
+  return blocks_of(sizes);
+}
+
+SampleOrder windowed(std::shared_ptr<const StorageBlocks> blocks, std::size_t window,
+                     Shard shard = {}, std::uint64_t seed = 11) {
+  SampleOrder o{blocks->ends.back(), true, seed, shard};
+  o.blocks = std::move(blocks);
+  o.window = window;
+  return o;
+}
+
+// Bytes fetched reading `order` through an LRU cache of `cache_bytes` that fetches a sample's
+// whole block on a miss (RemoteFiles over a data set's storage blocks).
+std::uint64_t fetched_through_lru(const std::vector<std::size_t>& order, const StorageBlocks& b,
+                                  std::uint64_t cache_bytes) {
+  std::list<std::size_t> lru;  // most recent first
+  std::map<std::size_t, std::list<std::size_t>::iterator> held;
+  std::uint64_t held_bytes = 0, fetched = 0;
+  for (const std::size_t i : order) {
+    const std::size_t block = b.block_of(i);
+    if (auto it = held.find(block); it != held.end()) {
+      lru.splice(lru.begin(), lru, it->second);
+      continue;
+    }
+    fetched += b.bytes[block];
+    held_bytes += b.bytes[block];
+    lru.push_front(block);
+    held[block] = lru.begin();
+    while (held_bytes > cache_bytes) {
+      held_bytes -= b.bytes[lru.back()];
+      held.erase(lru.back());
+      lru.pop_back();
+    }
+  }
+  return fetched;
+}
+
+TEST(WindowShuffle, IsAPermutationAPureFunctionOfSeedAndEpochAndDiffersByEpoch) {
+  const auto blocks = uneven_blocks(300);
+  const SampleOrder o = windowed(blocks, 20);
+  const auto a = epoch_order(o, 4), again = epoch_order(o, 4), next = epoch_order(o, 5);
+  EXPECT_EQ(a, again);
+  EXPECT_NE(a, next);
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::size_t> all(o.samples);
+  std::iota(all.begin(), all.end(), std::size_t{0});
+  EXPECT_EQ(sorted, all);
+  // seed + epoch, as the global shuffle: seed 11 epoch 5 is seed 12 epoch 4.
+  EXPECT_EQ(next, epoch_order(windowed(blocks, 20, {}, 12), 4));
+}
+
+TEST(WindowShuffle, ReadsEachBlockOnceThroughACacheThatHoldsTwiceTheWindow) {
+  const auto blocks = uneven_blocks(2000);
+  const std::uint64_t total = blocks->total_bytes();
+  const std::uint64_t cache = total / 10;
+  const auto choice = choose_shuffle(
+      {ShuffleMode::automatic, blocks->ends.back(), blocks->ends.size(), total, cache});
+  ASSERT_GT(choice.window, 0u) << choice.reason;
+  for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+    const auto order = epoch_order(windowed(blocks, choice.window), epoch);
+    EXPECT_EQ(fetched_through_lru(order, *blocks, cache), total) << epoch;
+  }
+  // The global permutation through the same cache fetches most blocks again and again.
+  SampleOrder global{blocks->ends.back(), true, 11, {}};
+  EXPECT_GT(fetched_through_lru(epoch_order(global, 0), *blocks, cache), 5 * total);
+}
+
+TEST(WindowShuffle, FourRanksAreDisjointEqualAndCoverTheDataSet) {
+  const auto blocks = uneven_blocks(101);
+  std::multiset<std::size_t> seen;
+  std::size_t per_rank = 0;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const auto o = epoch_order(windowed(blocks, 9, Shard{r, 4, false}), 2);
+    if (r == 0) per_rank = o.size();
+    EXPECT_EQ(o.size(), per_rank);
+    seen.insert(o.begin(), o.end());
+  }
+  const std::size_t n = blocks->ends.back();
+  EXPECT_EQ(per_rank, (n + 3) / 4);
+  for (std::size_t i = 0; i < n; ++i) EXPECT_GE(seen.count(i), 1u) << i;
+  EXPECT_EQ(seen.size(), per_rank * 4);  // the padding's repeats, as DistributedSampler pads
+}
+
+TEST(WindowShuffle, AResumedEpochOnAnotherTopologyReadsEachRemainingSampleOnce) {
+  const auto blocks = uneven_blocks(120);
+  const std::size_t n = blocks->ends.back();
+  // 4 ranks took 10 batches of 8, then the epoch goes on over 3 ranks.
+  const auto consumed = consumed_positions(n, {}, std::vector<std::size_t>(4, 80), false);
+  std::multiset<std::size_t> seen;
+  for (std::size_t r = 0; r < 4; ++r) {
+    const auto o = epoch_order(windowed(blocks, 12, Shard{r, 4, false}), 1);
+    seen.insert(o.begin(), o.begin() + 80);
+  }
+  for (std::size_t r = 0; r < 3; ++r) {
+    std::vector<std::size_t> rest;
+    resumed_order(windowed(blocks, 12, Shard{r, 3, true}), 1, consumed, rest);
+    seen.insert(rest.begin(), rest.end());
+  }
+  for (std::size_t i = 0; i < n; ++i) EXPECT_LE(seen.count(i), 1u) << i;
+  EXPECT_GE(seen.size(), n - 2);  // drop_last cuts at most world - 1 of the rest
+}
+
+TEST(WindowShuffle, MixesNearlyAsWellAsAFullShuffleOnTheEntropyMeasure) {
+  const auto blocks = uneven_blocks(5000);  // ~47,000 samples
+  const std::size_t n = blocks->ends.back();
+  SampleOrder global{n, true, 5, {}};
+  const auto full = shuffle_quality(epoch_order(global, 0), blocks.get(), {}, 0);
+  for (const std::size_t window : {64u, 256u}) {
+    const auto q = shuffle_quality(epoch_order(windowed(blocks, window), 0), blocks.get(), {}, 0);
+    EXPECT_GE(q.sample_entropy, 0.95 * full.sample_entropy) << window;
+    EXPECT_GE(q.block_entropy, 0.95 * full.block_entropy) << window;
+  }
+  // In order, every step is 1: no entropy.
+  const auto in_order =
+      shuffle_quality(epoch_order(SampleOrder{n, false, 0, {}}, 0), blocks.get(), {}, 0);
+  EXPECT_EQ(in_order.sample_entropy, 0.0);
+}
+
+TEST(WindowShuffle, BatchesOfALabelSortedDataSetHoldAsManyLabelsAsIidDraws) {
+  const auto blocks = uneven_blocks(5000);
+  const std::size_t n = blocks->ends.back();
+  std::vector<std::int64_t> labels(n);  // sorted by label: 100 classes, each a run
+  for (std::size_t i = 0; i < n; ++i) labels[i] = static_cast<std::int64_t>(i * 100 / n);
+  // A window of kWindowBlocks, as the rule gives it; a window of 64 blocks for batches of 32
+  // holds about 25 distinct blocks a batch, and so fewer labels (the rule's reason says so).
+  const auto q =
+      shuffle_quality(epoch_order(windowed(blocks, kWindowBlocks), 0), blocks.get(), labels, 32);
+  EXPECT_NEAR(q.iid_labels_per_batch, 100.0 * (1.0 - std::pow(0.99, 32)), 0.05);
+  EXPECT_GE(q.labels_per_batch, 0.95 * q.iid_labels_per_batch);
+  // In order, a batch holds one or two labels.
+  const auto in_order =
+      shuffle_quality(epoch_order(SampleOrder{n, false, 0, {}}, 0), blocks.get(), labels, 32);
+  EXPECT_LT(in_order.labels_per_batch, 2.0);
+}
+
+TEST(WindowShuffle, BadBlocksAndWindowsAreRefusedClearly) {
+  std::vector<std::size_t> out;
+  EXPECT_THROW(window_order(*blocks_of({3, 4}), 0, 1, out), std::invalid_argument);
+  StorageBlocks empty_block;
+  empty_block.ends = {3, 3, 5};
+  EXPECT_THROW(window_order(empty_block, 2, 1, out), std::invalid_argument);
+  SampleOrder short_blocks = windowed(blocks_of({3, 4}), 2);
+  short_blocks.samples = 9;  // the blocks cover 7
+  EXPECT_THROW(epoch_order(short_blocks, 0), std::invalid_argument);
+}
+
+// --- The choice -----------------------------------------------------------------------------
+
+ShuffleEvidence evidence(std::uint64_t data, std::uint64_t cache, std::size_t blocks = 1000,
+                         ShuffleMode asked = ShuffleMode::automatic) {
+  return {asked, blocks * 10, blocks, data, cache};
+}
+
+TEST(ShuffleChoice, AWholeDataSetInTheCacheKeepsTheGlobalShuffle) {
+  const auto c = choose_shuffle(evidence(8'000'000'000, 10'000'000'000));
+  EXPECT_EQ(c.window, 0u);
+  EXPECT_NE(c.reason.find("global"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("8 GB"), std::string::npos) << c.reason;
+}
+
+TEST(ShuffleChoice, ADataSetTenTimesTheCacheGetsAWindowOfHalfTheCache) {
+  // 10,000 blocks of 1 MB; a cache of 1 GB: half of it is 500 blocks.
+  const auto c = choose_shuffle(evidence(10'000'000'000, 1'000'000'000, 10'000));
+  EXPECT_EQ(c.window, 500u);
+  EXPECT_NE(c.reason.find("window of 500 blocks"), std::string::npos) << c.reason;
+  EXPECT_NE(c.reason.find("cannot hold it"), std::string::npos) << c.reason;
+  EXPECT_EQ(c.reason.find("would give"), std::string::npos) << c.reason;
+}
+
+TEST(ShuffleChoice, BlocksOfOneSampleKeepTheGlobalShuffle) {
+  ShuffleEvidence e = evidence(10'000'000'000, 1'000'000'000, 10'000);
+  e.samples = e.blocks;
+  const auto c = choose_shuffle(e);
+  EXPECT_EQ(c.window, 0u);
+  EXPECT_NE(c.reason.find("each block is one sample"), std::string::npos) << c.reason;
+}
+
+TEST(ShuffleChoice, TheBlockLengthGivesAWindowOfFiveHundredBlocksWithinItsBounds) {
+  EXPECT_EQ(storage_block_bytes(1ull << 30), (1ull << 30) / 2 / kWindowBlocks);  // 1 MiB
+  EXPECT_EQ(storage_block_bytes(10ull << 30), kMaxBlockBytes);
+  EXPECT_EQ(storage_block_bytes(10ull << 20), kMinBlockBytes);
+  EXPECT_EQ(storage_block_bytes(0), kMinBlockBytes);
+}
+
+TEST(ShuffleChoice, ACacheOfAFewBlocksSaysWhatCacheWouldMixWell) {
+  const auto c = choose_shuffle(evidence(10'000'000'000, 40'000'000));  // 2 blocks fit half
+  EXPECT_EQ(c.window, 2u);
+  EXPECT_NE(c.reason.find("an object cache of 10.2 GB would give a window of 512"),
+            std::string::npos)
+      << c.reason;
+  // Not even one block: a window of one, said.
+  EXPECT_EQ(choose_shuffle(evidence(10'000'000'000, 1'000'000)).window, 1u);
+}
+
+TEST(ShuffleChoice, LocalDataAndNoCacheKeepTheGlobalShuffle) {
+  EXPECT_EQ(choose_shuffle(evidence(0, 1'000'000, 0)).window, 0u);
+  const auto no_cache = choose_shuffle(evidence(10'000'000'000, 0));
+  EXPECT_EQ(no_cache.window, 0u);
+  EXPECT_NE(no_cache.reason.find("object_cache_bytes=0"), std::string::npos) << no_cache.reason;
+}
+
+TEST(ShuffleChoice, WhatIsAskedForIsGivenOrRefusedWithTheReason) {
+  EXPECT_EQ(
+      choose_shuffle(evidence(10'000'000'000, 1'000'000'000, 1000, ShuffleMode::global)).window,
+      0u);
+  // A window asked of data that fits: as many blocks as half the cache holds, at most all.
+  EXPECT_EQ(
+      choose_shuffle(evidence(1'000'000'000, 10'000'000'000, 1000, ShuffleMode::window)).window,
+      1000u);
+  EXPECT_EQ(choose_shuffle(evidence(1'000'000'000, 100'000'000, 1000, ShuffleMode::window)).window,
+            50u);
+  EXPECT_THROW(choose_shuffle(evidence(0, 1'000'000, 0, ShuffleMode::window)),
+               std::invalid_argument);
+  EXPECT_THROW(choose_shuffle(evidence(1'000'000, 0, 10, ShuffleMode::window)),
+               std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace stoker::detail
