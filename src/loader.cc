@@ -21,7 +21,7 @@
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/tracer.h"
-#include "tune/shuffle_choice.h"
+#include "stoker/frontend/shuffle_choice.h"
 #include "tune/tuner.h"
 
 namespace stoker {
@@ -151,7 +151,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     detail::ShuffleEvidence evidence;
     evidence.asked = options.shuffle_mode;
     evidence.samples = options.dataset->size();
-    if (layout.blocks != nullptr) {
+    if (layout.blocks != nullptr && layout.remote) {
       evidence.blocks = layout.blocks->ends.size();
       evidence.data_bytes = layout.blocks->total_bytes();
       evidence.cache_bytes = layout.cache_bytes;

@@ -12,7 +12,7 @@
 
 #include "sampler/sampler.h"
 #include "stoker/frontend/random.h"
-#include "tune/shuffle_choice.h"
+#include "stoker/frontend/shuffle_choice.h"
 
 namespace stoker::detail {
 namespace {
@@ -142,15 +142,15 @@ TEST(WindowShuffle, MixesNearlyAsWellAsAFullShuffleOnTheEntropyMeasure) {
   const auto blocks = uneven_blocks(5000);  // ~47,000 samples
   const std::size_t n = blocks->ends.back();
   SampleOrder global{n, true, 5, {}};
-  const auto full = shuffle_quality(epoch_order(global, 0), blocks.get(), {}, 0);
+  const auto full = shuffle_quality(epoch_order(global, 0), blocks->ends, {}, 0);
   for (const std::size_t window : {64u, 256u}) {
-    const auto q = shuffle_quality(epoch_order(windowed(blocks, window), 0), blocks.get(), {}, 0);
+    const auto q = shuffle_quality(epoch_order(windowed(blocks, window), 0), blocks->ends, {}, 0);
     EXPECT_GE(q.sample_entropy, 0.95 * full.sample_entropy) << window;
-    EXPECT_GE(q.block_entropy, 0.95 * full.block_entropy) << window;
+    EXPECT_GE(q.shard_entropy, 0.95 * full.shard_entropy) << window;
   }
   // In order, every step is 1: no entropy.
   const auto in_order =
-      shuffle_quality(epoch_order(SampleOrder{n, false, 0, {}}, 0), blocks.get(), {}, 0);
+      shuffle_quality(epoch_order(SampleOrder{n, false, 0, {}}, 0), blocks->ends, {}, 0);
   EXPECT_EQ(in_order.sample_entropy, 0.0);
 }
 
@@ -162,12 +162,12 @@ TEST(WindowShuffle, BatchesOfALabelSortedDataSetHoldAsManyLabelsAsIidDraws) {
   // A window of kWindowBlocks, as the rule gives it; a window of 64 blocks for batches of 32
   // holds about 25 distinct blocks a batch, and so fewer labels (the rule's reason says so).
   const auto q =
-      shuffle_quality(epoch_order(windowed(blocks, kWindowBlocks), 0), blocks.get(), labels, 32);
+      shuffle_quality(epoch_order(windowed(blocks, kWindowBlocks), 0), blocks->ends, labels, 32);
   EXPECT_NEAR(q.iid_labels_per_batch, 100.0 * (1.0 - std::pow(0.99, 32)), 0.05);
   EXPECT_GE(q.labels_per_batch, 0.95 * q.iid_labels_per_batch);
   // In order, a batch holds one or two labels.
   const auto in_order =
-      shuffle_quality(epoch_order(SampleOrder{n, false, 0, {}}, 0), blocks.get(), labels, 32);
+      shuffle_quality(epoch_order(SampleOrder{n, false, 0, {}}, 0), blocks->ends, labels, 32);
   EXPECT_LT(in_order.labels_per_batch, 2.0);
 }
 

@@ -15,6 +15,7 @@
 #endif
 #include "image_commands.h"
 #include "interrupt.h"
+#include "shuffle_commands.h"
 #include "stoker/info.h"
 #include "tune_commands.h"
 
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
 
   auto run_image_command = stoker::tools::add_image_commands(app);
   auto run_tune_command = stoker::tools::add_tune_commands(app);
+  auto run_shuffle_command = stoker::tools::add_shuffle_commands(app);
 
   CLI11_PARSE(app, argc, argv);
   stoker::tools::install_interrupt_handler();
@@ -97,6 +99,7 @@ int main(int argc, char** argv) {
     }
     if (const int rc = run_image_command(); rc >= 0) return rc;
     if (const int rc = run_tune_command(); rc >= 0) return rc;
+    if (const int rc = run_shuffle_command(); rc >= 0) return rc;
     if (cmd->parsed() && !parquet.empty()) {
 #ifdef STOKER_HAVE_PARQUET
       return stoker::bench::run_parquet(bench, parquet, parquet_columns);

@@ -154,12 +154,14 @@ class Dataset {
   virtual ObjectStorageCounters object_storage_counters() const { return {}; }
 
   // Where the samples' bytes are, for a shuffle that reads each block of storage once an epoch
-  // (SampleOrder::blocks): the blocks, each fetched whole by one range GET, and the object cache
-  // they are read through (its byte cap; 0: none). Null blocks: the data set is local or in
-  // memory, or cannot tell. Any thread; the same for the data set's lifetime.
+  // (SampleOrder::blocks): the blocks and, when `remote`, the object cache each is fetched
+  // into whole by one range GET (its byte cap; 0: none). Local files may say their blocks too
+  // (for stoker.shuffle_report), with `remote` false. Null blocks: in memory, or cannot tell.
+  // Any thread; the same for the data set's lifetime.
   struct StorageLayout {
     std::shared_ptr<const StorageBlocks> blocks;
     std::uint64_t cache_bytes = 0;
+    bool remote = false;
   };
   virtual StorageLayout storage_layout() const { return {}; }
 

@@ -27,10 +27,11 @@ struct Shard {
 // How a data set's samples lie in storage (Dataset::storage_layout): blocks of consecutive
 // samples, each fetched whole by one range GET into the object cache. Block b holds samples
 // [ends[b - 1], ends[b]) (ends[-1] is 0; ends.back() is the data set's size) and is bytes[b]
-// long.
+// long. Blocks do not cross objects (shards): the samples of object k end at object_ends[k].
 struct StorageBlocks {
   std::vector<std::size_t> ends;
   std::vector<std::uint64_t> bytes;
+  std::vector<std::size_t> object_ends;
   std::uint64_t total_bytes() const;
   // The block holding sample `index` (binary search).
   std::size_t block_of(std::size_t index) const;
@@ -57,18 +58,27 @@ struct SampleOrder {
 void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t seed,
                   std::vector<std::size_t>& out);
 
-// The quality of a shuffle (stoker shuffle-report, stoker.shuffle_quality): Mosaic Streaming's
-// measure, the Shannon entropy (bits) of the distances |order[i+1] - order[i]| between
-// neighbours in sample ids and in block ids, and, for labels that a data set sorted by label
-// would give (labels[i] the label of sample i), the mean number of distinct labels a batch holds
-// beside what an i.i.d. draw of the same batch size from the same labels gives on average.
+// A stream's order, for comparison (stoker shuffle-report): the objects (shards; the samples
+// of object k end at object_ends[k]) in a random order, read in order each, through a buffer
+// of `buffer` samples from which each next sample is drawn at random and replaced by the next
+// one read, as webdataset's shuffle() and Hugging Face datasets' IterableDataset.shuffle() do.
+void stream_order(std::span<const std::size_t> object_ends, std::size_t buffer, std::uint64_t seed,
+                  std::vector<std::size_t>& out);
+
+// The quality of a shuffle (stoker shuffle-report, stoker.shuffle_report): Mosaic Streaming's
+// measure, the Shannon entropy (bits) of the steps |order[i+1] - order[i]| between neighbours
+// in sample ids and in shard ids (group_ends: the samples of shard g end at group_ends[g], as
+// StorageBlocks::ends; empty: no shards), and, given labels (labels[i] of sample i: on a data
+// set sorted by label, how well batches mix), the mean number of distinct labels in a batch of
+// `batch_size` beside what an i.i.d. draw (with replacement) from the same labels holds.
 struct ShuffleQuality {
   double sample_entropy = 0;  // bits
-  double block_entropy = 0;   // bits; 0 without blocks
+  double shard_entropy = 0;   // bits; 0 without shards
   double labels_per_batch = 0;
   double iid_labels_per_batch = 0;  // expected, exact
 };
-ShuffleQuality shuffle_quality(std::span<const std::size_t> order, const StorageBlocks* blocks,
+ShuffleQuality shuffle_quality(std::span<const std::size_t> order,
+                               std::span<const std::size_t> group_ends,
                                std::span<const std::int64_t> labels, std::size_t batch_size);
 
 // Samples one rank sees per epoch (DistributedSampler's num_samples).

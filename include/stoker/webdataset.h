@@ -75,8 +75,8 @@ class WebDataset final : public Dataset {
   // one round trip rather than one per sample per worker thread.
   void will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
-  // Over URLs: each shard's samples in blocks of about 1/1024 of the object cache (32 KiB to
-  // 8 MiB), cut between samples; when the shards do not fit the cache these are the chunks
+  // Each shard's samples in blocks of about 1/1024 of the object cache (32 KiB to 8 MiB), cut
+  // between samples; over URLs, when the shards do not fit the cache, these are the chunks
   // each read fetches (docs/storage.md, "Data larger than the cache").
   StorageLayout storage_layout() const override;
 

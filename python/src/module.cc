@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "native_datasets.h"
@@ -21,6 +22,7 @@
 #include "stoker/frontend/host_allocator.h"
 #include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/shared_memory.h"
+#include "stoker/frontend/shuffle_choice.h"
 #include "stoker/frontend/stream_copy.h"
 #include "stoker/frontend/worker_kind.h"
 #include "stoker/info.h"
@@ -170,6 +172,7 @@ PYBIND11_MODULE(_stoker, m) {
              py::dict out;
              out["block_ends"] = layout.blocks->ends;
              out["block_bytes"] = layout.blocks->bytes;
+             out["shard_ends"] = layout.blocks->object_ends;
              out["cache_bytes"] = layout.cache_bytes;
              return out;
            })
@@ -581,42 +584,52 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("size"), py::arg("shuffle"), py::arg("seed"), py::arg("epoch"), py::arg("rank"),
       py::arg("world_size"), py::arg("drop_last"), py::arg("consumed"));
 
-  // The windowed shuffle and a shuffle's quality (stoker/sampler.h), for shuffle_report().
+  // What a user trades between shuffles (stoker/frontend/shuffle_choice.h).
   m.def(
-      "window_order",
-      [](const std::vector<std::size_t>& block_ends, std::size_t window, std::uint64_t seed) {
-        StorageBlocks blocks;
-        blocks.ends = block_ends;
-        std::vector<std::size_t> order;
+      "shuffle_report",
+      [](const py::object& dataset, std::size_t samples, ShuffleMode asked, std::uint64_t seed,
+         std::uint64_t epoch, std::size_t batch_size, std::vector<std::int64_t> labels,
+         std::vector<std::size_t> buffers, std::optional<std::uint64_t> cache_bytes) {
+        const Dataset::StorageLayout layout =
+            dataset.is_none() ? Dataset::StorageLayout{}
+                              : dataset.cast<const NativeDataset&>().dataset->storage_layout();
+        detail::ShuffleReportOptions o;
+        o.asked = asked;
+        o.seed = seed;
+        o.epoch = epoch;
+        o.batch_size = batch_size;
+        o.labels = std::move(labels);
+        o.buffers = std::move(buffers);
+        if (cache_bytes) o.cache_bytes = *cache_bytes;
+        detail::ShuffleReport r;
         {
           py::gil_scoped_release nogil;
-          window_order(blocks, window, seed, order);
+          r = detail::shuffle_report(layout, samples, o);
         }
-        py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
-        std::copy(order.begin(), order.end(), out.mutable_data());
-        return out;
-      },
-      py::arg("block_ends"), py::arg("window"), py::arg("seed"));
-  m.def(
-      "shuffle_quality",
-      [](const std::vector<std::size_t>& order, const std::vector<std::size_t>& block_ends,
-         const std::vector<std::int64_t>& labels, std::size_t batch_size) {
-        StorageBlocks blocks;
-        blocks.ends = block_ends;
-        ShuffleQuality q;
-        {
-          py::gil_scoped_release nogil;
-          q = shuffle_quality(order, block_ends.empty() ? nullptr : &blocks, labels, batch_size);
+        py::list rows;
+        for (const auto& row : r.rows) {
+          py::dict d;
+          d["order"] = row.name;
+          d["sample_entropy"] = row.quality.sample_entropy;
+          d["shard_entropy"] = row.quality.shard_entropy;
+          d["labels_per_batch"] = row.quality.labels_per_batch;
+          d["iid_labels_per_batch"] = row.quality.iid_labels_per_batch;
+          rows.append(d);
         }
         py::dict out;
-        out["sample_entropy"] = q.sample_entropy;
-        out["block_entropy"] = q.block_entropy;
-        out["labels_per_batch"] = q.labels_per_batch;
-        out["iid_labels_per_batch"] = q.iid_labels_per_batch;
+        out["samples"] = r.samples;
+        out["shards"] = r.shards;
+        out["blocks"] = r.blocks;
+        out["data_bytes"] = r.data_bytes;
+        out["cache_bytes"] = r.cache_bytes;
+        out["window"] = r.choice.window;
+        out["shuffle"] = r.choice.reason;
+        out["rows"] = rows;
+        out["text"] = detail::to_string(r);
         return out;
       },
-      py::arg("order"), py::arg("block_ends") = std::vector<std::size_t>{},
-      py::arg("labels") = std::vector<std::int64_t>{}, py::arg("batch_size") = 0);
+      py::arg("dataset"), py::arg("samples"), py::arg("asked"), py::arg("seed"), py::arg("epoch"),
+      py::arg("batch_size"), py::arg("labels"), py::arg("buffers"), py::arg("cache_bytes"));
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");

@@ -98,6 +98,33 @@ void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t
   for (std::size_t i = 0; i < n; ++i) out[i] = placed[i].second;
 }
 
+void stream_order(std::span<const std::size_t> object_ends, std::size_t buffer, std::uint64_t seed,
+                  std::vector<std::size_t>& out) {
+  std::vector<std::size_t> objects;
+  permutation(object_ends.size(), detail::mix(seed, 0x7368617264730000ULL), objects);  // "shards"
+  detail::SplitMix64 rng(detail::mix(seed, 0x6275666665720000ULL));                    // "buffer"
+  std::vector<std::size_t> held;
+  held.reserve(buffer);
+  out.clear();
+  for (const std::size_t k : objects) {
+    for (std::size_t i = k > 0 ? object_ends[k - 1] : 0; i < object_ends[k]; ++i) {
+      if (held.size() < std::max<std::size_t>(buffer, 1)) {
+        held.push_back(i);
+        continue;
+      }
+      const auto pick = static_cast<std::size_t>(rng.next() % held.size());
+      out.push_back(held[pick]);
+      held[pick] = i;
+    }
+  }
+  while (!held.empty()) {  // the buffer drained at random
+    const auto pick = static_cast<std::size_t>(rng.next() % held.size());
+    out.push_back(held[pick]);
+    held[pick] = held.back();
+    held.pop_back();
+  }
+}
+
 namespace {
 
 // The epoch's global permutation: windowed over storage blocks, or uniform.
@@ -127,23 +154,23 @@ double entropy(const std::unordered_map<std::size_t, std::size_t>& counts, std::
 
 }  // namespace
 
-ShuffleQuality shuffle_quality(std::span<const std::size_t> order, const StorageBlocks* blocks,
+ShuffleQuality shuffle_quality(std::span<const std::size_t> order,
+                               std::span<const std::size_t> group_ends,
                                std::span<const std::int64_t> labels, std::size_t batch_size) {
   ShuffleQuality q;
+  const auto group_of = [&](std::size_t i) {
+    return static_cast<std::size_t>(std::upper_bound(group_ends.begin(), group_ends.end(), i) -
+                                    group_ends.begin());
+  };
+  const auto step = [](std::size_t a, std::size_t b) { return a > b ? a - b : b - a; };
   if (order.size() >= 2) {
-    std::unordered_map<std::size_t, std::size_t> samples, block_steps;
-    std::size_t prev_block = blocks != nullptr ? blocks->block_of(order[0]) : 0;
+    std::unordered_map<std::size_t, std::size_t> samples, groups;
     for (std::size_t i = 1; i < order.size(); ++i) {
-      const std::size_t a = order[i - 1], b = order[i];
-      ++samples[a > b ? a - b : b - a];
-      if (blocks != nullptr) {
-        const std::size_t block = blocks->block_of(b);
-        ++block_steps[prev_block > block ? prev_block - block : block - prev_block];
-        prev_block = block;
-      }
+      ++samples[step(order[i - 1], order[i])];
+      if (!group_ends.empty()) ++groups[step(group_of(order[i - 1]), group_of(order[i]))];
     }
     q.sample_entropy = entropy(samples, order.size() - 1);
-    if (blocks != nullptr) q.block_entropy = entropy(block_steps, order.size() - 1);
+    if (!group_ends.empty()) q.shard_entropy = entropy(groups, order.size() - 1);
   }
   if (labels.empty() || batch_size == 0) return q;
   for (const std::size_t i : order) {

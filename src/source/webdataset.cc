@@ -26,7 +26,7 @@
 #include "source/remote.h"
 #include "source/tar_index.h"
 #include "stoker/frontend/log.h"
-#include "tune/shuffle_choice.h"
+#include "stoker/frontend/shuffle_choice.h"
 
 namespace stoker {
 namespace {
@@ -391,7 +391,7 @@ struct WebDataset::Impl final : EncodedSource {
   std::uint64_t object_cache_bytes = 0;
   std::shared_ptr<detail::RemoteFiles> remote_files;
   pid_t owner = 0;
-  // URL shards: the samples in storage blocks (storage_layout()), null with a local shard.
+  // The samples in storage blocks (storage_layout()).
   std::shared_ptr<const StorageBlocks> blocks;
 
   detail::RemoteFiles& files() const {
@@ -417,6 +417,11 @@ struct WebDataset::Impl final : EncodedSource {
   }
   const Loc& loc(std::size_t index, std::size_t field) const {
     return locs[index * fields.size() + field];
+  }
+
+  // Every shard is read from object storage.
+  bool remote() const {
+    return std::all_of(shards.begin(), shards.end(), [](const Shard& s) { return s.remote; });
   }
 
   // Where sample `index`'s reads begin in its shard.
@@ -452,12 +457,15 @@ struct WebDataset::Impl final : EncodedSource {
         out->ends.push_back(i);
         out->bytes.push_back(at - begin);
         total += at - begin;
-        if (last) break;
+        if (last) {
+          out->object_ends.push_back(i);
+          break;
+        }
         cuts.push_back(at);
         begin = at;
       }
     }
-    if (object_cache_bytes > 0 && total > object_cache_bytes) {
+    if (object_cache_bytes > 0 && total > object_cache_bytes && remote()) {
       for (std::size_t k = 0; k < shards.size(); ++k) {
         if (shards[k].remote && !starts[k].empty()) {
           shards[k].remote->chunk_starts =
@@ -746,6 +754,7 @@ std::vector<std::string> webdataset_shards(const std::vector<std::string>& paths
 
 WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options)) {
   auto impl = std::make_shared<Impl>();
+  impl->object_cache_bytes = options_.object_cache_bytes;  // URL shards' cache; blocks' length
   if (options_.fields.empty()) throw std::invalid_argument("stoker.WebDataset: no fields");
   bool images = false;
   for (const auto& name : options_.fields) {
@@ -805,7 +814,6 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
   std::vector<std::vector<TarMember>> remote_members;
   if (!urls.empty()) {
     impl->object_cache_dir = options_.object_cache_dir;
-    impl->object_cache_bytes = options_.object_cache_bytes;
     impl->owner = ::getpid();
     impl->remote_files = detail::remote_files(impl->object_cache_dir, impl->object_cache_bytes);
     std::vector<detail::RemoteObject> known;
@@ -883,7 +891,7 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
       throw std::runtime_error(impl->name(i) + ": field '" + field.name + "': " + e.what());
     }
   }
-  if (!urls.empty() && urls.size() == named.size()) impl->make_blocks();
+  impl->make_blocks();
   impl_ = std::move(impl);
   source_ = impl_;
   if (options_.cache_bytes > 0) source_ = cache_in_ram(source_, options_.cache_bytes);
@@ -917,7 +925,7 @@ std::vector<ObjectVersion> WebDataset::objects() const {
 }
 
 Dataset::StorageLayout WebDataset::storage_layout() const {
-  return {impl_->blocks, impl_->object_cache_bytes};
+  return {impl_->blocks, impl_->object_cache_bytes, impl_->remote()};
 }
 
 ObjectStorageCounters WebDataset::object_storage_counters() const {

@@ -1,4 +1,4 @@
-#include "tune/shuffle_choice.h"
+#include "stoker/frontend/shuffle_choice.h"
 
 #include <algorithm>
 #include <cmath>
@@ -74,6 +74,78 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
               " would give a window of " + std::to_string(kWindowBlocks);
   }
   return {window, std::move(reason)};
+}
+
+ShuffleReport shuffle_report(const Dataset::StorageLayout& layout, std::size_t samples,
+                             const ShuffleReportOptions& o) {
+  if (!o.labels.empty() && o.labels.size() != samples) {
+    throw std::invalid_argument("stoker: shuffle_report: " + std::to_string(o.labels.size()) +
+                                " labels for a data set of " + std::to_string(samples) +
+                                " samples");
+  }
+  ShuffleReport r;
+  r.samples = samples;
+  const StorageBlocks* blocks = layout.blocks.get();
+  std::vector<std::size_t> shards{samples};  // without a layout: one shard
+  if (blocks != nullptr) {
+    r.blocks = blocks->ends.size();
+    r.data_bytes = blocks->total_bytes();
+    if (!blocks->object_ends.empty()) shards = blocks->object_ends;
+  }
+  r.shards = shards.size();
+  r.cache_bytes = o.cache_bytes == std::numeric_limits<std::uint64_t>::max()
+                      ? (layout.remote ? layout.cache_bytes : 0)
+                      : o.cache_bytes;
+  const bool judged =
+      blocks != nullptr && (layout.remote || o.cache_bytes != ShuffleReportOptions{}.cache_bytes);
+  ShuffleEvidence e{o.asked, samples, judged ? r.blocks : 0, r.data_bytes, r.cache_bytes};
+  r.choice = choose_shuffle(e);
+  const auto row = [&](std::string name, const std::vector<std::size_t>& order) {
+    r.rows.push_back({std::move(name), shuffle_quality(order, shards, o.labels, o.batch_size)});
+  };
+  SampleOrder global{samples, true, o.seed, {}};
+  std::vector<std::size_t> order;
+  if (r.choice.window > 0) {
+    window_order(*blocks, r.choice.window, o.seed + o.epoch, order);
+    row("window of " + std::to_string(r.choice.window) + " blocks (chosen)", order);
+  } else {
+    row("global (chosen)", epoch_order(global, o.epoch));
+  }
+  if (r.choice.window > 0) row("global", epoch_order(global, o.epoch));
+  if (judged && r.choice.window == 0 && r.cache_bytes > 0) {
+    e.asked = ShuffleMode::window;  // what shuffle='window' would give
+    const ShuffleChoice w = choose_shuffle(e);
+    window_order(*blocks, w.window, o.seed + o.epoch, order);
+    row("window of " + std::to_string(w.window) + " blocks (shuffle='window')", order);
+  }
+  for (const std::size_t b : o.buffers) {
+    stream_order(shards, b, o.seed + o.epoch, order);
+    row("stream: shards shuffled, buffer of " + std::to_string(b), order);
+  }
+  row("in order", epoch_order(SampleOrder{samples, false, 0, {}}, 0));
+  return r;
+}
+
+std::string to_string(const ShuffleReport& r) {
+  std::string out = format("%zu samples in %zu shards", r.samples, r.shards);
+  if (r.blocks > 0) out += format(" and %zu blocks (%s)", r.blocks, bytes(r.data_bytes).c_str());
+  out += "; shuffle: " + r.choice.reason + "\n";
+  // The full shuffle is the reference: the chosen row when global, else the next.
+  const ShuffleQuality& full = r.rows[r.choice.window > 0 ? 1 : 0].quality;
+  const auto share = [](double x, double of) { return of > 0 ? x / of : 0.0; };
+  const bool labels = full.iid_labels_per_batch > 0;
+  out += format("%-48s %16s %16s", "order", "sample entropy", "shard entropy");
+  if (labels) out += format(" %18s", "labels/batch (iid)");
+  out += "\n";
+  for (const auto& row : r.rows) {
+    const ShuffleQuality& q = row.quality;
+    out += format("%-48s %8.2f (%4.2f) %8.2f (%4.2f)", row.name.c_str(), q.sample_entropy,
+                  share(q.sample_entropy, full.sample_entropy), q.shard_entropy,
+                  share(q.shard_entropy, full.shard_entropy));
+    if (labels) out += format(" %8.1f (%6.1f)", q.labels_per_batch, q.iid_labels_per_batch);
+    out += "\n";
+  }
+  return out;
 }
 
 }  // namespace stoker::detail

@@ -1,13 +1,20 @@
 // Which shuffle a loader gives (docs/storage.md, "Data larger than the cache"): a pure rule
 // from the data set's size in storage and the object cache it is read through, so that it can
-// be tested on made-up sizes and a report can name the evidence.
+// be tested on made-up sizes (tests/window_shuffle_test.cc) and a report can name the evidence;
+// the loader takes it (src/loader.cc), and so does stoker.shuffle_report().
+//
+// Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
+#include "stoker/dataset.h"
 #include "stoker/options.h"
+#include "stoker/sampler.h"
 
 namespace stoker::detail {
 
@@ -50,5 +57,36 @@ std::uint64_t storage_block_bytes(std::uint64_t cache_bytes);
 // more). Throws std::invalid_argument for `window` asked of a data set that has no storage blocks
 // or no object cache, naming what to change.
 ShuffleChoice choose_shuffle(const ShuffleEvidence& evidence);
+
+// What a user trades (stoker shuffle-report, stoker.shuffle_report()): the shuffle a loader
+// would choose for a data set, and the quality (shuffle_quality) of that order beside a full
+// shuffle, the window (chosen, or as `window` would give it), a stream's shard shuffle with
+// buffers, and reading in order. Pure: orders are computed, nothing is read.
+struct ShuffleReportOptions {
+  ShuffleMode asked = ShuffleMode::automatic;
+  std::uint64_t seed = 0;
+  std::uint64_t epoch = 0;
+  std::size_t batch_size = 64;
+  std::vector<std::int64_t> labels;  // per sample, optional: labels per batch
+  std::vector<std::size_t> buffers{1000, 5000};
+  // The object cache to judge against; the maximum: the data set's own.
+  std::uint64_t cache_bytes = std::numeric_limits<std::uint64_t>::max();
+};
+struct ShuffleReport {
+  std::size_t samples = 0, blocks = 0, shards = 0;
+  std::uint64_t data_bytes = 0, cache_bytes = 0;
+  ShuffleChoice choice;
+  struct Row {
+    std::string name;
+    ShuffleQuality quality;
+  };
+  std::vector<Row> rows;  // the first is the choice's
+};
+// Throws std::invalid_argument for labels of another length than the data set's.
+ShuffleReport shuffle_report(const Dataset::StorageLayout& layout, std::size_t samples,
+                             const ShuffleReportOptions& options);
+// The report as a table: each order's entropies as a share of a full shuffle's, and labels
+// per batch against i.i.d. draws.
+std::string to_string(const ShuffleReport& report);
 
 }  // namespace stoker::detail
