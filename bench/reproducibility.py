@@ -1,0 +1,242 @@
+"""Reproducibility check (issue 45): a resumed run gets the uninterrupted run's batches, and
+with ``seed_per_sample=True`` a Python data set's random draws are the same on any number and
+kind of workers.
+
+Resume: each case runs 3 epochs uninterrupted, a training step drawing from torch's generator
+after each batch, and saves ``loader.state_dict()`` at random cut points (after iter() before
+the first batch, mid-epoch, after an epoch's last batch, after its loop ended); a new process
+restores each state into a fresh loader (made after ``torch.manual_seed`` as at the start)
+and runs the rest of the 3 epochs. A cut counts when every following batch equals the
+uninterrupted run's. torchdata's StatefulDataLoader runs the Python cases beside it.
+
+Topology: a ``__getitem__`` drawing from ``torch.rand``, ``random.random`` and ``np.random``,
+read with 0, 1, 2 and 4 workers, threads or processes and on 1 or 2 ranks: the samples
+(by index) counted equal to those of in-line reads.
+
+    python bench/reproducibility.py            # 20 cut points per case
+    python bench/reproducibility.py --smoke    # 4 cut points, a smaller data set
+    python bench/reproducibility.py --cost     # the cost of seed_per_sample=True
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pickle
+import random
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+import stoker
+
+EPOCHS = 3
+
+
+class Indices(tud.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+class Augmented(tud.Dataset):
+    """Sample i with draws from torch's, random's and numpy's generators."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        noise = torch.rand(4) + random.random() + float(np.random.rand())
+        return torch.tensor(i), noise
+
+
+class ShuffledStateful(tud.Sampler):
+    """A custom sampler that keeps its own state (torchdata's Stateful): its generator."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return iter(self.rng.permutation(self.n).tolist())
+
+    def state_dict(self):
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
+
+def _collate(samples):
+    return torch.stack(samples)
+
+
+def make(case: str, n: int, loader_class, rank: int = 0):
+    """The case's loader (of `loader_class`) and the sampler to set_epoch, or None."""
+    ds = Indices(n)
+    kw = dict(num_workers=2)
+    if case == "shuffle":
+        return loader_class(ds, batch_size=4, shuffle=True, **kw), None
+    if case == "generator":
+        g = torch.Generator().manual_seed(7)
+        return loader_class(ds, batch_size=4, shuffle=True, generator=g, **kw), None
+    if case == "seed":
+        return loader_class(ds, batch_size=4, shuffle=True, seed=3, **kw), None
+    if case.startswith("distributed"):
+        sampler = tud.distributed.DistributedSampler(ds, num_replicas=2, rank=rank, seed=5)
+        return loader_class(ds, batch_size=4, sampler=sampler, **kw), sampler
+    if case == "batch_sampler":
+        sampler = tud.BatchSampler(tud.RandomSampler(ds), 4, drop_last=False)
+        return loader_class(ds, batch_sampler=sampler, **kw), None
+    if case == "batch_sampler_collate":
+        sampler = tud.BatchSampler(tud.RandomSampler(ds), 4, drop_last=False)
+        return loader_class(ds, batch_sampler=sampler, collate_fn=_collate, **kw), None
+    if case == "stateful_sampler":
+        return loader_class(ds, batch_size=4, sampler=ShuffledStateful(n, 11), **kw), None
+    raise ValueError(f"unknown case {case!r}")
+
+
+def _cases(torchdata: bool) -> list:
+    cases = ["shuffle", "generator", "seed", "distributed0", "distributed1", "batch_sampler",
+             "batch_sampler_collate", "stateful_sampler"]
+    if torchdata:  # its reference runs: the Python cases with torch's own arguments
+        return [c for c in cases if c != "seed"]
+    return cases
+
+
+def _loader_class(torchdata: bool):
+    if torchdata:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader
+    return stoker.DataLoader
+
+
+def _epochs(loader, sampler, first: int, batches: list, states: dict, cuts: set,
+            loop_state=None) -> None:
+    """The training loop from epoch `first`: each batch recorded, then a step's draw from
+    torch's generator; the state saved at each cut (epoch, b): b batches into the epoch
+    (b=0: after iter()), or b=-1 after its loop ended."""
+    for epoch in range(first, EPOCHS):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        it = iter(loader)
+        b = 0
+        while True:
+            if (epoch, b) in cuts:
+                states[(epoch, b)] = (len(batches), loader.state_dict())
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            batches.append(batch.tolist())
+            torch.rand(1)
+            b += 1
+        if (epoch, -1) in cuts:
+            states[(epoch, -1)] = (len(batches), loader.state_dict())
+
+
+def uninterrupted(case: str, n: int, torchdata: bool, cuts: set):
+    torch.manual_seed(0)
+    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case))
+    batches, states = [], {}
+    _epochs(loader, sampler, 0, batches, states, cuts)
+    return batches, states
+
+
+def _rank(case: str) -> int:
+    return int(case[-1]) if case.startswith("distributed") else 0
+
+
+def resumed(case: str, n: int, torchdata: bool, cut: tuple, state) -> list:
+    """The batches after restoring `state`, saved at `cut`, in a fresh loader."""
+    torch.manual_seed(0)
+    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case))
+    loader.load_state_dict(state)
+    epoch, b = cut
+    batches: list = []
+    _epochs(loader, sampler, epoch + 1 if b == -1 else epoch, batches, {}, set())
+    return batches
+
+
+def check_resume(cases: list, n: int, cut_count: int, torchdata: bool, rng) -> dict:
+    """{case: (cuts whose resumed batches all equal the uninterrupted run's, cuts)}."""
+    results = {}
+    for case in cases:
+        torch.manual_seed(0)
+        probe, _ = make(case, n, _loader_class(torchdata), _rank(case))
+        batches = len(probe)
+        del probe
+        # Cut points: after iter(), mid-epoch, after the last batch, after the loop ended.
+        every = [(e, b) for e in range(EPOCHS) for b in [*range(batches + 1), -1]]
+        cuts = set(rng.sample(every, min(cut_count, len(every))))
+        cuts |= {(0, -1), (1, batches)}  # an epoch's end, both ways, always among them
+        full, states = uninterrupted(case, n, torchdata, cuts)
+        with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
+            pickle.dump({"case": case, "n": n, "torchdata": torchdata,
+                         "states": {cut: state for cut, (_, state) in states.items()}}, f)
+            f.flush()
+            out = subprocess.run([sys.executable, __file__, "--resume", f.name],
+                                 capture_output=True, check=True)
+        rest = pickle.loads(out.stdout)
+        equal = sum(rest[cut] == full[at:] for cut, (at, _) in states.items())
+        results[case] = (equal, len(states))
+    return results
+
+
+def _resume_main(path: str) -> None:
+    with open(path, "rb") as f:
+        job = pickle.load(f)
+    rest = {cut: resumed(job["case"], job["n"], job["torchdata"], cut, state)
+            for cut, state in job["states"].items()}
+    sys.stdout.buffer.write(pickle.dumps(rest))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--resume", help=argparse.SUPPRESS)
+    parser.add_argument("--cases", help="comma-separated resume cases (default: all)")
+    parser.add_argument("--no-torchdata", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    args = parser.parse_args()
+    if args.resume:
+        return _resume_main(args.resume)
+    rng = random.Random(45)
+    n, cut_count = (30, 4) if args.smoke else (50, 20)
+    counts = {"stoker": check_resume(
+        args.cases.split(",") if args.cases else _cases(False), n, cut_count, False, rng)}
+    if not args.no_torchdata and not args.cases:
+        try:
+            import torchdata.stateful_dataloader  # noqa: F401
+        except ImportError:
+            print("torchdata: not installed, its reference runs skipped")
+        else:
+            counts["torchdata"] = check_resume(_cases(True), n, cut_count, True, rng)
+    if args.json:
+        print(json.dumps(counts))
+        return
+    for loader, results in counts.items():
+        for case, (equal, total) in results.items():
+            print(f"resume {loader:9s} {case:22s} {equal}/{total} cuts: every later batch "
+                  f"the uninterrupted run's")
+
+
+if __name__ == "__main__":
+    main()
