@@ -63,6 +63,25 @@ class Augmented(tud.Dataset):
         return torch.tensor(i), noise
 
 
+class Cropped(tud.Dataset):
+    """A cheap augmentation: a random 28x28 crop of a 32x32 image, flipped at random, with a
+    brightness jitter (torch's, random's and numpy's generators, one draw or two each)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.image = torch.rand(3, 32, 32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        x, y = random.randint(0, 4), random.randint(0, 4)
+        crop = self.image[:, y:y + 28, x:x + 28]
+        if torch.rand(()) < 0.5:
+            crop = crop.flip(2)
+        return crop * float(np.random.uniform(0.8, 1.2)), i
+
+
 class ShuffledStateful(tud.Sampler):
     """A custom sampler that keeps its own state (torchdata's Stateful): its generator."""
 
@@ -109,14 +128,17 @@ def make(case: str, n: int, loader_class, rank: int = 0):
         return loader_class(ds, batch_sampler=sampler, collate_fn=_collate, **kw), None
     if case == "stateful_sampler":
         return loader_class(ds, batch_size=4, sampler=ShuffledStateful(n, 11), **kw), None
+    if case == "seed_per_sample":
+        return loader_class(Augmented(n), batch_size=4, shuffle=True, seed_per_sample=True,
+                            **kw), None
     raise ValueError(f"unknown case {case!r}")
 
 
 def _cases(torchdata: bool) -> list:
     cases = ["shuffle", "generator", "seed", "distributed0", "distributed1", "batch_sampler",
-             "batch_sampler_collate", "stateful_sampler"]
+             "batch_sampler_collate", "stateful_sampler", "seed_per_sample"]
     if torchdata:  # its reference runs: the Python cases with torch's own arguments
-        return [c for c in cases if c != "seed"]
+        return [c for c in cases if c not in ("seed", "seed_per_sample")]
     return cases
 
 
@@ -145,7 +167,8 @@ def _epochs(loader, sampler, first: int, batches: list, states: dict, cuts: set,
                 batch = next(it)
             except StopIteration:
                 break
-            batches.append(batch.tolist())
+            batches.append([t.tolist() for t in batch] if isinstance(batch, (list, tuple))
+                           else batch.tolist())
             torch.rand(1)
             b += 1
         if (epoch, -1) in cuts:
@@ -200,6 +223,64 @@ def check_resume(cases: list, n: int, cut_count: int, torchdata: bool, rng) -> d
     return results
 
 
+# Topologies: (workers, worker_type, ranks); the reference is the first.
+TOPOLOGIES = [(0, "auto", 1), (1, "process", 1), (2, "process", 1), (4, "process", 1),
+              (2, "thread", 1), (4, "thread", 1), (2, "process", 2), (0, "auto", 2)]
+
+
+def samples_on(workers: int, worker_type: str, ranks: int, n: int, epochs: int = 2) -> dict:
+    """{(epoch, index): the sample's bytes} read with seed_per_sample=True on `ranks` ranks
+    (stoker.DistributedSampler, one loader per rank), `workers` of `worker_type` each."""
+    import warnings
+
+    samples = {}
+    for rank in range(ranks):
+        sampler = stoker.DistributedSampler(Augmented(n), num_replicas=ranks, rank=rank,
+                                            shuffle=True, seed=5)
+        with warnings.catch_warnings():  # worker_type='thread' is said to read in processes
+            warnings.simplefilter("ignore")
+            loader = stoker.DataLoader(Augmented(n), batch_size=4, sampler=sampler,
+                                       num_workers=workers, worker_type=worker_type,
+                                       seed_per_sample=True)
+        for epoch in range(epochs):
+            sampler.set_epoch(epoch)
+            for indices, noise in loader:
+                for i, row in zip(indices.tolist(), noise):
+                    samples[(epoch, i)] = row.numpy().tobytes()
+        loader.close()
+    return samples
+
+
+def check_topologies(n: int) -> dict:
+    """{topology: (samples equal to the reference's, samples)}."""
+    reference = samples_on(*TOPOLOGIES[0], n)
+    results = {}
+    for workers, kind, ranks in TOPOLOGIES[1:]:
+        got = samples_on(workers, kind, ranks, n)
+        equal = sum(got.get(key) == value for key, value in reference.items())
+        results[f"{workers} {kind} worker(s), {ranks} rank(s)"] = (equal, len(reference))
+    return results
+
+
+def cost(n: int, rounds: int) -> dict:
+    """Throughput (samples/s) of 2 worker processes reading Cropped with and without
+    seed_per_sample, the best of `rounds` alternating runs of 2 epochs after a warm one."""
+    best = {False: 0.0, True: 0.0}
+    for _ in range(rounds):
+        for seeded in (False, True):
+            loader = stoker.DataLoader(Cropped(n), batch_size=64, num_workers=2,
+                                       worker_type="process", seed_per_sample=seeded)
+            for _ in loader:
+                pass
+            start = time.perf_counter()
+            for _ in range(2):
+                for _ in loader:
+                    pass
+            best[seeded] = max(best[seeded], 2 * n / (time.perf_counter() - start))
+            loader.close()
+    return {"plain": best[False], "seeded": best[True], "ratio": best[True] / best[False]}
+
+
 def _resume_main(path: str) -> None:
     with open(path, "rb") as f:
         job = pickle.load(f)
@@ -215,9 +296,16 @@ def main() -> None:
     parser.add_argument("--cases", help="comma-separated resume cases (default: all)")
     parser.add_argument("--no-torchdata", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
+    parser.add_argument("--cost", action="store_true",
+                        help="only the throughput cost of seed_per_sample=True")
     args = parser.parse_args()
     if args.resume:
         return _resume_main(args.resume)
+    if args.cost:
+        result = cost(20_000 if args.smoke else 100_000, 2 if args.smoke else 5)
+        print(f"seed_per_sample cost: {result['plain']:.0f} samples/s plain, "
+              f"{result['seeded']:.0f} seeded: ratio {result['ratio']:.3f}")
+        return
     rng = random.Random(45)
     n, cut_count = (30, 4) if args.smoke else (50, 20)
     counts = {"stoker": check_resume(
@@ -229,9 +317,13 @@ def main() -> None:
             print("torchdata: not installed, its reference runs skipped")
         else:
             counts["torchdata"] = check_resume(_cases(True), n, cut_count, True, rng)
+    if not args.cases:
+        counts["topology"] = check_topologies(n)
     if args.json:
         print(json.dumps(counts))
         return
+    for topology, (equal, total) in counts.pop("topology", {}).items():
+        print(f"seed_per_sample {topology:30s} {equal}/{total} samples equal to in-line reads'")
     for loader, results in counts.items():
         for case, (equal, total) in results.items():
             print(f"resume {loader:9s} {case:22s} {equal}/{total} cuts: every later batch "

@@ -545,7 +545,7 @@ def test_the_next_epochs_order_is_drawn_ahead_again_only_after_reads_moved_the_g
     feed = TorchOrderFeed(TorchRandomOrder(range(50), None), setup)
     log = _OrderAheadLog()
     setup.begin_epoch()
-    feed.start(log, 0, 0, feed.take(0, 0, None), None)
+    feed.start(log, 0, 0, feed.take(0, 0))
     assert [e for e, _ in log.ahead] == [1]
     feed.redraw_ahead(log)  # nothing drew since: nothing to draw again
     assert len(log.ahead) == 1
@@ -553,9 +553,9 @@ def test_the_next_epochs_order_is_drawn_ahead_again_only_after_reads_moved_the_g
     feed.redraw_ahead(log)
     assert [e for e, _ in log.ahead] == [1, 1]
     state = torch.get_rng_state()
-    expected, _ = TorchRandomOrder(range(50), None).draw()  # iter()'s draw from here
+    expected = TorchRandomOrder(range(50), None).draw()  # iter()'s draw from here
     torch.set_rng_state(state)
-    assert feed.take(1, 0, None)  # taken: the generator moved as iter()'s draw moves it
+    assert feed.take(1, 0)  # taken: the generator moved as iter()'s draw moves it
     assert log.ahead[1][1] == list(expected)
     assert torch.equal(torch.get_rng_state(), _after_draw(state))
 
