@@ -34,6 +34,7 @@ import torch
 import torch.utils.data as tud
 
 import stoker
+from stoker.loader.seeding import seed_generators
 
 EPOCHS = 3
 
@@ -64,19 +65,21 @@ class Augmented(tud.Dataset):
 
 
 class Cropped(tud.Dataset):
-    """A cheap augmentation: a random 28x28 crop of a 32x32 image, flipped at random, with a
-    brightness jitter (torch's, random's and numpy's generators, one draw or two each)."""
+    """A cheap augmentation: a random crop of a side x side image (4 pixels smaller), flipped
+    at random, with a brightness jitter (torch's, random's and numpy's generators, one draw
+    or two each)."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, side: int = 32) -> None:
         self.n = n
-        self.image = torch.rand(3, 32, 32)
+        self.image = torch.rand(3, side, side)
+        self.crop = side - 4
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i):
         x, y = random.randint(0, 4), random.randint(0, 4)
-        crop = self.image[:, y:y + 28, x:x + 28]
+        crop = self.image[:, y:y + self.crop, x:x + self.crop]
         if torch.rand(()) < 0.5:
             crop = crop.flip(2)
         return crop * float(np.random.uniform(0.8, 1.2)), i
@@ -262,14 +265,16 @@ def check_topologies(n: int) -> dict:
     return results
 
 
-def cost(n: int, rounds: int) -> dict:
-    """Throughput (samples/s) of 2 worker processes reading Cropped with and without
+def cost(n: int, rounds: int, side: int) -> dict:
+    """Throughput (samples/s) of 2 worker processes reading Cropped(side) with and without
     seed_per_sample, the best of `rounds` alternating runs of 2 epochs after a warm one."""
     best = {False: 0.0, True: 0.0}
+    dataset = Cropped(n, side)
     for _ in range(rounds):
         for seeded in (False, True):
-            loader = stoker.DataLoader(Cropped(n), batch_size=64, num_workers=2,
-                                       worker_type="process", seed_per_sample=seeded)
+            loader = stoker.DataLoader(dataset, batch_size=64, num_workers=2,
+                                       worker_type="process", seed_per_sample=seeded,
+                                       prefetch_factor=8)
             for _ in loader:
                 pass
             start = time.perf_counter()
@@ -278,7 +283,20 @@ def cost(n: int, rounds: int) -> dict:
                     pass
             best[seeded] = max(best[seeded], 2 * n / (time.perf_counter() - start))
             loader.close()
-    return {"plain": best[False], "seeded": best[True], "ratio": best[True] / best[False]}
+    return {"plain": best[False], "seeded": best[True], "ratio": best[True] / best[False],
+            "seeding_us": _per_call_us(lambda: seed_generators(0x9E3779B97F4A7C15)),
+            "getitem_us": _per_call_us(lambda: dataset[0])}
+
+
+def _per_call_us(call, number: int = 20_000) -> float:
+    """The least of 5 timings of `call`, in microseconds a call."""
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(number):
+            call()
+        best = min(best, time.perf_counter() - start)
+    return best / number * 1e6
 
 
 def _resume_main(path: str) -> None:
@@ -302,9 +320,13 @@ def main() -> None:
     if args.resume:
         return _resume_main(args.resume)
     if args.cost:
-        result = cost(20_000 if args.smoke else 100_000, 2 if args.smoke else 5)
-        print(f"seed_per_sample cost: {result['plain']:.0f} samples/s plain, "
-              f"{result['seeded']:.0f} seeded: ratio {result['ratio']:.3f}")
+        for side in (32, 224):  # a CIFAR-sized image, an ImageNet-sized one
+            n = (20_000 if args.smoke else 100_000) // (1 if side == 32 else 10)
+            result = cost(n, 2 if args.smoke else 5, side)
+            print(f"seed_per_sample cost, {side}x{side} crop: {result['plain']:.0f} samples/s "
+                  f"plain, {result['seeded']:.0f} seeded: ratio {result['ratio']:.3f} "
+                  f"(seeding {result['seeding_us']:.2f} us a sample; the __getitem__ "
+                  f"{result['getitem_us']:.2f} us)")
         return
     rng = random.Random(45)
     n, cut_count = (30, 4) if args.smoke else (50, 20)

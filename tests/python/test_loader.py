@@ -473,8 +473,10 @@ def test_every_dict_from_cpp_is_its_field_table(tmp_path):
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=1)
     assert len(list(loader)) == 2
     report = loader.report()
-    # The front end's own keys: the plan, and which workers read now and why.
-    assert set(report) == set(tables["Report"]) | {"text", "plan", "readers", "readers_reason"}
+    # The front end's own keys: the plan, which workers read now and why, and what a resumed
+    # run repeats and why.
+    assert set(report) == set(tables["Report"]) | {"text", "plan", "readers", "readers_reason",
+                                                   "reproducibility", "reproducibility_reason"}
     assert report["verdict"] and report["workers"] == 1
     assert set(_stoker.cuda_info()) == set(tables["CudaInfo"])
     Image = pytest.importorskip("PIL.Image")

@@ -127,6 +127,14 @@ class TorchRandomOrder:
         return order
 
 
+def _sources(generators: list) -> list:
+    """The generators drawn from, each once (the loader's and a sampler's may be one), None
+    being torch's default generator."""
+    torch = _torch()
+    sources = [g if g is not None else torch.default_generator for g in generators]
+    return list({id(g): g for g in sources}.values())
+
+
 class DrawSources:
     """What a map-style loader's epochs draw from at iter(): torch's generators (the workers'
     base seed; torch's samplers' permutations: the loader's generator, the samplers' own, or
@@ -141,10 +149,7 @@ class DrawSources:
     epoch's draws start from, for ``begin()``."""
 
     def __init__(self, generators: list, stateful, setup: WorkerSetup) -> None:
-        torch = _torch()
-        sources = ([g if g is not None else torch.default_generator for g in generators]
-                   if torch is not None else [])
-        self._generators = list({id(g): g for g in sources}.values())
+        self._generators = _sources(generators) if _torch() is not None else []
         self.stateful, self.setup = stateful, setup
         self._start: Optional[dict] = None  # the running epoch's, as it began
 
@@ -228,12 +233,8 @@ class EpochDraws:
                  draw: Callable[[], Any]) -> None:
         """`draw()`: the epoch's order, drawn from `generator` (None: torch's default
         generator)."""
-        torch = _torch()
         self.epoch = epoch
-        # The generators drawn from, each once (the loader's and the sampler's may be one).
-        sources = [g if g is not None else torch.default_generator
-                   for g in (setup.generator, generator)]
-        self._sources = list({id(g): g for g in sources}.values())
+        self._sources = _sources([setup.generator, generator])
         self._before = [g.get_state() for g in self._sources]
         try:
             self._seed = (draw_seed(setup.generator)
