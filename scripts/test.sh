@@ -122,6 +122,8 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 # bench/gpu_feed.py on the CPU (its GPU figures come from scripts/gpu_check.sh)
 .venv-test/bin/python bench/gpu_feed.py --device cpu --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/elastic_resume.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/reproducibility.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/reproducibility.py --smoke --cost >/dev/null 2>&1
 .venv-test/bin/python bench/auto_matrix.py --smoke --workload stream padding tiny >/dev/null 2>&1
 .venv-test/bin/python bench/frameworks_bench.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/s3_bench.py --smoke >/dev/null 2>&1  # SeaweedFS, STOKER_WEED

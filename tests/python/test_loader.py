@@ -473,8 +473,10 @@ def test_every_dict_from_cpp_is_its_field_table(tmp_path):
     loader = stoker.DataLoader(ds, batch_size=4, num_workers=1)
     assert len(list(loader)) == 2
     report = loader.report()
-    # The front end's own keys: the plan, and which workers read now and why.
-    assert set(report) == set(tables["Report"]) | {"text", "plan", "readers", "readers_reason"}
+    # The front end's own keys: the plan, which workers read now and why, and what a resumed
+    # run repeats and why.
+    assert set(report) == set(tables["Report"]) | {"text", "plan", "readers", "readers_reason",
+                                                   "reproducibility", "reproducibility_reason"}
     assert report["verdict"] and report["workers"] == 1
     assert set(_stoker.cuda_info()) == set(tables["CudaInfo"])
     Image = pytest.importorskip("PIL.Image")
@@ -545,7 +547,7 @@ def test_the_next_epochs_order_is_drawn_ahead_again_only_after_reads_moved_the_g
     feed = TorchOrderFeed(TorchRandomOrder(range(50), None), setup)
     log = _OrderAheadLog()
     setup.begin_epoch()
-    feed.start(log, 0, 0, feed.take(0, 0, None), None)
+    feed.start(log, 0, 0, feed.take(0, 0))
     assert [e for e, _ in log.ahead] == [1]
     feed.redraw_ahead(log)  # nothing drew since: nothing to draw again
     assert len(log.ahead) == 1
@@ -553,9 +555,9 @@ def test_the_next_epochs_order_is_drawn_ahead_again_only_after_reads_moved_the_g
     feed.redraw_ahead(log)
     assert [e for e, _ in log.ahead] == [1, 1]
     state = torch.get_rng_state()
-    expected, _ = TorchRandomOrder(range(50), None).draw()  # iter()'s draw from here
+    expected = TorchRandomOrder(range(50), None).draw()  # iter()'s draw from here
     torch.set_rng_state(state)
-    assert feed.take(1, 0, None)  # taken: the generator moved as iter()'s draw moves it
+    assert feed.take(1, 0)  # taken: the generator moved as iter()'s draw moves it
     assert log.ahead[1][1] == list(expected)
     assert torch.equal(torch.get_rng_state(), _after_draw(state))
 

@@ -97,6 +97,11 @@ class DataLoader:
         the next batch of that worker's stream), in parallel, and handed to the training
         loop without pickling its tensors. Arguments that do not act as in torch warn once; docs/python.md
         lists every difference.
+      seed_per_sample: True seeds torch's, random's and numpy's global generators before each
+        __getitem__ of a Python data set from the sample's seed (the loader's seed, the epoch,
+        the sample's index): its random draws are then the same on any number and kind of
+        workers and ranks, and after a resume. Its reads run in worker processes (threads
+        share those generators) or in-line. report() says what a run repeats.
 
     ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
     goes, as a timeline to open in Perfetto.
@@ -137,6 +142,7 @@ class DataLoader:
         native: bool = True,
         keep_on_host: Sequence[str] = (),
         remote=None,
+        seed_per_sample: bool = False,
     ) -> None:
         # The arguments as given: what the loader pickles (never its running engine), and what
         # vars(loader) shows, as frameworks re-make loaders from it. A count or kind that
@@ -153,7 +159,7 @@ class DataLoader:
             on_error=on_error, max_skipped=max_skipped, seed=seed, pin_budget=pin_budget,
             memory_limit=memory_limit, device_depth=device_depth, worker_type=worker_type,
             native=native,
-            keep_on_host=keep_on_host, remote=remote)
+            keep_on_host=keep_on_host, remote=remote, seed_per_sample=seed_per_sample)
         for hook in ON_MADE:  # e.g. Accelerate's prepare() made to keep stoker iterating
             hook()
         for message in plan.warnings:
@@ -187,7 +193,8 @@ class DataLoader:
             persistent_workers=bool(persistent_workers), pin_memory_device=pin_memory_device,
             in_order=in_order, device=device, on_error=on_error, max_skipped=max_skipped,
             pin_budget=pin_budget, memory_limit=memory_limit, device_depth=device_depth,
-            native=native, keep_on_host=keep_on_host, remote=remote)
+            native=native, keep_on_host=keep_on_host, remote=remote,
+            seed_per_sample=seed_per_sample)
         for name, value in stoker_arguments.items():
             setattr(self, name, value)
         # The requested count and kind in vars(loader) (what Lightning re-makes a loader from);
@@ -334,7 +341,8 @@ class DataLoader:
         would not help: CPU saturated; try: record shards / ...``. ``str()`` gives that line;
         the keys give the numbers behind it (``verdict``, ``wait_fraction``, ``busiest``,
         ``busiest_load``, ``worker_cores``, ``cpu_cores``, ``more_workers``,
-        ``suggestions``, ...) and ``plan``, how the arguments were resolved. A stream's
+        ``suggestions``, ...), ``reproducibility`` ('order and augmentation' or 'order')
+        with ``reproducibility_reason``, and ``plan``, how the arguments were resolved. A stream's
         report is the training loop's waits only (it runs outside the engine)."""
         return Report(self._pipeline.report(), plan=str(self._plan))
 

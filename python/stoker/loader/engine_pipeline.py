@@ -22,8 +22,8 @@ from .assemble import batch_builder, converter
 from .collate import mover, pinned
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
-from .seeding import (BatchesAhead, TorchOrderFeed, TorchRandomOrder, WorkerSetup,
-                      epoch_batches, peek_seed)
+from .seeding import (BatchesAhead, DrawSources, TorchOrderFeed, TorchRandomOrder,
+                      WorkerSetup, epoch_batches, peek_seed, sampler_generators, stateful)
 from .worker_choice import KindChooser
 
 _log = logging.getLogger("stoker")
@@ -42,7 +42,6 @@ class EnginePipeline(Pipeline):
         super().__init__(plan)
         self._index = index
         self._setup = setup
-        self._order_state = self._resume_order = None  # a TorchRandomOrder epoch's draw
         self._torch_order = (TorchOrderFeed(plan.sampler, setup)
                              if isinstance(plan.sampler, TorchRandomOrder) else None)
         self._jobs = plan.dataset if plan.mode == BATCH_JOBS else None
@@ -52,6 +51,18 @@ class EnginePipeline(Pipeline):
                                                     plan.seed)
             self._batches_ahead = BatchesAhead(self._epoch_batches, index["batch_sampler"],
                                                index["sampler"], setup)
+        # What a Python data set's epochs draw from (a native one's draw nothing), carried by
+        # state_dict(); a loaded state's: the resumed epoch's draws at its start (_replay),
+        # and the state as loaded, until start() (_loaded_draws).
+        self._sources: Optional[DrawSources] = None
+        if not plan.native:
+            drawn = plan.sampler if self._jobs is None else (
+                index["batch_sampler"] if index["batch_sampler"] is not None
+                else index["sampler"])
+            self._sources = DrawSources([plan.generator, *sampler_generators(drawn)],
+                                        stateful(drawn), setup)
+        self._replay: Optional[dict] = None
+        self._loaded_draws: Optional[dict] = None
         self._remote: Optional[RemoteWorkers] = None
         self._workers: Optional[ProcessWorkers] = None
         self._pool = None
@@ -155,8 +166,17 @@ class EnginePipeline(Pipeline):
     # --- the protocol -------------------------------------------------------------------
 
     def start(self, epoch: int, batch: int) -> None:
+        replay, self._replay, self._loaded_draws = self._replay, None, None
+        keep = self._sources.begin(replay) if self._sources is not None else None
+        try:
+            self._start(epoch, batch)
+        finally:
+            if self._sources is not None:
+                self._sources.end(keep)
+
+    def _start(self, epoch: int, batch: int) -> None:
         feed = self._torch_order
-        took = feed is not None and feed.take(epoch, batch, self._resume_order)
+        took = feed is not None and feed.take(epoch, batch)
         if not self.plan.native:  # as torch's iter(): the workers' base seed, then the order
             if not took:
                 self._setup.begin_epoch()
@@ -179,8 +199,7 @@ class EnginePipeline(Pipeline):
             if not kept:
                 self._loader.restart_fresh(epoch)
         if feed is not None:
-            self._order_state = feed.start(self._loader, epoch, batch, took, self._resume_order)
-            self._resume_order = None
+            feed.start(self._loader, epoch, batch, took)
             if not took:  # resumed with the order drawn now
                 return self._start_reading()
         elif self.plan.order_length is not None:
@@ -243,14 +262,16 @@ class EnginePipeline(Pipeline):
             epoch, batch = next_epoch, 0
         else:
             epoch, batch = self._loader.position()
+        state = self._position_state(epoch, batch)
+        if self._sources is not None:
+            state["draws"] = (self._loaded_draws if resume is not None
+                              else self._sources.state(begun=next_epoch is None))
+        return state
+
+    def _position_state(self, epoch: int, batch: int) -> dict:
         if not self._elastic:
-            state = {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
-                     "batches_per_epoch": len(self)}
-            if resume is not None and self._resume_order is not None:
-                state["order"] = self._resume_order
-            elif resume is None and next_epoch is None and self._order_state is not None:
-                state["order"] = self._order_state  # what this epoch's permutation was drawn from
-            return state
+            return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
+                    "batches_per_epoch": len(self)}
         consumed, epoch_samples = [], self._loader.samples_per_epoch
         if self._pending is not None and self._pending[0] == epoch:
             consumed, epoch_samples = self._pending[1], len(self._pending[2])
@@ -265,6 +286,7 @@ class EnginePipeline(Pipeline):
             epoch_samples=epoch_samples, consumed=consumed)
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
+        self._replay = self._loaded_draws = None
         if "batch" not in state and not state.get("merged"):
             raise ValueError("stoker: the state is not a map-style data set's (a stream's "
                              "state has no batch number)" if "stream" in state else
@@ -284,7 +306,9 @@ class EnginePipeline(Pipeline):
         if self._elastic:
             elastic.check_window(state, self._loader.shuffle_window)
         epoch, batch = int(state["epoch"]), int(state["batch"])
-        self._resume_order = state.get("order")
+        draws = state.get("draws")
+        if self._sources is not None and draws is not None:
+            self._replay, self._loaded_draws = self._sources.load(draws), draws
         self._pending = None
         if state.get("consumed"):  # saved in an epoch resumed on another topology
             self._pending = (epoch, state["consumed"], self._resumed_order(epoch, state),

@@ -21,7 +21,7 @@ from ..workers.jobs import BatchJobs, is_datapipe, is_stream
 from ..workers.processes import mp_context
 from . import compat
 from .collate import default_collate
-from .seeding import TorchRandomOrder, peek_seed
+from .seeding import SeededReads, TorchRandomOrder, peek_seed, stateful
 
 SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
 WORKER_TYPES = ("auto", "thread", "process")
@@ -95,6 +95,10 @@ class Plan:
     memory_limit: int  # LoaderOptions::memory_limit (0: half of MemAvailable)
     device_depth: int
     keep_on_host: tuple
+    # What a resumed or re-shaped run repeats: 'order and augmentation' or 'order', and why
+    # (report()).
+    reproducibility: str = "order"
+    reproducibility_reason: str = ""
     warnings: tuple = ()  # for arguments that do not act as in torch, said once
     log: tuple = ()  # lines for the log, said when the loader is made
     # What the pipelines are built of (left out of the repr).
@@ -127,7 +131,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
             on_error: str = "raise", max_skipped: int = 1000, seed: Optional[int] = None,
             pin_budget: int = 0, memory_limit: int = 0, device_depth: int = 2,
             worker_type: str = "auto",
-            native: bool = True, keep_on_host=(), remote=None,
+            native: bool = True, keep_on_host=(), remote=None, seed_per_sample: bool = False,
             host: Optional[Host] = None) -> Plan:
     """The plan of a DataLoader with these arguments (DataLoader's), or the ValueError (or
     TypeError) that torch's DataLoader, or stoker, raises for them."""
@@ -160,6 +164,10 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         if shuffle_mode != "auto":
             raise ValueError(f"stoker: shuffle={shuffle_mode!r} orders a map-style data set; a "
                              f"stream's order is its own (its shard shuffle and buffer)")
+        if seed_per_sample:
+            raise ValueError("stoker: seed_per_sample=True seeds each read of a map-style data "
+                             "set's __getitem__; an iterable data set's workers iterate their "
+                             "own copies, seeded per worker as in torch")
         return _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers,
                        collate_fn, pin_memory, drop_last, context,
                        prefetch_factor, device, worker_type, remote, host, warnings, common)
@@ -169,6 +177,12 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     if collate_fn is not None or batch_size is None or (
             batch_sampler is not None and not _is_torch_batch_sampler(batch_sampler)):
         mode = BATCH_JOBS
+    if mode == BATCH_JOBS and seed_per_sample:
+        raise ValueError("stoker: seed_per_sample=True seeds each sample's __getitem__ as the "
+                         "engine reads it; with a collate_fn, a custom batch_sampler or "
+                         "batch_size=None a worker makes whole batches, which it does not "
+                         "seed per sample yet: use the default collate and torch's "
+                         "BatchSampler, or seed inside __getitem__ from stoker.sample_seed()")
     if mode == BATCH_JOBS:
         # The engine runs batch jobs (stoker/workers/jobs.py), one per engine batch; engine
         # sample k is batch k, in order (each epoch's batches from torch's samplers).
@@ -261,19 +275,30 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         public_shuffle = bool(shuffle) and sampler is None and batch_sampler is None
         public_seed = int(seed) if seed is not None else 0
 
+    seeded = seed_per_sample and not is_native  # a native data set's draws are per sample
+    if seeded:
+        read = SeededReads(read)
+        if worker_type == "thread" and workers > 0:
+            warnings.append("stoker: worker_type='thread' reads in worker processes under "
+                            "seed_per_sample=True: each read seeds torch's, random's and "
+                            "numpy's global generators, which threads share")
     if is_native:
         worker_type_chosen, reason = "thread", "a native data set reads in C++, on threads"
     elif workers == 0:
         if worker_type == "process":
             raise ValueError("worker_type='process' needs num_workers >= 1")
         worker_type_chosen, reason = "thread", "num_workers=0 reads in the training loop"
+    elif seeded and worker_type != "process":
+        worker_type_chosen, reason = "process", (
+            "seed_per_sample=True: each read seeds the global generators, which worker "
+            "threads would share")
     elif worker_type == "auto":
         worker_type_chosen, reason = "thread", "auto: measuring the first batches on threads"
     else:
         worker_type_chosen, reason = worker_type, "asked for"
     # With remote=, too: the GIL's share is measured on the local reads only, and remote
     # workers are asked for once the local ones, threads or processes, are saturated.
-    measure = not is_native and worker_type == "auto" and workers > 0
+    measure = not is_native and not seeded and worker_type == "auto" and workers > 0
     # With processes, one worker per core of this rank's share unless told otherwise.
     process_count = workers if workers_given else host.cpu_share
     if worker_type_chosen == "process":
@@ -298,6 +323,8 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         engine_seed=engine_seed, rank=rank, world_size=world,
         shard_drop_last=shard_drop_last, device=resolved_device, pin_memory=str(engine_pin),
         pin_always=pin_memory == "on", native=is_native, warnings=tuple(warnings),
+        **_reproducibility(is_native, seeded, mode, engine_sampler if mode != BATCH_JOBS else (
+            batch_sampler if batch_sampler is not None else sampler), order),
         dataset=read, sampler=engine_sampler, order_length=order_length, collate_fn=collate_fn,
         context=mp_context(context) if not is_native else None, remote=remote,
         warn_not_persistent=persistent_workers is False, shuffle_mode=shuffle_mode, **common)
@@ -351,6 +378,9 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         mode=STREAM, pipeline=f"python: a stream of {type(dataset).__name__}, iterated and "
                               f"collated in each worker",
         order="stream", worker_type=chosen, worker_type_reason=reason,
+        reproducibility="order", reproducibility_reason=(
+            "a stream's order and random draws are its data set's: resumed from its state, "
+            "its workers seeded per worker as in torch"),
         measure_worker_type=measure, num_workers=workers, process_count=1 if measure else workers,
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
         depth=2 if prefetch_factor is None else int(prefetch_factor),
@@ -363,6 +393,27 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
             batch_size is not None),
         context=mp_context(multiprocessing_context) if chosen == "process" or measure else None,
         **common)
+
+
+def _reproducibility(native: bool, seeded: bool, mode: str, sampler, order: str) -> dict:
+    """What a resumed run (or one on other workers) repeats, and why (report())."""
+    if sampler is not None and not isinstance(sampler, (TorchRandomOrder, DistributedSampler)) \
+            and _torch_sampler_kind(sampler) is None and stateful(sampler) is None \
+            and not _is_torch_batch_sampler(sampler):
+        return dict(reproducibility="order, if the sampler repeats it",
+                    reproducibility_reason=f"the sampler ({type(sampler).__name__}) is not "
+                    f"Stateful (state_dict, load_state_dict): a resumed epoch reads it again")
+    if native:
+        return dict(reproducibility="order and augmentation",
+                    reproducibility_reason="a native data set's random draws are per sample "
+                    "(seed, epoch, index)")
+    if seeded:
+        return dict(reproducibility="order and augmentation",
+                    reproducibility_reason="seed_per_sample=True: each __getitem__ draws from "
+                    "generators seeded by (seed, epoch, sample index)")
+    return dict(reproducibility="order",
+                reproducibility_reason="a Python __getitem__'s random draws depend on the "
+                "worker that reads it (seed_per_sample=True makes them per sample)")
 
 
 def _what_reads(dataset, native: bool) -> tuple[Any, str]:

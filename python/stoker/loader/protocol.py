@@ -61,8 +61,11 @@ class Pipeline:
         report = self._report()
         readers = (f"{self.num_workers} {self.worker_type} worker(s)" if self.num_workers
                    else "read in-line")
-        report.update(readers=readers, readers_reason=self.worker_type_reason)
-        report["text"] += f"; {readers}: {self.worker_type_reason}"
+        report.update(readers=readers, readers_reason=self.worker_type_reason,
+                      reproducibility=self.plan.reproducibility,
+                      reproducibility_reason=self.plan.reproducibility_reason)
+        report["text"] += (f"; {readers}: {self.worker_type_reason}; reproducible: "
+                           f"{self.plan.reproducibility} ({self.plan.reproducibility_reason})")
         return report
 
     # --- each pipeline's own --------------------------------------------------------------

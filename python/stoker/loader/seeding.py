@@ -9,10 +9,14 @@ samples are the same with either loader for the same seed."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
+import random
 import sys
 from typing import Any, Callable, Optional
+
+import numpy
 
 from .. import _stoker
 
@@ -93,8 +97,7 @@ def _on_this_thread(torch):
 class TorchRandomOrder:
     """torch's RandomSampler's permutations (without replacement), each drawn when its epoch
     starts from the same source torch's draws from: a seed from torch's default generator, or
-    the sampler's own ``generator``. ``draw()`` gives the epoch's order and what it was drawn
-    from, which ``draw(state)`` replays (a resumed epoch is the interrupted one). The
+    the sampler's own ``generator``. ``draw()`` gives the epoch's order. The
     permutations are of the samples the data set had when the loader was made: the engine's
     order has that many positions, and a data set that grew or shrank since is read as a
     sequential order reads it (those samples, and iter() warns)."""
@@ -106,28 +109,114 @@ class TorchRandomOrder:
     def __len__(self) -> int:
         return self._length
 
-    def draw(self, state: Optional[Any] = None) -> tuple[Any, Any]:
+    def draw(self):
+        """The epoch's permutation, drawn as torch's sampler draws it (a resumed epoch is
+        drawn again from its generators' states at its start: Generators)."""
         torch = _torch()
         n = self._length
-        if state is None:
-            if self.generator is None:
-                state = int(torch.empty((), dtype=torch.int64).random_().item())
-            else:
-                state = self.generator.get_state()
-        generator = torch.Generator()
-        if isinstance(state, int):
-            generator.manual_seed(state)
+        if self.generator is None:
+            generator = torch.Generator()
+            generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
         else:
-            generator.set_state(state)
-            if self.generator is not None:  # the user's generator moves as torch's would
-                self.generator.set_state(state)
-                generator = self.generator
+            generator = self.generator
         with _on_this_thread(torch):
             order = torch.randperm(n, generator=generator).numpy()
             if self.generator is not None:
                 # torch's sampler, run to its end, draws one more (empty) permutation's worth.
                 torch.randperm(n, generator=generator)
-        return order, state
+        return order
+
+
+def _sources(generators: list) -> list:
+    """The generators drawn from, each once (the loader's and a sampler's may be one), None
+    being torch's default generator."""
+    torch = _torch()
+    sources = [g if g is not None else torch.default_generator for g in generators]
+    return list({id(g): g for g in sources}.values())
+
+
+class DrawSources:
+    """What a map-style loader's epochs draw from at iter(): torch's generators (the workers'
+    base seed; torch's samplers' permutations: the loader's generator, the samplers' own, or
+    torch's default generator) and a sampler that is Stateful (``state_dict()`` and
+    ``load_state_dict()``, as torchdata's), whose next order is its own state's.
+
+    ``state()`` is what a loader's state carries of them: mid-epoch, as they were when the
+    epoch began (its draws are made again on resume, giving the same order and base seed) and
+    the generators as they are now; between epochs, as they are now. ``load()`` sets the
+    generators to those states (the draws of the epochs after a resume are the uninterrupted
+    run's, as torchdata's samplers carry their generator) and returns what the resumed
+    epoch's draws start from, for ``begin()``."""
+
+    def __init__(self, generators: list, stateful, setup: WorkerSetup) -> None:
+        self._generators = _sources(generators) if _torch() is not None else []
+        self.stateful, self.setup = stateful, setup
+        self._start: Optional[dict] = None  # the running epoch's, as it began
+
+    def begin(self, replay: Optional[dict]) -> Optional[list]:
+        """As an epoch's iter() begins, before its draws: the sources as they are (a fresh
+        epoch) or as the resumed one's began (`replay`, from load()); returns the generators'
+        states to set back once the replayed draws are made (end())."""
+        if replay is None:
+            self._start = self._snapshot()
+            return None
+        keep = self._states()
+        self._set(replay)
+        self._start = replay
+        return keep
+
+    def end(self, keep: Optional[list]) -> None:
+        if keep is not None:
+            self._set({"generators": keep})
+
+    def state(self, begun: bool) -> dict:
+        now = self._snapshot()
+        return {"begun": begun, "start": self._start if begun else now,
+                "generators": now["generators"]}
+
+    def load(self, state: dict) -> Optional[dict]:
+        if len(state["generators"]) != len(self._generators):
+            raise ValueError(f"stoker: the state's order draws from {len(state['generators'])} "
+                             f"torch generators, this loader's from {len(self._generators)}: "
+                             f"pass the same sampler, shuffle and generator= to resume")
+        if not state["begun"]:
+            self._set(state["start"])
+            return None
+        self._set({"generators": state["generators"]})
+        return state["start"]
+
+    def _states(self) -> list:
+        return [g.get_state() for g in self._generators]
+
+    def _snapshot(self) -> dict:
+        return {"generators": self._states(), "base_seed": self.setup.base_seed,
+                "sampler": (copy.deepcopy(self.stateful.state_dict())
+                            if self.stateful is not None else None)}
+
+    def _set(self, snapshot: dict) -> None:
+        for g, state in zip(self._generators, snapshot["generators"]):
+            g.set_state(state)
+        if "base_seed" in snapshot:
+            self.setup.base_seed = snapshot["base_seed"]
+        if self.stateful is not None and snapshot.get("sampler") is not None:
+            self.stateful.load_state_dict(copy.deepcopy(snapshot["sampler"]))
+
+
+def sampler_generators(sampler) -> list:
+    """The generators `sampler` (or a BatchSampler's sampler) draws from, None for torch's
+    default one: torch's random samplers' ``generator``."""
+    return [getattr(s, "generator") for s in (sampler, getattr(sampler, "sampler", None))
+            if s is not None and hasattr(s, "generator")]
+
+
+def stateful(sampler):
+    """The sampler whose state decides its order (it, or a BatchSampler's), if it keeps one
+    (``state_dict()`` and ``load_state_dict()``), else None."""
+    for candidate in (sampler, getattr(sampler, "sampler", None)):
+        if callable(getattr(candidate, "state_dict", None)) and callable(
+                getattr(candidate, "load_state_dict", None)):
+            return candidate
+    return None
 
 
 class EpochDraws:
@@ -141,20 +230,16 @@ class EpochDraws:
     noticed, not hidden."""
 
     def __init__(self, epoch: int, setup: WorkerSetup, generator,
-                 draw: Callable[[], tuple[Any, Any]]) -> None:
-        """`draw()`: the epoch's order and what it was drawn from, drawn from `generator` (None:
-        torch's default generator)."""
-        torch = _torch()
+                 draw: Callable[[], Any]) -> None:
+        """`draw()`: the epoch's order, drawn from `generator` (None: torch's default
+        generator)."""
         self.epoch = epoch
-        # The generators drawn from, each once (the loader's and the sampler's may be one).
-        sources = [g if g is not None else torch.default_generator
-                   for g in (setup.generator, generator)]
-        self._sources = list({id(g): g for g in sources}.values())
+        self._sources = _sources([setup.generator, generator])
         self._before = [g.get_state() for g in self._sources]
         try:
             self._seed = (draw_seed(setup.generator)
                           if setup.base_seed is None or not setup.persistent else None)
-            self.order, self.state = draw()
+            self.order = draw()
             self._after = [g.get_state() for g in self._sources]
         finally:
             for g, state in zip(self._sources, self._before):
@@ -185,13 +270,13 @@ class TorchOrderFeed:
         self.sampler, self.setup = sampler, setup
         self._ahead: Optional[EpochDraws] = None
 
-    def take(self, epoch: int, batch: int, resume_state: Optional[Any]) -> bool:
+    def take(self, epoch: int, batch: int) -> bool:
         """As iter() starts `epoch` at `batch`: whether its draws were made ahead and taken
         (the generators and the workers' base seed moved as they would have); else nothing
-        moved. A resumed epoch replays its own draw (`resume_state`)."""
+        moved."""
         ahead = self._ahead
         return (ahead is not None and ahead.epoch == epoch and batch == 0
-                and resume_state is None and ahead.take(self.setup))
+                and ahead.take(self.setup))
 
     def redraw_ahead(self, loader) -> None:
         """Draws the next epoch's order ahead again if the generators moved since it was:
@@ -207,20 +292,16 @@ class TorchOrderFeed:
     def _draw_ahead(self, epoch: int) -> EpochDraws:
         return EpochDraws(epoch, self.setup, self.sampler.generator, self.sampler.draw)
 
-    def start(self, loader, epoch: int, batch: int, took: bool,
-              resume_state: Optional[Any]) -> Any:
+    def start(self, loader, epoch: int, batch: int, took: bool) -> None:
         """Gives `loader` epoch `epoch`'s order (after take(): drawn now unless `took`, and
         then resumed there, what was read ahead with another order dropped) and, before the
-        epoch starts, the next one's; returns what this epoch's order was drawn from."""
-        if took:
-            state = self._ahead.state
-        else:
-            order, state = self.sampler.draw(resume_state)
+        epoch starts, the next one's."""
+        if not took:
+            order = self.sampler.draw()
         following = self._draw_ahead(epoch + 1)
         self._ahead = following if loader.order_ahead(following.epoch, following.order) else None
         if not took:
             loader.resume(epoch, order, batch)
-        return state
 
 
 class BatchesAhead:
@@ -251,7 +332,7 @@ class BatchesAhead:
         if _torch() is None:  # no samplers: stoker's own order, which draws from nothing
             return self._draw(epoch)
         return EpochDraws(epoch, self.setup, self._generator,
-                          lambda: (self._draw(epoch), None)).order
+                          lambda: self._draw(epoch)).order
 
 
 # torch's samplers whose iteration has no effect but its draws from a generator (undone): the
@@ -282,3 +363,63 @@ def _is_torch(sampler, name: str) -> bool:
     """Whether `sampler` is torch.utils.data's `name` itself (not a subclass)."""
     torch = _torch()
     return torch is not None and type(sampler) is getattr(torch.utils.data, name, None)
+
+
+class SeededReads:
+    """A Python data set read with ``seed_per_sample=True``: before each ``__getitem__``,
+    torch's, random's and numpy's global generators are seeded from the sample's seed
+    (``stoker.sample_seed()``: a function of the loader's seed, the epoch and the sample's
+    index), so that its random draws are the same whichever worker, of whichever kind, reads
+    it, and after any resume. In the training process (in-line reads; the first sample, read
+    for its layout) the generators are set back after the read: the training loop's random
+    stream stays its own. Worker threads share those generators, so such a loader's workers
+    are processes (plan.py). A data set's ``__getitems__`` is not used: each sample is seeded
+    on its own."""
+
+    wraps_user_dataset = True  # get_worker_info().dataset is the user's
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        self._home = os.getpid()  # the training process (a forked worker keeps the value)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        seed = _stoker.sample_seed()
+        if seed is None:  # outside a loader's read
+            return self.dataset[index]
+        if os.getpid() != self._home:
+            seed_generators(seed)
+            return self.dataset[index]
+        kept = _generator_states()
+        try:
+            seed_generators(seed)
+            return self.dataset[index]
+        finally:
+            _set_generator_states(kept)
+
+
+def seed_generators(seed: int) -> None:
+    """Seeds torch's (where loaded), random's and numpy's global generators from a 64-bit
+    sample seed: torch's with all of it, numpy's legacy one (32 bits) with its high half, so
+    that the two Mersenne twisters, seeded alike, do not give the same stream."""
+    torch = _torch()
+    if torch is not None:
+        torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed >> 32)
+
+
+def _generator_states() -> tuple:
+    torch = _torch()
+    return (torch.get_rng_state() if torch is not None else None, random.getstate(),
+            numpy.random.get_state())
+
+
+def _set_generator_states(states: tuple) -> None:
+    torch_state, random_state, numpy_state = states
+    if torch_state is not None:
+        _torch().set_rng_state(torch_state)
+    random.setstate(random_state)
+    numpy.random.set_state(numpy_state)

@@ -70,7 +70,9 @@ def _prepare_datapipe(dataset, seed: Optional[int]):
 def user_dataset(dataset):
     """The data set get_worker_info() names: the user's, not the wrapper stoker reads it through
     (a job wrapper, or _torchvision.HybridFolder)."""
-    return dataset.dataset if getattr(type(dataset), "wraps_user_dataset", False) else dataset
+    while getattr(type(dataset), "wraps_user_dataset", False):
+        dataset = dataset.dataset
+    return dataset
 
 
 class BatchJobs:

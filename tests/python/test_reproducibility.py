@@ -1,0 +1,138 @@
+"""Reproducible on any topology (docs/python.md, "Reproducibility"): a state taken anywhere
+and restored in a new process gives every later batch of the uninterrupted run, and with
+seed_per_sample=True a Python data set's random draws are the same on any workers and
+ranks. The checks are bench/reproducibility.py's, which prints the counts."""
+import importlib.util
+import pathlib
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stoker  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("reproducibility",
+                                               ROOT / "bench" / "reproducibility.py")
+check = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(check)
+
+
+@pytest.mark.parametrize("case", ["shuffle", "generator", "seed", "distributed0",
+                                  "distributed1", "batch_sampler", "batch_sampler_collate",
+                                  "stateful_sampler", "seed_per_sample"])
+def test_a_state_taken_anywhere_resumes_in_a_new_process_with_the_uninterrupted_batches(case):
+    # Random cut points over 3 epochs (after iter(), mid-epoch, after the last batch, after
+    # the loop ended), each state restored in another process; every later batch equal.
+    results = check.check_resume([case], n=30, cut_count=6, torchdata=False,
+                                 rng=random.Random(case))
+    equal, total = results[case]
+    assert total >= 6
+    assert equal == total
+
+
+def test_per_sample_seeding_gives_every_topology_the_same_samples():
+    # 0, 1, 2, 4 workers, threads (read in processes) or processes, 1 or 2 ranks.
+    reference = check.samples_on(0, "auto", 1, 48)
+    assert len(set(reference.values())) == len(reference)  # the draws are random
+    for topology, (equal, total) in check.check_topologies(48).items():
+        assert (equal, total) == (len(reference), len(reference)), topology
+
+
+def test_without_per_sample_seeding_worker_processes_draw_other_samples():
+    # What seed_per_sample=True fixes: a worker's draws depend on the worker.
+    def samples(workers):
+        loader = stoker.DataLoader(check.Augmented(32), batch_size=4, num_workers=workers,
+                                   worker_type="process")
+        return {i: row.numpy().tobytes() for indices, noise in loader
+                for i, row in zip(indices.tolist(), noise)}
+
+    one, two = samples(1), samples(2)
+    assert sum(one[i] == two[i] for i in one) < len(one)
+
+
+def test_in_line_reads_leave_the_training_loops_generators_as_they_were():
+    def generators_after(dataset, seeded):
+        torch.manual_seed(3)
+        random.seed(3)
+        np.random.seed(3)
+        loader = stoker.DataLoader(dataset, batch_size=4, num_workers=0,
+                                   seed_per_sample=seeded)
+        for _ in loader:
+            pass
+        return torch.get_rng_state(), random.getstate(), np.random.get_state()[1].tobytes()
+
+    drawing = generators_after(check.Augmented(16), seeded=True)
+    quiet = generators_after(check.Indices(16), seeded=False)  # iter()'s own draws only
+    assert torch.equal(drawing[0], quiet[0])
+    assert drawing[1:] == quiet[1:]
+
+
+def test_report_says_which_reproducibility_the_loader_gives_and_why():
+    def report(dataset, **kw):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loader = stoker.DataLoader(dataset, batch_size=4, num_workers=0, **kw)
+        for _ in loader:
+            pass
+        return loader.report()
+
+    plain = report(check.Indices(8))
+    assert plain["reproducibility"] == "order"
+    assert "seed_per_sample=True" in plain["reproducibility_reason"]
+    seeded = report(check.Augmented(8), seed_per_sample=True)
+    assert seeded["reproducibility"] == "order and augmentation"
+    assert "reproducible: order and augmentation" in str(seeded)
+
+    class Reversed(torch.utils.data.Sampler):
+        def __len__(self):
+            return 8
+
+        def __iter__(self):
+            return iter(range(7, -1, -1))
+
+    custom = report(check.Indices(8), sampler=Reversed())
+    assert custom["reproducibility"] == "order, if the sampler repeats it"
+    assert "Reversed" in custom["reproducibility_reason"]
+    stateful = report(check.Indices(8), sampler=check.ShuffledStateful(8, 1))
+    assert stateful["reproducibility"] == "order"
+
+
+def test_per_sample_seeding_reads_in_processes_and_says_why():
+    loader = stoker.DataLoader(check.Augmented(8), batch_size=4, num_workers=2,
+                               seed_per_sample=True)
+    assert loader.worker_type == "process"
+    assert "seed_per_sample=True" in loader.worker_type_reason
+    with pytest.warns(UserWarning, match="worker_type='thread' reads in worker processes"):
+        threads = stoker.DataLoader(check.Augmented(8), batch_size=4, num_workers=2,
+                                    worker_type="thread", seed_per_sample=True)
+    assert threads.worker_type == "process"
+    loader.close()
+    threads.close()
+
+
+def test_per_sample_seeding_refuses_what_it_cannot_seed_and_says_why():
+    with pytest.raises(ValueError, match="batch_size=None"):
+        stoker.DataLoader(check.Augmented(8), batch_size=4, collate_fn=check._collate,
+                          seed_per_sample=True)
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(4))
+
+    with pytest.raises(ValueError, match="iterable data set"):
+        stoker.DataLoader(Stream(), batch_size=2, seed_per_sample=True)
+
+
+def test_a_state_loaded_into_a_loader_that_draws_from_other_generators_is_refused():
+    g = torch.Generator().manual_seed(1)
+    sampler = torch.utils.data.RandomSampler(check.Indices(8), generator=g)
+    saver = stoker.DataLoader(check.Indices(8), batch_size=4, sampler=sampler, num_workers=0)
+    next(iter(saver))
+    state = saver.state_dict()
+    other = stoker.DataLoader(check.Indices(8), batch_size=4, shuffle=True, num_workers=0)
+    with pytest.raises(ValueError, match="torch generators"):
+        other.load_state_dict(state)
