@@ -586,6 +586,24 @@ PYBIND11_MODULE(_stoker, m) {
 
   // What a user trades between shuffles (stoker/frontend/shuffle_choice.h).
   m.def(
+      "shuffle_quality",
+      [](const std::vector<std::size_t>& order, const std::vector<std::size_t>& shard_ends,
+         const std::vector<std::int64_t>& labels, std::size_t batch_size) {
+        ShuffleQuality q;
+        {
+          py::gil_scoped_release nogil;
+          q = shuffle_quality(order, shard_ends, labels, batch_size);
+        }
+        py::dict out;
+        out["sample_entropy"] = q.sample_entropy;
+        out["shard_entropy"] = q.shard_entropy;
+        out["labels_per_batch"] = q.labels_per_batch;
+        out["iid_labels_per_batch"] = q.iid_labels_per_batch;
+        return out;
+      },
+      py::arg("order"), py::arg("shard_ends") = std::vector<std::size_t>{},
+      py::arg("labels") = std::vector<std::int64_t>{}, py::arg("batch_size") = 0);
+  m.def(
       "shuffle_report",
       [](const py::object& dataset, std::size_t samples, ShuffleMode asked, std::uint64_t seed,
          std::uint64_t epoch, std::size_t batch_size, std::vector<std::int64_t> labels,

@@ -24,7 +24,7 @@ from .loader import dataloader as _dataloader
 from . import integrations as _integrations
 from .remote.actor import RayWorkers, ray_workers
 from .tuning import tune
-from .shuffle import shuffle_report
+from .shuffle import shuffle_quality, shuffle_report
 from .datasets.parquet import ParquetDataset
 from .datasets.webdataset import WebDataset
 
@@ -55,6 +55,7 @@ __all__ = [
     "ray_workers",
     "sample_seed",
     "split_by_rank",
+    "shuffle_quality",
     "shuffle_report",
     "split_by_worker",
     "transforms",

@@ -36,3 +36,14 @@ def shuffle_report(dataset, batch_size: int = 64, *, labels: Optional[Sequence[i
     if show:
         print(report["text"], end="")
     return report
+
+
+def shuffle_quality(order: Sequence[int], shard_ends: Sequence[int] = (), *,
+                    labels: Optional[Sequence[int]] = None, batch_size: int = 0) -> dict:
+    """The quality of any order of sample ids (a loader's epoch as delivered, a stream's):
+    the entropy (bits) of the steps between neighbours in sample ids and in shard ids (the
+    samples of shard k end at ``shard_ends[k]``), and with `labels` (one per sample) and
+    `batch_size`, the mean distinct labels of a batch and of an i.i.d. draw of one."""
+    return _stoker.shuffle_quality([int(i) for i in order], [int(e) for e in shard_ends],
+                                   [int(x) for x in labels] if labels is not None else [],
+                                   int(batch_size))

@@ -1,0 +1,284 @@
+"""Data larger than the object cache: stoker.WebDataset("s3://...") shuffled through an object
+cache of a tenth and a hundredth of the data set, against reading it in order through the same
+cache, the global shuffle it had before (each sample's block fetched when it is read), and a
+stream's shuffle (webdataset's shardshuffle=100 + shuffle(5000)); bytes fetched, requests,
+throughput, each sample once over 4 simulated ranks, and the shuffle's quality.
+
+    python bench/s3_shuffle.py [--images 2000] [--rows 50000] [--ratios 10 100]
+    python bench/s3_shuffle.py --smoke
+
+The server: SeaweedFS (`weed mini`, STOKER_WEED or PATH) behind tests/support/fault_proxy.py
+adding `--latency-ms` (20) to every request. Two data sets, sorted by label (100 classes, so
+that a batch's distinct labels say how well the order mixes), each sample with its id:
+- jpeg: `--images` generated 256x256 JPEGs (about 40 KB) in 20 shards, read with T.train(224);
+- rows: `--rows` rows of 2 KB (an npy member) in 20 shards.
+Each configuration reads one epoch (batch 32, 2 worker threads) with the shard indexes cached
+and a fresh object cache of the data set's bytes / ratio:
+- auto: shuffle=True (the loader chooses: stats()["shuffle"] says what and why);
+- global: shuffle="global" (the order before this choice existed), jpeg at ratio 10 only;
+- in order: shuffle=False;
+- 4 ranks: stoker.DistributedSampler(num_replicas=4) for ranks 0-3, four loaders read at once
+  from threads of one process (one node's ranks, one object cache).
+Figures: bytes fetched / the data set's bytes, GETs counted at the proxy / the data set's
+storage blocks, samples/s and auto / in order; each sample once (ids); the shuffle's entropy
+(stoker.shuffle_quality: steps in sample and shard ids) as a share of a full shuffle's, and a
+batch's distinct labels against i.i.d. draws; webdataset's stream order beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pathlib
+import shutil
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+import stoker
+from stoker import transforms as T
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
+from seaweed import BUCKET, KEY, SECRET, Server  # noqa: E402
+
+CLASSES, SHARDS, BATCH = 100, 20, 32
+
+
+def make_shards(kind: str, n: int) -> pathlib.Path:
+    """`n` samples sorted by label in SHARDS tar shards, made once: .jpg or .npy, .cls, .id."""
+    root = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-shuffle-{kind}-{n}"
+    if (root / "done").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    per = -(-n // SHARDS)
+    for s in range(SHARDS):
+        with tarfile.open(root / f"train-{s:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(s * per, min(n, (s + 1) * per)):
+                if kind == "jpeg":
+                    from PIL import Image
+                    pixels = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8).repeat(4, 0)
+                    buf = io.BytesIO()
+                    Image.fromarray(pixels.repeat(4, 1)).save(buf, "JPEG", quality=90)
+                    payload = ("jpg", buf.getvalue())
+                else:
+                    buf = io.BytesIO()
+                    np.save(buf, rng.integers(0, 255, 2000, dtype=np.uint8))
+                    payload = ("npy", buf.getvalue())
+                label = i * CLASSES // n
+                for ext, data in (payload, ("cls", str(label).encode()),
+                                  ("id", str(i).encode())):
+                    info = tarfile.TarInfo(f"{i:08d}.{ext}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    (root / "done").touch()
+    return root
+
+
+def dataset(kind: str, urls, work: pathlib.Path, cache_bytes: int, objects: str):
+    fields = ("jpg", "cls", "id") if kind == "jpeg" else ("npy", "cls", "id")
+    return stoker.WebDataset(urls, fields=fields, index_cache=work / "index",
+                             object_cache=work / objects, object_cache_bytes=cache_bytes,
+                             **({"transform": T.train(224)} if kind == "jpeg" else {}))
+
+
+def epoch(loader) -> tuple[list[int], float]:
+    """The ids one epoch delivers, in order, and its samples/s."""
+    ids, start = [], time.perf_counter()
+    for batch in loader:
+        ids.extend(batch[2].tolist())
+    return ids, len(ids) / (time.perf_counter() - start)
+
+
+def measure(server: Server, kind: str, urls, work: pathlib.Path, cache: int, name: str,
+            **loader_kw) -> dict:
+    """One epoch of one configuration through a fresh object cache of `cache` bytes."""
+    objects = f"objects-{name}"
+    shutil.rmtree(work / objects, ignore_errors=True)
+    ds = dataset(kind, urls, work, cache, objects)
+    before = ds.object_storage()["bytes_fetched"]
+    server.reset()
+    loader = stoker.DataLoader(ds, batch_size=BATCH, num_workers=2, seed=7, **loader_kw)
+    ids, rate = epoch(loader)
+    stats = loader.stats()
+    loader.close()
+    out = {"samples_per_s": rate, "GET": server.counts()["GET"],
+           "bytes_fetched": ds.object_storage()["bytes_fetched"] - before,
+           "shuffle": stats["shuffle"], "window": stats["shuffle_window"], "ids": ids}
+    shutil.rmtree(work / objects, ignore_errors=True)
+    return out
+
+
+def four_ranks(server: Server, kind: str, urls, work: pathlib.Path, cache: int) -> dict:
+    """Ranks 0-3 of a node at once (threads of one process, one object cache)."""
+    shutil.rmtree(work / "objects-ranks", ignore_errors=True)
+    ds = dataset(kind, urls, work, cache, "objects-ranks")
+    before = ds.object_storage()["bytes_fetched"]
+    server.reset()
+    results: list = [None] * 4
+
+    def rank(r):
+        sampler = stoker.DistributedSampler(ds, num_replicas=4, rank=r, shuffle=True, seed=7)
+        loader = stoker.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
+        results[r] = epoch(loader)[0]
+        loader.close()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seconds = time.perf_counter() - start
+    seen = [i for ids in results for i in ids]
+    n = len(ds)
+    padding = len(seen) - n
+    shutil.rmtree(work / "objects-ranks", ignore_errors=True)
+    return {"samples_per_s": len(seen) / seconds, "GET": server.counts()["GET"],
+            "bytes_fetched": ds.object_storage()["bytes_fetched"] - before,
+            "each_once": sorted(set(seen)) == list(range(n)) and 0 <= padding < 4,
+            "per_rank": [len(ids) for ids in results]}
+
+
+def stream_order(shards: list[pathlib.Path]) -> list[int]:
+    """webdataset's stream order over the same shards: shardshuffle=100, shuffle(5000)."""
+    import webdataset as wds
+
+    ds = (wds.WebDataset([str(s) for s in shards], shardshuffle=100, empty_check=False,
+                         seed=7).shuffle(5000).to_tuple("id"))
+    return [int(i[0]) for i in ds]
+
+
+def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bool,
+        four: bool = True) -> dict:
+    root = make_shards(kind, n)
+    shards = sorted(root.glob("train-*.tar"))
+    for s in shards:
+        server.put(f"shuffle-{kind}-{n}/{s.name}", s.read_bytes())
+    urls = f"s3://{BUCKET}/shuffle-{kind}-{n}/"
+    indexed = dataset(kind, urls, work, 10 << 30, "objects-index")  # the indexes, cached once
+    layout = indexed._handle.storage_layout()
+    data_bytes = sum(layout["block_bytes"])
+    shard_ends = layout["shard_ends"]
+    labels = [i * CLASSES // n for i in range(n)]
+    shutil.rmtree(work / "objects-index", ignore_errors=True)
+
+    def quality(order):
+        return stoker.shuffle_quality(order, shard_ends, labels=labels, batch_size=BATCH)
+
+    full = quality(np.random.default_rng(7).permutation(n).tolist())
+    stream = quality(stream_order(shards))
+    out = {"samples": n, "data_bytes": data_bytes, "shards": len(shards), "full": full,
+           "webdataset_stream": stream, "ratios": {}}
+    for ratio in ratios:
+        cache = data_bytes // ratio
+        row = {"cache_bytes": cache}
+        runs = [("auto", {"shuffle": True}), ("in_order", {"shuffle": False})]
+        if ratio == ratios[0] and kind == "jpeg" and not smoke:
+            runs.append(("global", {"shuffle": "global"}))
+        for name, kw in runs:
+            r = measure(server, kind, urls, work, cache, f"{kind}-{ratio}-{name}", **kw)
+            ids = r.pop("ids")
+            r["each_once"] = sorted(ids) == list(range(n))
+            r["bytes_over_data"] = r["bytes_fetched"] / data_bytes
+            if name != "in_order":
+                r["quality"] = quality(ids)
+            row[name] = r
+        # The blocks the loader read in: GETs against them.
+        row["blocks"] = len(_blocks(kind, urls, work, cache))
+        for name in ("auto", "in_order", "global"):
+            if name in row:
+                row[name]["GET_over_blocks"] = row[name]["GET"] / row["blocks"]
+        row["auto_over_in_order"] = (row["auto"]["samples_per_s"] /
+                                     row["in_order"]["samples_per_s"])
+        if not smoke and four:
+            row["four_ranks"] = four_ranks(server, kind, urls, work, cache)
+            row["four_ranks"]["bytes_over_data"] = row["four_ranks"]["bytes_fetched"] / data_bytes
+        out["ratios"][ratio] = row
+    return out
+
+
+def _blocks(kind, urls, work, cache) -> list:
+    ds = dataset(kind, urls, work, cache, "objects-blocks")
+    return ds._handle.storage_layout()["block_ends"]
+
+
+def show(kind: str, r: dict) -> None:
+    full = r["full"]
+
+    def q(x):
+        return (f"entropy {x['sample_entropy'] / full['sample_entropy']:.3f} / "
+                f"{x['shard_entropy'] / full['shard_entropy']:.3f} of full, labels/batch "
+                f"{x['labels_per_batch']:.1f} (iid {x['iid_labels_per_batch']:.1f})")
+
+    print(f"\n{kind}: {r['samples']} samples, {r['data_bytes'] / 1e6:.1f} MB in {r['shards']} "
+          f"shards")
+    print(f"  full shuffle: {q(full)}")
+    print(f"  webdataset shardshuffle=100 + shuffle(5000): {q(r['webdataset_stream'])}")
+    for ratio, row in r["ratios"].items():
+        print(f"  object cache = data / {ratio} ({row['cache_bytes'] / 1e6:.2f} MB, "
+              f"{row['blocks']} blocks)")
+        for name in ("auto", "in_order", "global", "four_ranks"):
+            if name not in row:
+                continue
+            x = row[name]
+            line = (f"    {name:10s} {x['samples_per_s']:8.0f} samples/s  bytes "
+                    f"{x['bytes_over_data']:5.2f}x data  GETs {x['GET']:6d}")
+            if "GET_over_blocks" in x:
+                line += f" ({x['GET_over_blocks']:.2f}x blocks)"
+            line += f"  each once: {x['each_once']}"
+            print(line)
+            if "quality" in x:
+                print(f"               {q(x['quality'])}")
+        print(f"    auto / in order: {row['auto_over_in_order']:.2f}; shuffle: "
+              f"{row['auto']['shuffle']}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--rows", type=int, default=50000)
+    p.add_argument("--ratios", type=int, nargs="+", default=[10, 100])
+    p.add_argument("--latency-ms", type=float, default=20.0)
+    p.add_argument("--sets", nargs="+", default=["jpeg", "rows"], choices=["jpeg", "rows"])
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
+    args = p.parse_args()
+    if args.smoke:
+        args.images, args.rows, args.ratios = 200, 2000, [10]
+    weed = os.environ.get("STOKER_WEED") or shutil.which("weed")
+    if not weed:
+        print("s3_shuffle: no SeaweedFS (set STOKER_WEED or put weed on PATH)")
+        return 1
+    os.environ.update({"no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"})
+    work = pathlib.Path(tempfile.mkdtemp(prefix="stoker-s3-shuffle-"))
+    (work / "server").mkdir()
+    server = Server(weed, work / "server", latency_ms=args.latency_ms)
+    os.environ.update({
+        "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.proxy_port}",
+        "AWS_SHARED_CREDENTIALS_FILE": str(work / "none"), "AWS_CONFIG_FILE": str(work / "none")})
+    try:
+        sizes = {"jpeg": args.images, "rows": args.rows}
+        result = {kind: run(kind, sizes[kind], args.ratios, server, work, args.smoke)
+                  for kind in args.sets}
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for kind, r in result.items():
+            show(kind, r)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
