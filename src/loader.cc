@@ -20,8 +20,8 @@
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/memory_cap.h"
-#include "stoker/frontend/tracer.h"
 #include "stoker/frontend/shuffle_choice.h"
+#include "stoker/frontend/tracer.h"
 #include "tune/tuner.h"
 
 namespace stoker {
@@ -151,6 +151,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     detail::ShuffleEvidence evidence;
     evidence.asked = options.shuffle_mode;
     evidence.samples = options.dataset->size();
+    evidence.lookahead_samples = detail::lookahead_samples(options.batch_size, options.depth);
     if (layout.blocks != nullptr && layout.remote) {
       evidence.blocks = layout.blocks->ends.size();
       evidence.data_bytes = layout.blocks->total_bytes();

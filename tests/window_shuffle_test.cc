@@ -47,14 +47,24 @@ SampleOrder windowed(std::shared_ptr<const StorageBlocks> blocks, std::size_t wi
 }
 
 // Bytes fetched reading `order` through an LRU cache of `cache_bytes` that fetches a sample's
-// whole block on a miss (RemoteFiles over a data set's storage blocks).
+// whole block on a miss (RemoteFiles over a data set's storage blocks), the block of the sample
+// `lookahead` positions on fetched into it first (the batches the loader opens ahead).
 std::uint64_t fetched_through_lru(const std::vector<std::size_t>& order, const StorageBlocks& b,
-                                  std::uint64_t cache_bytes) {
+                                  std::uint64_t cache_bytes, std::size_t lookahead = 0) {
   std::list<std::size_t> lru;  // most recent first
   std::map<std::size_t, std::list<std::size_t>::iterator> held;
   std::uint64_t held_bytes = 0, fetched = 0;
-  for (const std::size_t i : order) {
-    const std::size_t block = b.block_of(i);
+  for (std::size_t p = 0; p < order.size(); ++p) {
+    const std::size_t block = b.block_of(order[p]);
+    if (p + lookahead < order.size() && lookahead > 0) {
+      const std::size_t ahead = b.block_of(order[p + lookahead]);
+      if (!held.contains(ahead)) {
+        fetched += b.bytes[ahead];
+        held_bytes += b.bytes[ahead];
+        lru.push_front(ahead);
+        held[ahead] = lru.begin();
+      }
+    }
     if (auto it = held.find(block); it != held.end()) {
       lru.splice(lru.begin(), lru, it->second);
       continue;
@@ -203,6 +213,16 @@ TEST(ShuffleChoice, ADataSetTenTimesTheCacheGetsAWindowOfHalfTheCache) {
   EXPECT_NE(c.reason.find("window of 500 blocks"), std::string::npos) << c.reason;
   EXPECT_NE(c.reason.find("cannot hold it"), std::string::npos) << c.reason;
   EXPECT_EQ(c.reason.find("would give"), std::string::npos) << c.reason;
+}
+
+TEST(ShuffleChoice, SamplesReadAheadShrinkTheWindowAndACacheTheyFillLeavesOne) {
+  ShuffleEvidence e = evidence(10'000'000'000, 1'000'000'000, 10'000);  // 1 MB blocks
+  e.lookahead_samples = 2'000;  // of 100 kB: 200 blocks' bytes
+  EXPECT_EQ(choose_shuffle(e).window, 300u);
+  e.lookahead_samples = 6'000;
+  const auto c = choose_shuffle(e);
+  EXPECT_EQ(c.window, 1u);
+  EXPECT_NE(c.reason.find("would give a window of 512"), std::string::npos) << c.reason;
 }
 
 TEST(ShuffleChoice, BlocksOfOneSampleKeepTheGlobalShuffle) {

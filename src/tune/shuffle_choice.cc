@@ -61,8 +61,11 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
                    "once in any order (by a range GET of its own)"};
   }
   const double mean_block = static_cast<double>(e.data_bytes) / static_cast<double>(e.blocks);
-  const auto fits = static_cast<std::size_t>(
-      std::floor(static_cast<double>(e.cache_bytes) * kWindowCacheShare / mean_block));
+  const double ahead = static_cast<double>(e.lookahead_samples) *
+                       static_cast<double>(e.data_bytes) / static_cast<double>(e.samples);
+  const auto fits = static_cast<std::size_t>(std::max(
+      0.0,
+      std::floor((static_cast<double>(e.cache_bytes) * kWindowCacheShare - ahead) / mean_block)));
   const std::size_t window = std::clamp<std::size_t>(fits, 1, e.blocks);
   std::string reason = "window of " + std::to_string(window) + " blocks (" +
                        bytes(static_cast<std::uint64_t>(mean_block * static_cast<double>(window))) +
@@ -70,7 +73,8 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
                        "; each block fetched once an epoch, samples mixed across the window";
   if (window < kSmallWindow && window < e.blocks) {
     reason += "; a window this small mixes few blocks: an object cache of " +
-              bytes(static_cast<std::uint64_t>(mean_block * kWindowBlocks / kWindowCacheShare)) +
+              bytes(static_cast<std::uint64_t>((mean_block * kWindowBlocks + ahead) /
+                                               kWindowCacheShare)) +
               " would give a window of " + std::to_string(kWindowBlocks);
   }
   return {window, std::move(reason)};
@@ -98,7 +102,8 @@ ShuffleReport shuffle_report(const Dataset::StorageLayout& layout, std::size_t s
                       : o.cache_bytes;
   const bool judged =
       blocks != nullptr && (layout.remote || o.cache_bytes != ShuffleReportOptions{}.cache_bytes);
-  ShuffleEvidence e{o.asked, samples, judged ? r.blocks : 0, r.data_bytes, r.cache_bytes};
+  ShuffleEvidence e{o.asked,      samples,       judged ? r.blocks : 0,
+                    r.data_bytes, r.cache_bytes, lookahead_samples(o.batch_size, o.depth)};
   r.choice = choose_shuffle(e);
   const auto row = [&](std::string name, const std::vector<std::size_t>& order) {
     r.rows.push_back({std::move(name), shuffle_quality(order, shards, o.labels, o.batch_size)});

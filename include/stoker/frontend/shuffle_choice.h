@@ -24,7 +24,17 @@ struct ShuffleEvidence {
   std::size_t blocks = 0;         // storage blocks (0: the data set did not say where it is)
   std::uint64_t data_bytes = 0;   // the blocks' bytes: what an epoch reads
   std::uint64_t cache_bytes = 0;  // the object cache the blocks are read through (0: none)
+  // Samples read ahead of the one being read (the batches the loader opens ahead of the
+  // consumer, which the data set fetches into the cache before their reads): their blocks
+  // share the cache with the window's.
+  std::size_t lookahead_samples = 0;
 };
+
+// The samples a loader reads ahead with `depth` batches of `batch_size` in flight, and as many
+// again for the tuner's deeper queue (ShuffleEvidence::lookahead_samples).
+inline std::size_t lookahead_samples(std::size_t batch_size, std::size_t depth) {
+  return batch_size * 2 * (depth + 1);
+}
 
 struct ShuffleChoice {
   std::size_t window = 0;  // blocks spread over (SampleOrder::window); 0: the global permutation
@@ -52,7 +62,9 @@ std::uint64_t storage_block_bytes(std::uint64_t cache_bytes);
 
 // Automatic: the global permutation while the data set fits the object cache (each chunk
 // fetched once in the first epoch, none later) or while every block holds one sample (each is
-// fetched once in any order), else a window of as many blocks as half the cache holds. Asked for:
+// fetched once in any order), else a window of as many blocks as half the cache holds beside
+// the bytes of the samples read ahead (about a block enters the window every block's worth of
+// samples, so the samples read ahead bring about their own bytes in new blocks). Asked for:
 // `global` always; `window` with a window of what half the cache holds (all blocks when that is
 // more). Throws std::invalid_argument for `window` asked of a data set that has no storage blocks
 // or no object cache, naming what to change.
@@ -67,7 +79,8 @@ struct ShuffleReportOptions {
   std::uint64_t seed = 0;
   std::uint64_t epoch = 0;
   std::size_t batch_size = 64;
-  std::vector<std::int64_t> labels;  // per sample, optional: labels per batch
+  std::size_t depth = LoaderOptions{}.depth;  // batches in flight (lookahead_samples)
+  std::vector<std::int64_t> labels;           // per sample, optional: labels per batch
   std::vector<std::size_t> buffers{1000, 5000};
   // The object cache to judge against; the maximum: the data set's own.
   std::uint64_t cache_bytes = std::numeric_limits<std::uint64_t>::max();
