@@ -3,6 +3,7 @@
 tests/support/fault_proxy.py, which injects faults and counts requests by kind. Skipped
 without `weed`."""
 
+import io
 import os
 import pickle
 import shutil
@@ -323,3 +324,137 @@ def test_parquet_files_from_a_prefix_are_read_as_the_local_ones(env, tmp_path, m
     assert env.counts()["GET"] == 0
     with pytest.raises(RuntimeError, match=rf"s3://{BUCKET}/nope/: no objects named \*.parquet"):
         stoker.ParquetDataset(f"s3://{BUCKET}/nope/", columns=("id", "x"))
+
+
+# --- Data larger than the object cache: the shuffle that knows where the bytes are -----------
+
+BIG_SHARDS, BIG_PER_SHARD, ROW = 8, 250, 2000  # 2,000 rows of 2 KB: about 6 MB in storage
+
+
+@pytest.fixture(scope="module")
+def big_shards(tmp_path_factory, server):
+    """Rows sorted by label (10 classes), each with its id, under s3://wds/big/."""
+    root = tmp_path_factory.mktemp("big")
+    rng = np.random.default_rng(0)
+    n = BIG_SHARDS * BIG_PER_SHARD
+    for s in range(BIG_SHARDS):
+        members = []
+        for i in range(s * BIG_PER_SHARD, (s + 1) * BIG_PER_SHARD):
+            buf = io.BytesIO()
+            np.save(buf, rng.integers(0, 255, ROW, dtype=np.uint8))
+            members += [(f"{i:06d}.npy", buf.getvalue()), (f"{i:06d}.cls", b"%d" % (i * 10 // n)),
+                        (f"{i:06d}.id", b"%d" % i)]
+        path = root / f"big-{s:04d}.tar"
+        write_tar(path, members)
+        server.put(f"big/{path.name}", path.read_bytes())
+    return root
+
+
+BIG = f"s3://{BUCKET}/big/"
+
+
+def big_dataset(tmp_path, cache_bytes, objects="objects"):
+    return stoker.WebDataset(BIG, fields=("npy", "cls", "id"), index_cache=tmp_path / "index",
+                             object_cache=tmp_path / objects, object_cache_bytes=cache_bytes)
+
+
+def big_bytes(tmp_path):
+    return sum(big_dataset(tmp_path, 10 << 30)._handle.storage_layout()["block_bytes"])
+
+
+def ids_of(loader):
+    return [i for batch in loader for i in batch[2].tolist()]
+
+
+def test_a_data_set_larger_than_its_cache_is_shuffled_in_a_window_each_block_fetched_once(
+        env, big_shards, tmp_path):
+    total = big_bytes(tmp_path)  # indexes the shards (fetching them) once
+    n = BIG_SHARDS * BIG_PER_SHARD
+    ds = big_dataset(tmp_path, total // 4, "objects-window")
+    blocks = len(ds._handle.storage_layout()["block_ends"])
+    env.reset()
+    before = ds.object_storage()["bytes_fetched"]
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=3, num_workers=1)
+    ids = ids_of(loader)
+    stats = loader.stats()
+    fetched = ds.object_storage()["bytes_fetched"] - before
+    gets = env.counts()["GET"]
+    loader.close()
+    assert sorted(ids) == list(range(n))  # each sample once
+    assert stats["shuffle"].startswith(f"window of {stats['shuffle_window']} blocks")
+    assert "cannot hold it" in stats["shuffle"] and stats["shuffle_window"] > 4
+    # Each block fetched once (the next epoch's first batches, read ahead, come beside it).
+    assert fetched <= 1.15 * total, (fetched, total)
+    assert gets <= 1.15 * blocks, (gets, blocks)
+    # Mixed across shards and blocks: batches hold nearly as many labels as i.i.d. draws.
+    labels = [i * 10 // n for i in range(n)]
+    q = stoker.shuffle_quality(ids, [BIG_PER_SHARD * (s + 1) for s in range(BIG_SHARDS)],
+                               labels=labels, batch_size=16)
+    assert q["labels_per_batch"] >= 0.8 * q["iid_labels_per_batch"], q
+
+
+def test_reading_in_order_through_a_small_cache_fetches_each_byte_once(env, big_shards, tmp_path):
+    total = big_bytes(tmp_path)
+    ds = big_dataset(tmp_path, total // 10, "objects-in-order")
+    before = ds.object_storage()["bytes_fetched"]
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle=False, num_workers=1)
+    assert ids_of(loader) == list(range(BIG_SHARDS * BIG_PER_SHARD))
+    loader.close()
+    assert ds.object_storage()["bytes_fetched"] - before <= 1.05 * total
+
+
+def test_the_window_order_resumes_exactly_and_refuses_a_state_of_another_window(
+        env, big_shards, tmp_path):
+    total = big_bytes(tmp_path)
+    ds = big_dataset(tmp_path, total // 4)
+
+    def loader(d):
+        return stoker.DataLoader(d, batch_size=16, shuffle=True, seed=5, num_workers=1)
+
+    whole = loader(ds)
+    want = ids_of(whole) + ids_of(whole)  # epochs 0 and 1
+    whole.close()
+    first = loader(ds)
+    it = iter(first)
+    got = [i for _ in range(7) for i in next(it)[2].tolist()]
+    state = first.state_dict()
+    first.close()
+    again = loader(big_dataset(tmp_path, total // 4))
+    again.load_state_dict(state)
+    got += ids_of(again)
+    got += ids_of(again)
+    again.close()
+    assert got == want
+    assert want[:len(want) // 2] != want[len(want) // 2:]  # epochs differ
+    other = loader(big_dataset(tmp_path, total // 2))  # another cache: another window
+    with pytest.raises(ValueError, match="window of"):
+        other.load_state_dict(state)
+    other.close()
+
+
+def test_the_shuffle_is_the_users_to_choose_and_the_report_shows_what_it_trades(
+        env, big_shards, tmp_path):
+    total = big_bytes(tmp_path)
+    ds = big_dataset(tmp_path, total // 4)
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle="global", num_workers=1)
+    assert loader.stats()["shuffle"] == "global: asked for (shuffle='global')"
+    assert loader.stats()["shuffle_window"] == 0
+    loader.close()
+    fits = big_dataset(tmp_path, 10 << 30)
+    loader = stoker.DataLoader(fits, batch_size=16, shuffle=True, num_workers=1)
+    assert loader.stats()["shuffle"].startswith("global: ") and "holds it all" in (
+        loader.stats()["shuffle"])
+    loader.close()
+    with pytest.raises(ValueError, match="shuffle='window' orders a native data set"):
+        stoker.DataLoader(list(range(10)), shuffle="window")
+    with pytest.raises(ValueError, match="shuffle must be"):
+        stoker.DataLoader(ds, shuffle="sometimes")
+    n = BIG_SHARDS * BIG_PER_SHARD
+    report = stoker.shuffle_report(ds, batch_size=16, labels=[i * 10 // n for i in range(n)],
+                                   show=False)
+    assert report["samples"] == n and report["shards"] == BIG_SHARDS
+    assert report["rows"][0]["order"].startswith("window of")
+    names = [r["order"] for r in report["rows"]]
+    assert "global" in names and "in order" in names
+    assert any(name.startswith("stream: shards shuffled, buffer of 1000") for name in names)
+    assert report["shuffle"] in report["text"]
