@@ -128,5 +128,6 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 .venv-test/bin/python bench/frameworks_bench.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/s3_bench.py --smoke >/dev/null 2>&1  # SeaweedFS, STOKER_WEED
 .venv-test/bin/python bench/s3_images_bench.py --smoke >/dev/null 2>&1  # the same
+.venv-test/bin/python bench/s3_shuffle.py --smoke >/dev/null 2>&1  # the same
 
 echo "== all tests passed"
