@@ -1185,6 +1185,49 @@ TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
   }  // destroyed with its GETs in flight
 }
 
+// Chunks cut to a reader's blocks (RemoteObject::chunk_starts, a windowed shuffle's storage
+// blocks): ranges asked for together whose chunks lie next to each other are fetched by one
+// GET (up to kRemoteChunkBytes), each chunk stored on its own; a chunk held already splits the
+// run; every read gets its bytes from the cache without a GET of its own.
+TEST_F(ObjectStoreS3, RemoteFilesFetchAdjacentBlocksAskedTogetherByOneGet) {
+  const std::size_t block = 100000, blocks = 12;
+  const std::string big = object_bytes(blocks * block, 17);
+  direct()->put(url("remote/blocks.bin"), big);
+  const ProxyEnvironment aws(proxy_port_);
+  TempDir dir;
+  detail::RemoteFiles files((dir.path / "cache").string(), 1ull << 30);
+  detail::RemoteObject object = files.resolve({url("remote/blocks.bin")}, ".bin")[0][0];
+  auto starts = std::make_shared<std::vector<std::uint64_t>>();
+  for (std::size_t b = 0; b < blocks; ++b) starts->push_back(b * block);
+  object.chunk_starts = starts;
+  std::vector<std::byte> buf(block);
+  files.read(object, 5 * block + 10, buf.data(), 100);  // block 5 in the cache
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  std::vector<detail::RemoteFiles::Range> ranges;  // a sample in each block, out of order
+  for (std::size_t b = blocks; b-- > 0;) ranges.push_back({b * block + 7, 500});
+  files.prefetch(object, ranges);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (files.ahead_bytes() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // blocks 0-4 and 6-11
+  EXPECT_EQ(files.counters().prefetched, 2u);
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (std::size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> part(block);
+      for (std::size_t b = t; b < blocks; b += 4) {
+        files.read(object, b * block, part.data(), block);
+        if (as_string(part) != big.substr(b * block, block)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the reads made no GET of their own
+}
+
 // Without a cache, RemoteFiles::prefetch fetches exactly the ranges named and holds them until
 // a read of exactly that range takes each: the reads (from four threads) make no GET of their
 // own and get the bytes, a 503 among the fetches ahead is retried, a range read twice or never

@@ -447,40 +447,90 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
 }
 
 void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
-  if (n == 0 || offset >= object.size) return;
+  const Range range{offset, n};
+  prefetch(object, std::span<const Range>(&range, 1));
+}
+
+void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ranges) {
   if (!cache_) {
-    prefetch_range(object, offset, n);
+    for (const auto& [offset, n] : ranges) {
+      if (n > 0 && offset < object.size) prefetch_range(object, offset, n);
+    }
     return;
   }
-  const std::uint64_t end = std::min<std::uint64_t>(offset + n, object.size);
-  for (std::uint64_t at = offset; at < end;) {
-    const auto [c, length] = chunk_at(object, at);
-    at = c + length;
-    std::string key = io::DiskCache::key(object.url, c, length, object.etag);
-    MutexLock lock(mu_);
+  // The chunks the ranges lie in, in the object's order, each once.
+  std::vector<Range> chunks;
+  for (const auto& [offset, n] : ranges) {
+    if (n == 0 || offset >= object.size) continue;
+    const std::uint64_t end = std::min<std::uint64_t>(offset + n, object.size);
+    for (std::uint64_t at = offset; at < end;) {
+      chunks.push_back(chunk_at(object, at));
+      at = chunks.back().first + chunks.back().second;
+    }
+  }
+  std::sort(chunks.begin(), chunks.end());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  MutexLock lock(mu_);
+  std::size_t i = 0;
+  while (i < chunks.size()) {
     if (stopping_) return;
-    // Under mu_: the finisher stores a chunk in the cache before it forgets it here.
-    if (ahead_.contains(key) || in_flight_.contains(key) || cache_->contains(key)) continue;
-    if (ahead_.size() >= kAheadChunks || ahead_bytes_ + length > ahead_limit_) return;
-    Ahead ahead;
-    ahead.data = std::make_shared_for_overwrite<std::byte[]>(length);
-    ahead.length = length;
-    ahead.started = std::chrono::steady_clock::now();
+    std::vector<std::string> keys;  // a run: adjacent chunks none of which is held
+    std::uint64_t run_bytes = 0;
+    std::size_t j = i;
+    for (; j < chunks.size(); ++j) {
+      const auto [c, length] = chunks[j];
+      if (j > i && (c != chunks[j - 1].first + chunks[j - 1].second ||
+                    run_bytes + length > kRemoteChunkBytes)) {
+        break;
+      }
+      std::string key = io::DiskCache::key(object.url, c, length, object.etag);
+      // Under mu_: the finisher stores a chunk in the cache before it forgets it here.
+      if (ahead_.contains(key) || in_flight_.contains(key) || cache_->contains(key)) {
+        if (j == i) continue;  // not part of a run: the next chunk may start one
+        break;
+      }
+      keys.push_back(std::move(key));
+      run_bytes += length;
+    }
+    if (keys.empty()) {
+      i = j;
+      continue;
+    }
+    const std::size_t first = j - keys.size();
+    if (ahead_.size() + keys.size() > kAheadChunks || ahead_bytes_ + run_bytes > ahead_limit_) {
+      return;
+    }
+    const auto data = std::make_shared_for_overwrite<std::byte[]>(run_bytes);
+    std::shared_future<void> done;
     try {
-      // Its on_done waits for mu_, held until the chunk is in ahead_.
-      ahead.done =
-          store_
-              ->submit_read(object.url, c, length, ahead.data.get(),
-                            io::ObjectStore::Priority::kAhead, [this, key] { ahead_ended(key); })
-              .share();
+      // Its on_done waits for mu_, held until the chunks are in ahead_.
+      done = store_
+                 ->submit_read(object.url, chunks[first].first, run_bytes, data.get(),
+                               io::ObjectStore::Priority::kAhead,
+                               [this, keys] {
+                                 for (const auto& key : keys) ahead_ended(key);
+                               })
+                 .share();
     } catch (const std::exception&) {
       return;  // the store is closing: a hint, dropped
     }
     start_finisher();
-    ahead_bytes_ += length;
-    ahead_.emplace(std::move(key), std::move(ahead));
+    const auto started = std::chrono::steady_clock::now();
+    std::uint64_t at = 0;
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      Ahead ahead;
+      ahead.data = std::shared_ptr<std::byte[]>(data, data.get() + at);  // a part of the GET's
+      ahead.length = chunks[first + k].second;
+      ahead.done = done;
+      ahead.started = started;
+      ahead.timed = k == 0;
+      at += ahead.length;
+      ahead_bytes_ += ahead.length;
+      ahead_.emplace(std::move(keys[k]), std::move(ahead));
+    }
     ++prefetched_;
     ++chunk_fetches_;
+    i = j;
   }
 }
 
@@ -606,7 +656,7 @@ void RemoteFiles::finish_ahead() {
       ok = false;  // its readers get the error; a later read fetches it again
     }
     if (ok) {
-      if (ahead.fetched_ahead) fetch_ns_ += elapsed_ns(ahead.started);
+      if (ahead.fetched_ahead && ahead.timed) fetch_ns_ += elapsed_ns(ahead.started);
       cache_->put(key, ahead.data.get(), ahead.length);
     }
     MutexLock lock(mu_);

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -144,6 +145,12 @@ class RemoteFiles {
   // the range is fetched and held in memory until a read() of exactly that range takes it
   // (the oldest dropped once kAheadBytes are held).
   void prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n);
+  // The same for several ranges of one object (a batch's samples in one shard), with the
+  // chunks that lie next to each other in the object fetched together, by one range GET of up
+  // to kRemoteChunkBytes (samples read in order, each its own block, cost one GET per run of
+  // them, not one each). Ranges are (offset, length).
+  using Range = std::pair<std::uint64_t, std::size_t>;
+  void prefetch(const RemoteObject& object, std::span<const Range> ranges);
 
   // The object as a whole local file, for readers that need one (Parquet through pyarrow):
   // DIR/files/<hash of URL, size and ETag>-<its name>, where DIR is the cache directory,
@@ -191,6 +198,7 @@ class RemoteFiles {
     std::shared_future<void> done;
     std::chrono::steady_clock::time_point started;
     bool fetched_ahead = true;  // its fetch time is counted as it is stored
+    bool timed = true;          // the first chunk of its GET: the GET's time counted once
     std::uint64_t number = 0;   // ranges_: which range fetched ahead (ranges_order_)
   };
 

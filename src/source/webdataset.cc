@@ -943,22 +943,32 @@ void WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
   const Impl& impl = *impl_;
   if (!impl.remote_files) return;
   try {
-    detail::RemoteFiles& files = impl.files();
+    // The rows' byte ranges by shard, so that neighbours in a shard are fetched together.
+    std::vector<std::pair<std::uint32_t, detail::RemoteFiles::Range>> ranges;
     for (const std::size_t index : rows) {
       if (index >= impl.samples.size()) continue;
       const auto& s = impl.samples[index];
-      const auto& shard = impl.shards[s.shard];
-      if (!shard.remote || s.span_bytes == 0) continue;
+      if (!impl.shards[s.shard].remote || s.span_bytes == 0) continue;
       if (s.contiguous) {
-        files.prefetch(*shard.remote, s.span_offset, static_cast<std::size_t>(s.span_bytes));
+        ranges.push_back({s.shard, {s.span_offset, static_cast<std::size_t>(s.span_bytes)}});
         continue;
       }
       for (std::size_t f = 0; f < impl.fields.size(); ++f) {
         const auto& l = impl.loc(index, f);
         if (l.size != kMissing) {
-          files.prefetch(*shard.remote, l.offset, static_cast<std::size_t>(l.size));
+          ranges.push_back({s.shard, {l.offset, static_cast<std::size_t>(l.size)}});
         }
       }
+    }
+    std::sort(ranges.begin(), ranges.end());
+    detail::RemoteFiles& files = impl.files();
+    std::vector<detail::RemoteFiles::Range> of_shard;
+    for (std::size_t i = 0; i < ranges.size();) {
+      const std::uint32_t shard = ranges[i].first;
+      of_shard.clear();
+      for (; i < ranges.size() && ranges[i].first == shard; ++i)
+        of_shard.push_back(ranges[i].second);
+      files.prefetch(*impl.shards[shard].remote, of_shard);
     }
   } catch (...) {
     // A hint: whatever failed here, each read fetches its own chunk and reports its error.
