@@ -470,6 +470,8 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
   }
   std::sort(chunks.begin(), chunks.end());
   chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  // A GET is at most a quarter of what may be fetched ahead, so that several are in flight.
+  const std::uint64_t run_cap = std::min<std::uint64_t>(kRemoteChunkBytes, ahead_limit_ / 4);
   MutexLock lock(mu_);
   std::size_t i = 0;
   while (i < chunks.size()) {
@@ -479,8 +481,8 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
     std::size_t j = i;
     for (; j < chunks.size(); ++j) {
       const auto [c, length] = chunks[j];
-      if (j > i && (c != chunks[j - 1].first + chunks[j - 1].second ||
-                    run_bytes + length > kRemoteChunkBytes)) {
+      if (j > i &&
+          (c != chunks[j - 1].first + chunks[j - 1].second || run_bytes + length > run_cap)) {
         break;
       }
       std::string key = io::DiskCache::key(object.url, c, length, object.etag);

@@ -147,8 +147,8 @@ class RemoteFiles {
   void prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n);
   // The same for several ranges of one object (a batch's samples in one shard), with the
   // chunks that lie next to each other in the object fetched together, by one range GET of up
-  // to kRemoteChunkBytes (samples read in order, each its own block, cost one GET per run of
-  // them, not one each). Ranges are (offset, length).
+  // to kRemoteChunkBytes and a quarter of what may be fetched ahead (samples read in order, each
+  // its own block, cost one GET per run of them, not one each). Ranges are (offset, length).
   using Range = std::pair<std::uint64_t, std::size_t>;
   void prefetch(const RemoteObject& object, std::span<const Range> ranges);
 
