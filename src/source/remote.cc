@@ -185,7 +185,7 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
     : cache_dir_(cache_bytes > 0 ? cache_dir : std::string()),
       store_(std::make_unique<io::ObjectStore>()),
       cache_bytes_(cache_bytes) {
-  if (cache_bytes > 0) ahead_limit_ = std::min(kAheadBytes, cache_bytes / 4);
+  if (cache_bytes > 0) ahead_limit_ = std::min(kAheadBytes, cache_bytes / 2);
   if (!cache_dir_.empty()) {
     try {
       cache_ = std::make_unique<io::DiskCache>(cache_dir_, cache_bytes);

@@ -55,11 +55,13 @@ inline constexpr std::uint64_t kDefaultObjectCacheBytes = 10ull << 30;
 inline constexpr std::size_t kRemoteChunkBytes = 8u << 20;
 
 // Chunks fetched ahead of their readers (RemoteFiles::prefetch) at most at once, and at most
-// this many bytes (32 full chunks) held for them, and never more than a quarter of the object
-// cache (they go into it as they arrive: more would push out chunks not yet read). More than the
-// store runs at once (io::ObjectStoreOptions::max_in_flight): the rest wait in its queue of fetches
-// ahead, in the order asked, so that the hints of every batch the engine has opened are taken (a
-// batch of small shards asks for as many chunks as it has samples) and the store never runs dry.
+// this many bytes (32 full chunks) held for them, and never more than half of the object cache
+// (they go into it as they arrive: more would push out chunks not yet read; a windowed
+// shuffle's window fits the other half with the samples read ahead, shuffle_choice.h). More than
+// the store runs at once (io::ObjectStoreOptions::max_in_flight): the rest wait in its queue of
+// fetches ahead, in the order asked, so that the hints of every batch the engine has opened are
+// taken (a batch of small shards asks for as many chunks as it has samples) and the store never
+// runs dry.
 inline constexpr std::size_t kAheadChunks = 1024;
 inline constexpr std::uint64_t kAheadBytes = 256ull << 20;
 
@@ -225,7 +227,7 @@ class RemoteFiles {
   std::condition_variable ahead_cv_;
   std::thread finisher_ STOKER_GUARDED_BY(mu_);  // started by the first chunk held
   std::uint64_t cache_bytes_ = 0;
-  std::uint64_t ahead_limit_ = kAheadBytes;  // with a cache: at most a quarter of it
+  std::uint64_t ahead_limit_ = kAheadBytes;                     // with a cache: at most half of it
   std::vector<std::string> handed_out_ STOKER_GUARDED_BY(mu_);  // local_file()s: never evicted
 };
 
@@ -248,7 +250,6 @@ class RemoteHandle {
  private:
   std::string cache_dir_;
   std::uint64_t cache_bytes_ = 0;
-  std::uint64_t ahead_limit_ = kAheadBytes;  // with a cache: at most a quarter of it
   std::shared_ptr<RemoteFiles> files_;
   pid_t owner_ = 0;
 };

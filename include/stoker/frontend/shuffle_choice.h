@@ -42,7 +42,8 @@ struct ShuffleChoice {
 };
 
 // The share of the object cache a window may fill: the rest holds the blocks fetched ahead
-// (at most a quarter of the cache, RemoteFiles) and blocks read to their end but not yet out.
+// with the window (the samples read ahead, lookahead_samples) and blocks read to their end but
+// not yet out.
 inline constexpr double kWindowCacheShare = 0.5;
 // The blocks a window aims to hold: a batch of B samples drawn from a window of W blocks holds
 // about W (1 - e^(-B/W)) distinct blocks, so batches of up to 64 samples come from nearly as
