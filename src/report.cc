@@ -198,6 +198,7 @@ void add_object_storage(const Stats& s, Report& r) {
       static_cast<unsigned long long>(s.storage_fetches), 1e3 * r.storage_fetch_latency,
       r.storage_bytes_per_second / 1e6, static_cast<unsigned long long>(s.storage_retries),
       static_cast<unsigned long long>(s.storage_cache_hits));
+  if (!s.shuffle.empty()) r.storage += "; shuffle: " + s.shuffle;  // which, and why
   if (r.verdict != "input-bound" || r.storage_wait < kStorageDominates) return;
   r.verdict = "network-bound";
   r.busiest = "the object store";

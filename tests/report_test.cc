@@ -238,6 +238,17 @@ TEST(Report, StorageWaitsBelowTheShareOrACalmLoopKeepTheVerdict) {
   EXPECT_DOUBLE_EQ(r.storage_wait, 0.75);
 }
 
+TEST(Report, TheStorageLineNamesTheShuffleChosenAndWhy) {
+  Stats s = storage_run(1000);
+  s.shuffle =
+      "window of 312 blocks (11.2 MB): the data set's 256 MB in 7160 blocks, an object "
+      "cache of 25.6 MB cannot hold it";
+  const Report r = diagnose(s);
+  EXPECT_TRUE(has(r.storage, "reads from the local cache; shuffle: window of 312 blocks"))
+      << r.storage;
+  EXPECT_TRUE(has(r.text(), "shuffle: window of 312 blocks (11.2 MB)")) << r.text();
+}
+
 TEST(Report, LocalDataHasNoStorageLine) {
   const Report r = diagnose(run(6000, 2, 8000, 1000));
   EXPECT_EQ(r.storage_wait, 0.0);

@@ -37,8 +37,9 @@ struct Report {
   double storage_fetch_latency = 0;
   double storage_bytes_per_second = 0;
   // With object storage, one line of its traffic: "object storage: 80 chunk GETs at 79 ms
-  // each, 0.1 MB/s fetched, 0 retries, 0 reads from the local cache" (text() ends with it,
-  // before the memory line); empty for local data.
+  // each, 0.1 MB/s fetched, 0 retries, 0 reads from the local cache", and the shuffle chosen
+  // and why (Stats::shuffle: "; shuffle: window of 312 blocks (...): ..."); text() ends with
+  // it, before the memory line; empty for local data.
   std::string storage;
   // The memory cap and what counts against it, now and at peak (Stats::memory_*), and as one
   // line with what holds it: "memory: 412 MiB of the 1536 MiB cap (batch slabs 300, worker
