@@ -14,6 +14,7 @@ import multiprocessing.util as _mp_util  # noqa: F401
 import os as _os
 
 from . import _stoker, transforms
+from . import logs as _logs
 from .cuda import _add_wheel_runtime_hints, build_info, cuda_available
 from .datasets.native import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                               SyntheticDataset, pack)
@@ -68,6 +69,9 @@ _add_wheel_runtime_hints()
 # what keeps stoker iterating in it (docs/frameworks.md).
 _dataloader.ON_MADE.append(_integrations.install_available)
 
+# The engine's last log lines (those of the loaders closed at exit too): registered first, so
+# it runs after close_all below (exit handlers run last registered first).
+_atexit.register(_logs.drain)
 # Workers must stop before the interpreter tears down the objects they use.
 _atexit.register(_stoker.close_all)
 # A forked child has none of the parent's threads: its copies of the loaders are abandoned
