@@ -84,19 +84,21 @@ python_build_repair() {
   done
 }
 
-# python_package VENV: the stoker package from this tree installed into VENV (scikit-build-core
+# python_package VENV [PIP ARG...]: the stoker package from this tree installed into VENV (scikit-build-core
 # builds it in build-py/<wheel tag>/, incrementally: --no-build-isolation keeps the build's
 # paths the same from one run to the next). A build directory whose first configure did not
 # finish is removed; an install that fails is tried once more from empty build directories.
+# PIP ARGs go to pip install (e.g. -C cmake.define.STOKER_BUILD_TOOLS=OFF).
 python_package() {
   local venv=$1
+  shift
   python_venv "$venv" scikit-build-core pybind11
   python_build_repair
   export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$JOBS}
-  if ! "$venv/bin/python" -m pip install -q --no-build-isolation .; then
+  if ! "$venv/bin/python" -m pip install -q --no-build-isolation "$@" .; then
     echo "== installing the package failed; once more from empty build directories (build-py/cp*)"
     rm -rf build-py/cp*/
-    "$venv/bin/python" -m pip install -q --no-build-isolation .
+    "$venv/bin/python" -m pip install -q --no-build-isolation "$@" .
   fi
 }
 
