@@ -43,10 +43,12 @@ using namespace stoker::python;
 namespace {
 
 // The C++ log lines of a process whose Python side routes them to the `stoker` logger
-// (stoker/logs.py): whichever thread logs queues the line here (it never takes the GIL, which
-// under the log's lock could deadlock with a thread that holds the GIL and logs), and the
-// training loop's thread takes them at its next batch. A child forked after routing started
-// writes its lines to stderr, as an unrouted process does (nothing would take them).
+// (stoker/logs.py): whichever thread logs queues the line here and asks the interpreter for a
+// pending call (Py_AddPendingCall: any thread, no GIL needed), which hands the queue to the
+// logger on the main thread at its next bytecode; a loader also takes the queue at each batch.
+// The handler never takes the GIL itself: it runs under the log's lock, and a thread holding
+// the GIL could be waiting for that lock. A child forked after routing started writes its
+// lines to stderr, as an unrouted process does (nothing would take them there).
 class LogQueue {
  public:
   static constexpr std::size_t kMostLines = 1000;
@@ -66,6 +68,7 @@ class LogQueue {
   // The lines queued since the last call, oldest first; a last line says how many were
   // dropped past kMostLines.
   std::vector<std::pair<LogLevel, std::string>> take() {
+    scheduled_.store(false, std::memory_order_release);
     std::lock_guard lock(mu_);
     std::vector<std::pair<LogLevel, std::string>> out(std::make_move_iterator(lines_.begin()),
                                                       std::make_move_iterator(lines_.end()));
@@ -91,10 +94,25 @@ class LogQueue {
           ++dropped_;
         }
         pending_.store(true, std::memory_order_release);
+        if (!scheduled_.exchange(true, std::memory_order_acq_rel) &&
+            Py_AddPendingCall(&LogQueue::drain, nullptr) != 0) {
+          scheduled_.store(false, std::memory_order_release);  // the next line asks again
+        }
         return;
       }
     }
     std::fprintf(stderr, "stoker: %.*s\n", static_cast<int>(message.size()), message.data());
+  }
+
+  // The pending call: stoker.logs.drain() on the main thread, the GIL held. An error there is
+  // reported as unraisable, never raised into whatever code the main thread was running.
+  static int drain(void*) {
+    try {
+      py::module_::import("stoker.logs").attr("drain")();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("stoker: handing C++ log lines to the stoker logger");
+    }
+    return 0;
   }
 
   std::mutex mu_;
@@ -102,6 +120,7 @@ class LogQueue {
   std::size_t dropped_ = 0;
   pid_t pid_ = 0;
   std::atomic<bool> pending_{false};
+  std::atomic<bool> scheduled_{false};  // a pending call is asked for and has not taken yet
 };
 
 LogQueue& log_queue() {

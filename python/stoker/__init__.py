@@ -69,9 +69,11 @@ _add_wheel_runtime_hints()
 # what keeps stoker iterating in it (docs/frameworks.md).
 _dataloader.ON_MADE.append(_integrations.install_available)
 
-# The engine's last log lines (those of the loaders closed at exit too): registered first, so
-# it runs after close_all below (exit handlers run last registered first).
-_atexit.register(_logs.drain)
+# The engine's log lines go to the `stoker` logger (logs.py); its last ones (those of the
+# loaders closed at exit too) are handed over by at_exit, registered first, so that it runs
+# after close_all below (exit handlers run last registered first).
+_logs.route()
+_atexit.register(_logs.at_exit)
 # Workers must stop before the interpreter tears down the objects they use.
 _atexit.register(_stoker.close_all)
 # A forked child has none of the parent's threads: its copies of the loaders are abandoned

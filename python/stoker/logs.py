@@ -3,9 +3,10 @@
 The C++ engine logs rarely: a fallback it took (no GPU, a memory budget reached) and, with a
 fixed ``num_workers``, one line of advice once the training loop waits ("with workers = 4 and
 depth = 8 fixed, the training loop waits; tune_workers (num_workers='auto') would change
-..."). Once a DataLoader is made, those lines are queued by the engine (whichever thread logs)
-and handed to the ``stoker`` logger on the training loop's thread, at its next batch, each
-distinct line once per loader. Where ``logging`` is not configured (no handler on the logger
+..."). Once stoker is imported, those lines are queued by the engine (whichever thread logs)
+and handed to the ``stoker`` logger on the main thread, at its next bytecode (a pending call)
+or a loader's next batch, whichever comes first. The advice is given once per loader (the
+engine's tuner says it once). Where ``logging`` is not configured (no handler on the logger
 or above it), lines at INFO and up are printed on stderr as ``stoker: ...``, as the engine
 prints them by itself (DEBUG too with ``STOKER_LOG=debug``); where it is, the configuration
 decides. Either way, ``logging.getLogger("stoker").setLevel(logging.WARNING)`` silences the
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional
 
 from . import _stoker
 
@@ -30,24 +30,29 @@ _routed = False
 
 def route() -> None:
     """From now on, the engine's log lines of this process go to the `stoker` logger (taken by
-    drain()). Idempotent; a DataLoader calls it when made."""
+    drain()). Idempotent; importing stoker calls it, and so does each DataLoader made (after
+    at_exit, a loader made in an exit handler routes them again)."""
     global _routed
     if not _routed:
         _stoker.route_log_lines(True)
         _routed = True
 
 
-def drain(shown: Optional[set] = None) -> None:
-    """Hands the engine's queued lines to the `stoker` logger; with `shown` (a loader's set of
-    lines already logged), a line in it is not logged again, and one logged is added. Cheap
-    when nothing is queued (one atomic read)."""
+def at_exit() -> None:
+    """The last lines (of the loaders closed at exit too), then stderr for any after them."""
+    global _routed
+    drain()
+    if _routed:
+        _stoker.route_log_lines(False)
+        _routed = False
+
+
+def drain() -> None:
+    """Hands the engine's queued lines to the `stoker` logger, oldest first. Cheap when nothing
+    is queued (one atomic read)."""
     if not _stoker.log_lines_pending():
         return
     for level, message in _stoker.take_log_lines():
-        if shown is not None:
-            if message in shown:
-                continue
-            shown.add(message)
         emit(_LEVELS[level], message)
 
 

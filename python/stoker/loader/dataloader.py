@@ -145,10 +145,8 @@ class DataLoader:
         num_workers = arguments["num_workers"] = _requested(num_workers)
         worker_type = arguments["worker_type"] = _requested(worker_type)
         own_before = set(self.__dict__)
-        # The engine's log lines (its advice among them) on the `stoker` logger, each once per
-        # loader (logs.py).
+        # The engine's log lines (its advice among them) on the `stoker` logger (logs.py).
         logs.route()
-        self._log_shown: set = set()
         plan = resolve(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -200,7 +198,7 @@ class DataLoader:
         self.__dict__["worker_type"] = worker_type
         self._own = frozenset(set(self.__dict__) - own_before) | {"_own", "_initialized"}
         self._initialized = True
-        logs.drain(self._log_shown)
+        logs.drain()
 
     def __reduce__(self):
         """Pickles the arguments as given (with a worker_init_fn set since), the data set and
@@ -331,7 +329,7 @@ class DataLoader:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
         which pipeline runs (``pipeline``) and which kind of worker reads and why
         (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
-        logs.drain(self._log_shown)
+        logs.drain()
         return self._pipeline.stats()
 
     def report(self) -> "Report":
@@ -343,7 +341,7 @@ class DataLoader:
         ``suggestions``, ...) and ``plan``, how the arguments were resolved. A stream's
         report is the training loop's waits only (it runs outside the engine)."""
         report = Report(self._pipeline.report(), plan=str(self._plan))
-        logs.drain(self._log_shown)
+        logs.drain()
         return report
 
     def skipped_samples(self) -> list[SkippedSample]:
@@ -393,7 +391,7 @@ class DataLoader:
         """Stops the workers now (also done when the loader is garbage collected) and writes
         a trace still recording."""
         self._pipeline.close()
-        logs.drain(self._log_shown)
+        logs.drain()
 
     def __del__(self) -> None:
         pipeline = self.__dict__.get("_pipeline")
@@ -484,7 +482,7 @@ class _Iterator:
         if self._done:
             raise StopIteration
         batch = self._loader._pipeline.next(self._loader.timeout)
-        logs.drain(self._loader._log_shown)
+        logs.drain()
         if batch is EPOCH_END:
             self._done = True
             raise StopIteration
