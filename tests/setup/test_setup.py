@@ -1,6 +1,7 @@
 """scripts/common.sh's set-up steps survive an interruption: a virtual environment left without
-pip, or whose making was killed, is made again; a build directory whose configure was killed or
-left a cache of another kind is configured again; and the stage timer of scripts/test.sh.
+pip, or whose making was killed, is made again; a package left half-installed is installed
+again; a build directory whose configure was killed or left a cache of another kind is
+configured again; and the stage timer of scripts/test.sh.
 
 Run from scripts/test.sh (CI) with the Debian packages of the build installed."""
 
@@ -72,6 +73,22 @@ def test_a_venv_killed_while_it_was_made_is_whole_after_the_next_run(tmp_path, s
     assert out.returncode == 0, out.stderr
     assert pip_works(venv)
     assert not (tmp_path / "venv.making").exists()
+
+
+def test_a_package_whose_install_was_cut_short_is_installed_again(tmp_path):
+    venv = tmp_path / "venv"
+    out = bash(f'python_venv "{venv}" braceexpand')
+    assert out.returncode == 0, out.stderr
+    # What a pip killed midway can leave: the package's metadata (pip counts it installed),
+    # not all of its files.
+    (package,) = venv.glob("lib/python*/site-packages/braceexpand")
+    module = package / "__init__.py"
+    module.unlink()
+    out = bash(f'python_venv "{venv}" braceexpand\n'
+               f'python_imports "{venv}" "from braceexpand import braceexpand" braceexpand')
+    assert out.returncode == 0, out.stderr
+    assert "installing braceexpand again" in out.stdout
+    assert module.exists()
 
 
 CONFIGURE = "-DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=OFF -DSTOKER_BUILD_TOOLS=OFF"
