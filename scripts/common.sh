@@ -66,18 +66,25 @@ BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli1
                 libcurl4-openssl-dev libpugixml-dev)
 
 # configure DIR [cmake args...]: configures the project into DIR. A configure that did not
-# finish (killed, or failed) leaves no DIR/.configured; the next one then starts from an
-# empty cache (the objects already built are kept: ninja rebuilds what changed).
+# finish (DIR/.configuring is left while one runs; or a cache without build.ninja) starts from
+# an empty cache, and so does a second try after one that failed. The objects already built
+# are kept: ninja rebuilds what changed.
 configure() {
   local dir=$1
   shift
-  if [ -e "$dir/CMakeCache.txt" ] && [ ! -e "$dir/.configured" ]; then
+  if [ -e "$dir/CMakeCache.txt" ] &&
+    { [ -e "$dir/.configuring" ] || [ ! -e "$dir/build.ninja" ]; }; then
     echo "== $dir: its last configure did not finish; configuring from an empty cache"
-    rm -rf "$dir/CMakeCache.txt" "$dir/CMakeFiles"
+    rm -f "$dir/CMakeCache.txt"
   fi
-  rm -f "$dir/.configured"
-  cmake -S . -B "$dir" -G Ninja -DSTOKER_WERROR=ON "$@" >/dev/null
-  touch "$dir/.configured"
+  mkdir -p "$dir"
+  touch "$dir/.configuring"
+  if ! cmake -S . -B "$dir" -G Ninja -DSTOKER_WERROR=ON "$@" >/dev/null; then
+    echo "== $dir: configure failed; once more from an empty cache"
+    rm -f "$dir/CMakeCache.txt"
+    cmake -S . -B "$dir" -G Ninja -DSTOKER_WERROR=ON "$@" >/dev/null
+  fi
+  rm -f "$dir/.configuring"
 }
 
 # build DIR [cmake args...]: configures the project into DIR and builds it.

@@ -103,7 +103,7 @@ def test_a_build_directory_with_an_unfinished_configure_is_configured_afresh(tmp
     out = bash(f'configure "{build}" {CONFIGURE}')
     assert out.returncode == 0, out.stderr
     assert "did not finish" in out.stdout
-    assert (build / "build.ninja").exists() and (build / ".configured").exists()
+    assert (build / "build.ninja").exists() and not (build / ".configuring").exists()
 
 
 @pytest.mark.parametrize("seconds", [0.5, 2.0])
@@ -112,7 +112,7 @@ def test_a_configure_killed_midway_succeeds_when_run_again(tmp_path, seconds):
     killed_after(f'configure "{build}" {CONFIGURE}', seconds)
     out = bash(f'configure "{build}" {CONFIGURE}')
     assert out.returncode == 0, out.stderr
-    assert (build / "build.ninja").exists() and (build / ".configured").exists()
+    assert (build / "build.ninja").exists() and not (build / ".configuring").exists()
 
 
 def test_stage_times_lists_each_stage_and_the_total():
