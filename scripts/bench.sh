@@ -58,7 +58,7 @@ echo "   (the batch path on worker threads against worker processes: what worker
 stage "full: torchvision's ImageFolder + PIL transforms: stoker.DataLoader against torch's"
 .venv/bin/python bench/python_bench.py --workload tvfolder tvjitter
 
-stage "full: auto against every fixed setting, with and without a CPU training step (bench/auto_matrix.py)"
+stage "full: auto against every fixed setting, with and without a training step (auto_matrix.py)"
 .venv/bin/python bench/auto_matrix.py
 
 stage "full: WebDataset shards: stoker.WebDataset against webdataset (bench/webdataset_bench.py)"
@@ -68,12 +68,14 @@ stage "full: Parquet: stoker.ParquetDataset against pyarrow + PIL (bench/parquet
 .venv/bin/python bench/parquet_bench.py
 
 export STOKER_WEED="$PWD/.venv/bin/weed"
-stage "full: WebDataset shards over s3:// (SeaweedFS behind a proxy adding 20 ms a request) against webdataset and local disk (bench/s3_bench.py)"
+stage "full: WebDataset shards over s3:// against webdataset and local disk (bench/s3_bench.py)"
+echo "   (SeaweedFS behind a proxy adding 20 ms a request)"
 .venv/bin/python bench/s3_bench.py
 stage "full: ImageFolder and record packs over s3:// against local disk (bench/s3_images_bench.py)"
 .venv/bin/python bench/s3_images_bench.py
 
-stage "full: remote workers on Ray: local-only against local + a Ray node on the other core (bench/ray_bench.py; ray into .venv)"
+stage "full: remote workers on Ray (bench/ray_bench.py; ray installed into .venv)"
+echo "   (local-only against local + a Ray node on the other core)"
 .venv/bin/python -m pip install -q ray
 .venv/bin/python bench/ray_bench.py
 

@@ -105,11 +105,11 @@ python_build_repair() {
   done
 }
 
-# python_package VENV [PIP ARG...]: the stoker package from this tree installed into VENV (scikit-build-core
-# builds it in build-py/<wheel tag>/, incrementally: --no-build-isolation keeps the build's
-# paths the same from one run to the next). A build directory whose first configure did not
-# finish is removed; an install that fails is tried once more from empty build directories.
-# PIP ARGs go to pip install (e.g. -C cmake.define.STOKER_BUILD_TOOLS=OFF).
+# python_package VENV [PIP ARG...]: the stoker package from this tree installed into VENV
+# (scikit-build-core builds it in build-py/<wheel tag>/, incrementally: --no-build-isolation
+# keeps the build's paths the same from one run to the next). A build directory whose first
+# configure did not finish is removed; an install that fails is tried once more from empty
+# build directories. PIP ARGs go to pip install (e.g. -C cmake.define.STOKER_BUILD_TOOLS=OFF).
 python_package() {
   local venv=$1
   shift
