@@ -108,7 +108,7 @@ def _compare_row(capability: str, instead: str, r: dict) -> dict:
 def tensors(s: Sizes) -> dict:
     r = pb.tiny(s.runs, s.smoke, samples=s.tiny, torch_workers=s.torch_workers)
     best = r["torch_best_workers"]
-    return row("tensors in memory (60k x 784)" if not s.smoke else "tensors in memory",
+    return row(f"tensors in memory ({s.tiny:,} x 784 float32)",
                "samples/s", r["stoker_samples_per_s"], r["torch_samples_per_s"][best],
                f"TensorDataset, torch DataLoader, {best} workers",
                torch_samples_per_s=r["torch_samples_per_s"])
