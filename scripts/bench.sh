@@ -17,6 +17,13 @@ args=()
 for a in "$@"; do
   if [ "$a" = --full ]; then full=1; else args+=("$a"); fi
 done
+# Other arguments: `stoker bench ARGS` instead of the headline, its output alone on stdout
+# (e.g. --json); the set-up's lines and the stage times on stderr.
+only_stoker_bench=0
+if ((${#args[@]})) && ((!full)); then
+  only_stoker_bench=1
+  exec 3>&1 1>&2
+fi
 trap stage_times EXIT
 
 stage "set-up: Debian packages"
@@ -32,11 +39,10 @@ stage "set-up: the stoker package into .venv (builds the C++ engine in build-py/
 # Not the `stoker` command (a quarter of the compile): what needs it builds build/ below.
 python_package .venv -C cmake.define.STOKER_BUILD_TOOLS=OFF
 
-if ((${#args[@]})) && ((!full)); then
+if ((only_stoker_bench)); then
   stage "stoker bench ${args[*]} (C++; build/)"
   build build -DCMAKE_BUILD_TYPE=Release
-  trap - EXIT  # its output last (e.g. --json)
-  ./build/stoker bench --python .venv/bin/python "${args[@]}"
+  ./build/stoker bench --python .venv/bin/python "${args[@]}" >&3
   exit 0
 fi
 
