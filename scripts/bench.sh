@@ -6,7 +6,7 @@
 # side by side in the same run, with its JSON and chart in bench-results/. Each step checks
 # what it needs and redoes what an interrupted run left broken (scripts/common.sh).
 #
-#   bash scripts/bench.sh            # the headline (under 12 minutes from a fresh clone, 2 cores)
+#   bash scripts/bench.sh            # the headline (12.4 min from a fresh clone, 2 busy cores)
 #   bash scripts/bench.sh --full     # and every full table (README: how long)
 #   bash scripts/bench.sh ARGS...    # `stoker bench ARGS` (the C++ benchmark: --json, -w tensor,
 #                                    # --epochs 7, --workers 4, ...) instead of the headline
