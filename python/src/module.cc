@@ -5,11 +5,19 @@
 #include <pybind11/operators.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "native_datasets.h"
 #include "parquet_dataset.h"
@@ -20,6 +28,7 @@
 #include "stoker/encoded.h"
 #include "stoker/frontend/cuda_runtime.h"
 #include "stoker/frontend/host_allocator.h"
+#include "stoker/frontend/log.h"
 #include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/shuffle_choice.h"
@@ -34,6 +43,92 @@ using namespace stoker;
 using namespace stoker::python;
 
 namespace {
+
+// The C++ log lines of a process whose Python side routes them to the `stoker` logger
+// (stoker/logs.py): whichever thread logs queues the line here and asks the interpreter for a
+// pending call (Py_AddPendingCall: any thread, no GIL needed), which hands the queue to the
+// logger on the main thread at its next bytecode; a loader also takes the queue at each batch.
+// The handler never takes the GIL itself: it runs under the log's lock, and a thread holding
+// the GIL could be waiting for that lock. A child forked after routing started writes its
+// lines to stderr, as an unrouted process does (nothing would take them there).
+class LogQueue {
+ public:
+  static constexpr std::size_t kMostLines = 1000;
+
+  void route(bool on) {
+    {
+      std::lock_guard lock(mu_);
+      pid_ = on ? getpid() : 0;
+    }
+    if (on) {
+      set_log_handler([this](LogLevel level, std::string_view message) { push(level, message); });
+    } else {
+      set_log_handler({});
+    }
+  }
+  bool pending() const { return pending_.load(std::memory_order_acquire); }
+  // The lines queued since the last call, oldest first; a last line says how many were
+  // dropped past kMostLines.
+  std::vector<std::pair<LogLevel, std::string>> take() {
+    scheduled_.store(false, std::memory_order_release);
+    std::lock_guard lock(mu_);
+    std::vector<std::pair<LogLevel, std::string>> out(std::make_move_iterator(lines_.begin()),
+                                                      std::make_move_iterator(lines_.end()));
+    lines_.clear();
+    if (dropped_ != 0) {
+      out.emplace_back(LogLevel::warning, std::to_string(dropped_) +
+                                              " log lines dropped (more than " +
+                                              std::to_string(kMostLines) + " between batches)");
+      dropped_ = 0;
+    }
+    pending_.store(false, std::memory_order_release);
+    return out;
+  }
+
+ private:
+  void push(LogLevel level, std::string_view message) {
+    {
+      std::lock_guard lock(mu_);
+      if (pid_ == getpid()) {
+        if (lines_.size() < kMostLines) {
+          lines_.emplace_back(level, std::string(message));
+        } else {
+          ++dropped_;
+        }
+        pending_.store(true, std::memory_order_release);
+        if (!scheduled_.exchange(true, std::memory_order_acq_rel) &&
+            Py_AddPendingCall(&LogQueue::drain, nullptr) != 0) {
+          scheduled_.store(false, std::memory_order_release);  // the next line asks again
+        }
+        return;
+      }
+    }
+    std::fprintf(stderr, "stoker: %.*s\n", static_cast<int>(message.size()), message.data());
+  }
+
+  // The pending call: stoker.logs.drain() on the main thread, the GIL held. An error there is
+  // reported as unraisable, never raised into whatever code the main thread was running.
+  static int drain(void*) {
+    try {
+      py::module_::import("stoker.logs").attr("drain")();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("stoker: handing C++ log lines to the stoker logger");
+    }
+    return 0;
+  }
+
+  std::mutex mu_;
+  std::deque<std::pair<LogLevel, std::string>> lines_;
+  std::size_t dropped_ = 0;
+  pid_t pid_ = 0;
+  std::atomic<bool> pending_{false};
+  std::atomic<bool> scheduled_{false};  // a pending call is asked for and has not taken yet
+};
+
+LogQueue& log_queue() {
+  static auto* queue = new LogQueue;  // never destroyed: a thread may log during exit
+  return *queue;
+}
 
 std::vector<std::size_t> to_indices(const py::object& obj, const char* what) {
   const auto a = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>::ensure(obj);
@@ -347,9 +442,24 @@ PYBIND11_MODULE(_stoker, m) {
       .value("info", LogLevel::info)
       .value("warning", LogLevel::warning);
   m.def("set_log_level", &set_log_level, py::arg("level"),
-        "Drops stoker's C++ log lines below `level` (stderr; default info, debug with "
+        "Drops stoker's C++ log lines below `level` (default info, debug with "
         "STOKER_LOG=debug).");
   m.def("log_level", &log_level);
+  m.def(
+      "route_log_lines", [](bool on) { log_queue().route(on); }, py::arg("on"),
+      py::call_guard<py::gil_scoped_release>(),
+      "True: C++ log lines are queued for take_log_lines() (stoker/logs.py hands them to the "
+      "`stoker` logger); False: written to stderr (the default).");
+  m.def(
+      "log_lines_pending", [] { return log_queue().pending(); },
+      "Whether take_log_lines() has lines (one atomic read).");
+  m.def(
+      "log_line", [](LogLevel level, const std::string& message) { detail::log(level, message); },
+      py::arg("level"), py::arg("message"), py::call_guard<py::gil_scoped_release>(),
+      "One line to stoker's C++ log, as the engine logs (for tests).");
+  m.def(
+      "take_log_lines", [] { return log_queue().take(); },
+      "The queued C++ log lines as (LogLevel, message), oldest first.");
   m.def("stats_fields", &stats_fields);
   // Every struct that crosses as a dict, by the keys of its field table (fields.h).
   py::dict tables;

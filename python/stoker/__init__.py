@@ -14,6 +14,7 @@ import multiprocessing.util as _mp_util  # noqa: F401
 import os as _os
 
 from . import _stoker, transforms
+from . import logs as _logs
 from .cuda import _add_wheel_runtime_hints, build_info, cuda_available
 from .datasets.native import (ArrayDataset, ImageFolder, NativeDataset, RecordDataset,
                               SyntheticDataset, pack)
@@ -71,6 +72,11 @@ _add_wheel_runtime_hints()
 # what keeps stoker iterating in it (docs/frameworks.md).
 _dataloader.ON_MADE.append(_integrations.install_available)
 
+# The engine's log lines go to the `stoker` logger (logs.py); its last ones (those of the
+# loaders closed at exit too) are handed over by at_exit, registered first, so that it runs
+# after close_all below (exit handlers run last registered first).
+_logs.route()
+_atexit.register(_logs.at_exit)
 # Workers must stop before the interpreter tears down the objects they use.
 _atexit.register(_stoker.close_all)
 # A forked child has none of the parent's threads: its copies of the loaders are abandoned

@@ -2,6 +2,7 @@
 epoch leaving nothing behind (bench/memory_soak.py runs the 200-epoch version)."""
 
 import gc
+import logging
 import os
 import random
 import re
@@ -115,7 +116,8 @@ def test_a_new_loader_each_epoch_leaves_no_descriptor_or_process_behind():
     assert children() == kids
 
 
-def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all_of_them(capfd):
+def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all_of_them(
+        capfd, caplog):
     # The training process holds 600 MiB (written, so resident) when it forks 2 workers: each
     # worker's RssAnon counts all of it, their Pss_Anon a third each (shared by 3 processes).
     # The cap fits the workers' shares and the full prefetch (8 batches of 2 MiB), not their
@@ -124,6 +126,7 @@ def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all
     own = rss_anon(os.getpid())
     limit = own + own // 4 + 64 * MiB
     capfd.readouterr()
+    caplog.set_level(logging.INFO, logger="stoker")
     loader = stoker.DataLoader(Rows(512, 256 * 1024), batch_size=8, num_workers=2,
                                worker_type="process", prefetch_factor=4, memory_limit=limit)
     whole = 0
@@ -140,7 +143,8 @@ def test_forked_workers_count_their_share_of_the_training_processs_pages_not_all
     assert stats["memory_workers"] < 2 * held.nbytes
     assert stats["memory_peak"] <= limit
     assert stats["depth"] == 8  # the full prefetch kept
-    said = capfd.readouterr().err  # the library's log: nothing about the cap
+    stoker.logs.drain()
+    said = capfd.readouterr().err + caplog.text  # the library's log: nothing about the cap
     assert "memory_limit" not in said and "lowered" not in said
     loader.close()
     del held

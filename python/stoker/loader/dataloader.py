@@ -15,7 +15,7 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Union
 
-from .. import _stoker
+from .. import _stoker, logs
 from . import compat, pipelines
 from .protocol import EPOCH_END
 from .plan import resolve, torch_attributes
@@ -151,6 +151,8 @@ class DataLoader:
         num_workers = arguments["num_workers"] = _requested(num_workers)
         worker_type = arguments["worker_type"] = _requested(worker_type)
         own_before = set(self.__dict__)
+        # The engine's log lines (its advice among them) on the `stoker` logger (logs.py).
+        logs.route()
         plan = resolve(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
             pin_memory, drop_last, timeout, worker_init_fn, multiprocessing_context, generator,
@@ -203,6 +205,7 @@ class DataLoader:
         self.__dict__["worker_type"] = worker_type
         self._own = frozenset(set(self.__dict__) - own_before) | {"_own", "_initialized"}
         self._initialized = True
+        logs.drain()
 
     def __reduce__(self):
         """Pickles the arguments as given (with a worker_init_fn set since), the data set and
@@ -333,6 +336,7 @@ class DataLoader:
         """Throughput, time the training loop waited, worker busy time, queue depth, slabs,
         which pipeline runs (``pipeline``) and which kind of worker reads and why
         (``worker_type``, ``worker_type_reason``, ``worker_pids``)."""
+        logs.drain()
         return self._pipeline.stats()
 
     def report(self) -> "Report":
@@ -344,7 +348,9 @@ class DataLoader:
         ``suggestions``, ...), ``reproducibility`` ('order and augmentation' or 'order')
         with ``reproducibility_reason``, and ``plan``, how the arguments were resolved. A stream's
         report is the training loop's waits only (it runs outside the engine)."""
-        return Report(self._pipeline.report(), plan=str(self._plan))
+        report = Report(self._pipeline.report(), plan=str(self._plan))
+        logs.drain()
+        return report
 
     def skipped_samples(self) -> list[SkippedSample]:
         """Each distinct sample that failed under ``on_error='skip'`` in the batches handed
@@ -393,6 +399,7 @@ class DataLoader:
         """Stops the workers now (also done when the loader is garbage collected) and writes
         a trace still recording."""
         self._pipeline.close()
+        logs.drain()
 
     def __del__(self) -> None:
         pipeline = self.__dict__.get("_pipeline")
@@ -483,6 +490,7 @@ class _Iterator:
         if self._done:
             raise StopIteration
         batch = self._loader._pipeline.next(self._loader.timeout)
+        logs.drain()
         if batch is EPOCH_END:
             self._done = True
             raise StopIteration
