@@ -19,6 +19,9 @@ webdataset_bench.py, parquet_bench.py, s3_bench.py, auto_matrix.py) at short siz
   Parquet                stoker.ParquetDataset against pyarrow + PIL in torch's loader
   the shards over S3     the same shards in SeaweedFS behind a proxy adding 20 ms a request:
                          stoker.WebDataset("s3://...") against webdataset over HTTP (curl)
+  larger than the cache  rows of 2 KB in the bucket, ten times the object cache: stoker
+                         shuffled (a window over the shards' blocks, each byte fetched once)
+                         against webdataset over HTTP with its shard shuffle and a buffer
   auto                   num_workers/worker_type 'auto' against stoker's best fixed setting
                          (in-line, 2 threads, 2 processes) on the GIL-bound data set
 
@@ -37,6 +40,7 @@ matplotlib) into --out, whose paths are printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -77,6 +81,7 @@ class Sizes:
         self.stream = 20000 if smoke else 100000
         self.wds_images, self.wds_shards = (64, 2) if smoke else (256, 4)
         self.parquet_images, self.parquet_row_group = (48, 16) if smoke else (256, 64)
+        self.larger_rows = 2000 if smoke else 20000  # 2 KB rows, 10x the object cache
         self.epochs = 2  # WebDataset, S3: the first epoch, then one timed
         self.auto_epochs = 2  # auto_matrix: the first epoch, then one timed
 
@@ -220,9 +225,11 @@ def parquet(s: Sizes) -> dict:
                f"pyarrow + PIL data set, torch DataLoader, {r['best_workers']} workers", **r)
 
 
-def s3(s: Sizes) -> dict:
+@contextlib.contextmanager
+def s3_server():
+    """SeaweedFS behind the proxy adding 20 ms a request, and the AWS_* settings pointing at
+    it, for the rows over S3: (server, work directory)."""
     import s3_bench as sb
-    import webdataset_bench as wb
 
     weed = os.environ.get("STOKER_WEED") or shutil.which("weed") or str(
         pathlib.Path(sys.executable).parent / "weed")
@@ -239,6 +246,19 @@ def s3(s: Sizes) -> dict:
             "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.proxy_port}",
             "AWS_SHARED_CREDENTIALS_FILE": str(work / "none"),
             "AWS_CONFIG_FILE": str(work / "none")})
+        yield server, work
+    finally:
+        server.stop()
+        os.environ.clear()
+        os.environ.update(saved)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def s3(s: Sizes) -> dict:
+    import s3_bench as sb
+    import webdataset_bench as wb
+
+    with s3_server() as (server, work):
         _, local_dir = wb.make_data(s.wds_images, s.wds_shards)
         urls = sb.upload(server, sorted(local_dir.glob("*.tar")), "shards")
         pipes = [f"pipe:curl -s -f {u.replace('s3://', f'http://127.0.0.1:{server.proxy_port}/')}"
@@ -257,15 +277,61 @@ def s3(s: Sizes) -> dict:
         r = side_by_side(
             ours, lambda w: sb.run_webdataset_package(pipes, w, s.epochs)["images_per_s"],
             s.torch_workers_waiting, s.rounds)
-    finally:
-        server.stop()
-        os.environ.clear()
-        os.environ.update(saved)
-        shutil.rmtree(work, ignore_errors=True)
     return row("the same shards over S3 (+20 ms a request)", "images/s", r.pop("stoker"),
                r.pop("baseline"),
                f"webdataset over HTTP (curl), torch DataLoader, {r['best_workers']} workers",
                stoker_first_epoch_images_per_s=first[0], **r)
+
+
+def larger_than_cache(s: Sizes) -> dict:
+    """Rows of 2 KB sorted by label, in a bucket, ten times the object cache: stoker shuffled
+    (the loader chooses a window over the shards' storage blocks: each byte fetched once an
+    epoch) against webdataset over HTTP (its shard shuffle and a buffer of 1,000)."""
+    import s3_shuffle as ss
+    import webdataset as wds
+
+    n = s.larger_rows
+    root = ss.make_shards("rows", n)
+    shards = sorted(root.glob("train-*.tar"))
+    with s3_server() as (server, work):
+        for p in shards:
+            server.put(f"larger/{p.name}", p.read_bytes())
+        url = f"s3://{ss.BUCKET}/larger/"
+        layout = ss.dataset("rows", url, work, 10 << 30, "objects-index")._handle.storage_layout()
+        data_bytes = sum(layout["block_bytes"])
+        http = [f"pipe:curl -s -f http://127.0.0.1:{server.proxy_port}/{ss.BUCKET}/larger/"
+                f"{p.name}" for p in shards]
+        seen = {}
+
+        def ours() -> float:
+            ds = ss.dataset("rows", url, work, data_bytes // 10, f"objects-{len(seen)}")
+            before = ds.object_storage()["bytes_fetched"]
+            loader = stoker.DataLoader(ds, batch_size=ss.BATCH, shuffle=True, num_workers=CORES)
+            ids, rate = ss.epoch(loader)
+            seen.update(shuffle=loader.stats()["shuffle"], each_once=sorted(ids) == list(range(n)),
+                        bytes_over_data=(ds.object_storage()["bytes_fetched"] - before) /
+                        data_bytes, ids=ids)
+            loader.close()
+            return rate
+
+        def theirs(w: int) -> float:
+            ds = (wds.WebDataset(http, shardshuffle=len(http), empty_check=False)
+                  .shuffle(1000).decode().to_tuple("npy", "cls", "id"))
+            loader = tud.DataLoader(ds, batch_size=ss.BATCH, num_workers=w,
+                                    persistent_workers=False)
+            start, count = time.perf_counter(), 0
+            for batch in loader:
+                count += len(batch[2])
+            return count / (time.perf_counter() - start)
+
+        r = side_by_side(ours, theirs, s.torch_workers_waiting, s.rounds)
+    labels = [i * ss.CLASSES // n for i in range(n)]
+    quality = stoker.shuffle_quality(seen.pop("ids"), layout["shard_ends"], labels=labels,
+                                     batch_size=ss.BATCH)
+    return row(f"shards 10x the object cache over S3 ({n} rows of 2 KB)", "samples/s",
+               r.pop("stoker"), r.pop("baseline"),
+               f"webdataset over HTTP (shard shuffle + buffer), torch DataLoader, "
+               f"{r['best_workers']} workers", quality=quality, **seen, **r)
 
 
 def auto(s: Sizes) -> dict:
@@ -288,7 +354,7 @@ def auto(s: Sizes) -> dict:
 ROWS = [("tensors", tensors), ("seed", seed), ("jpeg", jpeg_folder),
         ("torchvision", torchvision_pipeline), ("gil", python_gil), ("cheap", python_cheap),
         ("stream", stream), ("webdataset", webdataset), ("parquet", parquet), ("s3", s3),
-        ("auto", auto)]
+        ("larger", larger_than_cache), ("auto", auto)]
 
 
 # --- output --------------------------------------------------------------------------------

@@ -337,6 +337,27 @@ TEST(ObjectStoreUnit, DiskCacheEvictsTheLeastRecentlyUsedAndPersists) {
   EXPECT_EQ(smaller.entries(), 1u);
 }
 
+TEST(ObjectStoreUnit, ADemotedEntryIsTheFirstOut) {
+  TempDir dir;
+  std::string blob(1000, 'y');
+  auto data = bytes_of(blob);
+  DiskCache probe(dir.path / "probe", 1 << 20);
+  probe.put(DiskCache::key("u", 1000, 1000), data.data(), data.size());
+  DiskCache cache(dir.path / "c", probe.bytes() * 3);  // room for three
+  auto key = [](int i) {                               // keys of one length, so entries of one size
+    return DiskCache::key("u", static_cast<std::uint64_t>(i + 1) * 1000, 1000);
+  };
+  std::vector<std::byte> out(1000);
+  for (int i = 0; i < 3; ++i) cache.put(key(i), data.data(), data.size());
+  cache.demote(key(2));  // the newest, read to its end: out before the older ones
+  cache.demote(key(8));  // not there: nothing
+  cache.put(key(3), data.data(), data.size());
+  EXPECT_TRUE(cache.get(key(0), out.data(), 1000));
+  EXPECT_TRUE(cache.get(key(1), out.data(), 1000));
+  EXPECT_FALSE(cache.get(key(2), out.data(), 1000));
+  EXPECT_TRUE(cache.get(key(3), out.data(), 1000));
+}
+
 // ---- the server -------------------------------------------------------------------------------
 
 constexpr const char* kKey = "stokerkey";

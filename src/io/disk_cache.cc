@@ -163,6 +163,12 @@ bool DiskCache::contains(const std::string& key) const {
   return index_.find(name) != index_.end();
 }
 
+void DiskCache::demote(const std::string& key) {
+  const std::string name = hash_name(key);
+  detail::MutexLock lock(mu_);
+  if (auto it = index_.find(name); it != index_.end()) lru_.splice(lru_.end(), lru_, it->second);
+}
+
 void DiskCache::put(const std::string& key, const std::byte* data, std::size_t length) {
   std::string name = hash_name(key);
   std::string head = header(key);

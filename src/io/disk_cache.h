@@ -40,6 +40,9 @@ class DiskCache {
   // Whether this process's index of the directory has the entry (no file is read: a hint,
   // e.g. for not fetching again what is there; get() still checks the file).
   bool contains(const std::string& key) const;
+  // The entry is not needed again soon (a reader read all it wanted of it): it goes to the
+  // back of the least recently used order, the first out when room is needed.
+  void demote(const std::string& key);
   // Stores the bytes (replacing an entry of the same key), then evicts down to the cap. An
   // entry larger than the cap is not stored. I/O errors are ignored: a cache is optional.
   void put(const std::string& key, const std::byte* data, std::size_t length);

@@ -389,6 +389,12 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
   }
 }
 
+void RemoteFiles::done_with(const RemoteObject& object, std::uint64_t offset) {
+  if (!cache_ || offset >= object.size) return;
+  const auto [c, length] = chunk_at(object, offset);
+  cache_->demote(io::DiskCache::key(object.url, c, length, object.etag));
+}
+
 void RemoteFiles::read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
                                 std::size_t n) {
   if (n == 0) return;

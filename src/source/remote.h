@@ -162,6 +162,10 @@ class RemoteFiles {
   // cache directory, io::ObjectStoreError naming the URL.
   std::string local_file(const RemoteObject& object);
 
+  // A hint that the chunk holding byte `offset` of the object will not be read again soon (a
+  // windowed shuffle read every sample of its block this epoch): it is the cache's first out.
+  void done_with(const RemoteObject& object, std::uint64_t offset);
+
   // Waits until every chunk a read fetched so far is in the cache (they are stored in the
   // background): before another process of the node takes its turn (NodeTurn) and looks there.
   void flush_stores();

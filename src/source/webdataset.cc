@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -393,6 +394,9 @@ struct WebDataset::Impl final : EncodedSource {
   pid_t owner = 0;
   // The samples in storage blocks (storage_layout()).
   std::shared_ptr<const StorageBlocks> blocks;
+  // When the blocks are the cache's chunks: the reads of each block's samples so far, so that
+  // a block whose samples have all been read this epoch is the cache's first out.
+  std::unique_ptr<std::atomic<std::uint32_t>[]> block_reads;
 
   detail::RemoteFiles& files() const {
     if (::getpid() == owner) return *remote_files;
@@ -417,6 +421,17 @@ struct WebDataset::Impl final : EncodedSource {
   }
   const Loc& loc(std::size_t index, std::size_t field) const {
     return locs[index * fields.size() + field];
+  }
+
+  // Counts a read of sample `index` in its block; the block's last sample this epoch (each is
+  // read once an epoch) lets the cache drop it first (a hint: a sample read again, as a
+  // replacement, only moves which read that is).
+  void read_of_block(std::size_t index) const {
+    const std::size_t b = blocks->block_of(index);
+    const std::size_t samples_in = blocks->ends[b] - (b > 0 ? blocks->ends[b - 1] : 0);
+    if ((block_reads[b].fetch_add(1, std::memory_order_relaxed) + 1) % samples_in == 0) {
+      files().done_with(*shards[samples[index].shard].remote, sample_start(index));
+    }
   }
 
   // Every shard is read from object storage.
@@ -472,6 +487,7 @@ struct WebDataset::Impl final : EncodedSource {
               std::make_shared<const std::vector<std::uint64_t>>(std::move(starts[k]));
         }
       }
+      block_reads = std::make_unique<std::atomic<std::uint32_t>[]>(out->ends.size());
     }
     blocks = std::move(out);
   }
@@ -522,6 +538,7 @@ struct WebDataset::Impl final : EncodedSource {
       }
       out.bytes = {out.storage.data(), out.storage.size()};
       storage_reads.add(out.storage.size());
+      if (block_reads) read_of_block(index);
       return;
     }
     ScopedFd own;
