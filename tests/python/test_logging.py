@@ -6,33 +6,18 @@ import logging
 import subprocess
 import sys
 import textwrap
-import time
-
-import numpy as np
 
 import stoker
 from stoker import logs
+from worker_datasets import Sleepy
 
 ADVICE = "the training loop waits; tune_workers"
 
 
-class Sleepy:
-    """Reads that wait (like I/O): one worker cannot keep up, so the loop waits."""
-
-    def __init__(self, n=96, seconds=0.004):
-        self.n, self.seconds = n, seconds
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.seconds)
-        return np.full((4,), i, dtype=np.float32), i
-
-
 def waiting_loader(epochs=3):
     """A loader at a fixed setting whose training loop waits, run `epochs` epochs."""
-    loader = stoker.DataLoader(Sleepy(), batch_size=8, num_workers=1, worker_type="thread")
+    loader = stoker.DataLoader(Sleepy(96, 0.004), batch_size=8, num_workers=1,
+                               worker_type="thread")
     for _ in range(epochs):
         for _ in loader:
             pass

@@ -1,25 +1,13 @@
 """stoker.tune(), DataLoader.report(), and the CPU budget that ranks on one node share."""
 
 import os
-import time
 
 import numpy as np
 
 import stoker
+from worker_datasets import Sleepy
 
 
-class Sleepy:
-    """Reads that wait (like I/O): the training loop waits for them."""
-
-    def __init__(self, n=64, seconds=0.002):
-        self.n, self.seconds = n, seconds
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        time.sleep(self.seconds)
-        return np.full((4,), i, dtype=np.float32), i
 
 
 def test_report_of_a_loader_whose_training_loop_waits():

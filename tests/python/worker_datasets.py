@@ -9,6 +9,20 @@ import time
 import numpy as np
 
 
+class Sleepy:
+    """Reads that wait (like I/O): one worker cannot keep up, so the training loop waits."""
+
+    def __init__(self, n=64, seconds=0.002):
+        self.n, self.seconds = n, seconds
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return np.full((4,), i, dtype=np.float32), i
+
+
 class Mixed:
     """Deterministic samples with arrays, nested dicts, lists, numbers and strings."""
 
