@@ -368,10 +368,13 @@ TEST(StreamWorkers, OneCoreStaysInLineEvenForAShardedStream) {
   EXPECT_TRUE(contains(c.reason, "fewer than 2 cores"));
 }
 
-// A window of `batches` delivered `seconds` apart, alternately `jitter` more and less.
+// A window of `batches` delivered `seconds` apart, `jitter` less in one block of
+// kWindowBlock, more in the next, and so on.
 Window steady(std::size_t batches, double seconds, double jitter = 0) {
   Window w;
-  for (std::size_t i = 0; i < batches; ++i) w.add(seconds + (i % 2 ? jitter : -jitter));
+  for (std::size_t i = 0; i < batches; ++i) {
+    w.add(seconds + ((i / kWindowBlock) % 2 ? jitter : -jitter));
+  }
   return w;
 }
 
@@ -433,25 +436,25 @@ TEST(CheckedSwitch, TheShortCheapStreamGoesBackInLineAndTheReasonNamesBothRates)
 TEST(CheckedSwitch, PaddingWithAShortStepGoesBackToTheThreadItLeft) {
   // The padding collate beside a 0.8 ms training step: 1 thread delivered a batch every 1.6 ms,
   // the 2 processes auto moved to every 2.08 ms (0.77 of the thread's rate).
-  const Window before = steady(24, 1.6e-3, 0.2e-3);
+  const Window before = steady(32, 1.6e-3, 0.1e-3);
   const SwitchCheck c =
-      check_switch(before, steady(32, 2.08e-3, 0.3e-3), "1 worker thread", "2 worker processes");
+      check_switch(before, steady(32, 2.08e-3, 0.15e-3), "1 worker thread", "2 worker processes");
   EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
   EXPECT_TRUE(contains(c.reason,
                        "back to 1 worker thread: 2 worker processes delivered a batch "
                        "every 2.080 ms over 32 batches, 1 worker thread every 1.600 ms "
-                       "over 24 (1.30x the time"));
+                       "over 32 (1.30x the time"));
 }
 
 TEST(CheckedSwitch, ASwitchThatDeliveredMoreIsKept) {
   // GIL-bound reads beside a 34 ms step: 1 thread a batch every 40 ms, 2 processes 36.8 ms.
-  const SwitchCheck c = check_switch(steady(8, 40e-3, 2e-3), steady(16, 36.8e-3, 2e-3),
+  const SwitchCheck c = check_switch(steady(16, 40e-3, 2e-3), steady(32, 36.8e-3, 2e-3),
                                      "1 worker thread", "2 worker processes");
   EXPECT_EQ(c.verdict, SwitchVerdict::keep);
   EXPECT_TRUE(contains(c.reason,
                        "kept 2 worker processes: 2 worker processes delivered a batch "
-                       "every 36.800 ms over 16 batches, 1 worker thread every 40.000 "
-                       "ms over 8 (0.92x the time, within the noise of"));
+                       "every 36.800 ms over 32 batches, 1 worker thread every 40.000 "
+                       "ms over 16 (0.92x the time, within the noise of"));
 }
 
 TEST(CheckedSwitch, ALossWithinTheNoiseIsNoReasonToGoBack) {
@@ -459,28 +462,34 @@ TEST(CheckedSwitch, ALossWithinTheNoiseIsNoReasonToGoBack) {
   EXPECT_EQ(
       check_switch(steady(100, 1e-3), steady(100, 1.04e-3), "in-line", "1 worker process").verdict,
       SwitchVerdict::keep);
-  // 10% slower, but batches that spread by +-1 ms: twice the standard error of the difference
-  // (~0.5 ms) is more than the 0.1 ms lost.
-  const Window before = steady(16, 1e-3, 1e-3);
-  const Window after = steady(20, 1.1e-3, 1e-3);
+  // 10% slower, but blocks of batches that spread by +-1 ms: twice the standard error of the
+  // difference (~1.5 ms) is more than the 0.1 ms lost.
+  const Window before = steady(32, 1e-3, 1e-3);
+  const Window after = steady(48, 1.1e-3, 1e-3);
   EXPECT_GT(2 * std::hypot(before.error(), after.error()), 0.1e-3);
   const SwitchCheck c = check_switch(before, after, "in-line", "1 worker process");
   EXPECT_EQ(c.verdict, SwitchVerdict::keep);
   EXPECT_TRUE(contains(c.reason, "(1.10x the time, within the noise of"));
   // The same loss measured steadily is beyond it.
   EXPECT_EQ(
-      check_switch(steady(16, 1e-3), steady(20, 1.1e-3), "in-line", "1 worker process").verdict,
+      check_switch(steady(32, 1e-3), steady(48, 1.1e-3), "in-line", "1 worker process").verdict,
       SwitchVerdict::go_back);
 }
 
-TEST(CheckedSwitch, TheStandardErrorOfAWindowIsItsSpreadOverTheRootOfItsBatches) {
+TEST(CheckedSwitch, TheStandardErrorOfAWindowIsTheSpreadOfItsBlocksMeans) {
   Window w;
   EXPECT_EQ(w.error(), 0);
-  w.add(1);
-  EXPECT_EQ(w.error(), 0);
-  w.add(3);  // mean 2, sample variance 2, standard error 1
+  for (std::size_t i = 0; i < kWindowBlock; ++i) w.add(1);
+  EXPECT_EQ(w.error(), 0);  // one block: no spread yet
+  for (std::size_t i = 0; i < kWindowBlock; ++i) w.add(3);
+  // Block means 1 and 3: mean 2, sample variance 2, standard error 1.
   EXPECT_DOUBLE_EQ(w.mean(), 2);
   EXPECT_DOUBLE_EQ(w.error(), 1);
+  // Bursts inside a block (a queue drained, then a wait) do not count as spread.
+  Window bursts;
+  for (std::size_t i = 0; i < 4 * kWindowBlock; ++i) bursts.add(i % kWindowBlock ? 0 : 8);
+  EXPECT_DOUBLE_EQ(bursts.mean(), 1);
+  EXPECT_DOUBLE_EQ(bursts.error(), 0);
 }
 
 }  // namespace

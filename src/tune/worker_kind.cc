@@ -127,11 +127,22 @@ StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::
   return v;
 }
 
+void Window::add(double s) {
+  ++batches;
+  seconds += s;
+  if (batches % kWindowBlock == 0) {
+    const double block = (seconds - closed) / static_cast<double>(kWindowBlock);
+    ++blocks;
+    closed = seconds;
+    block_squares += block * block;
+  }
+}
+
 double Window::error() const {
-  if (batches < 2) return 0;
-  const auto n = static_cast<double>(batches);
-  const double m = mean();
-  const double variance = std::max(0.0, squares / n - m * m) * n / (n - 1);
+  if (blocks < 2) return 0;
+  const auto n = static_cast<double>(blocks);
+  const double m = closed / (n * static_cast<double>(kWindowBlock));
+  const double variance = std::max(0.0, block_squares / n - m * m) * n / (n - 1);
   return std::sqrt(variance / n);
 }
 

@@ -187,22 +187,24 @@ StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::
 // means. A window is at least kCheckMinBatches batches and kCheckMinSeconds, pooled across
 // epochs when they are shorter; a setting left is not tried again.
 inline constexpr double kSwitchNoise = 0.05;
-inline constexpr std::size_t kCheckMinBatches = 16;
+inline constexpr std::size_t kCheckMinBatches = 32;
 inline constexpr double kCheckMinSeconds = 0.02;
+// Batches from workers come in bursts (a queue drained, then a wait), so their times are not
+// independent; blocks of kWindowBlock of them nearly are, and the standard error is taken
+// over the blocks' means (the batch-means method).
+inline constexpr std::size_t kWindowBlock = 8;
 
-// Batches delivered to the training loop under one setting: their count, the seconds between
-// consecutive ones (a read and a step each) and the sum of their squares (for the spread).
+// Batches delivered to the training loop under one setting: the seconds between consecutive
+// ones (a read and a step each), and their blocks of kWindowBlock for the spread.
 struct Window {
   std::size_t batches = 0;
   double seconds = 0;
-  double squares = 0;
-  void add(double s) {
-    ++batches;
-    seconds += s;
-    squares += s * s;
-  }
+  std::size_t blocks = 0;    // full blocks
+  double closed = 0;         // their seconds
+  double block_squares = 0;  // the sum of the squares of their means
+  void add(double s);
   double mean() const { return batches ? seconds / static_cast<double>(batches) : 0; }
-  // The standard error of mean().
+  // The standard error of mean(), from the blocks' means (0 with fewer than 2 blocks).
   double error() const;
   bool full() const { return batches >= kCheckMinBatches && seconds >= kCheckMinSeconds; }
 };
