@@ -151,20 +151,30 @@ SwitchCheck check_switch(const Window& before, const Window& after, const std::s
   if (!after.full() || before.batches == 0) return {};
   const double b = before.mean();
   const double a = after.mean();
-  const double margin = std::max(kSwitchNoise * b, 2 * std::hypot(before.error(), after.error()));
+  const double noise = 2 * std::hypot(before.error(), after.error());
+  const bool longest = after.batches >= kCheckMostWindows * kCheckMinBatches &&
+                       after.seconds >= kCheckMostWindows * kCheckMinSeconds;
   const std::string measured =
       format("%s delivered a batch every %.3f ms over %zu batches, %s every %.3f ms over %zu",
              now.c_str(), 1e3 * a, after.batches, left.c_str(), 1e3 * b, before.batches);
-  if (a > b + margin) {
-    return {
-        .verdict = SwitchVerdict::go_back,
-        .reason = format("back to %s: ", left.c_str()) + measured +
-                  format(" (%.2fx the time, beyond the noise of %.0f%%)", a / b, 100 * margin / b)};
+  if (a <= (1 + kSwitchNoise) * b) {
+    return {.verdict = SwitchVerdict::keep,
+            .reason =
+                format("kept %s: ", now.c_str()) + measured +
+                format(" (%.2fx the time: not slower by over %.0f%%)", a / b, 100 * kSwitchNoise)};
   }
-  return {.verdict = SwitchVerdict::keep,
-          .reason = format("kept %s: ", now.c_str()) + measured +
-                    format(" (%.2fx the time, within the noise of %.0f%% or faster)", a / b,
-                           100 * margin / b)};
+  if (a > b + noise) {
+    return {.verdict = SwitchVerdict::go_back,
+            .reason = format("back to %s: ", left.c_str()) + measured +
+                      format(" (%.2fx the time, beyond the noise of %.0f%%)", a / b,
+                             100 * std::max(kSwitchNoise, noise / b))};
+  }
+  if (!longest) return {};  // slower, but within the noise so far: measured on
+  return {.verdict = SwitchVerdict::go_back,
+          .reason = format("back to %s: ", left.c_str()) + measured +
+                    format(" (%.2fx the time after %zu windows, within the noise of %.0f%% but "
+                           "slower by over %.0f%%)",
+                           a / b, kCheckMostWindows, 100 * noise / b, 100 * kSwitchNoise)};
 }
 
 std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,

@@ -469,28 +469,28 @@ def test_auto_ends_on_a_stream_setting_not_slower_than_the_one_it_left(monkeypat
     turns = [x for b in range(0, 4096, 64)
              for x in [*range(b, b + 64, 2), *range(b + 1, b + 64, 2)]]
     reason = ""
-    for epoch in range(30):
+    for _ in range(30):
         values = [int(i) for _, b in loader for i in b]
         # The setting this epoch ran on: a switch happens as the next one starts.
         assert values == (turns if loader.num_workers == 2 else list(range(4096)))
         reason = loader.stats()["worker_type_reason"]
         if "kept 2 worker processes" in reason or "back to in-line" in reason:
             break
-    measured = re.search(r"2 worker processes delivered a batch every (\d+\.\d+) ms over (\d+) "
-                         r"batches, in-line every (\d+\.\d+) ms over (\d+) \((\d+\.\d+)x "
-                         r"the time, (beyond|within) the noise of (\d+)%", reason)
+    measured = re.search(r"2 worker processes delivered a batch every \d+\.\d+ ms over (\d+) "
+                         r"batches, in-line every \d+\.\d+ ms over (\d+) \((\d+\.\d+)x the "
+                         r"time", reason)
     assert measured, reason
-    after, before = float(measured[1]), float(measured[3])
-    assert int(measured[2]) >= stoker._stoker.CHECK_MIN_BATCHES and int(measured[4]) > 0
-    noise = int(measured[7]) / 100
+    assert int(measured[1]) >= stoker._stoker.CHECK_MIN_BATCHES and int(measured[2]) > 0
+    ratio = float(measured[3])  # the processes' time a batch over in-line's
     stats = loader.stats()
     if reason.startswith("auto: back to in-line"):
-        assert measured[6] == "beyond" and after > before * (1 + noise) - 1e-3
+        assert ratio >= 1.05
+        assert "beyond the noise of" in reason or "after 4 windows" in reason, reason
         assert loader.num_workers == 0 and stats["worker_pids"] == []
         assert [d["setting"] for d in stats["worker_type_left"]] == ["2 worker processes"]
     else:
         assert reason.startswith("auto: kept 2 worker processes"), reason
-        assert measured[6] == "within" and after <= before * (1 + noise) + 1e-3
+        assert ratio <= 1.05 and "not slower by over 5%" in reason
         assert loader.num_workers == 2 and stats["worker_type_left"] == []
     assert re.search(r"; the switch: auto: 2 worker processes \(forced\); 2 worker processes "
                      r"would save \d+\.\d{3} ms an epoch of 128 batches and starting them costs "

@@ -182,13 +182,17 @@ StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::
 
 // Measure after deciding. After a switch (a stream moved from in-line to worker processes),
 // the delivered time per batch over a window of the new setting is compared with the one
-// measured before it, and the loader goes back when the new one is slower beyond noise: by
-// more than kSwitchNoise and more than twice the standard error of the difference of the two
-// means. A window is at least kCheckMinBatches batches and kCheckMinSeconds, pooled across
-// epochs when they are shorter; a setting left is not tried again.
+// measured before it: not slower by more than kSwitchNoise, the new one is kept; slower by
+// more than that and by more than twice the standard error of the difference of the two
+// means, the loader goes back; slower within that noise, the window grows, up to
+// kCheckMostWindows windows, and then goes back on the means alone (a loaded machine's stalls
+// made the noise of one window 68% where the processes took 1.5x the time). A window is at
+// least kCheckMinBatches batches and kCheckMinSeconds, pooled across epochs when they are
+// shorter; a setting left is not tried again.
 inline constexpr double kSwitchNoise = 0.05;
 inline constexpr std::size_t kCheckMinBatches = 32;
 inline constexpr double kCheckMinSeconds = 0.02;
+inline constexpr std::size_t kCheckMostWindows = 4;
 // Batches from workers come in bursts (a queue drained, then a wait), so their times are not
 // independent; blocks of kWindowBlock of them nearly are, and the standard error is taken
 // over the blocks' means (the batch-means method).
