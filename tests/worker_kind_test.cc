@@ -489,6 +489,14 @@ TEST(CheckedSwitch, ALossWithinTheNoiseIsMeasuredOnThenJudgedOnTheMeans) {
   EXPECT_TRUE(contains(c.reason, "(1.10x the time, beyond the noise of 5%)"));
 }
 
+TEST(CheckedSwitch, AWindowIsLongestAtItsMostWindowsOfBatchesAndSeconds) {
+  EXPECT_FALSE(steady(kCheckMostWindows * kCheckMinBatches - 1, 1).longest());
+  EXPECT_TRUE(steady(kCheckMostWindows * kCheckMinBatches, 1).longest());
+  // 128 batches of 0.1 ms are 12.8 ms: short of 4 x kCheckMinSeconds.
+  EXPECT_FALSE(steady(kCheckMostWindows * kCheckMinBatches, 0.1e-3).longest());
+  EXPECT_TRUE(steady(1000, 0.1e-3).longest());
+}
+
 TEST(CheckedSwitch, TheStandardErrorOfAWindowIsTheSpreadOfItsBlocksMeans) {
   Window w;
   EXPECT_EQ(w.error(), 0);

@@ -413,7 +413,9 @@ PYBIND11_MODULE(_stoker, m) {
            "A batch delivered `seconds` after the one before it.")
       .def_readonly("batches", &detail::Window::batches)
       .def_readonly("seconds", &detail::Window::seconds)
-      .def("mean", &detail::Window::mean);
+      .def("mean", &detail::Window::mean)
+      .def("longest", &detail::Window::longest,
+           "kCheckMostWindows windows: a setting left is measured no further.");
   m.def(
       "check_switch",
       [](const detail::Window& before, const detail::Window& after, const std::string& left,

@@ -152,8 +152,6 @@ SwitchCheck check_switch(const Window& before, const Window& after, const std::s
   const double b = before.mean();
   const double a = after.mean();
   const double noise = 2 * std::hypot(before.error(), after.error());
-  const bool longest = after.batches >= kCheckMostWindows * kCheckMinBatches &&
-                       after.seconds >= kCheckMostWindows * kCheckMinSeconds;
   const std::string measured =
       format("%s delivered a batch every %.3f ms over %zu batches, %s every %.3f ms over %zu",
              now.c_str(), 1e3 * a, after.batches, left.c_str(), 1e3 * b, before.batches);
@@ -169,7 +167,7 @@ SwitchCheck check_switch(const Window& before, const Window& after, const std::s
                       format(" (%.2fx the time, beyond the noise of %.0f%%)", a / b,
                              100 * std::max(kSwitchNoise, noise / b))};
   }
-  if (!longest) return {};  // slower, but within the noise so far: measured on
+  if (!after.longest()) return {};  // slower, but within the noise so far: measured on
   return {.verdict = SwitchVerdict::go_back,
           .reason = format("back to %s: ", left.c_str()) + measured +
                     format(" (%.2fx the time after %zu windows, within the noise of %.0f%% but "

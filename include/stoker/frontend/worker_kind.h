@@ -211,6 +211,14 @@ struct Window {
   // The standard error of mean(), from the blocks' means (0 with fewer than 2 blocks).
   double error() const;
   bool full() const { return batches >= kCheckMinBatches && seconds >= kCheckMinSeconds; }
+  // kCheckMostWindows windows: the most a check measures. The window of the setting left
+  // stops at the end of the epoch that reached it, so that both hold a setting's first epochs
+  // (slower than its later ones: page faults, caches, the processes' first pass) and neither
+  // is compared with many warm epochs of the other.
+  bool longest() const {
+    return batches >= kCheckMostWindows * kCheckMinBatches &&
+           seconds >= static_cast<double>(kCheckMostWindows) * kCheckMinSeconds;
+  }
 };
 
 enum class SwitchVerdict { measuring, keep, go_back };

@@ -244,7 +244,8 @@ class _Choice:
 
     def __init__(self, make) -> None:
         self.make = make  # the worker processes' ProcessWorkers, given the base seed, count
-        self.delivered = _Delivered()  # in-line's, for the check after a switch
+        # In-line's first epochs (to Window.longest), for the check after a switch.
+        self.delivered = _Delivered(bounded=True)
         self._batches = 0
         self._read = self._step = 0.0
         self._handover: Optional[tuple[float, float]] = None
@@ -293,10 +294,15 @@ class _Choice:
 class _Delivered:
     """The batches one setting delivered to the training loop: into a Window (src/tune/
     worker_kind.h), the time from each to the next in an epoch (its read and the loop's step),
-    and an epoch's first batch's wait, except in the setting's first epoch (its start-up)."""
+    and an epoch's first batch's wait, except in the setting's first epoch (its start-up);
+    `bounded`: none after the epoch in which the window reached Window.longest (the setting
+    left: its first epochs, as the new setting's window, checked between epochs, holds the
+    new one's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bounded: bool = False) -> None:
         self.window = _stoker.Window()
+        self._bounded = bounded
+        self._closed = False  # bounded, and longest as an epoch ended
         self.last: Optional[float] = None  # when the last batch of this epoch was handed out
         self.epochs = 0  # ended on this setting
         self.batches = 0  # all handed out, the first of each epoch too
@@ -308,7 +314,9 @@ class _Delivered:
         return time.perf_counter() - self._first
 
     def batch(self, asked: float, got: float) -> None:
-        if self.last is not None:
+        if self._closed:
+            pass
+        elif self.last is not None:
             self.window.add(got - self.last)
         elif self.epochs:
             self.window.add(got - asked)
@@ -318,6 +326,7 @@ class _Delivered:
     def epoch_end(self) -> None:
         self.last = None
         self.epochs += 1
+        self._closed = self._bounded and self.window.longest()
 
 
 class _Check:
