@@ -3,6 +3,7 @@
 1/2/4) and stoker on auto, in one run; then the same with a training step that costs CPU.
 
     python bench/auto_matrix.py [--workload stream padding ...] [--epochs 5] [--smoke] [--json]
+        [--costs 1 10 100] [--epoch-s 0.01 0.1 1 10] [--seed N [--draws 4]] [--before]
 
 Throughput is over epochs 2..E together (the first epoch's start-up is excluded for every
 loader; a switch auto makes later is counted); a setting whose epochs 2..E take under
@@ -23,6 +24,18 @@ Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 c
   tvjitter  the same with ColorJitter (needs torchvision)
   tiny      native: 60k x 784 float32, batch 256 (threads only: native reads run in C++)
   jpeg      native: stoker.ImageFolder with T.train(224) (threads only)
+  short     the short cheap stream of issue 46: 4096 small tensors (~2 us a sample), batch 32,
+            128 batches an epoch (the kind a user writes to test a pipeline)
+  streams   streams of small tensors sharded by get_worker_info(), each sample spinning on the
+            clock for `--costs` microseconds (Python work that holds the GIL), sized for an
+            epoch of each of `--epoch-s` seconds in-line, batch 32: one row per pair
+  drawn     with `--seed N`: `--draws` such streams of a cost drawn log-uniformly from 1-100 us,
+            an epoch from 0.01-10 s and a batch from 16-256 (new shapes for each seed)
+`--before`: also runs auto with the rules of before its decisions were checked (issue 46: the
+processes start as soon as the model predicts a saving, and a switch is never compared with
+what it left), alternated with auto in the rematch, to compare the two in one run.
+Per row, `left` is what auto's run spent on a setting it then left (a stream's switch to
+worker processes measured slower than in-line: epochs, batches, seconds), '-' if none.
 The summary line per workload: auto over the best fixed stoker setting (target >= 0.95) and
 over torch's best (target >= 1.0); how far the best fixed setting's own rounds spread (a ratio
 within it of 1 is the machine's noise); '=' where auto chose that very setting.
@@ -31,10 +44,13 @@ within it of 1 is the machine's noise); '=' where auto chose that very setting.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
 import os
 import pathlib
+import random
 import statistics
 import sys
 import time
@@ -56,6 +72,45 @@ FIXED = [("inline", dict(num_workers=0))] + [
     for kind in ("thread", "process") for n in (1, 2, 4)]
 
 
+class CostStream(tud.IterableDataset):
+    """`samples` small tensors, each costing `cost_us` microseconds of Python work (a spin on
+    the clock, holding the GIL as parsing does), each worker reading its share."""
+
+    def __init__(self, samples: int, cost_us: float) -> None:
+        self.samples, self.cost_us = samples, cost_us
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        base = torch.arange(32, dtype=torch.float32)
+        cost, clock = self.cost_us * 1e-6, time.perf_counter
+        for i in range(first, self.samples, step):
+            end = clock() + cost
+            while clock() < end:
+                pass
+            yield base * i, i
+
+
+def per_sample(cost_us: float, batch: int) -> float:
+    """Seconds a sample of CostStream takes read in-line (its spin, the tensor made, collated),
+    measured now over 2000 samples: it sizes the epochs on this machine as it is."""
+    ds = CostStream(2000, cost_us)
+    collate = tud.default_collate
+    start = time.perf_counter()
+    it = iter(ds)
+    for _ in range(2000 // batch):
+        collate([next(it) for _ in range(batch)])
+    return (time.perf_counter() - start) / (2000 // batch * batch)
+
+
+def cost_stream(cost_us: float, epoch_s: float, batch: int, smoke: bool) -> "Workload":
+    n = max(batch * 4, round(epoch_s / per_sample(cost_us, batch)))
+    if smoke:
+        n = max(batch * 4, n // 8)
+    name = f"stream {cost_us:g}us {epoch_s:g}s b{batch}"
+    return Workload(name, CostStream(n, cost_us), batch, n, loader_args={})
+
+
 class Workload:
     def __init__(self, name, dataset, batch_size, samples, loader_args=None, native=False,
                  torch_dataset=None):
@@ -65,11 +120,28 @@ class Workload:
         self.torch_dataset = torch_dataset  # the native workloads' torch equivalent
 
 
-def workloads(names, smoke):
+def workloads(names, smoke, costs=(), epoch_s=(), seed=None, draws=0):
     scale = 8 if smoke else 1
     out = {}
     for name in names:
-        if name == "stream":
+        if name == "short":
+            out[name] = Workload(name, SmallTensorStream(4096), 32, 4096, loader_args={})
+        elif name == "streams":
+            for c in costs:
+                for e in epoch_s:
+                    w = cost_stream(c, e, 32, smoke)
+                    out[w.name] = w
+        elif name == "drawn":
+            if seed is None:
+                print("auto_matrix: drawn skipped: it needs --seed")
+                continue
+            rng = random.Random(seed)
+            for _ in range(draws):
+                c = round(math.exp(rng.uniform(math.log(1), math.log(100))), 1)
+                e = round(math.exp(rng.uniform(math.log(0.01), math.log(10))), 3)
+                w = cost_stream(c, e, rng.choice((16, 32, 64, 128, 256)), smoke)
+                out[w.name] = w
+        elif name == "stream":
             n = 160000 // scale
             out[name] = Workload(name, SmallTensorStream(n), 256, n, loader_args={})
         elif name == "padding":
@@ -187,12 +259,32 @@ def median_of_rounds(once, samples: int, each=None):
     return rate, extra
 
 
+@contextlib.contextmanager
+def rules_before():
+    """auto as before issue 46 (a stream's processes start as soon as the model predicts a
+    saving, and the switch is never checked): the start free, the check never done."""
+    ext = stoker._stoker
+    saved = ext.PROCESS_START_SECONDS, ext.check_switch
+    ext.PROCESS_START_SECONDS, ext.check_switch = 0.0, lambda *a: ("measuring", "")
+    try:
+        yield
+    finally:
+        ext.PROCESS_START_SECONDS, ext.check_switch = saved
+
+
+def left_of(stats: dict) -> str:
+    """What auto spent on settings it then left: '-' if none."""
+    return "; ".join(f"{d['setting']}: {d['epochs']} ep, {d['batches']} b, {d['seconds']:.3f} s"
+                     for d in stats.get("worker_type_left", ())) or "-"
+
+
 def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
                      settings: list | None = None, rematch_rounds: int | None = None,
-                     torch_workers: tuple | None = None) -> dict:
+                     torch_workers: tuple | None = None, before: bool = False) -> dict:
     """`settings`: the fixed settings to try, by FIXED's names (default all; with `smoke`
     inline, thread 2 and process 2); `rematch_rounds` (default REMATCH_ROUNDS, none with
-    `smoke`); `torch_workers` (default TORCH_WORKERS, 0 and 2 with `smoke`)."""
+    `smoke`); `torch_workers` (default TORCH_WORKERS, 0 and 2 with `smoke`); `before`: auto
+    with the rules of before issue 46 too, alternated in the rematch."""
     results, chosen = {}, None
     torch_ds = w.torch_dataset if w.native else w.dataset
     step = None
@@ -211,14 +303,16 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
         loader.close()
         calibrate = w.samples / rate / max(batches, 1)
         step = step_factory(calibrate)
-    def stoker_rate(args: dict, each=None) -> float:
+
+    def stoker_rate(args: dict, each=None, old=False) -> float:
         def once(each_round):
-            loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, **args,
-                                       **w.loader_args)
-            try:
-                return run(loader, w.samples, epochs, step, each_round)[0], loader.stats()
-            finally:
-                loader.close()
+            with rules_before() if old else contextlib.nullcontext():
+                loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, **args,
+                                           **w.loader_args)
+                try:
+                    return run(loader, w.samples, epochs, step, each_round)[0], loader.stats()
+                finally:
+                    loader.close()
         return median_of_rounds(once, w.samples * (epochs - 1), each)
 
     def torch_rate(n: int) -> float:
@@ -234,18 +328,25 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
     auto_epochs: list = []
     results["stoker auto"], stats = stoker_rate({}, auto_epochs)
     rate_of["stoker auto"] = lambda: stoker_rate({})[0]
+    left = left_of(stats)
+    if before:
+        results["stoker auto before"], _ = stoker_rate({}, old=True)
+        rate_of["stoker auto before"] = lambda: stoker_rate({}, old=True)[0]
     chosen = (f"{stats.get('worker_type', 'thread')} {stats.get('workers')}"
               if stats.get("workers") else "inline")
     if torch_ds is not None:
         for n in torch_workers or ((0, 2) if smoke else TORCH_WORKERS):
             results[f"torch {n}"] = torch_rate(n)
             rate_of[f"torch {n}"] = lambda n=n: torch_rate(n)
-    best_fixed = max((k for k in results if k.startswith("stoker ") and k != "stoker auto"),
+    best_fixed = max((k for k in results
+                      if k.startswith("stoker ") and not k.startswith("stoker auto")),
                      key=results.get)
     torch_keys = [k for k in results if k.startswith("torch ")]
     torch_best = max(torch_keys, key=results.get) if torch_keys else None
     # The rematch: the sweep's winners and auto again, alternated; their medians compared.
     rounds = {k: [results[k]] for k in (best_fixed, "stoker auto", torch_best) if k}
+    if before:
+        rounds["stoker auto before"] = [results["stoker auto before"]]
     if rematch_rounds is None:
         rematch_rounds = 0 if smoke else REMATCH_ROUNDS
     for _ in range(rematch_rounds):
@@ -260,6 +361,9 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
     return {"workload": w.name, "step_ms": None if calibrate is None else 1e3 * calibrate,
             "samples_per_s": results, "rematch": rounds, "auto_epochs": auto_epochs,
             "auto_chose": chosen, "auto_reason": stats.get("worker_type_reason"),
+            "auto_left": left,
+            "before_over_best_fixed": (final["stoker auto before"] / final[best_fixed]
+                                       if before else None),
             "best_fixed": best_fixed, "torch_best": torch_best,
             "same_setting": best_fixed == f"stoker {chosen}", "best_fixed_spread": spread,
             "auto_over_best_fixed": auto / final[best_fixed],
@@ -268,9 +372,18 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
 
 def main() -> None:
     names = ["stream", "padding", "gil", "sleep", "cheap", "tvfolder", "tvjitter", "tiny",
-             "jpeg"]
+             "jpeg", "short", "streams", "drawn"]
+    default = names[:9] + ["short", "streams"]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", nargs="+", default=names, choices=names)
+    p.add_argument("--workload", nargs="+", default=default, choices=names)
+    p.add_argument("--costs", nargs="+", type=float, default=[1, 10, 100],
+                   help="the streams' costs a sample, microseconds")
+    p.add_argument("--epoch-s", nargs="+", type=float, default=[0.01, 0.1, 1, 10],
+                   help="the streams' epochs in-line, seconds")
+    p.add_argument("--seed", type=int, help="draws --draws new stream shapes ('drawn' added)")
+    p.add_argument("--draws", type=int, default=4)
+    p.add_argument("--before", action="store_true",
+                   help="also auto with the rules of before issue 46, alternated")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--no-step", action="store_true", help="skip the training-step variants")
     p.add_argument("--smoke", action="store_true")
@@ -280,13 +393,15 @@ def main() -> None:
     if a.smoke:
         MIN_MEASURED_S = 0  # one round each
         a.epochs, a.workload = 2, [n for n in a.workload if n not in ("tvfolder", "tvjitter")]
+    if a.seed is not None and "drawn" not in a.workload:
+        a.workload.append("drawn")
     torch.set_num_threads(1)  # the training thread: one core, the workers the rest
     # The loaders' advice at fixed settings ("... would change ..."): not in the tables.
     logging.getLogger("stoker").setLevel(logging.WARNING)
     rows = []
-    for w in workloads(a.workload, a.smoke).values():
+    for w in workloads(a.workload, a.smoke, a.costs, a.epoch_s, a.seed, a.draws).values():
         for step_factory in (None,) if a.no_step else (None, Step.calibrated):
-            rows.append(measure_workload(w, a.epochs, step_factory, a.smoke))
+            rows.append(measure_workload(w, a.epochs, step_factory, a.smoke, before=a.before))
             if not a.json:
                 show(rows[-1])
     if a.json:
@@ -294,14 +409,17 @@ def main() -> None:
         return
     print(f"\nauto_matrix summary ({CORES} cores; epochs 2-{a.epochs}; samples/s, "
           f"or steps x batch with a step)")
-    print(f"  {'workload':<20} {'auto chose':<12} {'best fixed':<18} {'auto/best':>9} "
-          f"{'spread':>6} {'torch best':<10} {'auto/torch':>10}")
+    print(f"  {'workload':<36} {'auto chose':<12} {'best fixed':<18} {'auto/best':>9} "
+          f"{'spread':>6} {'torch best':<10} {'auto/torch':>10}"
+          + (f" {'before/best':>11}" if a.before else "") + "  left")
     for r in rows:
         name = r["workload"] + (f" +step {r['step_ms']:.1f}ms" if r["step_ms"] else "")
         best = ("= " if r["same_setting"] else "") + r["best_fixed"]
-        print(f"  {name:<20} {r['auto_chose']:<12} {best:<18} "
+        print(f"  {name:<36} {r['auto_chose']:<12} {best:<18} "
               f"{r['auto_over_best_fixed']:9.2f} {r['best_fixed_spread']:6.2f} "
-              f"{r['torch_best'] or '-':<10} {r['auto_over_torch_best'] or float('nan'):10.2f}")
+              f"{r['torch_best'] or '-':<10} {r['auto_over_torch_best'] or float('nan'):10.2f}"
+              + (f" {r['before_over_best_fixed']:11.2f}" if a.before else "")
+              + f"  {r['auto_left']}")
     print("  (best fixed '= ...': auto chose that very setting; spread: (max - min) / median "
           "of the best fixed setting's own rounds)")
 
@@ -309,6 +427,7 @@ def main() -> None:
 def show(r: dict) -> None:
     head = r["workload"] + (f" + a {r['step_ms']:.1f} ms step" if r["step_ms"] else "")
     print(f"{head}: auto chose {r['auto_chose']} ({r['auto_reason']})")
+    print(f"  left: {r['auto_left']}")
     print("  auto by epoch from 2: " + " ".join(f"{v:.0f}" for v in r["auto_epochs"]))
     for k, v in sorted(r["samples_per_s"].items(), key=lambda kv: -kv[1]):
         print(f"  {k:<18} {v:10.0f}")

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -365,6 +366,151 @@ TEST(StreamWorkers, OneCoreStaysInLineEvenForAShardedStream) {
                                  true);
   EXPECT_EQ(c.workers, 0u);
   EXPECT_TRUE(contains(c.reason, "fewer than 2 cores"));
+}
+
+// A window of `batches` delivered `seconds` apart, `jitter` less in one block of
+// kWindowBlock, more in the next, and so on.
+Window steady(std::size_t batches, double seconds, double jitter = 0) {
+  Window w;
+  for (std::size_t i = 0; i < batches; ++i) {
+    w.add(seconds + ((i / kWindowBlock) % 2 ? jitter : -jitter));
+  }
+  return w;
+}
+
+TEST(CheckedSwitch, TheShortCheapStreamIsNotWorthStartingProcessesForInItsFirstEpochs) {
+  // 128 batches of 32 samples of ~2 us: read in-line a batch took 0.075 ms and the loop 0.005
+  // ms between batches; the model predicts 2 worker processes at 0.050 ms a batch (it leaves
+  // out the trips over their sockets, which made them slower in fact).
+  const StreamCosts costs{.read = 75e-6, .step = 5e-6, .pack = 10e-6, .unpack = 10e-6};
+  const StreamChoice choice = choose_stream_workers(costs, 2, true);
+  ASSERT_EQ(choice.workers, 2u);
+  // 3.84 ms an epoch predicted, against a start of 150 ms: not in the first epochs.
+  StartVerdict v = worth_starting(costs, choice.workers, 2, 128, 1, 0.15);
+  EXPECT_FALSE(v.start);
+  EXPECT_TRUE(contains(v.reason,
+                       "2 worker processes would save 3.840 ms an epoch of 128 "
+                       "batches and starting them costs about 150 ms"));
+  EXPECT_TRUE(contains(v.reason, "(3.8 ms in 1 so far)"));
+  EXPECT_FALSE(worth_starting(costs, choice.workers, 2, 128, 39, 0.15).start);
+  v = worth_starting(costs, choice.workers, 2, 128, 40, 0.15);  // 153.6 ms lost by the model
+  EXPECT_TRUE(v.start);
+  EXPECT_TRUE(contains(v.reason, "the 40 epochs read in-line lost 153.6 ms by the model"));
+}
+
+TEST(CheckedSwitch, ALongEpochStartsProcessesAfterItsFirst) {
+  // The matrix's stream: 625 batches an epoch, 2 ms a batch saved: 1.25 s lost in epoch 1.
+  const StreamCosts stream{.read = 4e-3, .step = 0.1e-3, .pack = 0.03e-3, .unpack = 0.02e-3};
+  const StreamChoice choice = choose_stream_workers(stream, 2, true);
+  ASSERT_EQ(choice.workers, 2u);
+  EXPECT_TRUE(worth_starting(stream, choice.workers, 2, 625, 1, 0.15).start);
+}
+
+TEST(CheckedSwitch, AWindowIsMeasuredUntilItHasEnoughBatchesAndSeconds) {
+  const Window before = steady(100, 79e-6);
+  // 16 batches of 0.142 ms are 2.3 ms: short of kCheckMinSeconds, pooled on over epochs.
+  SwitchCheck c = check_switch(before, steady(16, 142e-6), "in-line", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::measuring);
+  EXPECT_TRUE(c.reason.empty());
+  // Slow batches: the seconds are there, the batches not yet.
+  c = check_switch(before, steady(kCheckMinBatches - 1, 10e-3), "in-line", "1 worker process");
+  EXPECT_EQ(c.verdict, SwitchVerdict::measuring);
+  EXPECT_EQ(check_switch(Window{}, steady(1000, 1e-3), "in-line", "x").verdict,
+            SwitchVerdict::measuring);
+}
+
+TEST(CheckedSwitch, TheShortCheapStreamGoesBackInLineAndTheReasonNamesBothRates) {
+  // In-line 403k samples/s (batches of 32 every 0.079 ms), 2 processes 226k (0.142 ms).
+  const Window before = steady(127, 79e-6, 2e-6);
+  const std::size_t enough = static_cast<std::size_t>(kCheckMinSeconds / 142e-6) + 1;
+  const SwitchCheck c =
+      check_switch(before, steady(enough, 142e-6, 5e-6), "in-line", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
+  EXPECT_TRUE(contains(c.reason,
+                       "back to in-line: 2 worker processes delivered a batch every "
+                       "0.142 ms over"));
+  EXPECT_TRUE(contains(c.reason, "in-line every 0.079 ms over 127"));
+  EXPECT_TRUE(contains(c.reason, "(1.80x the time, beyond the noise of 5%)"));
+}
+
+TEST(CheckedSwitch, PaddingWithAShortStepGoesBackToTheThreadItLeft) {
+  // The padding collate beside a 0.8 ms training step: 1 thread delivered a batch every 1.6 ms,
+  // the 2 processes auto moved to every 2.08 ms (0.77 of the thread's rate).
+  const Window before = steady(32, 1.6e-3, 0.1e-3);
+  const SwitchCheck c =
+      check_switch(before, steady(32, 2.08e-3, 0.15e-3), "1 worker thread", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
+  EXPECT_TRUE(contains(c.reason,
+                       "back to 1 worker thread: 2 worker processes delivered a batch "
+                       "every 2.080 ms over 32 batches, 1 worker thread every 1.600 ms "
+                       "over 32 (1.30x the time"));
+}
+
+TEST(CheckedSwitch, ASwitchThatDeliveredMoreIsKept) {
+  // GIL-bound reads beside a 34 ms step: 1 thread a batch every 40 ms, 2 processes 36.8 ms.
+  const SwitchCheck c = check_switch(steady(16, 40e-3, 2e-3), steady(32, 36.8e-3, 2e-3),
+                                     "1 worker thread", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::keep);
+  EXPECT_TRUE(contains(c.reason,
+                       "kept 2 worker processes: 2 worker processes delivered a batch "
+                       "every 36.800 ms over 32 batches, 1 worker thread every 40.000 "
+                       "ms over 16 (0.92x the time: not slower by over 5%)"));
+}
+
+TEST(CheckedSwitch, ALossUnderFivePercentIsKeptWhateverTheNoise) {
+  SwitchCheck c =
+      check_switch(steady(100, 1e-3), steady(100, 1.04e-3), "in-line", "1 worker process");
+  EXPECT_EQ(c.verdict, SwitchVerdict::keep);
+  EXPECT_TRUE(contains(c.reason, "(1.04x the time: not slower by over 5%)"));
+  c = check_switch(steady(32, 1e-3, 1e-3), steady(32, 1.03e-3, 1e-3), "in-line", "x");
+  EXPECT_EQ(c.verdict, SwitchVerdict::keep);
+}
+
+TEST(CheckedSwitch, ALossWithinTheNoiseIsMeasuredOnThenJudgedOnTheMeans) {
+  // 10% slower, but blocks of batches that spread by +-1 ms: twice the standard error of the
+  // difference (~1.5 ms) is more than the 0.1 ms lost, so the window grows.
+  const Window before = steady(32, 1e-3, 1e-3);
+  Window after = steady(48, 1.1e-3, 1e-3);
+  EXPECT_GT(2 * std::hypot(before.error(), after.error()), 0.1e-3);
+  SwitchCheck c = check_switch(before, after, "in-line", "1 worker process");
+  EXPECT_EQ(c.verdict, SwitchVerdict::measuring);
+  // Still within the noise after kCheckMostWindows windows: back, on the means.
+  after = steady(kCheckMostWindows * kCheckMinBatches, 1.1e-3, 1e-3);
+  EXPECT_GT(2 * std::hypot(before.error(), after.error()), 0.1e-3);
+  c = check_switch(before, after, "in-line", "1 worker process");
+  EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
+  EXPECT_TRUE(contains(c.reason,
+                       "over 128 batches, in-line every 1.000 ms over 32 (1.10x the "
+                       "time after 4 windows, within the noise of"));
+  EXPECT_TRUE(contains(c.reason, "but slower by over 5%)"));
+  // The same loss measured steadily is beyond the noise in one window.
+  c = check_switch(steady(32, 1e-3), steady(48, 1.1e-3), "in-line", "1 worker process");
+  EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
+  EXPECT_TRUE(contains(c.reason, "(1.10x the time, beyond the noise of 5%)"));
+}
+
+TEST(CheckedSwitch, AWindowIsLongestAtItsMostWindowsOfBatchesAndSeconds) {
+  EXPECT_FALSE(steady(kCheckMostWindows * kCheckMinBatches - 1, 1).longest());
+  EXPECT_TRUE(steady(kCheckMostWindows * kCheckMinBatches, 1).longest());
+  // 128 batches of 0.1 ms are 12.8 ms: short of 4 x kCheckMinSeconds.
+  EXPECT_FALSE(steady(kCheckMostWindows * kCheckMinBatches, 0.1e-3).longest());
+  EXPECT_TRUE(steady(1000, 0.1e-3).longest());
+}
+
+TEST(CheckedSwitch, TheStandardErrorOfAWindowIsTheSpreadOfItsBlocksMeans) {
+  Window w;
+  EXPECT_EQ(w.error(), 0);
+  for (std::size_t i = 0; i < kWindowBlock; ++i) w.add(1);
+  EXPECT_EQ(w.error(), 0);  // one block: no spread yet
+  for (std::size_t i = 0; i < kWindowBlock; ++i) w.add(3);
+  // Block means 1 and 3: mean 2, sample variance 2, standard error 1.
+  EXPECT_DOUBLE_EQ(w.mean(), 2);
+  EXPECT_DOUBLE_EQ(w.error(), 1);
+  // Bursts inside a block (a queue drained, then a wait) do not count as spread.
+  Window bursts;
+  for (std::size_t i = 0; i < 4 * kWindowBlock; ++i) bursts.add(i % kWindowBlock ? 0 : 8);
+  EXPECT_DOUBLE_EQ(bursts.mean(), 1);
+  EXPECT_DOUBLE_EQ(bursts.error(), 0);
 }
 
 }  // namespace

@@ -501,6 +501,44 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("shards"),
       "A stream on auto, from epoch 1 read in-line: (workers from epoch 2, the reason).");
   m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
+  m.def(
+      "stream_worth_starting",
+      [](double read, double step, double pack, double unpack, std::size_t workers,
+         std::size_t cores, double batches_per_epoch, std::size_t epochs, double start_s) {
+        const auto v =
+            detail::worth_starting({.read = read, .step = step, .pack = pack, .unpack = unpack},
+                                   workers, cores, batches_per_epoch, epochs, start_s);
+        return py::make_tuple(v.start, v.reason);
+      },
+      py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("workers"),
+      py::arg("cores"), py::arg("batches_per_epoch"), py::arg("epochs"), py::arg("start_s"),
+      "Whether the epochs read in-line lost, by the model, what starting `workers` processes "
+      "costs: (start, the reason's clause).");
+  m.attr("PROCESS_START_SECONDS") = detail::kProcessStartSeconds;
+  m.attr("CHECK_MIN_BATCHES") = detail::kCheckMinBatches;
+  // Measure after deciding: a setting's delivered batches, and the check of a switch.
+  py::class_<detail::Window>(m, "Window")
+      .def(py::init<>())
+      .def("add", &detail::Window::add, py::arg("seconds"),
+           "A batch delivered `seconds` after the one before it.")
+      .def_readonly("batches", &detail::Window::batches)
+      .def_readonly("seconds", &detail::Window::seconds)
+      .def("mean", &detail::Window::mean)
+      .def("longest", &detail::Window::longest,
+           "kCheckMostWindows windows: a setting left is measured no further.");
+  m.def(
+      "check_switch",
+      [](const detail::Window& before, const detail::Window& after, const std::string& left,
+         const std::string& now) {
+        const auto c = detail::check_switch(before, after, left, now);
+        const char* verdict = c.verdict == detail::SwitchVerdict::measuring ? "measuring"
+                              : c.verdict == detail::SwitchVerdict::keep    ? "keep"
+                                                                            : "go back";
+        return py::make_tuple(verdict, c.reason);
+      },
+      py::arg("before"), py::arg("after"), py::arg("left"), py::arg("now"),
+      "After a switch from `left` to `now`: ('measuring' | 'keep' | 'go back', the reason, "
+      "naming both measured times a batch).");
   // A stream's share of the memory cap (stoker/frontend/memory_cap.h; stream_pipeline.py).
   m.attr("HELD_BATCHES") = detail::kHeldBatches;
   py::class_<detail::StreamMemoryCap>(m, "StreamMemoryCap")

@@ -1,6 +1,7 @@
 #include "stoker/frontend/worker_kind.h"
 
 #include <algorithm>
+#include <cmath>
 #include <tuple>
 #include <utility>
 
@@ -38,6 +39,8 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
   return choice;
 }
 
+double stream_inline_seconds(const StreamCosts& c) { return c.read + c.step; }
+
 double stream_batch_seconds(const StreamCosts& c, std::size_t workers, std::size_t cores) {
   const double worker = c.read + c.pack;
   const double loop = c.step + c.unpack;
@@ -60,7 +63,7 @@ std::size_t fewest_workers(const StreamCosts& c, std::size_t most, std::size_t c
 
 StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool shards) {
   StreamChoice out;
-  out.inline_s = c.read + c.step;
+  out.inline_s = stream_inline_seconds(c);
   // The fewest workers within kStreamGain of the most allowed (more never take longer): a
   // process more for a few per cent is a core taken from everything else on the node.
   const std::size_t most = shards ? std::max<std::size_t>(cores, 1) : 1;
@@ -99,6 +102,77 @@ StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool
     out.reason = "auto: in-line (" + why + "; " + measured + ")";
   }
   return out;
+}
+
+StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::size_t cores,
+                            double batches_per_epoch, std::size_t epochs, double start_s) {
+  const double per_epoch =
+      std::max(0.0, stream_inline_seconds(costs) - stream_batch_seconds(costs, workers, cores)) *
+      batches_per_epoch;
+  const double lost = per_epoch * static_cast<double>(epochs);
+  StartVerdict v;
+  v.start = lost >= start_s;
+  const std::string what = format(
+      "%zu worker process%s would save %.3f ms an epoch of %.0f batches and starting "
+      "them costs about %.0f ms",
+      workers, workers == 1 ? "" : "es", 1e3 * per_epoch, batches_per_epoch, 1e3 * start_s);
+  v.reason = v.start ? format(
+                           "%s: the %zu epoch%s read in-line lost %.1f ms by the model, so "
+                           "they start",
+                           what.c_str(), epochs, epochs == 1 ? "" : "s", 1e3 * lost)
+                     : format(
+                           "%s: they start once the epochs read in-line have lost that much "
+                           "by the model (%.1f ms in %zu so far)",
+                           what.c_str(), 1e3 * lost, epochs);
+  return v;
+}
+
+void Window::add(double s) {
+  ++batches;
+  seconds += s;
+  if (batches % kWindowBlock == 0) {
+    const double block = (seconds - closed) / static_cast<double>(kWindowBlock);
+    ++blocks;
+    closed = seconds;
+    block_squares += block * block;
+  }
+}
+
+double Window::error() const {
+  if (blocks < 2) return 0;
+  const auto n = static_cast<double>(blocks);
+  const double m = closed / (n * static_cast<double>(kWindowBlock));
+  const double variance = std::max(0.0, block_squares / n - m * m) * n / (n - 1);
+  return std::sqrt(variance / n);
+}
+
+SwitchCheck check_switch(const Window& before, const Window& after, const std::string& left,
+                         const std::string& now) {
+  if (!after.full() || before.batches == 0) return {};
+  const double b = before.mean();
+  const double a = after.mean();
+  const double noise = 2 * std::hypot(before.error(), after.error());
+  const std::string measured =
+      format("%s delivered a batch every %.3f ms over %zu batches, %s every %.3f ms over %zu",
+             now.c_str(), 1e3 * a, after.batches, left.c_str(), 1e3 * b, before.batches);
+  if (a <= (1 + kSwitchNoise) * b) {
+    return {.verdict = SwitchVerdict::keep,
+            .reason =
+                format("kept %s: ", now.c_str()) + measured +
+                format(" (%.2fx the time: not slower by over %.0f%%)", a / b, 100 * kSwitchNoise)};
+  }
+  if (a > b + noise) {
+    return {.verdict = SwitchVerdict::go_back,
+            .reason = format("back to %s: ", left.c_str()) + measured +
+                      format(" (%.2fx the time, beyond the noise of %.0f%%)", a / b,
+                             100 * std::max(kSwitchNoise, noise / b))};
+  }
+  if (!after.longest()) return {};  // slower, but within the noise so far: measured on
+  return {.verdict = SwitchVerdict::go_back,
+          .reason = format("back to %s: ", left.c_str()) + measured +
+                    format(" (%.2fx the time after %zu windows, within the noise of %.0f%% but "
+                           "slower by over %.0f%%)",
+                           a / b, kCheckMostWindows, 100 * noise / b, 100 * kSwitchNoise)};
 }
 
 std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,

@@ -197,8 +197,9 @@ def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_path, workers):
     # The choice itself is choose_stream_workers' (tests/worker_kind_test.cc); here it is
-    # forced, and each epoch must still read the whole stream once, in order (with 2 workers
-    # taking turns, torch's order: the stream takes its share by get_worker_info()).
+    # forced (the processes' start paid for at once, their check never done), and each epoch
+    # must still read the whole stream once, in order (with 2 workers taking turns, torch's
+    # order: the stream takes its share by get_worker_info()).
     from stoker.loader import stream_pipeline
 
     asked = []
@@ -208,6 +209,8 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
         return workers, f"auto: chose {workers} (forced)"
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers", choose)
+    monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
+    monkeypatch.setattr(stream_pipeline._stoker, "check_switch", lambda *a: ("measuring", ""))
     loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
     loader.trace(str(tmp_path / "trace.json"))
     assert (loader.num_workers, loader.stats()["worker_type_reason"]) == (
@@ -225,15 +228,19 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
     # get_worker_info() as it begins (it takes its worker's share).
     assert len(asked) == 1 and min(asked[0][:4]) >= 0 and asked[0][4] >= 1
     assert asked[0][5] is True
-    assert loader.stats()["worker_type_reason"] == f"auto: chose {workers} (forced)"
+    # With processes, the reason goes on with the start's cost against the saving.
+    reason = loader.stats()["worker_type_reason"]
+    assert reason == f"auto: chose {workers} (forced)" + (
+        reason[len("auto: chose 1 (forced)"):] if workers else "")
+    assert not workers or "and starting them costs about 0 ms" in reason
     report = loader.report()
     assert report["readers"] == (f"{workers} process worker(s)" if workers else "read in-line")
-    assert str(report).endswith(f"{report['readers']}: auto: chose {workers} (forced)")
+    assert f"{report['readers']}: {reason}; reproducible: " in str(report)
     loader.close()  # writes the trace: the decision is on it
     import json
 
     names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
-    assert f"workers: auto: chose {workers} (forced)" in names
+    assert f"workers: {reason}" in names
 
 
 class _NeverAsks(torch.utils.data.IterableDataset):

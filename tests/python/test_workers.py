@@ -429,6 +429,82 @@ def test_auto_picks_processes_for_pure_python_work():
     loader.close()
 
 
+class _SmallTensors(torch.utils.data.IterableDataset):
+    """A short cheap stream: 4096 small tensors (~2 us each), each worker reading its share."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        base = torch.arange(32, dtype=torch.float32)
+        for i in range(first, 4096, step):
+            yield base * i, i
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+def test_a_short_cheap_stream_is_not_spent_on_processes_it_cannot_win_back():
+    # 128 batches of 32 an epoch: whatever the model predicts 2 processes save an epoch, the
+    # first epoch has not lost the processes' start by it (kProcessStartSeconds), so the
+    # second runs in-line and the reason says what is waited for.
+    loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
+    for _ in range(2):
+        assert [int(i) for _, b in loader for i in b] == list(range(4096))
+    assert loader.num_workers == 0 and loader.stats()["worker_pids"] == []
+    reason = loader.stats()["worker_type_reason"]
+    assert reason.startswith("auto: in-line"), reason
+    if reason.startswith("auto: in-line for now"):
+        assert "they start once the epochs read in-line have lost that much" in reason
+    loader.close()
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+def test_auto_ends_on_a_stream_setting_not_slower_than_the_one_it_left(monkeypatch):
+    # The switch forced (2 processes, their start free), its check real: once a window of
+    # batches was delivered on the processes, auto keeps them or goes back in-line, on the
+    # two times a batch the reason names (check_switch, tests/worker_kind_test.cc), and a
+    # setting it left is not tried again.
+    from stoker.loader import stream_pipeline
+
+    monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
+                        lambda *a: (2, "auto: 2 worker processes (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
+    loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
+    turns = [x for b in range(0, 4096, 64)
+             for x in [*range(b, b + 64, 2), *range(b + 1, b + 64, 2)]]
+    reason = ""
+    for _ in range(30):
+        values = [int(i) for _, b in loader for i in b]
+        # The setting this epoch ran on: a switch happens as the next one starts.
+        assert values == (turns if loader.num_workers == 2 else list(range(4096)))
+        reason = loader.stats()["worker_type_reason"]
+        if "kept 2 worker processes" in reason or "back to in-line" in reason:
+            break
+    measured = re.search(r"2 worker processes delivered a batch every \d+\.\d+ ms over (\d+) "
+                         r"batches, in-line every \d+\.\d+ ms over (\d+) \((\d+\.\d+)x the "
+                         r"time", reason)
+    assert measured, reason
+    assert int(measured[1]) >= stoker._stoker.CHECK_MIN_BATCHES and int(measured[2]) > 0
+    ratio = float(measured[3])  # the processes' time a batch over in-line's
+    stats = loader.stats()
+    if reason.startswith("auto: back to in-line"):
+        assert ratio >= 1.05
+        assert "beyond the noise of" in reason or "after 4 windows" in reason, reason
+        assert loader.num_workers == 0 and stats["worker_pids"] == []
+        assert [d["setting"] for d in stats["worker_type_left"]] == ["2 worker processes"]
+    else:
+        assert reason.startswith("auto: kept 2 worker processes"), reason
+        assert ratio <= 1.05 and "not slower by over 5%" in reason
+        assert loader.num_workers == 2 and stats["worker_type_left"] == []
+    assert re.search(r"; the switch: auto: 2 worker processes \(forced\); 2 worker processes "
+                     r"would save \d+\.\d{3} ms an epoch of 128 batches and starting them costs "
+                     r"about 0 ms: the 1 epoch read in-line lost", reason), reason
+    # Decided once: more epochs neither switch again nor change the reason.
+    workers = loader.num_workers
+    for _ in range(3):
+        assert sorted(int(i) for _, b in loader for i in b) == list(range(4096))
+        assert (loader.num_workers, loader.stats()["worker_type_reason"]) == (workers, reason)
+    loader.close()
+
+
 class _NativeWork(torch.utils.data.Dataset):
     """Samples made by torch ops that release the GIL (~0.5 ms each on one core)."""
 

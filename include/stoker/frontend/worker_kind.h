@@ -132,7 +132,9 @@ struct StreamChoice {
   double worker_s = 0;      // (with one worker when in-line is chosen)
   std::string reason;       // "auto: in-line (a batch costs less to read than to take over; ...)"
 };
-// The model's seconds per batch with `workers` worker processes (>= 1) on `cores` cores.
+// The model's seconds per batch in-line (the read and the step, one after the other), and with
+// `workers` worker processes (>= 1) on `cores` cores.
+double stream_inline_seconds(const StreamCosts& costs);
 double stream_batch_seconds(const StreamCosts& costs, std::size_t workers, std::size_t cores);
 // How many worker processes auto starts when it moves reads to them, from what the reads
 // and the training loop cost per batch (`costs`: `read`, the CPU time of the reads making one
@@ -157,6 +159,77 @@ std::pair<std::size_t, std::string> processes_to_keep(const StreamCosts& costs, 
 // The setting for epoch 2 on, `cores` the cores of this rank's share; `shards`: the stream
 // asked get_worker_info() (so up to `cores` workers, else 1).
 StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores, bool shards);
+
+// Starting worker processes is paid once (spawning them, importing the stream's modules,
+// unpickling it, its first iter()): a short run does not win it back. Auto starts them only
+// when the saving the model predicts, over the epochs read in-line so far, reaches that cost
+// (a ski-rental rule: it never pays more than twice what the better choice in hindsight would
+// have, however many epochs follow), else it reads the next epoch in-line and asks again.
+// kProcessStartSeconds: the first epoch's first batch's wait over a later epoch's, with 1 or 2
+// worker processes over a stream of small tensors (fork), the median of six starts on a busy
+// 2-core machine: 24-211 ms (docs/BENCHMARKS.md, 2026-12-02).
+inline constexpr double kProcessStartSeconds = 0.08;
+
+struct StartVerdict {
+  bool start = false;
+  std::string reason;  // the clause: "... would save 1.2 ms an epoch; starting them costs ..."
+};
+// `workers`: choose_stream_workers' count (> 0) for `costs` on `cores`; `batches_per_epoch`,
+// `epochs`: as read in-line so far; `start_s`: what starting the processes costs
+// (kProcessStartSeconds).
+StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::size_t cores,
+                            double batches_per_epoch, std::size_t epochs, double start_s);
+
+// Measure after deciding. After a switch (a stream moved from in-line to worker processes),
+// the delivered time per batch over a window of the new setting is compared with the one
+// measured before it: not slower by more than kSwitchNoise, the new one is kept; slower by
+// more than that and by more than twice the standard error of the difference of the two
+// means, the loader goes back; slower within that noise, the window grows, up to
+// kCheckMostWindows windows, and then goes back on the means alone (a loaded machine's stalls
+// made the noise of one window 68% where the processes took 1.5x the time). A window is at
+// least kCheckMinBatches batches and kCheckMinSeconds, pooled across epochs when they are
+// shorter; a setting left is not tried again.
+inline constexpr double kSwitchNoise = 0.05;
+inline constexpr std::size_t kCheckMinBatches = 32;
+inline constexpr double kCheckMinSeconds = 0.02;
+inline constexpr std::size_t kCheckMostWindows = 4;
+// Batches from workers come in bursts (a queue drained, then a wait), so their times are not
+// independent; blocks of kWindowBlock of them nearly are, and the standard error is taken
+// over the blocks' means (the batch-means method).
+inline constexpr std::size_t kWindowBlock = 8;
+
+// Batches delivered to the training loop under one setting: the seconds between consecutive
+// ones (a read and a step each), and their blocks of kWindowBlock for the spread.
+struct Window {
+  std::size_t batches = 0;
+  double seconds = 0;
+  std::size_t blocks = 0;    // full blocks
+  double closed = 0;         // their seconds
+  double block_squares = 0;  // the sum of the squares of their means
+  void add(double s);
+  double mean() const { return batches ? seconds / static_cast<double>(batches) : 0; }
+  // The standard error of mean(), from the blocks' means (0 with fewer than 2 blocks).
+  double error() const;
+  bool full() const { return batches >= kCheckMinBatches && seconds >= kCheckMinSeconds; }
+  // kCheckMostWindows windows: the most a check measures. The window of the setting left
+  // stops at the end of the epoch that reached it, so that both hold a setting's first epochs
+  // (slower than its later ones: page faults, caches, the processes' first pass) and neither
+  // is compared with many warm epochs of the other.
+  bool longest() const {
+    return batches >= kCheckMostWindows * kCheckMinBatches &&
+           seconds >= static_cast<double>(kCheckMostWindows) * kCheckMinSeconds;
+  }
+};
+
+enum class SwitchVerdict { measuring, keep, go_back };
+struct SwitchCheck {
+  SwitchVerdict verdict = SwitchVerdict::measuring;
+  std::string reason;  // names both measured times per batch (empty while measuring)
+};
+// `before`: the window of the setting left (`left`, e.g. "in-line"); `after`: the new one's
+// (`now`, e.g. "2 worker processes") so far.
+SwitchCheck check_switch(const Window& before, const Window& after, const std::string& left,
+                         const std::string& now);
 
 // num_workers='auto' with remote=: remote workers are asked for one at a time while the
 // training loop waits more than kRemoteGrowWait of its time and the local workers are

@@ -369,6 +369,18 @@ class Streams:
         the base seed."""
         self._workers, self._processes = workers, processes
 
+    def use_inline(self) -> None:
+        """From the next start() on, read in-line again (worker_type='auto' measured the worker
+        processes slower than in-line, stream_pipeline.py): the processes end now, between
+        epochs."""
+        if self._pool is not None:
+            self._pool.stop()  # as close(): producers waiting on their workers return at once
+        self.stop(wait=self._pool is not None)
+        if self._pool is not None:
+            self._pool.finish()
+            self._pool = None
+        self._workers, self._processes = 0, None
+
     def _epoch_seed(self) -> Optional[int]:
         """An IterDataPipe's: drawn as torch's loader draws it for each epoch, from the
         generator or torch's default one (so torch.manual_seed repeats the order)."""

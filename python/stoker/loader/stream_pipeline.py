@@ -42,6 +42,8 @@ class StreamPipeline(Pipeline):
         self._made = made
         processes = None
         self._choice: Optional[_Choice] = None
+        self._check: Optional[_Check] = None  # after a switch: is it faster (_Check)?
+        self.left: list = []  # the settings auto switched to, measured slower and left
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -58,6 +60,7 @@ class StreamPipeline(Pipeline):
                                            setup.worker_init_fn))
                 return made[0]
             self._choice = _Choice(make)
+            self._inline = (self.worker_type, self.num_workers)
         if pin and self.worker_type != "process":
             collate = pinned(collate)
         self._streams = Streams(
@@ -74,6 +77,8 @@ class StreamPipeline(Pipeline):
         self.log_worker_type()
 
     def start(self, epoch: int, batch: int) -> None:
+        if self._check is not None:
+            self._check_switch()
         if self._choice is not None:
             self._choose()
         self._streams.start(epoch)
@@ -88,27 +93,60 @@ class StreamPipeline(Pipeline):
             self._memory.batch(batch)
             if self._choice is not None:
                 self._choice.batch(asked, got, batch)
+            elif self._check is not None:
+                self._check.delivered.batch(asked, got)
         elif self._choice is not None:
             self._choice.epoch_end(self._streams.asked_worker_info)
+        elif self._check is not None:
+            self._check.delivered.epoch_end()
         return batch
 
     def _choose(self) -> None:
         """Between epochs, once epoch 1 (and more, if short) was measured in-line: in-line on,
         or worker processes from now on (one, or more for a stream that takes its worker's
-        share)."""
+        share), once the epochs read in-line lost by the model what starting them costs (else
+        in-line for the next epoch, and asked again after it)."""
         decision = self._choice.decide()
         if decision is None:
             return
-        workers, self.worker_type_reason = decision
-        if self._trace is not None:  # the decision on the timeline, with its evidence
-            now = time.perf_counter()
-            self._trace.event(f"workers: {self.worker_type_reason}", now, now)
+        workers, reason, start = decision
+        self.worker_type_reason = reason
+        if not start:
+            return
+        self._decided()
         if workers:
             make = self._choice.make
             self._streams.use_processes(lambda seed: make(seed, workers), workers)
             self._memory.set_workers(workers, True)
             self.worker_type, self.num_workers = "process", workers
+            self._check = _Check(self._choice.delivered.window, "in-line",
+                                 f"{workers} worker process{'es' if workers > 1 else ''}")
         self._choice = None
+
+    def _check_switch(self) -> None:
+        """Between epochs, after a switch: once a window of batches was delivered on the new
+        setting, keep it or go back in-line (check_switch, src/tune/worker_kind.h); a
+        setting left is not tried again (no _Choice is made anew)."""
+        c = self._check
+        verdict, why = _stoker.check_switch(c.before, c.delivered.window, c.left, c.now)
+        if verdict == "measuring":
+            return
+        if verdict == "go back":
+            self._streams.use_inline()
+            self._made.clear()
+            self.worker_type, self.num_workers = self._inline
+            self._memory.set_workers(self.num_workers, False)
+            d = c.delivered
+            self.left.append({"setting": c.now, "epochs": d.epochs, "batches": d.batches,
+                              "seconds": d.seconds})
+        self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
+        self._check = None
+        self._decided()
+
+    def _decided(self) -> None:
+        if self._trace is not None:  # the decision on the timeline, with its evidence
+            now = time.perf_counter()
+            self._trace.event(f"workers: {self.worker_type_reason}", now, now)
         self.log_worker_type()
 
     def __len__(self) -> int:
@@ -150,7 +188,7 @@ class StreamPipeline(Pipeline):
     def _stats(self) -> dict:
         memory, _ = self._memory.look()
         return {"workers": self.num_workers, "device": self.plan.device,
-                **self._timing.stats(), **memory}
+                "worker_type_left": list(self.left), **self._timing.stats(), **memory}
 
     def pids(self) -> list:
         return self._streams.pids()
@@ -206,6 +244,8 @@ class _Choice:
 
     def __init__(self, make) -> None:
         self.make = make  # the worker processes' ProcessWorkers, given the base seed, count
+        # In-line's first epochs (to Window.longest), for the check after a switch.
+        self.delivered = _Delivered(bounded=True)
         self._batches = 0
         self._read = self._step = 0.0
         self._handover: Optional[tuple[float, float]] = None
@@ -214,6 +254,7 @@ class _Choice:
         self._unpicklable = ""  # why its batches could not go to a worker process
 
     def batch(self, asked: float, got: float, batch) -> None:
+        self.delivered.batch(asked, got)
         if self._got is not None:  # not the epoch's first: its time includes the start
             self._batches += 1
             self._read += got - asked
@@ -221,21 +262,80 @@ class _Choice:
             if self._handover is None:
                 self._handover, self._unpicklable = handover(batch)
                 got = time.perf_counter()  # the timing is not the loop's step
+                self.delivered.last = got
         self._got = got
 
     def epoch_end(self, asked_worker_info: bool) -> None:
         self._got = None
         self._shards = self._shards or asked_worker_info
+        self.delivered.epoch_end()
 
-    def decide(self) -> Optional[tuple[int, str]]:
+    def decide(self) -> Optional[tuple[int, str, bool]]:
+        """None while measuring, else (workers, the reason, whether to switch now)."""
         if self._batches < _stoker.STREAM_MIN_BATCHES or self._handover is None:
             return None
         if self._unpicklable:
-            return 0, f"auto: in-line ({self._unpicklable})"
+            return 0, f"auto: in-line ({self._unpicklable})", True
         n = self._batches
-        workers, reason = _stoker.choose_stream_workers(
-            self._read / n, self._step / n, *self._handover, cpu_share(), self._shards)
-        return workers, reason
+        costs = (self._read / n, self._step / n, *self._handover)
+        cores = cpu_share()
+        workers, reason = _stoker.choose_stream_workers(*costs, cores, self._shards)
+        if not workers:
+            return 0, reason, True
+        d = self.delivered
+        start, why = _stoker.stream_worth_starting(
+            *costs, workers, cores, d.batches / max(d.epochs, 1), d.epochs,
+            _stoker.PROCESS_START_SECONDS)
+        if not start:
+            return 0, f"auto: in-line for now ({why}); the model: {reason}", False
+        return workers, f"{reason}; {why}", True
+
+
+class _Delivered:
+    """The batches one setting delivered to the training loop: into a Window (src/tune/
+    worker_kind.h), the time from each to the next in an epoch (its read and the loop's step),
+    and an epoch's first batch's wait, except in the setting's first epoch (its start-up);
+    `bounded`: none after the epoch in which the window reached Window.longest (the setting
+    left: its first epochs, as the new setting's window, checked between epochs, holds the
+    new one's)."""
+
+    def __init__(self, bounded: bool = False) -> None:
+        self.window = _stoker.Window()
+        self._bounded = bounded
+        self._closed = False  # bounded, and longest as an epoch ended
+        self.last: Optional[float] = None  # when the last batch of this epoch was handed out
+        self.epochs = 0  # ended on this setting
+        self.batches = 0  # all handed out, the first of each epoch too
+        self._first = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        """Since this setting began."""
+        return time.perf_counter() - self._first
+
+    def batch(self, asked: float, got: float) -> None:
+        if self._closed:
+            pass
+        elif self.last is not None:
+            self.window.add(got - self.last)
+        elif self.epochs:
+            self.window.add(got - asked)
+        self.last = got
+        self.batches += 1
+
+    def epoch_end(self) -> None:
+        self.last = None
+        self.epochs += 1
+        self._closed = self._bounded and self.window.longest()
+
+
+class _Check:
+    """After auto switched a stream from `left` to `now`: `before`, the window measured on
+    `left`; `delivered`, the new setting's, until check_switch keeps it or goes back."""
+
+    def __init__(self, before, left: str, now: str) -> None:
+        self.before, self.left, self.now = before, left, now
+        self.delivered = _Delivered()
 
 
 class _Timing:
