@@ -50,3 +50,10 @@ if .venv-test/bin/python -c "import ray, stoker" 2>/dev/null; then
   echo "   (bench/ray_bench.py; .venv-test from scripts/test.sh, which installs ray there)"
   .venv-test/bin/python bench/ray_bench.py
 fi
+
+if .venv-test/bin/python -c "import av, stoker; stoker.VideoClips" 2>/dev/null; then
+  echo
+  echo "== video clips: stoker.VideoClips against PyAV in torch's DataLoader"
+  echo "   (bench/video_bench.py; .venv-test from scripts/test.sh, which installs av there)"
+  .venv-test/bin/python bench/video_bench.py
+fi

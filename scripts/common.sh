@@ -32,7 +32,8 @@ python_venv() {
 
 BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli11-dev
                 nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev libxxhash-dev
-                libcurl4-openssl-dev libpugixml-dev)
+                libcurl4-openssl-dev libpugixml-dev
+                libavformat-dev libavcodec-dev libavutil-dev libswscale-dev ffmpeg)
 
 # build DIR [cmake args...]: configures and builds the project into DIR.
 build() {
