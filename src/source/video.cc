@@ -13,6 +13,7 @@ extern "C" {
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -355,6 +356,8 @@ struct Decoder {
   AVPacket* pkt = nullptr;
   AVFrame* frame = nullptr;
   SwsContext* sws = nullptr;
+  const SwsContext* sws_set = nullptr;  // the context the colour details below were set on
+  std::array<int, 5> sws_details{};     // width, height, format, matrix, full range
   // The last frame output since the last seek (INT64_MIN: none; the next read seeks).
   std::int64_t last_pts = std::numeric_limits<std::int64_t>::min();
   bool drained = false;  // the end of the file was sent: only a seek goes on from here
@@ -637,10 +640,17 @@ void VideoClips::Impl::write_frame(Decoder& d, std::span<std::byte> out) {
     throw std::runtime_error(path + ": cannot convert its pixel format " +
                              (name ? name : "unknown") + " to RGB");
   }
-  // YUV to RGB with the frame's own matrix and range (BT.601 where it names none).
+  // YUV to RGB with the frame's own matrix and range (BT.601 where it names none), set when
+  // the context or they change.
   const int cs = f->colorspace == AVCOL_SPC_UNSPECIFIED ? SWS_CS_DEFAULT : f->colorspace;
-  sws_setColorspaceDetails(d.sws, sws_getCoefficients(cs), f->color_range == AVCOL_RANGE_JPEG,
-                           sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
+  const int full = f->color_range == AVCOL_RANGE_JPEG ? 1 : 0;
+  const std::array<int, 5> details{w, h, f->format, cs, full};
+  if (d.sws != d.sws_set || details != d.sws_details) {
+    sws_setColorspaceDetails(d.sws, sws_getCoefficients(cs), full,
+                             sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
+    d.sws_set = d.sws;
+    d.sws_details = details;
+  }
 
   const int W = o.width, H = o.height;
   if (d.coeff_w != w || d.coeff_h != h) {
