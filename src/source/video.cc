@@ -809,6 +809,11 @@ void VideoClips::Impl::decode_clip(Decoder& d, const Plan& p, std::span<std::byt
       av_packet_unref(d.pkt);
       continue;
     }
+    // A frame shown before the clip that no other frame refers to is not decoded at all (the
+    // decoder runs on this thread: the setting holds for this packet alone).
+    const std::int64_t pkt_pts = d.pkt->pts != AV_NOPTS_VALUE ? d.pkt->pts : d.pkt->dts;
+    d.codec->skip_frame =
+        pkt_pts != AV_NOPTS_VALUE && pkt_pts < first_pts ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
     const int sent = avcodec_send_packet(d.codec, d.pkt);
     av_packet_unref(d.pkt);
     if (sent < 0) {
