@@ -3,6 +3,8 @@ DataLoader at its best num_workers, in one run, on clips this bench makes with F
 source (testsrc2, H.264 through libx264, 640x360 at 30 fps, and a variable-frame-rate set:
 frames dropped from the 30 fps stream with their timestamps kept). 16-frame clips, resized to
 224x224 uint8 [T, 3, H, W]: random clips over many files and uniform clips over few files.
+Besides clips/s, the CPU time a clip costs (the process's threads and its worker processes),
+which a machine shared with other work changes less than the wall-clock rate.
 
 torchcodec is not measured where it cannot load: its wheels from the package index link
 PyTorch's CUDA libraries (libtorch_cuda.so), which a CPU build of torch does not have.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -91,13 +94,22 @@ class PyAVClips(torch.utils.data.Dataset):
         return torch.from_numpy(out).permute(0, 3, 1, 2), v
 
 
+def cpu_seconds():
+    """CPU time of this process (its threads) and of its waited-for children (the worker
+    processes of torch's DataLoader, joined at the end of each epoch)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def rate(loader, epochs):
+    """(clips per second, CPU milliseconds per clip) over `epochs` epochs."""
     clips = 0
-    start = time.perf_counter()
+    cpu, start = cpu_seconds(), time.perf_counter()
     for _ in range(epochs):
         for batch in loader:
             clips += batch[0].shape[0]
-    return clips / (time.perf_counter() - start)
+    return clips / (time.perf_counter() - start), 1000 * (cpu_seconds() - cpu) / clips
 
 
 def main():
@@ -129,26 +141,28 @@ def main():
         ds = stoker.VideoClips(paths, frames=T, size=SIZE, clips=clips, clips_per_video=per,
                                index_cache=os.path.join(args.dir, "index"))
         loader = stoker.DataLoader(ds, batch_size=8, shuffle=clips == "random")
-        s = rate(loader, args.epochs)
+        s, s_cpu = rate(loader, args.epochs)
         workers = loader.num_workers if hasattr(loader, "num_workers") else "auto"
         counters = ds.counters()
         del loader
-        best, best_w = 0.0, None
+        best, best_w, best_cpu = 0.0, None, 0.0
         for w in args.workers:
             pyav = PyAVClips(paths, clips, per)
             tl = torch.utils.data.DataLoader(pyav, batch_size=8, num_workers=w,
                                              shuffle=clips == "random",
                                              persistent_workers=False)
-            r = rate(tl, args.epochs)
+            r, r_cpu = rate(tl, args.epochs)
             if r > best:
-                best, best_w = r, w
+                best, best_w, best_cpu = r, w, r_cpu
         print(f"{name}: {len(ds)} clips/epoch")
-        print(f"  stoker.VideoClips  {s:8.1f} clips/s  (stoker.DataLoader, workers {workers}; "
+        print(f"  stoker.VideoClips  {s:8.1f} clips/s  {s_cpu:6.1f} CPU ms/clip  "
+              f"(stoker.DataLoader, workers {workers}; "
               f"decoded {counters['decoded_frames']} frames, {counters['seeks']} seeks, "
               f"{counters['continued']} continued)")
-        print(f"  PyAV               {best:8.1f} clips/s  (torch DataLoader, best num_workers "
-              f"{best_w} of {args.workers})")
-        print(f"  ratio stoker / PyAV: {s / best:.2f}x")
+        print(f"  PyAV               {best:8.1f} clips/s  {best_cpu:6.1f} CPU ms/clip  "
+              f"(torch DataLoader, best num_workers {best_w} of {args.workers})")
+        print(f"  stoker / PyAV: {s / best:.2f}x the clips/s, {best_cpu / s_cpu:.2f}x fewer CPU "
+              f"ms a clip")
 
 
 if __name__ == "__main__":
