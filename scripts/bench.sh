@@ -94,3 +94,7 @@ if .venv/bin/python -c "import torch, sys; sys.exit(not torch.cuda.is_available(
 else
   echo "skipped: no CUDA device here"
 fi
+
+stage "full: video clips: stoker.VideoClips against PyAV (bench/video_bench.py; av into .venv)"
+.venv/bin/python -m pip install -q av
+.venv/bin/python bench/video_bench.py

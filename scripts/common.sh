@@ -63,7 +63,8 @@ python_imports() {
 
 BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli11-dev
                 nlohmann-json3-dev libjpeg62-turbo-dev libpng-dev libxxhash-dev
-                libcurl4-openssl-dev libpugixml-dev)
+                libcurl4-openssl-dev libpugixml-dev
+                libavformat-dev libavcodec-dev libavutil-dev libswscale-dev ffmpeg)
 
 # configure DIR [cmake args...]: configures the project into DIR. A configure that did not
 # finish (DIR/.configuring is left while one runs; or a cache without build.ninja) starts from

@@ -40,7 +40,7 @@ ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 stage "Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
 echo "   lightning, accelerate, datasets for bench/frameworks_bench.py)"
 python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
-  webdataset pyarrow lightning accelerate datasets
+  webdataset pyarrow lightning accelerate datasets av
 
 stage "set-up that survives an interruption: venvs and build directories repaired (pytest)"
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/setup
@@ -78,7 +78,7 @@ python3 -m venv build-py/fresh-venv
 # the same samples as stoker.WebDataset reads; lightning, accelerate, datasets: the frameworks
 # tests (tests/python/test_framework_runs.py, test_frameworks.py); optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets
+  pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets av
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 stage "PyTorch's own DataLoader tests with stoker's loader (given their file)"
@@ -121,6 +121,7 @@ pq_file="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir(
 ./build/stoker tune --parquet "$pq_file" --seconds 0.5 --measure 0.2 --json >/dev/null
 ./build/stoker bench --parquet "$pq_file" --smoke --python .venv-test/bin/python --json >/dev/null
 .venv-test/bin/python bench/webdataset_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/video_bench.py --smoke >/dev/null 2>&1  # FFmpeg's libraries and CLI
 # the shards that smoke run made (bench/webdataset_bench.py: $TMPDIR/stoker-bench-wds-64-2)
 wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null

@@ -21,6 +21,9 @@
 
 #include "native_datasets.h"
 #include "parquet_dataset.h"
+#ifdef STOKER_HAVE_VIDEO
+#include "video_dataset.h"
+#endif
 #include "py_dataset.h"
 #include "py_loader.h"
 #include "py_workers.h"
@@ -318,6 +321,9 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
       py::arg("on_progress") = py::none());
   bind_parquet(m);
+#ifdef STOKER_HAVE_VIDEO
+  bind_video(m);
+#endif
   m.def("synthetic_dataset", &make_synthetic_dataset, py::arg("samples"), py::arg("fields"),
         py::arg("latency_s"), py::arg("cpu_work_s"), py::arg("classes"));
 

@@ -28,6 +28,7 @@ from .tuning import tune
 from .shuffle import shuffle_quality, shuffle_report
 from .datasets.parquet import ParquetDataset
 from .datasets.webdataset import WebDataset
+from .datasets.video import VideoClips
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -46,6 +47,7 @@ __all__ = [
     "SampleError",
     "SkippedSample",
     "SyntheticDataset",
+    "VideoClips",
     "WebDataset",
     "WebDatasetStream",
     "WorkerError",

@@ -1,0 +1,919 @@
+// VideoClips (include/stoker/video.h): the index of each file (demuxed packets, cached on
+// disk), the clips planned from it, and their reads: seek to the keyframe, decode to the last
+// frame, frames chosen by presentation timestamp, converted to RGB by libswscale at their own
+// size and resized by stoker's resampling straight into the batch slab.
+extern "C" {
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/imgutils.h>
+#include <libavutil/pixdesc.h>
+#include <libswscale/swscale.h>
+}
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "image/resample.h"
+#include "source/file_util.h"
+#include "source/remote.h"  // default_cache_dir
+#include "stoker/frontend/mutex.h"
+#include "stoker/video.h"
+
+namespace stoker {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string av_error(int code) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {};
+  av_strerror(code, buf, sizeof buf);
+  return buf;
+}
+
+constexpr const char* kVideoExtensions[] = {".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi"};
+
+bool has_video_extension(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  for (const char* e : kVideoExtensions) {
+    if (ext == e) return true;
+  }
+  return false;
+}
+
+// The video files below `dir`, recursively, sorted by path.
+std::vector<std::string> videos_below(const fs::path& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(
+           dir, fs::directory_options::follow_directory_symlink, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_directory(ec) && has_video_extension(it->path()))
+      out.push_back(it->path().string());
+  }
+  if (ec) throw std::runtime_error(dir.string() + ": cannot list: " + ec.message());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) {
+  const auto* b = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+// ---------------------------------------------------------------------------- the index
+
+struct Keyframe {
+  std::int64_t pts = 0;      // its presentation timestamp
+  std::int64_t seek_ts = 0;  // what av_seek_frame is given to land on it (its pts, else dts)
+};
+
+struct VideoIndex {
+  int stream = -1;
+  int tb_num = 1, tb_den = 1;
+  int width = 0, height = 0;
+  std::vector<std::int64_t> pts;  // every frame's presentation timestamp, ascending
+  std::vector<std::uint8_t> key;  // per frame: a keyframe
+  std::vector<Keyframe> keys;     // ascending by pts
+
+  double seconds(std::int64_t t) const { return static_cast<double>(t) * tb_num / tb_den; }
+  // The keyframe at or before frame `f` (the first keyframe if none is).
+  std::size_t key_before(std::size_t f) const {
+    const std::int64_t p = pts[f];
+    auto it = std::upper_bound(keys.begin(), keys.end(), p,
+                               [](std::int64_t v, const Keyframe& k) { return v < k.pts; });
+    return it == keys.begin() ? 0 : static_cast<std::size_t>(it - keys.begin() - 1);
+  }
+};
+
+struct FileStat {
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+};
+
+FileStat stat_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) detail::throw_errno(path, "cannot stat");
+  return {static_cast<std::uint64_t>(st.st_size),
+          static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+struct FormatCloser {
+  void operator()(AVFormatContext* f) const { avformat_close_input(&f); }
+};
+struct PacketFree {
+  void operator()(AVPacket* p) const { av_packet_free(&p); }
+};
+using FormatPtr = std::unique_ptr<AVFormatContext, FormatCloser>;
+using PacketPtr = std::unique_ptr<AVPacket, PacketFree>;
+
+FormatPtr open_format(const std::string& path) {
+  AVFormatContext* raw = nullptr;
+  const int rc = avformat_open_input(&raw, path.c_str(), nullptr, nullptr);
+  if (rc < 0) {
+    std::string why = av_error(rc);
+    if (rc == AVERROR_INVALIDDATA) {
+      why += " (not a video FFmpeg can read: a truncated file, an MP4 without its moov atom?)";
+    }
+    throw std::runtime_error(path + ": cannot open: " + why);
+  }
+  return FormatPtr(raw);
+}
+
+// The file's video stream (not a cover picture): its index, or an error naming what it has.
+int video_stream(AVFormatContext* fmt, const std::string& path) {
+  int audio = 0;
+  for (unsigned i = 0; i < fmt->nb_streams; ++i) {
+    const AVStream* st = fmt->streams[i];
+    if (st->codecpar->codec_type == AVMEDIA_TYPE_VIDEO &&
+        !(st->disposition & AV_DISPOSITION_ATTACHED_PIC)) {
+      return static_cast<int>(i);
+    }
+    if (st->codecpar->codec_type == AVMEDIA_TYPE_AUDIO) ++audio;
+  }
+  if (audio > 0) throw std::runtime_error(path + ": no video stream (audio only)");
+  if (fmt->nb_streams == 0) {
+    throw std::runtime_error(path +
+                             ": no streams (an empty video, a truncated file, an MP4 "
+                             "without its moov atom?)");
+  }
+  throw std::runtime_error(path + ": no video stream (" + std::to_string(fmt->nb_streams) +
+                           " other streams; a truncated file, an MP4 without its moov atom?)");
+}
+
+// Demuxes every packet of the file's video stream (nothing decoded).
+VideoIndex build_index(const std::string& path) {
+  FormatPtr fmt = open_format(path);
+  int s = video_stream(fmt.get(), path);
+  AVStream* st = fmt->streams[s];
+  if (st->codecpar->width <= 0 || st->codecpar->codec_id == AV_CODEC_ID_NONE) {
+    const int rc = avformat_find_stream_info(fmt.get(), nullptr);
+    if (rc < 0) throw std::runtime_error(path + ": cannot read its streams: " + av_error(rc));
+  }
+  const AVCodec* codec = avcodec_find_decoder(st->codecpar->codec_id);
+  if (codec == nullptr) {
+    throw std::runtime_error(path + ": no decoder for its video codec " +
+                             avcodec_get_name(st->codecpar->codec_id));
+  }
+  for (unsigned i = 0; i < fmt->nb_streams; ++i) {
+    if (static_cast<int>(i) != s) fmt->streams[i]->discard = AVDISCARD_ALL;
+  }
+  VideoIndex index;
+  index.stream = s;
+  index.tb_num = st->time_base.num;
+  index.tb_den = st->time_base.den;
+  index.width = st->codecpar->width;
+  index.height = st->codecpar->height;
+  if (index.tb_num <= 0 || index.tb_den <= 0) {
+    throw std::runtime_error(path + ": its video stream has no time base");
+  }
+
+  struct Packet {
+    std::int64_t pts;
+    std::int64_t seek_ts;
+    bool key;
+  };
+  std::vector<Packet> packets;
+  std::int64_t demuxed = 0;  // packets of the stream, discarded ones included
+  PacketPtr pkt(av_packet_alloc());
+  if (!pkt) throw std::bad_alloc();
+  for (;;) {
+    const int rc = av_read_frame(fmt.get(), pkt.get());
+    if (rc == AVERROR_EOF) break;
+    if (rc < 0) throw std::runtime_error(path + ": cannot read its packets: " + av_error(rc));
+    if (pkt->stream_index == s) {
+      ++demuxed;
+      if (pkt->flags & AV_PKT_FLAG_CORRUPT) {
+        av_packet_unref(pkt.get());
+        throw std::runtime_error(path + ": packet " + std::to_string(demuxed) +
+                                 " is corrupt or cut short (a truncated file?)");
+      }
+      if (!(pkt->flags & AV_PKT_FLAG_DISCARD)) {  // not shown (an edit list's pre-roll)
+        const std::int64_t pts = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
+        if (pts == AV_NOPTS_VALUE) {
+          av_packet_unref(pkt.get());
+          throw std::runtime_error(path + ": its video packets have no timestamps");
+        }
+        const std::int64_t seek = pts;
+        packets.push_back({pts, seek, (pkt->flags & AV_PKT_FLAG_KEY) != 0});
+      }
+    }
+    av_packet_unref(pkt.get());
+  }
+  // A container that lists its samples (MP4's moov) names more than a cut-short file holds.
+  const int listed = avformat_index_get_entries_count(st);
+  if (fmt->iformat && std::strstr(fmt->iformat->name, "mp4") != nullptr && listed > demuxed) {
+    throw std::runtime_error(path + ": truncated: its index lists " + std::to_string(listed) +
+                             " video frames, the file holds " + std::to_string(demuxed));
+  }
+  if (packets.empty()) throw std::runtime_error(path + ": no frames in its video stream");
+  std::sort(packets.begin(), packets.end(),
+            [](const Packet& a, const Packet& b) { return a.pts < b.pts; });
+  for (const Packet& p : packets) {
+    if (!index.pts.empty() && index.pts.back() == p.pts) continue;  // a repeated timestamp
+    index.pts.push_back(p.pts);
+    index.key.push_back(p.key ? 1 : 0);
+    if (p.key) index.keys.push_back({p.pts, p.seek_ts});
+  }
+  if (index.keys.empty()) throw std::runtime_error(path + ": no keyframe in its video stream");
+  return index;
+}
+
+// ---------------------------------------------------------------------------- index cache
+
+constexpr char kCacheMagic[8] = {'S', 'T', 'K', 'V', 'I', 'D', '0', '1'};
+
+std::string cache_file(const std::string& dir, const std::string& path) {
+  char name[40];
+  std::snprintf(name, sizeof name, "%016llx.vidx",
+                static_cast<unsigned long long>(fnv1a(path.data(), path.size())));
+  return (fs::path(dir) / name).string();
+}
+
+template <class T>
+void put(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+template <class T>
+bool get(std::string_view& in, T& v) {
+  if (in.size() < sizeof v) return false;
+  std::memcpy(&v, in.data(), sizeof v);
+  in.remove_prefix(sizeof v);
+  return true;
+}
+
+void save_index(const std::string& file, const std::string& path, const FileStat& st,
+                const VideoIndex& x) {
+  std::string out(kCacheMagic, sizeof kCacheMagic);
+  put(out, st.size);
+  put(out, st.mtime_ns);
+  put(out, static_cast<std::uint64_t>(path.size()));
+  out += path;
+  put(out, static_cast<std::int32_t>(x.stream));
+  put(out, static_cast<std::int32_t>(x.tb_num));
+  put(out, static_cast<std::int32_t>(x.tb_den));
+  put(out, static_cast<std::int32_t>(x.width));
+  put(out, static_cast<std::int32_t>(x.height));
+  put(out, static_cast<std::uint64_t>(x.pts.size()));
+  for (std::size_t i = 0; i < x.pts.size(); ++i) {
+    put(out, x.pts[i]);
+    put(out, x.key[i]);
+  }
+  put(out, static_cast<std::uint64_t>(x.keys.size()));
+  for (const Keyframe& k : x.keys) {
+    put(out, k.pts);
+    put(out, k.seek_ts);
+  }
+  put(out, fnv1a(out.data(), out.size()));
+  (void)detail::replace_file(file, out);  // a cache: a failure leaves the next run to index
+}
+
+bool load_index(const std::string& file, const std::string& path, const FileStat& st,
+                VideoIndex& x) {
+  std::vector<std::byte> bytes;
+  try {
+    detail::read_whole_file(file, bytes);
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (bytes.size() < sizeof kCacheMagic + 8) return false;
+  const std::size_t body = bytes.size() - 8;
+  std::uint64_t sum = 0;
+  std::memcpy(&sum, bytes.data() + body, 8);
+  if (fnv1a(bytes.data(), body) != sum) return false;
+  std::string_view in(reinterpret_cast<const char*>(bytes.data()), body);
+  if (in.substr(0, sizeof kCacheMagic) != std::string_view(kCacheMagic, sizeof kCacheMagic)) {
+    return false;
+  }
+  in.remove_prefix(sizeof kCacheMagic);
+  FileStat cached;
+  std::uint64_t path_len = 0, frames = 0, keys = 0;
+  std::int32_t stream = 0, num = 0, den = 0, w = 0, h = 0;
+  if (!get(in, cached.size) || !get(in, cached.mtime_ns) || !get(in, path_len) ||
+      path_len > in.size() || in.substr(0, path_len) != path) {
+    return false;
+  }
+  in.remove_prefix(path_len);
+  if (cached.size != st.size || cached.mtime_ns != st.mtime_ns || !get(in, stream) ||
+      !get(in, num) || !get(in, den) || !get(in, w) || !get(in, h) || !get(in, frames) ||
+      frames > in.size() / 9 || num <= 0 || den <= 0) {
+    return false;
+  }
+  x.stream = stream;
+  x.tb_num = num;
+  x.tb_den = den;
+  x.width = w;
+  x.height = h;
+  x.pts.resize(frames);
+  x.key.resize(frames);
+  for (std::size_t i = 0; i < frames; ++i) {
+    if (!get(in, x.pts[i]) || !get(in, x.key[i])) return false;
+  }
+  if (!get(in, keys) || keys > in.size() / 16 || keys == 0 || frames == 0) return false;
+  x.keys.resize(keys);
+  for (Keyframe& k : x.keys) {
+    if (!get(in, k.pts) || !get(in, k.seek_ts)) return false;
+  }
+  return in.empty();
+}
+
+// ---------------------------------------------------------------------------- decoders
+
+template <class T>
+std::span<T> sized(std::vector<T>& v, std::size_t n) {
+  if (v.size() < n) v.resize(n);
+  return {v.data(), n};
+}
+
+// An open file and its decoder, kept between the reads of its clips.
+struct Decoder {
+  std::size_t video = 0;
+  AVFormatContext* fmt = nullptr;
+  AVCodecContext* codec = nullptr;
+  AVPacket* pkt = nullptr;
+  AVFrame* frame = nullptr;
+  SwsContext* sws = nullptr;
+  const SwsContext* sws_set = nullptr;  // the context the colour details below were set on
+  std::array<int, 5> sws_details{};     // width, height, format, matrix, full range
+  // The last frame output since the last seek (INT64_MIN: none; the next read seeks).
+  std::int64_t last_pts = std::numeric_limits<std::int64_t>::min();
+  bool drained = false;  // the end of the file was sent: only a seek goes on from here
+  std::uint64_t used = 0;
+
+  // RGB frame and resampling scratch, reused.
+  std::vector<std::uint8_t> rgb;
+  int coeff_w = 0, coeff_h = 0;  // the frame size the coefficients are for
+  std::vector<std::int32_t> xs, xc, xw, ys, yc, yw;
+  image::AxisCoeffs cx, cy;
+  std::vector<std::uint8_t> rows, line;
+  std::vector<std::int32_t> acc;
+
+  Decoder() = default;
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+  ~Decoder() {
+    sws_freeContext(sws);
+    av_frame_free(&frame);
+    av_packet_free(&pkt);
+    avcodec_free_context(&codec);
+    if (fmt) avformat_close_input(&fmt);
+  }
+};
+
+std::unique_ptr<Decoder> open_decoder(const std::string& path, std::size_t video,
+                                      const VideoIndex& index) {
+  auto d = std::make_unique<Decoder>();
+  d->video = video;
+  FormatPtr fmt = open_format(path);
+  if (index.stream < 0 || static_cast<unsigned>(index.stream) >= fmt->nb_streams) {
+    throw std::runtime_error(path + ": the file changed since it was indexed");
+  }
+  for (unsigned i = 0; i < fmt->nb_streams; ++i) {
+    if (static_cast<int>(i) != index.stream) fmt->streams[i]->discard = AVDISCARD_ALL;
+  }
+  const AVStream* st = fmt->streams[index.stream];
+  d->fmt = fmt.release();
+  const AVCodec* codec = avcodec_find_decoder(st->codecpar->codec_id);
+  if (codec == nullptr) {
+    throw std::runtime_error(path + ": no decoder for its video codec " +
+                             avcodec_get_name(st->codecpar->codec_id));
+  }
+  d->codec = avcodec_alloc_context3(codec);
+  d->pkt = av_packet_alloc();
+  d->frame = av_frame_alloc();
+  if (!d->codec || !d->pkt || !d->frame) throw std::bad_alloc();
+  int rc = avcodec_parameters_to_context(d->codec, st->codecpar);
+  if (rc < 0) throw std::runtime_error(path + ": bad codec parameters: " + av_error(rc));
+  d->codec->pkt_timebase = st->time_base;
+  d->codec->thread_count = 1;  // the loader's worker threads are the parallelism
+  d->codec->flags |= AV_CODEC_FLAG_OUTPUT_CORRUPT;  // corrupt frames come out flagged: reported
+  rc = avcodec_open2(d->codec, codec, nullptr);
+  if (rc < 0) throw std::runtime_error(path + ": cannot open its decoder: " + av_error(rc));
+  return d;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- the data set
+
+struct VideoClips::Impl {
+  VideoClipsOptions o;
+  std::vector<std::string> paths;
+  std::vector<std::int64_t> labels;
+  std::vector<std::string> classes;
+  std::vector<VideoIndex> index;
+  std::size_t clip_bytes = 0;
+
+  std::atomic<std::uint64_t> decoded{0}, seeks{0}, continued{0}, opened{0};
+  std::uint64_t indexed = 0, from_cache = 0;
+
+  // Idle decoders: taken by a read, given back after it (a failed read drops its decoder).
+  detail::Mutex mutex;
+  std::vector<std::unique_ptr<Decoder>> idle STOKER_GUARDED_BY(mutex);
+  std::uint64_t uses STOKER_GUARDED_BY(mutex) = 0;
+  std::size_t max_idle = 8;
+
+  void list_videos();
+  void make_indexes();
+
+  struct Plan {
+    std::size_t video = 0;
+    std::vector<std::size_t> frames;  // per clip frame, an index into the video's frames
+  };
+  void plan(std::size_t sample, std::uint64_t seed, Plan& p) const;
+
+  std::unique_ptr<Decoder> take(std::size_t video, std::int64_t key_pts, std::int64_t first_pts);
+  void give_back(std::unique_ptr<Decoder> d);
+  void decode_clip(Decoder& d, const Plan& p, std::span<std::byte> out);
+  void write_frame(Decoder& d, std::span<std::byte> out);
+};
+
+void VideoClips::Impl::list_videos() {
+  if (o.paths.empty()) throw std::invalid_argument("stoker::VideoClips: no paths");
+  std::error_code ec;
+  // One directory holding no video itself, only folders: the class-folder layout.
+  if (o.paths.size() == 1 && fs::is_directory(o.paths[0], ec)) {
+    const fs::path root(o.paths[0]);
+    bool direct = false;
+    std::vector<std::string> dirs;
+    for (const auto& e : fs::directory_iterator(root, ec)) {
+      if (e.is_directory(ec)) {
+        dirs.push_back(e.path().filename().string());
+      } else if (has_video_extension(e.path())) {
+        direct = true;
+      }
+    }
+    if (ec) throw std::runtime_error(root.string() + ": cannot list: " + ec.message());
+    if (!direct && !dirs.empty()) {
+      std::sort(dirs.begin(), dirs.end());
+      std::string empty;
+      for (std::size_t c = 0; c < dirs.size(); ++c) {
+        std::vector<std::string> v = videos_below(root / dirs[c]);
+        if (v.empty()) empty += (empty.empty() ? "" : ", ") + dirs[c];
+        for (auto& p : v) {
+          paths.push_back(std::move(p));
+          labels.push_back(static_cast<std::int64_t>(c));
+        }
+      }
+      if (!empty.empty()) {
+        throw std::runtime_error(root.string() + ": found no video file for the classes " + empty);
+      }
+      classes = std::move(dirs);
+      return;
+    }
+  }
+  for (const std::string& p : o.paths) {
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> v = videos_below(p);
+      if (v.empty()) throw std::runtime_error(p + ": no video files (.mp4 .mkv .webm .mov ...)");
+      for (auto& f : v) paths.push_back(std::move(f));
+    } else if (fs::exists(p, ec)) {
+      paths.push_back(p);
+    } else {
+      throw std::runtime_error(p + ": no such file or directory");
+    }
+  }
+  for (std::size_t i = 0; i < paths.size(); ++i) labels.push_back(static_cast<std::int64_t>(i));
+}
+
+void VideoClips::Impl::make_indexes() {
+  index.resize(paths.size());
+  std::string dir;
+  if (o.index_cache) {
+    dir = o.index_cache_dir.empty() ? detail::default_cache_dir("video") : o.index_cache_dir;
+  }
+  std::vector<std::string> errors(paths.size());
+  std::vector<std::uint8_t> cached(paths.size(), 0);
+  std::atomic<std::size_t> next{0};
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < paths.size();) {
+      try {
+        const std::string abs = fs::absolute(paths[i]).lexically_normal().string();
+        const FileStat st = stat_file(paths[i]);
+        const std::string file = dir.empty() ? std::string() : cache_file(dir, abs);
+        if (!file.empty() && load_index(file, abs, st, index[i])) {
+          cached[i] = 1;
+          continue;
+        }
+        index[i] = build_index(paths[i]);
+        if (!file.empty()) save_index(file, abs, st, index[i]);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    }
+  };
+  unsigned threads = o.index_threads > 0 ? static_cast<unsigned>(o.index_threads)
+                                         : std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<std::size_t>(threads, paths.size()));
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  std::size_t failed = 0;
+  std::string first;
+  for (const std::string& e : errors) {
+    if (e.empty()) continue;
+    if (failed++ == 0) first = e;
+  }
+  if (failed > 0) {
+    throw std::runtime_error(first + (failed > 1 ? " (and " + std::to_string(failed - 1) +
+                                                       " more files that cannot be read)"
+                                                 : std::string()));
+  }
+  from_cache = static_cast<std::uint64_t>(std::count(cached.begin(), cached.end(), 1));
+  indexed = paths.size() - from_cache;
+}
+
+void VideoClips::Impl::plan(std::size_t sample, std::uint64_t seed, Plan& p) const {
+  const auto per = static_cast<std::size_t>(o.clips_per_video);
+  p.video = sample / per;
+  const std::size_t k = sample % per;
+  const VideoIndex& x = index.at(p.video);
+  const std::size_t n = x.pts.size();
+  const auto frames = static_cast<std::size_t>(o.frames);
+  p.frames.resize(frames);
+  const bool random = o.sampling == VideoClipsOptions::Sampling::random;
+  // The clip's place in [0, 1): evenly spaced, or drawn from the sample's seed.
+  auto place = [&](std::size_t positions) -> std::size_t {
+    if (positions <= 1) return 0;
+    if (random) return static_cast<std::size_t>(splitmix64(seed) % positions);
+    if (per == 1) return (positions - 1) / 2;
+    return k * (positions - 1) / (per - 1);
+  };
+  if (o.fps <= 0) {
+    const std::size_t span = (frames - 1) * static_cast<std::size_t>(o.stride);
+    const std::size_t first = place(n > span ? n - span : 1);
+    for (std::size_t t = 0; t < frames; ++t) {
+      p.frames[t] = std::min(n - 1, first + t * static_cast<std::size_t>(o.stride));
+    }
+    return;
+  }
+  // By time: the clip starts at a frame's presentation time, and clip frame t is the frame on
+  // screen at start + t / fps: the last whose presentation time is at or before it. The clip
+  // starts at the frames that leave it room before the last frame's time (at least the first).
+  const double tick = static_cast<double>(x.tb_num) / x.tb_den;  // seconds per unit
+  const double span = (static_cast<double>(frames) - 1) / o.fps / tick;
+  const auto latest = static_cast<double>(x.pts.back()) - span;
+  std::size_t starts = 1;
+  while (starts < n && static_cast<double>(x.pts[starts]) <= latest) ++starts;
+  const std::size_t first = place(starts);
+  const std::int64_t start = x.pts[first];
+  for (std::size_t t = 0; t < frames; ++t) {
+    const auto at =
+        start + static_cast<std::int64_t>(std::floor(static_cast<double>(t) / o.fps / tick + 1e-9));
+    const auto it = std::upper_bound(x.pts.begin(), x.pts.end(), at);
+    p.frames[t] = static_cast<std::size_t>(it - x.pts.begin() - 1);  // >= first
+  }
+}
+
+std::unique_ptr<Decoder> VideoClips::Impl::take(std::size_t video, std::int64_t key_pts,
+                                                std::int64_t first_pts) {
+  std::unique_ptr<Decoder> out;
+  {
+    detail::MutexLock lock(mutex);
+    std::size_t best = idle.size();
+    for (std::size_t i = 0; i < idle.size(); ++i) {
+      const Decoder& d = *idle[i];
+      if (d.video != video) continue;
+      const bool ahead = !d.drained && d.last_pts >= key_pts && d.last_pts < first_pts;
+      if (best == idle.size() || ahead) best = i;
+      if (ahead) break;
+    }
+    if (best < idle.size()) {
+      out = std::move(idle[best]);
+      idle.erase(idle.begin() + static_cast<std::ptrdiff_t>(best));
+    }
+  }
+  if (!out) {
+    out = open_decoder(paths[video], video, index[video]);
+    opened.fetch_add(1, std::memory_order_relaxed);
+  }
+  return out;
+}
+
+void VideoClips::Impl::give_back(std::unique_ptr<Decoder> d) {
+  std::unique_ptr<Decoder> evicted;  // closed after the lock is released
+  detail::MutexLock lock(mutex);
+  d->used = ++uses;
+  idle.push_back(std::move(d));
+  if (idle.size() > max_idle) {
+    auto oldest = std::min_element(idle.begin(), idle.end(),
+                                   [](const auto& a, const auto& b) { return a->used < b->used; });
+    evicted = std::move(*oldest);
+    idle.erase(oldest);
+  }
+}
+
+void VideoClips::Impl::write_frame(Decoder& d, std::span<std::byte> out) {
+  const AVFrame* f = d.frame;
+  const int w = f->width, h = f->height;
+  const std::string& path = paths[d.video];
+  if (w <= 0 || h <= 0) throw std::runtime_error(path + ": a decoded frame has no pixels");
+  const auto fmt = static_cast<AVPixelFormat>(f->format);
+  d.sws = sws_getCachedContext(d.sws, w, h, fmt, w, h, AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr,
+                               nullptr, nullptr);
+  if (d.sws == nullptr) {
+    const char* name = av_get_pix_fmt_name(fmt);
+    throw std::runtime_error(path + ": cannot convert its pixel format " +
+                             (name ? name : "unknown") + " to RGB");
+  }
+  // YUV to RGB with the frame's own matrix and range (BT.601 where it names none), set when
+  // the context or they change.
+  const int cs = f->colorspace == AVCOL_SPC_UNSPECIFIED ? SWS_CS_DEFAULT : f->colorspace;
+  const int full = f->color_range == AVCOL_RANGE_JPEG ? 1 : 0;
+  const std::array<int, 5> details{w, h, f->format, cs, full};
+  if (d.sws != d.sws_set || details != d.sws_details) {
+    sws_setColorspaceDetails(d.sws, sws_getCoefficients(cs), full,
+                             sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
+    d.sws_set = d.sws;
+    d.sws_details = details;
+  }
+
+  const int W = o.width, H = o.height;
+  if (d.coeff_w != w || d.coeff_h != h) {
+    // The crop (the largest centered box of the output's aspect ratio) or the whole frame.
+    double x0 = 0, x1 = w, y0 = 0, y1 = h;
+    if (o.center_crop) {
+      const double want = static_cast<double>(W) / H;
+      if (static_cast<double>(w) / h > want) {
+        const double cw = h * want;
+        x0 = std::round((w - cw) / 2);
+        x1 = x0 + std::round(cw);
+      } else {
+        const double ch = w / want;
+        y0 = std::round((h - ch) / 2);
+        y1 = y0 + std::round(ch);
+      }
+    }
+    auto axis = [](std::vector<std::int32_t>& s, std::vector<std::int32_t>& c,
+                   std::vector<std::int32_t>& wt, int in, double a, double b, int outn) {
+      image::AxisCoeffs ax;
+      ax.taps = image::bilinear_taps(a, b, outn);
+      ax.start = sized(s, static_cast<std::size_t>(outn));
+      ax.count = sized(c, static_cast<std::size_t>(outn));
+      ax.weights = sized(wt, static_cast<std::size_t>(outn) * static_cast<std::size_t>(ax.taps));
+      image::bilinear_axis(in, a, b, outn, 0, ax);
+      return ax;
+    };
+    d.cx = axis(d.xs, d.xc, d.xw, w, x0, x1, W);
+    d.cy = axis(d.ys, d.yc, d.yw, h, y0, y1, H);
+    d.coeff_w = w;
+    d.coeff_h = h;
+  }
+  const int stride = FFALIGN(w * 3, 64);
+  const std::size_t rgb_bytes = static_cast<std::size_t>(stride) * static_cast<std::size_t>(h) +
+                                image::row_padding(d.cx) + 64;
+  std::uint8_t* dst[4] = {sized(d.rgb, rgb_bytes).data(), nullptr, nullptr, nullptr};
+  const int dst_stride[4] = {stride, 0, 0, 0};
+  const int rows_out = sws_scale(d.sws, f->data, f->linesize, 0, h, dst, dst_stride);
+  if (rows_out != h) throw std::runtime_error(path + ": cannot convert a frame to RGB");
+
+  const std::size_t row_bytes = static_cast<std::size_t>(W) * 4;  // RGBx
+  const auto rows_needed = static_cast<std::size_t>(d.cy.last - d.cy.first);
+  std::uint8_t* rows = sized(d.rows, rows_needed * row_bytes).data();
+  for (int y = d.cy.first; y < d.cy.last; ++y) {
+    image::resample_row(d.rgb.data() + static_cast<std::size_t>(y) * stride +
+                            static_cast<std::size_t>(d.cx.first) * 3,
+                        d.cx, rows + static_cast<std::size_t>(y - d.cy.first) * row_bytes);
+  }
+  image::OutputArgs args;
+  args.out = out;
+  args.dtype = DType::u8;
+  args.layout = ImageLayout::chw;
+  args.width = W;
+  args.height = H;
+  image::resample_columns(rows, row_bytes, d.cy, args, sized(d.acc, row_bytes),
+                          sized(d.line, row_bytes));
+}
+
+void VideoClips::Impl::decode_clip(Decoder& d, const Plan& p, std::span<std::byte> out) {
+  const VideoIndex& x = index[d.video];
+  const std::string& path = paths[d.video];
+  const std::size_t frame_bytes = clip_bytes / p.frames.size();
+  const std::int64_t first_pts = x.pts[p.frames.front()];
+  const std::size_t key = x.key_before(p.frames.front());
+  auto at = [&](std::int64_t pts) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.3f s", x.seconds(pts));
+    return std::string(buf);
+  };
+
+  // Seeks to keyframe `k` (the one before the clip; an earlier one if that landed late).
+  std::size_t seek_key = key;
+  bool just_seeked = false;
+  auto seek = [&](std::size_t k) {
+    const int rc = av_seek_frame(d.fmt, x.stream, x.keys[k].seek_ts, AVSEEK_FLAG_BACKWARD);
+    if (rc < 0) {
+      throw std::runtime_error(path + ": cannot seek to " + at(x.keys[k].pts) + ": " +
+                               av_error(rc));
+    }
+    avcodec_flush_buffers(d.codec);
+    d.last_pts = std::numeric_limits<std::int64_t>::min();
+    d.drained = false;
+    just_seeked = true;
+    seeks.fetch_add(1, std::memory_order_relaxed);
+  };
+  const bool ahead = !d.drained && d.last_pts >= x.keys[key].pts && d.last_pts < first_pts;
+  if (ahead) {
+    continued.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    seek(key);
+  }
+
+  std::size_t t = 0;  // the next clip frame to fill
+  for (;;) {
+    // Frames the decoder has ready, in presentation order.
+    for (;;) {
+      const int rc = avcodec_receive_frame(d.codec, d.frame);
+      if (rc == AVERROR(EAGAIN)) break;
+      if (rc == AVERROR_EOF) {
+        throw std::runtime_error(path + ": the stream ended before the frame at " +
+                                 at(x.pts[p.frames[t]]) + " (a truncated file?)");
+      }
+      if (rc < 0) throw std::runtime_error(path + ": a frame does not decode: " + av_error(rc));
+      decoded.fetch_add(1, std::memory_order_relaxed);
+      std::int64_t pts = d.frame->best_effort_timestamp;
+      if (pts == AV_NOPTS_VALUE) pts = d.frame->pts;
+      const bool corrupt = (d.frame->flags & AV_FRAME_FLAG_CORRUPT) || d.frame->decode_error_flags;
+      const std::int64_t want = x.pts[p.frames[t]];
+      if (just_seeked && pts > want) {  // landed after the clip's first frame: seek earlier
+        av_frame_unref(d.frame);
+        if (seek_key == 0) {
+          throw std::runtime_error(path + ": seeking does not reach the frame at " + at(want));
+        }
+        seek(--seek_key);
+        continue;
+      }
+      just_seeked = false;
+      d.last_pts = pts;
+      if (pts < want) {
+        av_frame_unref(d.frame);
+        continue;
+      }
+      if (pts > want) {
+        av_frame_unref(d.frame);
+        throw std::runtime_error(path + ": the frame at " + at(want) +
+                                 " does not decode (the decoder went on to " + at(pts) + ")");
+      }
+      if (corrupt) {
+        av_frame_unref(d.frame);
+        throw std::runtime_error(path + ": the frame at " + at(want) + " is corrupt");
+      }
+      write_frame(d, out.subspan(t * frame_bytes, frame_bytes));
+      // Clip frames showing the same video frame (a clip longer than the video, or fps above
+      // the file's) are copies.
+      for (++t; t < p.frames.size() && p.frames[t] == p.frames[t - 1]; ++t) {
+        std::memcpy(out.data() + t * frame_bytes, out.data() + (t - 1) * frame_bytes, frame_bytes);
+      }
+      av_frame_unref(d.frame);
+      if (t == p.frames.size()) return;
+    }
+    if (d.drained) {
+      throw std::runtime_error(path + ": the stream ended before the frame at " +
+                               at(x.pts[p.frames[t]]) + " (a truncated file?)");
+    }
+    const int rc = av_read_frame(d.fmt, d.pkt);
+    if (rc == AVERROR_EOF) {
+      d.drained = true;
+      const int sent = avcodec_send_packet(d.codec, nullptr);
+      if (sent < 0 && sent != AVERROR_EOF) {
+        throw std::runtime_error(path + ": cannot drain its decoder: " + av_error(sent));
+      }
+      continue;
+    }
+    if (rc < 0) throw std::runtime_error(path + ": cannot read a packet: " + av_error(rc));
+    if (d.pkt->stream_index != x.stream) {
+      av_packet_unref(d.pkt);
+      continue;
+    }
+    // A frame shown before the clip that no other frame refers to is not decoded at all (the
+    // decoder runs on this thread: the setting holds for this packet alone).
+    const std::int64_t pkt_pts = d.pkt->pts != AV_NOPTS_VALUE ? d.pkt->pts : d.pkt->dts;
+    d.codec->skip_frame =
+        pkt_pts != AV_NOPTS_VALUE && pkt_pts < first_pts ? AVDISCARD_NONREF : AVDISCARD_DEFAULT;
+    const int sent = avcodec_send_packet(d.codec, d.pkt);
+    av_packet_unref(d.pkt);
+    if (sent < 0) {
+      throw std::runtime_error(path + ": a packet does not decode: " + av_error(sent));
+    }
+  }
+}
+
+VideoClips::VideoClips(VideoClipsOptions options) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.o = std::move(options);
+  const VideoClipsOptions& o = m.o;
+  if (o.frames < 1) throw std::invalid_argument("stoker::VideoClips: frames must be at least 1");
+  if (o.stride < 1) throw std::invalid_argument("stoker::VideoClips: stride must be at least 1");
+  if (!(o.fps >= 0) || !std::isfinite(o.fps)) {
+    throw std::invalid_argument("stoker::VideoClips: fps must be positive (or 0: by stride)");
+  }
+  if (o.clips_per_video < 1) {
+    throw std::invalid_argument("stoker::VideoClips: clips_per_video must be at least 1");
+  }
+  if (o.height < 1 || o.width < 1 || o.height > 16384 || o.width > 16384) {
+    throw std::invalid_argument("stoker::VideoClips: height and width must be in 1..16384");
+  }
+  m.clip_bytes = static_cast<std::size_t>(o.frames) * 3 * static_cast<std::size_t>(o.height) *
+                 static_cast<std::size_t>(o.width);
+  m.max_idle = std::max<std::size_t>(8, 2 * std::thread::hardware_concurrency());
+  m.list_videos();
+  m.make_indexes();
+}
+
+VideoClips::~VideoClips() = default;
+
+std::size_t VideoClips::size() const {
+  return impl_->paths.size() * static_cast<std::size_t>(impl_->o.clips_per_video);
+}
+
+std::vector<FieldSpec> VideoClips::fields() const {
+  const VideoClipsOptions& o = impl_->o;
+  return {{"clip", DType::u8, {o.frames, 3, o.height, o.width}},
+          {"label", DType::i64, {}},
+          {"start_pts", DType::f64, {}}};
+}
+
+void VideoClips::read(std::size_t index, const SampleOut& out) const {
+  Impl& m = *impl_;
+  if (index >= size()) throw std::out_of_range("stoker::VideoClips: index out of range");
+  thread_local Impl::Plan plan;
+  m.plan(index, out.seed(), plan);
+  const VideoIndex& x = m.index[plan.video];
+  const std::int64_t first = x.pts[plan.frames.front()];
+  std::unique_ptr<Decoder> d =
+      m.take(plan.video, x.keys[x.key_before(plan.frames.front())].pts, first);
+  m.decode_clip(*d, plan, out.bytes(0));  // a failure drops the decoder
+  m.give_back(std::move(d));
+  out.as<std::int64_t>(1)[0] = m.labels[plan.video];
+  out.as<double>(2)[0] = x.seconds(first);
+}
+
+std::string VideoClips::sample_name(std::size_t index) const {
+  const auto per = static_cast<std::size_t>(impl_->o.clips_per_video);
+  if (index >= size()) return {};
+  return impl_->paths[index / per] + " (clip " + std::to_string(index % per) + ")";
+}
+
+const VideoClipsOptions& VideoClips::options() const { return impl_->o; }
+std::size_t VideoClips::videos() const { return impl_->paths.size(); }
+const std::string& VideoClips::path(std::size_t video) const { return impl_->paths.at(video); }
+std::int64_t VideoClips::label(std::size_t video) const { return impl_->labels.at(video); }
+std::vector<std::string> VideoClips::classes() const { return impl_->classes; }
+
+std::vector<double> VideoClips::frame_times(std::size_t video) const {
+  const VideoIndex& x = impl_->index.at(video);
+  std::vector<double> out;
+  out.reserve(x.pts.size());
+  for (const std::int64_t p : x.pts) out.push_back(x.seconds(p));
+  return out;
+}
+
+std::vector<bool> VideoClips::keyframes(std::size_t video) const {
+  const VideoIndex& x = impl_->index.at(video);
+  return {x.key.begin(), x.key.end()};
+}
+
+std::vector<std::size_t> VideoClips::clip_frames(std::size_t index, std::uint64_t seed) const {
+  if (index >= size()) throw std::out_of_range("stoker::VideoClips: index out of range");
+  Impl::Plan p;
+  impl_->plan(index, seed, p);
+  return p.frames;
+}
+
+VideoClips::Counters VideoClips::counters() const {
+  const Impl& m = *impl_;
+  Counters c;
+  c.decoded_frames = m.decoded.load(std::memory_order_relaxed);
+  c.seeks = m.seeks.load(std::memory_order_relaxed);
+  c.continued = m.continued.load(std::memory_order_relaxed);
+  c.opened = m.opened.load(std::memory_order_relaxed);
+  c.indexed = m.indexed;
+  c.from_cache = m.from_cache;
+  return c;
+}
+
+}  // namespace stoker

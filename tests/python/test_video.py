@@ -1,0 +1,243 @@
+"""stoker.VideoClips against FFmpeg's own decode through PyAV (videos written here with PyAV:
+H.264 through libx264, B-frames on, and a variable-frame-rate one), in stoker.DataLoader, and
+the bad files (truncated, no moov atom, audio only, no frames, a stream that does not decode)."""
+
+import os
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import stoker
+from stoker.datasets.video import available
+
+av = pytest.importorskip("av")
+pytestmark = pytest.mark.skipif(not available(), reason="stoker built without FFmpeg")
+
+W, H = 160, 96
+
+
+def picture(k, w=W, h=H):
+    """Frame k: gradients and a square that moves, so that frames differ and resizing shows."""
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([(x * 255 // w + k * 3) % 256, (y * 255 // h) % 256,
+                    ((x + y) * 2 + k * 11) % 256], -1).astype(np.uint8)
+    s = 8 + (k * 5) % (w - 24)
+    img[20:36, s:s + 16] = (255, 255 - (k * 9) % 256, 0)
+    return img
+
+
+def write_video(path, frames=48, pts_ms=None, gop=12, w=W, h=H):
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=30)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.options = {"crf": "12", "g": str(gop), "bf": "2", "preset": "veryfast",
+                          "x264-params": "scenecut=0"}
+        if pts_ms is not None:  # variable frame rate: the frames' own times, in ms
+            stream.codec_context.time_base = Fraction(1, 1000)
+        for k in range(frames):
+            frame = av.VideoFrame.from_ndarray(picture(k, w, h), format="rgb24")
+            if pts_ms is not None:
+                frame.pts = pts_ms[k]
+                frame.time_base = stream.codec_context.time_base
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def reference(path):
+    """FFmpeg's decode of every frame through PyAV: (time, keyframe, rgb24 array) each."""
+    with av.open(str(path)) as f:
+        return [(fr.time, fr.key_frame, fr.to_ndarray(format="rgb24"))
+                for fr in f.decode(video=0)]
+
+
+def resized(rgb, size):
+    h, w = size
+    return np.asarray(Image.fromarray(rgb).resize((w, h), Image.BILINEAR)).transpose(2, 0, 1)
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+    d = tmp_path_factory.mktemp("videos")
+    write_video(d / "a.mp4", frames=48)
+    write_video(d / "b.mp4", frames=30, gop=8)
+    t, pts = 0, []
+    for k in range(40):
+        pts.append(t)
+        t += (33, 17, 100, 50)[k % 4]
+    write_video(d / "vfr.mp4", frames=40, pts_ms=pts)
+    return d
+
+
+def test_clip_frames_equal_ffmpegs_decode_at_the_same_timestamps(videos, tmp_path):
+    ds = stoker.VideoClips([videos / "a.mp4", videos / "b.mp4"], frames=6, stride=3,
+                           size=(48, 64), clips_per_video=3, index_cache=tmp_path)
+    assert len(ds) == 6
+    refs = {v: reference(v) for v in ds.videos}
+    for i in range(len(ds)):
+        clip, label, start = (np.asarray(v) for v in ds[i])
+        video = ds.videos[i // 3]
+        ref = refs[video]
+        frames = ds.clip_frames(i)
+        assert clip.shape == (6, 3, 48, 64) and clip.dtype == np.uint8
+        assert label == i // 3
+        assert start == pytest.approx(ref[frames[0]][0], abs=1e-9)
+        for t, f in enumerate(frames):
+            want = resized(ref[f][2], (48, 64)).astype(np.int16)
+            diff = np.abs(clip[t].astype(np.int16) - want).mean()
+            assert diff <= 1.0, (i, t, diff)  # mean abs difference <= 1/255
+
+
+def test_center_crop_matches_pillows_resize_of_the_same_box(videos, tmp_path):
+    ds = stoker.VideoClips(videos / "a.mp4", frames=2, stride=5, size=(32, 32), crop="center",
+                           index_cache=tmp_path)
+    clip = np.asarray(ds[0][0])
+    ref = reference(videos / "a.mp4")
+    for t, f in enumerate(ds.clip_frames(0)):
+        box = ((W - H) // 2, 0, (W - H) // 2 + H, H)
+        want = np.asarray(Image.fromarray(ref[f][2]).resize((32, 32), Image.BILINEAR, box=box))
+        diff = np.abs(clip[t].astype(np.int16) - want.transpose(2, 0, 1)).mean()
+        assert diff <= 1.0, diff
+
+
+def test_variable_frame_rate_timestamps_equal_ffmpegs(videos, tmp_path):
+    ds = stoker.VideoClips(videos / "vfr.mp4", frames=4, fps=8, size=(24, 40),
+                           clips="random", clips_per_video=20, index_cache=tmp_path)
+    ref = reference(videos / "vfr.mp4")
+    assert ds.frame_times(0) == pytest.approx([t for t, _, _ in ref], abs=1e-9)
+    assert ds.keyframes(0) == [k for _, k, _ in ref]
+    # 20 random clips: each clip's start and frames are FFmpeg's frames at those times.
+    loader = stoker.DataLoader(ds, batch_size=5, num_workers=2, seed=3)
+    seen = 0
+    for clips, labels, starts in loader:
+        for b in range(clips.shape[0]):
+            start = float(starts[b])
+            first = [t for t, _, _ in ref].index(start)  # exactly one of FFmpeg's timestamps
+            want = resized(ref[first][2], (24, 40)).astype(np.int16)
+            assert np.abs(clips[b, 0].numpy().astype(np.int16) - want).mean() <= 1.0
+            for t in range(1, 4):  # frame t: the one on screen at start + t / 8 s
+                on_screen = max(k for k, (ts, _, _) in enumerate(ref) if ts <= start + t / 8 + 1e-6)
+                want = resized(ref[on_screen][2], (24, 40)).astype(np.int16)
+                assert np.abs(clips[b, t].numpy().astype(np.int16) - want).mean() <= 1.0
+            seen += 1
+    assert seen == 20
+
+
+def test_decode_work_is_at_most_keyframe_to_end(videos, tmp_path):
+    ds = stoker.VideoClips(videos / "a.mp4", frames=4, stride=2, size=16, clips="random",
+                           clips_per_video=1, index_cache=tmp_path)
+    keys = ds.keyframes(0)
+    for seed in range(12):
+        frames = ds.clip_frames(0, seed)
+        k = frames[0]
+        while not keys[k]:
+            k -= 1
+        before = ds.counters()["decoded_frames"]
+        ds._handle.read(0, seed)
+        assert ds.counters()["decoded_frames"] - before <= frames[-1] - k + 1
+
+
+def test_batches_in_the_dataloader_with_workers_the_tuner_chooses(videos, tmp_path):
+    ds = stoker.VideoClips(videos, frames=8, size=(32, 32), clips="random", clips_per_video=4,
+                           index_cache=tmp_path)
+    assert ds.videos == sorted(str(videos / n) for n in ("a.mp4", "b.mp4", "vfr.mp4"))
+    loader = stoker.DataLoader(ds, batch_size=4, shuffle=True)
+    batches = list(loader)
+    assert sum(b[0].shape[0] for b in batches) == 12
+    clips, labels, starts = batches[0]
+    assert clips.shape == (4, 8, 3, 32, 32) and clips.dtype == torch.uint8
+    assert labels.dtype == torch.int64 and starts.dtype == torch.float64
+    assert ds.counters()["indexed"] + ds.counters()["from_cache"] == 3
+    again = stoker.VideoClips(videos, frames=8, size=(32, 32), index_cache=tmp_path)
+    assert again.counters()["from_cache"] == 3
+
+
+def test_class_folders_label_the_clips(videos, tmp_path):
+    root = tmp_path / "root"
+    for cls, name in (("jump", "a.mp4"), ("run", "b.mp4")):
+        (root / cls).mkdir(parents=True)
+        os.symlink(videos / name, root / cls / name)
+    ds = stoker.VideoClips(root, frames=2, size=8, index_cache=False)
+    assert ds.classes == ["jump", "run"]
+    assert [ds[i][1] for i in range(2)] == [0, 1]
+
+
+# ---- bad files
+
+def audio_only(path):
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("aac", rate=44100)
+        for k in range(20):
+            frame = av.AudioFrame.from_ndarray(
+                np.sin(np.arange(1024, dtype=np.float32) * 0.05 + k)[None, :], format="fltp",
+                layout="mono")
+            frame.sample_rate = 44100
+            frame.pts = k * 1024
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
+def bad_files(videos, d):
+    good = (videos / "a.mp4").read_bytes()
+    files = {}
+    # moov at the end (PyAV's default): cut short, the moov atom is gone
+    files["cut.mp4"] = (good[: len(good) * 6 // 10], "cannot open")
+    moov = good.find(b"moov")
+    files["no_moov.mp4"] = (good[:moov] + b"zzzz" + good[moov + 4:], "cannot open")
+    files["empty.mp4"] = (b"", "cannot open")
+    audio_only(d / "audio.m4a")
+    files["audio.mp4"] = ((d / "audio.m4a").read_bytes(), "no video stream (audio only)")
+    return files
+
+
+def test_bad_files_are_refused_naming_the_file_and_the_reason(videos, tmp_path):
+    for name, (data, reason) in bad_files(videos, tmp_path).items():
+        p = tmp_path / name
+        p.write_bytes(data)
+        with pytest.raises(RuntimeError) as e:
+            stoker.VideoClips([videos / "a.mp4", p], frames=4, size=16, index_cache=False)
+        assert str(p) in str(e.value) and reason in str(e.value), (name, str(e.value))
+
+
+def test_a_truncated_faststart_mp4_is_refused_as_truncated(tmp_path):
+    src = tmp_path / "src.mp4"
+    write_video(src, frames=48)
+    fast = tmp_path / "fast.mp4"
+    with av.open(str(src)) as i, av.open(str(fast), "w", options={"movflags": "faststart"}) as o:
+        s = o.add_stream_from_template(i.streams.video[0])
+        for packet in i.demux(video=0):
+            if packet.dts is None:
+                continue
+            packet.stream = s
+            o.mux(packet)
+    data = fast.read_bytes()
+    assert data.find(b"moov") < data.find(b"mdat")
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[: len(data) * 6 // 10])
+    with pytest.raises(RuntimeError, match="truncated") as e:
+        stoker.VideoClips(cut, frames=4, size=16, index_cache=False)
+    assert str(cut) in str(e.value)
+
+
+def test_a_stream_that_does_not_decode_fails_its_reads_as_sample_errors(videos, tmp_path):
+    data = bytearray((videos / "b.mp4").read_bytes())
+    mdat, moov = data.find(b"mdat"), data.find(b"moov")
+    assert mdat < moov
+    # The frames' data from its middle on replaced by noise: the first keyframes still parse.
+    middle = mdat + (moov - mdat) // 2
+    data[middle:moov - 8] = np.random.default_rng(5).integers(
+        0, 256, moov - 8 - middle, dtype=np.uint8).tobytes()
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(bytes(data))
+    ds = stoker.VideoClips([videos / "a.mp4", bad], frames=4, size=16, clips_per_video=3,
+                           index_cache=False)
+    with pytest.raises(stoker.SampleError, match="bad.mp4"):
+        list(stoker.DataLoader(ds, batch_size=3, num_workers=1))
+    batches = list(stoker.DataLoader(ds, batch_size=3, num_workers=1, on_error="skip"))
+    assert sum(b[0].shape[0] for b in batches) == 6
