@@ -62,16 +62,15 @@ class DataLoader:
         or 'process' to choose. Processes write samples straight into shared batch buffers
         (only indices, small objects and errors are pickled); multiprocessing_context picks
         how they start (fork by default on Linux). stats() says which and why.
-      pin_memory: 'auto' (default) pins batch buffers when batches go to a GPU, within a
-        budget (``pin_budget`` bytes, default a quarter of available memory).
-      memory_limit: bytes the loader may hold in all (0, default: half of the memory available
-        when it is made): batch buffers, device slots, a native data set's RAM cache and the
-        worker processes' own memory count; batches in flight are lowered to fit, and a
-        limit too small for one batch is an error saying what would fit. report() shows it.
+      shuffle: True, or for a native data set in object storage 'global' / 'window' (True
+        chooses by the object cache; stats()["shuffle"] says which, docs/storage.md).
+      pin_memory: 'auto' pins batch buffers for a GPU, within ``pin_budget`` bytes.
+      memory_limit: bytes the loader may hold in all (0: half of the memory available): batch
+        buffers, device slots, a RAM cache and worker processes count; batches in flight are
+        lowered to fit, a limit too small for one is an error saying what would fit.
       device: None (batches on the CPU) or 'cuda[:N]': batches arrive already on the GPU,
-        copied on a side stream while the previous batch trains (the "data prefetcher"), with
-        the current stream made to wait for the copy. Falls back to the CPU, with one log line,
-        where no GPU answers.
+        copied on a side stream while the previous batch trains (the "data prefetcher"); the
+        CPU, with one log line, where no GPU answers.
       persistent_workers: workers always persist (and the next epoch is prefetched); None
         (default) is torch's False without the warning that an explicit False gives worker
         processes.
@@ -79,19 +78,13 @@ class DataLoader:
       on_error: 'raise' (default) raises a failed sample's exception, with its type and
         traceback and a note naming the sample; 'skip' replaces the sample with another one
         (up to ``max_skipped`` over the loader's life) and goes on.
-      native: torchvision's ImageFolder (or DatasetFolder with its default loader) whose
-        transform stoker implements (RandomResizedCrop, RandomHorizontalFlip, Resize,
-        CenterCrop, ToTensor, Normalize, PILToTensor) is read and transformed in C++, with
-        stoker's own random draws. With steps stoker does not implement, the pipeline's
-        native head (decode and crop, flip) and tail (ToTensor + Normalize) run in C++ and
-        only the other steps in Python, in the workers. native=False runs it all in Python.
-        stats()["pipeline"] says which path ran and why.
+      native: torchvision's ImageFolder whose transform stoker implements is read and
+        transformed in C++ (the rest of a pipeline in Python; docs/python.md); native=False
+        runs it all in Python. stats()["pipeline"] says which path ran and why.
       keep_on_host: names of fields that stay in host memory when batches go to a GPU.
-      remote: ``stoker.ray_workers(n, ...)`` adds n Ray actors, anywhere in a Ray cluster,
-        as workers that take the excess of a map-style data set's reads (samples, or whole
-        batches with a collate_fn or batch sampler); the batches stay exactly those of a
-        local loader, in order; the ranks of a torchrun job share the actors; a lost one is
-        replaced (docs/remote.md).
+      remote: ``stoker.ray_workers(n, ...)`` adds n Ray actors as workers that take the
+        excess of a map-style data set's reads; the batches stay those of a local loader, in
+        order (docs/remote.md).
       collate_fn, batch_sampler (any iterable of index lists), batch_size=None and
         iterable data sets: each batch is made whole by a worker (fetch and collate_fn, or
         the next batch of that worker's stream), in parallel, and handed to the training
@@ -115,7 +108,7 @@ class DataLoader:
         self,
         dataset,
         batch_size: Optional[int] = 1,
-        shuffle: Optional[bool] = None,
+        shuffle: Union[bool, str, None] = None,
         sampler=None,
         batch_sampler=None,
         num_workers: Union[int, str] = "auto",
@@ -318,13 +311,9 @@ class DataLoader:
         torch.distributed is initialized, every rank must call it (it gathers the ranks'
         states). A loader on any number of ranks, workers or batch size restores it with
         ``load_state_dict``, reading each sample left in the epoch once over its ranks."""
-        from .elastic import gather, merge_states
-        from ..distributed import _torch_distributed
+        from .elastic import global_state
 
-        state = self.state_dict()
-        dist = _torch_distributed()
-        return merge_states(gather(state) if dist is not None and dist.get_world_size() > 1
-                            else [state])
+        return global_state(self.state_dict())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = self._pipeline.load_state_dict(state)

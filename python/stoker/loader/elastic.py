@@ -200,3 +200,13 @@ def gather(state: dict) -> list:
     states: list[Optional[dict]] = [None] * dist.get_world_size()
     dist.all_gather_object(states, state)
     return states
+
+
+def global_state(state: dict) -> dict:
+    """This rank's `state` merged with every other rank's (gathered where torch.distributed is
+    initialized): DataLoader.global_state_dict()."""
+    from ..distributed import _torch_distributed
+
+    dist = _torch_distributed()
+    return merge_states(gather(state) if dist is not None and dist.get_world_size() > 1
+                        else [state])

@@ -17,9 +17,10 @@ from ..workers.jobs import user_dataset
 from ..workers.processes import ProcessWorkers
 from ..workers.startup import start_worker
 from ..workers import warming
-from . import compat, elastic, engine_options
+from . import compat, engine_options
 from .assemble import batch_builder, converter
 from .collate import mover, pinned
+from .engine_state import EngineStates
 from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
 from .seeding import (BatchesAhead, DrawSources, TorchOrderFeed, TorchRandomOrder,
@@ -34,7 +35,7 @@ _log = logging.getLogger("stoker")
 _WARM_WAIT_S = 2.0
 
 
-class EnginePipeline(Pipeline):
+class EnginePipeline(EngineStates, Pipeline):
     """`index`: torch's public attributes the batches of a batch job's epoch follow (dataset,
     sampler, batch_sampler, batch_size, drop_last), as the DataLoader holds them."""
 
@@ -254,81 +255,6 @@ class EnginePipeline(Pipeline):
             # As torch's, len() follows a data set that grew or shrank (iter() warns).
             return compat.batches(samples, self.plan.batch_size, self.plan.drop_last)
         return self._loader.batches_per_epoch
-
-    def state_dict(self, resume, next_epoch: Optional[int]) -> dict:
-        if resume is not None:
-            epoch, batch = resume
-        elif next_epoch is not None:  # between epochs: the next one from its start
-            epoch, batch = next_epoch, 0
-        else:
-            epoch, batch = self._loader.position()
-        state = self._position_state(epoch, batch)
-        if self._sources is not None:
-            state["draws"] = (self._loaded_draws if resume is not None
-                              else self._sources.state(begun=next_epoch is None))
-        return state
-
-    def _position_state(self, epoch: int, batch: int) -> dict:
-        if not self._elastic:
-            return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
-                    "batches_per_epoch": len(self)}
-        consumed, epoch_samples = [], self._loader.samples_per_epoch
-        if self._pending is not None and self._pending[0] == epoch:
-            consumed, epoch_samples = self._pending[1], len(self._pending[2])
-        elif self._resumed is not None and self._resumed[0] == epoch:
-            consumed, epoch_samples = self._resumed[1], self._resumed[2]
-        plan = self.plan
-        return elastic.rank_state(
-            (epoch, batch), seed=plan.seed, batches_per_epoch=len(self), samples=self._samples,
-            shuffle=plan.engine_shuffle, shuffle_window=self._loader.shuffle_window,
-            batch_size=plan.batch_size, rank=plan.rank,
-            world_size=plan.world_size, shard_drop_last=plan.shard_drop_last,
-            epoch_samples=epoch_samples, consumed=consumed)
-
-    def load_state_dict(self, state: dict) -> tuple[int, int]:
-        self._replay = self._loaded_draws = None
-        if "batch" not in state and not state.get("merged"):
-            raise ValueError("stoker: the state is not a map-style data set's (a stream's "
-                             "state has no batch number)" if "stream" in state else
-                             "stoker: the state has no batch number")
-        plan = self.plan
-        if state.get("merged") or ("world_size" in state and (
-                state["world_size"], state["rank"], state["batch_size"], state["samples"]) != (
-                plan.world_size, plan.rank, plan.batch_size, self._samples)):
-            return self._load_elsewhere(state)
-        if int(state.get("batches_per_epoch", len(self))) != len(self):
-            raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
-                             f"this loader has {len(self)}")
-        if "seed" in state and int(state["seed"]) != plan.seed:
-            raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
-                             f"seed {plan.seed}: pass seed= (or the same generator) to "
-                             f"resume")
-        if self._elastic:
-            elastic.check_window(state, self._loader.shuffle_window)
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        draws = state.get("draws")
-        if self._sources is not None and draws is not None:
-            self._replay, self._loaded_draws = self._sources.load(draws), draws
-        self._pending = None
-        if state.get("consumed"):  # saved in an epoch resumed on another topology
-            self._pending = (epoch, state["consumed"], self._resumed_order(epoch, state),
-                             batch)
-        return epoch, batch
-
-    def _load_elsewhere(self, state: dict) -> tuple[int, int]:
-        """A state from another topology (ranks, batch size), merged or of one rank."""
-        state = elastic.merged_for(state, self.plan, self._samples, self._elastic,
-                                   self._loader.shuffle_window)
-        epoch = int(state["epoch"])
-        self._pending = None
-        if state["consumed"]:
-            self._pending = (epoch, state["consumed"], self._resumed_order(epoch, state), 0)
-        return epoch, 0
-
-    def _resumed_order(self, epoch: int, state: dict):
-        # The loader's own order (its shuffle resolved: windowed over storage blocks where the
-        # data set does not fit its object cache), less what was consumed.
-        return self._loader.resumed_order(epoch, [tuple(r) for r in state["consumed"]])
 
     def _stats(self) -> dict:
         stats = self._loader.stats()

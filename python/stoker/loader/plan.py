@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .. import _stoker
 from ..datasets.native import NativeDataset
@@ -21,7 +20,8 @@ from ..workers.jobs import BatchJobs, is_datapipe, is_stream
 from ..workers.processes import mp_context
 from . import compat
 from .collate import default_collate
-from .seeding import SeededReads, TorchRandomOrder, peek_seed, stateful
+from .host import Host, cores, cpu_share  # noqa: F401 (the plan's host; re-exported)
+from .seeding import SeededReads, TorchRandomOrder, reproducibility
 
 SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
 WORKER_TYPES = ("auto", "thread", "process")
@@ -33,29 +33,6 @@ SHUFFLE_MODES = ("global", "window")  # shuffle= besides True/False (LoaderOptio
 # that release the GIL), up to the CPU budget when they compute, fewer when they sit idle.
 _AUTO_MAX_WORKERS_NATIVE_PER_CORE = 8
 _AUTO_MAX_WORKERS_PYTHON = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class Host:
-    """What the plan depends on besides the arguments: the cores of this rank's share, whether
-    torch's GPU answers (torch loaded), whether any GPU does, and the seed source (its next
-    draw, peeked at: the generator is left as it was)."""
-
-    cores: int
-    cpu_share: int
-    has_gpu: bool  # torch is loaded and torch.cuda.is_available()
-    gpu: bool  # torch's GPU if torch is in use, else any the engine finds
-    peek_seed: Callable[[Any], int] = dataclasses.field(repr=False)
-
-    @staticmethod
-    def here() -> "Host":
-        from ..cuda import cuda_available
-
-        torch = sys.modules.get("torch")
-        has_gpu = torch is not None and torch.cuda.is_available()
-        return Host(cores=cores(), cpu_share=cpu_share(), has_gpu=has_gpu,
-                    gpu=has_gpu if torch is not None else cuda_available(),
-                    peek_seed=peek_seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,8 +301,8 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         engine_seed=engine_seed, rank=rank, world_size=world,
         shard_drop_last=shard_drop_last, device=resolved_device, pin_memory=str(engine_pin),
         pin_always=pin_memory == "on", native=is_native, warnings=tuple(warnings),
-        **_reproducibility(is_native, seeded, mode, engine_sampler if mode != BATCH_JOBS else (
-            batch_sampler if batch_sampler is not None else sampler), order),
+        **reproducibility(is_native, seeded, _foreign(engine_sampler if mode != BATCH_JOBS else (
+            batch_sampler if batch_sampler is not None else sampler))),
         dataset=read, sampler=engine_sampler, order_length=order_length, collate_fn=collate_fn,
         context=mp_context(context) if not is_native else None, remote=remote,
         warn_not_persistent=persistent_workers is False, shuffle_mode=shuffle_mode, **common)
@@ -396,25 +373,11 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         **common)
 
 
-def _reproducibility(native: bool, seeded: bool, mode: str, sampler, order: str) -> dict:
-    """What a resumed run (or one on other workers) repeats, and why (report())."""
-    if sampler is not None and not isinstance(sampler, (TorchRandomOrder, DistributedSampler)) \
-            and _torch_sampler_kind(sampler) is None and stateful(sampler) is None \
-            and not _is_torch_batch_sampler(sampler):
-        return dict(reproducibility="order, if the sampler repeats it",
-                    reproducibility_reason=f"the sampler ({type(sampler).__name__}) is not "
-                    f"Stateful (state_dict, load_state_dict): a resumed epoch reads it again")
-    if native:
-        return dict(reproducibility="order and augmentation",
-                    reproducibility_reason="a native data set's random draws are per sample "
-                    "(seed, epoch, index)")
-    if seeded:
-        return dict(reproducibility="order and augmentation",
-                    reproducibility_reason="seed_per_sample=True: each __getitem__ draws from "
-                    "generators seeded by (seed, epoch, sample index)")
-    return dict(reproducibility="order",
-                reproducibility_reason="a Python __getitem__'s random draws depend on the "
-                "worker that reads it (seed_per_sample=True makes them per sample)")
+def _foreign(sampler):
+    """`sampler` if its order is neither torch's nor stoker's (whose draws a state carries)."""
+    known = isinstance(sampler, (TorchRandomOrder, DistributedSampler)) or (
+        _torch_sampler_kind(sampler) is not None or _is_torch_batch_sampler(sampler))
+    return None if sampler is None or known else sampler
 
 
 def _what_reads(dataset, native: bool) -> tuple[Any, str]:
@@ -512,21 +475,6 @@ def _torch_sampler_kind(sampler) -> Optional[str]:
     if type(sampler) is data.distributed.DistributedSampler:
         return "distributed"
     return None
-
-
-def cores() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, cores or 1)
-
-
-def cpu_share() -> int:
-    """This rank's cores: ranks that torchrun started on one node (LOCAL_WORLD_SIZE) divide
-    them among themselves, as the engine's CPU budget does (src/tune/tuner.h)."""
-    try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, cores() // ranks)
 
 
 def torch_attributes(plan: Plan, dataset, *, batch_size, shuffle, sampler, batch_sampler,

@@ -423,3 +423,23 @@ def _set_generator_states(states: tuple) -> None:
         _torch().set_rng_state(torch_state)
     random.setstate(random_state)
     numpy.random.set_state(numpy_state)
+
+
+def reproducibility(native: bool, seeded: bool, foreign_sampler) -> dict:
+    """What a resumed run (or one on other workers) repeats, and why (report()).
+    `foreign_sampler`: the sampler when its order is neither torch's nor stoker's, else None."""
+    if foreign_sampler is not None and stateful(foreign_sampler) is None:
+        return dict(reproducibility="order, if the sampler repeats it",
+                    reproducibility_reason=f"the sampler ({type(foreign_sampler).__name__}) is "
+                    f"not Stateful (state_dict, load_state_dict): a resumed epoch reads it again")
+    if native:
+        return dict(reproducibility="order and augmentation",
+                    reproducibility_reason="a native data set's random draws are per sample "
+                    "(seed, epoch, index)")
+    if seeded:
+        return dict(reproducibility="order and augmentation",
+                    reproducibility_reason="seed_per_sample=True: each __getitem__ draws from "
+                    "generators seeded by (seed, epoch, sample index)")
+    return dict(reproducibility="order",
+                reproducibility_reason="a Python __getitem__'s random draws depend on the "
+                "worker that reads it (seed_per_sample=True makes them per sample)")
