@@ -23,6 +23,7 @@ extern "C" {
 #include "image_fixtures.h"
 #include "stoker/loader.h"
 #include "stoker/video.h"
+#include "support/errors.h"
 
 namespace stoker {
 namespace {
@@ -213,15 +214,6 @@ std::vector<int> frame_numbers(const VideoClips& d, const Sample& s) {
     out.push_back(frame_number(sum / static_cast<double>(per_frame)));
   }
   return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(VideoClips, UniformClipsHoldTheFramesTheirIndexNames) {

@@ -11,6 +11,7 @@
 
 #include "image_fixtures.h"
 #include "source/tar_index.h"
+#include "support/errors.h"
 
 namespace stoker {
 namespace {
@@ -102,15 +103,6 @@ void write(const fs::path& p, const std::string& s) {
 std::string read_member(const fs::path& tar, const TarMember& m) {
   const auto all = testing::read_file(tar);
   return std::string(reinterpret_cast<const char*>(all.data()) + m.offset, m.size);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(TarIndex, UstarMembersWithTheirOffsetsAndSizes) {
