@@ -297,7 +297,7 @@ def larger_than_cache(s: Sizes) -> dict:
         for p in shards:
             server.put(f"larger/{p.name}", p.read_bytes())
         url = f"s3://{ss.BUCKET}/larger/"
-        layout = ss.dataset("rows", url, work, 10 << 30, "objects-index")._handle.storage_layout()
+        layout = ss.dataset("rows", url, work, 10 << 30, "objects-index").storage_layout()
         data_bytes = sum(layout["block_bytes"])
         http = [f"pipe:curl -s -f http://127.0.0.1:{server.proxy_port}/{ss.BUCKET}/larger/"
                 f"{p.name}" for p in shards]

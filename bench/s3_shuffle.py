@@ -164,7 +164,7 @@ def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bo
         server.put(f"shuffle-{kind}-{n}/{s.name}", s.read_bytes())
     urls = f"s3://{BUCKET}/shuffle-{kind}-{n}/"
     indexed = dataset(kind, urls, work, 10 << 30, "objects-index")  # the indexes, cached once
-    layout = indexed._handle.storage_layout()
+    layout = indexed.storage_layout()
     data_bytes = sum(layout["block_bytes"])
     shard_ends = layout["shard_ends"]
     labels = [i * CLASSES // n for i in range(n)]
@@ -207,7 +207,7 @@ def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bo
 
 def _blocks(kind, urls, work, cache) -> list:
     ds = dataset(kind, urls, work, cache, "objects-blocks")
-    return ds._handle.storage_layout()["block_ends"]
+    return ds.storage_layout()["block_ends"]
 
 
 def show(kind: str, r: dict) -> None:

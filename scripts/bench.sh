@@ -73,6 +73,8 @@ stage "full: WebDataset shards: stoker.WebDataset against webdataset (bench/webd
 
 stage "full: Parquet: stoker.ParquetDataset against pyarrow + PIL (bench/parquet_bench.py)"
 .venv/bin/python bench/parquet_bench.py
+stage "full: Parquet row groups 10x and 100x the row-group cache, shuffled in a window (bench/parquet_shuffle.py)"
+.venv/bin/python bench/parquet_shuffle.py
 
 export STOKER_WEED="$PWD/.venv/bin/weed"
 stage "full: WebDataset shards over s3:// against webdataset and local disk (bench/s3_bench.py)"

@@ -130,6 +130,7 @@ wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempd
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
 ./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
 .venv-test/bin/python bench/parquet_bench.py --smoke >/dev/null 2>&1
+.venv-test/bin/python bench/parquet_shuffle.py --smoke >/dev/null 2>&1
 # bench/gpu_feed.py on the CPU (its GPU figures come from scripts/gpu_check.sh)
 .venv-test/bin/python bench/gpu_feed.py --device cpu --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/elastic_resume.py --smoke >/dev/null 2>&1

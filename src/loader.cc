@@ -152,10 +152,12 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     evidence.asked = options.shuffle_mode;
     evidence.samples = options.dataset->size();
     evidence.lookahead_samples = detail::lookahead_samples(options.batch_size, options.depth);
-    if (layout.blocks != nullptr && layout.remote) {
+    if (layout.blocks != nullptr && layout.read_whole) {
       evidence.blocks = layout.blocks->ends.size();
       evidence.data_bytes = layout.blocks->total_bytes();
       evidence.cache_bytes = layout.cache_bytes;
+      evidence.cache = layout.cache;
+      evidence.cache_option = layout.cache_option;
     }
     detail::ShuffleChoice choice = detail::choose_shuffle(evidence);
     if (choice.window > 0) {

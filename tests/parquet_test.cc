@@ -280,6 +280,50 @@ TEST(Parquet, AFileTruncatedAfterOpeningFailsTheRowGroupsItLost) {
   EXPECT_EQ(d.counters().row_group_reads, reads);
 }
 
+TEST(Parquet, RowGroupsLargerThanTheCacheAreShuffledOverAWindowAndReadOnceAnEpoch) {
+  TempDir dir;
+  write_parquet(dir / "a.parquet", sample_table(120), 4);  // 30 row groups
+  ParquetOptions po = options(dir.path(), {"image", "label"});
+  const auto layout = ParquetDataset(po).storage_layout();
+  ASSERT_NE(layout.blocks, nullptr);
+  EXPECT_TRUE(layout.read_whole);
+  ASSERT_EQ(layout.blocks->ends.size(), 30u);
+  EXPECT_EQ(layout.blocks->ends[0], 4u);
+  EXPECT_EQ(layout.blocks->object_ends, std::vector<std::size_t>{120});
+  // The selected columns' uncompressed size: the JPEGs, mostly.
+  EXPECT_GT(layout.blocks->bytes[0], 4u * 600);
+  po.cache_bytes = layout.blocks->total_bytes() * 3 / 5;  // half of it: 9 row groups
+  auto d = std::make_shared<ParquetDataset>(po);
+  LoaderOptions o;
+  o.dataset = d;
+  o.batch_size = 2;
+  o.workers = 2;
+  o.shuffle = true;
+  Loader loader(o);
+  const Stats stats = loader.stats();
+  EXPECT_EQ(stats.shuffle.rfind("window of ", 0), 0u) << stats.shuffle;
+  EXPECT_NE(stats.shuffle.find("the row-group cache of"), std::string::npos) << stats.shuffle;
+  EXPECT_GE(stats.shuffle_window, 2u);
+  EXPECT_LT(stats.shuffle_window, 30u);
+  for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+    loader.set_epoch(epoch);
+    std::vector<std::int64_t> labels;
+    while (auto batch = loader.next()) {
+      const auto l = batch->as<std::int64_t>(1);
+      labels.insert(labels.end(), l.begin(), l.end());
+    }
+    std::sort(labels.begin(), labels.end());
+    ASSERT_EQ(labels.size(), 120u);
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      EXPECT_EQ(labels[i], 10 * static_cast<std::int64_t>(i));
+    }
+    // Each read once an epoch: a few the last epoch left in the cache are not read again, and
+    // the next epoch's first window may be read ahead before this one's last batch is out.
+    EXPECT_GT(d->counters().row_group_reads, 30u * epoch);
+    EXPECT_LE(d->counters().row_group_reads, 30u * (epoch + 1) + stats.shuffle_window);
+  }
+}
+
 TEST(Parquet, WithCacheBytesForTheDataSetEpochTwoReadsNoFile) {
   TempDir dir;
   write_parquet(dir / "a.parquet", sample_table(12), 3);
@@ -292,6 +336,7 @@ TEST(Parquet, WithCacheBytesForTheDataSetEpochTwoReadsNoFile) {
     o.batch_size = 4;
     o.workers = 2;
     o.shuffle = true;
+    o.shuffle_mode = ShuffleMode::global;  // the cache's own behaviour, not the window's
     Loader loader(o);
     std::vector<std::uint64_t> reads;
     for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {

@@ -243,7 +243,7 @@ TEST(ShuffleChoice, TheBlockLengthGivesAWindowOfFiveHundredBlocksWithinItsBounds
 TEST(ShuffleChoice, ACacheOfAFewBlocksSaysWhatCacheWouldMixWell) {
   const auto c = choose_shuffle(evidence(10'000'000'000, 40'000'000));  // 2 blocks fit half
   EXPECT_EQ(c.window, 2u);
-  EXPECT_NE(c.reason.find("an object cache of 10.2 GB would give a window of 512"),
+  EXPECT_NE(c.reason.find("object_cache_bytes=10.2 GB would give a window of 512"),
             std::string::npos)
       << c.reason;
   // Not even one block: a window of one, said.
@@ -255,6 +255,18 @@ TEST(ShuffleChoice, LocalDataAndNoCacheKeepTheGlobalShuffle) {
   const auto no_cache = choose_shuffle(evidence(10'000'000'000, 0));
   EXPECT_EQ(no_cache.window, 0u);
   EXPECT_NE(no_cache.reason.find("object_cache_bytes=0"), std::string::npos) << no_cache.reason;
+}
+
+TEST(ShuffleChoice, TheChoiceNamesTheCacheItJudgesByAndItsOption) {
+  ShuffleEvidence e = evidence(10'000'000'000, 40'000'000);
+  e.cache = "row-group cache";
+  e.cache_option = "cache_bytes";
+  const auto c = choose_shuffle(e);
+  EXPECT_NE(c.reason.find("the row-group cache of 40 MB cannot hold it"), std::string::npos)
+      << c.reason;
+  EXPECT_NE(c.reason.find("cache_bytes=10.2 GB would give"), std::string::npos) << c.reason;
+  e.cache_bytes = 0;
+  EXPECT_EQ(choose_shuffle(e).reason, "global: no row-group cache (cache_bytes=0)");
 }
 
 TEST(ShuffleChoice, WhatIsAskedForIsGivenOrRefusedWithTheReason) {

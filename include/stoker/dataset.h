@@ -154,14 +154,20 @@ class Dataset {
   virtual ObjectStorageCounters object_storage_counters() const { return {}; }
 
   // Where the samples' bytes are, for a shuffle that reads each block of storage once an epoch
-  // (SampleOrder::blocks): the blocks and, when `remote`, the object cache each is fetched
-  // into whole by one range GET (its byte cap; 0: none). Local files may say their blocks too
-  // (for stoker.shuffle_report), with `remote` false. Null blocks: in memory, or cannot tell.
-  // Any thread; the same for the data set's lifetime.
+  // (SampleOrder::blocks): the blocks and, when `read_whole`, the cache each is read into
+  // whole (its byte cap; 0: none): the object cache a remote shard's block is fetched into by
+  // one range GET, the row-group cache a Parquet row group is decoded into. A global shuffle
+  // over more blocks than that cache holds reads blocks again and again, so the loader may
+  // choose a window (shuffle_choice.h). Blocks a sample's read does not pull whole (local
+  // shards) may be said too, for stoker.shuffle_report, with `read_whole` false. Null blocks:
+  // in memory, or cannot tell. Any thread; the same for the data set's lifetime.
   struct StorageLayout {
     std::shared_ptr<const StorageBlocks> blocks;
     std::uint64_t cache_bytes = 0;
-    bool remote = false;
+    bool read_whole = false;
+    // The cache's name and the option that sizes it, for the choice's explanation.
+    const char* cache = "object cache";
+    const char* cache_option = "object_cache_bytes";
   };
   virtual StorageLayout storage_layout() const { return {}; }
 

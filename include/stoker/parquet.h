@@ -60,6 +60,9 @@ class ParquetDataset final : public Dataset {
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
   std::string sample_name(std::size_t index) const override;  // "<file> row <n>"
+  // The row groups, each decoded whole into the row-group cache (cache_bytes): a shuffled
+  // loader over more than fit takes a window of them (docs/formats.md, "Memory").
+  StorageLayout storage_layout() const override;
 
   // Row `index`'s value of string column `column` (std::nullopt for a null), through the row
   // group cache. Throws std::invalid_argument for a column that is not a string column of the

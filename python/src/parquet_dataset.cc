@@ -49,6 +49,7 @@ struct Part {
   std::size_t row_group = 0;       // within the file
   std::int64_t first_in_file = 0;  // the file's row number of its first row
   std::int64_t rows = 0;
+  std::uint64_t bytes = 0;  // its selected columns' uncompressed size (the footer's)
 };
 
 // A Python object that may be let go on any thread: the GIL is taken for it.
@@ -77,13 +78,32 @@ class ParquetRows final : public Dataset {
         cache_bytes_(cache_bytes),
         max_pixels_(max_pixels) {
     starts_.reserve(parts_.size() + 1);
+    auto blocks = std::make_shared<StorageBlocks>();
     std::size_t start = 0;
-    for (const auto& p : parts_) {
+    for (std::size_t g = 0; g < parts_.size(); ++g) {
+      const Part& p = parts_[g];
       starts_.push_back(start);
       start += static_cast<std::size_t>(p.rows);
+      blocks->ends.push_back(start);
+      blocks->bytes.push_back(p.bytes);
+      if (g + 1 == parts_.size() || parts_[g + 1].file != p.file) {
+        blocks->object_ends.push_back(start);
+      }
     }
     starts_.push_back(start);
     size_ = start;
+    blocks_ = std::move(blocks);
+  }
+
+  // The row groups are the blocks, each decoded whole into the row-group cache.
+  StorageLayout storage_layout() const override {
+    StorageLayout layout;
+    layout.blocks = blocks_;
+    layout.cache_bytes = cache_bytes_;
+    layout.read_whole = true;
+    layout.cache = "row-group cache";
+    layout.cache_option = "cache_bytes";
+    return layout;
   }
 
   std::size_t size() const override { return size_; }
@@ -291,6 +311,7 @@ class ParquetRows final : public Dataset {
   std::vector<Part> parts_;
   std::vector<std::size_t> starts_;  // data set row of each part's first row, and the size
   std::size_t size_ = 0;
+  std::shared_ptr<const StorageBlocks> blocks_;  // the non-empty row groups
   std::vector<Column> columns_;
   ImageTransform transform_;
   std::size_t cache_bytes_;
@@ -311,9 +332,10 @@ class ParquetRows final : public Dataset {
 
 NativeDataset make_parquet_dataset(const py::object& load, const std::vector<std::string>& files,
                                    const std::vector<std::vector<std::int64_t>>& row_groups,
+                                   const std::vector<std::vector<std::uint64_t>>& row_group_bytes,
                                    const py::list& columns, const std::string& transform,
                                    std::size_t cache_bytes, std::uint64_t max_pixels) {
-  if (files.size() != row_groups.size()) {
+  if (files.size() != row_groups.size() || files.size() != row_group_bytes.size()) {
     throw py::value_error("stoker.ParquetDataset: one list of row groups per file");
   }
   ImageTransform t;
@@ -351,10 +373,13 @@ NativeDataset make_parquet_dataset(const py::object& load, const std::vector<std
   std::vector<Part> parts;
   for (std::size_t f = 0; f < files.size(); ++f) {
     std::int64_t first = 0;
+    if (row_group_bytes[f].size() != row_groups[f].size()) {
+      throw py::value_error("stoker.ParquetDataset: one size per row group");
+    }
     for (std::size_t g = 0; g < row_groups[f].size(); ++g) {
       const std::int64_t rows = row_groups[f][g];
       if (rows < 0) throw py::value_error("stoker.ParquetDataset: a negative row count");
-      if (rows > 0) parts.push_back({f, g, first, rows});
+      if (rows > 0) parts.push_back({f, g, first, rows, row_group_bytes[f][g]});
       first += rows;
     }
   }
@@ -365,8 +390,8 @@ NativeDataset make_parquet_dataset(const py::object& load, const std::vector<std
 
 void bind_parquet(py::module_& m) {
   m.def("parquet_dataset", &make_parquet_dataset, py::arg("load"), py::arg("files"),
-        py::arg("row_groups"), py::arg("columns"), py::arg("transform"), py::arg("cache_bytes"),
-        py::arg("max_pixels"));
+        py::arg("row_groups"), py::arg("row_group_bytes"), py::arg("columns"), py::arg("transform"),
+        py::arg("cache_bytes"), py::arg("max_pixels"));
   m.def(
       "parquet_counters",
       [](const NativeDataset& d) {

@@ -29,12 +29,15 @@ namespace py = pybind11;
 //                 end). nulls: None or a bool array, true where the row's value is null.
 //   files:        the files' paths, for naming rows in errors.
 //   row_groups:   per file, the rows of each of its row groups (from the file's metadata).
+//   row_group_bytes: per file, each row group's selected columns' uncompressed size (from
+//                 the metadata): the storage blocks of a windowed shuffle (storage_layout()).
 //   columns:      (name, kind "array" | "image", element type, shape) per column; an image
 //                 column's element type and shape come from `transform`.
 //   transform:    an ImageTransform spec, for the image columns ("" if there is none).
 //   cache_bytes:  the row group cache's budget (at least the last row group read is kept).
 NativeDataset make_parquet_dataset(const py::object& load, const std::vector<std::string>& files,
                                    const std::vector<std::vector<std::int64_t>>& row_groups,
+                                   const std::vector<std::vector<std::uint64_t>>& row_group_bytes,
                                    const py::list& columns, const std::string& transform,
                                    std::size_t cache_bytes, std::uint64_t max_pixels);
 

@@ -49,7 +49,8 @@ struct Column {
 struct File {
   std::string path;
   std::shared_ptr<parquet::FileMetaData> metadata;
-  std::vector<int> leaves;  // the Parquet leaf columns read, for all the columns
+  std::vector<int> leaves;              // the Parquet leaf columns read, for all the columns
+  std::vector<std::size_t> leaves_end;  // column k's leaves end at leaves[leaves_end[k]]
 };
 
 // A row group of one file, and where its rows are in the data set.
@@ -182,6 +183,7 @@ struct ParquetDataset::Impl {
   std::vector<Column> columns;
   std::vector<Part> parts;
   std::vector<std::size_t> starts;  // data set row of each part's first row, and the size
+  std::shared_ptr<const StorageBlocks> blocks;  // the row groups (storage_layout())
   ImageTransform transform;
   std::uint64_t max_pixels = kDefaultMaxPixels;
   std::size_t cache_bytes = 0;
@@ -428,6 +430,7 @@ ParquetDataset::ParquetDataset(ParquetOptions options) : impl_(std::make_shared<
              c.type->ToString() + " as in " + paths[0]);
       }
       collect_leaves(fields[static_cast<std::size_t>(i)], c.hf_image, f.leaves);
+      f.leaves_end.push_back(f.leaves.size());
     }
     const std::size_t file_index = d.files.size();
     std::int64_t first = 0;
@@ -444,12 +447,45 @@ ParquetDataset::ParquetDataset(ParquetOptions options) : impl_(std::make_shared<
     if (c.kind != Kind::text) c.field = field++;
   }
   d.starts.reserve(d.parts.size() + 1);
+  auto blocks = std::make_shared<StorageBlocks>();
   std::size_t start = 0;
-  for (const auto& p : d.parts) {
+  for (std::size_t g = 0; g < d.parts.size(); ++g) {
+    const Part& p = d.parts[g];
     d.starts.push_back(start);
     start += static_cast<std::size_t>(p.rows);
+    // A row group is a storage block of what the cache holds of it: numbers' bytes exactly,
+    // images and strings as long as the footer says they are uncompressed.
+    const File& f = d.files[p.file];
+    const auto group = f.metadata->RowGroup(p.row_group);
+    std::uint64_t bytes = 0;
+    for (std::size_t k = 0; k < d.columns.size(); ++k) {
+      if (d.columns[k].kind == Kind::number) {
+        bytes += static_cast<std::uint64_t>(p.rows) * d.columns[k].spec.bytes();
+        continue;
+      }
+      for (std::size_t l = k == 0 ? 0 : f.leaves_end[k - 1]; l < f.leaves_end[k]; ++l) {
+        bytes +=
+            static_cast<std::uint64_t>(group->ColumnChunk(f.leaves[l])->total_uncompressed_size());
+      }
+    }
+    blocks->ends.push_back(start);
+    blocks->bytes.push_back(bytes);
+    if (g + 1 == d.parts.size() || d.parts[g + 1].file != p.file) {
+      blocks->object_ends.push_back(start);
+    }
   }
   d.starts.push_back(start);
+  d.blocks = std::move(blocks);
+}
+
+Dataset::StorageLayout ParquetDataset::storage_layout() const {
+  StorageLayout layout;
+  layout.blocks = impl_->blocks;
+  layout.cache_bytes = impl_->cache_bytes;
+  layout.read_whole = true;
+  layout.cache = "row-group cache";
+  layout.cache_option = "cache_bytes";
+  return layout;
 }
 
 ParquetDataset::~ParquetDataset() = default;

@@ -942,7 +942,11 @@ std::vector<ObjectVersion> WebDataset::objects() const {
 }
 
 Dataset::StorageLayout WebDataset::storage_layout() const {
-  return {impl_->blocks, impl_->object_cache_bytes, impl_->remote()};
+  StorageLayout layout;
+  layout.blocks = impl_->blocks;
+  layout.cache_bytes = impl_->object_cache_bytes;
+  layout.read_whole = impl_->remote();
+  return layout;
 }
 
 ObjectStorageCounters WebDataset::object_storage_counters() const {

@@ -30,25 +30,25 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
   if (e.blocks == 0) {
     if (window_asked) {
       throw std::invalid_argument(
-          "stoker: shuffle='window' needs a data set read from object storage through the "
-          "object cache (WebDataset shards at s3:// or http(s):// URLs); this one does not say "
-          "where its bytes are: use shuffle=True");
+          "stoker: shuffle='window' needs a data set read by blocks through a cache (WebDataset "
+          "shards at s3:// or http(s):// URLs through the object cache, Parquet row groups "
+          "through the row-group cache); this one does not say where its bytes are: use "
+          "shuffle=True");
     }
-    return {0, "global: the data set is not read from object storage"};
+    return {0, "global: the data set is not read by blocks through a cache"};
   }
   if (e.cache_bytes == 0) {
     if (window_asked) {
-      throw std::invalid_argument(
-          "stoker: shuffle='window' reads each block once through the object cache, and "
-          "object_cache_bytes is 0: give the cache room for a window (at least " +
-          bytes(e.data_bytes / e.blocks * kSmallWindow * 2) + ")");
+      throw std::invalid_argument(std::string("stoker: shuffle='window' reads each block once "
+                                              "through the ") +
+                                  e.cache + ", and " + e.cache_option +
+                                  " is 0: give the cache room for a window (at least " +
+                                  bytes(e.data_bytes / e.blocks * kSmallWindow * 2) + ")");
     }
-    return {0,
-            "global: no object cache (object_cache_bytes=0), each sample fetched by its own "
-            "range GET"};
+    return {0, std::string("global: no ") + e.cache + " (" + e.cache_option + "=0)"};
   }
   const std::string evidence = "the data set's " + bytes(e.data_bytes) + " in " +
-                               std::to_string(e.blocks) + " blocks, an object cache of " +
+                               std::to_string(e.blocks) + " blocks, the " + e.cache + " of " +
                                bytes(e.cache_bytes);
   if (!window_asked && e.data_bytes <= e.cache_bytes) {
     return {0, "global: " + evidence +
@@ -57,8 +57,8 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
   }
   if (!window_asked && e.samples <= e.blocks) {
     return {0, "global: " + evidence +
-                   " cannot hold it, but each block is one sample, fetched "
-                   "once in any order (by a range GET of its own)"};
+                   " cannot hold it, but each block is one sample, read once in any "
+                   "order"};
   }
   const double mean_block = static_cast<double>(e.data_bytes) / static_cast<double>(e.blocks);
   const double ahead = static_cast<double>(e.lookahead_samples) *
@@ -70,9 +70,9 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
   std::string reason = "window of " + std::to_string(window) + " blocks (" +
                        bytes(static_cast<std::uint64_t>(mean_block * static_cast<double>(window))) +
                        "): " + evidence + (window_asked ? " (asked for)" : " cannot hold it") +
-                       "; each block fetched once an epoch, samples mixed across the window";
+                       "; each block read once an epoch, samples mixed across the window";
   if (window < kSmallWindow && window < e.blocks) {
-    reason += "; a window this small mixes few blocks: an object cache of " +
+    reason += std::string("; a window this small mixes few blocks: ") + e.cache_option + "=" +
               bytes(static_cast<std::uint64_t>((mean_block * kWindowBlocks + ahead) /
                                                kWindowCacheShare)) +
               " would give a window of " + std::to_string(kWindowBlocks);
@@ -98,12 +98,19 @@ ShuffleReport shuffle_report(const Dataset::StorageLayout& layout, std::size_t s
   }
   r.shards = shards.size();
   r.cache_bytes = o.cache_bytes == std::numeric_limits<std::uint64_t>::max()
-                      ? (layout.remote ? layout.cache_bytes : 0)
+                      ? (layout.read_whole ? layout.cache_bytes : 0)
                       : o.cache_bytes;
-  const bool judged =
-      blocks != nullptr && (layout.remote || o.cache_bytes != ShuffleReportOptions{}.cache_bytes);
-  ShuffleEvidence e{o.asked,      samples,       judged ? r.blocks : 0,
-                    r.data_bytes, r.cache_bytes, lookahead_samples(o.batch_size, o.depth)};
+  const bool judged = blocks != nullptr &&
+                      (layout.read_whole || o.cache_bytes != ShuffleReportOptions{}.cache_bytes);
+  ShuffleEvidence e;
+  e.asked = o.asked;
+  e.samples = samples;
+  e.blocks = judged ? r.blocks : 0;
+  e.data_bytes = r.data_bytes;
+  e.cache_bytes = r.cache_bytes;
+  e.lookahead_samples = lookahead_samples(o.batch_size, o.depth);
+  e.cache = layout.cache;
+  e.cache_option = layout.cache_option;
   r.choice = choose_shuffle(e);
   const auto row = [&](std::string name, const std::vector<std::size_t>& order) {
     r.rows.push_back({std::move(name), shuffle_quality(order, shards, o.labels, o.batch_size)});

@@ -359,7 +359,7 @@ def big_dataset(tmp_path, cache_bytes, objects="objects"):
 
 
 def big_bytes(tmp_path):
-    return sum(big_dataset(tmp_path, 10 << 30)._handle.storage_layout()["block_bytes"])
+    return sum(big_dataset(tmp_path, 10 << 30).storage_layout()["block_bytes"])
 
 
 def ids_of(loader):
@@ -371,7 +371,7 @@ def test_a_data_set_larger_than_its_cache_is_shuffled_in_a_window_each_block_fet
     total = big_bytes(tmp_path)  # indexes the shards (fetching them) once
     n = BIG_SHARDS * BIG_PER_SHARD
     ds = big_dataset(tmp_path, total // 4, "objects-window")
-    blocks = len(ds._handle.storage_layout()["block_ends"])
+    blocks = len(ds.storage_layout()["block_ends"])
     env.reset()
     before = ds.object_storage()["bytes_fetched"]
     loader = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=3, num_workers=1)

@@ -251,6 +251,70 @@ def test_row_groups_are_read_once_while_they_fit_the_cache(tmp_path):
     assert small.counters()["cached_row_groups"] == 1
 
 
+def wide_files(tmp_path, files=4, groups=60, rows=20):
+    """Rows of 1 kB (an id and 252 float32), in `files` files of `groups` row groups each."""
+    start = 0
+    for k in range(files):
+        ids = np.arange(start, start + groups * rows, dtype=np.int64)
+        vec = pa.FixedSizeListArray.from_arrays(
+            pa.array(np.repeat(ids, 252).astype(np.float32)), 252)
+        pq.write_table(pa.table({"id": pa.array(ids), "vec": vec}),
+                       tmp_path / f"part-{k:03d}.parquet", row_group_size=rows)
+        start += groups * rows
+    return start
+
+
+def test_row_groups_larger_than_the_cache_are_shuffled_over_a_window_read_once_each(tmp_path):
+    total = wide_files(tmp_path)  # 4.9 MB in 240 row groups of about 20 kB
+    layout = stoker.ParquetDataset(tmp_path, columns=["id", "vec"]).storage_layout()
+    assert layout["block_ends"] == list(range(20, total + 1, 20))
+    assert layout["shard_ends"] == [1200, 2400, 3600, 4800]
+    assert all(20 * 1012 <= b <= 20 * 1200 for b in layout["block_bytes"])  # 8 + 1008 a row
+    cache = sum(layout["block_bytes"]) // 4
+    ds = stoker.ParquetDataset(tmp_path, columns=["id", "vec"], cache_bytes=cache)
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=3, num_workers=2)
+    orders = []
+    for epoch in range(2):
+        rows = collect(loader)
+        assert sorted(rows) == list(range(total))
+        orders.append(rows)
+        # Each read once an epoch: a few the last epoch left in the cache are not read again,
+        # and the next epoch's first window may be read ahead before this one's last batch.
+        window = loader.stats()["shuffle_window"]
+        assert 240 * epoch < ds.counters()["row_group_reads"] <= 240 * (epoch + 1) + window
+    assert orders[0] != orders[1]
+    stats = loader.stats()
+    assert stats["shuffle"].startswith("window of ") and "row-group cache" in stats["shuffle"]
+    assert 16 <= window < 240
+    # Mixed across the window: a batch's rows come from many row groups, not one or two.
+    groups_per_batch = [len({r // 20 for r in orders[0][i:i + 16]})
+                        for i in range(0, total, 16)]
+    assert np.mean(groups_per_batch) > 8
+    # Over two ranks: disjoint, every row once.
+    ranks = []
+    for rank in range(2):
+        sampler = stoker.DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=4)
+        ranks.append(collect(stoker.DataLoader(ds, batch_size=8, sampler=sampler,
+                                               num_workers=2)))
+    assert not set(ranks[0]) & set(ranks[1]) and sorted(ranks[0] + ranks[1]) == list(range(total))
+    # The global permutation, asked for, reads a row group for nearly every batch of rows.
+    before = ds.counters()["row_group_reads"]
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle="global", seed=3, num_workers=2)
+    assert sorted(collect(loader)) == list(range(total))
+    assert ds.counters()["row_group_reads"] - before > 5 * 240
+    assert loader.stats()["shuffle"] == "global: asked for (shuffle='global')"
+
+
+def test_a_cache_that_holds_the_row_groups_keeps_the_global_shuffle(tmp_path):
+    wide_files(tmp_path, files=1, groups=10)
+    ds = stoker.ParquetDataset(tmp_path, columns=["id", "vec"])
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle=True, num_workers=2)
+    collect(loader)
+    assert loader.stats()["shuffle"].startswith("global: ")
+    assert "holds it all" in loader.stats()["shuffle"]
+    assert ds.counters()["row_group_reads"] == 10
+
+
 # --- bad input ----------------------------------------------------------------------------
 
 

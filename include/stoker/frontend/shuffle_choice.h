@@ -23,11 +23,14 @@ struct ShuffleEvidence {
   std::size_t samples = 0;
   std::size_t blocks = 0;         // storage blocks (0: the data set did not say where it is)
   std::uint64_t data_bytes = 0;   // the blocks' bytes: what an epoch reads
-  std::uint64_t cache_bytes = 0;  // the object cache the blocks are read through (0: none)
+  std::uint64_t cache_bytes = 0;  // the cache the blocks are read into whole (0: none)
   // Samples read ahead of the one being read (the batches the loader opens ahead of the
   // consumer, which the data set fetches into the cache before their reads): their blocks
   // share the cache with the window's.
   std::size_t lookahead_samples = 0;
+  // The cache's name and its option (Dataset::StorageLayout), for the explanation.
+  const char* cache = "object cache";
+  const char* cache_option = "object_cache_bytes";
 };
 
 // The samples a loader reads ahead with `depth` batches of `batch_size` in flight, and as many

@@ -38,6 +38,14 @@ class NativeDataset:
                                                  self._handle.element_types)]
         return dict(zip(self._names, values)) if self._as_dict else tuple(values)
 
+    def storage_layout(self):
+        """Where the samples' bytes are (docs/storage.md, "Data larger than the cache"), or
+        None when the data set cannot tell: ``block_ends`` (the samples of block ``b`` end at
+        ``block_ends[b]``), ``block_bytes``, ``shard_ends`` (the same for its files or shards)
+        and ``cache_bytes`` (the cache a block is read into whole). A shuffled DataLoader
+        chooses its order from these (``stats()["shuffle"]``)."""
+        return self._handle.storage_layout()
+
     def _structure(self):
         """The batch layout, as PyDataset.structure() describes it."""
         leaves = [("array", f, t) for f, t in enumerate(self._handle.element_types)]

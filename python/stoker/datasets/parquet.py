@@ -76,6 +76,25 @@ _NUMBERS = {
 }
 
 
+def _selected_bytes(footers, columns: dict) -> list[list[int]]:
+    """Per file, each row group's bytes in the row-group cache: `columns` maps each column read
+    in C++ to the bytes of a row's value (numbers: known exactly) or None (encoded images: their
+    leaves' uncompressed size in the footer, the bytes as stored). The storage blocks of a
+    shuffle over more row groups than the cache holds (storage_layout())."""
+    out = []
+    for footer in footers:
+        sizes = []
+        for g in range(footer.num_row_groups):
+            group = footer.row_group(g)
+            size = sum(group.num_rows * row for row in columns.values() if row is not None)
+            size += sum(group.column(c).total_uncompressed_size
+                        for c in range(group.num_columns)
+                        if columns.get(group.column(c).path_in_schema.split(".")[0], 0) is None)
+            sizes.append(size)
+        out.append(sizes)
+    return out
+
+
 def _column_kind(pa, type_, name: str, path: str):
     """(kind, element type, shape, how to read it) of a column of type `type_`; kind is
     "array", "image" or "string"."""
@@ -114,6 +133,14 @@ def _column_kind(pa, type_, name: str, path: str):
                     f"which is not read: numbers and bools (and fixed-size lists and "
                     f"fixed-shape tensors of them) become arrays, binary columns and "
                     f"structs {{bytes, path}} encoded images, strings lists of str")
+
+
+def _row_bytes(kind) -> int | None:
+    """The bytes of a row's value of a column of `kind` (_column_kind) in the row-group cache;
+    None for encoded images (as long as they are)."""
+    import numpy as np
+
+    return None if kind[0] == "image" else np.dtype(kind[1]).itemsize * _prod(kind[2])
 
 
 def _prod(values) -> int:
@@ -210,8 +237,10 @@ class ParquetDataset(NativeDataset):
     Row groups read are kept in a cache of up to ``cache_bytes`` (their selected columns, as
     stored: encoded images, not pixels), shared by the loader's worker threads; at least the
     last one read is kept. With the whole data set's columns under ``cache_bytes``, each row
-    group is read once, and later epochs read nothing. A shuffled order over more row groups
-    than fit re-reads row groups (each row's group is read unless cached).
+    group is read once, and later epochs read nothing. When they do not fit, the DataLoader's
+    ``shuffle=True`` shuffles over a window of row groups that fits half the cache (each row
+    group read once an epoch, rows mixed across the window; docs/formats.md), where a global
+    shuffle would read a row's group for nearly every row; ``shuffle='global'`` asks for that.
 
     A file whose footer cannot be read (truncated, not Parquet) or that lacks a column is an
     error here, naming it. A row group that cannot be read (a corrupt page), a null value or
@@ -245,11 +274,12 @@ class ParquetDataset(NativeDataset):
             spec = transform.spec()
 
         kinds = None
-        row_groups = []
+        row_groups, footers = [], []
         for path in self.files:
             try:
                 meta = pq.ParquetFile(path)
                 schema = meta.schema_arrow
+                footers.append(meta.metadata)
                 row_groups.append([meta.metadata.row_group(g).num_rows
                                    for g in range(meta.metadata.num_row_groups)])
             except Exception as e:
@@ -286,6 +316,7 @@ class ParquetDataset(NativeDataset):
             _RowGroupReader(self.files, [self.columns[i] for i in self._natives],
                             [kinds[i] for i in self._natives]),
             self.files, row_groups,
+            _selected_bytes(footers, {self.columns[i]: _row_bytes(kinds[i]) for i in self._natives}),
             [(self.columns[i], kinds[i][0], kinds[i][1], kinds[i][2]) for i in self._natives],
             spec, int(cache_bytes), int(max_pixels))
         starts, first_in_file, total = [], [], 0

@@ -176,9 +176,10 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
         read, pipeline = _what_reads(dataset, native)
     is_native = isinstance(read, NativeDataset)
     if shuffle_mode == "window" and not is_native:
-        raise ValueError("stoker: shuffle='window' orders a native data set read from object "
-                         "storage (stoker.WebDataset over s3:// or http(s):// URLs); this data "
-                         "set's order is drawn as torch draws it: use shuffle=True")
+        raise ValueError("stoker: shuffle='window' orders a native data set read by blocks "
+                         "through a cache (stoker.WebDataset over s3:// or http(s):// URLs, "
+                         "stoker.ParquetDataset); this data set's order is drawn as torch "
+                         "draws it: use shuffle=True")
     if remote is not None and is_native:
         # Served through its __getitem__ (the same C++ read, with the sample's seed), by the
         # local workers too: one more copy per sample than the native path.
