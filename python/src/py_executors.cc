@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gil.h"
+#include "row_reader.h"
 
 namespace stoker::python {
 
@@ -159,25 +160,13 @@ bool RemoteExecutor::read(std::span<const std::size_t> indices, std::span<const 
                 outs.size() * outs.front().bytes(f).size());
   }
   EngineThreadGil gil;
-  try {
-    const auto status = py::bytes(reply.value[py::int_(0)]).cast<std::string>();
-    const py::object objects = reply.value[py::int_(2)];
-    const py::dict failures = reply.value[py::int_(3)];
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      const py::int_ row(k);
-      if (failures.contains(row)) {
-        errors[k] = dataset_->keep_error(failures[row], indices[k]);
-      } else if (k >= status.size() || status[k] != 0) {
-        errors[k] = std::make_exception_ptr(
-            std::runtime_error("stoker: remote worker failed without a reason"));
-      } else if (!objects.is_none()) {
-        dataset_->store_objects(outs[k], py::reinterpret_borrow<py::list>(objects)[k]);
-      }
-    }
-  } catch (py::error_already_set& e) {
-    e.restore();
-    fail_all();
-  }
+  merge_reply(
+      *dataset_, indices, outs, errors,
+      [&]() -> py::tuple {
+        const py::object& v = reply.value;
+        return py::make_tuple(v[py::int_(0)], v[py::int_(2)], v[py::int_(3)]);
+      },
+      "remote worker");
   return true;
 }
 
