@@ -2,16 +2,13 @@
 
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iterator>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include "gil.h"
@@ -22,96 +19,14 @@
 #include "stoker/frontend/schedstat.h"
 #include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/tracer.h"
+#include "worker_socket.h"
 
 namespace stoker::python {
 namespace {
 
 using namespace wire;
 
-std::uint32_t job_flags(std::size_t args_bytes, bool time_rows) {
-  if (args_bytes >= (std::size_t{1} << (32 - kArgsShift))) {
-    throw std::length_error("stoker: a job's arguments are too large");
-  }
-  return static_cast<std::uint32_t>(args_bytes << kArgsShift) | (time_rows ? kTimeRows : 0);
-}
-
-// How long a worker that closed its socket is given to become a zombie, so that its exit
-// status can be read; an exit takes microseconds, a hung one is reported without a status.
-constexpr std::chrono::milliseconds kStatusWait{2000};
-
 PyObject* g_worker_error_type = nullptr;
-
-std::mutex& fds_mu() {
-  static auto* mu = new std::mutex();
-  return *mu;
-}
-std::set<int>& fds() {
-  static auto* s = new std::set<int>();  // never destroyed: used at exit
-  return *s;
-}
-void track_fd(int fd) {
-  std::lock_guard lock(fds_mu());
-  fds().insert(fd);
-}
-void close_fd(int fd) {
-  if (fd < 0) return;
-  {
-    std::lock_guard lock(fds_mu());
-    fds().erase(fd);
-  }
-  close(fd);
-}
-
-std::vector<std::uint8_t> message(std::uint32_t kind, const std::vector<std::uint8_t>& payload) {
-  std::vector<std::uint8_t> m;
-  m.reserve(8 + payload.size());
-  put(m, kind);
-  put(m, static_cast<std::uint32_t>(payload.size()));
-  m.insert(m.end(), payload.begin(), payload.end());
-  return m;
-}
-
-bool send_all(int fd, const std::uint8_t* data, std::size_t size, int pass_fd = -1) {
-  while (size > 0) {
-    iovec iov{const_cast<std::uint8_t*>(data), size};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (pass_fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-    }
-    const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);  // a dead worker: EPIPE, not SIGPIPE
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    pass_fd = -1;  // sent with the first byte
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool recv_all(int fd, std::uint8_t* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = recv(fd, data, size, 0);
-    if (n == 0) return false;  // EOF: the worker is gone (or the socket was shut down)
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
 
 std::string rows_text(std::span<const std::size_t> indices) {
   std::string s;
@@ -124,37 +39,6 @@ std::string rows_text(std::span<const std::size_t> indices) {
 }
 
 }  // namespace
-
-std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
-                                     std::span<const std::size_t> indices,
-                                     std::span<const SampleOut> outs, const std::string& args,
-                                     bool time_rows) {
-  std::vector<std::uint8_t> job;
-  const std::size_t fields = offsets.size();
-  job.reserve(kJobBytes + kFieldBytes * fields + kRowBytes * indices.size() + args.size());
-  put(job, std::uint64_t{0});  // the job id: the sender's
-  put(job, region);
-  put(job, static_cast<std::uint32_t>(fields));
-  put(job, static_cast<std::uint32_t>(indices.size()));
-  put(job, job_flags(args.size(), time_rows));
-  for (std::size_t f = 0; f < fields; ++f) {
-    const auto bytes = outs.front().bytes(f);
-    for (std::size_t k = 1; k < outs.size(); ++k) {
-      // The engine's chunks are consecutive rows of one slab.
-      if (outs[k].bytes(f).data() != bytes.data() + k * bytes.size()) {
-        throw std::logic_error("stoker: a chunk's rows are not consecutive");
-      }
-    }
-    put(job, offsets[f]);
-    put(job, static_cast<std::uint64_t>(bytes.size()));
-  }
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    put(job, static_cast<std::uint64_t>(indices[k]));
-    put(job, outs[k].seed());
-  }
-  job.insert(job.end(), args.begin(), args.end());
-  return job;
-}
 
 void set_worker_error_type(py::handle type) {
   Py_XINCREF(type.ptr());
@@ -213,10 +97,7 @@ py::list ProcessPool::pids() {
   return out;
 }
 
-std::vector<int> ProcessPool::all_fds() {
-  std::lock_guard lock(fds_mu());
-  return {fds().begin(), fds().end()};
-}
+std::vector<int> ProcessPool::all_fds() { return tracked_fds(); }
 
 void ProcessPool::respawn(Link& link) {
   {
@@ -439,38 +320,14 @@ py::object ProcessPool::probe(const PyDataset& owner, std::size_t index, std::ui
     const py::tuple decoded = decode_(
         py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
     const py::dict failures = decoded[1];
-    if (status[0] == 0 && failures.empty()) {
-      return py::reinterpret_borrow<py::list>(decoded[0])[0];
-    }
-    error = failures.empty() ? std::make_exception_ptr(std::runtime_error(
-                                   "stoker: worker process failed without a reason"))
-                             : owner.keep_error(failures[py::int_(0)], index);
-  } catch (py::error_already_set& e) {
-    e.restore();
-    error = owner.keep_error(take_python_error(), index);
+    if (status[0] == 0 && failures.empty()) return py::list(decoded[0])[0];
+    if (failures.empty())
+      throw std::runtime_error("stoker: worker process failed without a reason");
+    error = owner.keep_error(failures[py::int_(0)], index);
+  } catch (...) {
+    error = owner.keep_error(take_current_exception(), index);
   }
   std::rethrow_exception(error);
-}
-
-std::string ProcessPool::death_message(pid_t pid) const {
-  // WNOWAIT: read the status but leave the zombie to multiprocessing, which reaps its own.
-  const auto deadline = std::chrono::steady_clock::now() + kStatusWait;
-  for (;;) {
-    siginfo_t info{};
-    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) break;
-    if (info.si_pid == pid) {
-      if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
-        const char* name = strsignal(info.si_status);
-        return "DataLoader worker (pid " + std::to_string(pid) +
-               ") is killed by signal: " + (name ? name : std::to_string(info.si_status));
-      }
-      return "DataLoader worker (pid " + std::to_string(pid) +
-             ") exited unexpectedly with exit code " + std::to_string(info.si_status);
-    }
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return "DataLoader worker (pid " + std::to_string(pid) + ") exited unexpectedly";
 }
 
 void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indices,
@@ -639,17 +496,7 @@ void ProcessPool::take_reply(const PyDataset& owner, std::span<const std::size_t
 
 py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py::bytes& args) {
   if (worker_id >= workers_) throw py::index_error("stoker: no such worker");
-  const std::string_view payload = args;
-  std::vector<std::uint8_t> job;
-  job.reserve(40 + payload.size());
-  put(job, std::uint64_t{0});  // the job id, set below
-  put(job, std::uint32_t{0});  // no region
-  put(job, std::uint32_t{0});  // no fields
-  put(job, std::uint32_t{1});
-  put(job, job_flags(payload.size(), false));
-  put(job, index);
-  put(job, std::uint64_t{0});
-  job.insert(job.end(), payload.begin(), payload.end());
+  std::vector<std::uint8_t> job = encode_call(index, args);
 
   std::vector<std::uint8_t> status;
   std::vector<std::uint8_t> blob;

@@ -105,15 +105,6 @@ class WorkerDiedError : public std::runtime_error {
 void set_worker_error_type(py::handle type);
 py::handle worker_error_type();
 
-// A kJob payload for a chunk (consecutive rows of one slab: `outs`): field f of its first row
-// at byte `offsets[f]` of region `region`, the rows' (index, seed), `args`; the job id is left
-// 0, for the sender to set. Worker processes get it over their socket, remote workers
-// (python/stoker/remote/actor.py) through Ray, with the offsets of a buffer of their own.
-std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
-                                     std::span<const std::size_t> indices,
-                                     std::span<const SampleOut> outs, const std::string& args,
-                                     bool time_rows);
-
 class ProcessPool {
  public:
   // `spawn(worker_id)` starts worker `worker_id` (again) and returns (fd, pid): the parent's
@@ -227,7 +218,6 @@ class ProcessPool {
   // message names the lost rows as `items` ("samples", "batches").
   void fail_lost(Link* link, std::span<const std::size_t> indices,
                  std::span<std::exception_ptr> errors, const char* items);
-  std::string death_message(pid_t pid) const;
 
   std::atomic<std::size_t> workers_;  // the links' count; retire() lowers it
   const pid_t owner_pid_;             // a forked copy of the pool (in a worker) does nothing

@@ -191,6 +191,67 @@ py::object take_python_error() {
   return py::reinterpret_steal<py::object>(value);
 }
 
+// --- The job, both ends (docs/worker_protocol.md) ----------------------------------------
+
+namespace {
+
+std::uint32_t job_flags(std::size_t args_bytes, bool time_rows) {
+  if (args_bytes >= (std::size_t{1} << (32 - wire::kArgsShift))) {
+    throw std::length_error("stoker: a job's arguments are too large");
+  }
+  return static_cast<std::uint32_t>(args_bytes << wire::kArgsShift) |
+         (time_rows ? wire::kTimeRows : 0);
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
+                                     std::span<const std::size_t> indices,
+                                     std::span<const SampleOut> outs, const std::string& args,
+                                     bool time_rows) {
+  std::vector<std::uint8_t> job;
+  const std::size_t fields = offsets.size();
+  job.reserve(wire::kJobBytes + wire::kFieldBytes * fields + wire::kRowBytes * indices.size() +
+              args.size());
+  wire::put(job, std::uint64_t{0});  // the job id: the sender's
+  wire::put(job, region);
+  wire::put(job, static_cast<std::uint32_t>(fields));
+  wire::put(job, static_cast<std::uint32_t>(indices.size()));
+  wire::put(job, job_flags(args.size(), time_rows));
+  for (std::size_t f = 0; f < fields; ++f) {
+    const auto bytes = outs.front().bytes(f);
+    for (std::size_t k = 1; k < outs.size(); ++k) {
+      // The engine's chunks are consecutive rows of one slab.
+      if (outs[k].bytes(f).data() != bytes.data() + k * bytes.size()) {
+        throw std::logic_error("stoker: a chunk's rows are not consecutive");
+      }
+    }
+    wire::put(job, offsets[f]);
+    wire::put(job, static_cast<std::uint64_t>(bytes.size()));
+  }
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    wire::put(job, static_cast<std::uint64_t>(indices[k]));
+    wire::put(job, outs[k].seed());
+  }
+  job.insert(job.end(), args.begin(), args.end());
+  return job;
+}
+
+std::vector<std::uint8_t> encode_call(std::uint64_t index, std::string_view args) {
+  using namespace wire;
+  std::vector<std::uint8_t> job;
+  job.reserve(kJobBytes + kRowBytes + args.size());
+  put(job, std::uint64_t{0});  // the job id: the sender's
+  put(job, std::uint32_t{0});  // no region
+  put(job, std::uint32_t{0});  // no fields
+  put(job, std::uint32_t{1});
+  put(job, job_flags(args.size(), false));
+  put(job, index);
+  put(job, std::uint64_t{0});
+  job.insert(job.end(), args.begin(), args.end());
+  return job;
+}
+
 // --- SampleWriter --------------------------------------------------------------------------
 
 // A job's rows read in a worker process: each written into the shared slab at once, its object

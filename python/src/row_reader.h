@@ -35,6 +35,8 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -115,6 +117,17 @@ py::object visit_sample(const LayoutNode& root, std::size_t slots, std::size_t i
 void merge_reply(const PyDataset& owner, std::span<const std::size_t> indices,
                  std::span<const SampleOut> outs, std::span<std::exception_ptr> errors,
                  const std::function<py::tuple()>& decode, const char* who);
+
+// A kJob payload for a chunk (consecutive rows of one slab: `outs`): field f of its first row
+// at byte `offsets[f]` of region `region`, the rows' (index, seed), `args`; the job id is left
+// 0, for the sender to set. Worker processes get it over their socket, remote workers
+// (python/stoker/remote/actor.py) through Ray, with the offsets of a buffer of their own.
+std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
+                                     std::span<const std::size_t> indices,
+                                     std::span<const SampleOut> outs, const std::string& args,
+                                     bool time_rows);
+// A call's kJob (ProcessPool::call): no region, no fields, one row (`index`, seed 0), `args`.
+std::vector<std::uint8_t> encode_call(std::uint64_t index, std::string_view args);
 
 // The worker process's half (and a Ray actor's): the slab regions it was sent, mapped, and
 // the layout to check and write samples with (layout_from_description of the parent's data
