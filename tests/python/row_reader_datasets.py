@@ -2,15 +2,13 @@
 processes and Ray actors import to unpickle them. None of them has __getitem__: with
 __getitems__, the loader never calls it, whichever the worker."""
 
-from fractions import Fraction
-
 import numpy as np
 
 
 def sample(i):
-    """Row i: an array, a number and two object values (a str and a Fraction)."""
+    """Row i: an array, a number and two object values (a str and bytes)."""
     return {"x": np.full(3, i, dtype=np.int64), "half": i / 2, "name": f"s{i}",
-            "third": Fraction(i, 3)}
+            "tag": f"t{i}".encode()}
 
 
 class OnlyGetitems:

@@ -5,8 +5,6 @@ only through it; a chunk's call that raises or returns the wrong number of sampl
 followed by one __getitems__([i]) per row, so a bad row fails alone; stoker.sample_seed() is
 None inside __getitems__ and the row's seed inside __getitem__."""
 
-from fractions import Fraction
-
 import numpy as np
 import pytest
 import torch
@@ -65,7 +63,7 @@ def outcome(dataset, workers, **kwargs):
 
 def batch_of(indices):
     return {"x": [[i] * 3 for i in indices], "half": [i / 2 for i in indices],
-            "name": [f"s{i}" for i in indices], "third": [Fraction(i, 3) for i in indices]}
+            "name": [f"s{i}" for i in indices], "tag": [f"t{i}".encode() for i in indices]}
 
 
 ALL = [batch_of(range(b, b + 4)) for b in range(0, 24, 4)]
