@@ -274,8 +274,7 @@ class PyDataset::ThreadChunk final : public RowSink {
       }
     }
     const std::size_t done = d_.state_->reader->read(rows_, *this);
-    d_.gil_reads_.fetch_add(done, std::memory_order_relaxed);
-    if (done < rows_.size()) stopped(at_[done]);
+    d_.gil_reads_.fetch_add(done, std::memory_order_relaxed);  // past `done`: next() stopped it
     gil_.reset();
     copy();
   }
@@ -341,6 +340,8 @@ class PyDataset::ThreadChunk final : public RowSink {
     }
   }
 
+  // First, so that it is let go last: a read that throws leaves copies_ holding arrays.
+  std::optional<TimedGil> gil_;
   const PyDataset& d_;
   std::span<const std::size_t> indices_;
   std::span<const SampleOut> outs_;
@@ -349,7 +350,6 @@ class PyDataset::ThreadChunk final : public RowSink {
   std::vector<std::size_t> at_;                   // the chunk's row of the reader's row k
   std::vector<Row> rows_;                         // the rows the reader reads
   std::size_t bytes_ = 0;                         // of arrays noted since the last copy
-  std::optional<TimedGil> gil_;
 };
 
 void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
