@@ -1,5 +1,5 @@
-// A Python map-style data set (__len__ and __getitem__) as a stoker::Dataset, plus the custom
-// sampler order wrapper.
+// A Python map-style data set (__len__, and __getitem__ or __getitems__) as a stoker::Dataset,
+// plus the custom sampler order wrapper.
 //
 // Layout: made without reading anything. The first sample a worker reads (a probe, see
 // Dataset::probe: the engine's first workers each read one, on threads or in worker
@@ -20,9 +20,9 @@
 // the copy and are let go (which needs the GIL) at the start of a later read ("graveyard").
 // Object values are kept in a table keyed by (slab, row) until the batch is delivered.
 //
-// Errors: an exception from __getitem__ (or __getitems__) is kept here, with its traceback, under a
-// ticket; the engine carries a PythonError (plain C++) with the ticket, and the loader binding
-// takes the exception back when it raises it in the training loop (gil.h, rule 3).
+// Errors: an exception from __getitem__ (or __getitems__) is kept here, with its traceback,
+// under a ticket; the engine carries a PythonError (plain C++) with the ticket, and the loader
+// binding takes the exception back when it raises it in the training loop (gil.h, rule 3).
 //
 // Thread safety: read(), read_rows() and probe() may be called from any number of engine
 // threads. The Python-facing members (structure, take_objects, take_error, ...) need the

@@ -139,9 +139,10 @@ bool RemoteExecutor::read(std::span<const std::size_t> indices, std::span<const 
       reply.value =
           remote_.attr("run")(py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
       if (reply.value.is_none()) return false;
-      count_reply(total, reply.value[py::int_(4)].cast<double>(),
-                  reply.value[py::int_(5)].cast<double>(), reply.value[py::int_(6)].cast<double>());
-      reply.rows.emplace(py::buffer(reply.value[py::int_(1)]).request());
+      const py::object& v = reply.value;  // a RemoteReply (docs/worker_protocol.md)
+      count_reply(total, v.attr("wait_s").cast<double>(), v.attr("read_s").cast<double>(),
+                  v.attr("idle_s").cast<double>());
+      reply.rows.emplace(py::buffer(v.attr("rows")).request());
       const auto got = static_cast<std::uint64_t>(reply.rows->size * reply.rows->itemsize);
       if (got < total) {
         throw py::value_error("stoker: a remote worker returned " + std::to_string(got) +
@@ -162,9 +163,10 @@ bool RemoteExecutor::read(std::span<const std::size_t> indices, std::span<const 
   EngineThreadGil gil;
   merge_reply(
       *dataset_, indices, outs, errors,
-      [&]() -> py::tuple {
+      [&] {
         const py::object& v = reply.value;
-        return py::make_tuple(v[py::int_(0)], v[py::int_(2)], v[py::int_(3)]);
+        return ChunkReply{py::bytes(v.attr("status")).cast<std::string>(), v.attr("objects"),
+                          v.attr("failures")};
       },
       "remote worker");
   return true;

@@ -317,10 +317,10 @@ py::object ProcessPool::probe(const PyDataset& owner, std::size_t index, std::ui
   try {
     py::list keys(1);
     keys[0] = py::int_(index);
-    const py::tuple decoded = decode_(
+    const py::object decoded = decode_(
         py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
-    const py::dict failures = decoded[1];
-    if (status[0] == 0 && failures.empty()) return py::list(decoded[0])[0];
+    const py::dict failures = decoded.attr("failures");
+    if (status[0] == 0 && failures.empty()) return py::list(decoded.attr("objects"))[0];
     if (failures.empty())
       throw std::runtime_error("stoker: worker process failed without a reason");
     error = owner.keep_error(failures[py::int_(0)], index);
@@ -478,18 +478,20 @@ void ProcessPool::take_reply(const PyDataset& owner, std::span<const std::size_t
   EngineThreadGil gil;
   merge_reply(
       owner, indices, outs, errors,
-      [&]() -> py::tuple {
-        py::bytes flags(reinterpret_cast<const char*>(status.data()), status.size());
-        if (blob.empty()) return py::make_tuple(flags, py::none(), py::dict());
+      [&] {
+        ChunkReply decoded{std::string(status.begin(), status.end()), py::none(), py::dict()};
+        if (blob.empty()) return decoded;
         // The sample indices only name the failures.
         const bool failed =
             std::any_of(status.begin(), status.end(), [](auto s) { return s != 0; });
         py::list keys(failed ? indices.size() : 0);
         for (std::size_t k = 0; failed && k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
-        const py::tuple decoded =
+        const py::object got =
             decode_(py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id,
                     pid, keys);
-        return py::make_tuple(flags, decoded[0], decoded[1]);
+        decoded.objects = got.attr("objects");
+        decoded.failures = got.attr("failures");
+        return decoded;
       },
       "worker process");
 }

@@ -130,12 +130,10 @@ py::object visit_sample(const LayoutNode& root, std::size_t slots, std::size_t i
 
 void merge_reply(const PyDataset& owner, std::span<const std::size_t> indices,
                  std::span<const SampleOut> outs, std::span<std::exception_ptr> errors,
-                 const std::function<py::tuple()>& decode, const char* who) {
+                 const std::function<ChunkReply()>& decode, const char* who) {
   try {
-    const py::tuple reply = decode();
-    const auto status = py::bytes(reply[0]).cast<std::string>();
-    const py::object objects = reply[1];
-    const auto failed = py::reinterpret_borrow<py::dict>(reply[2]);
+    const auto [status, objects, failures] = decode();
+    const auto failed = py::reinterpret_borrow<py::dict>(failures);
     if (failed.empty() && status.size() == indices.size() &&
         status.find_first_not_of('\0') == std::string_view::npos &&
         (objects.is_none() ||

@@ -108,15 +108,22 @@ class RowReader {
 py::object visit_sample(const LayoutNode& root, std::size_t slots, std::size_t index,
                         py::handle sample, const SampleOut& out, std::vector<PendingCopy>& copies);
 
-// A chunk's reply from a worker process or a Ray actor, merged into the rows of `owner`.
-// `decode()` gives (status, objects, failures): status, bytes, one per row (0: read); objects,
-// each row's object values in a list, or None without object slots; failures, a dict {row:
-// exception}. Row k failed if failures has k, or if status[k] is not 0 (`who` names the worker
-// in that error without a reason); else objects[k] are its values. An error from decode()
-// (an object value that does not unpickle here) fails every row with it. GIL held.
+// A chunk's reply from a worker process or a Ray actor (docs/worker_protocol.md): a status
+// byte per row (0: read), each row's object values (a list, or None without object slots),
+// and the failed rows' exceptions (a dict {row: exception}).
+struct ChunkReply {
+  std::string status;
+  py::object objects;
+  py::object failures;
+};
+
+// Merges the reply `decode()` gives into the rows of `owner`: row k failed if failures has k,
+// or if status[k] is not 0 (`who` names the worker in that error without a reason); else its
+// object values are objects[k]. An error from decode() (an object value that does not
+// unpickle here) fails every row with it. GIL held.
 void merge_reply(const PyDataset& owner, std::span<const std::size_t> indices,
                  std::span<const SampleOut> outs, std::span<std::exception_ptr> errors,
-                 const std::function<py::tuple()>& decode, const char* who);
+                 const std::function<ChunkReply()>& decode, const char* who);
 
 // A kJob payload for a chunk (consecutive rows of one slab: `outs`): field f of its first row
 // at byte `offsets[f]` of region `region`, the rows' (index, seed), `args`; the job id is left
