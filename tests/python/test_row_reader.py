@@ -120,8 +120,8 @@ def test_sample_seed_is_the_rows_own_inside_getitem(kind, workers):
     assert batches == outcome(rd.SeedInGetitem(), dict(num_workers=0))[1]
 
 
-def test_the_row_reader_is_the_workers_own_in_a_worker_process_too():
-    # SampleWriter.read_sample (a worker process's first row) reads as a chunk's row does.
+def test_a_worker_processs_lone_row_is_read_by_the_same_rules():
+    # SampleWriter.read_sample (the first row a worker process reads, alone) by the same rules.
     assert stoker._stoker.SampleWriter.read_sample(rd.OnlyGetitems(), 3, 0, True)["name"] == "s3"
     with pytest.raises(ValueError, match="returned 2 samples for 1 index"):
         stoker._stoker.SampleWriter.read_sample(rd.OneTooMany(), 3, 0, True)
