@@ -806,7 +806,7 @@ PYBIND11_MODULE(_stoker, m) {
 
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread: inside __getitem__ the sample's, "
-        "None inside __getitems__ (which reads several) and outside a read.");
+        "inside __getitems__ the call's first sample's; None outside a read.");
   m.def("sample_epoch", &current_sample_epoch,
         "The epoch the sample being read on this thread is for, or None outside a read.");
   m.def(

@@ -18,7 +18,7 @@ thread_local std::optional<std::uint64_t> t_sample_seed;
 thread_local std::optional<std::uint64_t> t_sample_epoch;
 
 // What stoker.sample_seed() and sample_epoch() return on this thread while a row's Python
-// code runs: the row's seed inside __getitem__, none inside __getitems__.
+// code runs: the row's seed inside __getitem__, the call's first row's inside __getitems__.
 struct SeedScope {
   SeedScope(std::optional<std::uint64_t> seed, std::optional<std::uint64_t> epoch) {
     t_sample_seed = seed;
@@ -67,7 +67,7 @@ py::object RowReader::read_one(const Row& row) const {
   }
   py::list keys(1);
   keys[0] = py::int_(row.index);
-  const SeedScope scope(std::nullopt, row.epoch);
+  const SeedScope scope(row.seed, row.epoch);
   const py::list got = call_getitems(dataset_, keys);
   if (got.size() != 1) {
     throw py::value_error("stoker: __getitems__ returned " + std::to_string(got.size()) +
@@ -82,7 +82,7 @@ std::size_t RowReader::read(std::span<const Row> rows, RowSink& sink) const {
     for (std::size_t k = 0; k < rows.size(); ++k) keys[k] = py::int_(rows[k].index);
     std::optional<py::list> got;
     try {
-      const SeedScope scope(std::nullopt, rows[0].epoch);
+      const SeedScope scope(rows[0].seed, rows[0].epoch);
       got = call_getitems(dataset_, keys);
     } catch (py::error_already_set& e) {
       if (!e.matches(PyExc_Exception)) {  // Ctrl-C, SystemExit: the chunk ends with it

@@ -14,9 +14,11 @@
 // one-row call that returns other than one sample fails its row with a ValueError. A
 // BaseException that is no Exception (KeyboardInterrupt, SystemExit) fails the whole chunk.
 //
-// Seed: stoker.sample_seed() is the row's seed inside __getitem__, and None inside
-// __getitems__, whatever the number of indices: no one row's seed applies to a call for
-// several (seed from the indices, or use seed_per_sample, which reads through __getitem__).
+// Seed: stoker.sample_seed() is the row's seed inside __getitem__, and the seed of the call's
+// first row inside __getitems__ (a one-row call's: its row's own), so that a pass-through
+// __getitems__ (torch's Subset over a data set that seeds from it) still draws anew each epoch.
+// The rows of one call share that seed, and which rows share a call depends on the chunking:
+// a __getitems__ whose rows must draw apart seeds from its indices as well.
 // stoker.sample_epoch() is the read's epoch where the reader knows it (threads), else None.
 //
 // Visit and copy: visit_sample() checks a sample against the layout, writes its numbers and

@@ -49,18 +49,20 @@ class RaisesAt(OnlyGetitems):
 
 
 class SeedInGetitems(OnlyGetitems):
-    """Each sample holds what stoker.sample_seed() returned in the call that read it (-1 for
-    None)."""
+    """Each sample holds what stoker.sample_seed() returned in the call that read it (the low
+    62 bits, -1 for None) and the call's first index."""
 
     def __getitems__(self, indices):
         import stoker
 
         seed = stoker.sample_seed()
-        return [{"i": i, "seed": -1 if seed is None else seed} for i in indices]
+        seed = -1 if seed is None else seed & ((1 << 62) - 1)
+        return [{"i": i, "seed": seed, "first": indices[0]} for i in indices]
 
 
 class SeedInGetitem:
-    """Each sample holds stoker.sample_seed() as __getitem__ saw it (the low 62 bits)."""
+    """Each sample holds stoker.sample_seed() as __getitem__ saw it (the low 62 bits, -1 for
+    None)."""
 
     def __len__(self):
         return 24

@@ -3,7 +3,7 @@ where Ray is installed, Ray actors read a Python data set's rows by the same rul
 case here has one outcome whatever reads it. The rules: a data set with __getitems__ is read
 only through it; a chunk's call that raises or returns the wrong number of samples is
 followed by one __getitems__([i]) per row, so a bad row fails alone; stoker.sample_seed() is
-None inside __getitems__ and the row's seed inside __getitem__."""
+the row's seed inside __getitem__ and the call's first row's inside __getitems__."""
 
 import numpy as np
 import pytest
@@ -105,19 +105,28 @@ def test_the_skip_policy_replaces_only_the_bad_row_of_a_raising_getitems(kind, w
     assert batches == outcome(rd.RaisesAt(bad=5), dict(num_workers=0), on_error="skip")[1]
 
 
+def seeds_by_index(dataset, workers):
+    _, batches, _ = outcome(dataset, workers)
+    return {i: s for b in batches for i, s in zip(b["i"], b["seed"])}
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_sample_seed_is_none_inside_getitems(kind, workers):
+def test_sample_seed_inside_getitems_is_the_seed_of_the_calls_first_row(kind, workers):
     _, batches, _ = outcome(rd.SeedInGetitems(), workers)
-    assert [i for b in batches for i in b["i"]] == list(range(24))
-    assert {s for b in batches for s in b["seed"]} == {-1}
+    rows = [(i, s, f) for b in batches for i, s, f in zip(b["i"], b["seed"], b["first"])]
+    assert [i for i, _, _ in rows] == list(range(24))
+    # The seed each row has inside __getitem__, for the same loader seed and epoch.
+    own = seeds_by_index(rd.SeedInGetitem(), dict(num_workers=0))
+    assert all(s == own[f] for _, s, f in rows)
+    assert len({f for _, _, f in rows}) > 1  # several calls, each with its own seed
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_sample_seed_is_the_rows_own_inside_getitem(kind, workers):
-    _, batches, _ = outcome(rd.SeedInGetitem(), workers)
-    seeds = [s for b in batches for s in b["seed"]]
-    assert -1 not in seeds and len(set(seeds)) == 24
-    assert batches == outcome(rd.SeedInGetitem(), dict(num_workers=0))[1]
+    seeds = seeds_by_index(rd.SeedInGetitem(), workers)
+    assert sorted(seeds) == list(range(24))
+    assert -1 not in seeds.values() and len(set(seeds.values())) == 24
+    assert seeds == seeds_by_index(rd.SeedInGetitem(), dict(num_workers=0))
 
 
 def test_a_worker_processs_lone_row_is_read_by_the_same_rules():
