@@ -1,6 +1,7 @@
 #include "gil.h"
 
 #include <pthread.h>
+#include <time.h>
 
 #include <new>
 
@@ -93,6 +94,44 @@ ForkGate::Closed::~Closed() {
   detail::MutexLock lock(gate.mu_);
   gate.closed_ = false;
   gate.cv_.notify_all();
+}
+
+namespace {
+
+std::int64_t ns(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+std::int64_t thread_cpu_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+}
+
+}  // namespace
+
+TimedGil::TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
+                   std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
+                   std::size_t samples)
+    : held_ns_(held_ns),
+      cpu_ns_(cpu_ns),
+      start_(Clock::now()),
+      held_from_(acquired()),
+      cpu_from_(thread_cpu_ns()) {
+  reads.fetch_add(samples, std::memory_order_relaxed);
+  wait_ns.fetch_add(ns(held_from_ - start_), std::memory_order_relaxed);
+}
+
+TimedGil::~TimedGil() {
+  // CPU time, not wall time: the wall time in here also counts sleeps and I/O (which release
+  // the GIL) and waits for the GIL taken back in between.
+  cpu_ns_.fetch_add(thread_cpu_ns() - cpu_from_, std::memory_order_relaxed);
+  held_ns_.fetch_add(ns(Clock::now() - held_from_), std::memory_order_relaxed);
+}
+
+TimedGil::Clock::time_point TimedGil::acquired() {
+  gil_.emplace();
+  return Clock::now();
 }
 
 }  // namespace stoker::python

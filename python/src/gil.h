@@ -19,8 +19,12 @@
 
 #include <Python.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 
 #include "stoker/frontend/mutex.h"
 
@@ -94,6 +98,31 @@ class ForkGate {
   std::condition_variable cv_;
   std::size_t inside_ STOKER_GUARDED_BY(mu_) = 0;  // threads holding a Pass
   bool closed_ STOKER_GUARDED_BY(mu_) = false;
+};
+
+// The GIL for a read on an engine thread, timed: how long the thread waited to take it and
+// how long it held it, and the CPU time of the thread meanwhile (the auto worker type and the
+// tuner read these); `reads` counts `samples` more. No worker process is forked meanwhile.
+class TimedGil {
+ public:
+  TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
+           std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
+           std::size_t samples);
+  ~TimedGil();
+  TimedGil(const TimedGil&) = delete;
+  TimedGil& operator=(const TimedGil&) = delete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point acquired();
+
+  std::atomic<std::int64_t>& held_ns_;
+  std::atomic<std::int64_t>& cpu_ns_;
+  ForkGate::Pass pass_;  // taken before the GIL, let go after it (rule 5)
+  std::optional<EngineThreadGil> gil_;
+  Clock::time_point start_;
+  Clock::time_point held_from_;
+  std::int64_t cpu_from_;
 };
 
 }  // namespace stoker::python

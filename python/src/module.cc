@@ -27,6 +27,7 @@
 #include "py_dataset.h"
 #include "py_loader.h"
 #include "py_workers.h"
+#include "row_reader.h"
 #include "stoker/device.h"
 #include "stoker/encoded.h"
 #include "stoker/frontend/cuda_runtime.h"
@@ -398,7 +399,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def(py::init<>())
       .def("set_layout", &SampleWriter::set_layout, py::arg("description"), py::arg("slots"))
       .def_static("read_sample", &SampleWriter::read_sample, py::arg("dataset"), py::arg("index"),
-                  py::arg("seed"))
+                  py::arg("seed"), py::arg("use_getitems"))
       .def("map", &SampleWriter::map, py::arg("region"), py::arg("fd"), py::arg("bytes"))
       .def("drop", &SampleWriter::drop, py::arg("region"))
       .def("run_job", &SampleWriter::run_job, py::arg("job"), py::arg("dataset"),
@@ -804,7 +805,8 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("batch_size"), py::arg("labels"), py::arg("buffers"), py::arg("cache_bytes"));
 
   m.def("sample_seed", &current_sample_seed,
-        "The seed of the sample being read on this thread, or None outside a read.");
+        "The seed of the sample being read on this thread: inside __getitem__ the sample's, "
+        "inside __getitems__ the call's first sample's; None outside a read.");
   m.def("sample_epoch", &current_sample_epoch,
         "The epoch the sample being read on this thread is for, or None outside a read.");
   m.def(

@@ -1,7 +1,5 @@
 #include "py_dataset.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -23,100 +21,11 @@ constexpr std::size_t kKeptErrors = 64;
 // bytes, then copies them into the slab with the GIL released.
 constexpr std::size_t kCopyRun = 256 << 10;
 
-thread_local std::optional<std::uint64_t> t_sample_seed;
-thread_local std::optional<std::uint64_t> t_sample_epoch;
-
-// A read's seed and epoch (current_sample_seed(), current_sample_epoch()) on this thread while
-// it runs; a probe has no epoch.
-struct SeedScope {
-  explicit SeedScope(std::uint64_t seed) { t_sample_seed = seed; }
-  explicit SeedScope(const SampleOut& out) : SeedScope(out.seed()) { t_sample_epoch = out.epoch(); }
-  ~SeedScope() {
-    t_sample_seed.reset();
-    t_sample_epoch.reset();
-  }
-  SeedScope(const SeedScope&) = delete;
-  SeedScope& operator=(const SeedScope&) = delete;
-};
-
-// The GIL for a read on an engine thread, timed: how long the thread waited to take it and
-// how long it held it (the auto worker type and the tuner read these). No worker process is
-// forked meanwhile.
-class TimedGil {
- public:
-  TimedGil(std::atomic<std::uint64_t>& reads, std::atomic<std::int64_t>& wait_ns,
-           std::atomic<std::int64_t>& held_ns, std::atomic<std::int64_t>& cpu_ns,
-           std::size_t samples)
-      : held_ns_(held_ns),
-        cpu_ns_(cpu_ns),
-        start_(Clock::now()),
-        held_from_(acquired()),
-        cpu_from_(thread_cpu_ns()) {
-    reads.fetch_add(samples, std::memory_order_relaxed);
-    wait_ns.fetch_add(ns(held_from_ - start_), std::memory_order_relaxed);
-  }
-  ~TimedGil() {
-    // CPU time, not wall time: the wall time in here also counts sleeps and I/O (which
-    // release the GIL) and waits for the GIL taken back in between.
-    cpu_ns_.fetch_add(thread_cpu_ns() - cpu_from_, std::memory_order_relaxed);
-    held_ns_.fetch_add(ns(Clock::now() - held_from_), std::memory_order_relaxed);
-  }
-  TimedGil(const TimedGil&) = delete;
-  TimedGil& operator=(const TimedGil&) = delete;
-
- private:
-  using Clock = std::chrono::steady_clock;
-  static std::int64_t ns(Clock::duration d) {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-  }
-  Clock::time_point acquired() {
-    gil_.emplace();
-    return Clock::now();
-  }
-
-  static std::int64_t thread_cpu_ns() {
-    timespec t{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
-  }
-
-  std::atomic<std::int64_t>& held_ns_;
-  std::atomic<std::int64_t>& cpu_ns_;
-  ForkGate::Pass pass_;  // taken before the GIL, let go after it (gil.h, rule 5)
-  std::optional<EngineThreadGil> gil_;
-  Clock::time_point start_;
-  Clock::time_point held_from_;
-  std::int64_t cpu_from_;
-};
-
 }  // namespace
-
-void set_sample_seed(std::optional<std::uint64_t> seed) { t_sample_seed = seed; }
-
-std::optional<std::uint64_t> current_sample_seed() { return t_sample_seed; }
-
-std::optional<std::uint64_t> current_sample_epoch() { return t_sample_epoch; }
-
-py::object read_one(py::handle dataset, std::size_t index) {
-  // A worker process reads each sample through here. PyObject_HasAttr looks a str up without
-  // raising for a plain object; py::hasattr made the C string a str and raised and cleared an
-  // AttributeError each time: 0.43 us a sample of a data set without __getitems__
-  // (SampleWriter.read_sample of bench/python_bench.py's cheap data set took 2.29 us, now
-  // 1.86, and its __getitem__ alone 1.28).
-  static PyObject* const kGetitems = PyUnicode_InternFromString("__getitems__");
-  if (PyObject_HasAttr(dataset.ptr(), kGetitems) != 1) return dataset[py::int_(index)];
-  py::list keys(1);
-  keys[0] = py::int_(index);
-  const py::sequence got = dataset.attr("__getitems__")(keys);
-  if (got.size() != 1) {
-    throw py::value_error("stoker: __getitems__ returned " + std::to_string(got.size()) +
-                          " samples for 1 index");
-  }
-  return got[0];
-}
 
 struct PyDataset::State {
   py::object dataset;
+  std::optional<RowReader> reader;  // of `dataset`
   py::object on_worker_start;
   py::object job_args;
   std::vector<py::object> layout_listeners;  // see on_layout
@@ -147,7 +56,7 @@ std::shared_ptr<PyDataset> PyDataset::make(py::object dataset, bool whole_sample
   st.dataset = std::move(dataset);
   st.on_worker_start = std::move(on_worker_start);
   self->size_ = py::len(st.dataset);
-  self->has_getitems_ = py::hasattr(st.dataset, "__getitems__");
+  st.reader.emplace(st.dataset);
   if (self->size_ == 0) throw py::value_error("stoker: the data set is empty");
   if (whole_sample) {
     LayoutBuilder builder{self->fields_, st.slots, {}};
@@ -219,11 +128,8 @@ std::vector<FieldSpec> PyDataset::probe(std::size_t index, std::uint64_t seed,
   }
   try {
     start_worker();
-    py::object sample;
-    {
-      const SeedScope scope(seed);
-      sample = read_one(state_->dataset, index);
-    }
+    py::object sample =
+        state_->reader->read_one({.index = index, .seed = seed, .epoch = std::nullopt});
     learn(index, sample);
     keep_probed(index, seed, std::move(sample), nullptr);
     return fields_;
@@ -275,38 +181,9 @@ PyDataset::~PyDataset() {
 }
 
 void PyDataset::read(std::size_t index, const SampleOut& out) const {
-  if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
-    throw std::runtime_error("stoker: the loader is closing");
-  }
-  std::vector<PendingCopy> copies;
-  {
-    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 1);
-    drain_graveyard();
-    State& st = *state_;
-    if (interrupted_ && !on_engine_thread()) {
-      throw PythonError(this, interrupt_ticket_, interrupt_what_);
-    }
-    py::object sample;
-    std::exception_ptr probed_error;
-    if (take_pending(index, out.seed(), sample, probed_error) && probed_error) {
-      std::rethrow_exception(probed_error);
-    }
-    try {
-      if (!sample) {
-        start_worker();
-        const SeedScope seed(out);
-        const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(index));
-        if (!key) throw py::error_already_set();
-        sample = py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
-        if (!sample) throw py::error_already_set();
-      }
-      take_sample(index, sample, out, copies);
-    } catch (...) {
-      copies.clear();
-      std::rethrow_exception(capture_current(index));
-    }
-  }
-  finish_copies(copies, out);
+  std::exception_ptr error;
+  read_rows({&index, 1}, {&out, 1}, {&error, 1});
+  if (error) std::rethrow_exception(error);
 }
 
 void PyDataset::start_worker() const {
@@ -320,17 +197,8 @@ void PyDataset::start_worker() const {
 
 void PyDataset::take_sample(std::size_t index, py::handle sample, const SampleOut& out,
                             std::vector<PendingCopy>& copies) const {
-  State& st = *state_;
-  py::object objects;
-  if (st.slots > 0) {
-    objects = py::reinterpret_steal<py::object>(PyTuple_New(static_cast<Py_ssize_t>(st.slots)));
-    if (!objects) throw py::error_already_set();
-    for (std::size_t s = 0; s < st.slots; ++s) {
-      Py_INCREF(Py_None);
-      PyTuple_SET_ITEM(objects.ptr(), static_cast<Py_ssize_t>(s), Py_None);
-    }
-  }
-  SampleVisitor{index, out, copies, objects.ptr()}.visit(st.root, sample);
+  const State& st = *state_;
+  py::object objects = visit_sample(st.root, st.slots, index, sample, out, copies);
   if (objects_field_) store_objects(out, std::move(objects));
 }
 
@@ -372,6 +240,118 @@ void PyDataset::finish_copies(std::vector<PendingCopy>& copies, const SampleOut&
 
 bool PyDataset::reads_chunks() const { return true; }
 
+// The rows of a chunk on this thread. Rows probed here already are taken from the pending
+// table; the others are read by the row reader under a timed GIL, their copies made with the
+// GIL released: every kCopyRun bytes of arrays read row by row (a cheap sample then costs no
+// GIL round trip of its own, and large arrays are still copied soon after they were read), and
+// at the end.
+class PyDataset::ThreadChunk final : public RowSink {
+ public:
+  ThreadChunk(const PyDataset& d, std::span<const std::size_t> indices,
+              std::span<const SampleOut> outs, std::span<std::exception_ptr> errors)
+      : d_(d), indices_(indices), outs_(outs), errors_(errors), copies_(indices.size()) {}
+
+  void run() {
+    gil_.emplace(d_.gil_reads_, d_.gil_wait_ns_, d_.gil_held_ns_, d_.gil_cpu_ns_, 0);
+    d_.drain_graveyard();
+    if (stopped(0)) return;
+    for (std::size_t k = 0; k < indices_.size(); ++k) {
+      py::object sample;
+      if (!d_.take_pending(indices_[k], outs_[k].seed(), sample, errors_[k])) {
+        at_.push_back(k);
+        rows_.push_back({.index = indices_[k], .seed = outs_[k].seed(), .epoch = outs_[k].epoch()});
+      } else if (!errors_[k]) {
+        write(k, sample);
+      }
+    }
+    if (!rows_.empty()) {
+      try {
+        d_.start_worker();
+      } catch (...) {
+        fail(0, 1);  // the first row read reports it; the worker is started all the same
+        at_.erase(at_.begin());
+        rows_.erase(rows_.begin());
+      }
+    }
+    const std::size_t done = d_.state_->reader->read(rows_, *this);
+    d_.gil_reads_.fetch_add(done, std::memory_order_relaxed);  // past `done`: next() stopped it
+    gil_.reset();
+    copy();
+  }
+
+  void take(std::size_t k, py::handle sample) override {
+    write(at_[k], sample);
+    for (const auto& c : copies_[at_[k]]) bytes_ += c.array.bytes();
+  }
+  void fail(std::size_t first, std::size_t end) override {
+    const std::exception_ptr error = d_.capture_current(indices_[at_[first]]);
+    for (std::size_t k = first; k < end; ++k) errors_[at_[k]] = error;
+  }
+  bool next(std::size_t k) override {
+    if (bytes_ >= kCopyRun) {
+      gil_.reset();
+      copy();
+      bytes_ = 0;
+      gil_.emplace(d_.gil_reads_, d_.gil_wait_ns_, d_.gil_held_ns_, d_.gil_cpu_ns_, 0);
+      d_.drain_graveyard();
+    }
+    return !stopped(at_[k]);
+  }
+
+ private:
+  // Whether the reads stop (the loader closing, Ctrl-C on the consumer's own thread, which
+  // ends the whole chunk: see clear_interrupt); if so, rows `from` on fail with that.
+  bool stopped(std::size_t from) {
+    std::exception_ptr error;
+    if (d_.closed_.load(std::memory_order_acquire)) {
+      error = std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"));
+    } else if (d_.interrupted_ && !on_engine_thread()) {
+      error = std::make_exception_ptr(PythonError(&d_, d_.interrupt_ticket_, d_.interrupt_what_));
+    } else {
+      return false;
+    }
+    for (std::size_t k = from; k < indices_.size(); ++k) errors_[k] = error;
+    return true;
+  }
+  void write(std::size_t k, py::handle sample) {
+    try {
+      d_.take_sample(indices_[k], sample, outs_[k], copies_[k]);
+    } catch (...) {
+      copies_[k].clear();
+      errors_[k] = d_.capture_current(indices_[k]);
+    }
+  }
+  // The copies noted so far, made with the GIL released.
+  void copy() {
+    for (std::size_t k = 0; k < indices_.size(); ++k) {
+      if (copies_[k].empty()) continue;
+      if (!errors_[k]) {
+        try {
+          d_.finish_copies(copies_[k], outs_[k]);
+        } catch (...) {
+          errors_[k] = std::current_exception();
+        }
+      } else {
+        std::vector<py::object> owners;
+        for (auto& c : copies_[k]) owners.push_back(std::move(c.array.owner));
+        d_.bury(std::move(owners));
+      }
+      copies_[k].clear();
+    }
+  }
+
+  // First, so that it is let go last: a read that throws leaves copies_ holding arrays.
+  std::optional<TimedGil> gil_;
+  const PyDataset& d_;
+  std::span<const std::size_t> indices_;
+  std::span<const SampleOut> outs_;
+  std::span<std::exception_ptr> errors_;
+  std::vector<std::vector<PendingCopy>> copies_;  // by row of the chunk
+  std::vector<std::size_t> at_;                   // the chunk's row of the reader's row k
+  std::vector<Row> rows_;                         // the rows the reader reads
+  std::size_t bytes_ = 0;                         // of arrays noted since the last copy
+};
+
 void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                           std::span<std::exception_ptr> errors) const {
   if (closed_.load(std::memory_order_acquire) || interpreter_finalizing()) {
@@ -380,74 +360,7 @@ void PyDataset::read_rows(std::span<const std::size_t> indices, std::span<const 
     for (auto& e : errors) e = closing;
     return;
   }
-  if (has_getitems_) {
-    read_items(indices, outs, errors);
-  } else {
-    read_each(indices, outs, errors);
-  }
-}
-
-void PyDataset::read_each(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                          std::span<std::exception_ptr> errors) const {
-  std::vector<std::vector<PendingCopy>> copies(indices.size());
-  std::size_t k = 0;
-  while (k < indices.size()) {
-    // One GIL acquisition for as many samples as fit in kCopyRun bytes of arrays: a cheap
-    // sample then costs no GIL round trip of its own, and large arrays are still copied
-    // with the GIL released soon after they were read.
-    const std::size_t from = k;
-    {
-      TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, 0);
-      drain_graveyard();
-      State& st = *state_;
-      std::size_t bytes = 0;
-      for (; k < indices.size() && bytes < kCopyRun; ++k) {
-        if (closed_.load(std::memory_order_acquire) || (interrupted_ && !on_engine_thread())) {
-          break;
-        }
-        py::object sample;
-        if (take_pending(indices[k], outs[k].seed(), sample, errors[k]) && errors[k]) continue;
-        try {
-          if (!sample) {
-            start_worker();
-            const SeedScope seed(outs[k]);
-            const auto key = py::reinterpret_steal<py::object>(PyLong_FromSize_t(indices[k]));
-            if (!key) throw py::error_already_set();
-            sample =
-                py::reinterpret_steal<py::object>(PyObject_GetItem(st.dataset.ptr(), key.ptr()));
-            if (!sample) throw py::error_already_set();
-          }
-          take_sample(indices[k], sample, outs[k], copies[k]);
-          for (const auto& c : copies[k]) bytes += c.array.bytes();
-        } catch (...) {
-          copies[k].clear();
-          errors[k] = capture_current(indices[k]);
-        }
-      }
-      gil_reads_.fetch_add(k - from, std::memory_order_relaxed);
-      if (k < indices.size() && (interrupted_ && !on_engine_thread())) {
-        // Ctrl-C on the consumer's own thread ends the whole chunk (see clear_interrupt).
-        const auto interrupt =
-            std::make_exception_ptr(PythonError(this, interrupt_ticket_, interrupt_what_));
-        for (std::size_t j = k; j < indices.size(); ++j) errors[j] = interrupt;
-        k = indices.size();
-      }
-    }
-    for (std::size_t j = from; j < k; ++j) {
-      if (errors[j]) continue;
-      try {
-        finish_copies(copies[j], outs[j]);
-      } catch (...) {
-        errors[j] = std::current_exception();
-      }
-    }
-    if (k < indices.size() && closed_.load(std::memory_order_acquire)) {
-      const auto closing =
-          std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"));
-      for (std::size_t j = k; j < indices.size(); ++j) errors[j] = closing;
-      return;
-    }
-  }
+  ThreadChunk(*this, indices, outs, errors).run();
 }
 
 void PyDataset::read_around_probed(std::span<const std::size_t> indices,
@@ -489,85 +402,6 @@ void PyDataset::read_around_probed(std::span<const std::size_t> indices,
   }
 }
 
-void PyDataset::read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                           std::span<std::exception_ptr> errors) const {
-  std::vector<std::vector<PendingCopy>> copies(indices.size());
-  bool one_by_one = false;
-  {
-    TimedGil gil(gil_reads_, gil_wait_ns_, gil_held_ns_, gil_cpu_ns_, indices.size());
-    drain_graveyard();
-    State& st = *state_;
-    if (interrupted_ && !on_engine_thread()) {
-      const auto interrupt =
-          std::make_exception_ptr(PythonError(this, interrupt_ticket_, interrupt_what_));
-      for (auto& error : errors) error = interrupt;
-      return;
-    }
-    // Probed rows are not asked for again.
-    std::vector<py::object> samples(indices.size());
-    py::list keys;
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      if (!take_pending(indices[k], outs[k].seed(), samples[k], errors[k])) {
-        keys.append(py::int_(indices[k]));
-      }
-    }
-    try {
-      if (!keys.empty()) {
-        start_worker();
-        const SeedScope seed(outs[0]);
-        const py::list got(st.dataset.attr("__getitems__")(keys));
-        if (got.size() != keys.size()) {
-          throw py::value_error("stoker: __getitems__ returned " + std::to_string(got.size()) +
-                                " samples for " + std::to_string(keys.size()) + " indices");
-        }
-        std::size_t j = 0;
-        for (std::size_t k = 0; k < indices.size(); ++k) {
-          if (!samples[k] && !errors[k]) samples[k] = got[j++];
-        }
-      }
-    } catch (const py::error_already_set& e) {
-      if (e.matches(PyExc_KeyboardInterrupt) && !on_engine_thread()) {
-        // Ctrl-C on the consumer's own thread: the whole chunk ends with it (see
-        // clear_interrupt), rather than being read again sample by sample.
-        const std::exception_ptr interrupt = capture_current(indices[0]);
-        for (auto& error : errors) error = interrupt;
-        return;
-      }
-      // Which sample failed is unknown: read them one by one, so that each failure names
-      // its own sample (and the skip policy replaces only those); probed ones stay probed.
-      one_by_one = true;
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        if (!samples[k] && !errors[k]) continue;
-        keep_probed(indices[k], outs[k].seed(), std::move(samples[k]),
-                    std::exchange(errors[k], nullptr));
-      }
-    }
-    if (!one_by_one) {
-      for (std::size_t k = 0; k < indices.size(); ++k) {
-        if (errors[k]) continue;
-        try {
-          take_sample(indices[k], samples[k], outs[k], copies[k]);
-        } catch (...) {
-          copies[k].clear();
-          errors[k] = capture_current(indices[k]);
-        }
-      }
-    }
-  }
-  if (one_by_one) {
-    read_each(indices, outs, errors);
-    return;
-  }
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    if (errors[k]) continue;
-    try {
-      finish_copies(copies[k], outs[k]);
-    } catch (...) {
-      errors[k] = std::current_exception();
-    }
-  }
-}
-
 std::chrono::nanoseconds PyDataset::gil_cpu() const {
   return std::chrono::nanoseconds(gil_cpu_ns_.load(std::memory_order_relaxed));
 }
@@ -602,33 +436,6 @@ py::tuple PyDataset::gil_stats() const {
 
 std::exception_ptr PyDataset::capture_current(std::size_t index) const {
   return keep_error(take_current_exception(), index);
-}
-
-py::object take_current_exception() {
-  try {
-    throw;
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (py::builtin_exception& e) {
-    e.set_error();
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
-  } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "unknown C++ exception");
-  }
-  return take_python_error();
-}
-
-py::object take_python_error() {
-  PyObject* type = nullptr;
-  PyObject* value = nullptr;
-  PyObject* trace = nullptr;
-  PyErr_Fetch(&type, &value, &trace);
-  PyErr_NormalizeException(&type, &value, &trace);
-  if (trace != nullptr) PyException_SetTraceback(value, trace);
-  Py_XDECREF(type);
-  Py_XDECREF(trace);
-  return py::reinterpret_steal<py::object>(value);
 }
 
 std::exception_ptr PyDataset::keep_error(py::object exception, std::size_t index) const {

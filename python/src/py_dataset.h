@@ -1,5 +1,5 @@
-// A Python map-style data set (__len__ and __getitem__) as a stoker::Dataset, plus the custom
-// sampler order wrapper.
+// A Python map-style data set (__len__, and __getitem__ or __getitems__) as a stoker::Dataset,
+// plus the custom sampler order wrapper.
 //
 // Layout: made without reading anything. The first sample a worker reads (a probe, see
 // Dataset::probe: the engine's first workers each read one, on threads or in worker
@@ -12,16 +12,17 @@
 // the field. With whole_sample (a user collate_fn) the layout is one object value, known at
 // once.
 //
-// A read, on a worker thread: take the GIL, call __getitem__ for as many samples of the chunk
-// as fit in a run of array bytes, check each against the layout and note where its arrays'
-// bytes are, release the GIL, copy the arrays into their rows of the batch slab. The
-// samples' arrays stay referenced during the copy and are let go (which needs the GIL) at the
-// start of a later read ("graveyard"). Object values are kept in a table keyed by (slab,
-// row) until the batch is delivered.
+// A read, on a worker thread: the row reader (row_reader.h: which of __getitem__ and
+// __getitems__ is called, the one fallback, what stoker.sample_seed() returns) reads a chunk's
+// rows with the GIL held; each sample is checked against the layout and its arrays' places
+// noted; every 256 KiB of arrays read one by one, and at the end, the GIL is released and the
+// arrays copied into their rows of the batch slab. The samples' arrays stay referenced during
+// the copy and are let go (which needs the GIL) at the start of a later read ("graveyard").
+// Object values are kept in a table keyed by (slab, row) until the batch is delivered.
 //
-// Errors: an exception from __getitem__ is kept here, with its traceback, under a ticket; the
-// engine carries a PythonError (plain C++) with the ticket, and the loader binding takes the
-// exception back when it raises it in the training loop (gil.h, rule 3).
+// Errors: an exception from __getitem__ (or __getitems__) is kept here, with its traceback,
+// under a ticket; the engine carries a PythonError (plain C++) with the ticket, and the loader
+// binding takes the exception back when it raises it in the training loop (gil.h, rule 3).
 //
 // Thread safety: read(), read_rows() and probe() may be called from any number of engine
 // threads. The Python-facing members (structure, take_objects, take_error, ...) need the
@@ -50,6 +51,7 @@
 
 #include "host_array.h"
 #include "py_layout.h"
+#include "row_reader.h"
 #include "stoker/dataset.h"
 #include "stoker/frontend/mutex.h"
 #include "stoker/loader.h"
@@ -75,26 +77,6 @@ class PythonError : public std::runtime_error {
   std::uint64_t ticket_;
 };
 
-// The seed of the sample being read on this thread (SampleOut::seed()), for __getitem__ to
-// draw its random choices from; empty outside a read.
-std::optional<std::uint64_t> current_sample_seed();
-// The epoch it is read for (SampleOut::epoch()): a batch job reads that epoch's batch (the
-// next epoch's first ones are read before the current one ends). Empty outside a read.
-std::optional<std::uint64_t> current_sample_epoch();
-
-// The Python error that is set, taken as an exception object with its traceback attached;
-// the error indicator is cleared. GIL held, an error set.
-py::object take_python_error();
-// The exception being handled (inside a catch block), as a Python exception object: a Python
-// error as it was, a C++ one as RuntimeError with its message. GIL held.
-py::object take_current_exception();
-// Sets it (a worker process, around each __getitem__).
-void set_sample_seed(std::optional<std::uint64_t> seed);
-// Sample `index` of `dataset` read alone (the probe that learns the layout), as the loader
-// reads its others: through __getitems__([index]) when the data set has one (torch then never
-// calls __getitem__, which may not even work), else dataset[index]. GIL held.
-py::object read_one(py::handle dataset, std::size_t index);
-
 class PyDataset final : public Dataset {
  public:
   // Reads nothing (GIL held; takes len(dataset)). With `whole_sample`, the sample is one
@@ -111,9 +93,9 @@ class PyDataset final : public Dataset {
   std::vector<FieldSpec> probe(std::size_t index, std::uint64_t seed,
                                std::exception_ptr& failure) const override;
   void read(std::size_t index, const SampleOut& out) const override;
-  // Reads on the calling thread go a chunk at a time: one __getitems__ call, or one
-  // __getitem__ after another under one GIL acquisition. Chunks read elsewhere (worker
-  // processes, remote workers) are the loader's executors' (py_executors.h).
+  // Reads on the calling thread go a chunk at a time, through the row reader (row_reader.h).
+  // Chunks read elsewhere (worker processes, remote workers) are the loader's executors'
+  // (py_executors.h).
   bool reads_chunks() const override;
   void read_rows(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
                  std::span<std::exception_ptr> errors) const override;
@@ -211,12 +193,8 @@ class PyDataset final : public Dataset {
                    std::vector<PendingCopy>& copies) const;
   // Makes the copies with the GIL released and buries the arrays' owners.
   void finish_copies(std::vector<PendingCopy>& copies, const SampleOut& out) const;
-  // The chunk's samples one __getitem__ at a time, many to a GIL acquisition (threads).
-  void read_each(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                 std::span<std::exception_ptr> errors) const;
-  // One __getitems__ call for the chunk (threads).
-  void read_items(std::span<const std::size_t> indices, std::span<const SampleOut> outs,
-                  std::span<std::exception_ptr> errors) const;
+  // A chunk read on this thread: the threads' RowSink (py_dataset.cc).
+  class ThreadChunk;
   void bury(std::vector<py::object>&& owners) const;  // no GIL needed
   void drain_graveyard() const;                       // GIL held
 
@@ -233,8 +211,7 @@ class PyDataset final : public Dataset {
   mutable std::uint64_t interrupt_ticket_ = 0;
   mutable std::string interrupt_what_;
   std::unique_ptr<State> state_;  // everything that holds Python objects (GIL-guarded)
-  bool has_getitems_ = false;
-  bool has_job_args_ = false;                            // set before the loader starts
+  bool has_job_args_ = false;     // set before the loader starts
   std::atomic<std::shared_ptr<ProcessPool>> processes_;  // probes' (use_processes)
   mutable std::atomic<std::uint64_t> gil_reads_{0};
   mutable std::atomic<std::int64_t> gil_wait_ns_{0};

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "gil.h"
+#include "row_reader.h"
 
 namespace stoker::python {
 
@@ -138,9 +139,10 @@ bool RemoteExecutor::read(std::span<const std::size_t> indices, std::span<const 
       reply.value =
           remote_.attr("run")(py::bytes(reinterpret_cast<const char*>(job.data()), job.size()));
       if (reply.value.is_none()) return false;
-      count_reply(total, reply.value[py::int_(4)].cast<double>(),
-                  reply.value[py::int_(5)].cast<double>(), reply.value[py::int_(6)].cast<double>());
-      reply.rows.emplace(py::buffer(reply.value[py::int_(1)]).request());
+      const py::object& v = reply.value;  // a RemoteReply (docs/worker_protocol.md)
+      count_reply(total, v.attr("wait_s").cast<double>(), v.attr("read_s").cast<double>(),
+                  v.attr("idle_s").cast<double>());
+      reply.rows.emplace(py::buffer(v.attr("rows")).request());
       const auto got = static_cast<std::uint64_t>(reply.rows->size * reply.rows->itemsize);
       if (got < total) {
         throw py::value_error("stoker: a remote worker returned " + std::to_string(got) +
@@ -159,25 +161,14 @@ bool RemoteExecutor::read(std::span<const std::size_t> indices, std::span<const 
                 outs.size() * outs.front().bytes(f).size());
   }
   EngineThreadGil gil;
-  try {
-    const auto status = py::bytes(reply.value[py::int_(0)]).cast<std::string>();
-    const py::object objects = reply.value[py::int_(2)];
-    const py::dict failures = reply.value[py::int_(3)];
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      const py::int_ row(k);
-      if (failures.contains(row)) {
-        errors[k] = dataset_->keep_error(failures[row], indices[k]);
-      } else if (k >= status.size() || status[k] != 0) {
-        errors[k] = std::make_exception_ptr(
-            std::runtime_error("stoker: remote worker failed without a reason"));
-      } else if (!objects.is_none()) {
-        dataset_->store_objects(outs[k], py::reinterpret_borrow<py::list>(objects)[k]);
-      }
-    }
-  } catch (py::error_already_set& e) {
-    e.restore();
-    fail_all();
-  }
+  merge_reply(
+      *dataset_, indices, outs, errors,
+      [&] {
+        const py::object& v = reply.value;
+        return ChunkReply{py::bytes(v.attr("status")).cast<std::string>(), v.attr("objects"),
+                          v.attr("failures")};
+      },
+      "remote worker");
   return true;
 }
 

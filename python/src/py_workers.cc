@@ -1,130 +1,32 @@
 #include "py_workers.h"
 
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iterator>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include "gil.h"
 #include "py_dataset.h"
+#include "row_reader.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/proc_memory.h"
 #include "stoker/frontend/schedstat.h"
 #include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/tracer.h"
+#include "worker_socket.h"
 
 namespace stoker::python {
 namespace {
 
 using namespace wire;
 
-std::uint32_t job_flags(std::size_t args_bytes, bool time_rows) {
-  if (args_bytes >= (std::size_t{1} << (32 - kArgsShift))) {
-    throw std::length_error("stoker: a job's arguments are too large");
-  }
-  return static_cast<std::uint32_t>(args_bytes << kArgsShift) | (time_rows ? kTimeRows : 0);
-}
-
-// How long a worker that closed its socket is given to become a zombie, so that its exit
-// status can be read; an exit takes microseconds, a hung one is reported without a status.
-constexpr std::chrono::milliseconds kStatusWait{2000};
-
 PyObject* g_worker_error_type = nullptr;
-
-std::mutex& fds_mu() {
-  static auto* mu = new std::mutex();
-  return *mu;
-}
-std::set<int>& fds() {
-  static auto* s = new std::set<int>();  // never destroyed: used at exit
-  return *s;
-}
-void track_fd(int fd) {
-  std::lock_guard lock(fds_mu());
-  fds().insert(fd);
-}
-void close_fd(int fd) {
-  if (fd < 0) return;
-  {
-    std::lock_guard lock(fds_mu());
-    fds().erase(fd);
-  }
-  close(fd);
-}
-
-template <class T>
-void put(std::vector<std::uint8_t>& out, T value) {
-  const auto* p = reinterpret_cast<const std::uint8_t*>(&value);
-  out.insert(out.end(), p, p + sizeof value);
-}
-
-template <class T>
-T get(const std::uint8_t* p) {
-  T value;
-  std::memcpy(&value, p, sizeof value);
-  return value;
-}
-
-std::vector<std::uint8_t> message(std::uint32_t kind, const std::vector<std::uint8_t>& payload) {
-  std::vector<std::uint8_t> m;
-  m.reserve(8 + payload.size());
-  put(m, kind);
-  put(m, static_cast<std::uint32_t>(payload.size()));
-  m.insert(m.end(), payload.begin(), payload.end());
-  return m;
-}
-
-bool send_all(int fd, const std::uint8_t* data, std::size_t size, int pass_fd = -1) {
-  while (size > 0) {
-    iovec iov{const_cast<std::uint8_t*>(data), size};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (pass_fd >= 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
-    }
-    const ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL);  // a dead worker: EPIPE, not SIGPIPE
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    pass_fd = -1;  // sent with the first byte
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
-bool recv_all(int fd, std::uint8_t* data, std::size_t size) {
-  while (size > 0) {
-    const ssize_t n = recv(fd, data, size, 0);
-    if (n == 0) return false;  // EOF: the worker is gone (or the socket was shut down)
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
 
 std::string rows_text(std::span<const std::size_t> indices) {
   std::string s;
@@ -137,37 +39,6 @@ std::string rows_text(std::span<const std::size_t> indices) {
 }
 
 }  // namespace
-
-std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
-                                     std::span<const std::size_t> indices,
-                                     std::span<const SampleOut> outs, const std::string& args,
-                                     bool time_rows) {
-  std::vector<std::uint8_t> job;
-  const std::size_t fields = offsets.size();
-  job.reserve(kJobBytes + kFieldBytes * fields + kRowBytes * indices.size() + args.size());
-  put(job, std::uint64_t{0});  // the job id: the sender's
-  put(job, region);
-  put(job, static_cast<std::uint32_t>(fields));
-  put(job, static_cast<std::uint32_t>(indices.size()));
-  put(job, job_flags(args.size(), time_rows));
-  for (std::size_t f = 0; f < fields; ++f) {
-    const auto bytes = outs.front().bytes(f);
-    for (std::size_t k = 1; k < outs.size(); ++k) {
-      // The engine's chunks are consecutive rows of one slab.
-      if (outs[k].bytes(f).data() != bytes.data() + k * bytes.size()) {
-        throw std::logic_error("stoker: a chunk's rows are not consecutive");
-      }
-    }
-    put(job, offsets[f]);
-    put(job, static_cast<std::uint64_t>(bytes.size()));
-  }
-  for (std::size_t k = 0; k < indices.size(); ++k) {
-    put(job, static_cast<std::uint64_t>(indices[k]));
-    put(job, outs[k].seed());
-  }
-  job.insert(job.end(), args.begin(), args.end());
-  return job;
-}
 
 void set_worker_error_type(py::handle type) {
   Py_XINCREF(type.ptr());
@@ -226,10 +97,7 @@ py::list ProcessPool::pids() {
   return out;
 }
 
-std::vector<int> ProcessPool::all_fds() {
-  std::lock_guard lock(fds_mu());
-  return {fds().begin(), fds().end()};
-}
+std::vector<int> ProcessPool::all_fds() { return tracked_fds(); }
 
 void ProcessPool::respawn(Link& link) {
   {
@@ -449,41 +317,17 @@ py::object ProcessPool::probe(const PyDataset& owner, std::size_t index, std::ui
   try {
     py::list keys(1);
     keys[0] = py::int_(index);
-    const py::tuple decoded = decode_(
+    const py::object decoded = decode_(
         py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
-    const py::dict failures = decoded[1];
-    if (status[0] == 0 && failures.empty()) {
-      return py::reinterpret_borrow<py::list>(decoded[0])[0];
-    }
-    error = failures.empty() ? std::make_exception_ptr(std::runtime_error(
-                                   "stoker: worker process failed without a reason"))
-                             : owner.keep_error(failures[py::int_(0)], index);
-  } catch (py::error_already_set& e) {
-    e.restore();
-    error = owner.keep_error(take_python_error(), index);
+    const py::dict failures = decoded.attr("failures");
+    if (status[0] == 0 && failures.empty()) return py::list(decoded.attr("objects"))[0];
+    if (failures.empty())
+      throw std::runtime_error("stoker: worker process failed without a reason");
+    error = owner.keep_error(failures[py::int_(0)], index);
+  } catch (...) {
+    error = owner.keep_error(take_current_exception(), index);
   }
   std::rethrow_exception(error);
-}
-
-std::string ProcessPool::death_message(pid_t pid) const {
-  // WNOWAIT: read the status but leave the zombie to multiprocessing, which reaps its own.
-  const auto deadline = std::chrono::steady_clock::now() + kStatusWait;
-  for (;;) {
-    siginfo_t info{};
-    if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) break;
-    if (info.si_pid == pid) {
-      if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
-        const char* name = strsignal(info.si_status);
-        return "DataLoader worker (pid " + std::to_string(pid) +
-               ") is killed by signal: " + (name ? name : std::to_string(info.si_status));
-      }
-      return "DataLoader worker (pid " + std::to_string(pid) +
-             ") exited unexpectedly with exit code " + std::to_string(info.si_status);
-    }
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return "DataLoader worker (pid " + std::to_string(pid) + ") exited unexpectedly";
 }
 
 void ProcessPool::run(const PyDataset& owner, std::span<const std::size_t> indices,
@@ -631,69 +475,30 @@ void ProcessPool::take_reply(const PyDataset& owner, std::span<const std::size_t
                              std::span<const SampleOut> outs, std::span<std::exception_ptr> errors,
                              const Reply& reply) {
   const auto& [status, times, blob, pid, worker_id] = reply;
-  if (blob.empty()) {
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      if (status[k] != 0) {
-        errors[k] = std::make_exception_ptr(
-            std::runtime_error("stoker: worker process failed without a reason"));
-      }
-    }
-    return;
-  }
-  const bool failed = std::any_of(status.begin(), status.end(), [](auto s) { return s != 0; });
   EngineThreadGil gil;
-  try {
-    // The sample indices only name the failures.
-    py::list keys(failed ? indices.size() : 0);
-    for (std::size_t k = 0; failed && k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
-    const py::tuple decoded = decode_(
-        py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id, pid, keys);
-    const py::object objects = decoded[0];
-    const py::dict failures = decoded[1];
-    if (!failed && failures.empty() &&
-        (objects.is_none() ||
-         (PyList_Check(objects.ptr()) &&
-          static_cast<std::size_t>(PyList_GET_SIZE(objects.ptr())) == indices.size()))) {
-      if (!objects.is_none()) owner.store_objects(outs, objects);
-      return;
-    }
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      const py::int_ row(k);
-      if (status[k] != 0 || failures.contains(row)) {
-        if (failures.contains(row)) {
-          errors[k] = owner.keep_error(failures[row], indices[k]);
-        } else {
-          errors[k] = std::make_exception_ptr(
-              std::runtime_error("stoker: worker process failed without a reason"));
-        }
-      } else if (!objects.is_none()) {
-        owner.store_objects(outs[k], py::reinterpret_borrow<py::list>(objects)[k]);
-      }
-    }
-  } catch (py::error_already_set& e) {
-    // The reply could not be decoded (an object value that does not unpickle here): every
-    // row fails with that error.
-    e.restore();
-    const py::object exception = take_python_error();
-    for (std::size_t k = 0; k < indices.size(); ++k) {
-      errors[k] = owner.keep_error(exception, indices[k]);
-    }
-  }
+  merge_reply(
+      owner, indices, outs, errors,
+      [&] {
+        ChunkReply decoded{std::string(status.begin(), status.end()), py::none(), py::dict()};
+        if (blob.empty()) return decoded;
+        // The sample indices only name the failures.
+        const bool failed =
+            std::any_of(status.begin(), status.end(), [](auto s) { return s != 0; });
+        py::list keys(failed ? indices.size() : 0);
+        for (std::size_t k = 0; failed && k < indices.size(); ++k) keys[k] = py::int_(indices[k]);
+        const py::object got =
+            decode_(py::bytes(reinterpret_cast<const char*>(blob.data()), blob.size()), worker_id,
+                    pid, keys);
+        decoded.objects = got.attr("objects");
+        decoded.failures = got.attr("failures");
+        return decoded;
+      },
+      "worker process");
 }
 
 py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py::bytes& args) {
   if (worker_id >= workers_) throw py::index_error("stoker: no such worker");
-  const std::string_view payload = args;
-  std::vector<std::uint8_t> job;
-  job.reserve(40 + payload.size());
-  put(job, std::uint64_t{0});  // the job id, set below
-  put(job, std::uint32_t{0});  // no region
-  put(job, std::uint32_t{0});  // no fields
-  put(job, std::uint32_t{1});
-  put(job, job_flags(payload.size(), false));
-  put(job, index);
-  put(job, std::uint64_t{0});
-  job.insert(job.end(), payload.begin(), payload.end());
+  std::vector<std::uint8_t> job = encode_call(index, args);
 
   std::vector<std::uint8_t> status;
   std::vector<std::uint8_t> blob;
@@ -772,155 +577,6 @@ void ProcessPool::retire(std::size_t keep) {
     close_fd(std::exchange(link->fd, -1));
     if (link->pid > 0) memory_->remove(link->pid);
   }
-}
-
-// --- SampleWriter --------------------------------------------------------------------------
-
-void SampleWriter::set_layout(py::handle description, std::size_t slots) {
-  root_ = layout_from_description(description);
-  slots_ = slots;
-}
-
-SampleWriter::~SampleWriter() {
-  for (auto& [id, region] : regions_) munmap(region.first, region.second);
-}
-
-void SampleWriter::map(std::uint32_t region, int fd, std::size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int error = errno;
-  close(fd);  // the mapping keeps the memory
-  if (p == MAP_FAILED) {
-    throw std::system_error(error, std::generic_category(), "stoker worker: mmap of a slab");
-  }
-  drop(region);
-  regions_[region] = {static_cast<std::byte*>(p), bytes};
-}
-
-void SampleWriter::drop(std::uint32_t region) {
-  auto it = regions_.find(region);
-  if (it == regions_.end()) return;
-  munmap(it->second.first, it->second.second);
-  regions_.erase(it);
-}
-
-void SampleWriter::begin(std::uint32_t region, std::vector<std::uint64_t> offsets,
-                         std::vector<std::uint64_t> row_bytes, std::size_t rows) {
-  auto it = regions_.find(region);
-  if (it == regions_.end()) {
-    throw std::runtime_error("stoker worker: job for region " + std::to_string(region) +
-                             ", which was never sent");
-  }
-  if (offsets.size() != row_bytes.size()) throw std::invalid_argument("stoker worker: bad job");
-  bases_.clear();
-  row_bytes_.assign(row_bytes.begin(), row_bytes.end());
-  for (std::size_t f = 0; f < offsets.size(); ++f) {
-    if (offsets[f] + rows * row_bytes[f] > it->second.second) {
-      throw std::out_of_range("stoker worker: job rows past the end of region " +
-                              std::to_string(region));
-    }
-    bases_.push_back(it->second.first + offsets[f]);
-  }
-}
-
-py::tuple SampleWriter::run_job(py::bytes job, py::handle dataset, bool use_getitems) {
-  char* data = nullptr;
-  Py_ssize_t size = 0;
-  if (PyBytes_AsStringAndSize(job.ptr(), &data, &size) != 0) throw py::error_already_set();
-  const auto* p = reinterpret_cast<const std::uint8_t*>(data);
-  const auto bytes = static_cast<std::size_t>(size);
-  if (bytes < kJobBytes) throw std::invalid_argument("stoker worker: bad job");
-  const auto id = get<std::uint64_t>(p);
-  const auto region = get<std::uint32_t>(p + 8);
-  const auto fields = get<std::uint32_t>(p + 12);
-  const auto rows = get<std::uint32_t>(p + 16);
-  const bool timed = (get<std::uint32_t>(p + 20) & kTimeRows) != 0;
-  if (bytes != kJobBytes + kFieldBytes * std::size_t{fields} + kRowBytes * std::size_t{rows}) {
-    throw std::invalid_argument("stoker worker: bad job");
-  }
-  std::vector<std::uint64_t> offsets(fields), row_bytes(fields);
-  for (std::size_t f = 0; f < fields; ++f) {
-    offsets[f] = get<std::uint64_t>(p + kJobBytes + kFieldBytes * f);
-    row_bytes[f] = get<std::uint64_t>(p + kJobBytes + kFieldBytes * f + 8);
-  }
-  const std::uint8_t* row_at = p + kJobBytes + kFieldBytes * std::size_t{fields};
-  if (!root_) throw std::logic_error("stoker worker: a job before the layout");
-  begin(region, std::move(offsets), std::move(row_bytes), rows);
-
-  // While the loader is traced, each row's (start, end): a row starts where the previous one
-  // ended, the first one with the job (so it carries a __getitems__ call).
-  std::vector<std::int64_t> times;
-  std::int64_t start = timed ? detail::Tracer::now_ns() : 0;
-  py::object samples;
-  if (use_getitems) {
-    py::list keys(rows);
-    for (std::size_t k = 0; k < rows; ++k) {
-      keys[k] = py::int_(get<std::uint64_t>(row_at + kRowBytes * k));
-    }
-    try {
-      samples = py::list(dataset.attr("__getitems__")(keys));
-      if (py::len(samples) != rows) samples = py::object();
-    } catch (py::error_already_set&) {
-      samples = py::object();  // one by one, so that each failure names its sample
-    }
-  }
-  std::string status(rows, '\0');
-  py::object objects = slots_ > 0 ? py::object(py::list(rows)) : py::none();
-  py::list errors;
-  for (std::size_t k = 0; k < rows; ++k) {
-    const auto index = static_cast<std::size_t>(get<std::uint64_t>(row_at + kRowBytes * k));
-    const auto seed = get<std::uint64_t>(row_at + kRowBytes * k + 8);
-    try {
-      const py::object sample = samples ? py::object(py::reinterpret_borrow<py::list>(samples)[k])
-                                        : read_sample(dataset, index, seed);
-      py::object values = write(sample, index, k, seed);
-      if (slots_ > 0) {
-        PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), values.release().ptr());
-      }
-    } catch (...) {
-      status[k] = 1;
-      if (slots_ > 0) {  // PyList_New left the row's item NULL
-        Py_INCREF(Py_None);
-        PyList_SetItem(objects.ptr(), static_cast<Py_ssize_t>(k), Py_None);
-      }
-      errors.append(py::make_tuple(k, take_current_exception()));
-    }
-    if (timed) {
-      const std::int64_t end = detail::Tracer::now_ns();
-      times.insert(times.end(), {start, end});
-      start = end;
-    }
-  }
-  return py::make_tuple(
-      id, py::bytes(status), objects, errors,
-      py::bytes(reinterpret_cast<const char*>(times.data()), times.size() * sizeof(std::int64_t)));
-}
-
-py::object SampleWriter::read_sample(py::handle dataset, std::size_t index, std::uint64_t seed) {
-  set_sample_seed(seed);
-  struct Unset {
-    ~Unset() { set_sample_seed(std::nullopt); }
-  } unset;
-  return read_one(dataset, index);
-}
-
-py::object SampleWriter::write(py::handle sample, std::size_t index, std::size_t row,
-                               std::uint64_t seed) {
-  // bases_ already point at the chunk's first row: rows are numbered within the job.
-  const SampleOut out(row_bytes_, bases_.data(), row, seed);
-  py::object objects = py::none();
-  if (slots_ > 0) {
-    objects = py::reinterpret_steal<py::object>(PyTuple_New(static_cast<Py_ssize_t>(slots_)));
-    if (!objects) throw py::error_already_set();
-    for (std::size_t s = 0; s < slots_; ++s) {
-      Py_INCREF(Py_None);
-      PyTuple_SET_ITEM(objects.ptr(), static_cast<Py_ssize_t>(s), Py_None);
-    }
-  }
-  copies_.clear();
-  SampleVisitor{index, out, copies_, slots_ > 0 ? objects.ptr() : nullptr}.visit(*root_, sample);
-  copy_pending(copies_, out);
-  copies_.clear();  // lets go of the arrays
-  return objects;
 }
 
 }  // namespace stoker::python

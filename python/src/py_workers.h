@@ -1,8 +1,9 @@
 // Worker processes for a Python data set whose __getitem__ holds the GIL.
 //
-// N persistent child processes (started by python/stoker/workers/processes.py with multiprocessing,
-// honouring multiprocessing_context) each call __getitem__ (or __getitems__) and write the
-// sample's arrays straight into its row of the batch slab, which lives in shared memory (a
+// N persistent child processes (started by python/stoker/workers/processes.py with
+// multiprocessing, honouring multiprocessing_context) each read rows with the row reader
+// (row_reader.h; their half is SampleWriter) and write the samples' arrays straight into their
+// rows of the batch slab, which lives in shared memory (a
 // memfd per slab, stoker/frontend/shared_memory.h) mapped in both processes. Only indices, small
 // object values and errors cross the socket; array bytes never do, so every byte is copied
 // once, as on threads. The exception: before the layout is known, each worker's first
@@ -35,6 +36,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
@@ -71,6 +73,19 @@ inline constexpr std::size_t kDropBytes = 4;     // u32 region
 inline constexpr std::size_t kProbeBytes = 16;   // u64 sample index, u64 seed
 inline constexpr std::size_t kResultBytes = 16;  // u64 job, u32 rows, u32 blob bytes
 inline constexpr std::size_t kTimeBytes = 16;    // per row, with kTimeRows: i64 start, end
+
+// A fixed-size part's number, appended and read in native byte order.
+template <class T>
+void put(std::vector<std::uint8_t>& out, T value) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(&value);
+  out.insert(out.end(), p, p + sizeof value);
+}
+template <class T>
+T get(const std::uint8_t* p) {
+  T value;
+  std::memcpy(&value, p, sizeof value);
+  return value;
+}
 }  // namespace wire
 
 class PyDataset;
@@ -89,15 +104,6 @@ class WorkerDiedError : public std::runtime_error {
 // The Python exception type WorkerDiedError becomes (stoker.WorkerError). Set once at import.
 void set_worker_error_type(py::handle type);
 py::handle worker_error_type();
-
-// A kJob payload for a chunk (consecutive rows of one slab: `outs`): field f of its first row
-// at byte `offsets[f]` of region `region`, the rows' (index, seed), `args`; the job id is left
-// 0, for the sender to set. Worker processes get it over their socket, remote workers
-// (python/stoker/remote/actor.py) through Ray, with the offsets of a buffer of their own.
-std::vector<std::uint8_t> encode_job(std::uint32_t region, std::span<const std::uint64_t> offsets,
-                                     std::span<const std::size_t> indices,
-                                     std::span<const SampleOut> outs, const std::string& args,
-                                     bool time_rows);
 
 class ProcessPool {
  public:
@@ -212,7 +218,6 @@ class ProcessPool {
   // message names the lost rows as `items` ("samples", "batches").
   void fail_lost(Link* link, std::span<const std::size_t> indices,
                  std::span<std::exception_ptr> errors, const char* items);
-  std::string death_message(pid_t pid) const;
 
   std::atomic<std::size_t> workers_;  // the links' count; retire() lowers it
   const pid_t owner_pid_;             // a forked copy of the pool (in a worker) does nothing
@@ -231,46 +236,6 @@ class ProcessPool {
   // The workers' memory, read on its own thread; told of each worker as it starts. Held by
   // pointer: a forked worker's copy of the pool lets go of it without destroying it.
   std::unique_ptr<detail::AnonMemorySampler> memory_;
-};
-
-// The worker process's half: the slab regions it was sent, mapped, and the layout to check
-// and write samples with (layout_from_description of the parent's data set, sent once the
-// parent learned it).
-//
-// Thread safety: one thread (the worker's), GIL held.
-class SampleWriter {
- public:
-  SampleWriter() = default;
-  ~SampleWriter();
-  void set_layout(py::handle description, std::size_t slots);
-  SampleWriter(const SampleWriter&) = delete;
-  SampleWriter& operator=(const SampleWriter&) = delete;
-
-  void map(std::uint32_t region, int fd, std::size_t bytes);  // closes fd
-  void drop(std::uint32_t region);
-  // Runs a kJob payload: reads each row's sample from `dataset` (one __getitems__ call, or
-  // __getitem__ after __getitem__ if it has none or it raised) and writes it into the slab.
-  // Returns (job id, status bytes: 0 ok, 1 failed; object values per row, a list of tuples,
-  // or None without object slots; [(row, exception)]; the rows' (start, end) times as bytes
-  // for the reply if the job asked for them, else empty).
-  py::tuple run_job(py::bytes job, py::handle dataset, bool use_getitems);
-  // The sample of a kProbe, read with its seed as stoker.sample_seed(); raises its error.
-  static py::object read_sample(py::handle dataset, std::size_t index, std::uint64_t seed);
-
- private:
-  // The rows of the job: field f of row r is at offsets[f] + r * row_bytes[f].
-  void begin(std::uint32_t region, std::vector<std::uint64_t> offsets,
-             std::vector<std::uint64_t> row_bytes, std::size_t rows);
-  // Checks `sample` against the layout and writes it into row `row`; returns its object
-  // values (a tuple, one per slot) or None.
-  py::object write(py::handle sample, std::size_t index, std::size_t row, std::uint64_t seed);
-
-  std::optional<LayoutNode> root_;
-  std::size_t slots_ = 0;
-  std::map<std::uint32_t, std::pair<std::byte*, std::size_t>> regions_;
-  std::vector<std::size_t> row_bytes_;
-  std::vector<std::byte*> bases_;
-  std::vector<PendingCopy> copies_;  // write()'s, kept for its capacity
 };
 
 }  // namespace stoker::python

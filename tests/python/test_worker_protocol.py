@@ -134,3 +134,33 @@ def test_a_job_packed_from_the_spec_is_run_by_the_extension(timed):
         writer.drop(region)
         del ints, halves
         view.close()
+
+
+def _reply_fields(struct_name: str) -> list:
+    """The fields of the spec's table whose first header cell is `struct_name`."""
+    fields, inside = [], False
+    for line in SPEC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|"):
+            inside = False
+        elif cells[0] == struct_name:
+            inside = True
+        elif inside and not set(cells[0]) <= set("-: "):
+            fields.append(cells[0])
+    return fields
+
+
+def test_replies_are_the_named_structs_of_the_spec_and_the_extension_reads_them_by_name():
+    from stoker.remote.pool import RemoteReply
+    from stoker.workers.processes import DecodedReply
+
+    src = pathlib.Path(__file__).resolve().parents[2] / "python" / "src"
+    read = set(re.findall(r'attr\("(\w+)"\)', (src / "py_executors.cc").read_text()
+                          + (src / "py_workers.cc").read_text()))
+    for struct_type in (RemoteReply, DecodedReply):
+        fields = _reply_fields(struct_type.__name__)
+        assert list(struct_type._fields) == fields
+    assert {"status", "rows", "objects", "failures", "wait_s", "read_s", "idle_s"} <= read
+    # No reply is taken apart by position.
+    for name in ("py_executors.cc", "py_workers.cc", "row_reader.cc"):
+        assert not re.search(r"(reply|decoded|value)\w*\[", (src / name).read_text()), name

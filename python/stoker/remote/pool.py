@@ -36,7 +36,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from ..workers import main as _worker
 from ..workers.jobs import BatchJobs
@@ -44,6 +44,19 @@ from ..workers.processes import rebuild_error
 from .actor import RayWorkers, RemoteWorker, _import_ray, fingerprint, job_pool
 
 _log = logging.getLogger("stoker")
+
+
+class RemoteReply(NamedTuple):
+    """A chunk's reply from a remote worker, as RemoteExecutor (python/src/py_executors.cc)
+    reads it, by name: docs/worker_protocol.md, *The remote reply*."""
+
+    status: bytes  # a byte per row: 0 read, else failed
+    rows: Any  # the rows' bytes (a uint8 array over the actor's buffer), field after field
+    objects: Optional[list]  # each row's object values, or None without object slots
+    failures: dict  # {row: exception}
+    wait_s: float  # seconds this thread waited for the reply
+    read_s: float  # seconds the actor read
+    idle_s: float  # seconds the actor idled before the job
 
 # Ray's exceptions that mean the unit's worker is gone or late (the unit is issued again);
 # any other exception from ray.get is an error of the unit itself.
@@ -216,10 +229,9 @@ class RemoteWorkers:
     def set_layout(self, message: bytes) -> None:
         self._layout = message
 
-    def run(self, job: bytes):
-        """A chunk read by a free actor: (status, rows, object values or None, {row:
-        exception}, seconds this thread waited for the reply, seconds the actor read, seconds
-        it idled before); None if no actor is free or left (the chunk is then read locally)."""
+    def run(self, job: bytes) -> Optional[RemoteReply]:
+        """A chunk read by a free actor (a RemoteReply); None if no actor is free or left (the
+        chunk is then read locally)."""
         while True:
             with self._lock:
                 usable = [k for k in self._free if k < self._active]
@@ -262,7 +274,7 @@ class RemoteWorkers:
                                                      f"({where}) while reading {self._item} "
                                                      f"{self._index(job, row)}")
                             for row, info in errors}
-            return status, rows, objects, failures, waited, read_s, idle_s
+            return RemoteReply(status, rows, objects, failures, waited, read_s, idle_s)
 
     def _lose(self, k: int, worker: _Actor, error: BaseException, job: bytes) -> None:
         """`worker` (actor k) is gone (or late, and given up): its unit is issued again by the

@@ -3,8 +3,9 @@
 A worker gets its data set (inherited by fork, or pickled for spawn/forkserver) and one end
 of a socket; the batch layout comes as a message once the loader learned it from the first
 sample a worker read (which a probe sends back whole). It maps the batch slabs it is sent
-(memfds) and, for each job, calls ``__getitem__`` (or ``__getitems__``) and writes every array
-leaf straight into its row of the slab through the extension's SampleWriter. Only the status of
+(memfds) and, for each job, reads its rows through the extension's SampleWriter, which calls
+``__getitems__`` or ``__getitem__`` as the threads' reads do (python/src/row_reader.h) and writes
+every array leaf straight into its row of the slab. Only the status of
 each row, pickled object values (strings, lists, ...) and pickled errors go back.
 """
 
@@ -121,7 +122,7 @@ def _serve(sock, dataset, writer, init_error, use_getitems) -> None:
         elif kind == _LAYOUT_KIND:
             writer.set_layout(*pickle.loads(payload))
         elif kind == _PROBE_KIND:
-            sock.sendall(_probe(payload, dataset, init_error, arenas))
+            sock.sendall(_probe(payload, dataset, init_error, use_getitems, arenas))
         elif kind == _JOB_KIND:
             sock.sendall(_run_job(payload, dataset, writer, init_error, use_getitems, arenas))
             # A stream worker makes its next batches until the next request comes.
@@ -137,14 +138,15 @@ def _reply(job: int, status: bytes, blob: bytes, times: bytes = b"") -> bytes:
     return _HEADER.pack(_RESULT_KIND, len(body)) + body
 
 
-def _probe(payload, dataset, init_error, arenas) -> bytes:
+def _probe(payload, dataset, init_error, use_getitems, arenas) -> bytes:
     """The sample the parent learns the layout from, sent back whole (or its error): its
     arrays through an arena, as a batch's (torch cannot unpickle some dtypes: uint32, ...)."""
     index, seed = _PROBE.unpack_from(payload)
     try:
         if init_error is not None:
             return _reply(0, b"\x01", pickle.dumps((None, [(0, init_error)])))
-        sample = _arena.Packed(arenas.dumps(_stoker.SampleWriter.read_sample(dataset, index, seed)))
+        sample = _arena.Packed(arenas.dumps(
+            _stoker.SampleWriter.read_sample(dataset, index, seed, use_getitems)))
         return _reply(0, b"\x00", pickle.dumps(([sample], []), protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as e:
         return _reply(0, b"\x01", pickle.dumps((None, [(0, error_info(e))])))

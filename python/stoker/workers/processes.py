@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .. import _stoker
 from . import arena as _arena
@@ -135,18 +135,27 @@ class ProcessWorkers:
                 p.join()
 
 
-def decode_reply(blob: bytes, worker_id: int, pid: int, indices: list, item: str = "sample"):
-    """A worker's reply blob -> (object values per row or None, {row: exception}); `indices`
-    (the rows' sample indices, for the messages) may be empty when no row's status failed."""
+class DecodedReply(NamedTuple):
+    """A worker process's reply blob as ProcessPool (python/src/py_workers.cc) reads it, by
+    name (docs/worker_protocol.md, *Replies by name*)."""
+
+    objects: Optional[list]  # each row's object values, or None without object slots
+    failures: dict  # {row: exception}
+
+
+def decode_reply(blob: bytes, worker_id: int, pid: int, indices: list,
+                 item: str = "sample") -> DecodedReply:
+    """A worker's reply blob, decoded; `indices` (the rows' sample indices, for the messages)
+    may be empty when no row's status failed."""
     objects, errors = pickle.loads(blob)
     if objects is not None and item == "batch":  # whole batches, their tensors in arenas
         objects = [_arena.loads(o, pid) if isinstance(o, bytes) else o for o in objects]
     elif objects is not None and len(objects) == 1 and isinstance(objects[0], _arena.Packed):
         objects = [_arena.loads(objects[0].blob, pid)]  # a probe's sample
-    return objects, {row: rebuild_error(info, f"stoker: raised in DataLoader worker process "
-                                              f"{worker_id} (pid {pid}) while reading {item} "
-                                              f"{indices[row]}")
-                     for row, info in errors}
+    return DecodedReply(objects, {
+        row: rebuild_error(info, f"stoker: raised in DataLoader worker process {worker_id} "
+                                 f"(pid {pid}) while reading {item} {indices[row]}")
+        for row, info in errors})
 
 
 def rebuild_error(info, where: str) -> BaseException:
