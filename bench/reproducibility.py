@@ -21,11 +21,15 @@ read with 0, 1, 2 and 4 workers, threads or processes and on 1 or 2 ranks: the s
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
+import pathlib
 import pickle
 import random
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -34,7 +38,7 @@ import torch
 import torch.utils.data as tud
 
 import stoker
-from stoker.loader.seeding import seed_generators
+from stoker.loader.sample_seeding import seed_generators
 
 EPOCHS = 3
 
@@ -51,7 +55,8 @@ class Indices(tud.Dataset):
 
 
 class Augmented(tud.Dataset):
-    """Sample i with draws from torch's, random's and numpy's generators."""
+    """Sample i with draws from torch's, random's and numpy's generators (one normal deviate
+    each from random and numpy: the other of their pair stays cached for the next draw)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -60,7 +65,8 @@ class Augmented(tud.Dataset):
         return self.n
 
     def __getitem__(self, i):
-        noise = torch.rand(4) + random.random() + float(np.random.rand())
+        noise = (torch.rand(4) + random.random() + float(np.random.rand())
+                 + random.gauss(0, 1) + float(np.random.standard_normal()))
         return torch.tensor(i), noise
 
 
@@ -109,8 +115,61 @@ def _collate(samples):
     return torch.stack(samples)
 
 
-def make(case: str, n: int, loader_class, rank: int = 0):
+# Cases of stoker's own data sets, read from files written by write_data (in `data`).
+NATIVE_CASES = ("image_folder", "webdataset", "stream")
+
+
+def _jpeg(i: int) -> bytes:
+    from PIL import Image
+
+    w, h = 40 + i % 17, 36 + i % 13
+    y, x = np.mgrid[0:h, 0:w]
+    image = np.stack([(x * 7 + i * 31) % 256, (y * 5 + i) % 256, (x + y + i * 3) % 256], -1)
+    out = io.BytesIO()
+    Image.fromarray(image.astype(np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def write_data(case: str, n: int, root: pathlib.Path) -> None:
+    """`n` small JPEGs: an ImageFolder of 2 classes, or 3 WebDataset shards (jpg, cls)."""
+    if case == "image_folder":
+        for i in range(n):
+            folder = root / f"class{i % 2}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:04d}.jpg").write_bytes(_jpeg(i))
+    elif case in ("webdataset", "stream"):
+        root.mkdir(parents=True, exist_ok=True)
+        for shard in range(3):
+            with tarfile.open(root / f"train-{shard:06d}.tar", "w") as tar:
+                for i in range(shard, n, 3):
+                    for field, data in (("jpg", _jpeg(i)), ("cls", str(i).encode())):
+                        info = tarfile.TarInfo(f"{i:06d}.{field}")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+
+
+def _native(case: str, data: pathlib.Path, loader_class):
+    from stoker import transforms as T
+
+    kw = dict(batch_size=4, num_workers=2)
+    if case == "image_folder":
+        ds = stoker.ImageFolder(data, transform=T.train(224))
+        return loader_class(ds, shuffle=True, seed=13, **kw)
+    cache = data / "index-cache"
+    if case == "webdataset":
+        ds = stoker.WebDataset(data, fields=("jpg", "cls"), transform=T.train(224),
+                               index_cache=cache)
+        return loader_class(ds, shuffle=True, seed=13, **kw)
+    # a stream: shard shuffle and a shuffle buffer, its state its workers' positions
+    ds = stoker.WebDataset(data, fields=("jpg", "cls"), transform=T.train(224), stream=True,
+                           shuffle=5, seed=13)
+    return loader_class(ds, **kw)
+
+
+def make(case: str, n: int, loader_class, rank: int = 0, data=None):
     """The case's loader (of `loader_class`) and the sampler to set_epoch, or None."""
+    if case in NATIVE_CASES:
+        return _native(case, pathlib.Path(data), loader_class), None
     ds = Indices(n)
     kw = dict(num_workers=2)
     if case == "shuffle":
@@ -139,9 +198,9 @@ def make(case: str, n: int, loader_class, rank: int = 0):
 
 def _cases(torchdata: bool) -> list:
     cases = ["shuffle", "generator", "seed", "distributed0", "distributed1", "batch_sampler",
-             "batch_sampler_collate", "stateful_sampler", "seed_per_sample"]
+             "batch_sampler_collate", "stateful_sampler", "seed_per_sample", *NATIVE_CASES]
     if torchdata:  # its reference runs: the Python cases with torch's own arguments
-        return [c for c in cases if c not in ("seed", "seed_per_sample")]
+        return [c for c in cases if c not in ("seed", "seed_per_sample", *NATIVE_CASES)]
     return cases
 
 
@@ -170,17 +229,24 @@ def _epochs(loader, sampler, first: int, batches: list, states: dict, cuts: set,
                 batch = next(it)
             except StopIteration:
                 break
-            batches.append([t.tolist() for t in batch] if isinstance(batch, (list, tuple))
-                           else batch.tolist())
+            batches.append(_digest(batch))
             torch.rand(1)
             b += 1
         if (epoch, -1) in cuts:
             states[(epoch, -1)] = (len(batches), loader.state_dict())
 
 
-def uninterrupted(case: str, n: int, torchdata: bool, cuts: set):
+def _digest(batch) -> list:
+    """A batch's tensors, each as its dtype, shape and a hash of its bytes (equal batches:
+    equal digests; images of 224x224 are too large to keep)."""
+    tensors = batch if isinstance(batch, (list, tuple)) else [batch]
+    return [(str(t.dtype), tuple(t.shape), hashlib.sha256(t.numpy().tobytes()).hexdigest())
+            for t in tensors]
+
+
+def uninterrupted(case: str, n: int, torchdata: bool, cuts: set, data=None):
     torch.manual_seed(0)
-    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case))
+    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case), data)
     batches, states = [], {}
     _epochs(loader, sampler, 0, batches, states, cuts)
     return batches, states
@@ -190,10 +256,10 @@ def _rank(case: str) -> int:
     return int(case[-1]) if case.startswith("distributed") else 0
 
 
-def resumed(case: str, n: int, torchdata: bool, cut: tuple, state) -> list:
+def resumed(case: str, n: int, torchdata: bool, cut: tuple, state, data=None) -> list:
     """The batches after restoring `state`, saved at `cut`, in a fresh loader."""
     torch.manual_seed(0)
-    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case))
+    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case), data)
     loader.load_state_dict(state)
     epoch, b = cut
     batches: list = []
@@ -205,25 +271,32 @@ def check_resume(cases: list, n: int, cut_count: int, torchdata: bool, rng) -> d
     """{case: (cuts whose resumed batches all equal the uninterrupted run's, cuts)}."""
     results = {}
     for case in cases:
-        torch.manual_seed(0)
-        probe, _ = make(case, n, _loader_class(torchdata), _rank(case))
-        batches = len(probe)
-        del probe
-        # Cut points: after iter(), mid-epoch, after the last batch, after the loop ended.
-        every = [(e, b) for e in range(EPOCHS) for b in [*range(batches + 1), -1]]
-        cuts = set(rng.sample(every, min(cut_count, len(every))))
-        cuts |= {(0, -1), (1, batches)}  # an epoch's end, both ways, always among them
-        full, states = uninterrupted(case, n, torchdata, cuts)
-        with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
-            pickle.dump({"case": case, "n": n, "torchdata": torchdata,
-                         "states": {cut: state for cut, (_, state) in states.items()}}, f)
-            f.flush()
-            out = subprocess.run([sys.executable, __file__, "--resume", f.name],
-                                 capture_output=True, check=True)
-        rest = pickle.loads(out.stdout)
-        equal = sum(rest[cut] == full[at:] for cut, (at, _) in states.items())
-        results[case] = (equal, len(states))
+        with tempfile.TemporaryDirectory() as data:
+            results[case] = _check_resume_case(case, n, cut_count, torchdata, rng, data)
     return results
+
+
+def _check_resume_case(case: str, n: int, cut_count: int, torchdata: bool, rng,
+                       data: str) -> tuple:
+    write_data(case, n, pathlib.Path(data))
+    torch.manual_seed(0)
+    probe, _ = make(case, n, _loader_class(torchdata), _rank(case), data)
+    batches = sum(1 for _ in probe) if case == "stream" else len(probe)  # a stream: no len
+    del probe
+    # Cut points: after iter(), mid-epoch, after the last batch, after the loop ended.
+    every = [(e, b) for e in range(EPOCHS) for b in [*range(batches + 1), -1]]
+    cuts = set(rng.sample(every, min(cut_count, len(every))))
+    cuts |= {(0, -1), (1, batches)}  # an epoch's end, both ways, always among them
+    full, states = uninterrupted(case, n, torchdata, cuts, data)
+    with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
+        pickle.dump({"case": case, "n": n, "torchdata": torchdata, "data": data,
+                     "states": {cut: state for cut, (_, state) in states.items()}}, f)
+        f.flush()
+        out = subprocess.run([sys.executable, __file__, "--resume", f.name],
+                             capture_output=True, check=True)
+    rest = pickle.loads(out.stdout)
+    equal = sum(rest[cut] == full[at:] for cut, (at, _) in states.items())
+    return equal, len(states)
 
 
 # Topologies: (workers, worker_type, ranks); the reference is the first.
@@ -302,7 +375,7 @@ def _per_call_us(call, number: int = 20_000) -> float:
 def _resume_main(path: str) -> None:
     with open(path, "rb") as f:
         job = pickle.load(f)
-    rest = {cut: resumed(job["case"], job["n"], job["torchdata"], cut, state)
+    rest = {cut: resumed(job["case"], job["n"], job["torchdata"], cut, state, job["data"])
             for cut, state in job["states"].items()}
     sys.stdout.buffer.write(pickle.dumps(rest))
 

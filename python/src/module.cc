@@ -26,6 +26,7 @@
 #endif
 #include "py_dataset.h"
 #include "py_loader.h"
+#include "py_seeding.h"
 #include "py_workers.h"
 #include "stoker/device.h"
 #include "stoker/encoded.h"
@@ -803,6 +804,7 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("dataset"), py::arg("samples"), py::arg("asked"), py::arg("seed"), py::arg("epoch"),
       py::arg("batch_size"), py::arg("labels"), py::arg("buffers"), py::arg("cache_bytes"));
 
+  bind_seeding(m);
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread, or None outside a read.");
   m.def("sample_epoch", &current_sample_epoch,

@@ -102,6 +102,28 @@ def test_lightning_mid_epoch_checkpoint_resumes_with_the_batches_still_to_come(t
     assert rest.loader_module == "stoker.loader.dataloader"
 
 
+def test_lightning_resumed_in_a_new_process_mid_epoch_or_at_an_epoch_s_end_gets_the_rest(
+        tmp_path):
+    # 3 epochs with seed_per_sample=True; checkpoints after step 5 (mid-epoch 0) and at epoch
+    # 0's end, each resumed by a new process with another global seed: every later batch,
+    # indices and augmentations, the uninterrupted run's.
+    pytest.importorskip("lightning")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+
+    def job(*args):
+        subprocess.run([sys.executable, str(HERE / "lightning_resume_job.py"), *args],
+                       env=env, check=True, timeout=300, cwd=tmp_path)
+
+    job("whole", str(tmp_path))
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    assert len(whole) == 3 * 6  # 3 epochs of 24 samples in batches of 4
+    for name, done in (("mid.ckpt", 5), ("end.ckpt", 6)):
+        job("resume", str(tmp_path), str(tmp_path / name))
+        rest = json.loads((tmp_path / f"resume-{name}.json").read_text())
+        assert rest == whole[done:], name
+
+
 def _pad(samples):
     """A padding collate, as for token ids of different lengths."""
     ids = [torch.tensor(s["ids"]) for s in samples]
