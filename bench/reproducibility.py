@@ -27,6 +27,7 @@ import json
 import pathlib
 import pickle
 import random
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -340,11 +341,12 @@ def check_topologies(n: int) -> dict:
 
 def cost(n: int, rounds: int, side: int) -> dict:
     """Throughput (samples/s) of 2 worker processes reading Cropped(side) with and without
-    seed_per_sample, the best of `rounds` alternating runs of 2 epochs after a warm one."""
-    best = {False: 0.0, True: 0.0}
+    seed_per_sample: the medians over `rounds` rounds, each a run of 2 epochs (after a warm
+    one) of either, in alternating order; the ratio is the median of the rounds' ratios."""
+    runs = {False: [], True: []}
     dataset = Cropped(n, side)
-    for _ in range(rounds):
-        for seeded in (False, True):
+    for round_ in range(rounds):
+        for seeded in ((False, True) if round_ % 2 == 0 else (True, False)):
             loader = stoker.DataLoader(dataset, batch_size=64, num_workers=2,
                                        worker_type="process", seed_per_sample=seeded,
                                        prefetch_factor=8)
@@ -354,9 +356,10 @@ def cost(n: int, rounds: int, side: int) -> dict:
             for _ in range(2):
                 for _ in loader:
                     pass
-            best[seeded] = max(best[seeded], 2 * n / (time.perf_counter() - start))
+            runs[seeded].append(2 * n / (time.perf_counter() - start))
             loader.close()
-    return {"plain": best[False], "seeded": best[True], "ratio": best[True] / best[False],
+    return {"plain": statistics.median(runs[False]), "seeded": statistics.median(runs[True]),
+            "ratio": statistics.median(s / p for p, s in zip(runs[False], runs[True])),
             "seeding_us": _per_call_us(lambda: seed_generators(0x9E3779B97F4A7C15)),
             "getitem_us": _per_call_us(lambda: dataset[0])}
 
@@ -389,11 +392,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     parser.add_argument("--cost", action="store_true",
                         help="only the throughput cost of seed_per_sample=True")
+    parser.add_argument("--sides", default="32,224",
+                        help="--cost: the images' sides (default 32,224)")
     args = parser.parse_args()
     if args.resume:
         return _resume_main(args.resume)
     if args.cost:
-        for side in (32, 224):  # a CIFAR-sized image, an ImageNet-sized one
+        for side in map(int, args.sides.split(",")):  # CIFAR-sized, ImageNet-sized images
             n = (20_000 if args.smoke else 100_000) // (1 if side == 32 else 10)
             result = cost(n, 2 if args.smoke else 5, side)
             print(f"seed_per_sample cost, {side}x{side} crop: {result['plain']:.0f} samples/s "

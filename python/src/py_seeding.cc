@@ -6,11 +6,19 @@
 // 624 words from SplitMix64 (independent steps) written in place, their position set so that
 // the next draw generates from them, and their cached normal deviate dropped, as their seed()
 // does. The addresses are found and checked in Python (sample_seeding.py: the words read in
-// place equal getstate()'s after a seed, or that generator is seeded through its seed());
-// torch's generator is seeded through its manual_seed, whose state is not reachable.
+// place equal getstate()'s after a seed, or that generator is seeded through its seed()).
+// torch's generator's state is not reachable, but its set_state() (0.3 us) takes a state
+// tensor in the layout get_state() gives (CPUGeneratorImplState: the legacy struct of the
+// seed, the twister's position, its 624 words as 64-bit values and the cached normal
+// deviates, then the cached float deviate): its words are written into a tensor kept for it,
+// the position set to generate at the next draw, the caches dropped, and set_state() called;
+// manual_seed() (1.7 us: the twister's serial initialisation) where the layout's check
+// fails.
 //
 // Thread safety: called with the GIL held, which guards the generators.
 #include "py_seeding.h"
+
+#include <pybind11/stl.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -35,11 +43,26 @@ struct Twister {
   double* gauss = nullptr;
 };
 
+// torch's CPU generator state as get_state() gives it (aten's CPUGeneratorImplState).
+struct TorchState {
+  std::uint64_t initial_seed;
+  int left;
+  int seeded;
+  std::uint64_t next;
+  std::uint64_t words[kTwisterWords];
+  double normal_x, normal_y, normal_rho;
+  int normal_is_valid;
+  float next_float_normal_sample;
+  bool next_float_normal_sample_is_valid;
+};
+static_assert(sizeof(TorchState) == 5056);
+
 struct Generators {
   py::object keep;             // the objects that own the twisters' memory, kept alive
   py::object random_instance;  // random._inst, whose gauss_next is reset; None if not written
   Twister random, numpy;
-  py::object torch_seed;  // torch.default_generator.manual_seed, or None
+  TorchState* torch_state = nullptr;  // the state tensor's bytes, or null
+  py::object torch_seed;              // set_state(the state tensor), manual_seed, or None
 };
 
 Generators& generators() {
@@ -87,10 +110,26 @@ Twister twister(std::uintptr_t words, std::uintptr_t position, std::uintptr_t ha
   return t;
 }
 
+void seed_torch(TorchState* state, std::uint64_t seed) {
+  state->initial_seed = seed;
+  state->left = 1;  // the next draw generates from the words
+  state->seeded = 1;
+  state->next = 0;
+  std::uint64_t x = seed;
+  for (std::size_t i = 0; i < kTwisterWords; i += 2) {
+    const std::uint64_t z = splitmix64(x);
+    state->words[i] = static_cast<std::uint32_t>(z);
+    state->words[i + 1] = z >> 32;
+  }
+  state->normal_is_valid = 0;
+  state->next_float_normal_sample_is_valid = false;
+}
+
 // The streams of random's and numpy's twisters differ: their words come from the sample's
 // seed mixed with a constant of each.
 constexpr std::uint64_t kRandomStream = 0x5EED0000000000A1ULL;
 constexpr std::uint64_t kNumpyStream = 0x5EED0000000000B2ULL;
+constexpr std::uint64_t kTorchStream = 0x5EED0000000000C3ULL;
 
 }  // namespace
 
@@ -99,19 +138,24 @@ void bind_seeding(py::module_& m) {
       "configure_sample_seeding",
       [](py::object keep, py::object random_instance, std::uintptr_t random_words,
          std::uintptr_t random_position, std::uintptr_t numpy_words, std::uintptr_t numpy_position,
-         std::uintptr_t numpy_has_gauss, std::uintptr_t numpy_gauss, py::object torch_seed) {
+         std::uintptr_t numpy_has_gauss, std::uintptr_t numpy_gauss, std::uintptr_t torch_state,
+         py::object torch_seed) {
         Generators& g = generators();
         g.keep = std::move(keep);
         g.random_instance = std::move(random_instance);
         g.random = twister(random_words, random_position, 0, 0);
         g.numpy = twister(numpy_words, numpy_position, numpy_has_gauss, numpy_gauss);
+        g.torch_state = torch_state != 0 ? at<TorchState>(torch_state) : nullptr;
         g.torch_seed = std::move(torch_seed);
       },
       py::arg("keep"), py::arg("random_instance"), py::arg("random_words"),
       py::arg("random_position"), py::arg("numpy_words"), py::arg("numpy_position"),
-      py::arg("numpy_has_gauss"), py::arg("numpy_gauss"), py::arg("torch_seed"),
+      py::arg("numpy_has_gauss"), py::arg("numpy_gauss"), py::arg("torch_state"),
+      py::arg("torch_seed"),
       "Where seed_sample_generators writes (addresses found and checked by "
-      "stoker.loader.sample_seeding; 0 for a twister it does not write).");
+      "stoker.loader.sample_seeding; 0 for a twister it does not write) and torch's seeding: "
+      "with torch_state, torch_seed is set_state(the tensor at torch_state), called after "
+      "writing it; else manual_seed, called with the seed; or None.");
   m.def(
       "seed_sample_generators",
       [](std::optional<std::uint64_t> given) -> py::object {
@@ -127,7 +171,12 @@ void bind_seeding(py::module_& m) {
         }
         seed_twister(g.numpy, *seed ^ kNumpyStream);
         py::int_ value(*seed);
-        if (!g.torch_seed.is_none()) g.torch_seed(value);
+        if (g.torch_state != nullptr) {
+          seed_torch(g.torch_state, *seed ^ kTorchStream);
+          g.torch_seed();
+        } else if (!g.torch_seed.is_none()) {
+          g.torch_seed(value);
+        }
         return value;
       },
       py::arg("seed") = py::none(),

@@ -2,20 +2,23 @@
 sample's seed before its ``__getitem__``.
 
 Seeding a Mersenne twister through its ``seed()`` runs its 624-word initialisation behind a
-Python call: measured 5-6 us for ``random.seed``, 3 us for ``numpy.random.seed`` and 1.6 us
-for torch's ``default_generator.manual_seed`` a sample, 30% of the throughput of 2 workers
-reading a cheap ``__getitem__`` (a crop, a flip and a jitter of a 32x32 image). So random's and
-numpy's legacy twisters are written in place by the extension (``seed_sample_generators``:
-624 words of SplitMix64 from the seed, the position that makes the next draw generate, the
-cached normal deviate dropped, as their ``seed()`` does) at addresses found here and checked
-once per process: after a ``seed()`` the words read in place must equal ``getstate()``'s, and
-numpy's cached deviate must be where a normal draw puts it. A generator whose check fails
-(another Python, another numpy) is seeded through its ``seed()``. torch's state is not
-reachable: it is seeded through ``manual_seed``, the cheapest of the three."""
+Python call: measured 5-6 us for ``random.seed``, 3 us for ``numpy.random.seed`` and 1.6-1.8
+us for torch's ``default_generator.manual_seed`` a sample, a quarter of the time of the reads
+of a cheap ``__getitem__`` (a crop, a flip and a jitter of a 32x32 image; py-spy). So the
+extension (``seed_sample_generators``) gives each twister 624 words of SplitMix64 from the
+seed (independent steps, not a serial chain), the position that makes the next draw generate
+from them, and drops its cached normal deviate, as ``seed()`` does: random's and numpy's
+legacy twisters written in place, torch's through ``set_state()`` of a state tensor written
+for it (torch's own state is not reachable). The addresses and the layouts are found here and
+checked once per process (after a ``seed()`` the words read in place equal ``getstate()``'s;
+numpy's cached deviate is where a normal draw puts it; torch's written state reads back
+through ``get_state()``); a generator whose check fails (another Python, numpy or torch) is
+seeded through its ``seed()``."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import random
 import sys
@@ -88,6 +91,49 @@ def _numpy_in_place() -> Optional[tuple]:
         numpy.random.set_state(kept)
 
 
+_TORCH_STATE_BYTES = 5056  # aten's CPUGeneratorImplState
+
+
+def _torch_set_state(torch) -> Optional[tuple]:
+    """(a state tensor for seed_sample_generators to write, the call that sets it), if
+    torch's CPU generator state has the layout it writes: after manual_seed(s), the seed, the
+    position 1 (generate at the next draw), seeded, then the twister's first words from s."""
+    generator = torch.default_generator
+    kept = generator.get_state()
+    try:
+        seed = 2**63 + 11
+        generator.manual_seed(seed)
+        state = generator.get_state()
+        if state.dtype != torch.uint8 or state.numel() != _TORCH_STATE_BYTES:
+            return None
+        head = numpy.frombuffer(state.numpy().tobytes()[:40], numpy.uint64)
+        first = seed & 0xFFFFFFFF
+        second = (1812433253 * (first ^ (first >> 30)) + 1) & 0xFFFFFFFF
+        if head.tolist() != [seed, 1 | 1 << 32, 0, first, second]:
+            return None
+        buffer = state.clone()
+        return buffer, functools.partial(generator.set_state, buffer)
+    finally:
+        generator.set_state(kept)
+
+
+def _torch_writes_read_back(torch, buffer) -> bool:
+    """Whether a state written by seed_sample_generators reads back through get_state(), and
+    gives the same draws each time it is written."""
+    kept = _generator_states()  # seeding writes random's and numpy's twisters too
+    try:
+        _stoker.seed_sample_generators(7)
+        back, written = torch.default_generator.get_state().numpy(), buffer.numpy()
+        fields = numpy.r_[0:5044, 5048:5053]  # not the struct's padding
+        if not numpy.array_equal(back[fields], written[fields]):
+            return False
+        first = torch.rand(3).tolist(), torch.randn(1).item()
+        _stoker.seed_sample_generators(7)
+        return (torch.rand(3).tolist(), torch.randn(1).item()) == first
+    finally:
+        _set_generator_states(kept)
+
+
 class _Setup:
     """Per process: what seed_sample_generators writes in place, and the generators it does
     not, seeded through their seed() (`slow`)."""
@@ -100,10 +146,20 @@ def _set_up() -> None:
     torch = _torch()
     random_at = _random_in_place()
     numpy_at = _numpy_in_place()
-    _stoker.configure_sample_seeding(
-        (random._inst, numpy.random.mtrand._rand), random._inst if random_at else None,
-        *(random_at or (0, 0)), *(numpy_at or (0, 0, 0, 0)),
-        torch.default_generator.manual_seed if torch is not None else None)
+    torch_at = _torch_set_state(torch) if torch is not None else None
+    twisters = ((random._inst, numpy.random.mtrand._rand), random._inst if random_at else None,
+                *(random_at or (0, 0)), *(numpy_at or (0, 0, 0, 0)))
+    if torch_at is not None:
+        buffer, set_state = torch_at
+        _stoker.configure_sample_seeding(*twisters, buffer.data_ptr(), set_state)
+        if _torch_writes_read_back(torch, buffer):
+            twisters = ((twisters[0], buffer), *twisters[1:])  # the tensor kept alive
+            _stoker.configure_sample_seeding(*twisters, buffer.data_ptr(), set_state)
+        else:
+            torch_at = None
+    if torch_at is None:
+        _stoker.configure_sample_seeding(
+            *twisters, 0, torch.default_generator.manual_seed if torch is not None else None)
     _Setup.slow = tuple(seed for at, seed in ((random_at, _seed_random), (numpy_at, _seed_numpy),
                                               (torch, _seed_torch_once_loaded)) if not at)
     _Setup.pid = os.getpid()
