@@ -176,3 +176,29 @@ def test_a_sample_seed_gives_the_same_draws_whatever_was_drawn_before(in_place, 
         random.setstate(kept[1])
         np.random.set_state(kept[2])
         sample_seeding._Setup.pid = None
+
+
+def test_a_state_of_torch_s_order_resumes_the_saved_run_s_augmentations_after_another_seed():
+    # The samples' seeds' base is drawn from torch's generator when the loader is made: the
+    # state carries it, and a loader made after another torch.manual_seed takes it on load.
+    def loader():
+        return stoker.DataLoader(check.Augmented(16), batch_size=4, shuffle=True,
+                                 num_workers=0, seed_per_sample=True)
+
+    torch.manual_seed(1)
+    saved = loader()
+    batches = iter(saved)
+    next(batches)
+    state = saved.state_dict()
+    rest = [noise for _, noise in batches]
+    torch.manual_seed(2)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    again = [noise for _, noise in resumed]
+    assert len(again) == len(rest) == 3
+    assert all(torch.equal(a, b) for a, b in zip(again, rest))
+    torch.manual_seed(2)
+    read = loader()
+    list(read)
+    with pytest.raises(ValueError, match="pass seed="):
+        read.load_state_dict(state)
