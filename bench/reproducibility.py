@@ -30,6 +30,7 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import pathlib
 import pickle
 import random
@@ -348,8 +349,12 @@ def check_topologies(n: int) -> dict:
 def cost(n: int, rounds: int, side: int) -> dict:
     """Throughput (samples/s) of 2 worker processes reading Cropped(side) with and without
     seed_per_sample: the medians over `rounds` rounds, each a run of 2 epochs (after a warm
-    one) of either, in alternating order; the ratio is the median of the rounds' ratios."""
+    one) of either, in alternating order; the ratio is the median of the rounds' ratios.
+    Beside it, the CPU time the worker processes spent a sample (their utime + stime), which
+    the machine's other users change less than the wall-clock rate: `cpu_ratio` is the
+    median of the rounds' plain / seeded CPU time, the throughput ratio of CPU-bound reads."""
     runs = {False: [], True: []}
+    cpu = {False: [], True: []}
     dataset = Cropped(n, side)
     for round_ in range(rounds):
         for seeded in ((False, True) if round_ % 2 == 0 else (True, False)):
@@ -358,16 +363,31 @@ def cost(n: int, rounds: int, side: int) -> dict:
                                        prefetch_factor=8)
             for _ in loader:
                 pass
-            start = time.perf_counter()
+            pids = loader.stats()["worker_pids"]
+            start, start_cpu = time.perf_counter(), _cpu_seconds(pids)
             for _ in range(2):
                 for _ in loader:
                     pass
             runs[seeded].append(2 * n / (time.perf_counter() - start))
+            cpu[seeded].append((_cpu_seconds(pids) - start_cpu) / (2 * n) * 1e6)
             loader.close()
     return {"plain": statistics.median(runs[False]), "seeded": statistics.median(runs[True]),
             "ratio": statistics.median(s / p for p, s in zip(runs[False], runs[True])),
+            "cpu_plain_us": statistics.median(cpu[False]),
+            "cpu_seeded_us": statistics.median(cpu[True]),
+            "cpu_ratio": statistics.median(p / s for p, s in zip(cpu[False], cpu[True])),
             "seeding_us": _per_call_us(lambda: seed_generators(0x9E3779B97F4A7C15)),
             "getitem_us": _per_call_us(lambda: dataset[0])}
+
+
+def _cpu_seconds(pids: list) -> float:
+    """The CPU time (user + system) processes `pids` used so far, from /proc."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from field 3, the state
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _per_call_us(call, number: int = 20_000) -> float:
@@ -408,7 +428,9 @@ def main() -> None:
             n = (20_000 if args.smoke else 100_000) // (1 if side == 32 else 10)
             result = cost(n, 2 if args.smoke else 5, side)
             print(f"seed_per_sample cost, {side}x{side} crop: {result['plain']:.0f} samples/s "
-                  f"plain, {result['seeded']:.0f} seeded: ratio {result['ratio']:.3f} "
+                  f"plain, {result['seeded']:.0f} seeded: ratio {result['ratio']:.3f}; "
+                  f"workers' CPU a sample {result['cpu_plain_us']:.1f} us plain, "
+                  f"{result['cpu_seeded_us']:.1f} us seeded: ratio {result['cpu_ratio']:.3f} "
                   f"(seeding {result['seeding_us']:.2f} us a sample; the __getitem__ "
                   f"{result['getitem_us']:.2f} us)")
         return

@@ -3,15 +3,18 @@
 // Seeding a Mersenne twister the usual way (random.seed, numpy.random.seed) runs its 624-word
 // initialisation, a chain of dependent multiplies, behind a Python call: 3-6 us a generator, a
 // quarter of a cheap __getitem__'s time. Here random's and numpy's legacy twisters get their
-// 624 words from SplitMix64 (independent steps) written in place, their position set so that
-// the next draw generates from them, and their cached normal deviate dropped, as their seed()
+// 624 words from SplitMix64 (independent steps) written in place as the twister's next
+// outputs (position 0: its next 624 draws temper them, and only then does it regenerate, so
+// a sample that draws a few numbers pays no regeneration, which after a seed() costs about a
+// microsecond at the first draw), and their cached normal deviate dropped, as their seed()
 // does. The addresses are found and checked in Python (sample_seeding.py: the words read in
 // place equal getstate()'s after a seed, or that generator is seeded through its seed()).
 // torch's generator's state is not reachable, but its set_state() (0.3 us) takes a state
 // tensor in the layout get_state() gives (CPUGeneratorImplState: the legacy struct of the
 // seed, the twister's position, its 624 words as 64-bit values and the cached normal
 // deviates, then the cached float deviate): its words are written into a tensor kept for it,
-// the position set to generate at the next draw, the caches dropped, and set_state() called;
+// taken as its next outputs likewise (623 of them: the count left set to 624), the caches
+// dropped, and set_state() called;
 // manual_seed() (1.7 us: the twister's serial initialisation) where the layout's check
 // fails.
 //
@@ -33,9 +36,9 @@ namespace py = pybind11;
 
 constexpr std::size_t kTwisterWords = 624;
 
-// One Mersenne twister's state in place: its words, its position (the next draw generates
-// when it is 624), and a cached normal deviate to drop (numpy's has_gauss; random's
-// gauss_next is an attribute, set from Python's side of the object).
+// One Mersenne twister's state in place: its words, its position (the next draw takes the
+// word there; it regenerates the words at 624), and a cached normal deviate to drop (numpy's
+// has_gauss; random's gauss_next is an attribute, set from Python's side of the object).
 struct Twister {
   std::uint32_t* words = nullptr;
   int* position = nullptr;
@@ -85,7 +88,7 @@ void seed_twister(const Twister& t, std::uint64_t seed) {
     t.words[i] = static_cast<std::uint32_t>(z);
     t.words[i + 1] = static_cast<std::uint32_t>(z >> 32);
   }
-  *t.position = static_cast<int>(kTwisterWords);
+  *t.position = 0;
   if (t.has_gauss != nullptr) {
     *t.has_gauss = 0;
     *t.gauss = 0.0;
@@ -112,7 +115,7 @@ Twister twister(std::uintptr_t words, std::uintptr_t position, std::uintptr_t ha
 
 void seed_torch(TorchState* state, std::uint64_t seed) {
   state->initial_seed = seed;
-  state->left = 1;  // the next draw generates from the words
+  state->left = static_cast<int>(kTwisterWords);  // draws left before it regenerates, + 1
   state->seeded = 1;
   state->next = 0;
   std::uint64_t x = seed;

@@ -78,7 +78,10 @@ def _numpy_in_place() -> Optional[tuple]:
     kept = numpy.random.get_state()
     try:
         for seed in (12345, 99):
-            numpy.random.seed(seed)
+            numpy.random.standard_normal()
+            numpy.random.seed(seed)  # drops a cached deviate
+            if ctypes.c_int.from_address(has_gauss).value != 0:
+                return None
             numpy.random.standard_normal()  # one of a pair: the other one is cached
             _, key, pos, cached, value = numpy.random.get_state()
             if (tuple(_WORD.from_address(words)) != tuple(key.tolist())
