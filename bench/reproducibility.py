@@ -7,25 +7,37 @@ after each batch, and saves ``loader.state_dict()`` at random cut points (after 
 the first batch, mid-epoch, after an epoch's last batch, after its loop ended); a new process
 restores each state into a fresh loader (made after ``torch.manual_seed`` as at the start)
 and runs the rest of the 3 epochs. A cut counts when every following batch equals the
-uninterrupted run's. torchdata's StatefulDataLoader runs the Python cases beside it.
+uninterrupted run's (compared by a hash of each tensor's bytes). The cases: Python data sets
+with every way an order is made, and stoker's own data sets on small JPEGs written to a
+temporary directory: ImageFolder and WebDataset with T.train(224) (the crops compared too)
+and a WebDataset stream (shard shuffle, a shuffle buffer). torchdata's StatefulDataLoader
+runs the Python cases beside it.
 
-Topology: a ``__getitem__`` drawing from ``torch.rand``, ``random.random`` and ``np.random``,
+Topology: a ``__getitem__`` drawing from ``torch.rand``, ``random.random``, ``random.gauss``,
+``np.random.rand`` and ``np.random.standard_normal``,
 read with 0, 1, 2 and 4 workers, threads or processes and on 1 or 2 ranks: the samples
 (by index) counted equal to those of in-line reads.
 
     python bench/reproducibility.py            # 20 cut points per case
     python bench/reproducibility.py --smoke    # 4 cut points, a smaller data set
-    python bench/reproducibility.py --cost     # the cost of seed_per_sample=True
+    python bench/reproducibility.py --cost     # the cost of seed_per_sample=True (medians
+                                               # of 5 rounds; --sides 32 for the cheap one)
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import io
 import json
+import os
+import pathlib
 import pickle
 import random
+import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -34,7 +46,7 @@ import torch
 import torch.utils.data as tud
 
 import stoker
-from stoker.loader.seeding import seed_generators
+from stoker.loader.sample_seeding import seed_generators
 
 EPOCHS = 3
 
@@ -51,7 +63,8 @@ class Indices(tud.Dataset):
 
 
 class Augmented(tud.Dataset):
-    """Sample i with draws from torch's, random's and numpy's generators."""
+    """Sample i with draws from torch's, random's and numpy's generators (one normal deviate
+    each from random and numpy: the other of their pair stays cached for the next draw)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -60,7 +73,8 @@ class Augmented(tud.Dataset):
         return self.n
 
     def __getitem__(self, i):
-        noise = torch.rand(4) + random.random() + float(np.random.rand())
+        noise = (torch.rand(4) + random.random() + float(np.random.rand())
+                 + random.gauss(0, 1) + float(np.random.standard_normal()))
         return torch.tensor(i), noise
 
 
@@ -109,8 +123,61 @@ def _collate(samples):
     return torch.stack(samples)
 
 
-def make(case: str, n: int, loader_class, rank: int = 0):
+# Cases of stoker's own data sets, read from files written by write_data (in `data`).
+NATIVE_CASES = ("image_folder", "webdataset", "stream")
+
+
+def _jpeg(i: int) -> bytes:
+    from PIL import Image
+
+    w, h = 40 + i % 17, 36 + i % 13
+    y, x = np.mgrid[0:h, 0:w]
+    image = np.stack([(x * 7 + i * 31) % 256, (y * 5 + i) % 256, (x + y + i * 3) % 256], -1)
+    out = io.BytesIO()
+    Image.fromarray(image.astype(np.uint8)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def write_data(case: str, n: int, root: pathlib.Path) -> None:
+    """`n` small JPEGs: an ImageFolder of 2 classes, or 3 WebDataset shards (jpg, cls)."""
+    if case == "image_folder":
+        for i in range(n):
+            folder = root / f"class{i % 2}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:04d}.jpg").write_bytes(_jpeg(i))
+    elif case in ("webdataset", "stream"):
+        root.mkdir(parents=True, exist_ok=True)
+        for shard in range(3):
+            with tarfile.open(root / f"train-{shard:06d}.tar", "w") as tar:
+                for i in range(shard, n, 3):
+                    for field, data in (("jpg", _jpeg(i)), ("cls", str(i).encode())):
+                        info = tarfile.TarInfo(f"{i:06d}.{field}")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+
+
+def _native(case: str, data: pathlib.Path, loader_class):
+    from stoker import transforms as T
+
+    kw = dict(batch_size=4, num_workers=2)
+    if case == "image_folder":
+        ds = stoker.ImageFolder(data, transform=T.train(224))
+        return loader_class(ds, shuffle=True, seed=13, **kw)
+    cache = data / "index-cache"
+    if case == "webdataset":
+        ds = stoker.WebDataset(data, fields=("jpg", "cls"), transform=T.train(224),
+                               index_cache=cache)
+        return loader_class(ds, shuffle=True, seed=13, **kw)
+    # a stream: shard shuffle and a shuffle buffer, its state its workers' positions
+    ds = stoker.WebDataset(data, fields=("jpg", "cls"), transform=T.train(224), stream=True,
+                           shuffle=5, seed=13)
+    return loader_class(ds, **kw)
+
+
+def make(case: str, n: int, loader_class, rank: int = 0, data=None):
     """The case's loader (of `loader_class`) and the sampler to set_epoch, or None."""
+    if case in NATIVE_CASES:
+        return _native(case, pathlib.Path(data), loader_class), None
     ds = Indices(n)
     kw = dict(num_workers=2)
     if case == "shuffle":
@@ -139,9 +206,9 @@ def make(case: str, n: int, loader_class, rank: int = 0):
 
 def _cases(torchdata: bool) -> list:
     cases = ["shuffle", "generator", "seed", "distributed0", "distributed1", "batch_sampler",
-             "batch_sampler_collate", "stateful_sampler", "seed_per_sample"]
+             "batch_sampler_collate", "stateful_sampler", "seed_per_sample", *NATIVE_CASES]
     if torchdata:  # its reference runs: the Python cases with torch's own arguments
-        return [c for c in cases if c not in ("seed", "seed_per_sample")]
+        return [c for c in cases if c not in ("seed", "seed_per_sample", *NATIVE_CASES)]
     return cases
 
 
@@ -170,17 +237,24 @@ def _epochs(loader, sampler, first: int, batches: list, states: dict, cuts: set,
                 batch = next(it)
             except StopIteration:
                 break
-            batches.append([t.tolist() for t in batch] if isinstance(batch, (list, tuple))
-                           else batch.tolist())
+            batches.append(_digest(batch))
             torch.rand(1)
             b += 1
         if (epoch, -1) in cuts:
             states[(epoch, -1)] = (len(batches), loader.state_dict())
 
 
-def uninterrupted(case: str, n: int, torchdata: bool, cuts: set):
+def _digest(batch) -> list:
+    """A batch's tensors, each as its dtype, shape and a hash of its bytes (equal batches:
+    equal digests; images of 224x224 are too large to keep)."""
+    tensors = batch if isinstance(batch, (list, tuple)) else [batch]
+    return [(str(t.dtype), tuple(t.shape), hashlib.sha256(t.numpy().tobytes()).hexdigest())
+            for t in tensors]
+
+
+def uninterrupted(case: str, n: int, torchdata: bool, cuts: set, data=None):
     torch.manual_seed(0)
-    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case))
+    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case), data)
     batches, states = [], {}
     _epochs(loader, sampler, 0, batches, states, cuts)
     return batches, states
@@ -190,10 +264,10 @@ def _rank(case: str) -> int:
     return int(case[-1]) if case.startswith("distributed") else 0
 
 
-def resumed(case: str, n: int, torchdata: bool, cut: tuple, state) -> list:
+def resumed(case: str, n: int, torchdata: bool, cut: tuple, state, data=None) -> list:
     """The batches after restoring `state`, saved at `cut`, in a fresh loader."""
     torch.manual_seed(0)
-    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case))
+    loader, sampler = make(case, n, _loader_class(torchdata), _rank(case), data)
     loader.load_state_dict(state)
     epoch, b = cut
     batches: list = []
@@ -205,25 +279,32 @@ def check_resume(cases: list, n: int, cut_count: int, torchdata: bool, rng) -> d
     """{case: (cuts whose resumed batches all equal the uninterrupted run's, cuts)}."""
     results = {}
     for case in cases:
-        torch.manual_seed(0)
-        probe, _ = make(case, n, _loader_class(torchdata), _rank(case))
-        batches = len(probe)
-        del probe
-        # Cut points: after iter(), mid-epoch, after the last batch, after the loop ended.
-        every = [(e, b) for e in range(EPOCHS) for b in [*range(batches + 1), -1]]
-        cuts = set(rng.sample(every, min(cut_count, len(every))))
-        cuts |= {(0, -1), (1, batches)}  # an epoch's end, both ways, always among them
-        full, states = uninterrupted(case, n, torchdata, cuts)
-        with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
-            pickle.dump({"case": case, "n": n, "torchdata": torchdata,
-                         "states": {cut: state for cut, (_, state) in states.items()}}, f)
-            f.flush()
-            out = subprocess.run([sys.executable, __file__, "--resume", f.name],
-                                 capture_output=True, check=True)
-        rest = pickle.loads(out.stdout)
-        equal = sum(rest[cut] == full[at:] for cut, (at, _) in states.items())
-        results[case] = (equal, len(states))
+        with tempfile.TemporaryDirectory() as data:
+            results[case] = _check_resume_case(case, n, cut_count, torchdata, rng, data)
     return results
+
+
+def _check_resume_case(case: str, n: int, cut_count: int, torchdata: bool, rng,
+                       data: str) -> tuple:
+    write_data(case, n, pathlib.Path(data))
+    torch.manual_seed(0)
+    probe, _ = make(case, n, _loader_class(torchdata), _rank(case), data)
+    batches = sum(1 for _ in probe) if case == "stream" else len(probe)  # a stream: no len
+    del probe
+    # Cut points: after iter(), mid-epoch, after the last batch, after the loop ended.
+    every = [(e, b) for e in range(EPOCHS) for b in [*range(batches + 1), -1]]
+    cuts = set(rng.sample(every, min(cut_count, len(every))))
+    cuts |= {(0, -1), (1, batches)}  # an epoch's end, both ways, always among them
+    full, states = uninterrupted(case, n, torchdata, cuts, data)
+    with tempfile.NamedTemporaryFile(suffix=".pkl") as f:
+        pickle.dump({"case": case, "n": n, "torchdata": torchdata, "data": data,
+                     "states": {cut: state for cut, (_, state) in states.items()}}, f)
+        f.flush()
+        out = subprocess.run([sys.executable, __file__, "--resume", f.name],
+                             capture_output=True, check=True)
+    rest = pickle.loads(out.stdout)
+    equal = sum(rest[cut] == full[at:] for cut, (at, _) in states.items())
+    return equal, len(states)
 
 
 # Topologies: (workers, worker_type, ranks); the reference is the first.
@@ -267,25 +348,46 @@ def check_topologies(n: int) -> dict:
 
 def cost(n: int, rounds: int, side: int) -> dict:
     """Throughput (samples/s) of 2 worker processes reading Cropped(side) with and without
-    seed_per_sample, the best of `rounds` alternating runs of 2 epochs after a warm one."""
-    best = {False: 0.0, True: 0.0}
+    seed_per_sample: the medians over `rounds` rounds, each a run of 2 epochs (after a warm
+    one) of either, in alternating order; the ratio is the median of the rounds' ratios.
+    Beside it, the CPU time the worker processes spent a sample (their utime + stime), which
+    the machine's other users change less than the wall-clock rate: `cpu_ratio` is the
+    median of the rounds' plain / seeded CPU time, the throughput ratio of CPU-bound reads."""
+    runs = {False: [], True: []}
+    cpu = {False: [], True: []}
     dataset = Cropped(n, side)
-    for _ in range(rounds):
-        for seeded in (False, True):
+    for round_ in range(rounds):
+        for seeded in ((False, True) if round_ % 2 == 0 else (True, False)):
             loader = stoker.DataLoader(dataset, batch_size=64, num_workers=2,
                                        worker_type="process", seed_per_sample=seeded,
                                        prefetch_factor=8)
             for _ in loader:
                 pass
-            start = time.perf_counter()
+            pids = loader.stats()["worker_pids"]
+            start, start_cpu = time.perf_counter(), _cpu_seconds(pids)
             for _ in range(2):
                 for _ in loader:
                     pass
-            best[seeded] = max(best[seeded], 2 * n / (time.perf_counter() - start))
+            runs[seeded].append(2 * n / (time.perf_counter() - start))
+            cpu[seeded].append((_cpu_seconds(pids) - start_cpu) / (2 * n) * 1e6)
             loader.close()
-    return {"plain": best[False], "seeded": best[True], "ratio": best[True] / best[False],
+    return {"plain": statistics.median(runs[False]), "seeded": statistics.median(runs[True]),
+            "ratio": statistics.median(s / p for p, s in zip(runs[False], runs[True])),
+            "cpu_plain_us": statistics.median(cpu[False]),
+            "cpu_seeded_us": statistics.median(cpu[True]),
+            "cpu_ratio": statistics.median(p / s for p, s in zip(cpu[False], cpu[True])),
             "seeding_us": _per_call_us(lambda: seed_generators(0x9E3779B97F4A7C15)),
             "getitem_us": _per_call_us(lambda: dataset[0])}
+
+
+def _cpu_seconds(pids: list) -> float:
+    """The CPU time (user + system) processes `pids` used so far, from /proc."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from field 3, the state
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _per_call_us(call, number: int = 20_000) -> float:
@@ -302,7 +404,7 @@ def _per_call_us(call, number: int = 20_000) -> float:
 def _resume_main(path: str) -> None:
     with open(path, "rb") as f:
         job = pickle.load(f)
-    rest = {cut: resumed(job["case"], job["n"], job["torchdata"], cut, state)
+    rest = {cut: resumed(job["case"], job["n"], job["torchdata"], cut, state, job["data"])
             for cut, state in job["states"].items()}
     sys.stdout.buffer.write(pickle.dumps(rest))
 
@@ -316,15 +418,19 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     parser.add_argument("--cost", action="store_true",
                         help="only the throughput cost of seed_per_sample=True")
+    parser.add_argument("--sides", default="32,224",
+                        help="--cost: the images' sides (default 32,224)")
     args = parser.parse_args()
     if args.resume:
         return _resume_main(args.resume)
     if args.cost:
-        for side in (32, 224):  # a CIFAR-sized image, an ImageNet-sized one
+        for side in map(int, args.sides.split(",")):  # CIFAR-sized, ImageNet-sized images
             n = (20_000 if args.smoke else 100_000) // (1 if side == 32 else 10)
             result = cost(n, 2 if args.smoke else 5, side)
             print(f"seed_per_sample cost, {side}x{side} crop: {result['plain']:.0f} samples/s "
-                  f"plain, {result['seeded']:.0f} seeded: ratio {result['ratio']:.3f} "
+                  f"plain, {result['seeded']:.0f} seeded: ratio {result['ratio']:.3f}; "
+                  f"workers' CPU a sample {result['cpu_plain_us']:.1f} us plain, "
+                  f"{result['cpu_seeded_us']:.1f} us seeded: ratio {result['cpu_ratio']:.3f} "
                   f"(seeding {result['seeding_us']:.2f} us a sample; the __getitem__ "
                   f"{result['getitem_us']:.2f} us)")
         return

@@ -26,6 +26,7 @@
 #endif
 #include "py_dataset.h"
 #include "py_loader.h"
+#include "py_seeding.h"
 #include "py_workers.h"
 #include "row_reader.h"
 #include "stoker/device.h"
@@ -804,6 +805,7 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("dataset"), py::arg("samples"), py::arg("asked"), py::arg("seed"), py::arg("epoch"),
       py::arg("batch_size"), py::arg("labels"), py::arg("buffers"), py::arg("cache_bytes"));
 
+  bind_seeding(m);
   m.def("sample_seed", &current_sample_seed,
         "The seed of the sample being read on this thread: inside __getitem__ the sample's, "
         "inside __getitems__ the call's first sample's; None outside a read.");

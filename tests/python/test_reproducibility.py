@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stoker  # noqa: E402
+from stoker.loader import sample_seeding  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("reproducibility",
@@ -23,10 +24,11 @@ _spec.loader.exec_module(check)
 
 @pytest.mark.parametrize("case", ["shuffle", "generator", "seed", "distributed0",
                                   "distributed1", "batch_sampler", "batch_sampler_collate",
-                                  "stateful_sampler", "seed_per_sample"])
+                                  "stateful_sampler", "seed_per_sample", *check.NATIVE_CASES])
 def test_a_state_taken_anywhere_resumes_in_a_new_process_with_the_uninterrupted_batches(case):
     # Random cut points over 3 epochs (after iter(), mid-epoch, after the last batch, after
     # the loop ended), each state restored in another process; every later batch equal.
+    # The native cases: ImageFolder and WebDataset with T.train(224), a WebDataset stream.
     results = check.check_resume([case], n=30, cut_count=6, torchdata=False,
                                  rng=random.Random(case))
     equal, total = results[case]
@@ -136,3 +138,67 @@ def test_a_state_loaded_into_a_loader_that_draws_from_other_generators_is_refuse
     other = stoker.DataLoader(check.Indices(8), batch_size=4, shuffle=True, num_workers=0)
     with pytest.raises(ValueError, match="torch generators"):
         other.load_state_dict(state)
+
+
+def test_per_sample_seeding_writes_random_s_and_numpy_s_generators_in_place_here():
+    # The fast path is the one taken on this Python and numpy: their layouts were checked.
+    assert sample_seeding._random_in_place() is not None
+    assert sample_seeding._numpy_in_place() is not None
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_sample_seed_gives_the_same_draws_whatever_was_drawn_before(in_place, monkeypatch):
+    # Normal deviates come in pairs, one cached for the next draw: seeding drops it, as each
+    # generator's seed() does. in_place=False: the layouts' checks failing, the generators
+    # are seeded through their seed().
+    if not in_place:
+        monkeypatch.setattr(sample_seeding, "_random_in_place", lambda: None)
+        monkeypatch.setattr(sample_seeding, "_numpy_in_place", lambda: None)
+    sample_seeding._Setup.pid = None  # set up again now, and after the test
+    kept = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+
+    def draws(seed, before):
+        for _ in range(before):
+            torch.randn(1), random.gauss(0, 1), np.random.standard_normal()
+        assert sample_seeding.seed_generators(seed) == seed
+        return (torch.randn(3).tolist(), random.gauss(0, 1), random.random(),
+                np.random.standard_normal(), np.random.rand(2).tolist())
+
+    try:
+        first = draws(2**64 - 5, 0)
+        assert draws(2**64 - 5, 1) == first
+        assert draws(2**64 - 5, 4) == first
+        other = draws(17, 1)
+        assert all(a != b for a, b in zip(first, other))
+        assert sample_seeding.seed_generators() is None  # outside a read: nothing seeded
+    finally:
+        torch.set_rng_state(kept[0])
+        random.setstate(kept[1])
+        np.random.set_state(kept[2])
+        sample_seeding._Setup.pid = None
+
+
+def test_a_state_of_torch_s_order_resumes_the_saved_run_s_augmentations_after_another_seed():
+    # The samples' seeds' base is drawn from torch's generator when the loader is made: the
+    # state carries it, and a loader made after another torch.manual_seed takes it on load.
+    def loader():
+        return stoker.DataLoader(check.Augmented(16), batch_size=4, shuffle=True,
+                                 num_workers=0, seed_per_sample=True)
+
+    torch.manual_seed(1)
+    saved = loader()
+    batches = iter(saved)
+    next(batches)
+    state = saved.state_dict()
+    rest = [noise for _, noise in batches]
+    torch.manual_seed(2)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    again = [noise for _, noise in resumed]
+    assert len(again) == len(rest) == 3
+    assert all(torch.equal(a, b) for a, b in zip(again, rest))
+    torch.manual_seed(2)
+    read = loader()
+    list(read)
+    with pytest.raises(ValueError, match="pass seed="):
+        read.load_state_dict(state)

@@ -85,7 +85,7 @@ class _Stream:
         self._epoch: Optional[int] = None  # set_epoch()'s
         self._loader_epoch: Optional[int] = None  # stoker's DataLoader's, before each pass
         self._next_epoch = 0  # iterated bare: each pass counts one
-        self._resume: Optional[tuple] = None  # (epoch, start, progress) for the next pass
+        self._resume: Optional[tuple] = None  # (epoch, start, progress, replay): next pass
         self._pass: Optional[_Pass] = None  # the pass running (or ended): its position
 
     def set_epoch(self, epoch: int) -> None:
@@ -133,17 +133,24 @@ class _Stream:
     def load_state_dict(self, state: dict) -> None:
         """The next pass resumes `state`: one worker's own (the same ranks and workers read
         on) or a merged one (any ranks and workers: the shards with samples left are dealt
-        over them, and each reads only the samples not yet consumed)."""
+        over them, and each reads only the samples not yet consumed). A worker's own state
+        read by the same rank and worker of as many is replayed: the pass runs again from its
+        start, its shuffle buffer and draws as they were, and hands out from the first sample
+        it had not handed out, so that every later sample (and its augmentation) is the
+        uninterrupted pass's; the samples before are read from their shards again, not
+        decoded."""
         shard_progress.check(state, **self._identity(len(self._shard_list())))
         self._resume = (int(state["epoch"]), shard_progress.merge([state.get("start")]),
-                        shard_progress.merge([state.get("progress")]))
+                        shard_progress.merge([state.get("progress")]),
+                        None if state.get("merged") else state.get("replay"))
 
     def __iter__(self):
         from ..distributed import world
 
         shards = self._shard_list()
+        replay = None
         if self._resume is not None:
-            (epoch, start, progress), self._resume = self._resume, None
+            (epoch, start, progress, replay), self._resume = self._resume, None
             self._next_epoch = epoch + 1
         else:
             start, progress = {}, {}
@@ -165,8 +172,22 @@ class _Stream:
             info = None
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         mine = shard_progress.deal(order, start, rank, world_size, worker, workers)
+        topology = [rank, world_size, worker, workers]
+        skip = 0
+        if replay is not None and replay["topology"] == topology:
+            progress, skip = {}, replay["handed"]  # the pass again, as it began
         buffer: list = []  # (shard, ordinal, key, sample): read, not handed out
         this = self._pass = _Pass(self._identity(len(shards)), epoch, start, progress, buffer)
+        if not progress:  # a pass that began with no progress is replayed from its start
+            this.topology = topology
+        for shard, key, sample, seed in self._pass_samples(shards, mine, epoch, this, buffer):
+            this.handed += 1
+            if this.handed > skip:
+                yield self._convert(shard, key, sample, seed)
+
+    def _pass_samples(self, shards: list, mine: list, epoch: int, this: "_Pass",
+                      buffer: list):
+        """The pass's samples in the order handed out: (shard, key, sample, its seed)."""
         rng = random.Random(f"{self.seed}-{epoch}-{'|'.join(shards[s] for s in mine)}")
         for s in mine:
             base = this.open(s)
@@ -185,14 +206,14 @@ class _Stream:
                     i = rng.randrange(len(buffer))
                     buffer[i], item = item, buffer[i]
                     this.buffered += _size(sample) - _size(item[3])
-                yield self._convert(shards[item[0]], *item[2:], rng.getrandbits(64))
+                yield shards[item[0]], *item[2:], rng.getrandbits(64)
             this.ended.add(s)
         rng.shuffle(buffer)
         buffer.reverse()
         while buffer:  # taken off the buffer before it is handed out (state_dict)
             item = buffer.pop()
             this.buffered -= _size(item[3])
-            yield self._convert(shards[item[0]], *item[2:], rng.getrandbits(64))
+            yield shards[item[0]], *item[2:], rng.getrandbits(64)
 
     def _convert(self, shard: str, key: str, sample: dict, seed: int) -> tuple:
         out = []
@@ -238,6 +259,8 @@ class _Pass:
         self.processed: dict[int, int] = {}  # shard -> ordinals read (or skipped)
         self.ended: set[int] = set()
         self.buffered = 0  # the bytes of the samples in the buffer
+        self.handed = 0  # samples handed out (or, replaying, passed over)
+        self.topology: Optional[list] = None  # rank, world size, worker, workers
 
     def open(self, shard: int) -> "_Base":
         entry = shard_progress.union(self._start.get(shard), self._progress.get(shard))
@@ -257,7 +280,9 @@ class _Pass:
                            sorted(pending[s])]
         return {"kind": shard_progress.KIND, "version": shard_progress.VERSION,
                 **self._identity, "epoch": self._epoch, "merged": False,
-                "start": self._start, "progress": progress}
+                "start": self._start, "progress": progress,
+                "replay": ({"handed": self.handed, "topology": self.topology}
+                           if self.topology is not None else None)}
 
 
 class _Base:

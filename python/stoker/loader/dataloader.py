@@ -93,8 +93,8 @@ class DataLoader:
       seed_per_sample: True seeds torch's, random's and numpy's global generators before each
         __getitem__ of a Python data set from the sample's seed (the loader's seed, the epoch,
         the sample's index): its random draws are then the same on any number and kind of
-        workers and ranks, and after a resume. Its reads run in worker processes (threads
-        share those generators) or in-line. report() says what a run repeats.
+        workers and ranks, and after a resume (about 1 us a sample). Its reads run in worker
+        processes (threads share those generators) or in-line. report() says what repeats.
 
     ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
     goes, as a timeline to open in Perfetto.

@@ -5,6 +5,8 @@ delegates to it through the protocol of protocol.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import logging
 from typing import Optional
@@ -82,10 +84,8 @@ class EnginePipeline(EngineStates, Pipeline):
             def start(worker_id: int) -> None:  # once per worker thread, as it starts
                 start_worker(worker_id, thread_count[0], setup.base_seed, dataset,
                              setup.worker_init_fn, own_process=False)
-            # Reads nothing: the layout comes from the first sample a worker reads.
-            self._handle = _stoker.PyDataset(plan.dataset, self._jobs is not None, start)
-            if self._jobs is not None:
-                self._handle.set_batch_jobs(self._jobs.job_args)
+            self._worker_start = start
+            self._handle = self._new_handle()
         # The two decisions taken while it runs (src/tune/worker_kind.cc): worker_type='auto',
         # and with num_workers='auto' and remote=, how many remote workers to use.
         self._choice = (KindChooser(self._jobs is not None, plan.tune_workers,
@@ -113,26 +113,7 @@ class EnginePipeline(EngineStates, Pipeline):
         # first iter(), and so do those following a custom sampler (a native data set's
         # otherwise prefetch at once).
         self._reading = plan.native and plan.order_length is None
-        self._loader = _stoker.Loader(self._handle, engine_options.options(
-            batch_size=plan.batch_size, shuffle=plan.engine_shuffle, seed=plan.engine_seed,
-            shuffle_mode=engine_enum(_stoker.ShuffleMode, plan.shuffle_mode),
-            drop_last=plan.drop_last,
-            shard=engine_options.shard(plan.rank, plan.world_size, plan.shard_drop_last),
-            workers=self._engine_workers() if self._reading else 0, depth=plan.depth,
-            on_error=engine_enum(_stoker.ErrorPolicy, plan.on_error),
-            max_skipped=plan.max_skipped, device=plan.device, device_depth=plan.device_depth,
-            stream=engine_options.training_stream(plan),
-            pin_memory=engine_enum(_stoker.PinMemory, plan.pin_memory),
-            pin_budget=plan.pin_budget, memory_limit=plan.memory_limit,
-            tune_workers=plan.tune_workers,
-            max_workers=plan.max_workers, keep_on_host=list(plan.keep_on_host)),
-            # torch's permutations go to the engine itself (order_ahead, resume) through
-            # the identity; a custom sampler's order is set at each epoch.
-            None if plan.order_length is None else
-            numpy.arange(plan.order_length) if isinstance(plan.sampler, TorchRandomOrder) else
-            [0] * plan.order_length,
-            shared_slabs=not plan.native and self.worker_type == "process"
-            or plan.measure_worker_type)
+        self._loader = self._new_loader()
         # The kinds of worker besides threads (the engine's executors); the loader has no
         # workers yet, so nothing was read elsewhere. Worker processes join at the first
         # start() (_processes_due).
@@ -319,6 +300,52 @@ class EnginePipeline(EngineStates, Pipeline):
             if self._remote is not None:
                 self._remote.stop()
             loader.close()
+
+    def _new_loader(self):
+        plan = self.plan
+        return _stoker.Loader(self._handle, engine_options.options(
+            batch_size=plan.batch_size, shuffle=plan.engine_shuffle, seed=plan.engine_seed,
+            shuffle_mode=engine_enum(_stoker.ShuffleMode, plan.shuffle_mode),
+            drop_last=plan.drop_last,
+            shard=engine_options.shard(plan.rank, plan.world_size, plan.shard_drop_last),
+            workers=self._engine_workers() if self._reading else 0, depth=plan.depth,
+            on_error=engine_enum(_stoker.ErrorPolicy, plan.on_error),
+            max_skipped=plan.max_skipped, device=plan.device, device_depth=plan.device_depth,
+            stream=engine_options.training_stream(plan),
+            pin_memory=engine_enum(_stoker.PinMemory, plan.pin_memory),
+            pin_budget=plan.pin_budget, memory_limit=plan.memory_limit,
+            tune_workers=plan.tune_workers,
+            max_workers=plan.max_workers, keep_on_host=list(plan.keep_on_host)),
+            # torch's permutations go to the engine itself (order_ahead, resume) through
+            # the identity; a custom sampler's order is set at each epoch.
+            None if plan.order_length is None else
+            numpy.arange(plan.order_length) if isinstance(plan.sampler, TorchRandomOrder) else
+            [0] * plan.order_length,
+            shared_slabs=not plan.native and self.worker_type == "process"
+            or plan.measure_worker_type)
+
+    def _new_handle(self):
+        # Reads nothing: the layout comes from the first sample a worker reads.
+        handle = _stoker.PyDataset(self.plan.dataset, self._jobs is not None, self._worker_start)
+        if self._jobs is not None:
+            handle.set_batch_jobs(self._jobs.job_args)
+        return handle
+
+    def reseed(self, seed: int) -> None:
+        """The engine's seed (the samples' seeds' base, stoker.sample_seed()) set to `seed`:
+        that of a loaded state whose order is torch's (drawn from torch's generator when the
+        loader was made: a resumed process's may differ). Before the first read only: the C++
+        loader (which closes its data set's handle) is made again, with a new handle."""
+        if self._reading:
+            raise ValueError("stoker: the state's samples were seeded from another seed than "
+                             "this loader's, which has read already: load the state into a "
+                             "loader that has not been iterated, or pass seed=")
+        self.plan = dataclasses.replace(self.plan, engine_seed=int(seed))
+        self._loader.close()
+        self._handle = self._new_handle()
+        self._loader = self._new_loader()
+        if self._remote is not None:
+            self._loader.use_remote(self._remote)
 
     # --- what the engine pipeline adds --------------------------------------------------
 

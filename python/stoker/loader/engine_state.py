@@ -12,7 +12,7 @@ from . import elastic
 
 class EngineStates:
     """The state methods of EnginePipeline, over its attributes: plan, _loader, _samples,
-    _elastic, _sources, _pending, _resumed, _replay, _loaded_draws."""
+    _elastic, _sources, _pending, _resumed, _replay, _loaded_draws; and reseed()."""
 
     def state_dict(self, resume, next_epoch: Optional[int]) -> dict:
         if resume is not None:
@@ -29,8 +29,10 @@ class EngineStates:
 
     def _position_state(self, epoch: int, batch: int) -> dict:
         if not self._elastic:
+            # engine_seed: the samples' seeds' base (stoker.sample_seed(); seed_per_sample),
+            # drawn from torch's generator when the loader was made if its order is torch's.
             return {"epoch": int(epoch), "batch": int(batch), "seed": self.plan.seed,
-                    "batches_per_epoch": len(self)}
+                    "engine_seed": self.plan.engine_seed, "batches_per_epoch": len(self)}
         consumed, epoch_samples = [], self._loader.samples_per_epoch
         if self._pending is not None and self._pending[0] == epoch:
             consumed, epoch_samples = self._pending[1], len(self._pending[2])
@@ -62,6 +64,8 @@ class EngineStates:
             raise ValueError(f"the state was saved with seed {state['seed']}, this loader has "
                              f"seed {plan.seed}: pass seed= (or the same generator) to "
                              f"resume")
+        if int(state.get("engine_seed", plan.engine_seed)) != plan.engine_seed:
+            self.reseed(int(state["engine_seed"]))  # the samples seeded as before the save
         if self._elastic:
             elastic.check_window(state, self._loader.shuffle_window)
         epoch, batch = int(state["epoch"]), int(state["batch"])

@@ -21,7 +21,8 @@ from ..workers.processes import mp_context
 from . import compat
 from .collate import default_collate
 from .host import Host, cores, cpu_share  # noqa: F401 (the plan's host; re-exported)
-from .seeding import SeededReads, TorchRandomOrder, reproducibility
+from .sample_seeding import SeededReads
+from .seeding import TorchRandomOrder, reproducibility
 
 SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
 WORKER_TYPES = ("auto", "thread", "process")

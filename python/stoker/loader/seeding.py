@@ -12,11 +12,8 @@ import contextlib
 import copy
 import functools
 import os
-import random
 import sys
 from typing import Any, Callable, Optional
-
-import numpy
 
 from .. import _stoker
 
@@ -363,66 +360,6 @@ def _is_torch(sampler, name: str) -> bool:
     """Whether `sampler` is torch.utils.data's `name` itself (not a subclass)."""
     torch = _torch()
     return torch is not None and type(sampler) is getattr(torch.utils.data, name, None)
-
-
-class SeededReads:
-    """A Python data set read with ``seed_per_sample=True``: before each ``__getitem__``,
-    torch's, random's and numpy's global generators are seeded from the sample's seed
-    (``stoker.sample_seed()``: a function of the loader's seed, the epoch and the sample's
-    index), so that its random draws are the same whichever worker, of whichever kind, reads
-    it, and after any resume. In the training process (in-line reads; the first sample, read
-    for its layout) the generators are set back after the read: the training loop's random
-    stream stays its own. Worker threads share those generators, so such a loader's workers
-    are processes (plan.py). A data set's ``__getitems__`` is not used: each sample is seeded
-    on its own."""
-
-    wraps_user_dataset = True  # get_worker_info().dataset is the user's
-
-    def __init__(self, dataset) -> None:
-        self.dataset = dataset
-        self._home = os.getpid()  # the training process (a forked worker keeps the value)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        seed = _stoker.sample_seed()
-        if seed is None:  # outside a loader's read
-            return self.dataset[index]
-        if os.getpid() != self._home:
-            seed_generators(seed)
-            return self.dataset[index]
-        kept = _generator_states()
-        try:
-            seed_generators(seed)
-            return self.dataset[index]
-        finally:
-            _set_generator_states(kept)
-
-
-def seed_generators(seed: int) -> None:
-    """Seeds torch's (where loaded), random's and numpy's global generators from a 64-bit
-    sample seed: torch's with all of it, numpy's legacy one (32 bits) with its high half, so
-    that the two Mersenne twisters, seeded alike, do not give the same stream."""
-    torch = _torch()
-    if torch is not None:
-        torch.default_generator.manual_seed(seed)
-    random.seed(seed)
-    numpy.random.seed(seed >> 32)
-
-
-def _generator_states() -> tuple:
-    torch = _torch()
-    return (torch.get_rng_state() if torch is not None else None, random.getstate(),
-            numpy.random.get_state())
-
-
-def _set_generator_states(states: tuple) -> None:
-    torch_state, random_state, numpy_state = states
-    if torch_state is not None:
-        _torch().set_rng_state(torch_state)
-    random.setstate(random_state)
-    numpy.random.set_state(numpy_state)
 
 
 def reproducibility(native: bool, seeded: bool, foreign_sampler) -> dict:
