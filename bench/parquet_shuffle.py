@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 import stoker
+from s3_shuffle import quality_line
 from stoker import transforms as T
 
 CLASSES, FILES, BATCH = 100, 4, 32
@@ -137,9 +138,7 @@ def show(kind: str, r: dict) -> None:
     full = r["full"]
 
     def q(x):
-        return (f"entropy {x['sample_entropy'] / full['sample_entropy']:.3f} / "
-                f"{x['shard_entropy'] / full['shard_entropy']:.3f} of full, labels/batch "
-                f"{x['labels_per_batch']:.1f} (iid {x['iid_labels_per_batch']:.1f})")
+        return quality_line(x, full)
 
     print(f"\n{kind}: {r['samples']} rows, {r['data_bytes'] / 1e6:.1f} MB in {r['row_groups']} "
           f"row groups")

@@ -210,13 +210,18 @@ def _blocks(kind, urls, work, cache) -> list:
     return ds.storage_layout()["block_ends"]
 
 
+def quality_line(x: dict, full: dict) -> str:
+    """A shuffle's quality (stoker.shuffle_quality) as a share of a full shuffle's."""
+    return (f"entropy {x['sample_entropy'] / full['sample_entropy']:.3f} / "
+            f"{x['shard_entropy'] / full['shard_entropy']:.3f} of full, labels/batch "
+            f"{x['labels_per_batch']:.1f} (iid {x['iid_labels_per_batch']:.1f})")
+
+
 def show(kind: str, r: dict) -> None:
     full = r["full"]
 
     def q(x):
-        return (f"entropy {x['sample_entropy'] / full['sample_entropy']:.3f} / "
-                f"{x['shard_entropy'] / full['shard_entropy']:.3f} of full, labels/batch "
-                f"{x['labels_per_batch']:.1f} (iid {x['iid_labels_per_batch']:.1f})")
+        return quality_line(x, full)
 
     print(f"\n{kind}: {r['samples']} samples, {r['data_bytes'] / 1e6:.1f} MB in {r['shards']} "
           f"shards")
