@@ -1,14 +1,9 @@
 // The one place that wires sampler, slab pool and worker engine into a Loader.
 #include "stoker/loader.h"
 
-#include <sched.h>
-
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <set>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "device/device_stage.h"
@@ -29,13 +24,6 @@ namespace {
 
 // Generous: more threads than this is a configuration mistake, not a tuning choice.
 constexpr std::size_t kMaxWorkers = 1024;
-
-// The cores this process may run on.
-std::size_t affinity_cores() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 [[noreturn]] void invalid(const std::string& what) {
   throw std::invalid_argument("stoker::LoaderOptions: " + what);
@@ -200,15 +188,10 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
   config.executors = internals.executors;
   engine_ = std::make_unique<detail::Engine>(std::move(config), std::move(pool));
   detail::TuneLimits limits;
-  limits.cores = options.cpu_cores > 0
-                     ? options.cpu_cores
-                     : detail::cpu_share(affinity_cores(), std::getenv("LOCAL_WORLD_SIZE"));
-  // Threads that wait cost little (the budget still counts their CPU time), and latency-bound
-  // reads may need many of them.
-  const std::size_t max =
-      options.max_workers
-          ? options.max_workers
-          : std::max<std::size_t>(16, static_cast<std::size_t>(std::ceil(8 * limits.cores)));
+  limits.cores = options.cpu_cores > 0 ? options.cpu_cores : detail::host_share().cpu_share;
+  const std::size_t max = options.max_workers
+                              ? options.max_workers
+                              : detail::default_max_workers(limits.cores, /*python_reads=*/false);
   limits.max_workers = std::clamp(max, options.workers, kMaxWorkers);
   // Counted against each window's slab size: a data set may learn its layout from its first
   // sample, after this.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -376,6 +377,21 @@ TEST(TunePolicy, CpuShareDividesTheCoresAmongLocalRanks) {
   EXPECT_EQ(cpu_share(2, "4"), 1.0);  // at least one
   EXPECT_EQ(cpu_share(8, "x"), 8.0);
   EXPECT_EQ(cpu_share(8, "0"), 8.0);
+}
+
+TEST(TunePolicy, AutoMayGrowToEightThreadsACoreNativelyAndThirtyTwoForPythonReads) {
+  EXPECT_EQ(default_max_workers(1.0, false), 16u);
+  EXPECT_EQ(default_max_workers(4.0, false), 32u);
+  EXPECT_EQ(default_max_workers(1.5, false), 16u);
+  EXPECT_EQ(default_max_workers(2.5, false), 20u);
+  EXPECT_EQ(default_max_workers(4.0, true), 32u);
+  EXPECT_EQ(default_max_workers(48.0, true), 48u);
+}
+
+TEST(TunePolicy, TheHostShareIsTheAffinityOverTheNodesRanks) {
+  const HostShare h = host_share();
+  EXPECT_GE(h.cores, 1u);
+  EXPECT_EQ(h.cpu_share, cpu_share(h.cores, std::getenv("LOCAL_WORLD_SIZE")));
 }
 
 Stats stats_at(int ms, std::uint64_t batches, int wait_ms, int busy_ms, int cpu_ms) {

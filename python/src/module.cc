@@ -33,6 +33,7 @@
 #include "stoker/encoded.h"
 #include "stoker/frontend/cuda_runtime.h"
 #include "stoker/frontend/host_allocator.h"
+#include "stoker/frontend/host_share.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/memory_cap.h"
 #include "stoker/frontend/shared_memory.h"
@@ -478,6 +479,18 @@ PYBIND11_MODULE(_stoker, m) {
   tables["SourceCounters"] = field_names<EncodedSource::Counters>();
   tables["ObjectStorageCounters"] = field_names<ObjectStorageCounters>();
   m.attr("FIELDS") = tables;
+
+  // This process's share of the machine and the workers `auto` may grow to on it: one rule
+  // with the engine's tuner (stoker/frontend/host_share.h).
+  m.def(
+      "host_share",
+      [] {
+        const auto h = detail::host_share();
+        return py::make_tuple(h.cores, h.cpu_share);
+      },
+      "(the cores this process may run on, its share of them among LOCAL_WORLD_SIZE ranks).");
+  m.def("default_max_workers", &detail::default_max_workers, py::arg("cpu_share"),
+        py::arg("python_reads"), "The most worker threads num_workers='auto' may grow to.");
 
   // The front end's decisions about kinds of worker (src/tune/worker_kind.cc).
   m.def(

@@ -1,9 +1,13 @@
 #include "tune/tuner.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "stoker/frontend/log.h"
 #include "util/format.h"
@@ -169,6 +173,21 @@ TuneDecision TunePolicy::decide(const TuneWindow& w) {
   calm_windows_ = 0;
   keep.reason = "in the dead band, " + measured;
   return keep;
+}
+
+HostShare host_share() {
+  HostShare h;
+  cpu_set_t set;
+  h.cores = sched_getaffinity(0, sizeof set, &set) == 0
+                ? static_cast<std::size_t>(std::max(1, CPU_COUNT(&set)))
+                : std::max(1u, std::thread::hardware_concurrency());
+  h.cpu_share = cpu_share(h.cores, std::getenv("LOCAL_WORLD_SIZE"));
+  return h;
+}
+
+std::size_t default_max_workers(double cpu_share, bool python_reads) {
+  if (python_reads) return std::max<std::size_t>(32, static_cast<std::size_t>(cpu_share));
+  return std::max<std::size_t>(16, static_cast<std::size_t>(std::ceil(8 * cpu_share)));
 }
 
 double cpu_share(std::size_t cores, const char* local_world_size) {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "stoker/frontend/host_share.h"
 #include "stoker/frontend/mutex.h"
 #include "stoker/stats.h"
 

@@ -4,10 +4,10 @@ the seed source (plan.py's Host)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from typing import Any, Callable
 
+from .. import _stoker
 from .seeding import peek_seed
 
 
@@ -35,15 +35,11 @@ class Host:
 
 
 def cores() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, cores or 1)
+    """The cores this process may run on (its affinity)."""
+    return _stoker.host_share()[0]
 
 
 def cpu_share() -> int:
-    """This rank's cores: ranks that torchrun started on one node (LOCAL_WORLD_SIZE) divide
-    them among themselves, as the engine's CPU budget does (src/tune/tuner.h)."""
-    try:
-        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        ranks = 1
-    return max(1, cores() // ranks)
+    """This rank's whole cores: ranks that torchrun started on one node (LOCAL_WORLD_SIZE)
+    divide them among themselves, by the engine's own rule (stoker/frontend/host_share.h)."""
+    return max(1, int(_stoker.host_share()[1]))

@@ -31,9 +31,8 @@ SHUFFLE_MODES = ("global", "window")  # shuffle= besides True/False (LoaderOptio
 # num_workers='auto' starts with one worker per core of this rank's share and lets the
 # engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
 # workers at a time when they mostly wait (a Python __getitem__ on files, sleeps, or torch ops
-# that release the GIL), up to the CPU budget when they compute, fewer when they sit idle.
-_AUTO_MAX_WORKERS_NATIVE_PER_CORE = 8
-_AUTO_MAX_WORKERS_PYTHON = 32
+# that release the GIL), up to the CPU budget when they compute, fewer when they sit idle; at
+# most _stoker.default_max_workers (stoker/frontend/host_share.h).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +193,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     tune = num_workers == "auto" and remote is None
     max_workers = 0
     if tune:
-        max_workers = (max(16, _AUTO_MAX_WORKERS_NATIVE_PER_CORE * host.cpu_share) if is_native
-                       else max(_AUTO_MAX_WORKERS_PYTHON, host.cpu_share))
+        max_workers = _stoker.default_max_workers(host.cpu_share, python_reads=not is_native)
     remote_count = remote.count if remote is not None else 0
     depth = (2 if prefetch_factor is None else int(prefetch_factor)) * max(
         1, workers + SLOTS * remote_count)
