@@ -66,6 +66,20 @@ def test_defaults_of_a_map_style_data_set():
     assert p.warnings == ()
 
 
+def test_the_dataloader_s_defaults_are_the_plan_s_and_the_engine_s():
+    import inspect
+
+    given = inspect.signature(stoker.DataLoader.__init__).parameters
+    planned = inspect.signature(resolve).parameters
+    assert [n for n in given if n != "self"] == [n for n in planned if n != "host"]
+    for name, parameter in planned.items():
+        if name != "host":
+            assert given[name].default == parameter.default, name
+    engine = stoker._stoker.LoaderOptions()
+    for name in ("max_skipped", "device_depth", "memory_limit", "pin_budget", "drop_last"):
+        assert given[name].default == getattr(engine, name), name
+
+
 def test_the_plan_is_frozen_and_its_repr_and_str_are_readable():
     p = plan()
     with pytest.raises(AttributeError):
