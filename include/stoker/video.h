@@ -112,4 +112,16 @@ class VideoClips final : public Dataset {
   std::unique_ptr<Impl> impl_;
 };
 
+// VideoClips::Counters' field table for the front ends (as encoded.h's; src/field_tables.cc
+// checks that it names every member).
+template <class Visit>
+void for_each_field(const VideoClips::Counters& c, Visit&& visit) {
+  visit("decoded_frames", c.decoded_frames);
+  visit("seeks", c.seeks);
+  visit("continued", c.continued);
+  visit("opened", c.opened);
+  visit("indexed", c.indexed);
+  visit("from_cache", c.from_cache);
+}
+
 }  // namespace stoker

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "fields.h"
 #include "native_datasets.h"
 #include "stoker/video.h"
 
@@ -78,17 +79,8 @@ void bind_video(py::module_& m) {
   m.def("video_clip_frames", [](const NativeDataset& d, std::size_t index, std::uint64_t seed) {
     return clips_of(d).clip_frames(index, seed);
   });
-  m.def("video_counters", [](const NativeDataset& d) {
-    const VideoClips::Counters c = clips_of(d).counters();
-    py::dict out;
-    out["decoded_frames"] = c.decoded_frames;
-    out["seeks"] = c.seeks;
-    out["continued"] = c.continued;
-    out["opened"] = c.opened;
-    out["indexed"] = c.indexed;
-    out["from_cache"] = c.from_cache;
-    return out;
-  });
+  m.def("video_counters",
+        [](const NativeDataset& d) { return fields_dict(clips_of(d).counters()); });
 }
 
 }  // namespace stoker::python

@@ -81,6 +81,7 @@ def _selected_bytes(footers, columns: dict) -> list[list[int]]:
     in C++ to the bytes of a row's value (numbers: known exactly) or None (encoded images: their
     leaves' uncompressed size in the footer, the bytes as stored). The storage blocks of a
     shuffle over more row groups than the cache holds (storage_layout())."""
+    images = {name for name, row in columns.items() if row is None}
     out = []
     for footer in footers:
         sizes = []
@@ -89,7 +90,7 @@ def _selected_bytes(footers, columns: dict) -> list[list[int]]:
             size = sum(group.num_rows * row for row in columns.values() if row is not None)
             size += sum(group.column(c).total_uncompressed_size
                         for c in range(group.num_columns)
-                        if columns.get(group.column(c).path_in_schema.split(".")[0], 0) is None)
+                        if group.column(c).path_in_schema.split(".")[0] in images)
             sizes.append(size)
         out.append(sizes)
     return out
