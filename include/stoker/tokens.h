@@ -1,0 +1,191 @@
+// Language-model token data: token sources (Megatron's indexed data set, flat token files),
+// packing of their documents into fixed-length rows as an index (a plan of pieces of
+// documents, nothing copied or written), and the map-style data set over the packed rows.
+// docs/formats.md, "Token data".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "stoker/dataset.h"
+
+namespace stoker {
+
+// ---- Sources ------------------------------------------------------------------------------
+
+// The documents of one or more token files, memory-mapped (read-only, shared pages): opening
+// reads the indexes (Megatron) or scans the tokens for the end-of-document token (flat files),
+// never copies the tokens.
+//
+// Megatron's indexed data set (megatron-core's indexed_dataset.py, `MMapIndexedDataset`):
+// `PREFIX.idx` holds the magic "MMIDIDX\0\0", version 1 (u64), the dtype code (u8: 1 uint8,
+// 2 int8, 3 int16, 4 int32, 5 int64, 8 uint16; the float codes 6 and 7 are refused), the
+// sequence count (u64), the document-index count (u64), then the sequences' lengths (i32),
+// byte offsets into PREFIX.bin (i64) and the document index (i64). Each of its sequences is a
+// document here, as in megatron-core's GPTDataset.
+//
+// Flat token files (nanoGPT's train.bin, OLMo's .npy-less token arrays): little-endian uint16
+// or uint32 tokens, split into documents after each end-of-document token (which ends, and
+// belongs to, its document); tokens after a file's last end-of-document token are its last
+// document. Documents never span files.
+//
+// Errors (std::runtime_error from the constructor, naming the file and, where one is to blame,
+// the document): a missing file, a bad magic, version or dtype code, an .idx shorter than its
+// header says, sequence offsets that do not follow each other, a .bin shorter than its index
+// says (truncated, naming the first document past its end) or longer (the .idx does not match
+// it), a flat file whose size is not a whole number of tokens, an empty document (no tokens, or
+// only its end-of-document token). A token id >= vocab_size is found as rows are read:
+// read_tokens() throws std::runtime_error naming the file and document.
+class TokenCorpus {
+ public:
+  enum class FlatDType : std::uint8_t { u16, u32 };
+
+  // Megatron data sets, by prefix (PREFIX.bin and PREFIX.idx), or by either file's path.
+  static std::shared_ptr<const TokenCorpus> megatron(const std::vector<std::string>& prefixes,
+                                                     std::uint64_t vocab_size = 0);
+  // Flat token files split at `eod` (the end-of-document token id).
+  static std::shared_ptr<const TokenCorpus> flat(const std::vector<std::string>& paths,
+                                                 FlatDType dtype, std::uint64_t eod,
+                                                 std::uint64_t vocab_size = 0);
+
+  ~TokenCorpus();
+  TokenCorpus(const TokenCorpus&) = delete;
+  TokenCorpus& operator=(const TokenCorpus&) = delete;
+
+  std::size_t documents() const;
+  std::uint64_t tokens() const;
+  // Every document's length in tokens, in corpus order (files in the order given).
+  std::span<const std::uint32_t> lengths() const;
+  std::uint64_t vocab_size() const;  // 0: not checked
+
+  // Tokens [offset, offset + out.size()) of document `doc`, as int64. Throws
+  // std::out_of_range past the document, std::runtime_error for a token >= vocab_size.
+  // Any thread.
+  void read_tokens(std::size_t doc, std::uint64_t offset, std::span<std::int64_t> out) const;
+
+  // "FILE document D" (D counted within the file), as errors name it.
+  std::string document_name(std::size_t doc) const;
+  std::size_t files() const;
+  const std::string& file(std::size_t index) const;
+
+  struct Impl;
+
+ private:
+  explicit TokenCorpus(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Packing plan -------------------------------------------------------------------------
+
+struct PackOptions {
+  enum class Mode : std::uint8_t {
+    // GPT style: the documents (in the planned order) as one stream of tokens cut into rows of
+    // seq_len; the stream's last partial row is dropped. No padding.
+    concat,
+    // Whole documents into rows, each document into the open row with the least room that
+    // holds it (a new row when none does); rows end padded.
+    best_fit,
+  };
+  enum class Long : std::uint8_t {
+    split,     // best_fit: a document longer than seq_len is cut into seq_len pieces
+    truncate,  // best_fit: only its first seq_len tokens are used
+  };
+  Mode mode = Mode::concat;
+  std::size_t seq_len = 2048;
+  Long long_documents = Long::split;
+  // The documents are taken in an order shuffled with `seed` (Fisher-Yates over SplitMix64,
+  // the same on every platform) unless shuffle_documents is false (corpus order).
+  bool shuffle_documents = true;
+  std::uint64_t seed = 0;
+};
+
+// One piece of a row: `length` tokens of document `doc` from token `offset`.
+struct TokenPiece {
+  std::uint64_t doc = 0;
+  std::uint32_t offset = 0;
+  std::uint32_t length = 0;
+  friend bool operator==(const TokenPiece&, const TokenPiece&) = default;
+};
+
+// The rows as an index into the documents: row r is pieces[row_starts[r], row_starts[r + 1]),
+// laid end to end from the row's first token, then padding up to seq_len.
+struct TokenPlan {
+  std::size_t seq_len = 0;
+  std::vector<TokenPiece> pieces;
+  std::vector<std::uint64_t> row_starts;  // rows() + 1 entries
+  std::size_t max_pieces = 0;             // the most pieces in one row
+  std::uint64_t tokens = 0;               // tokens in rows (not padding)
+
+  std::size_t rows() const { return row_starts.empty() ? 0 : row_starts.size() - 1; }
+  std::span<const TokenPiece> row(std::size_t r) const {
+    return std::span(pieces).subspan(row_starts[r], row_starts[r + 1] - row_starts[r]);
+  }
+  // Tokens that are not padding, over all the rows' slots.
+  double fill() const;
+};
+
+// The plan: a pure function of (lengths, options), O(documents + rows) (best_fit: times a scan
+// of seq_len / 64 words of a bitmap of free room per document). Throws std::invalid_argument
+// for seq_len 0 or > 2^31, or a document of length 0.
+TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const PackOptions& options);
+
+// ---- The data set -------------------------------------------------------------------------
+
+struct TokenRowsOptions {
+  PackOptions pack;
+  enum class Labels : std::uint8_t {
+    // labels[i] is the token that follows input_ids[i] in its document (read past the row's
+    // end as Megatron's seq_len + 1 tokens are), -100 where input_ids[i] is its document's
+    // last token, and at padding: a plain cross-entropy over (logits, labels).
+    next,
+    // labels = input_ids, -100 at each segment's first token and at padding: for models that
+    // shift labels themselves (Hugging Face's), never predicting across a boundary.
+    same,
+  };
+  Labels labels = Labels::next;
+  std::int64_t pad_id = 0;  // input_ids at padding
+  // cu_seqlens' entries past a row's segments (see TokenRows); 0: the plan's max_pieces + 1
+  // (a segment per piece, and one for the padding). Fewer than a row needs: invalid_argument.
+  std::size_t max_segments = 0;
+};
+
+inline constexpr std::int64_t kIgnoreLabel = -100;  // torch's cross_entropy ignore_index
+
+// Packed rows of a TokenCorpus. Fields (one row each):
+//   input_ids    i64 [seq_len]  the tokens; pad_id at padding
+//   labels       i64 [seq_len]  per TokenRowsOptions::Labels; -100 at padding
+//   position_ids i64 [seq_len]  0, 1, ... from each segment's first token; 0 at padding
+//   document_ids i64 [seq_len]  the corpus document of each token; -1 at padding
+//   cu_seqlens   i32 [max_segments + 1]  0, then the end of each segment (a piece of a
+//                document; the padding, when the row has some, is one more segment), then
+//                seq_len repeated: the fill is empty segments, so every entry is a valid
+//                varlen boundary and cu_seqlens[-1] == seq_len.
+// A model's attention must keep each token to its own segment (FlashAttention's varlen
+// kernels with these cu_seqlens, or a block-diagonal mask from document_ids).
+//
+// Thread safety: read() from any thread.
+class TokenRows final : public Dataset {
+ public:
+  TokenRows(std::shared_ptr<const TokenCorpus> corpus, TokenRowsOptions options);
+
+  std::size_t size() const override;
+  std::vector<FieldSpec> fields() const override;
+  void read(std::size_t index, const SampleOut& out) const override;
+  std::string sample_name(std::size_t index) const override;
+
+  const TokenPlan& plan() const { return plan_; }
+  const TokenCorpus& corpus() const { return *corpus_; }
+  std::size_t max_segments() const { return max_segments_; }
+
+ private:
+  std::shared_ptr<const TokenCorpus> corpus_;
+  TokenRowsOptions options_;
+  TokenPlan plan_;
+  std::size_t max_segments_ = 0;
+};
+
+}  // namespace stoker

@@ -1,0 +1,174 @@
+// Packing documents into rows as an index: plan_rows() (stoker/tokens.h), a pure function.
+#include <algorithm>
+#include <bit>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sampler/sampler.h"
+#include "stoker/tokens.h"
+
+namespace stoker {
+namespace {
+
+constexpr std::size_t kMaxSeqLen = std::size_t{1} << 24;
+
+std::vector<std::size_t> document_order(std::size_t n, const PackOptions& o) {
+  std::vector<std::size_t> order;
+  if (o.shuffle_documents) {
+    detail::permutation(n, o.seed, order);
+  } else {
+    order.resize(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+  }
+  return order;
+}
+
+TokenPlan plan_concat(std::span<const std::uint32_t> lengths, const std::vector<std::size_t>& order,
+                      std::size_t seq_len) {
+  TokenPlan plan;
+  plan.seq_len = seq_len;
+  std::uint64_t total = 0;
+  for (auto n : lengths) total += n;
+  const std::uint64_t rows = total / seq_len;
+  plan.row_starts.reserve(rows + 1);
+  plan.pieces.reserve(lengths.size() + rows);
+  plan.row_starts.push_back(0);
+  std::size_t k = 0;         // position in `order`
+  std::uint32_t offset = 0;  // tokens of document order[k] already placed
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    std::size_t room = seq_len;
+    while (room > 0) {
+      const std::size_t doc = order[k];
+      const std::uint32_t left = lengths[doc] - offset;
+      const auto take = static_cast<std::uint32_t>(std::min<std::size_t>(left, room));
+      plan.pieces.push_back({doc, offset, take});
+      room -= take;
+      offset += take;
+      if (offset == lengths[doc]) {
+        ++k;
+        offset = 0;
+      }
+    }
+    const std::uint64_t start = plan.row_starts.back();
+    plan.max_pieces = std::max<std::size_t>(plan.max_pieces, plan.pieces.size() - start);
+    plan.row_starts.push_back(plan.pieces.size());
+  }
+  plan.tokens = rows * seq_len;
+  return plan;
+}
+
+// The open rows by free room: bucket c holds the rows with c tokens of room (a stack, so the
+// most recently opened of equal rows is filled first), and a bitmap says which buckets hold
+// any. The best fit for n tokens is the first set bit at or after n.
+class FreeRoom {
+ public:
+  explicit FreeRoom(std::size_t seq_len) : buckets_(seq_len + 1), bits_(seq_len / 64 + 1, 0) {}
+
+  // The room of the open row with the least room >= n, or 0 when none has.
+  std::size_t best(std::size_t n) const {
+    std::size_t w = n / 64;
+    std::uint64_t word = bits_[w] & (~std::uint64_t{0} << (n % 64));
+    while (word == 0) {
+      if (++w == bits_.size()) return 0;
+      word = bits_[w];
+    }
+    return w * 64 + static_cast<std::size_t>(std::countr_zero(word));
+  }
+  std::uint64_t take(std::size_t room) {
+    auto& b = buckets_[room];
+    const std::uint64_t row = b.back();
+    b.pop_back();
+    if (b.empty()) bits_[room / 64] &= ~(std::uint64_t{1} << (room % 64));
+    return row;
+  }
+  void put(std::size_t room, std::uint64_t row) {
+    buckets_[room].push_back(row);
+    bits_[room / 64] |= std::uint64_t{1} << (room % 64);
+  }
+
+ private:
+  std::vector<std::vector<std::uint64_t>> buckets_;
+  std::vector<std::uint64_t> bits_;
+};
+
+TokenPlan plan_best_fit(std::span<const std::uint32_t> lengths,
+                        const std::vector<std::size_t>& order, const PackOptions& o) {
+  const std::size_t seq_len = o.seq_len;
+  struct Placed {
+    std::uint64_t row;
+    TokenPiece piece;
+  };
+  std::vector<Placed> placed;
+  placed.reserve(lengths.size() + lengths.size() / 8);
+  std::vector<std::uint32_t> row_pieces;  // pieces per row
+  FreeRoom free(seq_len);
+  std::uint64_t tokens = 0;
+  auto place = [&](std::size_t doc, std::uint32_t offset, std::uint32_t n) {
+    std::size_t room = free.best(n);
+    std::uint64_t row;
+    if (room == 0) {
+      row = row_pieces.size();
+      row_pieces.push_back(0);
+      room = seq_len;
+    } else {
+      row = free.take(room);
+    }
+    placed.push_back({row, {doc, offset, n}});
+    ++row_pieces[row];
+    tokens += n;
+    if (room > n) free.put(room - n, row);
+  };
+  for (const std::size_t doc : order) {
+    const std::uint32_t n = lengths[doc];
+    if (n <= seq_len) {
+      place(doc, 0, n);
+    } else if (o.long_documents == PackOptions::Long::truncate) {
+      place(doc, 0, static_cast<std::uint32_t>(seq_len));
+    } else {
+      for (std::uint32_t off = 0; off < n; off += static_cast<std::uint32_t>(seq_len)) {
+        place(doc, off, static_cast<std::uint32_t>(std::min<std::size_t>(n - off, seq_len)));
+      }
+    }
+  }
+  // The pieces grouped by row, in the order they were placed (a counting sort).
+  TokenPlan plan;
+  plan.seq_len = seq_len;
+  plan.tokens = tokens;
+  plan.row_starts.assign(row_pieces.size() + 1, 0);
+  for (std::size_t r = 0; r < row_pieces.size(); ++r) {
+    plan.row_starts[r + 1] = plan.row_starts[r] + row_pieces[r];
+    plan.max_pieces = std::max<std::size_t>(plan.max_pieces, row_pieces[r]);
+  }
+  plan.pieces.resize(placed.size());
+  std::vector<std::uint64_t> next(plan.row_starts.begin(), plan.row_starts.end() - 1);
+  for (const auto& p : placed) plan.pieces[next[p.row]++] = p.piece;
+  return plan;
+}
+
+}  // namespace
+
+double TokenPlan::fill() const {
+  const double slots = static_cast<double>(rows()) * static_cast<double>(seq_len);
+  return slots == 0 ? 0.0 : static_cast<double>(tokens) / slots;
+}
+
+TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const PackOptions& options) {
+  if (options.seq_len == 0 || options.seq_len > kMaxSeqLen) {
+    throw std::invalid_argument("stoker: seq_len must be in 1.." + std::to_string(kMaxSeqLen) +
+                                ", not " + std::to_string(options.seq_len));
+  }
+  for (std::size_t d = 0; d < lengths.size(); ++d) {
+    if (lengths[d] == 0) {
+      throw std::invalid_argument("stoker: document " + std::to_string(d) + " is empty");
+    }
+  }
+  const auto order = document_order(lengths.size(), options);
+  if (options.mode == PackOptions::Mode::concat) {
+    return plan_concat(lengths, order, options.seq_len);
+  }
+  return plan_best_fit(lengths, order, options);
+}
+
+}  // namespace stoker

@@ -1,0 +1,453 @@
+// Token sources (Megatron's indexed data set, flat token files) and the packed rows over them
+// (stoker/tokens.h).
+#include "stoker/tokens.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace stoker {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) { throw std::runtime_error("stoker: " + what); }
+
+// A whole file mapped read-only (nothing mapped for an empty file).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(path + ": cannot open: " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      fail(path + ": cannot stat: " + std::strerror(e));
+    }
+    size_ = static_cast<std::size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+      if (p == MAP_FAILED) {
+        const int e = errno;
+        ::close(fd);
+        fail(path + ": cannot map: " + std::strerror(e));
+      }
+      data_ = static_cast<const std::byte*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  void advise(int advice) const {
+    if (data_ != nullptr) ::madvise(const_cast<std::byte*>(data_), size_, advice);
+  }
+
+ private:
+  std::string path_;
+  const std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Token element types of the files: Megatron's dtype codes, and the flat files' two.
+enum class Elem : std::uint8_t { u8, i8, i16, i32, i64, u16, u32 };
+
+std::size_t elem_size(Elem e) {
+  switch (e) {
+    case Elem::u8:
+    case Elem::i8:
+      return 1;
+    case Elem::i16:
+    case Elem::u16:
+      return 2;
+    case Elem::i32:
+    case Elem::u32:
+      return 4;
+    case Elem::i64:
+      return 8;
+  }
+  return 1;
+}
+
+template <class T>
+T load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class T>
+void widen(const std::byte* src, std::span<std::int64_t> out) {
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<std::int64_t>(load<T>(src + i * sizeof(T)));
+  }
+}
+
+}  // namespace
+
+struct TokenCorpus::Impl {
+  struct File {
+    std::unique_ptr<MappedFile> bin;
+    Elem elem = Elem::u16;
+    std::size_t first_doc = 0;  // its first document's corpus index
+  };
+  std::vector<File> files;
+  std::vector<std::uint32_t> lengths;
+  std::vector<std::uint64_t> byte_offsets;  // each document's first token in its file
+  std::vector<std::uint32_t> file_of;       // each document's file
+  std::uint64_t tokens = 0;
+  std::uint64_t vocab_size = 0;
+
+  std::string name(std::size_t doc) const {
+    const auto& f = files[file_of[doc]];
+    return f.bin->path() + " document " + std::to_string(doc - f.first_doc);
+  }
+};
+
+TokenCorpus::TokenCorpus(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TokenCorpus::~TokenCorpus() = default;
+
+namespace {
+
+std::string strip_suffix(const std::string& path) {
+  for (const char* s : {".bin", ".idx"}) {
+    const std::size_t n = std::strlen(s);
+    if (path.size() > n && path.compare(path.size() - n, n, s) == 0) {
+      return path.substr(0, path.size() - n);
+    }
+  }
+  return path;
+}
+
+Elem megatron_elem(std::uint8_t code, const std::string& idx) {
+  switch (code) {
+    case 1:
+      return Elem::u8;
+    case 2:
+      return Elem::i8;
+    case 3:
+      return Elem::i16;
+    case 4:
+      return Elem::i32;
+    case 5:
+      return Elem::i64;
+    case 8:
+      return Elem::u16;
+    case 6:
+    case 7:
+      fail(idx + ": dtype code " + std::to_string(code) +
+           " is a floating-point type, not token ids");
+    default:
+      fail(idx + ": unknown dtype code " + std::to_string(code) + " (Megatron's are 1-8)");
+  }
+}
+
+void check_empty(const TokenCorpus::Impl& c, std::size_t doc) { fail(c.name(doc) + " is empty"); }
+
+}  // namespace
+
+std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::string>& prefixes,
+                                                         std::uint64_t vocab_size) {
+  auto c = std::make_unique<Impl>();
+  c->vocab_size = vocab_size;
+  if (prefixes.empty()) throw std::invalid_argument("stoker: no Megatron data set given");
+  for (const auto& given : prefixes) {
+    const std::string prefix = strip_suffix(given);
+    const std::string idx_path = prefix + ".idx";
+    const MappedFile idx(idx_path);
+    static constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
+    constexpr std::size_t kHeader = 9 + 8 + 1 + 8 + 8;
+    if (idx.size() < kHeader) {
+      fail(idx_path + ": " + std::to_string(idx.size()) +
+           " bytes, shorter than a Megatron index's header");
+    }
+    const std::byte* p = idx.data();
+    if (std::memcmp(p, kMagic, 9) != 0) {
+      fail(idx_path + ": not a Megatron index (its magic is not MMIDIDX\\0\\0)");
+    }
+    const auto version = load<std::uint64_t>(p + 9);
+    if (version != 1) fail(idx_path + ": index version " + std::to_string(version) + ", not 1");
+    const Elem elem = megatron_elem(static_cast<std::uint8_t>(p[17]), idx_path);
+    const auto sequences = load<std::uint64_t>(p + 18);
+    const auto doc_index_count = load<std::uint64_t>(p + 26);
+    const std::uint64_t need = kHeader + sequences * (4 + 8) + doc_index_count * 8;
+    if (sequences > idx.size() / 12 || doc_index_count > idx.size() / 8 || idx.size() < need) {
+      fail(idx_path + ": " + std::to_string(idx.size()) + " bytes, but its header says " +
+           std::to_string(sequences) + " sequences and " + std::to_string(doc_index_count) +
+           " document indices (" + std::to_string(need) + " bytes): truncated");
+    }
+    Impl::File file;
+    file.bin = std::make_unique<MappedFile>(prefix + ".bin");
+    file.elem = elem;
+    file.first_doc = c->lengths.size();
+    const std::size_t es = elem_size(elem);
+    const std::byte* lens = p + kHeader;
+    const std::byte* ptrs = lens + sequences * 4;
+    const std::string& bin_path = file.bin->path();
+    const std::uint64_t bin_size = file.bin->size();
+    const auto file_index = static_cast<std::uint32_t>(c->files.size());
+    std::uint64_t expected = 0;  // where the next sequence should start
+    c->files.push_back(std::move(file));
+    for (std::uint64_t s = 0; s < sequences; ++s) {
+      const auto len = load<std::int32_t>(lens + s * 4);
+      const auto ptr = load<std::int64_t>(ptrs + s * 8);
+      const std::size_t doc = c->lengths.size();
+      c->lengths.push_back(len < 0 ? 0 : static_cast<std::uint32_t>(len));
+      c->byte_offsets.push_back(static_cast<std::uint64_t>(ptr));
+      c->file_of.push_back(file_index);
+      if (len < 0) {
+        fail(idx_path + ": document " + std::to_string(s) + " has a negative length " +
+             std::to_string(len));
+      }
+      if (static_cast<std::uint64_t>(ptr) != expected) {
+        fail(idx_path + " does not match " + bin_path + ": document " + std::to_string(s) +
+             " starts at byte " + std::to_string(ptr) + ", where the documents before it end at " +
+             std::to_string(expected));
+      }
+      expected += static_cast<std::uint64_t>(len) * es;
+      if (expected > bin_size) {
+        fail(bin_path + " is truncated: " + c->name(doc) + " ends at byte " +
+             std::to_string(expected) + ", the file has " + std::to_string(bin_size));
+      }
+      if (len == 0) check_empty(*c, doc);
+      c->tokens += static_cast<std::uint64_t>(len);
+    }
+    if (expected != bin_size) {
+      fail(idx_path + " does not match " + bin_path + ": its " + std::to_string(sequences) +
+           " documents end at byte " + std::to_string(expected) + ", the file has " +
+           std::to_string(bin_size));
+    }
+  }
+  return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
+}
+
+namespace {
+
+template <class T>
+void split_flat(TokenCorpus::Impl& c, std::uint32_t file_index, std::uint64_t eod) {
+  const MappedFile& bin = *c.files[file_index].bin;
+  const std::size_t n = bin.size() / sizeof(T);
+  const std::byte* base = bin.data();
+  std::size_t start = 0;
+  auto close = [&](std::size_t end) {  // the document [start, end)
+    const std::size_t doc = c.lengths.size();
+    const std::size_t len = end - start;
+    if (len > UINT32_MAX) {
+      fail(bin.path() + " document " + std::to_string(doc - c.files[file_index].first_doc) +
+           " has " + std::to_string(len) + " tokens, more than 2^32 - 1");
+    }
+    c.lengths.push_back(static_cast<std::uint32_t>(len));
+    c.byte_offsets.push_back(start * sizeof(T));
+    c.file_of.push_back(file_index);
+    // Empty: nothing but its end-of-document token.
+    if (len == 1 && static_cast<std::uint64_t>(load<T>(base + start * sizeof(T))) == eod) {
+      check_empty(c, doc);
+    }
+    c.tokens += len;
+    start = end;
+  };
+  const auto target = static_cast<T>(eod);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (load<T>(base + i * sizeof(T)) == target) close(i + 1);
+  }
+  if (start < n) close(n);
+}
+
+}  // namespace
+
+std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::string>& paths,
+                                                     FlatDType dtype, std::uint64_t eod,
+                                                     std::uint64_t vocab_size) {
+  if (paths.empty()) throw std::invalid_argument("stoker: no token files given");
+  const Elem elem = dtype == FlatDType::u16 ? Elem::u16 : Elem::u32;
+  const std::size_t es = elem_size(elem);
+  const std::uint64_t max_id = dtype == FlatDType::u16 ? UINT16_MAX : UINT32_MAX;
+  if (eod > max_id) {
+    throw std::invalid_argument("stoker: the end-of-document token " + std::to_string(eod) +
+                                " does not fit the files' " +
+                                (dtype == FlatDType::u16 ? "uint16" : "uint32") + " tokens");
+  }
+  auto c = std::make_unique<Impl>();
+  c->vocab_size = vocab_size;
+  for (const auto& path : paths) {
+    Impl::File file;
+    file.bin = std::make_unique<MappedFile>(path);
+    file.elem = elem;
+    file.first_doc = c->lengths.size();
+    if (file.bin->size() % es != 0) {
+      fail(path + " is truncated: " + std::to_string(file.bin->size()) +
+           " bytes, not a whole number of " + std::to_string(es) + "-byte tokens");
+    }
+    if (file.bin->size() == 0) fail(path + " holds no tokens");
+    const auto file_index = static_cast<std::uint32_t>(c->files.size());
+    file.bin->advise(MADV_SEQUENTIAL);
+    c->files.push_back(std::move(file));
+    if (elem == Elem::u16) {
+      split_flat<std::uint16_t>(*c, file_index, eod);
+    } else {
+      split_flat<std::uint32_t>(*c, file_index, eod);
+    }
+    c->files.back().bin->advise(MADV_NORMAL);  // rows read a few pages here and there
+  }
+  return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
+}
+
+std::size_t TokenCorpus::documents() const { return impl_->lengths.size(); }
+std::uint64_t TokenCorpus::tokens() const { return impl_->tokens; }
+std::span<const std::uint32_t> TokenCorpus::lengths() const { return impl_->lengths; }
+std::uint64_t TokenCorpus::vocab_size() const { return impl_->vocab_size; }
+std::string TokenCorpus::document_name(std::size_t doc) const { return impl_->name(doc); }
+std::size_t TokenCorpus::files() const { return impl_->files.size(); }
+const std::string& TokenCorpus::file(std::size_t index) const {
+  return impl_->files.at(index).bin->path();
+}
+
+void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
+                              std::span<std::int64_t> out) const {
+  const Impl& c = *impl_;
+  if (doc >= c.lengths.size() || offset + out.size() > c.lengths[doc]) {
+    throw std::out_of_range("stoker: tokens [" + std::to_string(offset) + ", " +
+                            std::to_string(offset + out.size()) + ") of document " +
+                            std::to_string(doc) + " are past its end");
+  }
+  const auto& f = c.files[c.file_of[doc]];
+  const std::size_t es = elem_size(f.elem);
+  const std::byte* src = f.bin->data() + c.byte_offsets[doc] + offset * es;
+  switch (f.elem) {
+    case Elem::u8:
+      widen<std::uint8_t>(src, out);
+      break;
+    case Elem::i8:
+      widen<std::int8_t>(src, out);
+      break;
+    case Elem::i16:
+      widen<std::int16_t>(src, out);
+      break;
+    case Elem::i32:
+      widen<std::int32_t>(src, out);
+      break;
+    case Elem::i64:
+      widen<std::int64_t>(src, out);
+      break;
+    case Elem::u16:
+      widen<std::uint16_t>(src, out);
+      break;
+    case Elem::u32:
+      widen<std::uint32_t>(src, out);
+      break;
+  }
+  if (c.vocab_size == 0) return;
+  const auto vocab = static_cast<std::int64_t>(c.vocab_size);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (out[i] < 0 || out[i] >= vocab) {
+      fail(c.name(doc) + ": token " + std::to_string(offset + i) + " is " + std::to_string(out[i]) +
+           ", outside the vocabulary of " + std::to_string(c.vocab_size));
+    }
+  }
+}
+
+// ---- TokenRows ----------------------------------------------------------------------------
+
+TokenRows::TokenRows(std::shared_ptr<const TokenCorpus> corpus, TokenRowsOptions options)
+    : corpus_(std::move(corpus)), options_(options) {
+  if (!corpus_) throw std::invalid_argument("stoker::TokenRows: no corpus");
+  plan_ = plan_rows(corpus_->lengths(), options_.pack);
+  const std::size_t needed = plan_.max_pieces + 1;
+  max_segments_ = options_.max_segments == 0 ? needed : options_.max_segments;
+  if (max_segments_ < needed) {
+    // A row needs a segment per piece, and one for its padding unless it is full.
+    std::size_t most = 0;
+    for (std::size_t r = 0; r < plan_.rows(); ++r) {
+      std::uint64_t used = 0;
+      for (const auto& p : plan_.row(r)) used += p.length;
+      most = std::max<std::size_t>(most, plan_.row(r).size() + (used < plan_.seq_len ? 1 : 0));
+    }
+    if (max_segments_ < most) {
+      throw std::invalid_argument("stoker::TokenRows: max_segments " +
+                                  std::to_string(max_segments_) + " is fewer than a row needs (" +
+                                  std::to_string(most) + ")");
+    }
+  }
+}
+
+std::size_t TokenRows::size() const { return plan_.rows(); }
+
+std::vector<FieldSpec> TokenRows::fields() const {
+  const auto n = static_cast<std::int64_t>(plan_.seq_len);
+  return {{"input_ids", DType::i64, {n}},
+          {"labels", DType::i64, {n}},
+          {"position_ids", DType::i64, {n}},
+          {"document_ids", DType::i64, {n}},
+          {"cu_seqlens", DType::i32, {static_cast<std::int64_t>(max_segments_) + 1}}};
+}
+
+void TokenRows::read(std::size_t index, const SampleOut& out) const {
+  if (index >= plan_.rows()) {
+    throw std::out_of_range("stoker::TokenRows: row " + std::to_string(index) +
+                            " out of range for " + std::to_string(plan_.rows()) + " rows");
+  }
+  const auto ids = out.as<std::int64_t>(0);
+  const auto labels = out.as<std::int64_t>(1);
+  const auto positions = out.as<std::int64_t>(2);
+  const auto docs = out.as<std::int64_t>(3);
+  const auto cu = out.as<std::int32_t>(4);
+  const bool next = options_.labels == TokenRowsOptions::Labels::next;
+  const auto lengths = corpus_->lengths();
+  std::size_t at = 0, segment = 0;
+  cu[0] = 0;
+  for (const auto& p : plan_.row(index)) {
+    const auto span = ids.subspan(at, p.length);
+    corpus_->read_tokens(p.doc, p.offset, span);
+    for (std::uint32_t k = 0; k < p.length; ++k) {
+      positions[at + k] = k;
+      docs[at + k] = static_cast<std::int64_t>(p.doc);
+    }
+    if (next) {
+      // The token after each in its document: the piece's own, then the one after the piece.
+      std::copy(span.begin() + 1, span.end(), labels.begin() + static_cast<std::ptrdiff_t>(at));
+      std::int64_t after = kIgnoreLabel;
+      if (p.offset + p.length < lengths[p.doc]) {
+        corpus_->read_tokens(p.doc, p.offset + p.length, std::span(&after, 1));
+      }
+      labels[at + p.length - 1] = after;
+    } else {
+      std::copy(span.begin(), span.end(), labels.begin() + static_cast<std::ptrdiff_t>(at));
+      labels[at] = kIgnoreLabel;
+    }
+    at += p.length;
+    cu[++segment] = static_cast<std::int32_t>(at);
+  }
+  const std::size_t n = plan_.seq_len;
+  for (std::size_t i = at; i < n; ++i) {
+    ids[i] = options_.pad_id;
+    labels[i] = kIgnoreLabel;
+    positions[i] = 0;
+    docs[i] = -1;
+  }
+  if (at < n) cu[++segment] = static_cast<std::int32_t>(n);
+  for (std::size_t s = segment + 1; s < cu.size(); ++s) cu[s] = static_cast<std::int32_t>(n);
+}
+
+std::string TokenRows::sample_name(std::size_t index) const {
+  if (index >= plan_.rows()) return {};
+  const auto row = plan_.row(index);
+  std::string name = "row " + std::to_string(index) + " (" + corpus_->document_name(row[0].doc);
+  if (row.size() > 1) name += " and " + std::to_string(row.size() - 1) + " more";
+  return name + ")";
+}
+
+}  // namespace stoker

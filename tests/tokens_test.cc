@@ -1,0 +1,467 @@
+// Token data (stoker/tokens.h): the packing plan on synthetic document lengths, the token
+// sources on files written here, and the packed rows' fields.
+#include "stoker/tokens.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/errors.h"
+
+namespace stoker {
+namespace {
+
+namespace fs = std::filesystem;
+
+// ---- The plan -----------------------------------------------------------------------------
+
+std::vector<std::uint32_t> log_normal_lengths(std::size_t n, double median, double sigma,
+                                              std::uint32_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> dist(std::log(median), sigma);
+  std::vector<std::uint32_t> out(n);
+  for (auto& v : out) v = static_cast<std::uint32_t>(std::max(1.0, std::round(dist(rng))));
+  return out;
+}
+
+PackOptions options(PackOptions::Mode mode, std::size_t seq_len, std::uint64_t seed = 1) {
+  PackOptions o;
+  o.mode = mode;
+  o.seq_len = seq_len;
+  o.seed = seed;
+  return o;
+}
+
+// Every row within seq_len, pieces inside their documents; returns, per document, the tokens
+// the plan uses of it, as (offset, length) pieces sorted.
+std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::uint32_t>>> check_rows(
+    const TokenPlan& plan, std::span<const std::uint32_t> lengths) {
+  std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::uint32_t>>> used;
+  std::uint64_t tokens = 0;
+  std::size_t most = 0;
+  for (std::size_t r = 0; r < plan.rows(); ++r) {
+    std::uint64_t in_row = 0;
+    for (const auto& p : plan.row(r)) {
+      EXPECT_GT(p.length, 0u);
+      EXPECT_LE(p.offset + p.length, lengths[p.doc]);
+      used[p.doc].emplace_back(p.offset, p.length);
+      in_row += p.length;
+    }
+    EXPECT_LE(in_row, plan.seq_len);
+    tokens += in_row;
+    most = std::max(most, plan.row(r).size());
+  }
+  EXPECT_EQ(tokens, plan.tokens);
+  EXPECT_EQ(most, plan.max_pieces);
+  for (auto& [doc, pieces] : used) std::sort(pieces.begin(), pieces.end());
+  return used;
+}
+
+TEST(TokenPlan, ConcatenateAndSplitCutsTheShuffledStreamIntoFullRows) {
+  const auto lengths = log_normal_lengths(5000, 300, 1.2, 7);
+  const auto plan = plan_rows(lengths, options(PackOptions::Mode::concat, 1024));
+  std::uint64_t total = 0;
+  for (auto n : lengths) total += n;
+  ASSERT_EQ(plan.rows(), total / 1024);
+  EXPECT_DOUBLE_EQ(plan.fill(), 1.0);
+  // Read back as one stream: each piece continues the previous one's document where it left
+  // off, or starts the next document at 0 once that one is done; every row is exactly full.
+  std::vector<bool> seen(lengths.size(), false);
+  const TokenPiece* prev = nullptr;
+  for (std::size_t r = 0; r < plan.rows(); ++r) {
+    std::uint64_t in_row = 0;
+    for (const auto& p : plan.row(r)) {
+      if (prev != nullptr && prev->offset + prev->length < lengths[prev->doc]) {
+        EXPECT_EQ(p.doc, prev->doc);
+        EXPECT_EQ(p.offset, prev->offset + prev->length);
+      } else {
+        EXPECT_EQ(p.offset, 0u);
+        EXPECT_FALSE(seen[p.doc]) << "document " << p.doc << " started twice";
+        seen[p.doc] = true;
+      }
+      in_row += p.length;
+      prev = &p;
+    }
+    EXPECT_EQ(in_row, 1024u);
+  }
+  check_rows(plan, lengths);
+  // Shuffled: not the corpus's order.
+  auto o = options(PackOptions::Mode::concat, 1024);
+  o.shuffle_documents = false;
+  EXPECT_NE(plan.pieces, plan_rows(lengths, o).pieces);
+}
+
+TEST(TokenPlan, ConcatenateWithoutShufflingFollowsTheCorpusOrder) {
+  const std::vector<std::uint32_t> lengths = {3, 5, 2, 7};
+  auto o = options(PackOptions::Mode::concat, 4);
+  o.shuffle_documents = false;
+  const auto plan = plan_rows(lengths, o);
+  // The stream 0 0 0 1 | 1 1 1 1 | 2 2 3 3 | 3 3 3 (dropped: a partial row)
+  ASSERT_EQ(plan.rows(), 4u);
+  const std::vector<TokenPiece> expected = {{0, 0, 3}, {1, 0, 1}, {1, 1, 4},
+                                            {2, 0, 2}, {3, 0, 2}, {3, 2, 4}};
+  EXPECT_EQ(plan.pieces, expected);
+  EXPECT_EQ(plan.row_starts, (std::vector<std::uint64_t>{0, 2, 3, 5, 6}));
+}
+
+TEST(TokenPlan, BestFitPutsEachDocumentInTheRowWithTheLeastRoomThatHoldsIt) {
+  const std::vector<std::uint32_t> lengths = {6, 5, 4, 3, 2};
+  auto o = options(PackOptions::Mode::best_fit, 10);
+  o.shuffle_documents = false;
+  const auto plan = plan_rows(lengths, o);
+  // 6 opens row 0 (room 4); 5 opens row 1 (room 5); 4 fills row 0 exactly (room 4 beats 5);
+  // 3 goes to row 1 (room 2 left); 2 fills row 1.
+  ASSERT_EQ(plan.rows(), 2u);
+  EXPECT_EQ(plan.pieces,
+            (std::vector<TokenPiece>{{0, 0, 6}, {2, 0, 4}, {1, 0, 5}, {3, 0, 3}, {4, 0, 2}}));
+  EXPECT_EQ(plan.max_pieces, 3u);
+  EXPECT_DOUBLE_EQ(plan.fill(), 1.0);
+}
+
+TEST(TokenPlan, BestFitKeepsEveryDocumentWholeAndPacksLogNormalDocumentsFull) {
+  const auto lengths = log_normal_lengths(200000, 300, 1.2, 11);
+  const auto plan = plan_rows(lengths, options(PackOptions::Mode::best_fit, 4096));
+  const auto used = check_rows(plan, lengths);
+  ASSERT_EQ(used.size(), lengths.size());
+  for (const auto& [doc, pieces] : used) {
+    // Split into seq_len pieces only when longer than a row, and nothing lost.
+    std::uint32_t next = 0;
+    for (const auto& [offset, length] : pieces) {
+      EXPECT_EQ(offset, next);
+      next += length;
+    }
+    EXPECT_EQ(next, lengths[doc]);
+    if (lengths[doc] <= 4096) {
+      EXPECT_EQ(pieces.size(), 1u);
+    }
+  }
+  EXPECT_GT(plan.fill(), 0.99) << "best-fit fill on median-300, sigma-1.2 documents";
+}
+
+TEST(TokenPlan, LongDocumentsAreSplitOrTruncatedAsAsked) {
+  const std::vector<std::uint32_t> lengths = {25, 3};
+  auto o = options(PackOptions::Mode::best_fit, 10);
+  o.shuffle_documents = false;
+  const auto split = plan_rows(lengths, o);
+  // 10 | 10 | 5 (+3 in its room)
+  EXPECT_EQ(split.pieces,
+            (std::vector<TokenPiece>{{0, 0, 10}, {0, 10, 10}, {0, 20, 5}, {1, 0, 3}}));
+  EXPECT_EQ(split.tokens, 28u);
+  o.long_documents = PackOptions::Long::truncate;
+  const auto truncated = plan_rows(lengths, o);
+  EXPECT_EQ(truncated.pieces, (std::vector<TokenPiece>{{0, 0, 10}, {1, 0, 3}}));
+  EXPECT_EQ(truncated.rows(), 2u);
+}
+
+TEST(TokenPlan, IsAPureFunctionOfLengthsModeSeqLenAndSeed) {
+  const auto lengths = log_normal_lengths(20000, 300, 1.2, 3);
+  for (auto mode : {PackOptions::Mode::concat, PackOptions::Mode::best_fit}) {
+    const auto a = plan_rows(lengths, options(mode, 2048, 5));
+    const auto b = plan_rows(lengths, options(mode, 2048, 5));
+    EXPECT_EQ(a.pieces, b.pieces);
+    EXPECT_EQ(a.row_starts, b.row_starts);
+    const auto c = plan_rows(lengths, options(mode, 2048, 6));
+    EXPECT_NE(a.pieces, c.pieces) << "another seed orders the documents otherwise";
+  }
+}
+
+TEST(TokenPlan, ReplansAMillionDocumentsWellUnderASecond) {
+  const auto lengths = log_normal_lengths(1'000'000, 300, 1.2, 5);
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr double kLimit = 20.0;  // sanitizers slow everything several times over
+#else
+  constexpr double kLimit = 1.0;
+#endif
+  for (auto mode : {PackOptions::Mode::concat, PackOptions::Mode::best_fit}) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto plan = plan_rows(lengths, options(mode, 4096));
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_GT(plan.rows(), 100000u);
+    EXPECT_LT(s, kLimit) << (mode == PackOptions::Mode::concat ? "concat" : "best_fit");
+  }
+}
+
+TEST(TokenPlan, RefusesABadSeqLenAndEmptyDocuments) {
+  const std::vector<std::uint32_t> lengths = {4, 0, 2};
+  EXPECT_NE(error_of([&] {
+              plan_rows(lengths, options(PackOptions::Mode::concat, 8));
+            }).find("document 1 is empty"),
+            std::string::npos);
+  const std::vector<std::uint32_t> fine = {4};
+  EXPECT_NE(
+      error_of([&] { plan_rows(fine, options(PackOptions::Mode::concat, 0)); }).find("seq_len"),
+      std::string::npos);
+}
+
+// ---- Sources ------------------------------------------------------------------------------
+
+class TokenFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "stoker-tokens-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  static void write(const std::string& path, const std::string& bytes) {
+    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<long>(bytes.size()));
+  }
+  template <class T>
+  static void put(std::string& s, T v) {
+    s.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+
+  // A Megatron data set PREFIX.{bin,idx} of `docs`, tokens of type T (dtype `code`).
+  template <class T>
+  std::string megatron(const std::string& name, const std::vector<std::vector<T>>& docs,
+                       std::uint8_t code) const {
+    const std::string prefix = path(name);
+    std::string bin, idx("MMIDIDX\0\0", 9);
+    put<std::uint64_t>(idx, 1);
+    put<std::uint8_t>(idx, code);
+    put<std::uint64_t>(idx, docs.size());
+    put<std::uint64_t>(idx, docs.size() + 1);
+    for (const auto& d : docs) put<std::int32_t>(idx, static_cast<std::int32_t>(d.size()));
+    std::int64_t ptr = 0;
+    for (const auto& d : docs) {
+      put<std::int64_t>(idx, ptr);
+      ptr += static_cast<std::int64_t>(d.size() * sizeof(T));
+    }
+    for (std::size_t i = 0; i <= docs.size(); ++i)
+      put<std::int64_t>(idx, static_cast<std::int64_t>(i));
+    for (const auto& d : docs) {
+      for (T t : d) put<T>(bin, t);
+    }
+    write(prefix + ".idx", idx);
+    write(prefix + ".bin", bin);
+    return prefix;
+  }
+
+  template <class T>
+  std::string flat(const std::string& name, const std::vector<T>& tokens) const {
+    std::string bytes;
+    for (T t : tokens) put<T>(bytes, t);
+    write(path(name), bytes);
+    return path(name);
+  }
+
+  static std::vector<std::int64_t> document(const TokenCorpus& c, std::size_t doc) {
+    std::vector<std::int64_t> out(c.lengths()[doc]);
+    c.read_tokens(doc, 0, out);
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+using Tokens = std::vector<std::int64_t>;
+
+TEST_F(TokenFiles, MegatronDataSetsReadTheirDocumentsInOrder) {
+  const auto a = megatron<std::uint16_t>("a", {{1, 2, 3}, {65535, 4}}, 8);
+  const auto b = megatron<std::int32_t>("b", {{100000, 7, 8, 9}}, 4);
+  const auto c = TokenCorpus::megatron({a, b + ".bin"});
+  ASSERT_EQ(c->documents(), 3u);
+  EXPECT_EQ(c->tokens(), 9u);
+  EXPECT_EQ(std::vector<std::uint32_t>(c->lengths().begin(), c->lengths().end()),
+            (std::vector<std::uint32_t>{3, 2, 4}));
+  EXPECT_EQ(document(*c, 0), (Tokens{1, 2, 3}));
+  EXPECT_EQ(document(*c, 1), (Tokens{65535, 4}));
+  EXPECT_EQ(document(*c, 2), (Tokens{100000, 7, 8, 9}));
+  EXPECT_EQ(c->document_name(2), b + ".bin document 0");
+  Tokens two(2);
+  c->read_tokens(2, 1, two);
+  EXPECT_EQ(two, (Tokens{7, 8}));
+  EXPECT_THROW(c->read_tokens(2, 3, two), std::out_of_range);
+}
+
+TEST_F(TokenFiles, FlatFilesSplitAfterEachEndOfDocumentToken) {
+  const auto a = flat<std::uint16_t>("a.bin", {5, 6, 0, 7, 0, 8, 9});  // eod 0
+  const auto b = flat<std::uint16_t>("b.bin", {3, 0});
+  const auto c = TokenCorpus::flat({a, b}, TokenCorpus::FlatDType::u16, 0);
+  ASSERT_EQ(c->documents(), 4u);
+  EXPECT_EQ(document(*c, 0), (Tokens{5, 6, 0}));
+  EXPECT_EQ(document(*c, 1), (Tokens{7, 0}));
+  EXPECT_EQ(document(*c, 2), (Tokens{8, 9}));  // the tail after the last eod
+  EXPECT_EQ(document(*c, 3), (Tokens{3, 0}));
+  EXPECT_EQ(c->document_name(3), b + " document 0");
+  const auto w = flat<std::uint32_t>("w.bin", {70000, 4, 99, 1, 99});
+  const auto c32 = TokenCorpus::flat({w}, TokenCorpus::FlatDType::u32, 99);
+  ASSERT_EQ(c32->documents(), 2u);
+  EXPECT_EQ(document(*c32, 0), (Tokens{70000, 4, 99}));
+}
+
+TEST_F(TokenFiles, BadMegatronFilesAreNamedByFileAndDocument) {
+  const auto good = megatron<std::uint16_t>("good", {{1, 2}, {3, 4, 5}, {6}}, 8);
+  // Truncated .bin: the last document runs past its end.
+  fs::resize_file(good + ".bin", 10);
+  EXPECT_EQ(error_of([&] { TokenCorpus::megatron({good}); }),
+            "stoker: " + good + ".bin is truncated: " + good +
+                ".bin document 2 ends at byte 12, the file has 10");
+  // Longer than the index says: the .idx is another data set's.
+  write(good + ".bin", std::string(14, '\0'));
+  EXPECT_NE(error_of([&] {
+              TokenCorpus::megatron({good});
+            }).find(good + ".idx does not match " + good + ".bin"),
+            std::string::npos);
+  // Bad magic, version and dtype codes; a truncated .idx.
+  auto idx = [&](std::size_t at, char value) {
+    const auto p = megatron<std::uint16_t>("x", {{1, 2}}, 8);
+    std::string s(fs::file_size(p + ".idx"), '\0');
+    std::ifstream(p + ".idx", std::ios::binary).read(s.data(), static_cast<long>(s.size()));
+    s[at] = value;
+    write(p + ".idx", s);
+    return error_of([&] { TokenCorpus::megatron({p}); });
+  };
+  EXPECT_NE(idx(0, 'X').find("x.idx: not a Megatron index"), std::string::npos);
+  EXPECT_NE(idx(9, 2).find("x.idx: index version 2"), std::string::npos);
+  EXPECT_NE(idx(17, 7).find("x.idx: dtype code 7 is a floating-point type"), std::string::npos);
+  EXPECT_NE(idx(17, 9).find("x.idx: unknown dtype code 9"), std::string::npos);
+  EXPECT_NE(idx(18, 100).find("x.idx: "), std::string::npos);  // 100 sequences: truncated
+  EXPECT_NE(idx(18, 100).find("truncated"), std::string::npos);
+  // An empty document.
+  const auto empty = megatron<std::uint16_t>("empty", {{1}, {}, {2}}, 8);
+  EXPECT_EQ(error_of([&] { TokenCorpus::megatron({empty}); }),
+            "stoker: " + empty + ".bin document 1 is empty");
+  EXPECT_NE(error_of([&] { TokenCorpus::megatron({path("missing")}); }).find("cannot open"),
+            std::string::npos);
+}
+
+TEST_F(TokenFiles, BadFlatFilesAreNamedByFileAndDocument) {
+  const auto odd = path("odd.bin");
+  write(odd, std::string(5, '\1'));
+  EXPECT_EQ(error_of([&] { TokenCorpus::flat({odd}, TokenCorpus::FlatDType::u16, 0); }),
+            "stoker: " + odd + " is truncated: 5 bytes, not a whole number of 2-byte tokens");
+  const auto empty = flat<std::uint16_t>("e.bin", {4, 0, 0, 5});
+  EXPECT_EQ(error_of([&] { TokenCorpus::flat({empty}, TokenCorpus::FlatDType::u16, 0); }),
+            "stoker: " + empty + " document 1 is empty");
+  EXPECT_THROW(TokenCorpus::flat({empty}, TokenCorpus::FlatDType::u16, 70000),
+               std::invalid_argument);
+}
+
+TEST_F(TokenFiles, ATokenPastTheVocabularyFailsItsReadNamingFileAndDocument) {
+  const auto a = flat<std::uint16_t>("a.bin", {1, 2, 0, 3, 500, 0});
+  const auto c = TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 0, 100);
+  EXPECT_EQ(document(*c, 0), (Tokens{1, 2, 0}));
+  EXPECT_EQ(error_of([&] { document(*c, 1); }),
+            "stoker: " + a + " document 1: token 1 is 500, outside the vocabulary of 100");
+}
+
+// ---- Rows ---------------------------------------------------------------------------------
+
+struct Row {
+  Tokens ids, labels, positions, docs;
+  std::vector<std::int32_t> cu;
+};
+
+Row read_row(const TokenRows& rows, std::size_t index) {
+  const auto f = rows.fields();
+  Row r;
+  r.ids.resize(f[0].elements());
+  r.labels.resize(f[1].elements());
+  r.positions.resize(f[2].elements());
+  r.docs.resize(f[3].elements());
+  r.cu.resize(f[4].elements());
+  std::vector<std::size_t> bytes;
+  for (const auto& s : f) bytes.push_back(s.bytes());
+  std::byte* bases[] = {
+      reinterpret_cast<std::byte*>(r.ids.data()), reinterpret_cast<std::byte*>(r.labels.data()),
+      reinterpret_cast<std::byte*>(r.positions.data()), reinterpret_cast<std::byte*>(r.docs.data()),
+      reinterpret_cast<std::byte*>(r.cu.data())};
+  rows.read(index, SampleOut(bytes, bases, 0, 0));
+  return r;
+}
+
+TEST_F(TokenFiles, BestFitRowsCarryLabelsPositionsDocumentsAndSegmentBoundaries) {
+  // Documents 0: 10 11 12 1 | 1: 20 21 1 | 2: 30 1 (eod 1), seq_len 6, corpus order:
+  // row 0 = doc 0 + doc 2 (the best fit for 2 tokens is the room of 2), row 1 = doc 1 + pad.
+  const auto a = flat<std::uint16_t>("a.bin", {10, 11, 12, 1, 20, 21, 1, 30, 1});
+  TokenRowsOptions o;
+  o.pack.mode = PackOptions::Mode::best_fit;
+  o.pack.seq_len = 6;
+  o.pack.shuffle_documents = false;
+  o.pad_id = 7;
+  const TokenRows rows(TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 1), o);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows.max_segments(), 3u);  // 2 pieces at most, and one for the padding
+  const auto r0 = read_row(rows, 0);
+  EXPECT_EQ(r0.ids, (Tokens{10, 11, 12, 1, 30, 1}));
+  EXPECT_EQ(r0.labels, (Tokens{11, 12, 1, -100, 1, -100}));
+  EXPECT_EQ(r0.positions, (Tokens{0, 1, 2, 3, 0, 1}));
+  EXPECT_EQ(r0.docs, (Tokens{0, 0, 0, 0, 2, 2}));
+  EXPECT_EQ(r0.cu, (std::vector<std::int32_t>{0, 4, 6, 6}));
+  const auto r1 = read_row(rows, 1);
+  EXPECT_EQ(r1.ids, (Tokens{20, 21, 1, 7, 7, 7}));
+  EXPECT_EQ(r1.labels, (Tokens{21, 1, -100, -100, -100, -100}));
+  EXPECT_EQ(r1.positions, (Tokens{0, 1, 2, 0, 0, 0}));
+  EXPECT_EQ(r1.docs, (Tokens{1, 1, 1, -1, -1, -1}));
+  EXPECT_EQ(r1.cu, (std::vector<std::int32_t>{0, 3, 6, 6}));
+  EXPECT_EQ(rows.sample_name(0), "row 0 (" + a + " document 0 and 1 more)");
+
+  o.labels = TokenRowsOptions::Labels::same;
+  const TokenRows same(TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 1), o);
+  EXPECT_EQ(read_row(same, 0).labels, (Tokens{-100, 11, 12, 1, -100, 1}));
+  o.max_segments = 1;
+  EXPECT_THROW(TokenRows(TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 1), o),
+               std::invalid_argument);
+}
+
+TEST_F(TokenFiles, ConcatenatedRowsLabelTheTokenAfterTheRowAsMegatronDoes) {
+  // One document of 7 tokens and one of 3, seq_len 4: rows [0..4) and [4..8) of the stream.
+  const auto p = megatron<std::int32_t>("m", {{1, 2, 3, 4, 5, 6, 7}, {8, 9, 10}}, 4);
+  TokenRowsOptions o;
+  o.pack.seq_len = 4;
+  o.pack.shuffle_documents = false;
+  const TokenRows rows(TokenCorpus::megatron({p}), o);
+  ASSERT_EQ(rows.size(), 2u);
+  const auto r0 = read_row(rows, 0);
+  EXPECT_EQ(r0.ids, (Tokens{1, 2, 3, 4}));
+  EXPECT_EQ(r0.labels, (Tokens{2, 3, 4, 5}));                 // the 5 is the next row's first token
+  EXPECT_EQ(r0.cu, (std::vector<std::int32_t>{0, 4, 4, 4}));  // fill: empty segments
+  const auto r1 = read_row(rows, 1);
+  EXPECT_EQ(r1.ids, (Tokens{5, 6, 7, 8}));
+  EXPECT_EQ(r1.labels, (Tokens{6, 7, -100, 9}));
+  EXPECT_EQ(r1.positions, (Tokens{0, 1, 2, 0}));
+  EXPECT_EQ(r1.docs, (Tokens{0, 0, 0, 1}));
+  EXPECT_EQ(r1.cu, (std::vector<std::int32_t>{0, 3, 4, 4}));
+}
+
+TEST_F(TokenFiles, RowsReadConcurrentlyEqualRowsReadOneByOne) {
+  std::vector<std::uint16_t> tokens;
+  std::mt19937 rng(3);
+  for (int i = 0; i < 20000; ++i) tokens.push_back(static_cast<std::uint16_t>(1 + rng() % 50));
+  for (std::size_t i = 5; i < tokens.size(); i += 2 + rng() % 300) tokens[i] = 0;
+  const auto a = flat<std::uint16_t>("a.bin", tokens);
+  TokenRowsOptions o;
+  o.pack.mode = PackOptions::Mode::best_fit;
+  o.pack.seq_len = 256;
+  const TokenRows rows(TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 0, 51), o);
+  std::vector<Tokens> serial;
+  for (std::size_t i = 0; i < rows.size(); ++i) serial.push_back(read_row(rows, i).ids);
+  std::vector<Tokens> parallel(rows.size());
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (std::size_t i = t; i < rows.size(); i += 4) parallel[i] = read_row(rows, i).ids;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(parallel, serial);
+}
+
+}  // namespace
+}  // namespace stoker
