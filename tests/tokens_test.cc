@@ -35,8 +35,8 @@ std::vector<std::uint32_t> log_normal_lengths(std::size_t n, double median, doub
   return out;
 }
 
-PackOptions options(PackOptions::Mode mode, std::size_t seq_len, std::uint64_t seed = 1) {
-  PackOptions o;
+TokenPackOptions options(TokenPackOptions::Mode mode, std::size_t seq_len, std::uint64_t seed = 1) {
+  TokenPackOptions o;
   o.mode = mode;
   o.seq_len = seq_len;
   o.seed = seed;
@@ -70,7 +70,7 @@ std::map<std::uint64_t, std::vector<std::pair<std::uint32_t, std::uint32_t>>> ch
 
 TEST(TokenPlan, ConcatenateAndSplitCutsTheShuffledStreamIntoFullRows) {
   const auto lengths = log_normal_lengths(5000, 300, 1.2, 7);
-  const auto plan = plan_rows(lengths, options(PackOptions::Mode::concat, 1024));
+  const auto plan = plan_rows(lengths, options(TokenPackOptions::Mode::concat, 1024));
   std::uint64_t total = 0;
   for (auto n : lengths) total += n;
   ASSERT_EQ(plan.rows(), total / 1024);
@@ -97,14 +97,14 @@ TEST(TokenPlan, ConcatenateAndSplitCutsTheShuffledStreamIntoFullRows) {
   }
   check_rows(plan, lengths);
   // Shuffled: not the corpus's order.
-  auto o = options(PackOptions::Mode::concat, 1024);
+  auto o = options(TokenPackOptions::Mode::concat, 1024);
   o.shuffle_documents = false;
   EXPECT_NE(plan.pieces, plan_rows(lengths, o).pieces);
 }
 
 TEST(TokenPlan, ConcatenateWithoutShufflingFollowsTheCorpusOrder) {
   const std::vector<std::uint32_t> lengths = {3, 5, 2, 7};
-  auto o = options(PackOptions::Mode::concat, 4);
+  auto o = options(TokenPackOptions::Mode::concat, 4);
   o.shuffle_documents = false;
   const auto plan = plan_rows(lengths, o);
   // The stream 0 0 0 1 | 1 1 1 1 | 2 2 3 3 | 3 3 3 (dropped: a partial row)
@@ -117,7 +117,7 @@ TEST(TokenPlan, ConcatenateWithoutShufflingFollowsTheCorpusOrder) {
 
 TEST(TokenPlan, BestFitPutsEachDocumentInTheRowWithTheLeastRoomThatHoldsIt) {
   const std::vector<std::uint32_t> lengths = {6, 5, 4, 3, 2};
-  auto o = options(PackOptions::Mode::best_fit, 10);
+  auto o = options(TokenPackOptions::Mode::best_fit, 10);
   o.shuffle_documents = false;
   const auto plan = plan_rows(lengths, o);
   // 6 opens row 0 (room 4); 5 opens row 1 (room 5); 4 fills row 0 exactly (room 4 beats 5);
@@ -131,7 +131,7 @@ TEST(TokenPlan, BestFitPutsEachDocumentInTheRowWithTheLeastRoomThatHoldsIt) {
 
 TEST(TokenPlan, BestFitKeepsEveryDocumentWholeAndPacksLogNormalDocumentsFull) {
   const auto lengths = log_normal_lengths(200000, 300, 1.2, 11);
-  const auto plan = plan_rows(lengths, options(PackOptions::Mode::best_fit, 4096));
+  const auto plan = plan_rows(lengths, options(TokenPackOptions::Mode::best_fit, 4096));
   const auto used = check_rows(plan, lengths);
   ASSERT_EQ(used.size(), lengths.size());
   for (const auto& [doc, pieces] : used) {
@@ -151,14 +151,14 @@ TEST(TokenPlan, BestFitKeepsEveryDocumentWholeAndPacksLogNormalDocumentsFull) {
 
 TEST(TokenPlan, LongDocumentsAreSplitOrTruncatedAsAsked) {
   const std::vector<std::uint32_t> lengths = {25, 3};
-  auto o = options(PackOptions::Mode::best_fit, 10);
+  auto o = options(TokenPackOptions::Mode::best_fit, 10);
   o.shuffle_documents = false;
   const auto split = plan_rows(lengths, o);
   // 10 | 10 | 5 (+3 in its room)
   EXPECT_EQ(split.pieces,
             (std::vector<TokenPiece>{{0, 0, 10}, {0, 10, 10}, {0, 20, 5}, {1, 0, 3}}));
   EXPECT_EQ(split.tokens, 28u);
-  o.long_documents = PackOptions::Long::truncate;
+  o.long_documents = TokenPackOptions::Long::truncate;
   const auto truncated = plan_rows(lengths, o);
   EXPECT_EQ(truncated.pieces, (std::vector<TokenPiece>{{0, 0, 10}, {1, 0, 3}}));
   EXPECT_EQ(truncated.rows(), 2u);
@@ -166,7 +166,7 @@ TEST(TokenPlan, LongDocumentsAreSplitOrTruncatedAsAsked) {
 
 TEST(TokenPlan, IsAPureFunctionOfLengthsModeSeqLenAndSeed) {
   const auto lengths = log_normal_lengths(20000, 300, 1.2, 3);
-  for (auto mode : {PackOptions::Mode::concat, PackOptions::Mode::best_fit}) {
+  for (auto mode : {TokenPackOptions::Mode::concat, TokenPackOptions::Mode::best_fit}) {
     const auto a = plan_rows(lengths, options(mode, 2048, 5));
     const auto b = plan_rows(lengths, options(mode, 2048, 5));
     EXPECT_EQ(a.pieces, b.pieces);
@@ -183,26 +183,27 @@ TEST(TokenPlan, ReplansAMillionDocumentsWellUnderASecond) {
 #else
   constexpr double kLimit = 1.0;
 #endif
-  for (auto mode : {PackOptions::Mode::concat, PackOptions::Mode::best_fit}) {
+  for (auto mode : {TokenPackOptions::Mode::concat, TokenPackOptions::Mode::best_fit}) {
     const auto start = std::chrono::steady_clock::now();
     const auto plan = plan_rows(lengths, options(mode, 4096));
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_GT(plan.rows(), 100000u);
-    EXPECT_LT(s, kLimit) << (mode == PackOptions::Mode::concat ? "concat" : "best_fit");
+    EXPECT_LT(s, kLimit) << (mode == TokenPackOptions::Mode::concat ? "concat" : "best_fit");
   }
 }
 
 TEST(TokenPlan, RefusesABadSeqLenAndEmptyDocuments) {
   const std::vector<std::uint32_t> lengths = {4, 0, 2};
   EXPECT_NE(error_of([&] {
-              plan_rows(lengths, options(PackOptions::Mode::concat, 8));
+              plan_rows(lengths, options(TokenPackOptions::Mode::concat, 8));
             }).find("document 1 is empty"),
             std::string::npos);
   const std::vector<std::uint32_t> fine = {4};
-  EXPECT_NE(
-      error_of([&] { plan_rows(fine, options(PackOptions::Mode::concat, 0)); }).find("seq_len"),
-      std::string::npos);
+  EXPECT_NE(error_of([&] {
+              plan_rows(fine, options(TokenPackOptions::Mode::concat, 0));
+            }).find("seq_len"),
+            std::string::npos);
 }
 
 // ---- Sources ------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ TEST_F(TokenFiles, BestFitRowsCarryLabelsPositionsDocumentsAndSegmentBoundaries)
   // row 0 = doc 0 + doc 2 (the best fit for 2 tokens is the room of 2), row 1 = doc 1 + pad.
   const auto a = flat<std::uint16_t>("a.bin", {10, 11, 12, 1, 20, 21, 1, 30, 1});
   TokenRowsOptions o;
-  o.pack.mode = PackOptions::Mode::best_fit;
+  o.pack.mode = TokenPackOptions::Mode::best_fit;
   o.pack.seq_len = 6;
   o.pack.shuffle_documents = false;
   o.pad_id = 7;
@@ -447,7 +448,7 @@ TEST_F(TokenFiles, RowsReadConcurrentlyEqualRowsReadOneByOne) {
   for (std::size_t i = 5; i < tokens.size(); i += 2 + rng() % 300) tokens[i] = 0;
   const auto a = flat<std::uint16_t>("a.bin", tokens);
   TokenRowsOptions o;
-  o.pack.mode = PackOptions::Mode::best_fit;
+  o.pack.mode = TokenPackOptions::Mode::best_fit;
   o.pack.seq_len = 256;
   const TokenRows rows(TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 0, 51), o);
   std::vector<Tokens> serial;

@@ -81,7 +81,7 @@ class TokenCorpus {
 
 // ---- Packing plan -------------------------------------------------------------------------
 
-struct PackOptions {
+struct TokenPackOptions {
   enum class Mode : std::uint8_t {
     // GPT style: the documents (in the planned order) as one stream of tokens cut into rows of
     // seq_len; the stream's last partial row is dropped. No padding.
@@ -131,12 +131,12 @@ struct TokenPlan {
 // The plan: a pure function of (lengths, options), O(documents + rows) (best_fit: times a scan
 // of seq_len / 64 words of a bitmap of free room per document). Throws std::invalid_argument
 // for seq_len 0 or > 2^31, or a document of length 0.
-TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const PackOptions& options);
+TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptions& options);
 
 // ---- The data set -------------------------------------------------------------------------
 
 struct TokenRowsOptions {
-  PackOptions pack;
+  TokenPackOptions pack;
   enum class Labels : std::uint8_t {
     // labels[i] is the token that follows input_ids[i] in its document (read past the row's
     // end as Megatron's seq_len + 1 tokens are), -100 where input_ids[i] is its document's

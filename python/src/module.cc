@@ -22,6 +22,7 @@
 #include "native_datasets.h"
 #include "parquet_dataset.h"
 #ifdef STOKER_HAVE_VIDEO
+#include "token_dataset.h"
 #include "video_dataset.h"
 #endif
 #include "py_dataset.h"
@@ -324,6 +325,7 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("src"), py::arg("dest"), py::arg("shard_bytes"), py::arg("overwrite"),
       py::arg("on_progress") = py::none());
   bind_parquet(m);
+  bind_tokens(m);
 #ifdef STOKER_HAVE_VIDEO
   bind_video(m);
 #endif

@@ -29,6 +29,7 @@ from .shuffle import shuffle_quality, shuffle_report
 from .datasets.parquet import ParquetDataset
 from .datasets.webdataset import WebDataset
 from .datasets.video import VideoClips
+from .datasets.tokens import TokenDataset, plan_token_rows
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -47,6 +48,7 @@ __all__ = [
     "SampleError",
     "SkippedSample",
     "SyntheticDataset",
+    "TokenDataset",
     "VideoClips",
     "WebDataset",
     "WebDatasetStream",
@@ -55,6 +57,7 @@ __all__ = [
     "cuda_available",
     "merge_states",
     "pack",
+    "plan_token_rows",
     "ray_workers",
     "sample_seed",
     "split_by_rank",

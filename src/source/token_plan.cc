@@ -14,7 +14,7 @@ namespace {
 
 constexpr std::size_t kMaxSeqLen = std::size_t{1} << 24;
 
-std::vector<std::size_t> document_order(std::size_t n, const PackOptions& o) {
+std::vector<std::size_t> document_order(std::size_t n, const TokenPackOptions& o) {
   std::vector<std::size_t> order;
   if (o.shuffle_documents) {
     detail::permutation(n, o.seed, order);
@@ -94,7 +94,7 @@ class FreeRoom {
 };
 
 TokenPlan plan_best_fit(std::span<const std::uint32_t> lengths,
-                        const std::vector<std::size_t>& order, const PackOptions& o) {
+                        const std::vector<std::size_t>& order, const TokenPackOptions& o) {
   const std::size_t seq_len = o.seq_len;
   struct Placed {
     std::uint64_t row;
@@ -124,7 +124,7 @@ TokenPlan plan_best_fit(std::span<const std::uint32_t> lengths,
     const std::uint32_t n = lengths[doc];
     if (n <= seq_len) {
       place(doc, 0, n);
-    } else if (o.long_documents == PackOptions::Long::truncate) {
+    } else if (o.long_documents == TokenPackOptions::Long::truncate) {
       place(doc, 0, static_cast<std::uint32_t>(seq_len));
     } else {
       for (std::uint32_t off = 0; off < n; off += static_cast<std::uint32_t>(seq_len)) {
@@ -154,7 +154,7 @@ double TokenPlan::fill() const {
   return slots == 0 ? 0.0 : static_cast<double>(tokens) / slots;
 }
 
-TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const PackOptions& options) {
+TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptions& options) {
   if (options.seq_len == 0 || options.seq_len > kMaxSeqLen) {
     throw std::invalid_argument("stoker: seq_len must be in 1.." + std::to_string(kMaxSeqLen) +
                                 ", not " + std::to_string(options.seq_len));
@@ -165,7 +165,7 @@ TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const PackOptions& o
     }
   }
   const auto order = document_order(lengths.size(), options);
-  if (options.mode == PackOptions::Mode::concat) {
+  if (options.mode == TokenPackOptions::Mode::concat) {
     return plan_concat(lengths, order, options.seq_len);
   }
   return plan_best_fit(lengths, order, options);

@@ -1,0 +1,314 @@
+"""Language-model token data: stoker.TokenDataset beside the loaders its users use now, on one
+synthetic corpus with log-normal document lengths (median 300 tokens, sigma 1.2; random token
+ids below 50,257, each document ending in the end-of-document id 50,256), written once as a
+Megatron indexed data set (.bin/.idx, uint16) and as a flat uint16 file (nanoGPT's train.bin).
+
+(a) Best-fit packing at seq_len 4096 (documents longer than a row truncated, as Grain's packer
+    requires): the share of the rows' tokens that are not padding and
+    tokens/s: stoker's plan alone (plan_token_rows) and the packed rows through stoker's
+    DataLoader, beside Grain's BestFitPackIterDataset over the same documents (iterated in one
+    process, as its packing runs).
+(b) Concatenate-and-split rows to the training loop, in tokens/s: stoker.TokenDataset(
+    pack="concat") in stoker.DataLoader against megatron-core's GPTDataset in torch's
+    DataLoader and a nanoGPT-style np.memmap random-window data set in torch's DataLoader,
+    each baseline at its best num_workers; the ratio to the best baseline.
+
+Every figure is the median of --rounds rounds. The baselines run in their own virtual
+environment (--peers-python; make it with
+`python3 -m venv .venv-peers && .venv-peers/bin/pip install grain megatron-core torch numpy`),
+each in a child process of that python; a baseline that does not import is reported so.
+
+    python bench/token_bench.py [--smoke] [--no-peers] [--docs N] [--rounds R] [--peers-python PY]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+VOCAB, EOD = 50257, 50256
+
+
+def make_corpus(d, docs, seed=0):
+    """The corpus under d: corpus.bin/.idx (Megatron) and flat.bin; returns the lengths."""
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(2, np.round(rng.lognormal(np.log(300), 1.2, docs))).astype(np.int32)
+    tokens = rng.integers(0, EOD, int(lengths.sum()), dtype=np.uint16)
+    tokens[np.cumsum(lengths) - 1] = EOD
+    tokens.tofile(os.path.join(d, "corpus.bin"))
+    tokens.tofile(os.path.join(d, "flat.bin"))
+    pointers = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64))]) * 2
+    with open(os.path.join(d, "corpus.idx"), "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<QB", 1, 8))
+        f.write(struct.pack("<QQ", docs, docs + 1))
+        f.write(lengths.tobytes() + pointers.astype(np.int64).tobytes())
+        f.write(np.arange(docs + 1, dtype=np.int64).tobytes())
+    return lengths
+
+
+def rate_of(batches, tokens_in, warmup=5):
+    """Tokens/s over an iterator of batches after `warmup` batches; tokens_in(batch) counts."""
+    it = iter(batches)
+    for _ in range(warmup):
+        next(it)
+    start, tokens = time.perf_counter(), 0
+    for b in it:
+        tokens += tokens_in(b)
+    return tokens / (time.perf_counter() - start)
+
+
+# ---- stoker (this python) -------------------------------------------------------------------
+
+def stoker_best_fit(d, seq_len, rounds, big_docs=1_000_000):
+    import torch  # noqa: F401  (batches come as tensors, as in a training loop)
+
+    import stoker
+
+    lengths = np.fromfile(os.path.join(d, "corpus.idx"), dtype=np.int32, offset=34,
+                          count=int(np.fromfile(os.path.join(d, "corpus.idx"), np.uint64,
+                                                count=1, offset=18)[0]))
+    big = np.maximum(2, np.round(np.random.default_rng(1).lognormal(np.log(300), 1.2,
+                                                                    big_docs))).astype(np.uint32)
+    plan_s, big_s, rows_rate = [], [], []
+    for r in range(rounds):
+        start = time.perf_counter()
+        stoker.plan_token_rows(big, seq_len, pack="best_fit", seed=r, long_documents="truncate")
+        big_s.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        plan = stoker.plan_token_rows(lengths, seq_len, pack="best_fit", seed=r,
+                                      long_documents="truncate")
+        plan_s.append(time.perf_counter() - start)
+        ds = stoker.TokenDataset(os.path.join(d, "corpus"), seq_len, pack="best_fit", seed=r,
+                                 long_documents="truncate")
+        loader = stoker.DataLoader(ds, batch_size=8, shuffle=True, seed=r, num_workers=2)
+        rows_rate.append(rate_of(loader, lambda b: int((b["document_ids"] >= 0).sum())))
+    return dict(fill=plan["fill"], tokens=int(plan["tokens"]),
+                plan_tokens_per_s=statistics.median(plan["tokens"] / s for s in plan_s),
+                plan_s=statistics.median(plan_s), plan_big_s=statistics.median(big_s), big_docs=big_docs,
+                rows_tokens_per_s=statistics.median(rows_rate))
+
+
+def stoker_concat(d, seq_len, batch, batches, rounds, workers):
+    import torch  # noqa: F401  (batches come as tensors, as in a training loop)
+
+    import stoker
+
+    ds = stoker.TokenDataset(os.path.join(d, "corpus"), seq_len, pack="concat")
+    rates = []
+    for r in range(rounds):
+        loader = stoker.DataLoader(ds, batch_size=batch, shuffle=True, seed=r,
+                                   num_workers=workers)
+        rates.append(rate_of(_take(loader, batches), lambda b: b["input_ids"].numel()))
+    return statistics.median(rates)
+
+
+def _take(it, n):
+    for i, b in enumerate(it):
+        if i == n:
+            return
+        yield b
+
+
+# ---- baselines (the peers' python, a child process each) ------------------------------------
+
+def grain_best_fit(d, seq_len, rounds, bins):
+    import grain
+
+    lengths = np.fromfile(os.path.join(d, "corpus.idx"), dtype=np.int32, offset=34,
+                          count=int(np.fromfile(os.path.join(d, "corpus.idx"), np.uint64,
+                                                count=1, offset=18)[0]))
+    tokens = np.memmap(os.path.join(d, "corpus.bin"), dtype=np.uint16, mode="r")
+    starts = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64))])
+
+    def doc(i):
+        n = min(int(lengths[i]), seq_len)  # Grain's packer takes no document past a row
+        return {"inputs": np.asarray(tokens[starts[i]:starts[i] + n], np.int32)}
+
+    fills, rates = [], []
+    for r in range(rounds):
+        ds = grain.MapDataset.range(len(lengths)).shuffle(seed=r).map(doc).to_iter_dataset()
+        packed = grain.experimental.BestFitPackIterDataset(
+            ds, length_struct={"inputs": seq_len}, num_packing_bins=bins, seed=r)
+        start, real, slots = time.perf_counter(), 0, 0
+        for row in packed:
+            real += int((row["inputs_segment_ids"] != 0).sum())
+            slots += row["inputs_segment_ids"].size
+        rates.append(real / (time.perf_counter() - start))
+        fills.append(real / slots)
+    return dict(fill=statistics.median(fills), tokens_per_s=statistics.median(rates))
+
+
+def megatron_concat(d, seq_len, batch, batches, rounds, workers):
+    import torch
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    class Tokenizer:  # what GPTDataset asks of one: the vocabulary's size and its eod id
+        vocab_size, eod, pad = VOCAB, EOD, -1
+        unique_identifiers = {"class": "bench"}
+
+    cache = tempfile.mkdtemp(prefix="megatron-cache-")
+    config = GPTDatasetConfig(
+        random_seed=1, sequence_length=seq_len, blend=([os.path.join(d, "corpus")], None),
+        split="100,0,0", tokenizer=Tokenizer(), reset_position_ids=True,
+        reset_attention_mask=False, eod_mask_loss=True, create_attention_mask=False,
+        path_to_cache=cache)
+    samples = batch * (batches + 10) * 2
+    ds = BlendedMegatronDatasetBuilder(GPTDataset, [samples, None, None], lambda: True,
+                                       config).build()[0]
+    rates = []
+    for r in range(rounds):
+        g = torch.Generator()
+        g.manual_seed(r)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
+                                             num_workers=workers)
+        rates.append(rate_of(_take(loader, batches), lambda b: b["tokens"].numel()))
+    return statistics.median(rates)
+
+
+def memmap_concat(d, seq_len, batch, batches, rounds, workers):
+    import torch
+
+    class Windows(torch.utils.data.Dataset):
+        """nanoGPT's get_batch as a data set: row i is seq_len tokens from a random offset of
+        the memmap'd train.bin (np.memmap opened per read, as nanoGPT does), y shifted by one."""
+
+        def __init__(self, path):
+            self.path = path
+            self.n = os.path.getsize(path) // 2
+
+        def __len__(self):
+            return (self.n - 1) // seq_len
+
+        def __getitem__(self, i):
+            data = np.memmap(self.path, dtype=np.uint16, mode="r")
+            o = int(np.random.default_rng(i).integers(0, self.n - seq_len - 1))
+            x = torch.from_numpy(data[o:o + seq_len].astype(np.int64))
+            y = torch.from_numpy(data[o + 1:o + 1 + seq_len].astype(np.int64))
+            return x, y
+
+    ds = Windows(os.path.join(d, "flat.bin"))
+    rates = []
+    for r in range(rounds):
+        g = torch.Generator()
+        g.manual_seed(r)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
+                                             num_workers=workers)
+        rates.append(rate_of(_take(loader, batches), lambda b: b[0].numel()))
+    return statistics.median(rates)
+
+
+PEERS = {"grain": grain_best_fit, "megatron": megatron_concat, "memmap": memmap_concat}
+
+
+def run_peer(python, name, args):
+    """A baseline in the peers' python: its result, or the reason it did not run."""
+    cmd = [python, os.path.abspath(__file__), "--peer", name, "--peer-args", json.dumps(args)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        lines = [l for l in p.stderr.strip().splitlines() if l.strip()]
+        return {"error": lines[-1] if lines else f"exit status {p.returncode}"}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="a tiny run that checks the harness")
+    ap.add_argument("--docs", type=int, default=30_000, help="documents in the corpus")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=4096, help="best-fit packing's row")
+    ap.add_argument("--concat-seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=200, help="batches timed per round (b)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 2],
+                    help="num_workers tried for each baseline (its best is kept)")
+    ap.add_argument("--stoker-workers", type=int, default=2)
+    ap.add_argument("--grain-bins", type=int, default=128, help="Grain's num_packing_bins")
+    ap.add_argument("--peers-python", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-peers", "bin",
+        "python"))
+    ap.add_argument("--no-peers", action="store_true", help="stoker only (no baselines)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--peer", help=argparse.SUPPRESS)
+    ap.add_argument("--peer-args", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.peer:
+        print(json.dumps(PEERS[a.peer](**json.loads(a.peer_args))))
+        return
+    if a.smoke:
+        a.docs, a.rounds, a.batches, a.workers = 2000, 1, 10, [0]
+        a.seq_len, a.concat_seq_len = 1024, 256
+    have_peers = os.path.exists(a.peers_python) and not a.no_peers
+    out = {"docs": a.docs, "rounds": a.rounds}
+    with tempfile.TemporaryDirectory(prefix="token-bench-") as d:
+        lengths = make_corpus(d, a.docs)
+        out["tokens"] = int(lengths.sum())
+        # (a) best-fit packing
+        out["best_fit"] = {"seq_len": a.seq_len,
+                           "stoker": stoker_best_fit(d, a.seq_len, a.rounds,
+                                                     10_000 if a.smoke else 1_000_000)}
+        out["best_fit"]["grain"] = (run_peer(a.peers_python, "grain", dict(
+            d=d, seq_len=a.seq_len, rounds=a.rounds, bins=a.grain_bins)) if have_peers
+            else {"error": "--no-peers" if a.no_peers else f"no peers python at {a.peers_python}"})
+        # (b) concatenate-and-split to the training loop
+        common = dict(d=d, seq_len=a.concat_seq_len, batch=a.batch, batches=a.batches,
+                      rounds=a.rounds)
+        concat = {"seq_len": a.concat_seq_len, "batch": a.batch,
+                  "stoker": stoker_concat(workers=a.stoker_workers, **common)}
+        for name in ("megatron", "memmap"):
+            if not have_peers:
+                concat[name] = {"error": "--no-peers" if a.no_peers
+                                else f"no peers python at {a.peers_python}"}
+                continue
+            tries = {w: run_peer(a.peers_python, name, dict(workers=w, **common))
+                     for w in a.workers}
+            ok = {w: v for w, v in tries.items() if not isinstance(v, dict)}
+            concat[name] = ({"tokens_per_s": max(ok.values()),
+                             "workers": max(ok, key=ok.get)} if ok
+                            else next(iter(tries.values())))
+        best = max((v["tokens_per_s"] for k, v in concat.items()
+                    if isinstance(v, dict) and "tokens_per_s" in v), default=None)
+        concat["ratio_to_best_baseline"] = concat["stoker"] / best if best else None
+        out["concat"] = concat
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    bf = out["best_fit"]
+    print(f"corpus: {a.docs} documents, {out['tokens']} tokens (log-normal, median 300, "
+          f"sigma 1.2); medians of {a.rounds} rounds")
+    print(f"(a) best-fit packing at seq_len {a.seq_len}:")
+    s = bf["stoker"]
+    print(f"  stoker   fill {s['fill']:.4%}  plan {s['plan_tokens_per_s'] / 1e6:,.1f}M tokens/s "
+          f"({s['plan_s'] * 1e3:.1f} ms; {s['big_docs']:,} documents: "
+          f"{s['plan_big_s'] * 1e3:.0f} ms)  "
+          f"rows through DataLoader "
+          f"{s['rows_tokens_per_s'] / 1e6:,.2f}M tokens/s")
+    g = bf["grain"]
+    print("  grain    " + (f"fill {g['fill']:.4%}  {g['tokens_per_s'] / 1e6:,.2f}M tokens/s "
+                           f"(num_packing_bins {a.grain_bins})" if "fill" in g
+                           else f"not measured: {g['error']}"))
+    c = out["concat"]
+    print(f"(b) concatenate-and-split, seq_len {a.concat_seq_len}, batch {a.batch}, to the loop:")
+    print(f"  stoker   {c['stoker'] / 1e6:,.2f}M tokens/s ({a.stoker_workers} worker threads)")
+    for name, label in (("megatron", "megatron-core GPTDataset, torch DataLoader"),
+                        ("memmap", "nanoGPT np.memmap windows, torch DataLoader")):
+        v = c[name]
+        print(f"  {name:8} " + (f"{v['tokens_per_s'] / 1e6:,.2f}M tokens/s ({label}, best at "
+                                 f"num_workers={v['workers']})" if "tokens_per_s" in v
+                                 else f"not measured: {v['error']}"))
+    if c["ratio_to_best_baseline"]:
+        print(f"  stoker / best baseline: {c['ratio_to_best_baseline']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+#include "token_dataset.h"
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "native_datasets.h"
+#include "stoker/tokens.h"
+
+namespace stoker::python {
+namespace {
+
+const TokenRows& rows_of(const NativeDataset& d) {
+  const auto* r = dynamic_cast<const TokenRows*>(d.dataset.get());
+  if (r == nullptr) throw py::type_error("stoker: not a TokenDataset");
+  return *r;
+}
+
+TokenPackOptions pack_options(const std::string& pack, std::size_t seq_len,
+                              const std::string& long_documents, bool shuffle_documents,
+                              std::uint64_t seed) {
+  TokenPackOptions o;
+  if (pack == "concat") {
+    o.mode = TokenPackOptions::Mode::concat;
+  } else if (pack == "best_fit") {
+    o.mode = TokenPackOptions::Mode::best_fit;
+  } else {
+    throw py::value_error("stoker.TokenDataset: pack must be 'concat' or 'best_fit', not '" + pack +
+                          "'");
+  }
+  if (long_documents == "split") {
+    o.long_documents = TokenPackOptions::Long::split;
+  } else if (long_documents == "truncate") {
+    o.long_documents = TokenPackOptions::Long::truncate;
+  } else {
+    throw py::value_error(
+        "stoker.TokenDataset: long_documents must be 'split' or 'truncate', not '" +
+        long_documents + "'");
+  }
+  o.seq_len = seq_len;
+  o.shuffle_documents = shuffle_documents;
+  o.seed = seed;
+  return o;
+}
+
+NativeDataset make_token_rows(const std::string& format, const std::vector<std::string>& paths,
+                              const std::string& dtype, std::int64_t eod, std::uint64_t vocab_size,
+                              const std::string& pack, std::size_t seq_len,
+                              const std::string& long_documents, bool shuffle_documents,
+                              std::uint64_t seed, const std::string& labels, std::int64_t pad_id,
+                              std::size_t max_segments) {
+  TokenRowsOptions o;
+  o.pack = pack_options(pack, seq_len, long_documents, shuffle_documents, seed);
+  if (labels == "next") {
+    o.labels = TokenRowsOptions::Labels::next;
+  } else if (labels == "same") {
+    o.labels = TokenRowsOptions::Labels::same;
+  } else {
+    throw py::value_error("stoker.TokenDataset: labels must be 'next' or 'same', not '" + labels +
+                          "'");
+  }
+  o.pad_id = pad_id;
+  o.max_segments = max_segments;
+  TokenCorpus::FlatDType flat_dtype = TokenCorpus::FlatDType::u16;
+  if (format == "flat") {
+    if (dtype == "uint32") {
+      flat_dtype = TokenCorpus::FlatDType::u32;
+    } else if (dtype != "uint16") {
+      throw py::value_error("stoker.TokenDataset: dtype must be 'uint16' or 'uint32', not '" +
+                            dtype + "'");
+    }
+    if (eod < 0) throw py::value_error("stoker.TokenDataset: flat token files need eod");
+  } else if (format != "megatron") {
+    throw py::value_error("stoker.TokenDataset: format must be 'megatron' or 'flat', not '" +
+                          format + "'");
+  }
+  NativeDataset out;
+  {
+    py::gil_scoped_release nogil;  // scanning flat files and planning take a while
+    auto corpus = format == "flat" ? TokenCorpus::flat(paths, flat_dtype,
+                                                       static_cast<std::uint64_t>(eod), vocab_size)
+                                   : TokenCorpus::megatron(paths, vocab_size);
+    out.dataset = std::make_shared<TokenRows>(std::move(corpus), o);
+  }
+  out.element_types = {"int64", "int64", "int64", "int64", "int32"};
+  return out;
+}
+
+template <class T>
+py::array_t<T> to_numpy(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+// A plan as numpy arrays: (doc, offset, length) per piece and the rows' starts.
+py::dict plan_dict(const TokenPlan& plan) {
+  std::vector<std::uint64_t> doc(plan.pieces.size());
+  std::vector<std::uint32_t> offset(plan.pieces.size()), length(plan.pieces.size());
+  for (std::size_t i = 0; i < plan.pieces.size(); ++i) {
+    doc[i] = plan.pieces[i].doc;
+    offset[i] = plan.pieces[i].offset;
+    length[i] = plan.pieces[i].length;
+  }
+  py::dict d;
+  d["doc"] = to_numpy(doc);
+  d["offset"] = to_numpy(offset);
+  d["length"] = to_numpy(length);
+  d["row_starts"] = to_numpy(plan.row_starts);
+  d["seq_len"] = plan.seq_len;
+  d["max_pieces"] = plan.max_pieces;
+  d["tokens"] = plan.tokens;
+  d["fill"] = plan.fill();
+  return d;
+}
+
+}  // namespace
+
+void bind_tokens(py::module_& m) {
+  m.def("token_rows", &make_token_rows, py::arg("format"), py::arg("paths"), py::arg("dtype"),
+        py::arg("eod"), py::arg("vocab_size"), py::arg("pack"), py::arg("seq_len"),
+        py::arg("long_documents"), py::arg("shuffle_documents"), py::arg("seed"), py::arg("labels"),
+        py::arg("pad_id"), py::arg("max_segments"));
+  m.def(
+      "token_plan",
+      [](const py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>& lengths,
+         const std::string& pack, std::size_t seq_len, const std::string& long_documents,
+         bool shuffle_documents, std::uint64_t seed) {
+        const auto o = pack_options(pack, seq_len, long_documents, shuffle_documents, seed);
+        const std::span<const std::uint32_t> span(lengths.data(),
+                                                  static_cast<std::size_t>(lengths.size()));
+        TokenPlan plan;
+        {
+          py::gil_scoped_release nogil;
+          plan = plan_rows(span, o);
+        }
+        return plan_dict(plan);
+      },
+      py::arg("lengths"), py::arg("pack"), py::arg("seq_len"), py::arg("long_documents"),
+      py::arg("shuffle_documents"), py::arg("seed"));
+  m.def("token_rows_plan", [](const NativeDataset& d) { return plan_dict(rows_of(d).plan()); });
+  m.def("token_lengths", [](const NativeDataset& d) {
+    const auto l = rows_of(d).corpus().lengths();
+    return to_numpy(std::vector<std::uint32_t>(l.begin(), l.end()));
+  });
+  m.def("token_files", [](const NativeDataset& d) {
+    const auto& c = rows_of(d).corpus();
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < c.files(); ++i) out.push_back(c.file(i));
+    return out;
+  });
+  m.def("token_document_name", [](const NativeDataset& d, std::size_t doc) {
+    return rows_of(d).corpus().document_name(doc);
+  });
+  m.def("token_max_segments", [](const NativeDataset& d) { return rows_of(d).max_segments(); });
+}
+
+}  // namespace stoker::python

@@ -1,0 +1,104 @@
+"""stoker.TokenDataset: language-model token files packed into fixed-length rows, in C++."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence, Union
+
+from .. import _stoker
+from .native import NativeDataset
+
+_PathLike = Union[str, "os.PathLike[str]"]
+
+FIELDS = ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens")
+IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
+
+
+class TokenDataset(NativeDataset):
+    """Rows of ``seq_len`` tokens packed from tokenized documents, read from memory-mapped
+    files in C++ (docs/formats.md, "Token data"). Samples are dicts of ``input_ids``,
+    ``labels``, ``position_ids``, ``document_ids`` (int64 ``[seq_len]``) and ``cu_seqlens``
+    (int32 ``[max_segments + 1]``).
+
+    ``paths``: one or more Megatron indexed data sets (``format="megatron"``: a prefix, or its
+    ``.bin`` or ``.idx``; each of its sequences is a document) or flat token files
+    (``format="flat"``: little-endian ``dtype`` tokens, ``"uint16"`` or ``"uint32"``, as
+    nanoGPT and OLMo write them, split into documents after each ``eod`` token). ``format``
+    defaults to ``"flat"`` when ``eod`` is given, else ``"megatron"``.
+
+    ``pack="concat"``: the documents as one stream cut into rows (GPT style, no padding, the
+    last partial row dropped); ``"best_fit"``: whole documents into the fullest row that holds
+    each, rows padded with ``pad_id``; a document longer than a row is ``long_documents=
+    "split"`` into rows or ``"truncate"``d. The documents are taken in an order shuffled by
+    ``seed`` (``shuffle_documents=False``: file order). The rows are an index into the files,
+    planned at construction (a million documents in well under a second): a new ``seq_len`` or
+    seed rewrites nothing.
+
+    ``labels="next"``: ``labels[i]`` is the token after ``input_ids[i]`` in its document (past
+    the row's end too, as Megatron reads ``seq_len + 1`` tokens), -100 after a document's last
+    token and at padding; ``"same"``: ``input_ids`` with -100 at each segment's first token and
+    at padding, for models that shift labels themselves (Hugging Face's).
+
+    ``vocab_size``: a token id at or past it fails its row's read naming the file and document
+    (``SampleError``; ``on_error='skip'`` applies). A truncated ``.bin``, an ``.idx`` that does
+    not match its ``.bin``, a bad header or an empty document raise here, named likewise.
+    """
+
+    def __init__(self, paths: Union[_PathLike, Sequence[_PathLike]], seq_len: int, *,
+                 format: Optional[str] = None, dtype: str = "uint16",
+                 eod: Optional[int] = None, vocab_size: Optional[int] = None,
+                 pack: str = "concat", long_documents: str = "split", seed: int = 0,
+                 shuffle_documents: bool = True, labels: str = "next", pad_id: int = 0,
+                 max_segments: Optional[int] = None) -> None:
+        self._made_with = ((paths, seq_len), dict(
+            format=format, dtype=dtype, eod=eod, vocab_size=vocab_size, pack=pack,
+            long_documents=long_documents, seed=seed, shuffle_documents=shuffle_documents,
+            labels=labels, pad_id=pad_id, max_segments=max_segments))
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        self.paths = [os.fspath(p) for p in paths]
+        if format is None:
+            format = "flat" if eod is not None else "megatron"
+        if int(seq_len) < 1:
+            raise ValueError(f"stoker.TokenDataset: seq_len must be at least 1, not {seq_len}")
+        if vocab_size is not None and int(vocab_size) < 1:
+            raise ValueError(f"stoker.TokenDataset: vocab_size must be positive, not {vocab_size}")
+        self.format, self.seq_len, self.pack = format, int(seq_len), pack
+        self._names = FIELDS
+        self._as_dict = True
+        self._handle = _stoker.token_rows(
+            str(format), self.paths, str(dtype), -1 if eod is None else int(eod),
+            int(vocab_size or 0), str(pack), int(seq_len), str(long_documents),
+            bool(shuffle_documents), int(seed), str(labels), int(pad_id), int(max_segments or 0))
+        self.max_segments = _stoker.token_max_segments(self._handle)
+
+    def lengths(self):
+        """Every document's length in tokens (numpy uint32), in file order."""
+        return _stoker.token_lengths(self._handle)
+
+    def plan(self) -> dict:
+        """The rows as an index: numpy arrays ``doc``, ``offset``, ``length`` (one entry per
+        piece of a document) and ``row_starts`` (row r is pieces ``row_starts[r]`` to
+        ``row_starts[r + 1]``), and ``seq_len``, ``max_pieces``, ``tokens`` (not padding) and
+        ``fill`` (the share of the rows' slots that are tokens)."""
+        return _stoker.token_rows_plan(self._handle)
+
+    def document_name(self, doc: int) -> str:
+        """Document `doc` as errors name it: its file and its number within the file."""
+        return _stoker.token_document_name(self._handle, int(doc))
+
+    def sample_name(self, index: int) -> str:
+        """Row `index` as errors name it: its first document, and how many more it holds."""
+        return self._handle.sample_name(index)
+
+
+def plan_token_rows(lengths, seq_len: int, pack: str = "concat", long_documents: str = "split",
+                    seed: int = 0, shuffle_documents: bool = True) -> dict:
+    """TokenDataset's plan for documents of these ``lengths`` (a sequence of positive ints),
+    without files: the same dict as ``TokenDataset.plan()``. A pure function of its
+    arguments."""
+    import numpy as np
+
+    return _stoker.token_plan(np.ascontiguousarray(lengths, dtype=np.uint32), str(pack),
+                              int(seq_len), str(long_documents), bool(shuffle_documents),
+                              int(seed))
