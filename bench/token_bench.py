@@ -55,20 +55,29 @@ def make_corpus(d, docs, seed=0):
     return lengths
 
 
-def rate_of(batches, tokens_in, warmup=5):
-    """Tokens/s over an iterator of batches after `warmup` batches; tokens_in(batch) counts."""
-    it = iter(batches)
+def rate_of(loader, tokens_in, batches=None, min_seconds=2.0, warmup=5):
+    """Tokens/s to a loop over `loader`'s batches (epoch after epoch) after `warmup` batches,
+    timed over at least `batches` batches (None: one epoch) and `min_seconds`;
+    tokens_in(batch) counts a batch's tokens."""
+    def endless():
+        while True:
+            yield from loader
+
+    it = endless()
     for _ in range(warmup):
         next(it)
-    start, tokens = time.perf_counter(), 0
-    for b in it:
-        tokens += tokens_in(b)
-    return tokens / (time.perf_counter() - start)
+    start, tokens, n = time.perf_counter(), 0, 0
+    while True:
+        tokens += tokens_in(next(it))
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds and n >= (batches or len(loader)):
+            return tokens / elapsed
 
 
 # ---- stoker (this python) -------------------------------------------------------------------
 
-def stoker_best_fit(d, seq_len, rounds, big_docs=1_000_000):
+def stoker_best_fit(d, seq_len, rounds, big_docs=1_000_000, min_seconds=2.0):
     import torch  # noqa: F401  (batches come as tensors, as in a training loop)
 
     import stoker
@@ -90,14 +99,15 @@ def stoker_best_fit(d, seq_len, rounds, big_docs=1_000_000):
         ds = stoker.TokenDataset(os.path.join(d, "corpus"), seq_len, pack="best_fit", seed=r,
                                  long_documents="truncate")
         loader = stoker.DataLoader(ds, batch_size=8, shuffle=True, seed=r, num_workers=2)
-        rows_rate.append(rate_of(loader, lambda b: int((b["document_ids"] >= 0).sum())))
+        rows_rate.append(rate_of(loader, lambda b: int((b["document_ids"] >= 0).sum()),
+                                 min_seconds=min_seconds))
     return dict(fill=plan["fill"], tokens=int(plan["tokens"]),
                 plan_tokens_per_s=statistics.median(plan["tokens"] / s for s in plan_s),
                 plan_s=statistics.median(plan_s), plan_big_s=statistics.median(big_s), big_docs=big_docs,
                 rows_tokens_per_s=statistics.median(rows_rate))
 
 
-def stoker_concat(d, seq_len, batch, batches, rounds, workers):
+def stoker_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     import torch  # noqa: F401  (batches come as tensors, as in a training loop)
 
     import stoker
@@ -107,15 +117,8 @@ def stoker_concat(d, seq_len, batch, batches, rounds, workers):
     for r in range(rounds):
         loader = stoker.DataLoader(ds, batch_size=batch, shuffle=True, seed=r,
                                    num_workers=workers)
-        rates.append(rate_of(_take(loader, batches), lambda b: b["input_ids"].numel()))
+        rates.append(rate_of(loader, lambda b: b["input_ids"].numel(), batches, min_seconds))
     return statistics.median(rates)
-
-
-def _take(it, n):
-    for i, b in enumerate(it):
-        if i == n:
-            return
-        yield b
 
 
 # ---- baselines (the peers' python, a child process each) ------------------------------------
@@ -147,7 +150,7 @@ def grain_best_fit(d, seq_len, rounds, bins):
     return dict(fill=statistics.median(fills), tokens_per_s=statistics.median(rates))
 
 
-def megatron_concat(d, seq_len, batch, batches, rounds, workers):
+def megatron_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     import torch
     from megatron.core.datasets.blended_megatron_dataset_builder import \
         BlendedMegatronDatasetBuilder
@@ -172,11 +175,11 @@ def megatron_concat(d, seq_len, batch, batches, rounds, workers):
         g.manual_seed(r)
         loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
                                              num_workers=workers)
-        rates.append(rate_of(_take(loader, batches), lambda b: b["tokens"].numel()))
+        rates.append(rate_of(loader, lambda b: b["tokens"].numel(), batches, min_seconds))
     return statistics.median(rates)
 
 
-def memmap_concat(d, seq_len, batch, batches, rounds, workers):
+def memmap_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     import torch
 
     class Windows(torch.utils.data.Dataset):
@@ -204,7 +207,7 @@ def memmap_concat(d, seq_len, batch, batches, rounds, workers):
         g.manual_seed(r)
         loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
                                              num_workers=workers)
-        rates.append(rate_of(_take(loader, batches), lambda b: b[0].numel()))
+        rates.append(rate_of(loader, lambda b: b[0].numel(), batches, min_seconds))
     return statistics.median(rates)
 
 
@@ -229,7 +232,10 @@ def main():
     ap.add_argument("--seq-len", type=int, default=4096, help="best-fit packing's row")
     ap.add_argument("--concat-seq-len", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--batches", type=int, default=200, help="batches timed per round (b)")
+    ap.add_argument("--batches", type=int, default=200,
+                    help="batches timed per round at least (b)")
+    ap.add_argument("--min-seconds", type=float, default=2.0,
+                    help="seconds timed per round at least (the loaders' epochs repeat)")
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2],
                     help="num_workers tried for each baseline (its best is kept)")
     ap.add_argument("--stoker-workers", type=int, default=2)
@@ -246,7 +252,7 @@ def main():
         print(json.dumps(PEERS[a.peer](**json.loads(a.peer_args))))
         return
     if a.smoke:
-        a.docs, a.rounds, a.batches, a.workers = 2000, 1, 10, [0]
+        a.docs, a.rounds, a.batches, a.workers, a.min_seconds = 2000, 1, 10, [0], 0.0
         a.seq_len, a.concat_seq_len = 1024, 256
     have_peers = os.path.exists(a.peers_python) and not a.no_peers
     out = {"docs": a.docs, "rounds": a.rounds}
@@ -256,13 +262,14 @@ def main():
         # (a) best-fit packing
         out["best_fit"] = {"seq_len": a.seq_len,
                            "stoker": stoker_best_fit(d, a.seq_len, a.rounds,
-                                                     10_000 if a.smoke else 1_000_000)}
+                                                     10_000 if a.smoke else 1_000_000,
+                                                     a.min_seconds)}
         out["best_fit"]["grain"] = (run_peer(a.peers_python, "grain", dict(
             d=d, seq_len=a.seq_len, rounds=a.rounds, bins=a.grain_bins)) if have_peers
             else {"error": "--no-peers" if a.no_peers else f"no peers python at {a.peers_python}"})
         # (b) concatenate-and-split to the training loop
         common = dict(d=d, seq_len=a.concat_seq_len, batch=a.batch, batches=a.batches,
-                      rounds=a.rounds)
+                      rounds=a.rounds, min_seconds=a.min_seconds)
         concat = {"seq_len": a.concat_seq_len, "batch": a.batch,
                   "stoker": stoker_concat(workers=a.stoker_workers, **common)}
         for name in ("megatron", "memmap"):

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -204,6 +205,78 @@ TEST(TokenPlan, RefusesABadSeqLenAndEmptyDocuments) {
               plan_rows(fine, options(TokenPackOptions::Mode::concat, 0));
             }).find("seq_len"),
             std::string::npos);
+}
+
+// ---- Mixing -------------------------------------------------------------------------------
+
+TEST(TokenBlend, EveryBatchHoldsEachSourcesShareWithinOneSample) {
+  std::mt19937_64 rng(17);
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::size_t sources = 1 + rng() % 10;
+    std::vector<double> weights(sources);
+    for (auto& w : weights) w = std::uniform_real_distribution<double>(0.01, 5.0)(rng);
+    if (trial % 5 == 0 && sources > 1) weights[0] = 0;  // a source weighted 0 is never drawn
+    const std::size_t batch = 1 + rng() % 300, batches = 50;
+    const auto blend = stratified_blend(weights, batch, batches, trial);
+    ASSERT_EQ(blend.source.size(), batch * batches);
+    const double sum = std::accumulate(weights.begin(), weights.end(), 0.0);
+    std::vector<std::uint64_t> total(sources, 0);
+    for (std::size_t b = 0; b < batches; ++b) {
+      std::vector<std::uint64_t> in_batch(sources, 0);
+      for (std::size_t i = b * batch; i < (b + 1) * batch; ++i) {
+        const auto s = blend.source[i];
+        ASSERT_LT(s, sources);
+        EXPECT_EQ(blend.draw[i], total[s]) << "draws count each source's samples in order";
+        ++in_batch[s];
+        ++total[s];
+      }
+      for (std::size_t s = 0; s < sources; ++s) {
+        const double share = weights[s] / sum * static_cast<double>(batch);
+        EXPECT_LE(std::abs(static_cast<double>(in_batch[s]) - share), 1.0)
+            << "trial " << trial << " batch " << b << " source " << s;
+        // and over the stream so far, within one sample of the share too
+        EXPECT_LT(std::abs(static_cast<double>(total[s]) - share * static_cast<double>(b + 1)),
+                  1.0 + 1e-9)
+            << "trial " << trial << " batch " << b << " source " << s;
+      }
+    }
+    if (weights[0] == 0) {
+      EXPECT_EQ(total[0], 0u);
+    }
+  }
+}
+
+TEST(TokenBlend, IsAPureFunctionAndShufflesWithinBatches) {
+  const std::vector<double> weights = {0.5, 0.3, 0.2};
+  const auto a = stratified_blend(weights, 10, 100, 1);
+  const auto b = stratified_blend(weights, 10, 100, 1);
+  EXPECT_EQ(a.source, b.source);
+  EXPECT_EQ(a.draw, b.draw);
+  const auto c = stratified_blend(weights, 10, 100, 2);
+  EXPECT_NE(a.source, c.source);
+  // Exact shares: 5, 3 and 2 of every 10.
+  for (std::size_t i = 0; i < a.source.size(); i += 10) {
+    std::vector<int> n(3, 0);
+    for (std::size_t k = i; k < i + 10; ++k) ++n[a.source[k]];
+    EXPECT_EQ(n, (std::vector<int>{5, 3, 2}));
+  }
+  EXPECT_THROW(stratified_blend(std::vector<double>{0, 0}, 4, 1, 0), std::invalid_argument);
+  EXPECT_THROW(stratified_blend(std::vector<double>{1, -1}, 4, 1, 0), std::invalid_argument);
+  EXPECT_THROW(stratified_blend(std::vector<double>{}, 4, 1, 0), std::invalid_argument);
+}
+
+TEST(TokenBlend, BlendsTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {
+  const std::vector<double> weights = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr double kLimit = 40.0;
+#else
+  constexpr double kLimit = 2.0;
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  const auto blend = stratified_blend(weights, 1024, 10'000'000 / 1024, 7);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(blend.source.size(), 1024u * (10'000'000 / 1024));
+  EXPECT_LT(s, kLimit);
 }
 
 // ---- Sources ------------------------------------------------------------------------------

@@ -133,6 +133,23 @@ struct TokenPlan {
 // for seq_len 0 or > 2^31, or a document of length 0.
 TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptions& options);
 
+// ---- Mixing -------------------------------------------------------------------------------
+
+// A mixed stream of samples from several sources by weight, `stratified`: every global batch of
+// `batch` samples holds floor(w_s * batch) or that plus one samples of source s (w_s its weight
+// over their sum), the sources that get the one more chosen by how far each is behind its
+// share so far, so that over the stream each source's count stays within one sample of its
+// share at every batch's end. Within a batch the samples are in an order shuffled by the seed
+// and the batch's number. A pure function of (weights, batch, batches, seed).
+struct TokenBlend {
+  std::vector<std::uint32_t> source;  // each sample's source
+  std::vector<std::uint64_t> draw;    // each sample's number among its source's samples so far
+};
+// Throws std::invalid_argument for no sources, a negative or non-finite weight, all weights 0,
+// or batch 0.
+TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
+                            std::uint64_t seed);
+
 // ---- The data set -------------------------------------------------------------------------
 
 struct TokenRowsOptions {

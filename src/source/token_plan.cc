@@ -1,6 +1,7 @@
 // Packing documents into rows as an index: plan_rows() (stoker/tokens.h), a pure function.
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -169,6 +170,70 @@ TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptio
     return plan_concat(lengths, order, options.seq_len);
   }
   return plan_best_fit(lengths, order, options);
+}
+
+}  // namespace stoker
+
+namespace stoker {
+
+TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
+                            std::uint64_t seed) {
+  if (weights.empty()) throw std::invalid_argument("stoker: no sources to blend");
+  if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
+  double sum = 0;
+  for (std::size_t s = 0; s < weights.size(); ++s) {
+    if (!std::isfinite(weights[s]) || weights[s] < 0) {
+      throw std::invalid_argument("stoker: source " + std::to_string(s) + "'s weight " +
+                                  std::to_string(weights[s]) + " is not a non-negative number");
+    }
+    sum += weights[s];
+  }
+  if (sum <= 0) throw std::invalid_argument("stoker: every source's weight is 0");
+  const std::size_t n = weights.size();
+  // Each source's share of a batch, its whole samples and the sum of the whole samples.
+  std::vector<double> share(n);
+  std::vector<std::size_t> whole(n);
+  std::vector<std::size_t> fractional;  // the sources whose share is not whole
+  for (std::size_t s = 0; s < n; ++s) {
+    share[s] = weights[s] / sum * static_cast<double>(batch);
+    whole[s] = static_cast<std::size_t>(std::floor(share[s]));
+    if (share[s] > static_cast<double>(whole[s])) fractional.push_back(s);
+  }
+  TokenBlend out;
+  out.source.reserve(batch * batches);
+  out.draw.reserve(batch * batches);
+  std::vector<std::uint64_t> count(n, 0);  // samples of each source so far
+  std::vector<std::size_t> by_deficit, order;
+  std::vector<std::uint32_t> slots;
+  for (std::size_t b = 0; b < batches; ++b) {
+    // The extras go to the sources furthest behind their share at this batch's end after
+    // their whole samples (a source with a fractional share only; ties: the lower index).
+    const double end = static_cast<double>(b + 1);
+    auto deficit = [&](std::size_t s) {
+      return share[s] * end - static_cast<double>(count[s] + whole[s]);
+    };
+    by_deficit = fractional;
+    std::stable_sort(by_deficit.begin(), by_deficit.end(),
+                     [&](std::size_t x, std::size_t y) { return deficit(x) > deficit(y); });
+    slots.clear();
+    for (std::size_t s = 0; s < n; ++s)
+      slots.insert(slots.end(), whole[s], static_cast<std::uint32_t>(s));
+    // Fewer extras than such sources: their fractions sum to the extras, each below 1.
+    for (std::size_t k = 0; slots.size() < batch && k < by_deficit.size(); ++k) {
+      slots.push_back(static_cast<std::uint32_t>(by_deficit[k]));
+    }
+    if (slots.size() != batch) {
+      throw std::logic_error("stoker: stratified_blend filled " + std::to_string(slots.size()) +
+                             " of a batch's " + std::to_string(batch) + " samples");
+    }
+    detail::permutation(batch, detail::mix(seed, b), order);
+    for (const std::size_t i : order) {
+      const std::uint32_t s = slots[i];
+      out.source.push_back(s);
+      out.draw.push_back(count[s]++);
+    }
+  }
+  return out;
 }
 
 }  // namespace stoker
