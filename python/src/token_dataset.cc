@@ -156,6 +156,18 @@ void bind_tokens(py::module_& m) {
   m.def("token_document_name", [](const NativeDataset& d, std::size_t doc) {
     return rows_of(d).corpus().document_name(doc);
   });
+  m.def(
+      "stratified_blend",
+      [](const std::vector<double>& weights, std::size_t batch, std::size_t batches,
+         std::uint64_t seed) {
+        TokenBlend blend;
+        {
+          py::gil_scoped_release nogil;
+          blend = stratified_blend(weights, batch, batches, seed);
+        }
+        return py::make_tuple(to_numpy(blend.source), to_numpy(blend.draw));
+      },
+      py::arg("weights"), py::arg("batch"), py::arg("batches"), py::arg("seed"));
   m.def("token_max_segments", [](const NativeDataset& d) { return rows_of(d).max_segments(); });
 }
 

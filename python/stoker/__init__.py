@@ -29,7 +29,7 @@ from .shuffle import shuffle_quality, shuffle_report
 from .datasets.parquet import ParquetDataset
 from .datasets.webdataset import WebDataset
 from .datasets.video import VideoClips
-from .datasets.tokens import TokenDataset, plan_token_rows
+from .datasets.tokens import TokenDataset, plan_token_rows, stratified_blend
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -61,6 +61,7 @@ __all__ = [
     "ray_workers",
     "sample_seed",
     "split_by_rank",
+    "stratified_blend",
     "shuffle_quality",
     "shuffle_report",
     "split_by_worker",

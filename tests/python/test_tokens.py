@@ -235,3 +235,20 @@ def test_a_pickled_data_set_plans_the_same_rows(tmp_path):
     for i in (0, len(ds) // 2, len(ds) - 1):
         for x, y in zip(ds[i].values(), again[i].values()):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_stratified_blend_holds_each_sources_share_in_every_batch():
+    weights = [0.55, 0.3, 0.1, 0.05]
+    batch, batches = 64, 200
+    source, draw = stoker.stratified_blend(weights, batch, batches, seed=3)
+    assert len(source) == len(draw) == batch * batches
+    per_batch = np.stack([np.bincount(source[b * batch:(b + 1) * batch], minlength=4)
+                          for b in range(batches)])
+    share = np.array(weights) / sum(weights) * batch
+    assert (np.abs(per_batch - share) <= 1).all()
+    for s in range(4):  # each source's samples numbered in stream order
+        np.testing.assert_array_equal(draw[source == s], np.arange((source == s).sum()))
+    again, _ = stoker.stratified_blend(weights, batch, batches, seed=3)
+    np.testing.assert_array_equal(source, again)
+    with pytest.raises(ValueError, match="weight"):
+        stoker.stratified_blend([1, -1], 4, 1)

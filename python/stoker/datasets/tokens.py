@@ -102,3 +102,14 @@ def plan_token_rows(lengths, seq_len: int, pack: str = "concat", long_documents:
     return _stoker.token_plan(np.ascontiguousarray(lengths, dtype=np.uint32), str(pack),
                               int(seq_len), str(long_documents), bool(shuffle_documents),
                               int(seed))
+
+
+def stratified_blend(weights, batch: int, batches: int, seed: int = 0):
+    """Which source each sample of a stream mixed by ``weights`` comes from: ``(source,
+    draw)``, numpy arrays of ``batch * batches`` entries (``draw``: the sample's number among its
+    source's samples so far). Every global batch of ``batch`` samples holds each source's share
+    (``weight / sum(weights) * batch``) within one sample, and so does the stream up to each
+    batch's end; the order within a batch is shuffled by ``seed``. A pure function of its
+    arguments, computed in C++ (docs/formats.md, "Token data")."""
+    return _stoker.stratified_blend([float(w) for w in weights], int(batch), int(batches),
+                                    int(seed))
