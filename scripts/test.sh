@@ -117,6 +117,7 @@ python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/memory_cap.py --smoke --stream >/dev/null 2>&1
 .venv-test/bin/python bench/memory_soak.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/token_bench.py --smoke --no-peers >/dev/null 2>&1
+python3 -m py_compile examples/token_lm.py
 # Parquet: the Python data set beside the C++ reader (`stoker bench --parquet`), then the C++
 # reader from the command line on the file that smoke run made
 .venv-test/bin/python bench/parquet_bench.py --smoke --stoker-bin build/stoker >/dev/null 2>&1
