@@ -227,9 +227,11 @@ def parquet(s: Sizes) -> dict:
 
 @contextlib.contextmanager
 def s3_server():
-    """SeaweedFS behind the proxy adding 20 ms a request, and the AWS_* settings pointing at
-    it, for the rows over S3: (server, work directory)."""
+    """SeaweedFS behind a proxy adding 20 ms a request (nginx where it is installed, which does
+    not bind a read that makes a GET a sample; else the Python fault proxy), and the AWS_*
+    settings pointing at it, for the rows over S3: (server, work directory)."""
     import s3_bench as sb
+    from seaweed import nginx_available
 
     weed = os.environ.get("STOKER_WEED") or shutil.which("weed") or str(
         pathlib.Path(sys.executable).parent / "weed")
@@ -238,7 +240,8 @@ def s3_server():
     work = pathlib.Path(tempfile.mkdtemp(prefix="stoker-headline-s3-"))
     saved = dict(os.environ)
     (work / "weed").mkdir()
-    server = sb.Server(weed, work / "weed", latency_ms=20.0)
+    server = sb.Server(weed, work / "weed", latency_ms=20.0,
+                       proxy="nginx" if nginx_available() else "fault")
     try:
         os.environ.update({
             "no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost",

@@ -7,8 +7,11 @@ throughput, each sample once over 4 simulated ranks, and the shuffle's quality.
     python bench/s3_shuffle.py [--images 2000] [--rows 50000] [--ratios 10 100]
     python bench/s3_shuffle.py --smoke
 
-The server: SeaweedFS (`weed mini`, STOKER_WEED or PATH) behind tests/support/fault_proxy.py
-adding `--latency-ms` (20) to every request. Two data sets, sorted by label (100 classes, so
+The server: SeaweedFS (`weed mini`, STOKER_WEED or PATH) behind nginx (`--proxy nginx`, the
+default where Debian's nginx and libnginx-mod-http-lua are installed) or tests/support/
+fault_proxy.py (`--proxy fault`) adding `--latency-ms` (20) to every request. The Python proxy
+serves about 600 requests a second on two cores, so a shuffle that makes a GET a sample measures
+it rather than stoker; nginx serves over twice that on the same machine. Two data sets, sorted by label (100 classes, so
 that a batch's distinct labels say how well the order mixes), each sample with its id:
 - jpeg: `--images` generated 256x256 JPEGs (about 40 KB) in 20 shards, read with T.train(224);
 - rows: `--rows` rows of 2 KB (an npy member) in 20 shards.
@@ -20,9 +23,12 @@ and a fresh object cache of the data set's bytes / ratio:
 - 4 ranks: stoker.DistributedSampler(num_replicas=4) for ranks 0-3, four loaders read at once
   from threads of one process (one node's ranks, one object cache).
 Figures: bytes fetched / the data set's bytes, GETs counted at the proxy / the data set's
-storage blocks, samples/s and auto / in order; each sample once (ids); the shuffle's entropy
-(stoker.shuffle_quality: steps in sample and shard ids) as a share of a full shuffle's, and a
-batch's distinct labels against i.i.d. draws; webdataset's stream order beside it.
+storage blocks, samples/s and auto / in order, the CPU seconds of the loader's process and of
+the server (SeaweedFS and the proxy share the loader's cores here: a GET costs SeaweedFS about
+2.5 ms of CPU, so an order that makes a GET a sample pays the server's work too); each sample
+once (ids); the shuffle's entropy (stoker.shuffle_quality: steps in sample and shard ids) as a
+share of a full shuffle's, and a batch's distinct labels against i.i.d. draws; webdataset's
+stream order beside it.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import io
 import json
 import os
 import pathlib
+import resource
 import shutil
 import sys
 import tarfile
@@ -45,7 +52,7 @@ import stoker
 from stoker import transforms as T
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
-from seaweed import BUCKET, KEY, SECRET, Server  # noqa: E402
+from seaweed import BUCKET, KEY, SECRET, Server, nginx_available  # noqa: E402
 
 CLASSES, SHARDS, BATCH = 100, 20, 32
 
@@ -97,6 +104,18 @@ def epoch(loader) -> tuple[list[int], float]:
     return ids, len(ids) / (time.perf_counter() - start)
 
 
+def cpu_now(server: Server) -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime, server.cpu_seconds()
+
+
+def cpu_since(server: Server, before: tuple[float, float]) -> dict:
+    """CPU seconds since `before`: this process's (the loaders) and the server's (SeaweedFS and
+    its proxy, on the same cores here)."""
+    loader, server_cpu = cpu_now(server)
+    return {"loader_cpu_s": loader - before[0], "server_cpu_s": server_cpu - before[1]}
+
+
 def measure(server: Server, kind: str, urls, work: pathlib.Path, cache: int, name: str,
             **loader_kw) -> dict:
     """One epoch of one configuration through a fresh object cache of `cache` bytes."""
@@ -105,13 +124,15 @@ def measure(server: Server, kind: str, urls, work: pathlib.Path, cache: int, nam
     ds = dataset(kind, urls, work, cache, objects)
     before = ds.object_storage()["bytes_fetched"]
     server.reset()
+    cpu = cpu_now(server)
     loader = stoker.DataLoader(ds, batch_size=BATCH, num_workers=2, seed=7, **loader_kw)
     ids, rate = epoch(loader)
     stats = loader.stats()
     loader.close()
     out = {"samples_per_s": rate, "GET": server.counts()["GET"],
            "bytes_fetched": ds.object_storage()["bytes_fetched"] - before,
-           "shuffle": stats["shuffle"], "window": stats["shuffle_window"], "ids": ids}
+           "shuffle": stats["shuffle"], "window": stats["shuffle_window"], "ids": ids,
+           **cpu_since(server, cpu)}
     shutil.rmtree(work / objects, ignore_errors=True)
     return out
 
@@ -123,6 +144,7 @@ def four_ranks(server: Server, kind: str, urls, work: pathlib.Path, cache: int) 
     before = ds.object_storage()["bytes_fetched"]
     server.reset()
     results: list = [None] * 4
+    cpu = cpu_now(server)
 
     def rank(r):
         sampler = stoker.DistributedSampler(ds, num_replicas=4, rank=r, shuffle=True, seed=7)
@@ -144,7 +166,7 @@ def four_ranks(server: Server, kind: str, urls, work: pathlib.Path, cache: int) 
     return {"samples_per_s": len(seen) / seconds, "GET": server.counts()["GET"],
             "bytes_fetched": ds.object_storage()["bytes_fetched"] - before,
             "each_once": sorted(set(seen)) == list(range(n)) and 0 <= padding < 4,
-            "per_rank": [len(ids) for ids in results]}
+            "per_rank": [len(ids) for ids in results], **cpu_since(server, cpu)}
 
 
 def stream_order(shards: list[pathlib.Path]) -> list[int]:
@@ -238,7 +260,8 @@ def show(kind: str, r: dict) -> None:
                     f"{x['bytes_over_data']:5.2f}x data  GETs {x['GET']:6d}")
             if "GET_over_blocks" in x:
                 line += f" ({x['GET_over_blocks']:.2f}x blocks)"
-            line += f"  each once: {x['each_once']}"
+            line += (f"  each once: {x['each_once']}  CPU s: loader {x['loader_cpu_s']:.1f}, "
+                     f"server {x['server_cpu_s']:.1f}")
             print(line)
             if "quality" in x:
                 print(f"               {q(x['quality'])}")
@@ -253,6 +276,10 @@ def main() -> int:
     p.add_argument("--ratios", type=int, nargs="+", default=[10, 100])
     p.add_argument("--latency-ms", type=float, default=20.0)
     p.add_argument("--sets", nargs="+", default=["jpeg", "rows"], choices=["jpeg", "rows"])
+    p.add_argument("--proxy", choices=["nginx", "fault"],
+                   default="nginx" if nginx_available() else "fault",
+                   help="what adds the latency: nginx (default where installed) or the Python "
+                        "fault proxy (about 600 requests/s on two cores: it binds a shuffle)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     args = p.parse_args()
@@ -265,7 +292,7 @@ def main() -> int:
     os.environ.update({"no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"})
     work = pathlib.Path(tempfile.mkdtemp(prefix="stoker-s3-shuffle-"))
     (work / "server").mkdir()
-    server = Server(weed, work / "server", latency_ms=args.latency_ms)
+    server = Server(weed, work / "server", latency_ms=args.latency_ms, proxy=args.proxy)
     os.environ.update({
         "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.proxy_port}",
@@ -274,14 +301,16 @@ def main() -> int:
         sizes = {"jpeg": args.images, "rows": args.rows}
         result = {kind: run(kind, sizes[kind], args.ratios, server, work, args.smoke)
                   for kind in args.sets}
+        result["proxy"] = args.proxy
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        for kind, r in result.items():
-            show(kind, r)
+        print(f"SeaweedFS behind the {args.proxy} proxy adding {args.latency_ms:g} ms a request")
+        for kind in args.sets:
+            show(kind, result[kind])
     return 0
 
 

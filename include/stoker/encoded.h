@@ -52,10 +52,11 @@ class EncodedSource {
 
   // Sources over URLs (docs/storage.md): a hint that these samples will be read soon (the
   // loader's Dataset::will_read, passed on), so the chunks holding them that the object cache
-  // lacks are fetched now, in parallel; quick, never waits for I/O, never throws. The objects
+  // lacks are fetched now, in parallel; quick, never waits for I/O, never throws; false when
+  // rows were left out for want of room (Dataset::will_read). The objects
   // as resolved, and this process's traffic through the source's object cache (nothing, and
   // all zero, for local files).
-  virtual void will_read(std::span<const std::size_t> /*rows*/) const noexcept {}
+  virtual bool will_read(std::span<const std::size_t> /*rows*/) const noexcept { return true; }
   virtual std::vector<ObjectVersion> objects() const { return {}; }
   virtual ObjectStorageCounters object_storage() const { return {}; }
 };

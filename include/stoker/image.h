@@ -140,7 +140,7 @@ class ImageDataset final : public Dataset {
   void read(std::size_t index, const SampleOut& out) const override;
   std::string sample_name(std::size_t index) const override;
   // Passed on to the source (EncodedSource::will_read: a source over URLs fetches ahead).
-  void will_read(std::span<const std::size_t> rows) const noexcept override;
+  bool will_read(std::span<const std::size_t> rows) const noexcept override;
   // The source's RAM cache (cache_in_ram): the bytes it keeps.
   std::size_t resident_bytes() const override;
   // The source's (EncodedSource::object_storage: zero for local files).

@@ -73,7 +73,7 @@ class WebDataset final : public Dataset {
   // Over URLs with an object cache: starts the range GETs of the samples' chunks that the cache
   // does not hold, all at once (RemoteFiles::prefetch), so a batch over many shards waits for
   // one round trip rather than one per sample per worker thread.
-  void will_read(std::span<const std::size_t> rows) const noexcept override;
+  bool will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
   // Each shard's samples in blocks of about 1/1024 of the object cache (32 KiB to 8 MiB), cut
   // between samples; over URLs, when the shards do not fit the cache, these are the chunks

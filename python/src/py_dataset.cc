@@ -559,7 +559,7 @@ std::vector<std::size_t> RemappedDataset::map(std::span<const std::size_t> indic
   return mapped;
 }
 
-void RemappedDataset::will_read(std::span<const std::size_t> rows) const noexcept {
+bool RemappedDataset::will_read(std::span<const std::size_t> rows) const noexcept {
   try {
     const auto order = order_.load();
     thread_local std::vector<std::size_t> mapped;
@@ -567,10 +567,11 @@ void RemappedDataset::will_read(std::span<const std::size_t> rows) const noexcep
     for (const std::size_t r : rows) {
       if (r < order->size()) mapped.push_back((*order)[r]);
     }
-    base_->will_read(mapped);
+    return base_->will_read(mapped);
   } catch (...) {
     // A hint (an allocation failed): the reads go on without it.
   }
+  return true;
 }
 
 void RemappedDataset::prefetch(std::size_t index) const {

@@ -240,7 +240,7 @@ class RemappedDataset final : public Dataset {
   }
   void read(std::size_t index, const SampleOut& out) const override;
   void prefetch(std::size_t index) const override;
-  void will_read(std::span<const std::size_t> rows) const noexcept override;
+  bool will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
   std::size_t resident_bytes() const override { return base_->resident_bytes(); }
   ObjectStorageCounters object_storage_counters() const override {

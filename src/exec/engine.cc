@@ -789,12 +789,14 @@ void Engine::hint_ahead() {
   }
   const std::size_t end =
       std::min(batches_of(open_epoch_), open_batch_ + std::max<std::size_t>(depth_, 1));
+  // A hint: fetches start before the reads. A batch the data set had no room for (what it may
+  // fetch ahead is full until reads take some) is hinted again as the next batch opens.
   for (std::size_t b = std::max(hinted_through_, open_batch_); b < end; ++b) {
     const auto rows =
         std::span<const std::size_t>(order_).subspan(b * config_.batch_size, batch_rows(b));
-    config_.dataset->will_read(rows);  // a hint: fetches start before the reads
+    if (!config_.dataset->will_read(rows)) break;
+    hinted_through_ = b + 1;
   }
-  hinted_through_ = std::max(hinted_through_, end);
 }
 
 void Engine::roll_open_epoch() {

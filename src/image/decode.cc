@@ -294,8 +294,8 @@ std::string ImageDataset::sample_name(std::size_t index) const {
   return options_.source->name(index);
 }
 
-void ImageDataset::will_read(std::span<const std::size_t> rows) const noexcept {
-  options_.source->will_read(rows);
+bool ImageDataset::will_read(std::span<const std::size_t> rows) const noexcept {
+  return options_.source->will_read(rows);
 }
 
 std::size_t ImageDataset::resident_bytes() const {

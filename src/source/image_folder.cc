@@ -94,16 +94,18 @@ class ImageFolderSource final : public EncodedSource {
 
   Counters counters() const override { return storage_reads_.counters(); }
 
-  void will_read(std::span<const std::size_t> rows) const noexcept override {
-    if (!files_) return;
+  bool will_read(std::span<const std::size_t> rows) const noexcept override {
+    if (!files_) return true;
     try {
       detail::RemoteFiles& files = *files_;
       for (const std::size_t index : rows) {
-        if (index < objects_.size()) files.prefetch(objects_[index], 0, objects_[index].size);
+        if (index < objects_.size() && !files.prefetch(objects_[index], 0, objects_[index].size))
+          return false;
       }
     } catch (...) {
       // A hint: each read fetches its own object and reports its error.
     }
+    return true;
   }
   std::vector<ObjectVersion> objects() const override {
     std::vector<ObjectVersion> out;

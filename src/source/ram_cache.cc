@@ -69,8 +69,8 @@ class RamCache final : public EncodedSource {
     slot.state.store(kCached, std::memory_order_release);
   }
 
-  void will_read(std::span<const std::size_t> rows) const noexcept override {
-    inner_->will_read(rows);  // rows the cache holds already cost nothing there either
+  bool will_read(std::span<const std::size_t> rows) const noexcept override {
+    return inner_->will_read(rows);  // rows the cache holds already cost nothing there either
   }
   std::vector<ObjectVersion> objects() const override { return inner_->objects(); }
   ObjectStorageCounters object_storage() const override { return inner_->object_storage(); }

@@ -119,8 +119,8 @@ class ShardFile {
     }
   }
   // A hint that bytes [offset, offset + n) will be read soon (object storage only).
-  void will_read(std::uint64_t offset, std::size_t n) const {
-    if (remote_) (*files_)->prefetch(*remote_, offset, n);
+  bool will_read(std::uint64_t offset, std::size_t n) const {
+    return !remote_ || (*files_)->prefetch(*remote_, offset, n);
   }
 
   std::uint64_t size() const { return size_; }
@@ -293,17 +293,19 @@ class RecordSource final : public EncodedSource {
 
   Counters counters() const override { return storage_reads_.counters(); }
 
-  void will_read(std::span<const std::size_t> rows) const noexcept override {
-    if (!files_) return;
+  bool will_read(std::span<const std::size_t> rows) const noexcept override {
+    if (!files_) return true;
     try {
       for (const std::size_t index : rows) {
         if (index >= records_.size()) continue;
         const Record& r = records_[index];
-        shards_[r.shard]->will_read(r.offset, static_cast<std::size_t>(r.length));
+        if (!shards_[r.shard]->will_read(r.offset, static_cast<std::size_t>(r.length)))
+          return false;
       }
     } catch (...) {
       // A hint: each read fetches its own chunk and reports its error.
     }
+    return true;
   }
   std::vector<ObjectVersion> objects() const override {
     std::vector<ObjectVersion> out;

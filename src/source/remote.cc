@@ -26,6 +26,7 @@
 #include "io/disk_cache.h"
 #include "io/object_store.h"
 #include "source/file_util.h"
+#include "stoker/frontend/host_share.h"
 #include "stoker/frontend/log.h"
 
 namespace stoker::detail {
@@ -185,7 +186,9 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
     : cache_dir_(cache_bytes > 0 ? cache_dir : std::string()),
       store_(std::make_unique<io::ObjectStore>()),
       cache_bytes_(cache_bytes) {
-  if (cache_bytes > 0) ahead_limit_ = std::min(kAheadBytes, cache_bytes / 2);
+  if (cache_bytes > 0) {
+    ahead_limit_ = std::min<std::uint64_t>(kAheadBytes, cache_bytes / 2 / host_share().local_ranks);
+  }
   if (!cache_dir_.empty()) {
     try {
       cache_ = std::make_unique<io::DiskCache>(cache_dir_, cache_bytes);
@@ -379,6 +382,7 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
     if (cache_->get_range(key, length, lo - c, to, part)) {
       ++hits_;
       hit_bytes_ += part;
+      forget_unread(key);
       continue;
     }
     ++misses_;
@@ -392,7 +396,31 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
 void RemoteFiles::done_with(const RemoteObject& object, std::uint64_t offset) {
   if (!cache_ || offset >= object.size) return;
   const auto [c, length] = chunk_at(object, offset);
-  cache_->demote(io::DiskCache::key(object.url, c, length, object.etag));
+  const std::string key = io::DiskCache::key(object.url, c, length, object.etag);
+  forget_unread(key);
+  cache_->demote(key);
+}
+
+void RemoteFiles::forget_unread(const std::string& key) {
+  MutexLock lock(mu_);
+  if (auto it = unread_.find(key); it != unread_.end()) {
+    unread_bytes_ -= it->second;
+    unread_.erase(it);
+  }
+}
+
+bool RemoteFiles::room_ahead(std::uint64_t bytes) {
+  const auto fits = [&] { return ahead_bytes_ + unread_bytes_ + bytes <= ahead_limit_; };
+  if (fits() || unread_.empty()) return fits();
+  for (auto it = unread_.begin(); it != unread_.end();) {
+    if (cache_->contains(it->first)) {
+      ++it;
+    } else {  // let go unread (pushed out, or another process's turn): no longer held
+      unread_bytes_ -= it->second;
+      it = unread_.erase(it);
+    }
+  }
+  return fits();
 }
 
 void RemoteFiles::read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
@@ -413,6 +441,7 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
   {
     MutexLock lock(mu_);
     if (auto it = ahead_.find(key); it != ahead_.end()) {
+      it->second.read = true;
       const Ahead ahead = it->second;
       MutexUnlock unlocked(mu_);
       ahead.done.get();  // fetched ahead: wait for that GET (its error is this read's)
@@ -452,17 +481,17 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
   return result.get();
 }
 
-void RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
+bool RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
   const Range range{offset, n};
-  prefetch(object, std::span<const Range>(&range, 1));
+  return prefetch(object, std::span<const Range>(&range, 1));
 }
 
-void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ranges) {
+bool RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ranges) {
   if (!cache_) {
     for (const auto& [offset, n] : ranges) {
-      if (n > 0 && offset < object.size) prefetch_range(object, offset, n);
+      if (n > 0 && offset < object.size && !prefetch_range(object, offset, n)) return false;
     }
-    return;
+    return true;
   }
   // The chunks the ranges lie in, in the object's order, each once.
   std::vector<Range> chunks;
@@ -481,7 +510,7 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
   MutexLock lock(mu_);
   std::size_t i = 0;
   while (i < chunks.size()) {
-    if (stopping_) return;
+    if (stopping_) return true;
     std::vector<std::string> keys;  // a run: adjacent chunks none of which is held
     std::uint64_t run_bytes = 0;
     std::size_t j = i;
@@ -505,9 +534,7 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
       continue;
     }
     const std::size_t first = j - keys.size();
-    if (ahead_.size() + keys.size() > kAheadChunks || ahead_bytes_ + run_bytes > ahead_limit_) {
-      return;
-    }
+    if (ahead_.size() + keys.size() > kAheadChunks || !room_ahead(run_bytes)) return false;
     const auto data = std::make_shared_for_overwrite<std::byte[]>(run_bytes);
     std::shared_future<void> done;
     try {
@@ -520,7 +547,7 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
                                })
                  .share();
     } catch (const std::exception&) {
-      return;  // the store is closing: a hint, dropped
+      return true;  // the store is closing: a hint, dropped
     }
     start_finisher();
     const auto started = std::chrono::steady_clock::now();
@@ -540,25 +567,28 @@ void RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
     ++chunk_fetches_;
     i = j;
   }
+  return true;
 }
 
-void RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
-  if (n > object.size - offset) return;  // the read reports it
+bool RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n) {
+  if (n > object.size - offset) return true;  // the read reports it
   std::string key = io::DiskCache::key(object.url, offset, n, object.etag);
   MutexLock lock(mu_);
-  if (stopping_ || ranges_.contains(key)) return;
+  if (stopping_ || ranges_.contains(key)) return true;
   // Past the cap, the oldest ranges nobody took are dropped, once their GETs have ended (the
   // transfer writes into the buffer until then).
   while (ahead_bytes_ + n > kAheadBytes && !ranges_order_.empty()) {
     const auto& [oldest, number] = ranges_order_.front();
     if (auto it = ranges_.find(oldest); it != ranges_.end() && it->second.number == number) {
-      if (it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
+      if (it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        return false;
+      }
       ahead_bytes_ -= it->second.length;
       ranges_.erase(it);
     }
     ranges_order_.pop_front();
   }
-  if (ahead_bytes_ + n > kAheadBytes) return;
+  if (ahead_bytes_ + n > kAheadBytes) return false;
   Ahead range;
   range.data = std::make_shared_for_overwrite<std::byte[]>(n);
   range.length = n;
@@ -573,13 +603,14 @@ void RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offse
                                    })
                      .share();
   } catch (const std::exception&) {
-    return;  // the store is closing: a hint, dropped
+    return true;  // the store is closing: a hint, dropped
   }
   ahead_bytes_ += n;
   ranges_order_.emplace_back(key, range.number);
   ranges_.emplace(std::move(key), std::move(range));
   ++prefetched_;
   ++chunk_fetches_;
+  return true;
 }
 
 bool RemoteFiles::take_range(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
@@ -668,6 +699,10 @@ void RemoteFiles::finish_ahead() {
       cache_->put(key, ahead.data.get(), ahead.length);
     }
     MutexLock lock(mu_);
+    if (ok && ahead.fetched_ahead && !ahead_.at(key).read &&
+        unread_.try_emplace(key, ahead.length).second) {
+      unread_bytes_ += ahead.length;  // counted until a read takes it
+    }
     ahead_.erase(key);
     ahead_bytes_ -= ahead.length;
     if (!ahead.fetched_ahead) {

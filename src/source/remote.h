@@ -56,8 +56,10 @@ inline constexpr std::size_t kRemoteChunkBytes = 8u << 20;
 
 // Chunks fetched ahead of their readers (RemoteFiles::prefetch) at most at once, and at most
 // this many bytes (32 full chunks) held for them, and never more than half of the object cache
-// (they go into it as they arrive: more would push out chunks not yet read; a windowed
-// shuffle's window fits the other half with the samples read ahead, shuffle_choice.h). More than
+// divided among the node's ranks (LOCAL_WORLD_SIZE), counting the chunks fetched ahead that
+// reached the cache and were not read yet (more would push out chunks not yet read, the
+// node's other ranks' included; a windowed shuffle's window fits the other half with the
+// samples read ahead, shuffle_choice.h). More than
 // the store runs at once (io::ObjectStoreOptions::max_in_flight): the rest wait in its queue of
 // fetches ahead, in the order asked, so that the hints of every batch the engine has opened are
 // taken (a batch of small shards asks for as many chunks as it has samples) and the store never
@@ -142,17 +144,19 @@ class RemoteFiles {
   // them that is neither in the disk cache nor being fetched is fetched now, in the background
   // (range GETs in parallel through the store's multi handle), and stored in the cache; a
   // read() of a chunk being fetched waits for that GET instead of making its own. At most
-  // kAheadChunks chunks and kAheadBytes are fetched ahead at once: past that the hint is
-  // dropped (the read fetches its chunk itself). Never waits for I/O. Without a cache, exactly
-  // the range is fetched and held in memory until a read() of exactly that range takes it
-  // (the oldest dropped once kAheadBytes are held).
-  void prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n);
+  // kAheadChunks chunks and kAheadBytes are fetched ahead at once, and what was fetched ahead
+  // and is not read yet stays within the limit above: past that the rest of the hint is
+  // dropped and prefetch() returns false (the caller may hint it again once reads made room;
+  // else the read fetches its chunk itself). Never waits for I/O. Without a cache, exactly the
+  // range is fetched and held in memory until a read() of exactly that range takes it (the
+  // oldest dropped once kAheadBytes are held).
+  bool prefetch(const RemoteObject& object, std::uint64_t offset, std::size_t n);
   // The same for several ranges of one object (a batch's samples in one shard), with the
   // chunks that lie next to each other in the object fetched together, by one range GET of up
   // to kRemoteChunkBytes and a quarter of what may be fetched ahead (samples read in order, each
   // its own block, cost one GET per run of them, not one each). Ranges are (offset, length).
   using Range = std::pair<std::uint64_t, std::size_t>;
-  void prefetch(const RemoteObject& object, std::span<const Range> ranges);
+  bool prefetch(const RemoteObject& object, std::span<const Range> ranges);
 
   // The object as a whole local file, for readers that need one (Parquet through pyarrow):
   // DIR/files/<hash of URL, size and ETag>-<its name>, where DIR is the cache directory,
@@ -192,8 +196,13 @@ class RemoteFiles {
   void store_later(const std::string& key, const std::shared_ptr<std::byte[]>& data,
                    std::size_t length);
   void start_finisher() STOKER_REQUIRES(mu_);
+  // Whether `bytes` more may be fetched ahead: what is being fetched ahead or stored, and what
+  // was fetched ahead into the cache and not read since, within ahead_limit_ (unread chunks
+  // the cache let go first no longer count).
+  bool room_ahead(std::uint64_t bytes) STOKER_REQUIRES(mu_);
+  void forget_unread(const std::string& key);  // a read or done_with() took it
   // Without a cache: prefetch() and read() of exact ranges (ranges_).
-  void prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n);
+  bool prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n);
   bool take_range(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
 
   // A chunk held in memory until it is in the cache: being fetched ahead of its readers, or
@@ -205,6 +214,7 @@ class RemoteFiles {
     std::chrono::steady_clock::time_point started;
     bool fetched_ahead = true;  // its fetch time is counted as it is stored
     bool timed = true;          // the first chunk of its GET: the GET's time counted once
+    bool read = false;          // a read took it before it reached the cache
     std::uint64_t number = 0;   // ranges_: which range fetched ahead (ranges_order_)
   };
 
@@ -218,6 +228,10 @@ class RemoteFiles {
   std::map<std::string, Ahead> ahead_ STOKER_GUARDED_BY(mu_);   // at most kAheadBytes
   std::deque<std::string> ahead_ended_ STOKER_GUARDED_BY(mu_);  // their GETs ended, oldest first
   std::uint64_t ahead_bytes_ STOKER_GUARDED_BY(mu_) = 0;
+  // Chunks fetched ahead into the cache that no read has taken yet, by key: their bytes count
+  // against ahead_limit_ until a read or done_with() takes them or the cache lets them go.
+  std::map<std::string, std::uint64_t> unread_ STOKER_GUARDED_BY(mu_);
+  std::uint64_t unread_bytes_ STOKER_GUARDED_BY(mu_) = 0;
   // Without a cache: exact ranges fetched ahead, by DiskCache::key, until a read takes each;
   // their bytes count in ahead_bytes_.
   std::map<std::string, Ahead> ranges_ STOKER_GUARDED_BY(mu_);
@@ -231,7 +245,7 @@ class RemoteFiles {
   std::condition_variable ahead_cv_;
   std::thread finisher_ STOKER_GUARDED_BY(mu_);  // started by the first chunk held
   std::uint64_t cache_bytes_ = 0;
-  std::uint64_t ahead_limit_ = kAheadBytes;                     // with a cache: at most half of it
+  std::uint64_t ahead_limit_ = kAheadBytes;  // with a cache: at most half of it over the ranks
   std::vector<std::string> handed_out_ STOKER_GUARDED_BY(mu_);  // local_file()s: never evicted
 };
 

@@ -960,9 +960,9 @@ std::size_t WebDataset::resident_bytes() const {
 
 const std::shared_ptr<EncodedSource>& WebDataset::source() const { return source_; }
 
-void WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
+bool WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
   const Impl& impl = *impl_;
-  if (!impl.remote_files) return;
+  if (!impl.remote_files) return true;
   try {
     // The rows' byte ranges by shard, so that neighbours in a shard are fetched together.
     std::vector<std::pair<std::uint32_t, detail::RemoteFiles::Range>> ranges;
@@ -989,11 +989,12 @@ void WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
       of_shard.clear();
       for (; i < ranges.size() && ranges[i].first == shard; ++i)
         of_shard.push_back(ranges[i].second);
-      files.prefetch(*impl.shards[shard].remote, of_shard);
+      if (!files.prefetch(*impl.shards[shard].remote, of_shard)) return false;
     }
   } catch (...) {
     // A hint: whatever failed here, each read fetches its own chunk and reports its error.
   }
+  return true;
 }
 
 void WebDataset::read(std::size_t index, const SampleOut& out) const {

@@ -181,6 +181,7 @@ HostShare host_share() {
   h.cores = sched_getaffinity(0, sizeof set, &set) == 0
                 ? static_cast<std::size_t>(std::max(1, CPU_COUNT(&set)))
                 : std::max(1u, std::thread::hardware_concurrency());
+  h.local_ranks = local_ranks(std::getenv("LOCAL_WORLD_SIZE"));
   h.cpu_share = cpu_share(h.cores, std::getenv("LOCAL_WORLD_SIZE"));
   return h;
 }
@@ -190,14 +191,16 @@ std::size_t default_max_workers(double cpu_share, bool python_reads) {
   return std::max<std::size_t>(16, static_cast<std::size_t>(std::ceil(8 * cpu_share)));
 }
 
+std::size_t local_ranks(const char* local_world_size) {
+  if (local_world_size == nullptr) return 1;
+  const char* end = local_world_size + std::strlen(local_world_size);
+  std::size_t parsed = 0;
+  return std::from_chars(local_world_size, end, parsed).ptr == end && parsed > 0 ? parsed : 1;
+}
+
 double cpu_share(std::size_t cores, const char* local_world_size) {
-  std::size_t ranks = 1;
-  if (local_world_size != nullptr) {
-    const char* end = local_world_size + std::strlen(local_world_size);
-    std::size_t parsed = 0;
-    if (std::from_chars(local_world_size, end, parsed).ptr == end && parsed > 0) ranks = parsed;
-  }
-  return std::max(1.0, static_cast<double>(cores) / static_cast<double>(ranks));
+  return std::max(1.0,
+                  static_cast<double>(cores) / static_cast<double>(local_ranks(local_world_size)));
 }
 
 std::optional<TuneDecision> WorkerTuner::observe(const Stats& now, std::size_t worker_limit) {

@@ -144,6 +144,8 @@ inline constexpr double kLockSaturated = 0.35;
 // and up to 6.7% unscaled. worker_type='auto' uses the same scale (worker_kind.h).
 inline constexpr double kRunDelayScale = 6;
 
+// The ranks torchrun started on this node: LOCAL_WORLD_SIZE when it is a positive number, else 1.
+std::size_t local_ranks(const char* local_world_size);
 // The cores a loader may use: `cores` (the process's affinity), divided among the ranks that
 // torchrun started on this node (LOCAL_WORLD_SIZE), at least one.
 double cpu_share(std::size_t cores, const char* local_world_size);

@@ -1,8 +1,12 @@
 """SeaweedFS (`weed mini`) on free loopback ports with one S3 identity (and anonymous reads),
-and tests/support/fault_proxy.py in front of it: for tests/python/test_object_storage.py and
-bench/s3_bench.py. Objects are written with pyarrow's S3 client."""
+and a proxy in front of it that adds a latency to each request and counts requests by kind:
+tests/support/fault_proxy.py (proxy="fault", which can also inject faults: the tests and
+bench/s3_bench.py) or nginx (proxy="nginx", latency_proxy.nginx.conf: fast enough not to bind
+a benchmark that makes a GET a sample). Objects are written with pyarrow's S3 client."""
 
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 PROXY = Path(__file__).resolve().parent / "fault_proxy.py"
+NGINX_CONF = Path(__file__).resolve().parent / "latency_proxy.nginx.conf"
 KEY, SECRET, BUCKET = "stokertestkey", "stokertestsecret", "wds"
 
 
@@ -24,9 +29,20 @@ def free_ports(n):
     return ports
 
 
+def nginx_available():
+    """Whether nginx and its Lua module (Debian's libnginx-mod-http-lua) are installed."""
+    return (shutil.which("nginx") is not None and
+            Path("/usr/lib/nginx/modules/ngx_http_lua_module.so").exists())
+
+
 class Server:
-    def __init__(self, weed, root, latency_ms=0.0):
-        self.root = root
+    def __init__(self, weed, root, latency_ms=0.0, proxy="fault"):
+        if proxy not in ("fault", "nginx"):
+            raise ValueError(f"proxy={proxy!r}: 'fault' or 'nginx'")
+        if proxy == "nginx" and not nginx_available():
+            raise RuntimeError("proxy='nginx' needs nginx with its Lua module "
+                               "(apt-get install nginx libnginx-mod-http-lua)")
+        self.root, self.proxy_kind = root, proxy
         (root / "data").mkdir()
         (root / "s3.json").write_text(json.dumps({"identities": [{
             "name": "stoker", "credentials": [{"accessKey": KEY, "secretKey": SECRET}],
@@ -44,10 +60,20 @@ class Server:
             ["-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false",
              "-master.telemetry=false", f"-s3.config={root / 's3.json'}"],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.proxy = subprocess.Popen(
-            [sys.executable, str(PROXY), "--upstream", f"127.0.0.1:{self.s3_port}",
-             "--port-file", str(root / "proxy.port"), "--latency-ms", str(latency_ms)],
-            stdout=self.log, stderr=subprocess.STDOUT)
+        if proxy == "nginx":
+            (root / "proxy.port").write_text(str(free_ports(1)[0]))
+            (root / "nginx-tmp").mkdir()
+            conf = NGINX_CONF.read_text()
+            for name, value in (("ROOT", root), ("PORT", (root / "proxy.port").read_text()),
+                                ("UPSTREAM", f"127.0.0.1:{self.s3_port}"),
+                                ("LATENCY_S", f"{latency_ms / 1000:.6f}")):
+                conf = conf.replace(f"@{name}@", str(value))
+            (root / "nginx.conf").write_text(conf)
+            command = ["nginx", "-p", str(root), "-c", str(root / "nginx.conf")]
+        else:
+            command = [sys.executable, str(PROXY), "--upstream", f"127.0.0.1:{self.s3_port}",
+                       "--port-file", str(root / "proxy.port"), "--latency-ms", str(latency_ms)]
+        self.proxy = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         from pyarrow import fs
         self.fs = fs.S3FileSystem(access_key=KEY, secret_key=SECRET, scheme="http",
                                   allow_bucket_creation=True,
@@ -67,18 +93,46 @@ class Server:
             assert time.monotonic() < deadline, "the fault proxy did not start"
             time.sleep(0.05)
         self.proxy_port = int((root / "proxy.port").read_text())
+        while True:  # nginx's port is chosen before it listens
+            try:
+                socket.create_connection(("127.0.0.1", self.proxy_port), timeout=1).close()
+                break
+            except OSError:
+                if self.proxy.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the {proxy} proxy did not start ({root}/weed.log)")
+                time.sleep(0.05)
 
     def put(self, key, data):
         with self.fs.open_output_stream(f"{BUCKET}/{key}") as f:
             f.write(data)
 
     def control(self, path, body=None):
+        if self.proxy_kind == "nginx" and path not in ("counts", "reset"):
+            raise RuntimeError(f"the nginx proxy injects no faults ({path}): proxy='fault'")
         req = urllib.request.Request(f"http://127.0.0.1:{self.proxy_port}/__proxy/{path}",
                                      data=json.dumps(body).encode() if body is not None else None,
                                      method="POST" if body is not None else "GET")
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(req, timeout=30) as r:
             return json.loads(r.read())
+
+    def cpu_seconds(self):
+        """CPU time (user + system) the server and its proxy have used so far: what a
+        benchmark on the same cores lends them (a remote bucket costs the node nothing)."""
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0.0
+        for top in (self.weed.pid, self.proxy.pid):
+            try:
+                children = Path(f"/proc/{top}/task/{top}/children").read_text().split()
+            except OSError:
+                continue
+            for pid in [top, *map(int, children)]:  # nginx: its worker
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                total += (int(fields[11]) + int(fields[12])) / tick
+        return total
 
     def counts(self):
         return self.control("counts")["counts"]

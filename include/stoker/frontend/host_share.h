@@ -11,8 +11,9 @@
 namespace stoker::detail {
 
 struct HostShare {
-  std::size_t cores = 1;  // the process's affinity
-  double cpu_share = 1;   // cores / LOCAL_WORLD_SIZE, at least one (tuner.h: cpu_share)
+  std::size_t cores = 1;        // the process's affinity
+  std::size_t local_ranks = 1;  // LOCAL_WORLD_SIZE: the ranks sharing this node (and its caches)
+  double cpu_share = 1;         // cores / local_ranks, at least one (tuner.h: cpu_share)
 };
 HostShare host_share();
 
