@@ -225,6 +225,16 @@ TEST(ShuffleChoice, SamplesReadAheadShrinkTheWindowAndACacheTheyFillLeavesOne) {
   EXPECT_NE(c.reason.find("would give a window of 512"), std::string::npos) << c.reason;
 }
 
+TEST(ShuffleChoice, TheNodesRanksReadingAheadThroughOneCacheShrinkTheWindowTogether) {
+  ShuffleEvidence e = evidence(10'000'000'000, 1'000'000'000, 10'000);  // 1 MB blocks
+  e.lookahead_samples = 500;  // of 100 kB: 50 blocks' bytes a rank
+  EXPECT_EQ(choose_shuffle(e).window, 450u);
+  e.node_ranks = 4;  // four ranks' samples read ahead: 200 blocks' bytes
+  const auto c = choose_shuffle(e);
+  EXPECT_EQ(c.window, 300u);
+  EXPECT_NE(c.reason.find("shared by the node's 4 ranks"), std::string::npos) << c.reason;
+}
+
 TEST(ShuffleChoice, BlocksOfOneSampleKeepTheGlobalShuffle) {
   ShuffleEvidence e = evidence(10'000'000'000, 1'000'000'000, 10'000);
   e.samples = e.blocks;

@@ -62,6 +62,7 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
   }
   const double mean_block = static_cast<double>(e.data_bytes) / static_cast<double>(e.blocks);
   const double ahead = static_cast<double>(e.lookahead_samples) *
+                       static_cast<double>(std::max<std::size_t>(e.node_ranks, 1)) *
                        static_cast<double>(e.data_bytes) / static_cast<double>(e.samples);
   const auto fits = static_cast<std::size_t>(std::max(
       0.0,
@@ -71,6 +72,10 @@ ShuffleChoice choose_shuffle(const ShuffleEvidence& e) {
                        bytes(static_cast<std::uint64_t>(mean_block * static_cast<double>(window))) +
                        "): " + evidence + (window_asked ? " (asked for)" : " cannot hold it") +
                        "; each block read once an epoch, samples mixed across the window";
+  if (e.node_ranks > 1) {
+    reason += "; the window shared by the node's " + std::to_string(e.node_ranks) +
+              " ranks, each reading ahead through the cache";
+  }
   if (window < kSmallWindow && window < e.blocks) {
     reason += std::string("; a window this small mixes few blocks: ") + e.cache_option + "=" +
               bytes(static_cast<std::uint64_t>((mean_block * kWindowBlocks + ahead) /

@@ -28,6 +28,10 @@ struct ShuffleEvidence {
   // consumer, which the data set fetches into the cache before their reads): their blocks
   // share the cache with the window's.
   std::size_t lookahead_samples = 0;
+  // The ranks of this node that read the same order through the same cache (LOCAL_WORLD_SIZE
+  // when the order is sharded): their positions interleave, so each one's samples read ahead
+  // are in the cache beside the others'.
+  std::size_t node_ranks = 1;
   // The cache's name and its option (Dataset::StorageLayout), for the explanation.
   const char* cache = "object cache";
   const char* cache_option = "object_cache_bytes";
@@ -68,7 +72,8 @@ std::uint64_t storage_block_bytes(std::uint64_t cache_bytes);
 // fetched once in the first epoch, none later) or while every block holds one sample (each is
 // fetched once in any order), else a window of as many blocks as half the cache holds beside
 // the bytes of the samples read ahead (about a block enters the window every block's worth of
-// samples, so the samples read ahead bring about their own bytes in new blocks). Asked for:
+// samples, so the samples read ahead bring about their own bytes in new blocks; the node's
+// ranks' samples read ahead, when they share the cache, count each). Asked for:
 // `global` always; `window` with a window of what half the cache holds (all blocks when that is
 // more). Throws std::invalid_argument for `window` asked of a data set that has no storage blocks
 // or no object cache, naming what to change.
