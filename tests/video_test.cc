@@ -11,6 +11,7 @@ extern "C" {
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -388,6 +389,49 @@ TEST(VideoClips, AFolderOfClassFoldersLabelsVideosByClass) {
   EXPECT_EQ(d.label(1), 0);
   EXPECT_EQ(d.label(2), 1);
   EXPECT_EQ(read_sample(d, 2).label, 1);
+}
+
+// A WebDataset shard of videos: each video member is read in place (nothing extracted), gives
+// the clips the same file gives, and takes its label from the sample's .cls member; its index
+// is cached like a file's.
+TEST(VideoClips, VideosInAWebDatasetShardAreReadInPlaceWithTheirClsLabels) {
+  TempDir dir;
+  fs::create_directories(dir / "files");
+  write_video(dir / "files" / "s1.mp4", {});
+  write_video(dir / "files" / "s2.mp4", with_frames(30));
+  write_file(dir / "files" / "s1.cls", "3\n");
+  write_file(dir / "files" / "s2.cls", "5");
+  const std::string tar = (dir / "shard.tar").string();
+  ASSERT_EQ(std::system(("tar --format=ustar -cf " + tar + " -C " + (dir / "files").string() +
+                         " s1.cls s1.mp4 s2.cls s2.mp4")
+                            .c_str()),
+            0);
+  auto o = small({tar}, dir / "cache");
+  o.clips_per_video = 2;
+  VideoClips shard(o);
+  o.paths = {(dir / "files" / "s1.mp4").string(), (dir / "files" / "s2.mp4").string()};
+  VideoClips files(o);
+  ASSERT_EQ(shard.videos(), 2u);
+  EXPECT_EQ(shard.path(1), tar + " member 's2.mp4'");
+  EXPECT_EQ(shard.label(0), 3);
+  EXPECT_EQ(shard.label(1), 5);
+  EXPECT_EQ(shard.frame_times(1), files.frame_times(1));
+  for (std::size_t i = 0; i < shard.size(); ++i) {
+    const Sample a = read_sample(shard, i), b = read_sample(files, i);
+    EXPECT_EQ(a.clip, b.clip) << i;
+    EXPECT_EQ(a.label, shard.label(i / 2));
+    EXPECT_DOUBLE_EQ(a.start, b.start);
+  }
+  o.paths = {tar};
+  EXPECT_EQ(VideoClips(o).counters().from_cache, 2u);
+  write_file(dir / "files" / "s2.cls", "five");
+  ASSERT_EQ(std::system(("tar --format=ustar -cf " + tar + " -C " + (dir / "files").string() +
+                         " s1.mp4 s2.cls s2.mp4")
+                            .c_str()),
+            0);
+  const std::string e = error_of([&] { VideoClips d(o); });
+  EXPECT_NE(e.find(tar + " member 's2.cls': not an integer label ('five')"), std::string::npos)
+      << e;
 }
 
 TEST(VideoClips, AVideoShorterThanAClipRepeatsItsLastFrame) {

@@ -28,7 +28,8 @@ struct VideoClipsOptions {
   // Video files, or directories: a directory's video files (.mp4 .m4v .mov .mkv .webm .avi), in
   // sorted order; a directory whose sub-directories hold videos is read as torchvision's
   // ImageFolder layout (root/<class>/<video>, classes sorted, the label the class's index).
-  // Otherwise the label is the video's index.
+  // A .tar file is a WebDataset shard: its video members are read in place, each labelled by
+  // its sample's .cls member when it has one. Otherwise the label is the video's index.
   std::vector<std::string> paths;
 
   int frames = 16;  // frames per clip

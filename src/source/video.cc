@@ -10,25 +10,32 @@ extern "C" {
 #include <libswscale/swscale.h>
 }
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "image/resample.h"
 #include "source/file_util.h"
 #include "source/remote.h"  // default_cache_dir
+#include "source/tar_index.h"
 #include "stoker/frontend/mutex.h"
 #include "stoker/video.h"
 
@@ -120,8 +127,80 @@ FileStat stat_file(const std::string& path) {
           static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
 }
 
+// Where a video's bytes are: a file of its own, or a member of a tar (a WebDataset shard),
+// read in place.
+struct VideoBytes {
+  std::string file;
+  bool member = false;
+  std::uint64_t offset = 0;  // a member's data in the tar
+  std::uint64_t size = 0;    // and its bytes
+};
+
+// A tar member as FFmpeg's input (a custom AVIOContext): reads and seeks within the member's
+// bytes, with pread on the tar.
+struct MemberIO {
+  int fd = -1;
+  std::uint64_t offset = 0, size = 0, pos = 0;
+  MemberIO() = default;
+  MemberIO(const MemberIO&) = delete;
+  MemberIO& operator=(const MemberIO&) = delete;
+  ~MemberIO() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+int member_read(void* opaque, std::uint8_t* buf, int n) {
+  auto* m = static_cast<MemberIO*>(opaque);
+  const std::uint64_t left = m->size - m->pos;
+  if (left == 0 || n <= 0) return AVERROR_EOF;
+  const auto want =
+      static_cast<std::size_t>(std::min<std::uint64_t>(left, static_cast<unsigned>(n)));
+  ssize_t got = 0;
+  do {
+    got = ::pread(m->fd, buf, want, static_cast<off_t>(m->offset + m->pos));
+  } while (got < 0 && errno == EINTR);
+  if (got < 0) return AVERROR(errno);
+  if (got == 0) return AVERROR_EOF;  // the tar is shorter than its index says
+  m->pos += static_cast<std::uint64_t>(got);
+  return static_cast<int>(got);
+}
+
+std::int64_t member_seek(void* opaque, std::int64_t offset, int whence) {
+  auto* m = static_cast<MemberIO*>(opaque);
+  const auto size = static_cast<std::int64_t>(m->size);
+  if (whence & AVSEEK_SIZE) return size;
+  whence &= ~AVSEEK_FORCE;
+  std::int64_t base = 0;
+  if (whence == SEEK_CUR) {
+    base = static_cast<std::int64_t>(m->pos);
+  } else if (whence == SEEK_END) {
+    base = size;
+  } else if (whence != SEEK_SET) {
+    return AVERROR(EINVAL);
+  }
+  if (offset > size - base || base + offset < 0) return AVERROR(EINVAL);
+  m->pos = static_cast<std::uint64_t>(base + offset);
+  return base + offset;
+}
+
+// Frees a member's AVIOContext (its buffer and its MemberIO); null: nothing.
+void free_member_io(AVIOContext* pb) {
+  if (pb == nullptr) return;
+  delete static_cast<MemberIO*>(pb->opaque);
+  av_freep(&pb->buffer);
+  avio_context_free(&pb);
+}
+
+// Closes an input and, for a tar member, its AVIOContext (FFmpeg leaves a custom one to us).
+void close_format(AVFormatContext*& f) {
+  if (f == nullptr) return;
+  AVIOContext* pb = (f->flags & AVFMT_FLAG_CUSTOM_IO) ? f->pb : nullptr;
+  avformat_close_input(&f);
+  free_member_io(pb);
+}
+
 struct FormatCloser {
-  void operator()(AVFormatContext* f) const { avformat_close_input(&f); }
+  void operator()(AVFormatContext* f) const { close_format(f); }
 };
 struct PacketFree {
   void operator()(AVPacket* p) const { av_packet_free(&p); }
@@ -129,10 +208,36 @@ struct PacketFree {
 using FormatPtr = std::unique_ptr<AVFormatContext, FormatCloser>;
 using PacketPtr = std::unique_ptr<AVPacket, PacketFree>;
 
-FormatPtr open_format(const std::string& path) {
+FormatPtr open_format(const std::string& path, const VideoBytes& at) {
   AVFormatContext* raw = nullptr;
-  const int rc = avformat_open_input(&raw, path.c_str(), nullptr, nullptr);
+  AVIOContext* pb = nullptr;
+  if (at.member) {
+    auto io = std::make_unique<MemberIO>();
+    io->fd = ::open(at.file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (io->fd < 0) detail::throw_errno(path, "cannot open");
+    io->offset = at.offset;
+    io->size = at.size;
+    constexpr int kBuffer = 64 << 10;
+    auto* buffer = static_cast<unsigned char*>(av_malloc(kBuffer));
+    if (buffer == nullptr) throw std::bad_alloc();
+    pb = avio_alloc_context(buffer, kBuffer, 0, io.get(), member_read, nullptr, member_seek);
+    if (pb == nullptr) {
+      av_free(buffer);
+      throw std::bad_alloc();
+    }
+    io.release();  // pb->opaque: freed with pb
+    raw = avformat_alloc_context();
+    if (raw == nullptr) {
+      free_member_io(pb);
+      throw std::bad_alloc();
+    }
+    raw->pb = pb;
+    raw->flags |= AVFMT_FLAG_CUSTOM_IO;
+  }
+  const int rc =
+      avformat_open_input(&raw, at.member ? path.c_str() : at.file.c_str(), nullptr, nullptr);
   if (rc < 0) {
+    free_member_io(pb);  // avformat_open_input freed the context, not a custom AVIOContext
     std::string why = av_error(rc);
     if (rc == AVERROR_INVALIDDATA) {
       why += " (not a video FFmpeg can read: a truncated file, an MP4 without its moov atom?)";
@@ -164,8 +269,8 @@ int video_stream(AVFormatContext* fmt, const std::string& path) {
 }
 
 // Demuxes every packet of the file's video stream (nothing decoded).
-VideoIndex build_index(const std::string& path) {
-  FormatPtr fmt = open_format(path);
+VideoIndex build_index(const std::string& path, const VideoBytes& at) {
+  FormatPtr fmt = open_format(path, at);
   int s = video_stream(fmt.get(), path);
   AVStream* st = fmt->streams[s];
   if (st->codecpar->width <= 0 || st->codecpar->codec_id == AV_CODEC_ID_NONE) {
@@ -379,15 +484,15 @@ struct Decoder {
     av_frame_free(&frame);
     av_packet_free(&pkt);
     avcodec_free_context(&codec);
-    if (fmt) avformat_close_input(&fmt);
+    close_format(fmt);
   }
 };
 
-std::unique_ptr<Decoder> open_decoder(const std::string& path, std::size_t video,
-                                      const VideoIndex& index) {
+std::unique_ptr<Decoder> open_decoder(const std::string& path, const VideoBytes& at,
+                                      std::size_t video, const VideoIndex& index) {
   auto d = std::make_unique<Decoder>();
   d->video = video;
-  FormatPtr fmt = open_format(path);
+  FormatPtr fmt = open_format(path, at);
   if (index.stream < 0 || static_cast<unsigned>(index.stream) >= fmt->nb_streams) {
     throw std::runtime_error(path + ": the file changed since it was indexed");
   }
@@ -421,7 +526,8 @@ std::unique_ptr<Decoder> open_decoder(const std::string& path, std::size_t video
 
 struct VideoClips::Impl {
   VideoClipsOptions o;
-  std::vector<std::string> paths;
+  std::vector<std::string> paths;  // names: a file's path, or "<tar> member '<name>'"
+  std::vector<VideoBytes> bytes;   // where each video's bytes are
   std::vector<std::int64_t> labels;
   std::vector<std::string> classes;
   std::vector<VideoIndex> index;
@@ -437,6 +543,8 @@ struct VideoClips::Impl {
   std::size_t max_idle = 8;
 
   void list_videos();
+  void add_file(std::string path, std::int64_t label);
+  void add_tar(const std::string& tar);
   void make_indexes();
 
   struct Plan {
@@ -473,10 +581,7 @@ void VideoClips::Impl::list_videos() {
       for (std::size_t c = 0; c < dirs.size(); ++c) {
         std::vector<std::string> v = videos_below(root / dirs[c]);
         if (v.empty()) empty += (empty.empty() ? "" : ", ") + dirs[c];
-        for (auto& p : v) {
-          paths.push_back(std::move(p));
-          labels.push_back(static_cast<std::int64_t>(c));
-        }
+        for (auto& p : v) add_file(std::move(p), static_cast<std::int64_t>(c));
       }
       if (!empty.empty()) {
         throw std::runtime_error(root.string() + ": found no video file for the classes " + empty);
@@ -489,14 +594,69 @@ void VideoClips::Impl::list_videos() {
     if (fs::is_directory(p, ec)) {
       std::vector<std::string> v = videos_below(p);
       if (v.empty()) throw std::runtime_error(p + ": no video files (.mp4 .mkv .webm .mov ...)");
-      for (auto& f : v) paths.push_back(std::move(f));
-    } else if (fs::exists(p, ec)) {
-      paths.push_back(p);
-    } else {
+      for (auto& f : v) add_file(std::move(f), -1);
+    } else if (!fs::exists(p, ec)) {
       throw std::runtime_error(p + ": no such file or directory");
+    } else if (fs::path(p).extension() == ".tar") {
+      add_tar(p);
+    } else {
+      add_file(p, -1);
     }
   }
-  for (std::size_t i = 0; i < paths.size(); ++i) labels.push_back(static_cast<std::int64_t>(i));
+  // Without a class or a .cls member: the video's index.
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    if (labels[i] < 0) labels[i] = static_cast<std::int64_t>(i);
+  }
+}
+
+void VideoClips::Impl::add_file(std::string path, std::int64_t label) {
+  bytes.push_back({path});
+  paths.push_back(std::move(path));
+  labels.push_back(label);
+}
+
+// A WebDataset shard: each member with a video extension is a video, its label the integer in
+// the sample's `.cls` member (the same key: the name up to the first dot of its last path
+// component) when there is one.
+void VideoClips::Impl::add_tar(const std::string& tar) {
+  const std::vector<detail::TarMember> members = detail::index_tar_file(tar);
+  const auto key_of = [](const std::string& name) {
+    const std::size_t slash = name.rfind('/');
+    const std::size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
+    return name.substr(0, dot);
+  };
+  std::unordered_map<std::string, const detail::TarMember*> cls;
+  for (const auto& m : members) {
+    if (m.name.size() > 4 && m.name.ends_with(".cls")) cls.emplace(key_of(m.name), &m);
+  }
+  const std::size_t before = paths.size();
+  for (const auto& m : members) {
+    if (!has_video_extension(fs::path(m.name))) continue;
+    std::int64_t label = -1;
+    const std::string name = tar + " member '" + m.name + "'";
+    if (auto it = cls.find(key_of(m.name)); it != cls.end()) {
+      std::string text(static_cast<std::size_t>(std::min<std::uint64_t>(it->second->size, 32)),
+                       '\0');
+      std::ifstream in(tar, std::ios::binary);
+      in.seekg(static_cast<std::streamoff>(it->second->offset));
+      in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      const auto first = text.find_first_not_of(" \t\r\n");
+      const auto last = text.find_last_not_of(" \t\r\n\0");
+      const std::string digits =
+          first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
+      const char* end = digits.data() + digits.size();
+      if (!in || digits.empty() || std::from_chars(digits.data(), end, label).ptr != end) {
+        throw std::runtime_error(tar + " member '" + it->second->name +
+                                 "': not an integer label ('" + digits + "')");
+      }
+    }
+    bytes.push_back({tar, true, m.offset, m.size});
+    paths.push_back(name);
+    labels.push_back(label);
+  }
+  if (paths.size() == before) {
+    throw std::runtime_error(tar + ": no video members (.mp4 .mkv .webm .mov ...)");
+  }
 }
 
 void VideoClips::Impl::make_indexes() {
@@ -511,14 +671,19 @@ void VideoClips::Impl::make_indexes() {
   auto work = [&] {
     for (std::size_t i; (i = next.fetch_add(1)) < paths.size();) {
       try {
-        const std::string abs = fs::absolute(paths[i]).lexically_normal().string();
-        const FileStat st = stat_file(paths[i]);
+        const VideoBytes& at = bytes[i];
+        std::string abs = fs::absolute(at.file).lexically_normal().string();
+        FileStat st = stat_file(at.file);
+        if (at.member) {  // keyed by the tar, the member's place and its length
+          abs += "#" + std::to_string(at.offset);
+          st.size = at.size;
+        }
         const std::string file = dir.empty() ? std::string() : cache_file(dir, abs);
         if (!file.empty() && load_index(file, abs, st, index[i])) {
           cached[i] = 1;
           continue;
         }
-        index[i] = build_index(paths[i]);
+        index[i] = build_index(paths[i], at);
         if (!file.empty()) save_index(file, abs, st, index[i]);
       } catch (const std::exception& e) {
         errors[i] = e.what();
@@ -608,7 +773,7 @@ std::unique_ptr<Decoder> VideoClips::Impl::take(std::size_t video, std::int64_t 
     }
   }
   if (!out) {
-    out = open_decoder(paths[video], video, index[video]);
+    out = open_decoder(paths[video], bytes[video], video, index[video]);
     opened.fetch_add(1, std::memory_order_relaxed);
   }
   return out;

@@ -2,6 +2,7 @@
 H.264 through libx264, B-frames on, and a variable-frame-rate one), in stoker.DataLoader, and
 the bad files (truncated, no moov atom, audio only, no frames, a stream that does not decode)."""
 
+import io
 import os
 from fractions import Fraction
 
@@ -164,6 +165,27 @@ def test_class_folders_label_the_clips(videos, tmp_path):
     ds = stoker.VideoClips(root, frames=2, size=8, index_cache=False)
     assert ds.classes == ["jump", "run"]
     assert [ds[i][1] for i in range(2)] == [0, 1]
+
+
+def test_a_webdataset_shard_of_videos_gives_the_files_clips_and_its_cls_labels(videos,
+                                                                               tmp_path):
+    import tarfile
+    shard = tmp_path / "videos-000.tar"
+    with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, name, label in (("k0", "a.mp4", 7), ("k1", "b.mp4", 2)):
+            tar.add(videos / name, arcname=f"{key}.mp4")
+            data = str(label).encode()
+            info = tarfile.TarInfo(f"{key}.cls")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    kw = dict(frames=4, stride=2, size=(24, 32), clips_per_video=2, index_cache=tmp_path / "i")
+    from_shard = stoker.VideoClips(shard, **kw)
+    from_files = stoker.VideoClips([videos / "a.mp4", videos / "b.mp4"], **kw)
+    assert from_shard.videos == [f"{shard} member 'k0.mp4'", f"{shard} member 'k1.mp4'"]
+    batches = list(stoker.DataLoader(from_shard, batch_size=4))
+    files = list(stoker.DataLoader(from_files, batch_size=4))
+    assert torch.equal(batches[0][0], files[0][0])
+    assert batches[0][1].tolist() == [7, 7, 2, 2]
 
 
 # ---- bad files

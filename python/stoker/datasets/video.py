@@ -25,7 +25,9 @@ class VideoClips(NativeDataset):
     ``paths``: a directory, a video file, or a list of them. A directory holding only folders
     is torchvision's ImageFolder layout (``root/<class>/<video>``: classes sorted, the label the
     class's index); otherwise every video file below it (.mp4 .m4v .mov .mkv .webm .avi) in
-    sorted order, labelled by its index among all videos.
+    sorted order, labelled by its index among all videos. A ``.tar`` path is a WebDataset
+    shard: its video members are read in place, each labelled by its sample's ``.cls`` member
+    when it has one.
 
     A clip is every ``stride``-th frame from its first or, with ``fps``, the frames on screen
     at ``start + k / fps`` (chosen by presentation timestamps: variable-frame-rate files give
