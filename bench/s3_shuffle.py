@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import os
 import pathlib
 import resource
@@ -285,6 +286,8 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         args.images, args.rows, args.ratios = 200, 2000, [10]
+    # The loaders' advice at fixed settings ("... would change ..."): not in the table.
+    logging.getLogger("stoker").setLevel(logging.WARNING)
     weed = os.environ.get("STOKER_WEED") or shutil.which("weed")
     if not weed:
         print("s3_shuffle: no SeaweedFS (set STOKER_WEED or put weed on PATH)")
