@@ -29,7 +29,9 @@ struct VideoClipsOptions {
   // sorted order; a directory whose sub-directories hold videos is read as torchvision's
   // ImageFolder layout (root/<class>/<video>, classes sorted, the label the class's index).
   // A .tar file is a WebDataset shard: its video members are read in place, each labelled by
-  // its sample's .cls member when it has one. Otherwise the label is the video's index.
+  // its sample's .cls member when it has one. Otherwise the label is the video's index. URLs
+  // (docs/storage.md): an s3:// or http(s):// video or .tar object, or an s3:// prefix (every
+  // video and .tar object below it, in key order), read through the object cache.
   std::vector<std::string> paths;
 
   int frames = 16;  // frames per clip
@@ -58,6 +60,12 @@ struct VideoClipsOptions {
   std::string index_cache_dir;
   bool index_cache = true;
   int index_threads = 0;  // threads that index the files at construction; 0: one per core
+
+  // URLs: where the chunks read from object storage are kept, and the cache's byte cap ("" is
+  // $STOKER_CACHE_DIR/objects, else $XDG_CACHE_HOME/stoker/objects, else ~/.cache/stoker/
+  // objects; 0: no cache, every read fetches its range).
+  std::string object_cache_dir;
+  std::uint64_t object_cache_bytes = 10ull << 30;
 };
 
 // Fields: "clip" (u8 [frames, 3, height, width]), "label" (i64) and "start_pts" (f64: the

@@ -23,7 +23,9 @@ const VideoClips& clips_of(const NativeDataset& d) {
 NativeDataset make_video_clips(const std::vector<std::string>& paths, int frames, int stride,
                                double fps, int height, int width, bool center_crop,
                                const std::string& sampling, int clips_per_video,
-                               const std::string& index_cache_dir, bool index_cache) {
+                               const std::string& index_cache_dir, bool index_cache,
+                               const std::string& object_cache_dir,
+                               std::uint64_t object_cache_bytes) {
   VideoClipsOptions o;
   o.paths = paths;
   o.frames = frames;
@@ -43,6 +45,8 @@ NativeDataset make_video_clips(const std::vector<std::string>& paths, int frames
   o.clips_per_video = clips_per_video;
   o.index_cache_dir = index_cache_dir;
   o.index_cache = index_cache;
+  o.object_cache_dir = object_cache_dir;
+  o.object_cache_bytes = object_cache_bytes;
   NativeDataset out;
   {
     py::gil_scoped_release nogil;  // indexing the files takes a while
@@ -58,7 +62,8 @@ void bind_video(py::module_& m) {
   m.def("video_clips", &make_video_clips, py::arg("paths"), py::arg("frames"), py::arg("stride"),
         py::arg("fps"), py::arg("height"), py::arg("width"), py::arg("center_crop"),
         py::arg("sampling"), py::arg("clips_per_video"), py::arg("index_cache_dir"),
-        py::arg("index_cache"));
+        py::arg("index_cache"), py::arg("object_cache_dir") = "",
+        py::arg("object_cache_bytes") = std::uint64_t{10} << 30);
   m.def("video_paths", [](const NativeDataset& d) {
     const VideoClips& v = clips_of(d);
     std::vector<std::string> out;

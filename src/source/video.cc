@@ -24,6 +24,8 @@ extern "C" {
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -127,19 +129,23 @@ FileStat stat_file(const std::string& path) {
           static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
 }
 
-// Where a video's bytes are: a file of its own, or a member of a tar (a WebDataset shard),
-// read in place.
+// Where a video's bytes are: a file of its own, a member of a tar (a WebDataset shard) read in
+// place, or an object (or a member of a tar object) read through the object cache.
 struct VideoBytes {
-  std::string file;
+  std::string file;  // a local file's path ("" for an object)
   bool member = false;
   std::uint64_t offset = 0;  // a member's data in the tar
   std::uint64_t size = 0;    // and its bytes
+  std::optional<detail::RemoteObject> object;
+  bool custom_io() const { return member || object.has_value(); }
 };
 
-// A tar member as FFmpeg's input (a custom AVIOContext): reads and seeks within the member's
-// bytes, with pread on the tar.
+// A tar member or an object as FFmpeg's input (a custom AVIOContext): reads and seeks within
+// its bytes, with pread on the tar or through the object cache.
 struct MemberIO {
   int fd = -1;
+  detail::RemoteFiles* files = nullptr;  // with `object`
+  const detail::RemoteObject* object = nullptr;
   std::uint64_t offset = 0, size = 0, pos = 0;
   MemberIO() = default;
   MemberIO(const MemberIO&) = delete;
@@ -155,6 +161,15 @@ int member_read(void* opaque, std::uint8_t* buf, int n) {
   if (left == 0 || n <= 0) return AVERROR_EOF;
   const auto want =
       static_cast<std::size_t>(std::min<std::uint64_t>(left, static_cast<unsigned>(n)));
+  if (m->object != nullptr) {
+    try {  // the store's retries happen here; what is left after them is the read's error
+      m->files->read(*m->object, m->offset + m->pos, reinterpret_cast<std::byte*>(buf), want);
+    } catch (const std::exception&) {
+      return AVERROR(EIO);
+    }
+    m->pos += want;
+    return static_cast<int>(want);
+  }
   ssize_t got = 0;
   do {
     got = ::pread(m->fd, buf, want, static_cast<off_t>(m->offset + m->pos));
@@ -208,13 +223,18 @@ struct PacketFree {
 using FormatPtr = std::unique_ptr<AVFormatContext, FormatCloser>;
 using PacketPtr = std::unique_ptr<AVPacket, PacketFree>;
 
-FormatPtr open_format(const std::string& path, const VideoBytes& at) {
+FormatPtr open_format(const std::string& path, const VideoBytes& at, detail::RemoteFiles* files) {
   AVFormatContext* raw = nullptr;
   AVIOContext* pb = nullptr;
-  if (at.member) {
+  if (at.custom_io()) {
     auto io = std::make_unique<MemberIO>();
-    io->fd = ::open(at.file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (io->fd < 0) detail::throw_errno(path, "cannot open");
+    if (at.object) {
+      io->files = files;
+      io->object = &*at.object;
+    } else {
+      io->fd = ::open(at.file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (io->fd < 0) detail::throw_errno(path, "cannot open");
+    }
     io->offset = at.offset;
     io->size = at.size;
     constexpr int kBuffer = 64 << 10;
@@ -235,7 +255,7 @@ FormatPtr open_format(const std::string& path, const VideoBytes& at) {
     raw->flags |= AVFMT_FLAG_CUSTOM_IO;
   }
   const int rc =
-      avformat_open_input(&raw, at.member ? path.c_str() : at.file.c_str(), nullptr, nullptr);
+      avformat_open_input(&raw, at.custom_io() ? path.c_str() : at.file.c_str(), nullptr, nullptr);
   if (rc < 0) {
     free_member_io(pb);  // avformat_open_input freed the context, not a custom AVIOContext
     std::string why = av_error(rc);
@@ -269,8 +289,8 @@ int video_stream(AVFormatContext* fmt, const std::string& path) {
 }
 
 // Demuxes every packet of the file's video stream (nothing decoded).
-VideoIndex build_index(const std::string& path, const VideoBytes& at) {
-  FormatPtr fmt = open_format(path, at);
+VideoIndex build_index(const std::string& path, const VideoBytes& at, detail::RemoteFiles* files) {
+  FormatPtr fmt = open_format(path, at, files);
   int s = video_stream(fmt.get(), path);
   AVStream* st = fmt->streams[s];
   if (st->codecpar->width <= 0 || st->codecpar->codec_id == AV_CODEC_ID_NONE) {
@@ -489,10 +509,11 @@ struct Decoder {
 };
 
 std::unique_ptr<Decoder> open_decoder(const std::string& path, const VideoBytes& at,
-                                      std::size_t video, const VideoIndex& index) {
+                                      detail::RemoteFiles* files, std::size_t video,
+                                      const VideoIndex& index) {
   auto d = std::make_unique<Decoder>();
   d->video = video;
-  FormatPtr fmt = open_format(path, at);
+  FormatPtr fmt = open_format(path, at, files);
   if (index.stream < 0 || static_cast<unsigned>(index.stream) >= fmt->nb_streams) {
     throw std::runtime_error(path + ": the file changed since it was indexed");
   }
@@ -529,6 +550,7 @@ struct VideoClips::Impl {
   std::vector<std::string> paths;  // names: a file's path, or "<tar> member '<name>'"
   std::vector<VideoBytes> bytes;   // where each video's bytes are
   std::vector<std::int64_t> labels;
+  detail::RemoteHandle files;  // URLs: the object cache (made by the first)
   std::vector<std::string> classes;
   std::vector<VideoIndex> index;
   std::size_t clip_bytes = 0;
@@ -544,7 +566,8 @@ struct VideoClips::Impl {
 
   void list_videos();
   void add_file(std::string path, std::int64_t label);
-  void add_tar(const std::string& tar);
+  void add_tar(const std::string& tar, const std::optional<detail::RemoteObject>& object);
+  void add_url(const std::string& url);
   void make_indexes();
 
   struct Plan {
@@ -595,10 +618,12 @@ void VideoClips::Impl::list_videos() {
       std::vector<std::string> v = videos_below(p);
       if (v.empty()) throw std::runtime_error(p + ": no video files (.mp4 .mkv .webm .mov ...)");
       for (auto& f : v) add_file(std::move(f), -1);
+    } else if (detail::is_url(p)) {
+      add_url(p);
     } else if (!fs::exists(p, ec)) {
       throw std::runtime_error(p + ": no such file or directory");
     } else if (fs::path(p).extension() == ".tar") {
-      add_tar(p);
+      add_tar(p, std::nullopt);
     } else {
       add_file(p, -1);
     }
@@ -610,16 +635,60 @@ void VideoClips::Impl::list_videos() {
 }
 
 void VideoClips::Impl::add_file(std::string path, std::int64_t label) {
-  bytes.push_back({path});
+  VideoBytes at;
+  at.file = path;
+  bytes.push_back(std::move(at));
   paths.push_back(std::move(path));
   labels.push_back(label);
+}
+
+// An object (a video, or a .tar shard), or an s3:// prefix: every video and .tar object below
+// it, at any depth, in key order.
+void VideoClips::Impl::add_url(const std::string& url) {
+  if (!files) files = detail::RemoteHandle(o.object_cache_dir, o.object_cache_bytes);
+  const std::string ext = fs::path(url).extension().string();
+  std::vector<detail::RemoteObject> objects;
+  if (ext == ".tar" || has_video_extension(fs::path(url))) {
+    objects = files->resolve({url}, ext)[0];
+  } else {
+    for (auto& object : files->list_all(url)) {
+      const fs::path name(object.url);
+      if (name.extension() == ".tar" || has_video_extension(name)) {
+        objects.push_back(std::move(object));
+      }
+    }
+    if (objects.empty()) {
+      throw std::runtime_error(url + ": no video or .tar objects under this prefix");
+    }
+  }
+  for (auto& object : objects) {
+    if (fs::path(object.url).extension() == ".tar") {
+      add_tar(object.url, object);
+    } else {
+      VideoBytes at;
+      at.size = object.size;
+      at.object = std::move(object);
+      paths.push_back(at.object->url);
+      bytes.push_back(std::move(at));
+      labels.push_back(-1);
+    }
+  }
 }
 
 // A WebDataset shard: each member with a video extension is a video, its label the integer in
 // the sample's `.cls` member (the same key: the name up to the first dot of its last path
 // component) when there is one.
-void VideoClips::Impl::add_tar(const std::string& tar) {
-  const std::vector<detail::TarMember> members = detail::index_tar_file(tar);
+void VideoClips::Impl::add_tar(const std::string& tar,
+                               const std::optional<detail::RemoteObject>& object) {
+  // The shard's bytes at an offset, for an object: through the object cache.
+  const auto read_at = [&](std::uint64_t at, std::span<std::byte> dst) -> std::size_t {
+    const auto n = static_cast<std::size_t>(
+        std::min<std::uint64_t>(dst.size(), object->size - std::min(at, object->size)));
+    files->read(*object, at, dst.data(), n);
+    return n;
+  };
+  const std::vector<detail::TarMember> members =
+      object ? detail::index_tar(read_at, object->size, tar) : detail::index_tar_file(tar);
   const auto key_of = [](const std::string& name) {
     const std::size_t slash = name.rfind('/');
     const std::size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
@@ -637,20 +706,32 @@ void VideoClips::Impl::add_tar(const std::string& tar) {
     if (auto it = cls.find(key_of(m.name)); it != cls.end()) {
       std::string text(static_cast<std::size_t>(std::min<std::uint64_t>(it->second->size, 32)),
                        '\0');
-      std::ifstream in(tar, std::ios::binary);
-      in.seekg(static_cast<std::streamoff>(it->second->offset));
-      in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      std::ifstream in;
+      if (object) {
+        read_at(it->second->offset, std::as_writable_bytes(std::span(text)));
+      } else {
+        in.open(tar, std::ios::binary);
+        in.seekg(static_cast<std::streamoff>(it->second->offset));
+        in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      }
       const auto first = text.find_first_not_of(" \t\r\n");
-      const auto last = text.find_last_not_of(" \t\r\n\0");
+      const auto last = text.find_last_not_of(" \t\r\n");
       const std::string digits =
           first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
       const char* end = digits.data() + digits.size();
-      if (!in || digits.empty() || std::from_chars(digits.data(), end, label).ptr != end) {
+      if ((!object && !in) || digits.empty() ||
+          std::from_chars(digits.data(), end, label).ptr != end) {
         throw std::runtime_error(tar + " member '" + it->second->name +
                                  "': not an integer label ('" + digits + "')");
       }
     }
-    bytes.push_back({tar, true, m.offset, m.size});
+    VideoBytes at;
+    at.file = object ? std::string() : tar;
+    at.member = true;
+    at.offset = m.offset;
+    at.size = m.size;
+    at.object = object;
+    bytes.push_back(std::move(at));
     paths.push_back(name);
     labels.push_back(label);
   }
@@ -672,18 +753,26 @@ void VideoClips::Impl::make_indexes() {
     for (std::size_t i; (i = next.fetch_add(1)) < paths.size();) {
       try {
         const VideoBytes& at = bytes[i];
-        std::string abs = fs::absolute(at.file).lexically_normal().string();
-        FileStat st = stat_file(at.file);
-        if (at.member) {  // keyed by the tar, the member's place and its length
-          abs += "#" + std::to_string(at.offset);
-          st.size = at.size;
+        // Keyed by the file (its size and time) or the object (its ETag), and a member's place
+        // and length.
+        std::string abs;
+        FileStat st;
+        if (at.object) {
+          abs = at.object->url;
+          st.mtime_ns =
+              static_cast<std::int64_t>(fnv1a(at.object->etag.data(), at.object->etag.size()) >> 1);
+        } else {
+          abs = fs::absolute(at.file).lexically_normal().string();
+          st = stat_file(at.file);
         }
+        if (at.member) abs += "#" + std::to_string(at.offset);
+        if (at.custom_io()) st.size = at.size;
         const std::string file = dir.empty() ? std::string() : cache_file(dir, abs);
         if (!file.empty() && load_index(file, abs, st, index[i])) {
           cached[i] = 1;
           continue;
         }
-        index[i] = build_index(paths[i], at);
+        index[i] = build_index(paths[i], at, files ? &*files : nullptr);
         if (!file.empty()) save_index(file, abs, st, index[i]);
       } catch (const std::exception& e) {
         errors[i] = e.what();
@@ -773,7 +862,7 @@ std::unique_ptr<Decoder> VideoClips::Impl::take(std::size_t video, std::int64_t 
     }
   }
   if (!out) {
-    out = open_decoder(paths[video], bytes[video], video, index[video]);
+    out = open_decoder(paths[video], bytes[video], files ? &*files : nullptr, video, index[video]);
     opened.fetch_add(1, std::memory_order_relaxed);
   }
   return out;

