@@ -9,7 +9,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 trap stage_times EXIT
 
 stage "Debian packages"
-apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format nginx libnginx-mod-http-lua
+apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format ccache nginx \
+  libnginx-mod-http-lua
+# The release build and the wheel compile the library, the bench harness and the command with
+# the same compiler and flags: one compiler cache in the tree (build-ccache/, empty in a fresh
+# clone) lets the wheel take those objects from the release build's.
+export CCACHE_DIR="$PWD/build-ccache"
 
 stage "format"
 git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
@@ -21,11 +26,12 @@ export STOKER_WEED="$PWD/.venv-test/bin/weed"
 arrow=(-DSTOKER_PARQUET=ON -DSTOKER_ARROW_PYTHON="$PWD/.venv-test/bin/python")
 
 stage "release build and tests (install_consumer: cmake --install, then find_package(stoker))"
-build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON "${arrow[@]}"
+build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=ON "${arrow[@]}" \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
 stage "ASan + UBSan"
-build build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=address,undefined \
+build build-asan "${SANITIZER_BUILD[@]}" -DSTOKER_SANITIZE=address,undefined \
   -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 ARROW_DEFAULT_MEMORY_POOL=system ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
@@ -33,7 +39,7 @@ stage "fuzzing (libFuzzer, ASan + UBSan, about a minute)"
 bash scripts/fuzz.sh
 
 stage "TSan (clang, -Wthread-safety)"
-build build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSTOKER_SANITIZE=thread \
+build build-tsan "${SANITIZER_BUILD[@]}" -DSTOKER_SANITIZE=thread \
   -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
 # Arrow's own allocator (jemalloc/mimalloc) is not instrumented: memory one thread freed and
 # Arrow handed to another reads to TSan as a race (seen once in ten Parquet runs on a busy
@@ -55,7 +61,12 @@ stage "Python package: one wheel (pip wheel .), installed into .venv-test (for t
 apt_install libdlpack-dev
 rm -rf build-py/dist
 python_build_repair
-.venv-test/bin/pip wheel -q --no-deps --no-build-isolation -w build-py/dist .
+# The release build's compiler (by name too: ccache tells c++ from g++), its -Werror and the
+# compiler cache, so that the objects both build come from the cache.
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:FILEPATH=//p' build/CMakeCache.txt)
+.venv-test/bin/pip wheel -q --no-deps --no-build-isolation -w build-py/dist \
+  -C cmake.define.CMAKE_CXX_COMPILER="$cxx" -C cmake.define.CMAKE_CXX_COMPILER_LAUNCHER=ccache \
+  -C cmake.define.STOKER_WERROR=ON .
 wheel=$(echo build-py/dist/stoker-*.whl)
 .venv-test/bin/pip install -q --force-reinstall --no-deps "$wheel"
 

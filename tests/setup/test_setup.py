@@ -120,9 +120,23 @@ def test_stage_times_lists_each_stage_and_the_total():
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[:2] == ["== first stage", "== second stage"]
-    times = {line[10:]: float(line[:8]) for line in lines if line[:8].strip()[:1].isdigit()}
-    assert set(times) == {"first stage", "second stage", "in all"}
+    # wall-clock seconds, CPU seconds, the stage
+    rows = {line[20:]: (float(line[:8]), float(line[10:18]))
+            for line in lines if line[:8].strip()[:1].isdigit()}
+    assert set(rows) == {"first stage", "second stage", "in all"}
+    times = {name: wall for name, (wall, _) in rows.items()}
     assert times["first stage"] >= 0.2 and times["in all"] >= times["first stage"]
+    # sleep takes no CPU; the total counts at least what the stages did
+    assert 0 <= rows["first stage"][1] < 0.2 and rows["in all"][1] >= rows["second stage"][1]
+
+
+def test_stage_times_count_the_cpu_of_the_commands_a_stage_ran():
+    busy = "python3 -c 'import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass'"
+    out = bash(f"trap stage_times EXIT\nstage busy\n{busy}\nstage idle\nsleep 0.3\n")
+    assert out.returncode == 0, out.stderr
+    rows = {line[20:]: float(line[10:18]) for line in out.stdout.splitlines()
+            if line[:8].strip()[:1].isdigit()}
+    assert rows["busy"] >= 0.4 and rows["idle"] < 0.2
 
 
 def test_stage_times_of_a_failed_run_say_where_it_stopped():
