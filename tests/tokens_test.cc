@@ -389,6 +389,10 @@ TEST(TokenMixIndex, RefusesMissingWeightsAndAWeightedSourceWithoutRows) {
                std::invalid_argument);
   const auto ok = token_mix_index(rows, std::vector<double>{1, 0}, TokenMixing::iid, 1, 10, 0);
   EXPECT_EQ(ok.epochs, (std::vector<std::uint64_t>{2, 0}));  // a source weighted 0 is not read
+  const std::vector<std::uint64_t> three = {5, 5, 5};
+  const auto zeros =
+      token_mix_index(three, std::vector<double>{0, 1, 0}, TokenMixing::iid, 1, 1000, 3);
+  EXPECT_EQ(zeros.epochs, (std::vector<std::uint64_t>{0, 200, 0}));
 }
 
 TEST(TokenMixIndex, IndexesTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {

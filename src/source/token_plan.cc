@@ -257,7 +257,8 @@ double weight_sum(std::span<const double> weights) {
 
 TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed) {
   const double sum = weight_sum(weights);
-  // Cumulative shares; the last source with a weight above 0 takes what rounding leaves.
+  // Cumulative shares; the last source with a weight above 0 takes what rounding leaves (and
+  // the sources weighted 0 after it none).
   std::vector<double> upto(weights.size());
   double acc = 0;
   std::size_t last = 0;
@@ -266,7 +267,7 @@ TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::
     upto[s] = acc;
     if (weights[s] > 0) last = s;
   }
-  upto[last] = 2.0;
+  std::fill(upto.begin() + static_cast<std::ptrdiff_t>(last), upto.end(), 2.0);  // sorted still
   TokenBlend out;
   out.source.resize(samples);
   out.draw.resize(samples);
