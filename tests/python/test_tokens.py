@@ -366,17 +366,23 @@ def test_a_mix_pickles_and_refuses_what_it_cannot_mix(tmp_path):
         stoker.TokenMix(sources, [0, 0, 0], global_batch=4)
 
 
+# A native data set reads on threads whatever worker_type says (stats()["worker_type"]), so
+# there is no threads-to-processes case here.
+@pytest.mark.parametrize("old_workers, new_workers, new_kind, cuts", [
+    (2, 1, "thread", 100),
+    (3, 2, "thread", 30),  # the issue's 4 ranks x 3 workers to 3 ranks x 2
+])
 def test_resume_at_random_cut_points_on_another_topology_gives_the_uninterrupted_rows(
-        tmp_path):
-    """Saved on 4 ranks x 2 worker threads, merged, resumed on 3 ranks x 1: the rows after
-    the cut are the uninterrupted run's from the cut on, in its order (every sample of the
-    epoch once over the two runs), whether the ranks stopped at the same step or not."""
+        tmp_path, old_workers, new_workers, new_kind, cuts):
+    """Saved on 4 ranks x old_workers worker threads, merged, resumed on 3 ranks x
+    new_workers: the rows after the cut are the uninterrupted run's from the cut on, in its
+    order (every sample of the epoch once over the two runs), whether the ranks stopped at the
+    same step or not."""
     ds = stoker.TokenMix(mix_sources(tmp_path), WEIGHTS, global_batch=16, samples=320, seed=7)
     whole = keys(loader_rows(stoker.DataLoader(ds, batch_size=16)))
     old_world, old_batch, new_world, new_batch = 4, 4, 3, 4
     steps_old = len(ds) // (old_world * old_batch)
-    rng = np.random.default_rng(50)
-    cuts = 100
+    rng = np.random.default_rng(50 + new_workers)
     for cut in range(cuts):
         if cut % 2 == 0:
             stops = [int(rng.integers(1, steps_old))] * old_world  # one step on every rank
@@ -387,7 +393,7 @@ def test_resume_at_random_cut_points_on_another_topology_gives_the_uninterrupted
             sampler = stoker.DistributedSampler(ds, num_replicas=old_world, rank=r,
                                                 shuffle=False)
             loader = stoker.DataLoader(ds, batch_size=old_batch, sampler=sampler,
-                                       num_workers=2, worker_type="thread")
+                                       num_workers=old_workers, worker_type="thread")
             it = iter(loader)
             for _ in range(stops[r]):
                 seen.append(keys({k: v.numpy() for k, v in next(it).items()}))
@@ -399,7 +405,7 @@ def test_resume_at_random_cut_points_on_another_topology_gives_the_uninterrupted
             sampler = stoker.DistributedSampler(ds, num_replicas=new_world, rank=r,
                                                 shuffle=False)
             loader = stoker.DataLoader(ds, batch_size=new_batch, sampler=sampler,
-                                       num_workers=1, worker_type="thread")
+                                       num_workers=new_workers, worker_type=new_kind)
             loader.load_state_dict(merged)
             rest.append([keys({k: v.numpy() for k, v in b.items()}) for b in loader])
             loader.close()
