@@ -12,13 +12,19 @@ Megatron indexed data set (.bin/.idx, uint16) and as a flat uint16 file (nanoGPT
     pack="concat") in stoker.DataLoader against megatron-core's GPTDataset in torch's
     DataLoader and a nanoGPT-style np.memmap random-window data set in torch's DataLoader,
     each baseline at its best num_workers; the ratio to the best baseline.
+(c) The blend index of a mix of --mix-sources sources by weight, --mix-samples samples (global
+    batch 1,024): stoker.token_mix_index (the blend, stratified or iid, and each sample's row in
+    its source, sources wrapping around to further epochs; what stoker.TokenMix builds) and
+    stoker.stratified_blend alone, beside megatron-core's build_blending_indices (its C++
+    helper, what its BlendedDataset builds) on the same weights.
 
 Every figure is the median of --rounds rounds. The baselines run in their own virtual
 environment (--peers-python; make it with
 `python3 -m venv .venv-peers && .venv-peers/bin/pip install grain megatron-core torch numpy`),
 each in a child process of that python; a baseline that does not import is reported so.
 
-    python bench/token_bench.py [--smoke] [--no-peers] [--docs N] [--rounds R] [--peers-python PY]
+    python bench/token_bench.py [--smoke] [--no-peers] [--mix-only] [--docs N] [--rounds R]
+                                 [--peers-python PY]
 """
 
 from __future__ import annotations
@@ -211,7 +217,55 @@ def memmap_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     return statistics.median(rates)
 
 
-PEERS = {"grain": grain_best_fit, "megatron": megatron_concat, "memmap": memmap_concat}
+MIX_WEIGHTS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]  # sources take the first ones
+
+
+def stoker_mix(sources, samples, rounds):
+    """Seconds to build the blend index (median of rounds): token_mix_index, stratified and
+    iid, and stratified_blend alone."""
+    import stoker
+
+    weights = MIX_WEIGHTS[:sources]
+    rows = [samples // (2 * sources)] * sources  # every source wraps around at least once
+    out = {}
+    for name, build in (
+            ("index_stratified", lambda: stoker.token_mix_index(rows, weights, "stratified",
+                                                                1024, samples, 1)),
+            ("index_iid", lambda: stoker.token_mix_index(rows, weights, "iid", 1024, samples,
+                                                         1)),
+            ("blend_stratified", lambda: stoker.stratified_blend(weights, 1024,
+                                                                 samples // 1024, 1))):
+        times = []
+        for _ in range(rounds):
+            t = time.perf_counter()
+            build()
+            times.append(time.perf_counter() - t)
+        out[name] = statistics.median(times)
+    return out
+
+
+def megatron_blend(sources, samples, rounds):
+    """Seconds for megatron-core's build_blending_indices (its C++ helper, as BlendedDataset
+    calls it) on the same weights (median of rounds)."""
+    try:
+        from megatron.core.datasets import helpers_cpp as helpers
+    except ImportError:
+        from megatron.core.datasets import helpers
+    weights = np.array(MIX_WEIGHTS[:sources], dtype=np.float64)
+    weights /= weights.sum()
+    times = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        dataset_index = np.zeros(samples, dtype=np.int16)
+        dataset_sample_index = np.zeros(samples, dtype=np.int64)
+        helpers.build_blending_indices(dataset_index, dataset_sample_index, weights, sources,
+                                       samples, False)
+        times.append(time.perf_counter() - t)
+    return {"build_blending_indices": statistics.median(times)}
+
+
+PEERS = {"grain": grain_best_fit, "megatron": megatron_concat, "memmap": memmap_concat,
+         "megatron_blend": megatron_blend}
 
 
 def run_peer(python, name, args):
@@ -224,72 +278,8 @@ def run_peer(python, name, args):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="a tiny run that checks the harness")
-    ap.add_argument("--docs", type=int, default=30_000, help="documents in the corpus")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--seq-len", type=int, default=4096, help="best-fit packing's row")
-    ap.add_argument("--concat-seq-len", type=int, default=2048)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--batches", type=int, default=200,
-                    help="batches timed per round at least (b)")
-    ap.add_argument("--min-seconds", type=float, default=2.0,
-                    help="seconds timed per round at least (the loaders' epochs repeat)")
-    ap.add_argument("--workers", type=int, nargs="+", default=[0, 2],
-                    help="num_workers tried for each baseline (its best is kept)")
-    ap.add_argument("--stoker-workers", type=int, default=2)
-    ap.add_argument("--grain-bins", type=int, default=128, help="Grain's num_packing_bins")
-    ap.add_argument("--peers-python", default=os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-peers", "bin",
-        "python"))
-    ap.add_argument("--no-peers", action="store_true", help="stoker only (no baselines)")
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument("--peer", help=argparse.SUPPRESS)
-    ap.add_argument("--peer-args", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.peer:
-        print(json.dumps(PEERS[a.peer](**json.loads(a.peer_args))))
-        return
-    if a.smoke:
-        a.docs, a.rounds, a.batches, a.workers, a.min_seconds = 2000, 1, 10, [0], 0.0
-        a.seq_len, a.concat_seq_len = 1024, 256
-    have_peers = os.path.exists(a.peers_python) and not a.no_peers
-    out = {"docs": a.docs, "rounds": a.rounds}
-    with tempfile.TemporaryDirectory(prefix="token-bench-") as d:
-        lengths = make_corpus(d, a.docs)
-        out["tokens"] = int(lengths.sum())
-        # (a) best-fit packing
-        out["best_fit"] = {"seq_len": a.seq_len,
-                           "stoker": stoker_best_fit(d, a.seq_len, a.rounds,
-                                                     10_000 if a.smoke else 1_000_000,
-                                                     a.min_seconds)}
-        out["best_fit"]["grain"] = (run_peer(a.peers_python, "grain", dict(
-            d=d, seq_len=a.seq_len, rounds=a.rounds, bins=a.grain_bins)) if have_peers
-            else {"error": "--no-peers" if a.no_peers else f"no peers python at {a.peers_python}"})
-        # (b) concatenate-and-split to the training loop
-        common = dict(d=d, seq_len=a.concat_seq_len, batch=a.batch, batches=a.batches,
-                      rounds=a.rounds, min_seconds=a.min_seconds)
-        concat = {"seq_len": a.concat_seq_len, "batch": a.batch,
-                  "stoker": stoker_concat(workers=a.stoker_workers, **common)}
-        for name in ("megatron", "memmap"):
-            if not have_peers:
-                concat[name] = {"error": "--no-peers" if a.no_peers
-                                else f"no peers python at {a.peers_python}"}
-                continue
-            tries = {w: run_peer(a.peers_python, name, dict(workers=w, **common))
-                     for w in a.workers}
-            ok = {w: v for w, v in tries.items() if not isinstance(v, dict)}
-            concat[name] = ({"tokens_per_s": max(ok.values()),
-                             "workers": max(ok, key=ok.get)} if ok
-                            else next(iter(tries.values())))
-        best = max((v["tokens_per_s"] for k, v in concat.items()
-                    if isinstance(v, dict) and "tokens_per_s" in v), default=None)
-        concat["ratio_to_best_baseline"] = concat["stoker"] / best if best else None
-        out["concat"] = concat
-    if a.json:
-        print(json.dumps(out, indent=1))
-        return
+def print_loaders(a, out):
+    """(a) and (b), as text."""
     bf = out["best_fit"]
     print(f"corpus: {a.docs} documents, {out['tokens']} tokens (log-normal, median 300, "
           f"sigma 1.2); medians of {a.rounds} rounds")
@@ -315,6 +305,99 @@ def main():
                                  else f"not measured: {v['error']}"))
     if c["ratio_to_best_baseline"]:
         print(f"  stoker / best baseline: {c['ratio_to_best_baseline']:.2f}x")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true", help="a tiny run that checks the harness")
+    ap.add_argument("--docs", type=int, default=30_000, help="documents in the corpus")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seq-len", type=int, default=4096, help="best-fit packing's row")
+    ap.add_argument("--concat-seq-len", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=200,
+                    help="batches timed per round at least (b)")
+    ap.add_argument("--min-seconds", type=float, default=2.0,
+                    help="seconds timed per round at least (the loaders' epochs repeat)")
+    ap.add_argument("--workers", type=int, nargs="+", default=[0, 2],
+                    help="num_workers tried for each baseline (its best is kept)")
+    ap.add_argument("--stoker-workers", type=int, default=2)
+    ap.add_argument("--grain-bins", type=int, default=128, help="Grain's num_packing_bins")
+    ap.add_argument("--peers-python", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-peers", "bin",
+        "python"))
+    ap.add_argument("--mix-sources", type=int, default=10, help="sources in the mix (c)")
+    ap.add_argument("--mix-samples", type=int, default=10_000_000, help="samples in the mix (c)")
+    ap.add_argument("--mix-only", action="store_true", help="only (c), the blend index")
+    ap.add_argument("--no-peers", action="store_true", help="stoker only (no baselines)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--peer", help=argparse.SUPPRESS)
+    ap.add_argument("--peer-args", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.peer:
+        print(json.dumps(PEERS[a.peer](**json.loads(a.peer_args))))
+        return
+    if a.smoke:
+        a.docs, a.rounds, a.batches, a.workers, a.min_seconds = 2000, 1, 10, [0], 0.0
+        a.seq_len, a.concat_seq_len = 1024, 256
+        a.mix_samples = 100_000
+    have_peers = os.path.exists(a.peers_python) and not a.no_peers
+    out = {"docs": a.docs, "rounds": a.rounds}
+    if not a.mix_only:  # (a) and (b)
+        with tempfile.TemporaryDirectory(prefix="token-bench-") as d:
+            lengths = make_corpus(d, a.docs)
+            out["tokens"] = int(lengths.sum())
+            # (a) best-fit packing
+            out["best_fit"] = {"seq_len": a.seq_len,
+                               "stoker": stoker_best_fit(d, a.seq_len, a.rounds,
+                                                         10_000 if a.smoke else 1_000_000,
+                                                         a.min_seconds)}
+            out["best_fit"]["grain"] = (run_peer(a.peers_python, "grain", dict(
+                d=d, seq_len=a.seq_len, rounds=a.rounds, bins=a.grain_bins)) if have_peers
+                else {"error": "--no-peers" if a.no_peers
+                      else f"no peers python at {a.peers_python}"})
+            # (b) concatenate-and-split to the training loop
+            common = dict(d=d, seq_len=a.concat_seq_len, batch=a.batch, batches=a.batches,
+                          rounds=a.rounds, min_seconds=a.min_seconds)
+            concat = {"seq_len": a.concat_seq_len, "batch": a.batch,
+                      "stoker": stoker_concat(workers=a.stoker_workers, **common)}
+            for name in ("megatron", "memmap"):
+                if not have_peers:
+                    concat[name] = {"error": "--no-peers" if a.no_peers
+                                    else f"no peers python at {a.peers_python}"}
+                    continue
+                tries = {w: run_peer(a.peers_python, name, dict(workers=w, **common))
+                         for w in a.workers}
+                ok = {w: v for w, v in tries.items() if not isinstance(v, dict)}
+                concat[name] = ({"tokens_per_s": max(ok.values()),
+                                 "workers": max(ok, key=ok.get)} if ok
+                                else next(iter(tries.values())))
+            best = max((v["tokens_per_s"] for k, v in concat.items()
+                        if isinstance(v, dict) and "tokens_per_s" in v), default=None)
+            concat["ratio_to_best_baseline"] = concat["stoker"] / best if best else None
+            out["concat"] = concat
+    # (c) the blend index of a mix
+    mix = {"sources": a.mix_sources, "samples": a.mix_samples,
+           "stoker": stoker_mix(a.mix_sources, a.mix_samples, a.rounds)}
+    mix["megatron"] = (run_peer(a.peers_python, "megatron_blend", dict(
+        sources=a.mix_sources, samples=a.mix_samples, rounds=a.rounds)) if have_peers
+        else {"error": "--no-peers" if a.no_peers else f"no peers python at {a.peers_python}"})
+    out["mix"] = mix
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    if not a.mix_only:
+        print_loaders(a, out)
+    m = out["mix"]
+    print(f"(c) blend index, {m['sources']} sources, {m['samples']:,} samples, global batch 1024:")
+    sm = m["stoker"]
+    print(f"  stoker   token_mix_index stratified {sm['index_stratified']:.3f} s, iid "
+          f"{sm['index_iid']:.3f} s (blend + each sample's row, sources wrapping around); "
+          f"stratified_blend alone {sm['blend_stratified']:.3f} s")
+    mm = m["megatron"]
+    print("  megatron " + (f"build_blending_indices {mm['build_blending_indices']:.3f} s "
+                           "(its C++ helper; the blend only)" if "build_blending_indices" in mm
+                           else f"not measured: {mm['error']}"))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 #include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -292,6 +293,123 @@ TEST(TokenBlend, BlendsTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {
   EXPECT_LT(s, kLimit);
 }
 
+TEST(TokenMixIndex, StratifiedEveryGlobalBatchHoldsEachSourcesShareWithinOneRow) {
+  const std::vector<double> weights = {0.6, 0.25, 0.1, 0.05};
+  const std::vector<std::uint64_t> rows = {500, 40, 7, 1000};  // the small ones wrap around
+  const std::size_t batch = 48, samples = 48 * 200 + 17;       // a partial last batch
+  const auto index = token_mix_index(rows, weights, TokenMixing::stratified, batch, samples, 3);
+  ASSERT_EQ(index.source.size(), samples);
+  ASSERT_EQ(index.row.size(), samples);
+  std::size_t within = 0, batches = 0;
+  for (std::size_t b = 0; (b + 1) * batch <= samples; ++b, ++batches) {
+    std::vector<double> n(weights.size(), 0);
+    for (std::size_t i = b * batch; i < (b + 1) * batch; ++i) ++n[index.source[i]];
+    bool ok = true;
+    for (std::size_t s = 0; s < weights.size(); ++s) {
+      ok = ok && std::abs(n[s] - weights[s] * static_cast<double>(batch)) <= 1.0;
+    }
+    within += ok ? 1 : 0;
+  }
+  EXPECT_EQ(within, batches);  // 100% of the global batches
+  for (std::size_t i = 0; i < samples; ++i) ASSERT_LT(index.row[i], rows[index.source[i]]);
+}
+
+TEST(TokenMixIndex, IidDrawsStayWithinTheBinomialSpread) {
+  const std::vector<double> weights = {5, 3, 2};
+  const std::vector<std::uint64_t> rows = {1000, 1000, 1000};
+  const std::size_t batch = 256, samples = 256 * 400;
+  const auto index = token_mix_index(rows, weights, TokenMixing::iid, batch, samples, 11);
+  std::vector<double> total(3, 0);
+  for (std::size_t b = 0; b < samples / batch; ++b) {
+    std::vector<double> n(3, 0);
+    for (std::size_t i = b * batch; i < (b + 1) * batch; ++i) ++n[index.source[i]];
+    for (std::size_t s = 0; s < 3; ++s) {
+      const double p = weights[s] / 10, mean = p * batch, sd = std::sqrt(batch * p * (1 - p));
+      EXPECT_LE(std::abs(n[s] - mean), 5 * sd) << "batch " << b << " source " << s;
+      total[s] += n[s];
+    }
+  }
+  for (std::size_t s = 0; s < 3; ++s) {
+    const double p = weights[s] / 10, mean = p * samples, sd = std::sqrt(samples * p * (1 - p));
+    EXPECT_LE(std::abs(total[s] - mean), 5 * sd) << "source " << s;
+  }
+  // Not stratified: some batch strays more than one row from its share.
+  bool strays = false;
+  for (std::size_t b = 0; b < samples / batch && !strays; ++b) {
+    double n0 = 0;
+    for (std::size_t i = b * batch; i < (b + 1) * batch; ++i) n0 += index.source[i] == 0;
+    strays = std::abs(n0 - 0.5 * batch) > 1.0;
+  }
+  EXPECT_TRUE(strays);
+}
+
+TEST(TokenMixIndex, ASourceThatRunsOutWrapsAroundToItsNextEpochInAnotherOrder) {
+  // Source 0 has 3 rows and half of 60 samples: 10 epochs of it.
+  const std::vector<double> weights = {1, 1};
+  const std::vector<std::uint64_t> rows = {3, 100};
+  const auto index = token_mix_index(rows, weights, TokenMixing::stratified, 2, 60, 5);
+  std::vector<std::uint64_t> zero;
+  for (std::size_t i = 0; i < 60; ++i) {
+    if (index.source[i] == 0) zero.push_back(index.row[i]);
+  }
+  ASSERT_EQ(zero.size(), 30u);
+  EXPECT_EQ(index.epochs, (std::vector<std::uint64_t>{10, 1}));
+  EXPECT_EQ((std::vector<std::uint64_t>(zero.begin(), zero.begin() + 3)),
+            (std::vector<std::uint64_t>{0, 1, 2}));  // epoch 0: the source's own order
+  std::set<std::vector<std::uint64_t>> orders;
+  for (std::size_t e = 0; e < 10; ++e) {
+    std::vector<std::uint64_t> epoch(zero.begin() + 3 * e, zero.begin() + 3 * e + 3);
+    orders.insert(epoch);
+    std::sort(epoch.begin(), epoch.end());
+    EXPECT_EQ(epoch, (std::vector<std::uint64_t>{0, 1, 2})) << "epoch " << e << " reads each once";
+  }
+  EXPECT_GT(orders.size(), 1u);  // later epochs are permuted
+}
+
+TEST(TokenMixIndex, IsAPureFunctionOfSourcesWeightsMixingAndSeed) {
+  const std::vector<double> weights = {2, 1, 1};
+  const std::vector<std::uint64_t> rows = {50, 20, 9};
+  for (const auto mixing : {TokenMixing::stratified, TokenMixing::iid}) {
+    const auto a = token_mix_index(rows, weights, mixing, 8, 400, 1);
+    const auto b = token_mix_index(rows, weights, mixing, 8, 400, 1);
+    const auto c = token_mix_index(rows, weights, mixing, 8, 400, 2);
+    EXPECT_EQ(a.source, b.source);
+    EXPECT_EQ(a.row, b.row);
+    EXPECT_NE(a.source, c.source);
+  }
+}
+
+TEST(TokenMixIndex, RefusesMissingWeightsAndAWeightedSourceWithoutRows) {
+  const std::vector<std::uint64_t> rows = {5, 0};
+  EXPECT_THROW(token_mix_index(rows, std::vector<double>{1}, TokenMixing::iid, 1, 10, 0),
+               std::invalid_argument);
+  EXPECT_THROW(token_mix_index(rows, std::vector<double>{1, 1}, TokenMixing::iid, 1, 10, 0),
+               std::invalid_argument);
+  EXPECT_THROW(token_mix_index(rows, std::vector<double>{1, 0}, TokenMixing::stratified, 0, 10, 0),
+               std::invalid_argument);
+  const auto ok = token_mix_index(rows, std::vector<double>{1, 0}, TokenMixing::iid, 1, 10, 0);
+  EXPECT_EQ(ok.epochs, (std::vector<std::uint64_t>{2, 0}));  // a source weighted 0 is not read
+  const std::vector<std::uint64_t> three = {5, 5, 5};
+  const auto zeros =
+      token_mix_index(three, std::vector<double>{0, 1, 0}, TokenMixing::iid, 1, 1000, 3);
+  EXPECT_EQ(zeros.epochs, (std::vector<std::uint64_t>{0, 200, 0}));
+}
+
+TEST(TokenMixIndex, IndexesTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {
+  const std::vector<double> weights = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  const std::vector<std::uint64_t> rows(10, 400'000);  // sources wrap around several times
+#if STOKER_TEST_SANITIZED
+  constexpr double kLimit = 60.0;
+#else
+  constexpr double kLimit = 2.0;
+#endif
+  const auto start = std::chrono::steady_clock::now();
+  const auto index = token_mix_index(rows, weights, TokenMixing::stratified, 1024, 10'000'000, 7);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(index.row.size(), 10'000'000u);
+  EXPECT_LT(s, kLimit);
+}
+
 // ---- Sources ------------------------------------------------------------------------------
 
 class TokenFiles : public ::testing::Test {
@@ -548,6 +666,62 @@ TEST_F(TokenFiles, RowsReadConcurrentlyEqualRowsReadOneByOne) {
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(parallel, serial);
+}
+
+TEST_F(TokenFiles, AMixReadsEachSamplesRowFromItsSourceAndSaysWhichSource) {
+  std::vector<std::uint16_t> ta, tb;
+  for (int i = 0; i < 400; ++i)
+    ta.push_back(static_cast<std::uint16_t>(i % 7 == 6 ? 0 : 100 + i % 7));
+  for (int i = 0; i < 100; ++i)
+    tb.push_back(static_cast<std::uint16_t>(i % 5 == 4 ? 0 : 200 + i % 5));
+  const auto a = flat<std::uint16_t>("a.bin", ta);
+  const auto b = flat<std::uint16_t>("b.bin", tb);
+  TokenRowsOptions o;
+  o.pack.seq_len = 8;
+  o.max_segments = 4;
+  auto ra =
+      std::make_shared<const TokenRows>(TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 0), o);
+  auto rb =
+      std::make_shared<const TokenRows>(TokenCorpus::flat({b}, TokenCorpus::FlatDType::u16, 0), o);
+  TokenMixOptions m;
+  m.weights = {1, 1};
+  m.batch = 4;
+  m.seed = 2;
+  const TokenMix mix({ra, rb}, m);
+  EXPECT_EQ(mix.size(), ra->size() + rb->size());  // by default, as many samples as rows
+  const auto f = mix.fields();
+  ASSERT_EQ(f.size(), 6u);
+  EXPECT_EQ(f[5].name, "source");
+  std::size_t wrapped = 0;
+  for (std::size_t i = 0; i < mix.size(); ++i) {
+    const auto s = mix.index().source[i];
+    const auto row = mix.index().row[i];
+    Row r;
+    r.ids.resize(8);
+    r.labels.resize(8);
+    r.positions.resize(8);
+    r.docs.resize(8);
+    r.cu.resize(5);
+    std::int64_t source = -1;
+    std::vector<std::size_t> bytes;
+    for (const auto& x : f) bytes.push_back(x.bytes());
+    std::byte* bases[] = {reinterpret_cast<std::byte*>(r.ids.data()),
+                          reinterpret_cast<std::byte*>(r.labels.data()),
+                          reinterpret_cast<std::byte*>(r.positions.data()),
+                          reinterpret_cast<std::byte*>(r.docs.data()),
+                          reinterpret_cast<std::byte*>(r.cu.data()),
+                          reinterpret_cast<std::byte*>(&source)};
+    mix.read(i, SampleOut(bytes, bases, 0, 0));
+    EXPECT_EQ(source, s);
+    EXPECT_EQ(r.ids, read_row(s == 0 ? *ra : *rb, row).ids) << "sample " << i;
+    wrapped += s == 1 && mix.index().epochs[1] > 1;
+  }
+  EXPECT_GT(wrapped, 0u);  // source 1 (fewer rows, the same weight) wrapped around
+  EXPECT_NE(mix.sample_name(0).find("source "), std::string::npos);
+  o.max_segments = 5;
+  auto other =
+      std::make_shared<const TokenRows>(TokenCorpus::flat({b}, TokenCorpus::FlatDType::u16, 0), o);
+  EXPECT_THROW(TokenMix({ra, other}, m), std::invalid_argument);  // unlike rows
 }
 
 }  // namespace

@@ -150,6 +150,31 @@ struct TokenBlend {
 TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
                             std::uint64_t seed);
 
+// The same stream drawn i.i.d.: sample i's source is drawn by weight from a generator seeded by
+// (seed, i), so the counts of a source follow the binomial spread around its share. A pure
+// function of (weights, samples, seed). Throws as stratified_blend does.
+TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed);
+
+enum class TokenMixing : std::uint8_t { stratified, iid };
+
+// Which row of which source each sample of a mix reads: the blend (stratified over global
+// batches of `batch` samples, or i.i.d.) of `samples` samples, each source's draws mapped to
+// its rows. Per-source epochs: draw d of a source of R rows is in its epoch e = d / R, at
+// position k = d % R; epoch 0 reads row k (the source's own order: its plan, shuffled by its
+// seed), each later epoch a permutation of its R rows seeded by (seed, source, e). A source
+// that runs out of rows thus wraps around to a new epoch, and the mix keeps its weights.
+// A pure function of its arguments, O(samples + the rows of the epochs started).
+struct TokenMixIndex {
+  std::vector<std::uint32_t> source;  // each sample's source
+  std::vector<std::uint64_t> row;     // each sample's row in its source
+  std::vector<std::uint64_t> epochs;  // per source: the epochs the mix starts (0: none read)
+};
+// Throws std::invalid_argument as the blends do, for a weight per source missing, or a source
+// of no rows with a weight above 0.
+TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
+                              std::span<const double> weights, TokenMixing mixing,
+                              std::size_t batch, std::size_t samples, std::uint64_t seed);
+
 // ---- The data set -------------------------------------------------------------------------
 
 struct TokenRowsOptions {
@@ -203,6 +228,41 @@ class TokenRows final : public Dataset {
   TokenRowsOptions options_;
   TokenPlan plan_;
   std::size_t max_segments_ = 0;
+};
+
+struct TokenMixOptions {
+  std::vector<double> weights;  // one per source, >= 0, not all 0
+  TokenMixing mixing = TokenMixing::stratified;
+  // The global batch (samples per step over all ranks) that stratified mixing keeps each
+  // source's share in, within one sample; read the mix in order (no shuffling sampler) so that
+  // each step's global batch is one of these.
+  std::size_t batch = 1;
+  std::size_t samples = 0;  // the mix's size; 0: the sum of the sources' rows
+  std::uint64_t seed = 0;
+};
+
+// Several TokenRows mixed by weight (token_mix_index): sample i is row index().row[i] of source
+// index().source[i]. Fields: the sources' (which must be the same: seq_len and max_segments)
+// and `source` (i64 scalar), the source the row came from.
+//
+// Thread safety: read() from any thread.
+class TokenMix final : public Dataset {
+ public:
+  TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenMixOptions options);
+
+  std::size_t size() const override;
+  std::vector<FieldSpec> fields() const override;
+  void read(std::size_t index, const SampleOut& out) const override;
+  std::string sample_name(std::size_t index) const override;
+
+  const TokenMixIndex& index() const { return index_; }
+  const TokenRows& source(std::size_t s) const { return *sources_.at(s); }
+  std::size_t sources() const { return sources_.size(); }
+
+ private:
+  std::vector<std::shared_ptr<const TokenRows>> sources_;
+  TokenMixIndex index_;
+  std::vector<FieldSpec> fields_;
 };
 
 }  // namespace stoker

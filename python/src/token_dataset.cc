@@ -97,6 +97,13 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
   return a;
 }
 
+TokenMixing mixing_of(const std::string& mixing) {
+  if (mixing == "stratified") return TokenMixing::stratified;
+  if (mixing == "iid") return TokenMixing::iid;
+  throw py::value_error("stoker.TokenMix: mixing must be 'stratified' or 'iid', not '" + mixing +
+                        "'");
+}
+
 // A plan as numpy arrays: (doc, offset, length) per piece and the rows' starts.
 py::dict plan_dict(const TokenPlan& plan) {
   std::vector<std::uint64_t> doc(plan.pieces.size());
@@ -168,6 +175,62 @@ void bind_tokens(py::module_& m) {
         return py::make_tuple(to_numpy(blend.source), to_numpy(blend.draw));
       },
       py::arg("weights"), py::arg("batch"), py::arg("batches"), py::arg("seed"));
+  m.def(
+      "iid_blend",
+      [](const std::vector<double>& weights, std::size_t samples, std::uint64_t seed) {
+        TokenBlend blend;
+        {
+          py::gil_scoped_release nogil;
+          blend = iid_blend(weights, samples, seed);
+        }
+        return py::make_tuple(to_numpy(blend.source), to_numpy(blend.draw));
+      },
+      py::arg("weights"), py::arg("samples"), py::arg("seed"));
+  m.def(
+      "token_mix_index",
+      [](const std::vector<std::uint64_t>& source_rows, const std::vector<double>& weights,
+         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed) {
+        const auto kind = mixing_of(mixing);
+        TokenMixIndex index;
+        {
+          py::gil_scoped_release nogil;
+          index = token_mix_index(source_rows, weights, kind, batch, samples, seed);
+        }
+        return py::make_tuple(to_numpy(index.source), to_numpy(index.row), to_numpy(index.epochs));
+      },
+      py::arg("source_rows"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
+      py::arg("samples"), py::arg("seed"));
+  m.def(
+      "token_mix",
+      [](const std::vector<NativeDataset>& sources, const std::vector<double>& weights,
+         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed) {
+        std::vector<std::shared_ptr<const TokenRows>> rows;
+        for (const auto& d : sources) {
+          auto r = std::dynamic_pointer_cast<const TokenRows>(d.dataset);
+          if (!r) throw py::type_error("stoker.TokenMix: a source is not a stoker.TokenDataset");
+          rows.push_back(std::move(r));
+        }
+        TokenMixOptions o;
+        o.weights = weights;
+        o.mixing = mixing_of(mixing);
+        o.batch = batch;
+        o.samples = samples;
+        o.seed = seed;
+        NativeDataset out;
+        {
+          py::gil_scoped_release nogil;
+          out.dataset = std::make_shared<TokenMix>(std::move(rows), std::move(o));
+        }
+        out.element_types = {"int64", "int64", "int64", "int64", "int32", "int64"};
+        return out;
+      },
+      py::arg("sources"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
+      py::arg("samples"), py::arg("seed"));
+  m.def("token_mix_epochs", [](const NativeDataset& d) {
+    const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
+    if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");
+    return to_numpy(mix->index().epochs);
+  });
   m.def("token_max_segments", [](const NativeDataset& d) { return rows_of(d).max_segments(); });
 }
 

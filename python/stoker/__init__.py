@@ -29,7 +29,8 @@ from .shuffle import shuffle_quality, shuffle_report
 from .datasets.parquet import ParquetDataset
 from .datasets.webdataset import WebDataset
 from .datasets.video import VideoClips
-from .datasets.tokens import TokenDataset, plan_token_rows, stratified_blend
+from .datasets.tokens import (TokenDataset, TokenMix, plan_token_rows, stratified_blend,
+                              token_mix_index)
 
 SampleError = _stoker.SampleError
 WorkerError = _stoker.WorkerError
@@ -49,6 +50,7 @@ __all__ = [
     "SkippedSample",
     "SyntheticDataset",
     "TokenDataset",
+    "TokenMix",
     "VideoClips",
     "WebDataset",
     "WebDatasetStream",
@@ -62,6 +64,7 @@ __all__ = [
     "sample_seed",
     "split_by_rank",
     "stratified_blend",
+    "token_mix_index",
     "shuffle_quality",
     "shuffle_report",
     "split_by_worker",

@@ -236,4 +236,101 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
   return out;
 }
 
+namespace {
+
+// The weights' sum, after the checks stratified_blend makes.
+double weight_sum(std::span<const double> weights) {
+  if (weights.empty()) throw std::invalid_argument("stoker: no sources to blend");
+  double sum = 0;
+  for (std::size_t s = 0; s < weights.size(); ++s) {
+    if (!std::isfinite(weights[s]) || weights[s] < 0) {
+      throw std::invalid_argument("stoker: source " + std::to_string(s) + "'s weight " +
+                                  std::to_string(weights[s]) + " is not a non-negative number");
+    }
+    sum += weights[s];
+  }
+  if (sum <= 0) throw std::invalid_argument("stoker: every source's weight is 0");
+  return sum;
+}
+
+}  // namespace
+
+TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed) {
+  const double sum = weight_sum(weights);
+  // Cumulative shares; the last source with a weight above 0 takes what rounding leaves (and
+  // the sources weighted 0 after it none).
+  std::vector<double> upto(weights.size());
+  double acc = 0;
+  std::size_t last = 0;
+  for (std::size_t s = 0; s < weights.size(); ++s) {
+    acc += weights[s] / sum;
+    upto[s] = acc;
+    if (weights[s] > 0) last = s;
+  }
+  std::fill(upto.begin() + static_cast<std::ptrdiff_t>(last), upto.end(), 2.0);  // sorted still
+  TokenBlend out;
+  out.source.resize(samples);
+  out.draw.resize(samples);
+  std::vector<std::uint64_t> count(weights.size(), 0);
+  constexpr std::uint64_t kSalt = 0x6969645f626c656eULL;  // "iid_blen"
+  for (std::size_t i = 0; i < samples; ++i) {
+    // 53 random bits as a double in [0, 1).
+    const double u = static_cast<double>(detail::mix(seed, i, kSalt) >> 11) * 0x1.0p-53;
+    const auto s =
+        static_cast<std::size_t>(std::upper_bound(upto.begin(), upto.end(), u) - upto.begin());
+    out.source[i] = static_cast<std::uint32_t>(s);
+    out.draw[i] = count[s]++;
+  }
+  return out;
+}
+
+TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
+                              std::span<const double> weights, TokenMixing mixing,
+                              std::size_t batch, std::size_t samples, std::uint64_t seed) {
+  if (weights.size() != source_rows.size()) {
+    throw std::invalid_argument("stoker: " + std::to_string(weights.size()) + " weights for " +
+                                std::to_string(source_rows.size()) + " sources");
+  }
+  weight_sum(weights);
+  for (std::size_t s = 0; s < weights.size(); ++s) {
+    if (weights[s] > 0 && source_rows[s] == 0) {
+      throw std::invalid_argument("stoker: source " + std::to_string(s) +
+                                  " has no rows but a weight of " + std::to_string(weights[s]));
+    }
+  }
+  TokenBlend blend;
+  if (mixing == TokenMixing::stratified) {
+    if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
+    blend = stratified_blend(weights, batch, (samples + batch - 1) / batch, seed);
+    blend.source.resize(samples);
+    blend.draw.resize(samples);
+  } else {
+    blend = iid_blend(weights, samples, seed);
+  }
+  TokenMixIndex out;
+  out.source = std::move(blend.source);
+  out.row.resize(samples);
+  out.epochs.assign(source_rows.size(), 0);
+  // Each source's draws come in increasing order, so one permutation per source is live: the
+  // one of its current epoch (epoch 0 needs none).
+  std::vector<std::vector<std::size_t>> perm(source_rows.size());
+  constexpr std::uint64_t kSalt = 0x65706f6368ULL;  // "epoch"
+  for (std::size_t i = 0; i < samples; ++i) {
+    const std::uint32_t s = out.source[i];
+    const std::uint64_t rows = source_rows[s];
+    const std::uint64_t d = blend.draw[i];
+    const std::uint64_t e = d / rows;
+    const std::uint64_t k = d % rows;
+    if (e + 1 > out.epochs[s]) {
+      out.epochs[s] = e + 1;
+      if (e > 0) {
+        detail::permutation(static_cast<std::size_t>(rows), detail::mix(seed, s, e ^ kSalt),
+                            perm[s]);
+      }
+    }
+    out.row[i] = e == 0 ? k : perm[s][static_cast<std::size_t>(k)];
+  }
+  return out;
+}
+
 }  // namespace stoker

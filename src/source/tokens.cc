@@ -450,4 +450,54 @@ std::string TokenRows::sample_name(std::size_t index) const {
   return name + ")";
 }
 
+// ---- TokenMix ------------------------------------------------------------------------------
+
+TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenMixOptions options)
+    : sources_(std::move(sources)) {
+  if (sources_.empty()) throw std::invalid_argument("stoker::TokenMix: no sources");
+  std::vector<std::uint64_t> rows;
+  std::uint64_t total = 0;
+  for (std::size_t s = 0; s < sources_.size(); ++s) {
+    if (!sources_[s])
+      throw std::invalid_argument("stoker::TokenMix: source " + std::to_string(s) + " is null");
+    const auto& a = *sources_[s];
+    const auto& b = *sources_[0];
+    if (a.plan().seq_len != b.plan().seq_len || a.max_segments() != b.max_segments()) {
+      throw std::invalid_argument(
+          "stoker::TokenMix: source " + std::to_string(s) + "'s rows (seq_len " +
+          std::to_string(a.plan().seq_len) + ", max_segments " + std::to_string(a.max_segments()) +
+          ") differ from source 0's (seq_len " + std::to_string(b.plan().seq_len) +
+          ", max_segments " + std::to_string(b.max_segments()) + ")");
+    }
+    rows.push_back(a.size());
+    total += a.size();
+  }
+  const std::size_t samples = options.samples == 0 ? total : options.samples;
+  index_ =
+      token_mix_index(rows, options.weights, options.mixing, options.batch, samples, options.seed);
+  fields_ = sources_[0]->fields();
+  fields_.push_back({"source", DType::i64, {}});
+}
+
+std::size_t TokenMix::size() const { return index_.source.size(); }
+
+std::vector<FieldSpec> TokenMix::fields() const { return fields_; }
+
+void TokenMix::read(std::size_t index, const SampleOut& out) const {
+  if (index >= size()) {
+    throw std::out_of_range("stoker::TokenMix: sample " + std::to_string(index) +
+                            " out of range for " + std::to_string(size()) + " samples");
+  }
+  const std::uint32_t s = index_.source[index];
+  sources_[s]->read(static_cast<std::size_t>(index_.row[index]), out);
+  out.as<std::int64_t>(fields_.size() - 1)[0] = s;
+}
+
+std::string TokenMix::sample_name(std::size_t index) const {
+  if (index >= size()) return {};
+  const std::uint32_t s = index_.source[index];
+  return "source " + std::to_string(s) + " " +
+         sources_[s]->sample_name(static_cast<std::size_t>(index_.row[index]));
+}
+
 }  // namespace stoker

@@ -252,3 +252,173 @@ def test_a_stratified_blend_holds_each_sources_share_in_every_batch():
     np.testing.assert_array_equal(source, again)
     with pytest.raises(ValueError, match="weight"):
         stoker.stratified_blend([1, -1], 4, 1)
+
+
+# ---- Mixing (stoker.TokenMix) --------------------------------------------------------------
+
+WEIGHTS = [0.5, 0.3, 0.2]
+
+
+def mix_sources(tmp_path, seq_len=16):
+    """Three flat token files of different sizes: 0 the largest, 2 small enough to wrap."""
+    paths = [write_flat(tmp_path / f"s{i}.bin", documents(n, 20 + i))
+             for i, n in enumerate([120, 60, 12])]
+    return [stoker.TokenDataset(p, seq_len, eod=EOD, seed=i) for i, p in enumerate(paths)]
+
+
+def keys(rows):
+    """Each row as a hashable key: its source and tokens."""
+    return [(int(s), ids.tobytes()) for s, ids in zip(rows["source"], rows["input_ids"])]
+
+
+def rank_steps(ds, world, batch_size, num_workers=0, **kw):
+    """Each rank's batches of the mix read in order: steps[r][k] is rank r's k-th batch."""
+    steps = []
+    for r in range(world):
+        sampler = stoker.DistributedSampler(ds, num_replicas=world, rank=r, shuffle=False)
+        loader = stoker.DataLoader(ds, batch_size=batch_size, sampler=sampler,
+                                   num_workers=num_workers, **kw)
+        steps.append([{k: v.numpy() for k, v in b.items()} for b in loader])
+        loader.close()
+    return steps
+
+
+def test_a_stratified_mix_holds_each_sources_share_in_every_global_batch(tmp_path):
+    sources = mix_sources(tmp_path)
+    world, batch = 2, 6
+    ds = stoker.TokenMix(sources, WEIGHTS, global_batch=world * batch, samples=600, seed=3)
+    assert len(ds) == 600 and ds.seq_len == 16
+    steps = rank_steps(ds, world, batch, num_workers=2, worker_type="thread")
+    assert len(steps[0]) == 600 // 12
+    for k in range(len(steps[0])):
+        counts = np.bincount(np.concatenate([steps[r][k]["source"] for r in range(world)]),
+                             minlength=3)
+        assert counts.sum() == 12
+        assert np.all(np.abs(counts - np.array(WEIGHTS) * 12) <= 1), (k, counts)
+    # Source 2 has fewer rows than its share of 600: it wraps around to more epochs.
+    assert ds.epochs()[2] > 1
+    assert ds.epochs()[0] == 1
+
+
+def test_an_iid_mix_stays_within_the_binomial_spread(tmp_path):
+    sources = mix_sources(tmp_path)
+    ds = stoker.TokenMix(sources, WEIGHTS, mixing="iid", samples=3000, seed=4)
+    src = loader_rows(stoker.DataLoader(ds, batch_size=100, num_workers=2))["source"]
+    p = np.array(WEIGHTS)
+    counts = np.bincount(src, minlength=3)
+    assert np.all(np.abs(counts - p * 3000) <= 4 * np.sqrt(3000 * p * (1 - p))), counts
+    per_batch = np.stack([np.bincount(b, minlength=3) for b in src.reshape(30, 100)])
+    assert np.all(np.abs(per_batch - p * 100) <= 5 * np.sqrt(100 * p * (1 - p)))
+    # and not stratified: some batch is off its share by more than a row
+    assert np.any(np.abs(per_batch - p * 100) > 1)
+
+
+def test_each_sample_is_its_sources_row_and_the_seed_decides_the_mix(tmp_path):
+    sources = mix_sources(tmp_path)
+    ds = stoker.TokenMix(sources, WEIGHTS, global_batch=8, samples=256, seed=5)
+    rows = loader_rows(stoker.DataLoader(ds, batch_size=8, num_workers=2))
+    src, row = ds.index()
+    np.testing.assert_array_equal(rows["source"], src)
+    for i in range(0, 256, 7):
+        want = ds.sources[src[i]][int(row[i])]
+        for f in ("input_ids", "labels", "position_ids", "document_ids", "cu_seqlens"):
+            np.testing.assert_array_equal(rows[f][i], np.asarray(want[f]))
+    same = loader_rows(stoker.DataLoader(
+        stoker.TokenMix(sources, WEIGHTS, global_batch=8, samples=256, seed=5), batch_size=8))
+    assert keys(same) == keys(rows)
+    other = loader_rows(stoker.DataLoader(
+        stoker.TokenMix(sources, WEIGHTS, global_batch=8, samples=256, seed=6), batch_size=8))
+    assert keys(other) != keys(rows)
+    s2, r2, _ = stoker.token_mix_index([len(d) for d in ds.sources], WEIGHTS, "stratified", 8,
+                                       256, 5)
+    np.testing.assert_array_equal(s2, src)
+    np.testing.assert_array_equal(r2, row)
+
+
+def test_two_ranks_are_disjoint_and_cover_the_mix(tmp_path):
+    ds = stoker.TokenMix(mix_sources(tmp_path), WEIGHTS, global_batch=10, samples=300, seed=1)
+    whole = keys(loader_rows(stoker.DataLoader(ds, batch_size=10)))
+    steps = rank_steps(ds, 2, 5, num_workers=2, worker_type="thread")
+    got = []
+    for k in range(len(steps[0])):
+        # rank r holds the step's positions r, r + 2, ... (DistributedSampler's stride)
+        step = [keys(steps[r][k]) for r in range(2)]
+        got += [step[i % 2][i // 2] for i in range(10)]
+    assert got == whole
+
+
+def test_a_mix_pickles_and_refuses_what_it_cannot_mix(tmp_path):
+    sources = mix_sources(tmp_path)
+    ds = stoker.TokenMix(sources, WEIGHTS, global_batch=4, samples=40, seed=2)
+    back = pickle.loads(pickle.dumps(ds))
+    assert keys(loader_rows(stoker.DataLoader(back, batch_size=4))) == keys(
+        loader_rows(stoker.DataLoader(ds, batch_size=4)))
+    with pytest.raises(ValueError, match="2 weights for 3 sources"):
+        stoker.TokenMix(sources, WEIGHTS[:2], global_batch=4)
+    with pytest.raises(ValueError, match="needs global_batch"):
+        stoker.TokenMix(sources, WEIGHTS)
+    with pytest.raises(ValueError, match="mixing must be"):
+        stoker.TokenMix(sources, WEIGHTS, mixing="round_robin")
+    with pytest.raises(ValueError, match="seq_len"):
+        longer = stoker.TokenDataset(sources[0].paths, 32, eod=EOD)
+        stoker.TokenMix([sources[0], longer], [1, 1], global_batch=4)
+    with pytest.raises(ValueError, match="every source's weight is 0"):
+        stoker.TokenMix(sources, [0, 0, 0], global_batch=4)
+
+
+# A native data set reads on threads whatever worker_type says (stats()["worker_type"]), so
+# there is no threads-to-processes case here.
+@pytest.mark.parametrize("old_workers, new_workers, new_kind, cuts", [
+    (2, 1, "thread", 100),
+    (3, 2, "thread", 30),  # the issue's 4 ranks x 3 workers to 3 ranks x 2
+])
+def test_resume_at_random_cut_points_on_another_topology_gives_the_uninterrupted_rows(
+        tmp_path, old_workers, new_workers, new_kind, cuts):
+    """Saved on 4 ranks x old_workers worker threads, merged, resumed on 3 ranks x
+    new_workers: the rows after the cut are the uninterrupted run's from the cut on, in its
+    order (every sample of the epoch once over the two runs), whether the ranks stopped at the
+    same step or not."""
+    ds = stoker.TokenMix(mix_sources(tmp_path), WEIGHTS, global_batch=16, samples=320, seed=7)
+    whole = keys(loader_rows(stoker.DataLoader(ds, batch_size=16)))
+    old_world, old_batch, new_world, new_batch = 4, 4, 3, 4
+    steps_old = len(ds) // (old_world * old_batch)
+    rng = np.random.default_rng(50 + new_workers)
+    for cut in range(cuts):
+        if cut % 2 == 0:
+            stops = [int(rng.integers(1, steps_old))] * old_world  # one step on every rank
+        else:
+            stops = [int(x) for x in rng.integers(1, steps_old, old_world)]
+        seen, states = [], []
+        for r in range(old_world):
+            sampler = stoker.DistributedSampler(ds, num_replicas=old_world, rank=r,
+                                                shuffle=False)
+            loader = stoker.DataLoader(ds, batch_size=old_batch, sampler=sampler,
+                                       num_workers=old_workers, worker_type="thread")
+            it = iter(loader)
+            for _ in range(stops[r]):
+                seen.append(keys({k: v.numpy() for k, v in next(it).items()}))
+            states.append(loader.state_dict())
+            loader.close()
+        merged = stoker.merge_states(states)
+        rest = []
+        for r in range(new_world):
+            sampler = stoker.DistributedSampler(ds, num_replicas=new_world, rank=r,
+                                                shuffle=False)
+            loader = stoker.DataLoader(ds, batch_size=new_batch, sampler=sampler,
+                                       num_workers=new_workers, worker_type=new_kind)
+            loader.load_state_dict(merged)
+            rest.append([keys({k: v.numpy() for k, v in b.items()}) for b in loader])
+            loader.close()
+        # What the old ranks read: rank r's step k holds positions 16 k + r + 4 j.
+        consumed = {k * 16 + r + old_world * j for r in range(old_world)
+                    for k in range(stops[r]) for j in range(old_batch)}
+        assert sorted(x for b in seen for x in b) == sorted(whole[p] for p in consumed)
+        # The new ranks' rows in the order of the rest of the epoch: rank r holds the rest's
+        # positions r, r + 3, ... (DistributedSampler's stride), the rest padded to a multiple
+        # of the ranks by repeating its first rows.
+        stream = [rest[r][k][j] for k in range(len(rest[0])) for j in range(len(rest[0][k]))
+                  for r in range(new_world)]
+        remaining = [whole[p] for p in range(len(whole)) if p not in consumed]
+        assert stream[:len(remaining)] == remaining, (cut, stops)
+        assert len(stream) - len(remaining) < new_world
+        assert stream[len(remaining):] == remaining[:len(stream) - len(remaining)]

@@ -92,6 +92,84 @@ class TokenDataset(NativeDataset):
         return self._handle.sample_name(index)
 
 
+class TokenMix(NativeDataset):
+    """Several ``TokenDataset``s mixed by ``weights`` into one map-style data set, in C++
+    (docs/formats.md, "Token data": Mixing). Samples are the sources' dicts plus ``source``
+    (int64), the index of the source the row came from.
+
+    ``mixing="stratified"``: every ``global_batch`` consecutive samples (one step of all the
+    ranks, batch_size x world size, when the loader reads the mix in order: ``shuffle=False``)
+    hold each source's share (``weight / sum(weights) * global_batch``) within one row, in an
+    order shuffled within the batch; ``"iid"``: each sample's source drawn by weight (the counts
+    within the binomial spread). ``samples``: the mix's length (default: the sources' rows
+    together). A source that runs out of rows wraps around to its next epoch, its rows in a new
+    order seeded by (``seed``, source, epoch), so the mix keeps its weights; ``epochs()`` says
+    how many epochs of each source the mix reads. The index is a pure function of the sources'
+    row counts, ``weights``, ``mixing``, ``global_batch``, ``samples`` and ``seed``, so a
+    DataLoader's ``state_dict()`` resumes it (on another topology too, through
+    ``stoker.merge_states``) like any map-style data set.
+
+    The sources must make rows alike (``seq_len``); those whose ``max_segments`` was not given
+    are made again with the largest any source needs, so that ``cu_seqlens`` match."""
+
+    def __init__(self, sources: Sequence[TokenDataset], weights: Sequence[float], *,
+                 mixing: str = "stratified", global_batch: Optional[int] = None,
+                 samples: Optional[int] = None, seed: int = 0) -> None:
+        sources = list(sources)
+        self._made_with = ((sources, list(weights)), dict(
+            mixing=mixing, global_batch=global_batch, samples=samples, seed=seed))
+        if not sources or not all(isinstance(d, TokenDataset) for d in sources):
+            raise TypeError("stoker.TokenMix: sources must be one or more stoker.TokenDataset")
+        if len(weights) != len(sources):
+            raise ValueError(f"stoker.TokenMix: {len(weights)} weights for {len(sources)} sources")
+        if mixing == "stratified" and global_batch is None:
+            raise ValueError("stoker.TokenMix: stratified mixing needs global_batch (batch_size "
+                             "x world size), the batch each source's share is kept in")
+        if global_batch is not None and int(global_batch) < 1:
+            raise ValueError(f"stoker.TokenMix: global_batch must be positive, not {global_batch}")
+        if samples is not None and int(samples) < 1:
+            raise ValueError(f"stoker.TokenMix: samples must be positive, not {samples}")
+        most = max(d.max_segments for d in sources)
+        for i, d in enumerate(sources):
+            args, kwargs = d._made_with
+            if d.max_segments != most and kwargs.get("max_segments") is None:
+                sources[i] = TokenDataset(*args, **dict(kwargs, max_segments=most))
+        self.sources = sources
+        self.weights = [float(w) for w in weights]
+        self.mixing = mixing
+        self.seq_len = sources[0].seq_len
+        self.max_segments = sources[0].max_segments
+        self._names = FIELDS + ("source",)
+        self._as_dict = True
+        self._handle = _stoker.token_mix([d._handle for d in sources], self.weights, str(mixing),
+                                         int(global_batch or 1), int(samples or 0), int(seed))
+
+    def index(self):
+        """``(source, row)``: numpy arrays, each sample's source and its row in that source."""
+        src, row, _ = _stoker.token_mix_index(
+            [len(d) for d in self.sources], self.weights, self.mixing,
+            int(self._made_with[1]["global_batch"] or 1), len(self),
+            int(self._made_with[1]["seed"]))
+        return src, row
+
+    def epochs(self):
+        """How many epochs of each source the mix reads (numpy uint64; 0: none of it)."""
+        return _stoker.token_mix_epochs(self._handle)
+
+    def sample_name(self, index: int) -> str:
+        """Sample `index` as errors name it: its source, and the source's row."""
+        return self._handle.sample_name(index)
+
+
+def token_mix_index(source_rows, weights, mixing: str = "stratified", global_batch: int = 1,
+                    samples: Optional[int] = None, seed: int = 0):
+    """TokenMix's index without files: ``(source, row, epochs)`` numpy arrays for sources of
+    ``source_rows`` rows. A pure function of its arguments, built in C++."""
+    rows = [int(r) for r in source_rows]
+    return _stoker.token_mix_index(rows, [float(w) for w in weights], str(mixing),
+                                   int(global_batch), int(samples or sum(rows)), int(seed))
+
+
 def plan_token_rows(lengths, seq_len: int, pack: str = "concat", long_documents: str = "split",
                     seed: int = 0, shuffle_documents: bool = True) -> dict:
     """TokenDataset's plan for documents of these ``lengths`` (a sequence of positive ints),
