@@ -176,10 +176,12 @@ TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptio
 
 namespace stoker {
 
-TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
-                            std::uint64_t seed) {
+namespace {
+
+// The weights' sum; throws std::invalid_argument for no weights, a negative or non-finite
+// one, or all of them 0.
+double weight_sum(std::span<const double> weights) {
   if (weights.empty()) throw std::invalid_argument("stoker: no sources to blend");
-  if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
   double sum = 0;
   for (std::size_t s = 0; s < weights.size(); ++s) {
     if (!std::isfinite(weights[s]) || weights[s] < 0) {
@@ -189,6 +191,15 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
     sum += weights[s];
   }
   if (sum <= 0) throw std::invalid_argument("stoker: every source's weight is 0");
+  return sum;
+}
+
+}  // namespace
+
+TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
+                            std::uint64_t seed) {
+  const double sum = weight_sum(weights);
+  if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
   const std::size_t n = weights.size();
   // Each source's share of a batch, its whole samples and the sum of the whole samples.
   std::vector<double> share(n);
@@ -235,25 +246,6 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
   }
   return out;
 }
-
-namespace {
-
-// The weights' sum, after the checks stratified_blend makes.
-double weight_sum(std::span<const double> weights) {
-  if (weights.empty()) throw std::invalid_argument("stoker: no sources to blend");
-  double sum = 0;
-  for (std::size_t s = 0; s < weights.size(); ++s) {
-    if (!std::isfinite(weights[s]) || weights[s] < 0) {
-      throw std::invalid_argument("stoker: source " + std::to_string(s) + "'s weight " +
-                                  std::to_string(weights[s]) + " is not a non-negative number");
-    }
-    sum += weights[s];
-  }
-  if (sum <= 0) throw std::invalid_argument("stoker: every source's weight is 0");
-  return sum;
-}
-
-}  // namespace
 
 TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed) {
   const double sum = weight_sum(weights);
