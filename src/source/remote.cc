@@ -410,17 +410,17 @@ void RemoteFiles::forget_unread(const std::string& key) {
 }
 
 bool RemoteFiles::room_ahead(std::uint64_t bytes) {
-  const auto fits = [&] { return ahead_bytes_ + unread_bytes_ + bytes <= ahead_limit_; };
-  if (fits() || unread_.empty()) return fits();
-  for (auto it = unread_.begin(); it != unread_.end();) {
-    if (cache_->contains(it->first)) {
-      ++it;
-    } else {  // let go unread (pushed out, or another process's turn): no longer held
-      unread_bytes_ -= it->second;
-      it = unread_.erase(it);
+  if (ahead_bytes_ + unread_bytes_ + bytes > ahead_limit_) {
+    for (auto it = unread_.begin(); it != unread_.end();) {
+      if (cache_->contains(it->first)) {
+        ++it;
+      } else {  // let go unread (pushed out, or another process's turn): no longer held
+        unread_bytes_ -= it->second;
+        it = unread_.erase(it);
+      }
     }
   }
-  return fits();
+  return ahead_bytes_ + unread_bytes_ + bytes <= ahead_limit_;
 }
 
 void RemoteFiles::read_uncached(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
