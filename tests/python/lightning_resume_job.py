@@ -86,4 +86,8 @@ def main(mode: str, out: str, ckpt=None, seed=None) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    mode, out, *rest = sys.argv[1:]
+    if mode == "whole":
+        main(mode, out, None, *rest)
+    else:
+        main(mode, out, *rest)

@@ -202,3 +202,52 @@ def test_a_state_of_torch_s_order_resumes_the_saved_run_s_augmentations_after_an
     list(read)
     with pytest.raises(ValueError, match="pass seed="):
         read.load_state_dict(state)
+
+
+def _indices(batches) -> list:
+    return [b[0].flatten().tolist() for b in batches]
+
+
+def test_set_epoch_between_iter_and_the_first_batch_names_that_iterators_epoch():
+    # Lightning calls iter() and then sampler.set_epoch(epoch): on stoker's own order that
+    # iterator gives `epoch` (as a sampler drawing at its first batch would), and the next
+    # iter() the one after. torch's RandomSampler has no set_epoch: the loader gives it one.
+    def loader():
+        return stoker.DataLoader(check.Augmented(24), batch_size=4, shuffle=True, seed=7,
+                                 num_workers=0)
+
+    reference = loader()
+    epochs = [_indices(reference) for _ in range(4)]
+    late = loader()
+    it = iter(late)
+    late.sampler.set_epoch(2)
+    assert _indices(it) == epochs[2]
+    assert _indices(late) == epochs[3]
+
+
+def test_a_state_after_an_epochs_last_batch_resumes_into_the_epoch_set_next():
+    # The state says the epoch has nothing left (as torchdata's does): a loop resuming in
+    # that epoch gets no batch; Lightning, which counts the epoch done, calls set_epoch(e+1)
+    # after iter(), and that iterator gives epoch e+1, its order drawn from where the
+    # state's draws left off (torch's order, from its generator).
+    def loader():
+        return stoker.DataLoader(check.Augmented(24), batch_size=4, shuffle=True,
+                                 num_workers=0, seed_per_sample=True)
+
+    torch.manual_seed(1)
+    whole = loader()
+    it = iter(whole)
+    first = [next(it) for _ in range(len(whole))]
+    state = whole.state_dict()
+    following = [check._digest(b) for b in whole]
+    assert len(first) == 6 and len(following) == 6
+    torch.manual_seed(2)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+    torch.manual_seed(2)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    resumed.set_epoch(1)
+    assert [check._digest(b) for b in it] == following

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import sys
 import warnings
+import weakref
 from typing import Any, Optional
 
 # torch's DataLoader raises if these are assigned after __init__ (they define the batches).
@@ -126,6 +127,40 @@ def unhonoured(*, native: bool, worker_type: str, multiprocessing_context,
                     "workers go on reading the batches after a slow one, up to the prefetch "
                     "depth)")
     return [f"stoker: {message}" for message in said]
+
+
+class LoaderEpoch:
+    """A sampler's ``set_epoch(epoch)`` that sets its loader's next epoch. Frameworks call
+    ``loader.sampler.set_epoch`` as each epoch starts (Lightning does, with its own epoch
+    count, also in a resumed process whose loader is new); torch's RandomSampler and
+    SequentialSampler have none, so a loader whose order or samples' seeds count its epochs
+    (``seed=``, ``seed_per_sample=True``, a native data set) would start a resumed run at
+    epoch 0. The loader is held weakly; a copy or a pickle of the sampler drops it."""
+
+    def __init__(self, loader=None) -> None:
+        self._loader = weakref.ref(loader) if loader is not None else None
+
+    def __call__(self, epoch: int) -> None:
+        loader = self._loader() if self._loader is not None else None
+        if loader is not None:
+            loader.set_epoch(epoch)
+
+    def __reduce__(self):
+        return LoaderEpoch, ()
+
+
+def give_set_epoch(sampler, loader) -> None:
+    """Gives `sampler` (the loader's public one) a LoaderEpoch for `loader`, unless it has a
+    set_epoch of its own (DistributedSampler's, a user's), which the loader reads itself."""
+    if sampler is None:
+        return
+    own = getattr(sampler, "set_epoch", None)
+    if own is not None and not isinstance(own, LoaderEpoch):
+        return
+    try:
+        sampler.set_epoch = LoaderEpoch(loader)
+    except AttributeError:  # a sampler with __slots__
+        pass
 
 
 def public_attributes(dataset, num_workers: int, *, batch_size, shuffle, sampler,

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Unio
 from .. import _stoker, logs
 from . import compat, pipelines
 from .protocol import EPOCH_END
-from .plan import resolve, torch_attributes
+from .plan import STREAM, resolve, torch_attributes
 from .seeding import WorkerSetup
 
 
@@ -99,7 +99,9 @@ class DataLoader:
     ``trace("run.json")`` (or ``with loader.tracing("run.json"):``) records where the time
     goes, as a timeline to open in Perfetto.
 
-    Epochs: each ``iter(loader)`` starts the next epoch (or the sampler's ``set_epoch`` one);
+    Epochs: each ``iter(loader)`` starts the next epoch (or the one ``set_epoch`` named,
+    the loader's or its sampler's; called after ``iter()`` and before its first batch, as
+    Lightning calls it, it names that iterator's epoch);
     ``state_dict()`` / ``load_state_dict()`` save and restore the position mid-epoch, and
     restoring yields exactly the batches that were still to come.
     """
@@ -178,6 +180,8 @@ class DataLoader:
                 batch_sampler=batch_sampler, drop_last=drop_last, generator=generator,
                 collate_fn=collate_fn, prefetch_factor=prefetch_factor).items():
             setattr(self, name, value)
+        if self.sampler is not plan.sampler:  # torch's attribute only, not the order's
+            compat.give_set_epoch(self.sampler, self)
         self._pipeline = pipelines.build(plan, dict(
             dataset=self.dataset, sampler=self.sampler, batch_sampler=self.batch_sampler,
             batch_size=self.batch_size, drop_last=self.drop_last), self._setup)
@@ -290,14 +294,30 @@ class DataLoader:
             epoch, batch = self._sampler_epoch_or_next(), 0
         self._pipeline.start(epoch, batch)
         self._epoch = epoch + 1
-        iterator = _Iterator(self)
+        iterator = _Iterator(self, epoch, batch)
         self._iterator = iterator
         return iterator
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts `epoch` at the next iter() (as ``sampler.set_epoch`` does for a sampler)."""
+        """Starts `epoch` at the next iter() (as ``sampler.set_epoch`` does for a sampler).
+        Called after iter() and before that iterator's first batch, as Lightning calls it
+        (iter(), then ``sampler.set_epoch``), it names that iterator's epoch, as a sampler
+        that draws its order at the first batch would: an iterator at its epoch's start on
+        stoker's own order (``seed=``, a native data set) starts `epoch` instead, and one
+        resumed at the end of its epoch (a state taken after an epoch's last batch) starts
+        a later `epoch` from where that state's draws left off."""
+        epoch = int(epoch)
         self._sampler_set_epoch(epoch)
-        self._epoch = int(epoch)
+        self._epoch = epoch
+        it = self._iterator
+        if it is None or it._stale or it._done or it._yielded:
+            return
+        own_order_at_start = it._first_batch == 0 and self._plan.sampler is None
+        if it._epoch != epoch and (own_order_at_start or (it._at_end and epoch > it._epoch)):
+            self._pipeline.start(epoch, 0)
+            it._epoch, it._first_batch, it._at_end = epoch, 0, False
+        if it._epoch == epoch:
+            self._epoch = epoch + 1
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands: restoring it yields exactly the batches still to come."""
@@ -449,13 +469,27 @@ class Report(dict):
         return self["text"]
 
 
+def _epoch_batches(loader: DataLoader) -> Optional[int]:
+    """Batches in an epoch where the loader knows them: not for a stream or a sampler
+    without len()."""
+    if loader._plan.mode == STREAM:
+        return None
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
 class _Iterator:
     """One epoch of a DataLoader. A new iter() of the same loader ends this one."""
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: DataLoader, epoch: int, first_batch: int) -> None:
         self._loader = loader
+        self._epoch, self._first_batch = epoch, first_batch
         self._stale = False
         self._done = False
+        # Resumed from a state taken after its epoch's last batch: nothing of it left.
+        self._at_end = first_batch > 0 and first_batch == _epoch_batches(loader)
         # A stream yielding more than the len() it reported (workers that do not shard it)
         # warns from then on, as torch's iterator does: it counts what it yields against the
         # data set's len() as of the last len(loader) before this iter().
