@@ -143,6 +143,28 @@ def parquets():
     return out
 
 
+def videos():
+    """Short videos made by FFmpeg's command line (Debian's ffmpeg): H.264 in MP4 with a
+    keyframe every 4 frames and B-frames, VP9 in WebM, MPEG-4 part 2 in Matroska, and an MP4
+    whose frames come at irregular times (variable frame rate); 32x24, 1-2 s, a few KB each."""
+    source = ["-f", "lavfi", "-i", "testsrc=size=32x24:rate=10:duration=1.5"]
+    kinds = {
+        "h264.mp4": ["-c:v", "libx264", "-g", "4", "-bf", "2", "-pix_fmt", "yuv420p"],
+        "vp9.webm": ["-c:v", "libvpx-vp9", "-g", "5", "-deadline", "realtime"],
+        "mpeg4.mkv": ["-c:v", "mpeg4", "-g", "6", "-bf", "1"],
+        "vfr.mp4": ["-vf", "setpts='N/10/TB+if(gt(N,5),0.3/TB,0)+if(gt(N,9),0.15/TB,0)'",
+                    "-fps_mode", "vfr", "-c:v", "libx264", "-g", "5", "-pix_fmt", "yuv420p"],
+    }
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, args in kinds.items():
+            path = os.path.join(tmp, name)
+            subprocess.run(["ffmpeg", "-v", "error", "-y", *source, *args, "-an",
+                            "-map_metadata", "-1", "-fflags", "+bitexact", path], check=True)
+            out[name] = Path(path).read_bytes()
+    return out
+
+
 def write(target, files):
     d = HERE / "corpus" / target
     shutil.rmtree(d, ignore_errors=True)
@@ -158,6 +180,7 @@ def main():
     write("transform_spec", SPECS)
     write("tar_index", tars())
     write("parquet_open", parquets())
+    write("video_open", videos())
     png = encode(Image.fromarray(np.add.outer(np.arange(24) * 5, np.arange(40) * 3)
                                  .astype(np.uint8)), "PNG")
     lines = [", ".join(f"0x{b:02x}" for b in png[i:i + 16]) + "," for i in range(0, len(png), 16)]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) with clang, ASan and UBSan, and runs each over its seed
-# corpus (fuzz/corpus/<target>/) for FUZZ_SECONDS seconds (default: 75 s shared among the six,
-# 12 s each, $JOBS fuzzers at a time: about 40 s on 2 cores). Fails on any crash, leak,
+# corpus (fuzz/corpus/<target>/) for FUZZ_SECONDS seconds (default: 75 s shared among the seven,
+# 10 s each, $JOBS fuzzers at a time: about 40 s on 2 cores). Fails on any crash, leak,
 # sanitizer report or timeout; the input that caused it is saved as
 # build-fuzz/artifacts/<target>-crash-* (reproduce: build-fuzz/fuzz/<target>_fuzz FILE).
 # New inputs the fuzzers find go to build-fuzz/corpus/<target>/, not into the repository.
@@ -16,7 +16,7 @@ build build-fuzz "${SANITIZER_BUILD[@]}" -DCMAKE_CXX_COMPILER=clang++ \
   -DSTOKER_BUILD_TESTS=OFF -DSTOKER_BUILD_TOOLS=OFF \
   -DSTOKER_PARQUET=ON -DSTOKER_ARROW_PYTHON="$PWD/.venv-test/bin/python"
 
-targets=(records jpeg_decode png_decode transform_spec tar_index parquet_open)
+targets=(records jpeg_decode png_decode transform_spec tar_index parquet_open video_open)
 # The run's time stays about what it was with five targets at 15 s: 75 s shared among them.
 seconds=${FUZZ_SECONDS:-$((75 / ${#targets[@]}))}
 mkdir -p build-fuzz/artifacts

@@ -138,6 +138,8 @@ pq_file="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir(
 ./build/stoker bench --parquet "$pq_file" --smoke --python .venv-test/bin/python --json >/dev/null
 .venv-test/bin/python bench/webdataset_bench.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/video_bench.py --smoke >/dev/null 2>&1  # FFmpeg's libraries and CLI
+./build/stoker tune --video fuzz/corpus/video_open/h264.mp4 --seconds 0.5 --measure 0.2 --json >/dev/null
+./build/stoker diagnose --video fuzz/corpus/video_open/vfr.mp4 --seconds 0.5 --json >/dev/null
 # the shards that smoke run made (bench/webdataset_bench.py: $TMPDIR/stoker-bench-wds-64-2)
 wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
 ./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null

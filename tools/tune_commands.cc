@@ -12,6 +12,9 @@
 #ifdef STOKER_HAVE_PARQUET
 #include "stoker/parquet.h"
 #endif
+#ifdef STOKER_HAVE_VIDEO
+#include "stoker/video.h"
+#endif
 #include "tune.h"
 
 namespace stoker::tools {
@@ -24,10 +27,12 @@ struct TargetArgs {
   std::string records;
   std::string webdataset;
   std::string parquet;
+  std::string video;
   std::vector<std::string> columns{"image", "label"};
   std::string pipeline = "train";
-  std::size_t batch_size = 64;  // images only
-  double consumer_ms = -1;      // < 0: the workload's (0 for images)
+  int frames = 16;             // video: frames per clip
+  std::size_t batch_size = 0;  // 0: 64 images, 8 clips
+  double consumer_ms = -1;     // < 0: the workload's (0 for images)
   bool smoke = false;
   std::string data_dir;  // jpeg: where the generated images live
 };
@@ -45,12 +50,18 @@ void add_target_options(CLI::App* cmd, TargetArgs& a) {
   cmd->add_option("--parquet", a.parquet,
                   "Parquet files instead (one file, or a directory of *.parquet): the --columns "
                   "(needs a build with Arrow C++)");
+  cmd->add_option("--video", a.video,
+                  "Video clips instead (a video file, a directory of videos or of class "
+                  "folders of videos, or a WebDataset shard of videos): random clips of "
+                  "--frames frames at 224x224 (needs a build with FFmpeg's libraries)");
+  cmd->add_option("--frames", a.frames, "Video: frames per clip (default 16)");
   cmd->add_option("--columns", a.columns,
                   "Parquet: the columns read (default: image label; binary or Hugging Face "
                   "image columns decoded by the pipeline)");
   cmd->add_option("--pipeline", a.pipeline, "Images: train (default) or val")
       ->check(CLI::IsMember({"train", "val"}));
-  cmd->add_option("--batch-size", a.batch_size, "Images: batch size (default 64)");
+  cmd->add_option("--batch-size", a.batch_size,
+                  "Images and clips: batch size (default 64 images, 8 clips)");
   cmd->add_option("--consumer-ms", a.consumer_ms,
                   "The training loop's compute per batch (default: the workload's; 0 for "
                   "images)");
@@ -63,11 +74,32 @@ bench::WorkloadTarget make_target(const TargetArgs& a) {
   bo.smoke = a.smoke;
   bo.consumer_ms = a.consumer_ms;
   std::string folder = a.folder;
-  const int given =
-      !a.folder.empty() + !a.records.empty() + !a.webdataset.empty() + !a.parquet.empty();
+  const int given = !a.folder.empty() + !a.records.empty() + !a.webdataset.empty() +
+                    !a.parquet.empty() + !a.video.empty();
   if (given > 1) {
-    throw std::invalid_argument("--folder, --records, --webdataset, --parquet: one of them");
+    throw std::invalid_argument(
+        "--folder, --records, --webdataset, --parquet, --video: one of them");
   }
+  if (!a.video.empty()) {
+#ifdef STOKER_HAVE_VIDEO
+    VideoClipsOptions vo;
+    vo.paths = {a.video};
+    vo.frames = a.frames;
+    vo.sampling = VideoClipsOptions::Sampling::random;
+    vo.center_crop = true;
+    bench::WorkloadTarget t;
+    t.description = "video clips " + a.video + ", " + std::to_string(a.frames) + " frames";
+    t.dataset = std::make_shared<VideoClips>(vo);
+    t.batch_size = a.batch_size ? a.batch_size : 8;
+    t.consumer_ms = std::max(0.0, a.consumer_ms);
+    return t;
+#else
+    throw std::invalid_argument(
+        "--video: this stoker was built without FFmpeg's libraries (cmake/video.cmake: "
+        "install libavformat-dev and libavcodec-dev)");
+#endif
+  }
+  const std::size_t batch_size = a.batch_size ? a.batch_size : 64;
   const ImageTransform transform =
       a.pipeline == "train" ? ImageTransform::train() : ImageTransform::val();
   if (!a.parquet.empty()) {
@@ -79,7 +111,7 @@ bench::WorkloadTarget make_target(const TargetArgs& a) {
     bench::WorkloadTarget t;
     t.description = "Parquet " + a.parquet + ", " + a.pipeline + " pipeline";
     t.dataset = std::make_shared<ParquetDataset>(po);
-    t.batch_size = a.batch_size;
+    t.batch_size = batch_size;
     t.consumer_ms = std::max(0.0, a.consumer_ms);
     return t;
 #else
@@ -96,7 +128,7 @@ bench::WorkloadTarget make_target(const TargetArgs& a) {
     bench::WorkloadTarget t;
     t.description = "WebDataset " + a.webdataset + ", " + a.pipeline + " pipeline";
     t.dataset = std::make_shared<WebDataset>(wo);
-    t.batch_size = a.batch_size;
+    t.batch_size = batch_size;
     t.consumer_ms = std::max(0.0, a.consumer_ms);
     return t;
   }
@@ -113,7 +145,7 @@ bench::WorkloadTarget make_target(const TargetArgs& a) {
   t.description = (folder.empty() ? "records " + a.records : "image folder " + folder) + ", " +
                   a.pipeline + " pipeline";
   t.dataset = std::make_shared<ImageDataset>(io);
-  t.batch_size = a.batch_size;
+  t.batch_size = batch_size;
   t.consumer_ms = std::max(0.0, a.consumer_ms);
   return t;
 }

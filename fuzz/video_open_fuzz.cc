@@ -1,0 +1,77 @@
+// Fuzzes stoker::VideoClips over one video file (FFmpeg's libraries read it; built where they
+// are found): indexing it (frame times, keyframes), placing clips, and decoding every clip by
+// frame stride and by frame rate, with uniform and random clips. Any outcome but success or
+// std::exception is a bug.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "stoker/video.h"
+
+namespace {
+
+// Reads every clip (at most 8) of the video at `path` with these options; every failure is an
+// exception.
+void read_clips(const std::string& path, int stride, double fps,
+                stoker::VideoClipsOptions::Sampling sampling) {
+  try {
+    stoker::VideoClipsOptions o;
+    o.paths = {path};
+    o.frames = 3;
+    o.stride = stride;
+    o.fps = fps;
+    o.sampling = sampling;
+    o.clips_per_video = 2;
+    o.height = 8;
+    o.width = 12;
+    o.index_cache = false;
+    o.index_threads = 1;
+    stoker::VideoClips d(o);
+    const auto fields = d.fields();
+    std::vector<std::vector<std::byte>> out;
+    std::vector<std::size_t> bytes;
+    std::vector<std::byte*> bases;
+    for (const auto& f : fields) {
+      out.emplace_back(f.bytes());
+      bytes.push_back(f.bytes());
+    }
+    for (auto& b : out) bases.push_back(b.data());
+    if (d.frame_times(0).size() != d.keyframes(0).size()) __builtin_trap();
+    for (std::size_t i = 0; i < d.size() && i < 8; ++i) {
+      (void)d.sample_name(i);
+      try {
+        for (const std::size_t f : d.clip_frames(i, 7)) {
+          if (f >= d.frame_times(0).size()) __builtin_trap();  // a frame the video lacks
+        }
+        d.read(i, stoker::SampleOut(bytes, bases.data(), 0, 1));
+      } catch (const std::exception&) {
+      }
+    }
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  // The data set reads files: a memfd is one without the disk.
+  const int fd = ::memfd_create("fuzz.mp4", MFD_CLOEXEC);
+  if (fd < 0) return 0;
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, data + done, size - done);
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  using Sampling = stoker::VideoClipsOptions::Sampling;
+  read_clips(path, 1, 0, Sampling::uniform);
+  read_clips(path, 2, 7.5, Sampling::random);
+  ::close(fd);
+  return 0;
+}
