@@ -34,7 +34,7 @@
 #include <thread>
 
 #include "io/disk_cache.h"
-#include "source/remote.h"
+#include "io/remote.h"
 #include "stoker/encoded.h"
 
 extern char** environ;
