@@ -91,6 +91,9 @@ class ObjectFile final : public File {
     }
     files_->read_uncached(object_, offset, dst, n);
   }
+  void read_uncached(std::uint64_t offset, std::byte* dst, std::size_t n) const override {
+    files_->read_uncached(object_, offset, dst, n);
+  }
   bool will_read(std::uint64_t offset, std::size_t n) const override {
     return files_->prefetch(object_, offset, n);
   }
@@ -136,6 +139,10 @@ void File::read_once(std::uint64_t offset, std::byte* dst, std::size_t n) const 
                              " bytes, " + std::to_string(n) + " bytes were to be read at " +
                              std::to_string(offset) + " (truncated while open)");
   }
+}
+
+void File::read_uncached(std::uint64_t offset, std::byte* dst, std::size_t n) const {
+  File::read_once(offset, dst, n);
 }
 
 bool File::will_read(std::uint64_t, std::size_t) const { return true; }

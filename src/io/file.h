@@ -40,6 +40,10 @@ class File {
   // object larger than one cache chunk is read by exactly this range, neither looked up in nor
   // kept in the chunk cache; anything else as read_at. All `n` bytes or an error.
   virtual void read_once(std::uint64_t offset, std::byte* dst, std::size_t n) const;
+  // Bytes by exactly this range, never through the chunk cache (a Parquet footer, read before
+  // the object's chunks are cut to its column chunks); all `n` bytes or an error. A local file
+  // as read_once.
+  virtual void read_uncached(std::uint64_t offset, std::byte* dst, std::size_t n) const;
 
   // A hint that bytes [offset, offset + n) will be read soon (RemoteFiles::prefetch for an
   // object; nothing to do for a local file). False: the hint was dropped for want of room

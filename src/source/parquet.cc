@@ -70,8 +70,8 @@ struct Part {
 // A stoker io::File as Arrow's input (leveldb's and Arrow's random-access file are the
 // anchors): Arrow's Parquet reader reads the footer and the column chunks asked for by range,
 // and never knows whether they come from a local file or through the object cache. `once`:
-// what is read is kept elsewhere (the footer, in the file's FileMetaData): an object larger
-// than a chunk is read by exact ranges, not through the cache's chunks (File::read_once).
+// what is read is kept elsewhere (the footer, in the file's FileMetaData): read by exact
+// ranges, not through the cache's chunks (File::read_uncached).
 class ArrowFile final : public arrow::io::RandomAccessFile {
  public:
   ArrowFile(io::FilePtr file, bool once) : file_(std::move(file)), once_(once) {}
@@ -111,7 +111,7 @@ class ArrowFile final : public arrow::io::RandomAccessFile {
       const std::uint64_t left = at < file_->size() ? file_->size() - at : 0;
       const auto count =
           static_cast<std::size_t>(std::min<std::uint64_t>(left, static_cast<std::uint64_t>(n)));
-      file_->read_once(at, dst, count);
+      file_->read_uncached(at, dst, count);
       return static_cast<std::int64_t>(count);
     } catch (const std::exception& e) {  // names the file (a URL: the HTTP status too)
       return arrow::Status::IOError(e.what());
