@@ -501,13 +501,8 @@ ParquetDataset::ParquetDataset(ParquetOptions options) : impl_(std::make_shared<
   if (named.empty()) throw std::invalid_argument("stoker::ParquetDataset: no files");
   // URL files: resolved together (one listing per prefix), their footers read by exact ranges,
   // then their column chunks through the object cache, each chunk a column chunk.
-  std::vector<std::string> urls;
-  std::vector<char> is_object(named.size(), 0);
-  for (std::size_t k = 0; k < named.size(); ++k) {
-    const detail::PathKind kind = detail::path_kind(named[k], ".parquet");
-    is_object[k] = kind == detail::PathKind::object || kind == detail::PathKind::prefix;
-    if (is_object[k]) urls.push_back(named[k]);
-  }
+  std::vector<char> is_object;
+  const std::vector<std::string> urls = detail::storage_urls(named, ".parquet", is_object);
   std::optional<detail::Resolver> resolver;
   std::vector<std::vector<io::FilePtr>> objects;
   if (!urls.empty()) {

@@ -20,6 +20,18 @@ PathKind path_kind(const std::string& path, std::string_view suffix) {
   return fs::is_directory(path, ec) ? PathKind::directory : PathKind::file;
 }
 
+std::vector<std::string> storage_urls(const std::vector<std::string>& paths,
+                                      std::string_view suffix, std::vector<char>& in_storage) {
+  std::vector<std::string> urls;
+  in_storage.assign(paths.size(), 0);
+  for (std::size_t k = 0; k < paths.size(); ++k) {
+    const PathKind kind = path_kind(paths[k], suffix);
+    in_storage[k] = kind == PathKind::object || kind == PathKind::prefix;
+    if (in_storage[k]) urls.push_back(paths[k]);
+  }
+  return urls;
+}
+
 std::vector<std::string> files_in(const std::string& dir, std::string_view suffix) {
   std::vector<std::string> out;
   std::error_code ec;

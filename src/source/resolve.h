@@ -26,6 +26,11 @@ namespace stoker::detail {
 enum class PathKind { file, directory, object, prefix };
 PathKind path_kind(const std::string& path, std::string_view suffix);
 
+// The names among `paths` that are in object storage (objects and s3:// prefixes), in order;
+// `in_storage[k]` says whether paths[k] is one of them.
+std::vector<std::string> storage_urls(const std::vector<std::string>& paths,
+                                      std::string_view suffix, std::vector<char>& in_storage);
+
 // The files directly in the local directory `dir` whose names end in `suffix`, sorted by name
 // (directories left out). Throws std::runtime_error naming `dir` when it cannot be listed.
 std::vector<std::string> files_in(const std::string& dir, std::string_view suffix);

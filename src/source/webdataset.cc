@@ -85,17 +85,7 @@ bool is_meta(std::string_view name) {
 // ---------------------------------------------------------------------------- index cache
 
 std::string cache_dir(const WebDatasetOptions& o) {
-  if (!o.index_cache_dir.empty()) return o.index_cache_dir;
-  if (const char* d = std::getenv("STOKER_CACHE_DIR"); d && *d) {
-    return (fs::path(d) / "webdataset").string();
-  }
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
-    return (fs::path(d) / "stoker" / "webdataset").string();
-  }
-  if (const char* d = std::getenv("HOME"); d && *d) {
-    return (fs::path(d) / ".cache" / "stoker" / "webdataset").string();
-  }
-  return {};
+  return o.index_cache_dir.empty() ? detail::default_cache_dir("webdataset") : o.index_cache_dir;
 }
 
 constexpr char kCacheMagic[8] = {'S', 'T', 'K', 'W', 'D', 'S', '0', '1'};
@@ -778,13 +768,8 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
   }
   // URL shards: resolved with one listing per prefix, indexed in parallel (each from the index
   // cache, or from its tar headers through the object cache).
-  std::vector<std::string> urls;
-  std::vector<char> is_object(named.size(), 0);
-  for (std::size_t k = 0; k < named.size(); ++k) {
-    const detail::PathKind kind = detail::path_kind(named[k], ".tar");
-    is_object[k] = kind == detail::PathKind::object || kind == detail::PathKind::prefix;
-    if (is_object[k]) urls.push_back(named[k]);
-  }
+  std::vector<char> is_object;
+  const std::vector<std::string> urls = detail::storage_urls(named, ".tar", is_object);
   std::vector<std::vector<io::FilePtr>> objects;
   std::vector<std::vector<TarMember>> remote_members;
   if (!urls.empty()) {
