@@ -32,6 +32,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "io/disk_cache.h"
 #include "io/file.h"
@@ -1658,6 +1659,33 @@ TEST_F(ObjectStoreS3, AParquetObjectIsReadByItsSelectedColumnChunksThroughTheObj
   EXPECT_GE(ratio, 1.0);
   EXPECT_LE(ratio, 1.1);  // each selected column chunk once (a few read again at most)
   EXPECT_EQ(proxy_count(proxy_port_, "HEAD"), 1);
+
+  // The same epoch with a global shuffle and in order, each over a cache of its own: what the
+  // window saves (printed; the global shuffle's ratio depends on the permutation).
+  for (const auto& [name, mode, shuffled] :
+       {std::tuple{"global", stoker::ShuffleMode::global, true},
+        std::tuple{"in order", stoker::ShuffleMode::automatic, false}}) {
+    stoker::ParquetOptions other = ro;
+    other.storage.object_cache_dir = (dir.path / name).string();
+    auto d = std::make_shared<stoker::ParquetDataset>(other);
+    const std::uint64_t before = d->object_storage_counters().bytes_fetched;
+    const std::uint64_t gets = d->object_storage_counters().get_requests;
+    stoker::LoaderOptions oo = o;
+    oo.dataset = d;
+    oo.shuffle = shuffled;
+    oo.shuffle_mode = mode;
+    stoker::Loader l(oo);
+    std::size_t n = 0;
+    while (auto batch = l.next()) n += batch->as<std::int64_t>(0).size();
+    EXPECT_EQ(n, 2400u);
+    const auto after = d->object_storage_counters();
+    const double r = static_cast<double>(after.bytes_fetched - before) / selected;
+    std::printf("parquet over s3, %s: %.3fx the selected bytes, %llu GETs\n", name, r,
+                static_cast<unsigned long long>(after.get_requests - gets));
+    if (!shuffled) {
+      EXPECT_LE(r, 1.1);
+    }
+  }
 
   // Row by row, the object's rows are the local file's.
   std::vector<std::byte> a(8), b(8), fa(256), fb(256);
