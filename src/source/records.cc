@@ -23,6 +23,7 @@
 #include "io/file.h"
 #include "io/remote.h"
 #include "source/file_util.h"
+#include "source/index_cache.h"
 #include "source/record_format.h"
 #include "source/resolve.h"
 #include "stoker/encoded.h"
@@ -145,60 +146,34 @@ void read_index(ShardFile& file) {
 
 // ---------------------------------------------------------------------------- index cache
 
-// A record shard in object storage: its header and index kept in INDEX_DIR/<hash of URL>.rix,
-// "STKRIX01", the object's size, the hash of its ETag, the URL, the header, the index, then
-// XXH3-64 of all that: a file for another size or ETag (the object replaced), cut short or
-// damaged is not used.
-constexpr char kIndexMagic[8] = {'S', 'T', 'K', 'R', 'I', 'X', '0', '1'};
+// A record shard in object storage: its header and index kept in the index cache
+// (index_cache.h's entries, kind "STKRIX01", keyed by URL, size and ETag; body: the header,
+// then the index).
+constexpr std::string_view kIndexMagic = "STKRIX01";
 
 std::string index_file(const std::string& dir, const std::string& url) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.rix",
-                static_cast<unsigned long long>(XXH3_64bits(url.data(), url.size())));
-  return (fs::path(dir) / name).string();
+  return detail::index_cache_file(dir, url, "rix");
 }
 
-std::string index_id(const detail::RemoteObject& o) {
-  std::string id(kIndexMagic, sizeof kIndexMagic);
-  const std::uint64_t etag = XXH3_64bits(o.etag.data(), o.etag.size());
-  const std::uint64_t url_bytes = o.url.size();
-  id.append(reinterpret_cast<const char*>(&o.size), 8);
-  id.append(reinterpret_cast<const char*>(&etag), 8);
-  id.append(reinterpret_cast<const char*>(&url_bytes), 8);
-  return id + o.url;
+detail::IndexKey index_key(const detail::RemoteObject& o) {
+  return {o.url, o.size, detail::etag_stamp(o.etag)};
 }
 
 bool load_cached_index(const std::string& file, ShardFile& shard) {
-  std::vector<std::byte> bytes;
-  try {
-    detail::read_whole_file(file, bytes);
-  } catch (const std::exception&) {
-    return false;
-  }
-  const std::string id = index_id(*shard.remote());
-  if (bytes.size() < id.size() + sizeof(Header) + 8) return false;
-  const std::size_t body = bytes.size() - 8;
-  std::uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body, 8);
-  if (checksum(bytes.data(), body) != sum || std::memcmp(bytes.data(), id.data(), id.size()) != 0) {
-    return false;
-  }
-  std::memcpy(&shard.header, bytes.data() + id.size(), sizeof(Header));
-  const std::size_t at = id.size() + sizeof(Header);
-  if (shard.header.index_bytes != body - at) return false;
-  shard.index.assign(bytes.begin() + static_cast<std::ptrdiff_t>(at),
-                     bytes.begin() + static_cast<std::ptrdiff_t>(body));
+  const auto body = detail::load_index_entry(file, kIndexMagic, index_key(*shard.remote()));
+  if (!body || body->size() < sizeof(Header)) return false;
+  std::memcpy(&shard.header, body->data(), sizeof(Header));
+  if (shard.header.index_bytes != body->size() - sizeof(Header)) return false;
+  const auto* index = reinterpret_cast<const std::byte*>(body->data()) + sizeof(Header);
+  shard.index.assign(index, index + shard.header.index_bytes);
   return true;
 }
 
 // Any failure is ignored (the next process reads the index from the object again).
 void save_cached_index(const std::string& file, const ShardFile& shard) {
-  std::string data = index_id(*shard.remote());
-  data.append(reinterpret_cast<const char*>(&shard.header), sizeof(Header));
-  data.append(reinterpret_cast<const char*>(shard.index.data()), shard.index.size());
-  const std::uint64_t sum = checksum(data.data(), data.size());
-  data.append(reinterpret_cast<const char*>(&sum), 8);
-  detail::replace_file(file, data);
+  std::string body(reinterpret_cast<const char*>(&shard.header), sizeof(Header));
+  body.append(reinterpret_cast<const char*>(shard.index.data()), shard.index.size());
+  detail::save_index_entry(file, kIndexMagic, index_key(*shard.remote()), body);
 }
 
 class RecordSource final : public EncodedSource {

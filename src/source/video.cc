@@ -36,6 +36,7 @@ extern "C" {
 #include "io/file.h"
 #include "io/remote.h"  // default_cache_dir
 #include "source/file_util.h"
+#include "source/index_cache.h"
 #include "source/resolve.h"
 #include "source/tar_index.h"
 #include "stoker/frontend/mutex.h"
@@ -84,12 +85,6 @@ std::uint64_t splitmix64(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) {
-  const auto* b = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
 }
 
 // ---------------------------------------------------------------------------- the index
@@ -346,83 +341,44 @@ VideoIndex build_index(const std::string& path, const VideoBytes& at) {
 
 // ---------------------------------------------------------------------------- index cache
 
-constexpr char kCacheMagic[8] = {'S', 'T', 'K', 'V', 'I', 'D', '0', '1'};
+// A video's packets in the index cache (index_cache.h's entries, kind "STKVID02"), keyed by
+// the file (its size and mtime) or the object (its ETag), with a member's place.
+constexpr std::string_view kCacheMagic = "STKVID02";
 
 std::string cache_file(const std::string& dir, const std::string& path) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.vidx",
-                static_cast<unsigned long long>(fnv1a(path.data(), path.size())));
-  return (fs::path(dir) / name).string();
-}
-
-template <class T>
-void put(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-template <class T>
-bool get(std::string_view& in, T& v) {
-  if (in.size() < sizeof v) return false;
-  std::memcpy(&v, in.data(), sizeof v);
-  in.remove_prefix(sizeof v);
-  return true;
+  return detail::index_cache_file(dir, path, "vidx");
 }
 
 void save_index(const std::string& file, const std::string& path, const FileStat& st,
                 const VideoIndex& x) {
-  std::string out(kCacheMagic, sizeof kCacheMagic);
-  put(out, st.size);
-  put(out, st.mtime_ns);
-  put(out, static_cast<std::uint64_t>(path.size()));
-  out += path;
-  put(out, static_cast<std::int32_t>(x.stream));
-  put(out, static_cast<std::int32_t>(x.tb_num));
-  put(out, static_cast<std::int32_t>(x.tb_den));
-  put(out, static_cast<std::int32_t>(x.width));
-  put(out, static_cast<std::int32_t>(x.height));
-  put(out, static_cast<std::uint64_t>(x.pts.size()));
+  detail::IndexWriter w;
+  w.put(static_cast<std::int32_t>(x.stream));
+  w.put(static_cast<std::int32_t>(x.tb_num));
+  w.put(static_cast<std::int32_t>(x.tb_den));
+  w.put(static_cast<std::int32_t>(x.width));
+  w.put(static_cast<std::int32_t>(x.height));
+  w.put(static_cast<std::uint64_t>(x.pts.size()));
   for (std::size_t i = 0; i < x.pts.size(); ++i) {
-    put(out, x.pts[i]);
-    put(out, x.key[i]);
+    w.put(x.pts[i]);
+    w.put(x.key[i]);
   }
-  put(out, static_cast<std::uint64_t>(x.keys.size()));
+  w.put(static_cast<std::uint64_t>(x.keys.size()));
   for (const Keyframe& k : x.keys) {
-    put(out, k.pts);
-    put(out, k.seek_ts);
+    w.put(k.pts);
+    w.put(k.seek_ts);
   }
-  put(out, fnv1a(out.data(), out.size()));
-  (void)detail::replace_file(file, out);  // a cache: a failure leaves the next run to index
+  detail::save_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns}, w.data);
 }
 
 bool load_index(const std::string& file, const std::string& path, const FileStat& st,
                 VideoIndex& x) {
-  std::vector<std::byte> bytes;
-  try {
-    detail::read_whole_file(file, bytes);
-  } catch (const std::exception&) {
-    return false;
-  }
-  if (bytes.size() < sizeof kCacheMagic + 8) return false;
-  const std::size_t body = bytes.size() - 8;
-  std::uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body, 8);
-  if (fnv1a(bytes.data(), body) != sum) return false;
-  std::string_view in(reinterpret_cast<const char*>(bytes.data()), body);
-  if (in.substr(0, sizeof kCacheMagic) != std::string_view(kCacheMagic, sizeof kCacheMagic)) {
-    return false;
-  }
-  in.remove_prefix(sizeof kCacheMagic);
-  FileStat cached;
-  std::uint64_t path_len = 0, frames = 0, keys = 0;
+  const auto body = detail::load_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns});
+  if (!body) return false;
+  detail::IndexReader in(*body);
+  std::uint64_t frames = 0, keys = 0;
   std::int32_t stream = 0, num = 0, den = 0, w = 0, h = 0;
-  if (!get(in, cached.size) || !get(in, cached.mtime_ns) || !get(in, path_len) ||
-      path_len > in.size() || in.substr(0, path_len) != path) {
-    return false;
-  }
-  in.remove_prefix(path_len);
-  if (cached.size != st.size || cached.mtime_ns != st.mtime_ns || !get(in, stream) ||
-      !get(in, num) || !get(in, den) || !get(in, w) || !get(in, h) || !get(in, frames) ||
-      frames > in.size() / 9 || num <= 0 || den <= 0) {
+  if (!in.get(stream) || !in.get(num) || !in.get(den) || !in.get(w) || !in.get(h) ||
+      !in.get(frames) || frames > in.left() / 9 || num <= 0 || den <= 0) {
     return false;
   }
   x.stream = stream;
@@ -433,14 +389,14 @@ bool load_index(const std::string& file, const std::string& path, const FileStat
   x.pts.resize(frames);
   x.key.resize(frames);
   for (std::size_t i = 0; i < frames; ++i) {
-    if (!get(in, x.pts[i]) || !get(in, x.key[i])) return false;
+    if (!in.get(x.pts[i]) || !in.get(x.key[i])) return false;
   }
-  if (!get(in, keys) || keys > in.size() / 16 || keys == 0 || frames == 0) return false;
+  if (!in.get(keys) || keys > in.left() / 16 || keys == 0 || frames == 0) return false;
   x.keys.resize(keys);
   for (Keyframe& k : x.keys) {
-    if (!get(in, k.pts) || !get(in, k.seek_ts)) return false;
+    if (!in.get(k.pts) || !in.get(k.seek_ts)) return false;
   }
-  return in.empty();
+  return in.done();
 }
 
 // ---------------------------------------------------------------------------- decoders
@@ -730,8 +686,7 @@ void VideoClips::Impl::make_indexes() {
         FileStat st;
         if (at.object) {
           abs = at.object->url;
-          st.mtime_ns =
-              static_cast<std::int64_t>(fnv1a(at.object->etag.data(), at.object->etag.size()) >> 1);
+          st.mtime_ns = detail::etag_stamp(at.object->etag);
         } else {
           abs = fs::absolute(at.file).lexically_normal().string();
           st = stat_file(at.file);

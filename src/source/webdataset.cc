@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +25,7 @@
 #include "io/object_store.h"
 #include "io/remote.h"
 #include "source/file_util.h"
+#include "source/index_cache.h"
 #include "source/resolve.h"
 #include "source/tar_index.h"
 #include "stoker/frontend/log.h"
@@ -88,85 +88,27 @@ std::string cache_dir(const WebDatasetOptions& o) {
   return o.index_cache_dir.empty() ? detail::default_cache_dir("webdataset") : o.index_cache_dir;
 }
 
-constexpr char kCacheMagic[8] = {'S', 'T', 'K', 'W', 'D', 'S', '0', '1'};
+constexpr std::string_view kCacheMagic = "STKWDS01";  // index_cache.h's entries of tar members
 
 struct ShardStat {
   std::uint64_t size = 0;
-  std::int64_t mtime_ns = 0;
-};
-
-class Writer {
- public:
-  template <class T>
-  void put(const T& v) {
-    put_bytes(&v, sizeof v);
-  }
-  void put_bytes(const void* p, std::size_t n) {
-    const auto* b = static_cast<const char*>(p);
-    data.insert(data.end(), b, b + n);
-  }
-  std::string data;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view d) : data_(d) {}
-  template <class T>
-  bool get(T& v) {
-    if (sizeof v > data_.size() - at_) return false;
-    std::memcpy(&v, data_.data() + at_, sizeof v);
-    at_ += sizeof v;
-    return true;
-  }
-  bool get_string(std::string& s, std::uint64_t n) {
-    if (n > data_.size() - at_) return false;
-    s.assign(data_.data() + at_, static_cast<std::size_t>(n));
-    at_ += static_cast<std::size_t>(n);
-    return true;
-  }
-  bool done() const { return at_ == data_.size(); }
-
- private:
-  std::string_view data_;
-  std::size_t at_ = 0;
+  std::int64_t mtime_ns = 0;  // a local shard's; a URL shard's: etag_stamp() of its ETag
 };
 
 std::string cache_file(const std::string& dir, const std::string& path) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.idx",
-                static_cast<unsigned long long>(XXH3_64bits(path.data(), path.size())));
-  return (fs::path(dir) / name).string();
+  return detail::index_cache_file(dir, path, "idx");
 }
 
 // The cached index of `path` if there is one for this size and mtime (else nullopt).
 std::optional<std::vector<TarMember>> load_index(const std::string& file, const std::string& path,
                                                  const ShardStat& st) {
-  std::vector<std::byte> bytes;
-  try {
-    detail::read_whole_file(file, bytes);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (bytes.size() < sizeof kCacheMagic + 8) return std::nullopt;
-  const std::size_t body = bytes.size() - 8;
-  std::uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body, 8);
-  if (XXH3_64bits(bytes.data(), body) != sum) return std::nullopt;
-  Reader r(std::string_view(reinterpret_cast<const char*>(bytes.data()), body));
-  char magic[8];
-  ShardStat cached;
-  std::uint64_t path_len = 0, count = 0;
-  std::string cached_path;
-  if (!r.get(magic) || std::memcmp(magic, kCacheMagic, 8) != 0 || !r.get(cached.size) ||
-      !r.get(cached.mtime_ns) || !r.get(path_len) || !r.get_string(cached_path, path_len) ||
-      !r.get(count)) {
-    return std::nullopt;
-  }
-  if (cached_path != path || cached.size != st.size || cached.mtime_ns != st.mtime_ns) {
-    return std::nullopt;
-  }
+  const auto body = detail::load_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns});
+  if (!body) return std::nullopt;
+  detail::IndexReader r(*body);
+  std::uint64_t count = 0;
+  if (!r.get(count)) return std::nullopt;
   std::vector<TarMember> members;
-  members.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(count, body / 28)));
+  members.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(count, body->size() / 28)));
   for (std::uint64_t i = 0; i < count; ++i) {
     TarMember m;
     std::uint32_t len = 0;
@@ -183,12 +125,7 @@ std::optional<std::vector<TarMember>> load_index(const std::string& file, const 
 // Writes the index atomically (a temporary file renamed); any failure is ignored.
 void save_index(const std::string& file, const std::string& path, const ShardStat& st,
                 const std::vector<TarMember>& members) {
-  Writer w;
-  w.put_bytes(kCacheMagic, sizeof kCacheMagic);
-  w.put(st.size);
-  w.put(st.mtime_ns);
-  w.put(static_cast<std::uint64_t>(path.size()));
-  w.put_bytes(path.data(), path.size());
+  detail::IndexWriter w;
   w.put(static_cast<std::uint64_t>(members.size()));
   for (const auto& m : members) {
     w.put(m.offset);
@@ -197,8 +134,7 @@ void save_index(const std::string& file, const std::string& path, const ShardSta
     w.put(static_cast<std::uint32_t>(m.name.size()));
     w.put_bytes(m.name.data(), m.name.size());
   }
-  w.put(static_cast<std::uint64_t>(XXH3_64bits(w.data.data(), w.data.size())));
-  detail::replace_file(file, w.data);
+  detail::save_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns}, w.data);
 }
 
 // ---------------------------------------------------------------------------- fields
@@ -541,8 +477,7 @@ struct WebDataset::Impl final : EncodedSource {
     const detail::RemoteObject* in_storage = shard.object();
     if (in_storage == nullptr) throw std::logic_error(shard.name() + ": not an object");
     const detail::RemoteObject& object = *in_storage;
-    const ShardStat ss{object.size, static_cast<std::int64_t>(
-                                        XXH3_64bits(object.etag.data(), object.etag.size()))};
+    const ShardStat ss{object.size, detail::etag_stamp(object.etag)};
     const std::string dir = o.index_cache ? cache_dir(o) : std::string();
     const std::string file = dir.empty() ? std::string() : cache_file(dir, object.url);
     if (!file.empty()) {
