@@ -12,13 +12,20 @@
 
 #include "stoker/dataset.h"
 #include "stoker/image.h"
+#include "stoker/object_storage.h"
 
 namespace stoker {
 
 struct ParquetOptions {
-  // Parquet files, or directories (every *.parquet in them, in name order, not recursive).
-  // The data set's rows are the files' rows, file after file.
+  // Parquet files, or directories (every *.parquet in them, in name order, not recursive), or
+  // URLs (docs/storage.md): s3:// and http(s):// objects, or an s3:// prefix (every *.parquet
+  // object directly under it, in key order). The data set's rows are the files' rows, file
+  // after file. An object's footer is read by exact range GETs, then only the column chunks
+  // of the row groups read, each through the object cache as a chunk of its own.
   std::vector<std::string> files;
+  // URL files: their object cache, the index cache of the node's turn and shared listings, and
+  // the objects another process resolved them to.
+  ObjectStorageOptions storage;
   // The columns a sample is made of, in order. Kinds, by the column's Arrow type:
   //   bool, int8..int64, uint8, float16/32/64: a scalar field of that type (bool as uint8);
   //   fixed_size_list of those (nested: [n][m]): a field of that shape;
@@ -63,6 +70,8 @@ class ParquetDataset final : public Dataset {
   // The row groups, each decoded whole into the row-group cache (cache_bytes): a shuffled
   // loader over more than fit takes a window of them (docs/formats.md, "Memory").
   StorageLayout storage_layout() const override;
+  // URL files: the traffic of their object cache (shared by the data sets over it).
+  ObjectStorageCounters object_storage_counters() const override;
 
   // Row `index`'s value of string column `column` (std::nullopt for a null), through the row
   // group cache. Throws std::invalid_argument for a column that is not a string column of the

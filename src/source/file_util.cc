@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "io/file.h"
+
 namespace stoker::detail {
 
 void throw_errno(const std::string& path, const std::string& what) {
@@ -27,27 +29,7 @@ struct Fd {
 }  // namespace
 
 void read_whole_file(const std::string& path, std::vector<std::byte>& out) {
-  // O_NONBLOCK: opening a named pipe (a FIFO named like an image) waits for a writer without
-  // it; with it, the open returns and the check below refuses the file. It changes nothing
-  // for a regular file.
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-  if (f.fd < 0) throw_errno(path, "cannot open");
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw_errno(path, "cannot stat");
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error(path + ": not a regular file");
-  const auto size = static_cast<std::size_t>(st.st_size);
-  out.resize(size);
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::pread(f.fd, out.data() + done, size - done, static_cast<off_t>(done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_errno(path, "cannot read");
-    }
-    if (n == 0) break;  // the file shrank while we read it
-    done += static_cast<std::size_t>(n);
-  }
-  out.resize(done);
+  io::read_local_file(path, out);
 }
 
 bool replace_file(const std::string& path, std::string_view data) noexcept {

@@ -10,9 +10,11 @@
 #include <tuple>
 #include <vector>
 
+#include "io/file.h"
 #include "io/object_store.h"
+#include "io/remote.h"
 #include "source/file_util.h"
-#include "source/remote.h"
+#include "source/resolve.h"
 #include "stoker/encoded.h"
 
 namespace stoker {
@@ -25,7 +27,8 @@ using detail::has_image_extension;
 class ImageFolderSource final : public EncodedSource {
  public:
   ImageFolderSource(const std::string& root, const ObjectStorageOptions& remote) : root_(root) {
-    if (detail::is_url(root)) {
+    const detail::PathKind kind = detail::path_kind(root, "");
+    if (kind == detail::PathKind::object || kind == detail::PathKind::prefix) {
       open_remote(remote);
       return;
     }
@@ -76,17 +79,22 @@ class ImageFolderSource final : public EncodedSource {
   }
   std::vector<std::string> classes() const override { return classes_; }
 
+  // An image in object storage as a File, read through the object cache.
+  io::FilePtr object(std::size_t index) const {
+    return io::open_object(objects_.at(index), files_);
+  }
+
   void read(std::size_t index, EncodedBytes& out) const override {
-    if (files_) {  // the whole object, through the object cache
-      const detail::RemoteObject& o = objects_.at(index);
-      out.storage.resize(static_cast<std::size_t>(o.size));
+    if (files_) {  // the whole object
+      const io::FilePtr f = object(index);
+      out.storage.resize(static_cast<std::size_t>(f->size()));
       try {
-        files_->read(o, 0, out.storage.data(), out.storage.size());
+        out.storage.resize(f->read_at(0, out.storage.data(), out.storage.size()));
       } catch (const std::exception& e) {
-        throw std::runtime_error(o.url + ": " + e.what());
+        throw std::runtime_error(f->name() + ": " + e.what());
       }
-    } else {
-      detail::read_whole_file(paths_.at(index), out.storage);
+    } else {  // a local file, read whole with no File made (no allocation per sample)
+      io::read_local_file(paths_.at(index), out.storage);
     }
     out.bytes = {out.storage.data(), out.storage.size()};
     storage_reads_.add(out.storage.size());
@@ -97,9 +105,8 @@ class ImageFolderSource final : public EncodedSource {
   bool will_read(std::span<const std::size_t> rows) const noexcept override {
     if (!files_) return true;
     try {
-      detail::RemoteFiles& files = *files_;
       for (const std::size_t index : rows) {
-        if (index < objects_.size() && !files.prefetch(objects_[index], 0, objects_[index].size))
+        if (index < objects_.size() && !object(index)->will_read(0, objects_[index].size))
           return false;
       }
     } catch (...) {
@@ -131,20 +138,11 @@ class ImageFolderSource final : public EncodedSource {
   // (a key with a '/' after its first component); within a class, images in the order of
   // sorted(os.walk()): by "directory" (the key up to its last '/'), then by name.
   void open_remote(const ObjectStorageOptions& o) {
-    files_ = detail::RemoteHandle(o.object_cache_dir, o.object_cache_bytes);
     std::string prefix = root_;
     if (!prefix.ends_with('/')) prefix += '/';
-    std::vector<detail::RemoteObject> listed;
-    if (!o.known_objects.empty()) {
-      for (const auto& k : o.known_objects) listed.push_back({k.url, k.size, k.etag});
-    } else {
-      const std::string index_dir =
-          !o.index_cache ? std::string()
-                         : (o.index_cache_dir.empty() ? detail::default_cache_dir("indexes")
-                                                      : o.index_cache_dir);
-      const detail::NodeTurn turn(index_dir, "image folder\n" + prefix);
-      listed = files_->list_all(prefix, turn.shared);
-    }
+    detail::Resolver resolver(o, "image folder");
+    std::vector<detail::RemoteObject> listed = resolver.list_all(prefix);
+    files_ = resolver.remote();
     if (listed.empty()) {
       throw io::ObjectStoreError(io::ObjectStoreError::Kind::kNotFound, root_, 404, "",
                                  prefix +

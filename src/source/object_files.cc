@@ -1,6 +1,6 @@
 #include "stoker/frontend/object_files.h"
 
-#include "source/remote.h"
+#include "io/remote.h"
 
 namespace stoker::detail {
 

@@ -19,6 +19,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -26,6 +27,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "io/file.h"
+#include "source/resolve.h"
 #include "stoker/frontend/mutex.h"
 
 namespace stoker {
@@ -48,6 +51,7 @@ struct Column {
 
 struct File {
   std::string path;
+  io::FilePtr io;  // a local file, or an object read through the object cache
   std::shared_ptr<parquet::FileMetaData> metadata;
   std::vector<int> leaves;              // the Parquet leaf columns read, for all the columns
   std::vector<std::size_t> leaves_end;  // column k's leaves end at leaves[leaves_end[k]]
@@ -59,6 +63,79 @@ struct Part {
   int row_group = 0;               // within the file
   std::int64_t first_in_file = 0;  // the file's row number of its first row
   std::int64_t rows = 0;
+  std::uint64_t offset = 0;  // its bytes in the file: from its first column chunk
+  std::uint64_t length = 0;  // to the end of its last
+};
+
+// A stoker io::File as Arrow's input (leveldb's and Arrow's random-access file are the
+// anchors): Arrow's Parquet reader reads the footer and the column chunks asked for by range,
+// and never knows whether they come from a local file or through the object cache. `once`:
+// what is read is kept elsewhere (the footer, in the file's FileMetaData): read by exact
+// ranges, not through the cache's chunks (File::read_uncached).
+class ArrowFile final : public arrow::io::RandomAccessFile {
+ public:
+  ArrowFile(io::FilePtr file, bool once) : file_(std::move(file)), once_(once) {}
+
+  arrow::Status Close() override {
+    closed_ = true;
+    return arrow::Status::OK();
+  }
+  bool closed() const override { return closed_; }
+  arrow::Result<std::int64_t> Tell() const override { return position_; }
+  arrow::Status Seek(std::int64_t position) override {
+    if (position < 0) return arrow::Status::Invalid(file_->name(), ": a negative offset");
+    position_ = position;
+    return arrow::Status::OK();
+  }
+  arrow::Result<std::int64_t> GetSize() override {
+    return static_cast<std::int64_t>(file_->size());
+  }
+  arrow::Result<std::int64_t> Read(std::int64_t n, void* out) override {
+    ARROW_ASSIGN_OR_RAISE(const std::int64_t got, ReadAt(position_, n, out));
+    position_ += got;
+    return got;
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> Read(std::int64_t n) override {
+    ARROW_ASSIGN_OR_RAISE(auto buffer, ReadAt(position_, n));
+    position_ += buffer->size();
+    return buffer;
+  }
+  // Thread safety: from any thread (io::File::read_at is).
+  arrow::Result<std::int64_t> ReadAt(std::int64_t position, std::int64_t n, void* out) override {
+    if (position < 0 || n < 0) return arrow::Status::Invalid(file_->name(), ": a negative range");
+    const auto at = static_cast<std::uint64_t>(position);
+    auto* dst = static_cast<std::byte*>(out);
+    try {
+      if (!once_)
+        return static_cast<std::int64_t>(file_->read_at(at, dst, static_cast<std::size_t>(n)));
+      const std::uint64_t left = at < file_->size() ? file_->size() - at : 0;
+      const auto count =
+          static_cast<std::size_t>(std::min<std::uint64_t>(left, static_cast<std::uint64_t>(n)));
+      file_->read_uncached(at, dst, count);
+      return static_cast<std::int64_t>(count);
+    } catch (const std::exception& e) {  // names the file (a URL: the HTTP status too)
+      return arrow::Status::IOError(e.what());
+    }
+  }
+  arrow::Result<std::shared_ptr<arrow::Buffer>> ReadAt(std::int64_t position,
+                                                       std::int64_t n) override {
+    ARROW_ASSIGN_OR_RAISE(auto buffer, arrow::AllocateResizableBuffer(n));
+    ARROW_ASSIGN_OR_RAISE(const std::int64_t got, ReadAt(position, n, buffer->mutable_data()));
+    if (got < n) ARROW_RETURN_NOT_OK(buffer->Resize(got));
+    return std::shared_ptr<arrow::Buffer>(std::move(buffer));
+  }
+  arrow::Status WillNeed(const std::vector<arrow::io::ReadRange>& ranges) override {
+    for (const auto& r : ranges) {
+      file_->will_read(static_cast<std::uint64_t>(r.offset), static_cast<std::size_t>(r.length));
+    }
+    return arrow::Status::OK();
+  }
+
+ private:
+  io::FilePtr file_;
+  bool once_ = false;
+  std::int64_t position_ = 0;
+  bool closed_ = false;
 };
 
 struct RowGroup {
@@ -152,16 +229,58 @@ parquet::ReaderProperties reader_properties() {
   return p;
 }
 
+// Where the column chunks of a file's row groups begin and end, 0 first: the chunks of the
+// object cache for a Parquet object, so that a column chunk read is fetched by exactly its
+// range (one GET; the columns not asked for never) and kept whole.
+std::vector<std::uint64_t> column_chunk_bounds(const parquet::FileMetaData& m) {
+  std::vector<std::uint64_t> out{0};
+  for (int g = 0; g < m.num_row_groups(); ++g) {
+    const auto group = m.RowGroup(g);
+    for (int c = 0; c < group->num_columns(); ++c) {
+      const auto chunk = group->ColumnChunk(c);
+      const std::int64_t dictionary =
+          chunk->has_dictionary_page() ? chunk->dictionary_page_offset() : 0;
+      const std::int64_t start = dictionary > 0 ? std::min(dictionary, chunk->data_page_offset())
+                                                : chunk->data_page_offset();
+      if (start < 0 || chunk->total_compressed_size() < 0) continue;
+      out.push_back(static_cast<std::uint64_t>(start));
+      out.push_back(static_cast<std::uint64_t>(start + chunk->total_compressed_size()));
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+// The byte ranges of row group g's leaf columns `leaves` (offset, length), for a read-ahead hint.
+std::vector<io::File::Range> column_ranges(const parquet::FileMetaData& m, int g,
+                                           const std::vector<int>& leaves) {
+  std::vector<io::File::Range> out;
+  const auto group = m.RowGroup(g);
+  for (const int leaf : leaves) {
+    const auto chunk = group->ColumnChunk(leaf);
+    const std::int64_t dictionary =
+        chunk->has_dictionary_page() ? chunk->dictionary_page_offset() : 0;
+    const std::int64_t start = dictionary > 0 ? std::min(dictionary, chunk->data_page_offset())
+                                              : chunk->data_page_offset();
+    if (start < 0 || chunk->total_compressed_size() <= 0) continue;
+    out.emplace_back(static_cast<std::uint64_t>(start),
+                     static_cast<std::size_t>(chunk->total_compressed_size()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::unique_ptr<parquet::arrow::FileReader> open_reader(
-    const std::string& path, std::shared_ptr<parquet::FileMetaData> metadata) {
-  auto file = arrow::io::ReadableFile::Open(path);
-  if (!file.ok()) fail(file.status().message());
+    const io::FilePtr& file, std::shared_ptr<parquet::FileMetaData> metadata) {
   parquet::ArrowReaderProperties props;
   props.set_use_threads(false);  // the engine's worker threads are the parallelism
   props.set_pre_buffer(false);   // and they do the reads themselves, not Arrow's I/O pool
   auto reader = parquet::arrow::FileReader::Make(
       arrow::default_memory_pool(),
-      parquet::ParquetFileReader::Open(*file, reader_properties(), std::move(metadata)), props);
+      parquet::ParquetFileReader::Open(std::make_shared<ArrowFile>(file, false),
+                                       reader_properties(), std::move(metadata)),
+      props);
   if (!reader.ok()) fail(reader.status().message());
   return std::move(*reader);
 }
@@ -187,6 +306,7 @@ struct ParquetDataset::Impl {
   ImageTransform transform;
   std::uint64_t max_pixels = kDefaultMaxPixels;
   std::size_t cache_bytes = 0;
+  detail::RemoteHandle remote;  // URL files: their object cache
 
   mutable detail::Mutex mu;
   mutable std::condition_variable loaded;
@@ -269,7 +389,11 @@ struct ParquetDataset::Impl {
     const Part& p = parts[g];
     const File& f = files[p.file];
     try {
-      const auto reader = open_reader(f.path, f.metadata);
+      // The selected column chunks, adjacent ones fetched together (an object; a local file:
+      // nothing to do), then read by Arrow one column chunk at a time.
+      const auto ranges = column_ranges(*f.metadata, p.row_group, f.leaves);
+      f.io->will_read(ranges);
+      const auto reader = open_reader(f.io, f.metadata);
       auto table = reader->ReadRowGroup(p.row_group, f.leaves);
       if (!table.ok()) fail(table.status().ToString());
       const arrow::Table& t = **table;
@@ -349,20 +473,12 @@ struct ParquetDataset::Impl {
 std::vector<std::string> parquet_files(const std::vector<std::string>& paths) {
   std::vector<std::string> out;
   for (const auto& p : paths) {
-    std::error_code ec;
-    if (!fs::is_directory(p, ec)) {
-      out.push_back(p);
+    if (detail::path_kind(p, ".parquet") != detail::PathKind::directory) {
+      out.push_back(p);  // a file, or a URL (resolved by the data set)
       continue;
     }
-    std::vector<std::string> found;
-    for (const auto& e : fs::directory_iterator(p, ec)) {
-      if (e.path().extension() == ".parquet" && !e.is_directory(ec)) {
-        found.push_back(e.path().string());
-      }
-    }
-    if (ec) fail(p + ": cannot list: " + ec.message());
+    const auto found = detail::files_in(p, ".parquet");
     if (found.empty()) fail(p + ": no Parquet files (*.parquet)");
-    std::sort(found.begin(), found.end());
     out.insert(out.end(), found.begin(), found.end());
   }
   return out;
@@ -381,21 +497,48 @@ ParquetDataset::ParquetDataset(ParquetOptions options) : impl_(std::make_shared<
   d.transform = options.transform;
   d.max_pixels = options.max_pixels;
   d.cache_bytes = options.cache_bytes;
-  const auto paths = parquet_files(options.files);
-  if (paths.empty()) throw std::invalid_argument("stoker::ParquetDataset: no files");
+  const auto named = parquet_files(options.files);
+  if (named.empty()) throw std::invalid_argument("stoker::ParquetDataset: no files");
+  // URL files: resolved together (one listing per prefix), their footers read by exact ranges,
+  // then their column chunks through the object cache, each chunk a column chunk.
+  std::vector<char> is_object;
+  const std::vector<std::string> urls = detail::storage_urls(named, ".parquet", is_object);
+  std::optional<detail::Resolver> resolver;
+  std::vector<std::vector<io::FilePtr>> objects;
+  if (!urls.empty()) {
+    resolver.emplace(options.storage, "parquet");
+    objects = resolver->objects(urls, ".parquet");
+    d.remote = resolver->remote();
+  }
+  std::vector<std::pair<std::string, io::FilePtr>> paths;  // local files: opened below
+  for (std::size_t k = 0, next = 0; k < named.size(); ++k) {
+    if (!is_object[k]) {
+      paths.emplace_back(named[k], nullptr);
+      continue;
+    }
+    for (auto& file : objects[next++]) paths.emplace_back(file->name(), std::move(file));
+  }
 
-  for (const auto& path : paths) {
+  for (const auto& [path, opened] : paths) {
     File f;
     f.path = path;
+    f.io = opened;
     std::unique_ptr<parquet::arrow::FileReader> reader;
     std::shared_ptr<arrow::Schema> schema;
     try {
-      std::error_code ec;
-      if (!fs::exists(path, ec)) fail("no such file");
-      auto file = arrow::io::ReadableFile::Open(path);
-      if (!file.ok()) fail(file.status().message());
-      f.metadata = parquet::ReadMetaData(*file);
-      reader = open_reader(path, f.metadata);
+      if (!f.io) {
+        std::error_code ec;
+        if (!fs::exists(path, ec)) fail("no such file");
+        f.io = detail::Resolver::open(path, false);  // opened for each read: any number of files
+      }
+      f.metadata = parquet::ReadMetaData(std::make_shared<ArrowFile>(f.io, true));
+      if (const detail::RemoteObject* object = f.io->object()) {
+        detail::RemoteObject cut = *object;
+        cut.chunk_starts =
+            std::make_shared<const std::vector<std::uint64_t>>(column_chunk_bounds(*f.metadata));
+        f.io = resolver->open(cut);
+      }
+      reader = open_reader(f.io, f.metadata);
       const auto status = reader->GetSchema(&schema);
       if (!status.ok()) fail(status.message());
     } catch (const std::exception& e) {
@@ -427,7 +570,7 @@ ParquetDataset::ParquetDataset(ParquetOptions options) : impl_(std::make_shared<
       const Column& c = d.columns[k];
       if (!type->Equals(*c.type)) {
         fail(path + ": column '" + name + "' has type " + type->ToString() + ", not " +
-             c.type->ToString() + " as in " + paths[0]);
+             c.type->ToString() + " as in " + paths[0].first);
       }
       collect_leaves(fields[static_cast<std::size_t>(i)], c.hf_image, f.leaves);
       f.leaves_end.push_back(f.leaves.size());
@@ -476,6 +619,10 @@ ParquetDataset::ParquetDataset(ParquetOptions options) : impl_(std::make_shared<
   }
   d.starts.push_back(start);
   d.blocks = std::move(blocks);
+}
+
+ObjectStorageCounters ParquetDataset::object_storage_counters() const {
+  return impl_->remote ? impl_->remote->counters() : ObjectStorageCounters{};
 }
 
 Dataset::StorageLayout ParquetDataset::storage_layout() const {

@@ -1,5 +1,5 @@
 // Record shards (docs/record_format.md): the writer behind `stoker pack` and the reader, which
-// reads with pread (never a mapping: a shard truncated under it is an error, not SIGBUS).
+// reads through io::File (never a mapping: a shard truncated under it is an error, not SIGBUS).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,9 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "io/file.h"
+#include "io/remote.h"
 #include "source/file_util.h"
+#include "source/index_cache.h"
 #include "source/record_format.h"
-#include "source/remote.h"
+#include "source/resolve.h"
 #include "stoker/encoded.h"
 
 namespace stoker {
@@ -43,58 +46,21 @@ std::uint64_t header_checksum(const Header& h) {
 
 // ---------------------------------------------------------------------------- reading
 
-// A shard read with pread, never mapped: a shard truncated or rewritten while a loader has it
-// open is an error naming the file (a mapping would take the process down with SIGBUS). Or a
-// shard in object storage, read through the object cache's chunks (docs/storage.md).
+// A shard as an io::File (a local file read with pread, never mapped: a shard truncated or
+// rewritten while a loader has it open is an error naming the file, not SIGBUS; or an object
+// read through the object cache's chunks, docs/storage.md), with its header and index.
 class ShardFile {
  public:
-  explicit ShardFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) detail::throw_errno(path, "cannot open");
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) {
-      ::close(fd_);
-      detail::throw_errno(path, "cannot stat");
-    }
-    size_ = static_cast<std::uint64_t>(st.st_size);
-  }
-  ShardFile(detail::RemoteObject object, const detail::RemoteHandle& files)
-      : path_(object.url), size_(object.size), remote_(std::move(object)), files_(&files) {}
-  ~ShardFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  ShardFile(const ShardFile&) = delete;
-  ShardFile& operator=(const ShardFile&) = delete;
+  explicit ShardFile(io::FilePtr file) : file_(std::move(file)) {}
 
-  // Reads up to `n` bytes at `offset` into `dst`; returns how many the file still holds there
-  // (fewer once it was truncated). Throws std::runtime_error naming the file on an I/O error.
-  std::size_t read_at(std::uint64_t offset, std::size_t n, std::byte* dst) const {
-    if (remote_) {
-      if (offset >= size_) return 0;
-      n = static_cast<std::size_t>(std::min<std::uint64_t>(n, size_ - offset));
-      (*files_)->read(*remote_, offset, dst, n);  // the URL and the HTTP status on failure
-      return n;
-    }
-    std::size_t done = 0;
-    while (done < n) {
-      const ssize_t got = ::pread(fd_, dst + done, n - done, static_cast<off_t>(offset + done));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        detail::throw_errno(path_, "cannot read");
-      }
-      if (got == 0) break;
-      done += static_cast<std::size_t>(got);
-    }
-    return done;
-  }
   // read_at, all `n` bytes or an error naming `what` (built only then).
   template <typename What>
   void read_exactly(std::uint64_t offset, std::size_t n, std::byte* dst, What what) const {
     std::size_t got = 0;
     try {
-      got = read_at(offset, n, dst);
+      got = file_->read_at(offset, dst, n);
     } catch (const std::exception& e) {
-      if (!remote_) throw;
+      if (!remote()) throw;
       throw std::runtime_error(what() + ": " + e.what());
     }
     if (got < n) {
@@ -104,38 +70,32 @@ class ShardFile {
     }
   }
   // read_exactly for a shard's header and index, read once (and, in object storage, kept in
-  // the index cache): a shard in object storage larger than one chunk is read by exact ranges
-  // (its 64-byte header need not cost an 8 MiB chunk, its index the chunks around it); a smaller
-  // one through its one chunk, whose GET then serves its records too.
+  // the index cache): File::read_once (a shard in object storage larger than one chunk is
+  // read by exact ranges: its 64-byte header need not cost an 8 MiB chunk, its index the
+  // chunks around it; a smaller one through its one chunk, whose GET then serves its records).
   void read_metadata(std::uint64_t offset, std::size_t n, std::byte* dst) const {
-    if (!remote_ || size_ <= detail::kRemoteChunkBytes) {
-      read_exactly(offset, n, dst, [&] { return path_; });
+    if (!remote()) {
+      read_exactly(offset, n, dst, [&] { return path(); });
       return;
     }
     try {
-      (*files_)->read_uncached(*remote_, offset, dst, n);
+      file_->read_once(offset, dst, n);
     } catch (const std::exception& e) {
-      throw std::runtime_error(path_ + ": " + e.what());
+      throw std::runtime_error(path() + ": " + e.what());
     }
   }
   // A hint that bytes [offset, offset + n) will be read soon (object storage only).
-  bool will_read(std::uint64_t offset, std::size_t n) const {
-    return !remote_ || (*files_)->prefetch(*remote_, offset, n);
-  }
+  bool will_read(std::uint64_t offset, std::size_t n) const { return file_->will_read(offset, n); }
 
-  std::uint64_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-  const std::optional<detail::RemoteObject>& remote() const { return remote_; }
+  std::uint64_t size() const { return file_->size(); }
+  const std::string& path() const { return file_->name(); }
+  const detail::RemoteObject* remote() const { return file_->object(); }
   // The shard's header and index (class list, entries, names), read once when it is opened.
   Header header{};
   std::vector<std::byte> index;
 
  private:
-  std::string path_;
-  int fd_ = -1;
-  std::uint64_t size_ = 0;
-  std::optional<detail::RemoteObject> remote_;
-  const detail::RemoteHandle* files_ = nullptr;
+  io::FilePtr file_;
 };
 
 struct Record {
@@ -186,84 +146,55 @@ void read_index(ShardFile& file) {
 
 // ---------------------------------------------------------------------------- index cache
 
-// A record shard in object storage: its header and index kept in INDEX_DIR/<hash of URL>.rix,
-// "STKRIX01", the object's size, the hash of its ETag, the URL, the header, the index, then
-// XXH3-64 of all that: a file for another size or ETag (the object replaced), cut short or
-// damaged is not used.
-constexpr char kIndexMagic[8] = {'S', 'T', 'K', 'R', 'I', 'X', '0', '1'};
+// A record shard in object storage: its header and index kept in the index cache
+// (index_cache.h's entries, kind "STKRIX01", keyed by URL, size and ETag; body: the header,
+// then the index).
+constexpr std::string_view kIndexMagic = "STKRIX01";
 
 std::string index_file(const std::string& dir, const std::string& url) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.rix",
-                static_cast<unsigned long long>(XXH3_64bits(url.data(), url.size())));
-  return (fs::path(dir) / name).string();
+  return detail::index_cache_file(dir, url, "rix");
 }
 
-std::string index_id(const detail::RemoteObject& o) {
-  std::string id(kIndexMagic, sizeof kIndexMagic);
-  const std::uint64_t etag = XXH3_64bits(o.etag.data(), o.etag.size());
-  const std::uint64_t url_bytes = o.url.size();
-  id.append(reinterpret_cast<const char*>(&o.size), 8);
-  id.append(reinterpret_cast<const char*>(&etag), 8);
-  id.append(reinterpret_cast<const char*>(&url_bytes), 8);
-  return id + o.url;
+detail::IndexKey index_key(const detail::RemoteObject& o) {
+  return {o.url, o.size, detail::etag_stamp(o.etag)};
 }
 
 bool load_cached_index(const std::string& file, ShardFile& shard) {
-  std::vector<std::byte> bytes;
-  try {
-    detail::read_whole_file(file, bytes);
-  } catch (const std::exception&) {
-    return false;
-  }
-  const std::string id = index_id(*shard.remote());
-  if (bytes.size() < id.size() + sizeof(Header) + 8) return false;
-  const std::size_t body = bytes.size() - 8;
-  std::uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body, 8);
-  if (checksum(bytes.data(), body) != sum || std::memcmp(bytes.data(), id.data(), id.size()) != 0) {
-    return false;
-  }
-  std::memcpy(&shard.header, bytes.data() + id.size(), sizeof(Header));
-  const std::size_t at = id.size() + sizeof(Header);
-  if (shard.header.index_bytes != body - at) return false;
-  shard.index.assign(bytes.begin() + static_cast<std::ptrdiff_t>(at),
-                     bytes.begin() + static_cast<std::ptrdiff_t>(body));
+  const auto body = detail::load_index_entry(file, kIndexMagic, index_key(*shard.remote()));
+  if (!body || body->size() < sizeof(Header)) return false;
+  std::memcpy(&shard.header, body->data(), sizeof(Header));
+  if (shard.header.index_bytes != body->size() - sizeof(Header)) return false;
+  const auto* index = reinterpret_cast<const std::byte*>(body->data()) + sizeof(Header);
+  shard.index.assign(index, index + shard.header.index_bytes);
   return true;
 }
 
 // Any failure is ignored (the next process reads the index from the object again).
 void save_cached_index(const std::string& file, const ShardFile& shard) {
-  std::string data = index_id(*shard.remote());
-  data.append(reinterpret_cast<const char*>(&shard.header), sizeof(Header));
-  data.append(reinterpret_cast<const char*>(shard.index.data()), shard.index.size());
-  const std::uint64_t sum = checksum(data.data(), data.size());
-  data.append(reinterpret_cast<const char*>(&sum), 8);
-  detail::replace_file(file, data);
+  std::string body(reinterpret_cast<const char*>(&shard.header), sizeof(Header));
+  body.append(reinterpret_cast<const char*>(shard.index.data()), shard.index.size());
+  detail::save_index_entry(file, kIndexMagic, index_key(*shard.remote()), body);
 }
 
 class RecordSource final : public EncodedSource {
  public:
   RecordSource(const std::string& path, const ObjectStorageOptions& remote) {
-    if (detail::is_url(path)) {
-      open_remote(path, remote);
+    const detail::PathKind kind = detail::path_kind(path, records::kShardSuffix);
+    if (kind == detail::PathKind::object || kind == detail::PathKind::prefix) {
+      open_remote(path, remote, kind == detail::PathKind::prefix);
       return;
     }
     std::vector<std::string> files;
-    std::error_code ec;
-    const bool directory = fs::is_directory(path, ec);
+    const bool directory = kind == detail::PathKind::directory;
     if (directory) {
-      for (const auto& e : fs::directory_iterator(path, ec)) {
-        if (e.path().extension() == records::kShardSuffix) files.push_back(e.path().string());
-      }
-      std::sort(files.begin(), files.end());
+      files = detail::files_in(path, records::kShardSuffix);
       if (files.empty()) throw std::runtime_error(path + ": no record shards (*.stkr)");
     } else {
       files.push_back(path);
     }
     std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;  // (shard, shards) per file
     for (const auto& f : files) {
-      auto file = std::make_unique<ShardFile>(f);
+      auto file = std::make_unique<ShardFile>(detail::Resolver::open(f));
       read_index(*file);
       numbers.push_back(add_shard(std::move(file)));
     }
@@ -310,7 +241,7 @@ class RecordSource final : public EncodedSource {
   std::vector<ObjectVersion> objects() const override {
     std::vector<ObjectVersion> out;
     for (const auto& s : shards_) {
-      if (s->remote()) out.push_back({s->remote()->url, s->remote()->size, s->remote()->etag});
+      if (const detail::RemoteObject* o = s->remote()) out.push_back({o->url, o->size, o->etag});
     }
     return out;
   }
@@ -323,25 +254,16 @@ class RecordSource final : public EncodedSource {
   // for completeness as a directory is) or one shard's URL, or the shards `o.known_objects`
   // names (as another process resolved `url`: no request). The processes of a node take turns
   // (one listing, each index read once: the others find it in the index cache).
-  void open_remote(const std::string& url, const ObjectStorageOptions& o) {
-    files_ = detail::RemoteHandle(o.object_cache_dir, o.object_cache_bytes);
-    const std::string index_dir =
-        !o.index_cache ? std::string()
-                       : (o.index_cache_dir.empty() ? detail::default_cache_dir("indexes")
-                                                    : o.index_cache_dir);
-    const detail::NodeTurn turn(index_dir, "records\n" + url);
-    std::vector<detail::RemoteObject> objects;  // known: the shards as another process resolved
-    for (const auto& k : o.known_objects) objects.push_back({k.url, k.size, k.etag});
-    if (objects.empty())
-      objects = files_->resolve({url}, records::kShardSuffix, {}, turn.shared).at(0);
-    const std::string base = url.substr(url.find_last_of('/') + 1);
-    const bool prefix =
-        url.starts_with("s3://") && !(base.size() > std::strlen(records::kShardSuffix) &&
-                                      base.ends_with(records::kShardSuffix));
+  void open_remote(const std::string& url, const ObjectStorageOptions& o, bool prefix) {
+    detail::Resolver resolver(o, "records");
     std::vector<std::unique_ptr<ShardFile>> files;
-    for (auto& object : objects) files.push_back(std::make_unique<ShardFile>(object, files_));
+    for (auto& file : resolver.objects_of(url, records::kShardSuffix)) {
+      files.push_back(std::make_unique<ShardFile>(std::move(file)));
+    }
+    files_ = resolver.remote();
+    const std::string& index_dir = resolver.index_dir();
     constexpr std::size_t kIndexThreads = 16;  // shards whose index is read at once
-    detail::parallel_for(files.size(), kIndexThreads, [&](std::size_t i) {
+    resolver.index(files.size(), kIndexThreads, [&](std::size_t i) {
       ShardFile& f = *files[i];
       const std::string cached =
           index_dir.empty() ? std::string() : index_file(index_dir, f.path());
@@ -349,7 +271,6 @@ class RecordSource final : public EncodedSource {
       read_index(f);
       if (!cached.empty()) save_cached_index(cached, f);
     });
-    files_->flush_stores();  // the chunks read for the indexes, for the next in turn
     std::vector<std::string> names;
     std::vector<std::pair<std::uint32_t, std::uint32_t>> numbers;
     for (auto& f : files) {

@@ -1,9 +1,5 @@
 #include "source/tar_index.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -12,6 +8,7 @@
 #include <stdexcept>
 #include <string_view>
 
+#include "io/file.h"
 #include "source/file_util.h"
 
 namespace stoker::detail {
@@ -270,31 +267,15 @@ std::vector<TarMember> index_tar(const ReadAt& read, std::uint64_t file_size,
   return Indexer(read, file_size, name).run();
 }
 
-std::vector<TarMember> index_tar_file(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw_errno(path, "cannot open");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw_errno(path, "cannot stat");
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error(path + ": not a regular file");
+std::vector<TarMember> index_tar(const io::File& file) {
   const ReadAt read = [&](std::uint64_t offset, std::span<std::byte> dst) {
-    std::size_t done = 0;
-    while (done < dst.size()) {
-      const ssize_t n =
-          ::pread(fd, dst.data() + done, dst.size() - done, static_cast<off_t>(offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw_errno(path, "cannot read");
-      }
-      if (n == 0) break;
-      done += static_cast<std::size_t>(n);
-    }
-    return done;
+    return file.read_at(offset, dst.data(), dst.size());
   };
-  return index_tar(read, static_cast<std::uint64_t>(st.st_size), path);
+  return index_tar(read, file.size(), file.name());
+}
+
+std::vector<TarMember> index_tar_file(const std::string& path) {
+  return index_tar(*io::open_local(path));
 }
 
 }  // namespace stoker::detail

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+namespace stoker::io {
+class File;
+}  // namespace stoker::io
+
 namespace stoker::detail {
 
 struct TarMember {
@@ -33,7 +37,10 @@ using ReadAt = std::function<std::size_t(std::uint64_t offset, std::span<std::by
 std::vector<TarMember> index_tar(const ReadAt& read, std::uint64_t file_size,
                                  const std::string& name);
 
-// index_tar over the file at `path`, read with pread.
+// index_tar over a File (errors name file.name()).
+std::vector<TarMember> index_tar(const io::File& file);
+
+// index_tar over the local file at `path`.
 std::vector<TarMember> index_tar_file(const std::string& path);
 
 }  // namespace stoker::detail

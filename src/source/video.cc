@@ -10,7 +10,6 @@ extern "C" {
 #include <libswscale/swscale.h>
 }
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,7 +21,6 @@ extern "C" {
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <span>
@@ -35,8 +33,11 @@ extern "C" {
 #include <vector>
 
 #include "image/resample.h"
+#include "io/file.h"
+#include "io/remote.h"  // default_cache_dir
 #include "source/file_util.h"
-#include "source/remote.h"  // default_cache_dir
+#include "source/index_cache.h"
+#include "source/resolve.h"
 #include "source/tar_index.h"
 #include "stoker/frontend/mutex.h"
 #include "stoker/video.h"
@@ -86,12 +87,6 @@ std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::uint64_t fnv1a(const void* data, std::size_t n, std::uint64_t h = 0xcbf29ce484222325ull) {
-  const auto* b = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
-}
-
 // ---------------------------------------------------------------------------- the index
 
 struct Keyframe {
@@ -137,22 +132,15 @@ struct VideoBytes {
   std::uint64_t offset = 0;  // a member's data in the tar
   std::uint64_t size = 0;    // and its bytes
   std::optional<detail::RemoteObject> object;
-  bool custom_io() const { return member || object.has_value(); }
+  io::FilePtr io;  // a member's or an object's bytes, read by FFmpeg through MemberIO
+  bool custom_io() const { return io != nullptr; }
 };
 
 // A tar member or an object as FFmpeg's input (a custom AVIOContext): reads and seeks within
-// its bytes, with pread on the tar or through the object cache.
+// its File (a slice of the tar, an object read through the object cache).
 struct MemberIO {
-  int fd = -1;
-  detail::RemoteFiles* files = nullptr;  // with `object`
-  const detail::RemoteObject* object = nullptr;
-  std::uint64_t offset = 0, size = 0, pos = 0;
-  MemberIO() = default;
-  MemberIO(const MemberIO&) = delete;
-  MemberIO& operator=(const MemberIO&) = delete;
-  ~MemberIO() {
-    if (fd >= 0) ::close(fd);
-  }
+  io::FilePtr file;
+  std::uint64_t size = 0, pos = 0;
 };
 
 int member_read(void* opaque, std::uint8_t* buf, int n) {
@@ -161,22 +149,14 @@ int member_read(void* opaque, std::uint8_t* buf, int n) {
   if (left == 0 || n <= 0) return AVERROR_EOF;
   const auto want =
       static_cast<std::size_t>(std::min<std::uint64_t>(left, static_cast<unsigned>(n)));
-  if (m->object != nullptr) {
-    try {  // the store's retries happen here; what is left after them is the read's error
-      m->files->read(*m->object, m->offset + m->pos, reinterpret_cast<std::byte*>(buf), want);
-    } catch (const std::exception&) {
-      return AVERROR(EIO);
-    }
-    m->pos += want;
-    return static_cast<int>(want);
+  std::size_t got = 0;
+  try {  // the store's retries happen here; what is left after them is the read's error
+    got = m->file->read_at(m->pos, reinterpret_cast<std::byte*>(buf), want);
+  } catch (const std::exception&) {
+    return AVERROR(EIO);
   }
-  ssize_t got = 0;
-  do {
-    got = ::pread(m->fd, buf, want, static_cast<off_t>(m->offset + m->pos));
-  } while (got < 0 && errno == EINTR);
-  if (got < 0) return AVERROR(errno);
   if (got == 0) return AVERROR_EOF;  // the tar is shorter than its index says
-  m->pos += static_cast<std::uint64_t>(got);
+  m->pos += got;
   return static_cast<int>(got);
 }
 
@@ -223,20 +203,13 @@ struct PacketFree {
 using FormatPtr = std::unique_ptr<AVFormatContext, FormatCloser>;
 using PacketPtr = std::unique_ptr<AVPacket, PacketFree>;
 
-FormatPtr open_format(const std::string& path, const VideoBytes& at, detail::RemoteFiles* files) {
+FormatPtr open_format(const std::string& path, const VideoBytes& at) {
   AVFormatContext* raw = nullptr;
   AVIOContext* pb = nullptr;
   if (at.custom_io()) {
     auto io = std::make_unique<MemberIO>();
-    if (at.object) {
-      io->files = files;
-      io->object = &*at.object;
-    } else {
-      io->fd = ::open(at.file.c_str(), O_RDONLY | O_CLOEXEC);
-      if (io->fd < 0) detail::throw_errno(path, "cannot open");
-    }
-    io->offset = at.offset;
-    io->size = at.size;
+    io->file = at.io;
+    io->size = at.io->size();
     constexpr int kBuffer = 64 << 10;
     auto* buffer = static_cast<unsigned char*>(av_malloc(kBuffer));
     if (buffer == nullptr) throw std::bad_alloc();
@@ -289,8 +262,8 @@ int video_stream(AVFormatContext* fmt, const std::string& path) {
 }
 
 // Demuxes every packet of the file's video stream (nothing decoded).
-VideoIndex build_index(const std::string& path, const VideoBytes& at, detail::RemoteFiles* files) {
-  FormatPtr fmt = open_format(path, at, files);
+VideoIndex build_index(const std::string& path, const VideoBytes& at) {
+  FormatPtr fmt = open_format(path, at);
   int s = video_stream(fmt.get(), path);
   AVStream* st = fmt->streams[s];
   if (st->codecpar->width <= 0 || st->codecpar->codec_id == AV_CODEC_ID_NONE) {
@@ -368,83 +341,44 @@ VideoIndex build_index(const std::string& path, const VideoBytes& at, detail::Re
 
 // ---------------------------------------------------------------------------- index cache
 
-constexpr char kCacheMagic[8] = {'S', 'T', 'K', 'V', 'I', 'D', '0', '1'};
+// A video's packets in the index cache (index_cache.h's entries, kind "STKVID02"), keyed by
+// the file (its size and mtime) or the object (its ETag), with a member's place.
+constexpr std::string_view kCacheMagic = "STKVID02";
 
 std::string cache_file(const std::string& dir, const std::string& path) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.vidx",
-                static_cast<unsigned long long>(fnv1a(path.data(), path.size())));
-  return (fs::path(dir) / name).string();
-}
-
-template <class T>
-void put(std::string& out, const T& v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
-template <class T>
-bool get(std::string_view& in, T& v) {
-  if (in.size() < sizeof v) return false;
-  std::memcpy(&v, in.data(), sizeof v);
-  in.remove_prefix(sizeof v);
-  return true;
+  return detail::index_cache_file(dir, path, "vidx");
 }
 
 void save_index(const std::string& file, const std::string& path, const FileStat& st,
                 const VideoIndex& x) {
-  std::string out(kCacheMagic, sizeof kCacheMagic);
-  put(out, st.size);
-  put(out, st.mtime_ns);
-  put(out, static_cast<std::uint64_t>(path.size()));
-  out += path;
-  put(out, static_cast<std::int32_t>(x.stream));
-  put(out, static_cast<std::int32_t>(x.tb_num));
-  put(out, static_cast<std::int32_t>(x.tb_den));
-  put(out, static_cast<std::int32_t>(x.width));
-  put(out, static_cast<std::int32_t>(x.height));
-  put(out, static_cast<std::uint64_t>(x.pts.size()));
+  detail::IndexWriter w;
+  w.put(static_cast<std::int32_t>(x.stream));
+  w.put(static_cast<std::int32_t>(x.tb_num));
+  w.put(static_cast<std::int32_t>(x.tb_den));
+  w.put(static_cast<std::int32_t>(x.width));
+  w.put(static_cast<std::int32_t>(x.height));
+  w.put(static_cast<std::uint64_t>(x.pts.size()));
   for (std::size_t i = 0; i < x.pts.size(); ++i) {
-    put(out, x.pts[i]);
-    put(out, x.key[i]);
+    w.put(x.pts[i]);
+    w.put(x.key[i]);
   }
-  put(out, static_cast<std::uint64_t>(x.keys.size()));
+  w.put(static_cast<std::uint64_t>(x.keys.size()));
   for (const Keyframe& k : x.keys) {
-    put(out, k.pts);
-    put(out, k.seek_ts);
+    w.put(k.pts);
+    w.put(k.seek_ts);
   }
-  put(out, fnv1a(out.data(), out.size()));
-  (void)detail::replace_file(file, out);  // a cache: a failure leaves the next run to index
+  detail::save_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns}, w.data);
 }
 
 bool load_index(const std::string& file, const std::string& path, const FileStat& st,
                 VideoIndex& x) {
-  std::vector<std::byte> bytes;
-  try {
-    detail::read_whole_file(file, bytes);
-  } catch (const std::exception&) {
-    return false;
-  }
-  if (bytes.size() < sizeof kCacheMagic + 8) return false;
-  const std::size_t body = bytes.size() - 8;
-  std::uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body, 8);
-  if (fnv1a(bytes.data(), body) != sum) return false;
-  std::string_view in(reinterpret_cast<const char*>(bytes.data()), body);
-  if (in.substr(0, sizeof kCacheMagic) != std::string_view(kCacheMagic, sizeof kCacheMagic)) {
-    return false;
-  }
-  in.remove_prefix(sizeof kCacheMagic);
-  FileStat cached;
-  std::uint64_t path_len = 0, frames = 0, keys = 0;
+  const auto body = detail::load_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns});
+  if (!body) return false;
+  detail::IndexReader in(*body);
+  std::uint64_t frames = 0, keys = 0;
   std::int32_t stream = 0, num = 0, den = 0, w = 0, h = 0;
-  if (!get(in, cached.size) || !get(in, cached.mtime_ns) || !get(in, path_len) ||
-      path_len > in.size() || in.substr(0, path_len) != path) {
-    return false;
-  }
-  in.remove_prefix(path_len);
-  if (cached.size != st.size || cached.mtime_ns != st.mtime_ns || !get(in, stream) ||
-      !get(in, num) || !get(in, den) || !get(in, w) || !get(in, h) || !get(in, frames) ||
-      frames > in.size() / 9 || num <= 0 || den <= 0) {
+  if (!in.get(stream) || !in.get(num) || !in.get(den) || !in.get(w) || !in.get(h) ||
+      !in.get(frames) || frames > in.left() / 9 || num <= 0 || den <= 0) {
     return false;
   }
   x.stream = stream;
@@ -455,14 +389,14 @@ bool load_index(const std::string& file, const std::string& path, const FileStat
   x.pts.resize(frames);
   x.key.resize(frames);
   for (std::size_t i = 0; i < frames; ++i) {
-    if (!get(in, x.pts[i]) || !get(in, x.key[i])) return false;
+    if (!in.get(x.pts[i]) || !in.get(x.key[i])) return false;
   }
-  if (!get(in, keys) || keys > in.size() / 16 || keys == 0 || frames == 0) return false;
+  if (!in.get(keys) || keys > in.left() / 16 || keys == 0 || frames == 0) return false;
   x.keys.resize(keys);
   for (Keyframe& k : x.keys) {
-    if (!get(in, k.pts) || !get(in, k.seek_ts)) return false;
+    if (!in.get(k.pts) || !in.get(k.seek_ts)) return false;
   }
-  return in.empty();
+  return in.done();
 }
 
 // ---------------------------------------------------------------------------- decoders
@@ -509,11 +443,10 @@ struct Decoder {
 };
 
 std::unique_ptr<Decoder> open_decoder(const std::string& path, const VideoBytes& at,
-                                      detail::RemoteFiles* files, std::size_t video,
-                                      const VideoIndex& index) {
+                                      std::size_t video, const VideoIndex& index) {
   auto d = std::make_unique<Decoder>();
   d->video = video;
-  FormatPtr fmt = open_format(path, at, files);
+  FormatPtr fmt = open_format(path, at);
   if (index.stream < 0 || static_cast<unsigned>(index.stream) >= fmt->nb_streams) {
     throw std::runtime_error(path + ": the file changed since it was indexed");
   }
@@ -550,7 +483,6 @@ struct VideoClips::Impl {
   std::vector<std::string> paths;  // names: a file's path, or "<tar> member '<name>'"
   std::vector<VideoBytes> bytes;   // where each video's bytes are
   std::vector<std::int64_t> labels;
-  detail::RemoteHandle files;  // URLs: the object cache (made by the first)
   std::vector<std::string> classes;
   std::vector<VideoIndex> index;
   std::size_t clip_bytes = 0;
@@ -566,7 +498,8 @@ struct VideoClips::Impl {
 
   void list_videos();
   void add_file(std::string path, std::int64_t label);
-  void add_tar(const std::string& tar, const std::optional<detail::RemoteObject>& object);
+  // A local tar is opened for each read (a data set of many shards holds no descriptor each).
+  void add_tar(const std::string& tar, const io::FilePtr& shard);
   void add_url(const std::string& url);
   void make_indexes();
 
@@ -618,12 +551,13 @@ void VideoClips::Impl::list_videos() {
       std::vector<std::string> v = videos_below(p);
       if (v.empty()) throw std::runtime_error(p + ": no video files (.mp4 .mkv .webm .mov ...)");
       for (auto& f : v) add_file(std::move(f), -1);
-    } else if (detail::is_url(p)) {
+    } else if (const auto kind = detail::path_kind(p, "");
+               kind == detail::PathKind::object || kind == detail::PathKind::prefix) {
       add_url(p);
     } else if (!fs::exists(p, ec)) {
       throw std::runtime_error(p + ": no such file or directory");
     } else if (fs::path(p).extension() == ".tar") {
-      add_tar(p, std::nullopt);
+      add_tar(p, detail::Resolver::open(p, false));
     } else {
       add_file(p, -1);
     }
@@ -645,29 +579,34 @@ void VideoClips::Impl::add_file(std::string path, std::int64_t label) {
 // An object (a video, or a .tar shard), or an s3:// prefix: every video and .tar object below
 // it, at any depth, in key order.
 void VideoClips::Impl::add_url(const std::string& url) {
-  if (!files) files = detail::RemoteHandle(o.object_cache_dir, o.object_cache_bytes);
+  ObjectStorageOptions storage;
+  storage.object_cache_dir = o.object_cache_dir;
+  storage.object_cache_bytes = o.object_cache_bytes;
+  storage.index_cache = false;  // each process lists for itself (no node turn)
+  detail::Resolver resolver(storage, "video");
   const std::string ext = fs::path(url).extension().string();
-  std::vector<detail::RemoteObject> objects;
+  std::vector<io::FilePtr> objects;
   if (ext == ".tar" || has_video_extension(fs::path(url))) {
-    objects = files->resolve({url}, ext)[0];
+    objects = resolver.objects({url}, ext).at(0);
   } else {
-    for (auto& object : files->list_all(url)) {
+    for (auto& object : resolver.list_all(url)) {
       const fs::path name(object.url);
       if (name.extension() == ".tar" || has_video_extension(name)) {
-        objects.push_back(std::move(object));
+        objects.push_back(resolver.open(object));
       }
     }
     if (objects.empty()) {
       throw std::runtime_error(url + ": no video or .tar objects under this prefix");
     }
   }
-  for (auto& object : objects) {
-    if (fs::path(object.url).extension() == ".tar") {
-      add_tar(object.url, object);
+  for (auto& file : objects) {
+    if (fs::path(file->name()).extension() == ".tar") {
+      add_tar(file->name(), file);
     } else {
       VideoBytes at;
-      at.size = object.size;
-      at.object = std::move(object);
+      at.size = file->size();
+      at.object = *file->object();
+      at.io = std::move(file);
       paths.push_back(at.object->url);
       bytes.push_back(std::move(at));
       labels.push_back(-1);
@@ -678,17 +617,10 @@ void VideoClips::Impl::add_url(const std::string& url) {
 // A WebDataset shard: each member with a video extension is a video, its label the integer in
 // the sample's `.cls` member (the same key: the name up to the first dot of its last path
 // component) when there is one.
-void VideoClips::Impl::add_tar(const std::string& tar,
-                               const std::optional<detail::RemoteObject>& object) {
-  // The shard's bytes at an offset, for an object: through the object cache.
-  const auto read_at = [&](std::uint64_t at, std::span<std::byte> dst) -> std::size_t {
-    const auto n = static_cast<std::size_t>(
-        std::min<std::uint64_t>(dst.size(), object->size - std::min(at, object->size)));
-    files->read(*object, at, dst.data(), n);
-    return n;
-  };
-  const std::vector<detail::TarMember> members =
-      object ? detail::index_tar(read_at, object->size, tar) : detail::index_tar_file(tar);
+void VideoClips::Impl::add_tar(const std::string& tar, const io::FilePtr& shard) {
+  std::optional<detail::RemoteObject> object;
+  if (shard->object() != nullptr) object = *shard->object();
+  const std::vector<detail::TarMember> members = detail::index_tar(*shard);
   const auto key_of = [](const std::string& name) {
     const std::size_t slash = name.rfind('/');
     const std::size_t dot = name.find('.', slash == std::string::npos ? 0 : slash + 1);
@@ -706,21 +638,15 @@ void VideoClips::Impl::add_tar(const std::string& tar,
     if (auto it = cls.find(key_of(m.name)); it != cls.end()) {
       std::string text(static_cast<std::size_t>(std::min<std::uint64_t>(it->second->size, 32)),
                        '\0');
-      std::ifstream in;
-      if (object) {
-        read_at(it->second->offset, std::as_writable_bytes(std::span(text)));
-      } else {
-        in.open(tar, std::ios::binary);
-        in.seekg(static_cast<std::streamoff>(it->second->offset));
-        in.read(text.data(), static_cast<std::streamsize>(text.size()));
-      }
+      const bool read =
+          shard->read_at(it->second->offset, reinterpret_cast<std::byte*>(text.data()),
+                         text.size()) == text.size();
       const auto first = text.find_first_not_of(" \t\r\n");
       const auto last = text.find_last_not_of(" \t\r\n");
       const std::string digits =
           first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
       const char* end = digits.data() + digits.size();
-      if ((!object && !in) || digits.empty() ||
-          std::from_chars(digits.data(), end, label).ptr != end) {
+      if (!read || digits.empty() || std::from_chars(digits.data(), end, label).ptr != end) {
         throw std::runtime_error(tar + " member '" + it->second->name +
                                  "': not an integer label ('" + digits + "')");
       }
@@ -731,6 +657,7 @@ void VideoClips::Impl::add_tar(const std::string& tar,
     at.offset = m.offset;
     at.size = m.size;
     at.object = object;
+    at.io = io::slice(shard, m.offset, m.size, name);
     bytes.push_back(std::move(at));
     paths.push_back(name);
     labels.push_back(label);
@@ -759,8 +686,7 @@ void VideoClips::Impl::make_indexes() {
         FileStat st;
         if (at.object) {
           abs = at.object->url;
-          st.mtime_ns =
-              static_cast<std::int64_t>(fnv1a(at.object->etag.data(), at.object->etag.size()) >> 1);
+          st.mtime_ns = detail::etag_stamp(at.object->etag);
         } else {
           abs = fs::absolute(at.file).lexically_normal().string();
           st = stat_file(at.file);
@@ -772,7 +698,7 @@ void VideoClips::Impl::make_indexes() {
           cached[i] = 1;
           continue;
         }
-        index[i] = build_index(paths[i], at, files ? &*files : nullptr);
+        index[i] = build_index(paths[i], at);
         if (!file.empty()) save_index(file, abs, st, index[i]);
       } catch (const std::exception& e) {
         errors[i] = e.what();
@@ -862,7 +788,7 @@ std::unique_ptr<Decoder> VideoClips::Impl::take(std::size_t video, std::int64_t 
     }
   }
   if (!out) {
-    out = open_decoder(paths[video], bytes[video], files ? &*files : nullptr, video, index[video]);
+    out = open_decoder(paths[video], bytes[video], video, index[video]);
     opened.fetch_add(1, std::memory_order_relaxed);
   }
   return out;

@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,9 +21,12 @@
 #include <string_view>
 #include <system_error>
 
+#include "io/file.h"
 #include "io/object_store.h"
+#include "io/remote.h"
 #include "source/file_util.h"
-#include "source/remote.h"
+#include "source/index_cache.h"
+#include "source/resolve.h"
 #include "source/tar_index.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/shuffle_choice.h"
@@ -83,98 +85,30 @@ bool is_meta(std::string_view name) {
 // ---------------------------------------------------------------------------- index cache
 
 std::string cache_dir(const WebDatasetOptions& o) {
-  if (!o.index_cache_dir.empty()) return o.index_cache_dir;
-  if (const char* d = std::getenv("STOKER_CACHE_DIR"); d && *d) {
-    return (fs::path(d) / "webdataset").string();
-  }
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
-    return (fs::path(d) / "stoker" / "webdataset").string();
-  }
-  if (const char* d = std::getenv("HOME"); d && *d) {
-    return (fs::path(d) / ".cache" / "stoker" / "webdataset").string();
-  }
-  return {};
+  return o.index_cache_dir.empty() ? detail::default_cache_dir("webdataset") : o.index_cache_dir;
 }
 
-constexpr char kCacheMagic[8] = {'S', 'T', 'K', 'W', 'D', 'S', '0', '1'};
+constexpr std::string_view kCacheMagic = "STKWDS01";  // index_cache.h's entries of tar members
 
 struct ShardStat {
   std::uint64_t size = 0;
-  std::int64_t mtime_ns = 0;
-};
-
-class Writer {
- public:
-  template <class T>
-  void put(const T& v) {
-    put_bytes(&v, sizeof v);
-  }
-  void put_bytes(const void* p, std::size_t n) {
-    const auto* b = static_cast<const char*>(p);
-    data.insert(data.end(), b, b + n);
-  }
-  std::string data;
-};
-
-class Reader {
- public:
-  explicit Reader(std::string_view d) : data_(d) {}
-  template <class T>
-  bool get(T& v) {
-    if (sizeof v > data_.size() - at_) return false;
-    std::memcpy(&v, data_.data() + at_, sizeof v);
-    at_ += sizeof v;
-    return true;
-  }
-  bool get_string(std::string& s, std::uint64_t n) {
-    if (n > data_.size() - at_) return false;
-    s.assign(data_.data() + at_, static_cast<std::size_t>(n));
-    at_ += static_cast<std::size_t>(n);
-    return true;
-  }
-  bool done() const { return at_ == data_.size(); }
-
- private:
-  std::string_view data_;
-  std::size_t at_ = 0;
+  std::int64_t mtime_ns = 0;  // a local shard's; a URL shard's: etag_stamp() of its ETag
 };
 
 std::string cache_file(const std::string& dir, const std::string& path) {
-  char name[40];
-  std::snprintf(name, sizeof name, "%016llx.idx",
-                static_cast<unsigned long long>(XXH3_64bits(path.data(), path.size())));
-  return (fs::path(dir) / name).string();
+  return detail::index_cache_file(dir, path, "idx");
 }
 
 // The cached index of `path` if there is one for this size and mtime (else nullopt).
 std::optional<std::vector<TarMember>> load_index(const std::string& file, const std::string& path,
                                                  const ShardStat& st) {
-  std::vector<std::byte> bytes;
-  try {
-    detail::read_whole_file(file, bytes);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  if (bytes.size() < sizeof kCacheMagic + 8) return std::nullopt;
-  const std::size_t body = bytes.size() - 8;
-  std::uint64_t sum = 0;
-  std::memcpy(&sum, bytes.data() + body, 8);
-  if (XXH3_64bits(bytes.data(), body) != sum) return std::nullopt;
-  Reader r(std::string_view(reinterpret_cast<const char*>(bytes.data()), body));
-  char magic[8];
-  ShardStat cached;
-  std::uint64_t path_len = 0, count = 0;
-  std::string cached_path;
-  if (!r.get(magic) || std::memcmp(magic, kCacheMagic, 8) != 0 || !r.get(cached.size) ||
-      !r.get(cached.mtime_ns) || !r.get(path_len) || !r.get_string(cached_path, path_len) ||
-      !r.get(count)) {
-    return std::nullopt;
-  }
-  if (cached_path != path || cached.size != st.size || cached.mtime_ns != st.mtime_ns) {
-    return std::nullopt;
-  }
+  const auto body = detail::load_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns});
+  if (!body) return std::nullopt;
+  detail::IndexReader r(*body);
+  std::uint64_t count = 0;
+  if (!r.get(count)) return std::nullopt;
   std::vector<TarMember> members;
-  members.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(count, body / 28)));
+  members.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(count, body->size() / 28)));
   for (std::uint64_t i = 0; i < count; ++i) {
     TarMember m;
     std::uint32_t len = 0;
@@ -191,12 +125,7 @@ std::optional<std::vector<TarMember>> load_index(const std::string& file, const 
 // Writes the index atomically (a temporary file renamed); any failure is ignored.
 void save_index(const std::string& file, const std::string& path, const ShardStat& st,
                 const std::vector<TarMember>& members) {
-  Writer w;
-  w.put_bytes(kCacheMagic, sizeof kCacheMagic);
-  w.put(st.size);
-  w.put(st.mtime_ns);
-  w.put(static_cast<std::uint64_t>(path.size()));
-  w.put_bytes(path.data(), path.size());
+  detail::IndexWriter w;
   w.put(static_cast<std::uint64_t>(members.size()));
   for (const auto& m : members) {
     w.put(m.offset);
@@ -205,8 +134,7 @@ void save_index(const std::string& file, const std::string& path, const ShardSta
     w.put(static_cast<std::uint32_t>(m.name.size()));
     w.put_bytes(m.name.data(), m.name.size());
   }
-  w.put(static_cast<std::uint64_t>(XXH3_64bits(w.data.data(), w.data.size())));
-  detail::replace_file(file, w.data);
+  detail::save_index_entry(file, kCacheMagic, {path, st.size, st.mtime_ns}, w.data);
 }
 
 // ---------------------------------------------------------------------------- fields
@@ -344,13 +272,6 @@ std::int64_t parse_integer(std::span<const std::byte> b) {
   return negative ? -static_cast<std::int64_t>(v) : static_cast<std::int64_t>(v);
 }
 
-struct ScopedFd {
-  int fd = -1;
-  ~ScopedFd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------- the source
@@ -359,9 +280,11 @@ struct WebDataset::Impl final : EncodedSource {
   struct Shard {
     std::string path;
     std::uint64_t size = 0;
-    int fd = -1;  // kept open for up to kOpenShards shards, else opened per read
+    // A local file (kept open for up to kOpenShards shards, else opened per read) or an object
+    // read through the object cache.
+    io::FilePtr file;
     std::vector<TarMember> members;
-    std::optional<detail::RemoteObject> remote;  // a URL shard: read through `files()`
+    bool remote() const { return file->object() != nullptr; }
   };
   // One member's bytes for one field: at `offset` in the shard, `rel` in the sample's bytes.
   struct Loc {
@@ -374,7 +297,7 @@ struct WebDataset::Impl final : EncodedSource {
     std::uint32_t first = 0;  // its members: shard.members[first, first + count)
     std::uint32_t count = 0;
     std::uint32_t key_length = 0;
-    std::uint64_t span_offset = 0;  // the bytes read: one pread when `contiguous`
+    std::uint64_t span_offset = 0;  // the bytes read: one read when `contiguous`
     std::uint64_t span_bytes = 0;
     bool contiguous = true;
     std::string duplicate;  // a field name that two of its members have
@@ -388,26 +311,15 @@ struct WebDataset::Impl final : EncodedSource {
   std::size_t from_cache = 0;
   mutable detail::StorageReads storage_reads;
   // URL shards: the process's RemoteFiles for the object cache (another one in a forked child).
-  std::string object_cache_dir;
   std::uint64_t object_cache_bytes = 0;
-  std::shared_ptr<detail::RemoteFiles> remote_files;
-  pid_t owner = 0;
+  detail::RemoteHandle remote_files;
   // The samples in storage blocks (storage_layout()).
   std::shared_ptr<const StorageBlocks> blocks;
   // When the blocks are the cache's chunks: the reads of each block's samples so far, so that
   // a block whose samples have all been read this epoch is the cache's first out.
   std::unique_ptr<std::atomic<std::uint32_t>[]> block_reads;
 
-  detail::RemoteFiles& files() const {
-    if (::getpid() == owner) return *remote_files;
-    return *detail::remote_files(object_cache_dir, object_cache_bytes);  // a forked worker
-  }
-
-  ~Impl() override {
-    for (auto& s : shards) {
-      if (s.fd >= 0) ::close(s.fd);
-    }
-  }
+  detail::RemoteFiles& files() const { return *remote_files; }
 
   std::size_t size() const override { return samples.size(); }
   std::int64_t label(std::size_t) const override { return -1; }  // in the fields, not here
@@ -430,13 +342,13 @@ struct WebDataset::Impl final : EncodedSource {
     const std::size_t b = blocks->block_of(index);
     const std::size_t samples_in = blocks->ends[b] - (b > 0 ? blocks->ends[b - 1] : 0);
     if ((block_reads[b].fetch_add(1, std::memory_order_relaxed) + 1) % samples_in == 0) {
-      files().done_with(*shards[samples[index].shard].remote, sample_start(index));
+      shards[samples[index].shard].file->done_with(sample_start(index));
     }
   }
 
   // Every shard is read from object storage.
   bool remote() const {
-    return std::all_of(shards.begin(), shards.end(), [](const Shard& s) { return s.remote; });
+    return std::all_of(shards.begin(), shards.end(), [](const Shard& s) { return s.remote(); });
   }
 
   // Where sample `index`'s reads begin in its shard.
@@ -482,9 +394,12 @@ struct WebDataset::Impl final : EncodedSource {
     }
     if (object_cache_bytes > 0 && total > object_cache_bytes && remote()) {
       for (std::size_t k = 0; k < shards.size(); ++k) {
-        if (shards[k].remote && !starts[k].empty()) {
-          shards[k].remote->chunk_starts =
+        const detail::RemoteObject* object = shards[k].file->object();
+        if (object != nullptr && !starts[k].empty()) {
+          detail::RemoteObject cut = *object;
+          cut.chunk_starts =
               std::make_shared<const std::vector<std::uint64_t>>(std::move(starts[k]));
+          shards[k].file = io::open_object(std::move(cut), remote_files);
         }
       }
       block_reads = std::make_unique<std::atomic<std::uint32_t>[]>(out->ends.size());
@@ -492,75 +407,40 @@ struct WebDataset::Impl final : EncodedSource {
     blocks = std::move(out);
   }
 
-  void pread_all(const Shard& shard, int fd, std::uint64_t offset, std::byte* dst, std::size_t n,
+  // Bytes [offset, offset + n) of the shard, errors naming the sample.
+  void read_span(const Shard& shard, std::uint64_t offset, std::byte* dst, std::size_t n,
                  std::size_t index) const {
-    std::size_t done = 0;
-    while (done < n) {
-      const ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(offset + done));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        detail::throw_errno(name(index), "cannot read");
-      }
-      if (r == 0) {
-        throw std::runtime_error(name(index) + ": the shard ends at byte " +
-                                 std::to_string(offset + done) + " but the sample's data runs to " +
-                                 std::to_string(offset + n) + " (truncated since it was indexed, " +
-                                 std::to_string(shard.size) + " bytes then)");
-      }
-      done += static_cast<std::size_t>(r);
-    }
-  }
-
-  // Bytes [offset, offset + n) of a URL shard, errors naming the sample.
-  void read_remote(const Shard& shard, std::uint64_t offset, std::byte* dst, std::size_t n,
-                   std::size_t index) const {
+    std::size_t got = 0;
     try {
-      files().read(*shard.remote, offset, dst, n);
+      got = shard.file->read_at(offset, dst, n);
     } catch (const std::exception& e) {
       throw std::runtime_error(name(index) + ": " + e.what());
+    }
+    if (got < n) {
+      throw std::runtime_error(name(index) + ": the shard ends at byte " +
+                               std::to_string(offset + got) + " but the sample's data runs to " +
+                               std::to_string(offset + n) + " (truncated since it was indexed, " +
+                               std::to_string(shard.size) + " bytes then)");
     }
   }
 
   void read(std::size_t index, EncodedBytes& out) const override {
     const Sample& s = samples.at(index);
     const Shard& shard = shards[s.shard];
-    if (shard.remote) {
-      out.storage.resize(static_cast<std::size_t>(s.span_bytes));
-      if (s.contiguous) {
-        read_remote(shard, s.span_offset, out.storage.data(), out.storage.size(), index);
-      } else {
-        for (std::size_t f = 0; f < fields.size(); ++f) {
-          const Loc& l = loc(index, f);
-          if (l.size == kMissing) continue;
-          read_remote(shard, l.offset, out.storage.data() + l.rel, static_cast<std::size_t>(l.size),
-                      index);
-        }
-      }
-      out.bytes = {out.storage.data(), out.storage.size()};
-      storage_reads.add(out.storage.size());
-      if (block_reads) read_of_block(index);
-      return;
-    }
-    ScopedFd own;
-    int fd = shard.fd;
-    if (fd < 0) {
-      own.fd = ::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-      if (own.fd < 0) detail::throw_errno(shard.path, "cannot open");
-      fd = own.fd;
-    }
     out.storage.resize(static_cast<std::size_t>(s.span_bytes));
     if (s.contiguous) {
-      pread_all(shard, fd, s.span_offset, out.storage.data(), out.storage.size(), index);
+      read_span(shard, s.span_offset, out.storage.data(), out.storage.size(), index);
     } else {
       for (std::size_t f = 0; f < fields.size(); ++f) {
         const Loc& l = loc(index, f);
         if (l.size == kMissing) continue;
-        pread_all(shard, fd, l.offset, out.storage.data() + l.rel, static_cast<std::size_t>(l.size),
+        read_span(shard, l.offset, out.storage.data() + l.rel, static_cast<std::size_t>(l.size),
                   index);
       }
     }
     out.bytes = {out.storage.data(), out.storage.size()};
     storage_reads.add(out.storage.size());
+    if (block_reads) read_of_block(index);
   }
 
   Counters counters() const override { return storage_reads.counters(); }
@@ -574,6 +454,7 @@ struct WebDataset::Impl final : EncodedSource {
     const ShardStat ss{static_cast<std::uint64_t>(st.st_size),
                        std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec};
     shard.size = ss.size;
+    shard.file = io::open_local(path, shards.size() < kOpenShards);
     std::error_code ec;
     const std::string absolute = fs::absolute(path, ec).lexically_normal().string();
     const std::string dir = o.index_cache ? cache_dir(o) : std::string();
@@ -584,17 +465,19 @@ struct WebDataset::Impl final : EncodedSource {
         return std::move(*members);
       }
     }
-    auto members = detail::index_tar_file(path);
+    auto members = detail::index_tar(*shard.file);
     if (!file.empty()) save_index(file, absolute, ss, members);
     return members;
   }
 
   // The members of a URL shard, from the index cache when it holds them for this URL, size and
   // ETag; else read from its tar headers through the object cache (whole chunks, in order).
-  std::vector<TarMember> index_remote(const detail::RemoteObject& object,
-                                      const WebDatasetOptions& o, bool& cached) const {
-    const ShardStat ss{object.size, static_cast<std::int64_t>(
-                                        XXH3_64bits(object.etag.data(), object.etag.size()))};
+  std::vector<TarMember> index_remote(const io::File& shard, const WebDatasetOptions& o,
+                                      bool& cached) const {
+    const detail::RemoteObject* in_storage = shard.object();
+    if (in_storage == nullptr) throw std::logic_error(shard.name() + ": not an object");
+    const detail::RemoteObject& object = *in_storage;
+    const ShardStat ss{object.size, detail::etag_stamp(object.etag)};
     const std::string dir = o.index_cache ? cache_dir(o) : std::string();
     const std::string file = dir.empty() ? std::string() : cache_file(dir, object.url);
     if (!file.empty()) {
@@ -605,7 +488,6 @@ struct WebDataset::Impl final : EncodedSource {
     }
     std::vector<std::byte> chunk;
     std::uint64_t chunk_at = 0;
-    detail::RemoteFiles& remote = files();
     auto read_at = [&](std::uint64_t offset, std::span<std::byte> dst) -> std::size_t {
       std::size_t done = 0;
       while (done < dst.size() && offset + done < object.size) {
@@ -614,7 +496,9 @@ struct WebDataset::Impl final : EncodedSource {
           chunk_at = at / detail::kRemoteChunkBytes * detail::kRemoteChunkBytes;
           chunk.resize(static_cast<std::size_t>(
               std::min<std::uint64_t>(detail::kRemoteChunkBytes, object.size - chunk_at)));
-          remote.read(object, chunk_at, chunk.data(), chunk.size());
+          if (shard.read_at(chunk_at, chunk.data(), chunk.size()) < chunk.size()) {
+            throw std::runtime_error(object.url + ": shorter than its listing's size");
+          }
         }
         const auto n = static_cast<std::size_t>(
             std::min<std::uint64_t>(dst.size() - done, chunk_at + chunk.size() - at));
@@ -719,10 +603,6 @@ struct WebDataset::Impl final : EncodedSource {
       samples.push_back(std::move(s));
       i = j;
     }
-    if (!shard.remote && shards.size() < kOpenShards) {
-      shard.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-      if (shard.fd < 0) detail::throw_errno(path, "cannot open");
-    }
     shards.push_back(std::move(shard));
   }
 
@@ -743,7 +623,7 @@ std::vector<std::string> webdataset_shards(const std::vector<std::string>& paths
   std::vector<std::string> out;
   for (const auto& p : paths) {
     std::error_code ec;
-    if (detail::is_url(p) || !fs::is_directory(p, ec)) {
+    if (detail::path_kind(p, ".tar") != detail::PathKind::directory) {
       out.push_back(p);
       continue;
     }
@@ -823,56 +703,51 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
   }
   // URL shards: resolved with one listing per prefix, indexed in parallel (each from the index
   // cache, or from its tar headers through the object cache).
-  std::vector<std::string> urls;
-  for (const auto& s : named) {
-    if (detail::is_url(s)) urls.push_back(s);
-  }
-  std::vector<std::vector<detail::RemoteObject>> objects;
+  std::vector<char> is_object;
+  const std::vector<std::string> urls = detail::storage_urls(named, ".tar", is_object);
+  std::vector<std::vector<io::FilePtr>> objects;
   std::vector<std::vector<TarMember>> remote_members;
   if (!urls.empty()) {
-    impl->object_cache_dir = options_.object_cache_dir;
-    impl->owner = ::getpid();
-    impl->remote_files = detail::remote_files(impl->object_cache_dir, impl->object_cache_bytes);
-    std::vector<detail::RemoteObject> known;
-    for (const auto& k : options_.known_objects) known.push_back({k.url, k.size, k.etag});
     // One listing and one index per node: the processes that make this data set over this
-    // index cache take turns (a lock file), so the first lists and indexes and the others,
-    // the ranks of a torchrun job on this node, find the listing (shared within the job) and
-    // the indexes (shared by URL, size and ETag) in the cache.
-    const std::string index_dir = options_.index_cache ? cache_dir(options_) : std::string();
-    std::string all;
-    for (const auto& u : urls) all += u + '\n';
-    const detail::NodeTurn turn(index_dir, all);
-    objects = impl->remote_files->resolve(urls, ".tar", known, turn.shared);
-    std::vector<const detail::RemoteObject*> flat;
-    for (const auto& per_url : objects) {
-      for (const auto& o : per_url) flat.push_back(&o);
-    }
+    // index cache take turns (the resolver's NodeTurn), so the first lists and indexes and the
+    // others, the ranks of a torchrun job on this node, find the listing (shared within the
+    // job) and the indexes (shared by URL, size and ETag) in the cache.
+    ObjectStorageOptions storage;
+    storage.object_cache_dir = options_.object_cache_dir;
+    storage.object_cache_bytes = options_.object_cache_bytes;
+    storage.index_cache = options_.index_cache;
+    storage.index_cache_dir = options_.index_cache ? cache_dir(options_) : std::string();
+    storage.known_objects = options_.known_objects;
+    detail::Resolver resolver(storage, "webdataset");
+    objects = resolver.objects(urls, ".tar");
+    impl->remote_files = resolver.remote();
+    std::vector<io::FilePtr> flat;  // the URL shards' files, in order
+    for (const auto& per_url : objects) flat.insert(flat.end(), per_url.begin(), per_url.end());
     remote_members.resize(flat.size());
     std::vector<char> cached(flat.size(), 0);
     constexpr std::size_t kIndexThreads = 64;  // shards indexed at once (each waits on GETs)
-    detail::parallel_for(flat.size(), kIndexThreads, [&](std::size_t i) {
+    resolver.index(flat.size(), kIndexThreads, [&](std::size_t i) {
       bool hit = false;
       remote_members[i] = impl->index_remote(*flat[i], options_, hit);
       cached[i] = hit;
     });
     impl->from_cache += static_cast<std::size_t>(std::count(cached.begin(), cached.end(), 1));
-    impl->remote_files->flush_stores();  // the shards' chunks, for the next in turn
   }
   std::vector<std::string> shards;  // every shard, for the messages below
   std::size_t next_url = 0, next_object = 0;
-  for (const auto& s : named) {
-    if (!detail::is_url(s)) {
+  for (std::size_t k = 0; k < named.size(); ++k) {
+    const std::string& s = named[k];
+    if (!is_object[k]) {
       shards.push_back(s);
       impl->add_shard(s, options_);
       continue;
     }
-    for (const auto& o : objects[next_url++]) {
+    for (const auto& file : objects[next_url++]) {
       Impl::Shard shard;
-      shard.path = o.url;
-      shard.size = o.size;
-      shard.remote = o;
-      shards.push_back(o.url);
+      shard.path = file->name();
+      shard.size = file->size();
+      shard.file = file;
+      shards.push_back(file->name());
       impl->add_members(std::move(shard), std::move(remote_members[next_object++]));
     }
   }
@@ -892,13 +767,7 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     const auto& l = impl->loc(i, f);
     const auto& shard = impl->shards[impl->samples[i].shard];
     std::vector<std::byte> head(static_cast<std::size_t>(std::min<std::uint64_t>(l.size, 65536)));
-    if (shard.remote) {
-      impl->read_remote(shard, l.offset, head.data(), head.size(), i);
-    } else {
-      ScopedFd fd{::open(shard.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-      if (fd.fd < 0) detail::throw_errno(shard.path, "cannot open");
-      impl->pread_all(shard, fd.fd, l.offset, head.data(), head.size(), i);
-    }
+    impl->read_span(shard, l.offset, head.data(), head.size(), i);
     try {
       const Npy npy = parse_npy(head);
       field.spec.dtype = npy.dtype;
@@ -936,7 +805,7 @@ std::size_t WebDataset::indexes_from_cache() const { return impl_->from_cache; }
 std::vector<ObjectVersion> WebDataset::objects() const {
   std::vector<ObjectVersion> out;
   for (const auto& s : impl_->shards) {
-    if (s.remote) out.push_back({s.remote->url, s.remote->size, s.remote->etag});
+    if (const auto* o = s.file->object()) out.push_back({o->url, o->size, o->etag});
   }
   return out;
 }
@@ -969,7 +838,7 @@ bool WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
     for (const std::size_t index : rows) {
       if (index >= impl.samples.size()) continue;
       const auto& s = impl.samples[index];
-      if (!impl.shards[s.shard].remote || s.span_bytes == 0) continue;
+      if (!impl.shards[s.shard].remote() || s.span_bytes == 0) continue;
       if (s.contiguous) {
         ranges.push_back({s.shard, {s.span_offset, static_cast<std::size_t>(s.span_bytes)}});
         continue;
@@ -982,14 +851,13 @@ bool WebDataset::will_read(std::span<const std::size_t> rows) const noexcept {
       }
     }
     std::sort(ranges.begin(), ranges.end());
-    detail::RemoteFiles& files = impl.files();
     std::vector<detail::RemoteFiles::Range> of_shard;
     for (std::size_t i = 0; i < ranges.size();) {
       const std::uint32_t shard = ranges[i].first;
       of_shard.clear();
       for (; i < ranges.size() && ranges[i].first == shard; ++i)
         of_shard.push_back(ranges[i].second);
-      if (!files.prefetch(*impl.shards[shard].remote, of_shard)) return false;
+      if (!impl.shards[shard].file->will_read(of_shard)) return false;
     }
   } catch (...) {
     // A hint: whatever failed here, each read fetches its own chunk and reports its error.

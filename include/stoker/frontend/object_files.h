@@ -1,4 +1,4 @@
-// Whole objects of object storage as local files (src/source/remote.h): what the Python
+// Whole objects of object storage as local files (src/io/remote.h): what the Python
 // package's Parquet data set reads s3:// and http(s):// URLs through. Installed for front
 // ends, unstable (include/stoker/frontend/README.md).
 #pragma once

@@ -26,6 +26,8 @@
 
 #include "stoker/frontend/mutex.h"
 #include "stoker/object_storage.h"
+#include "util/node_lock.h"
+#include "util/parallel.h"
 
 namespace stoker::io {
 class ObjectStore;
@@ -66,31 +68,6 @@ inline constexpr std::size_t kRemoteChunkBytes = 8u << 20;
 // runs dry.
 inline constexpr std::size_t kAheadChunks = 1024;
 inline constexpr std::uint64_t kAheadBytes = 256ull << 20;
-
-// Runs fn(0) ... fn(n - 1) on up to `threads` threads; rethrows the first exception (by index
-// order among those that failed) after every call has returned.
-void parallel_for(std::size_t n, std::size_t threads, const std::function<void(std::size_t)>& fn);
-
-// The key of this process's job on this node for sharing listings, or "" when it is not run by
-// torchrun: TORCHELASTIC_RUN_ID with the parent's pid (torchrun's agent on this node, the
-// parent of every local rank), so that the ranks of one job share and a later job, or another
-// job on the node, does not see their listings.
-std::string torchrun_job();
-
-// An exclusive lock on a file (flock), held from construction to destruction, so that the
-// processes of a node that make the same data set take turns: the first lists and indexes, the
-// next find its results in the caches. Released by the kernel if the holder dies. Throws
-// std::runtime_error naming the file when it cannot be made or locked.
-class NodeLock {
- public:
-  explicit NodeLock(const std::string& path);
-  ~NodeLock();
-  NodeLock(const NodeLock&) = delete;
-  NodeLock& operator=(const NodeLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
 
 // One per process and cache directory (remote_files()): an ObjectStore (its settings from the
 // environment and ~/.aws) and the disk cache. Thread safety: every member from any thread.

@@ -1,7 +1,6 @@
-#include "source/remote.h"
+#include "io/remote.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -116,31 +115,6 @@ void save_listing(const std::string& file, const std::string& header,
 
 }  // namespace
 
-std::string torchrun_job() {
-  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
-  if (run == nullptr || *run == '\0') return {};
-  return std::string(run) + "/" + std::to_string(::getppid());
-}
-
-NodeLock::NodeLock(const std::string& path) {
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw std::runtime_error(path + ": cannot make the lock file: " + std::strerror(errno));
-  }
-  while (::flock(fd_, LOCK_EX) != 0) {
-    if (errno == EINTR) continue;
-    const int err = errno;
-    ::close(fd_);
-    throw std::runtime_error(path + ": cannot lock: " + std::strerror(err));
-  }
-}
-
-NodeLock::~NodeLock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the file releases its lock
-}
-
 bool is_url(std::string_view path) {
   return path.starts_with("s3://") || path.starts_with("http://") || path.starts_with("https://");
 }
@@ -156,30 +130,6 @@ std::string default_object_cache_dir() {
     return (fs::path(d) / ".cache" / "stoker" / "objects").string();
   }
   return {};
-}
-
-void parallel_for(std::size_t n, std::size_t threads, const std::function<void(std::size_t)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::atomic<std::size_t> next{0};
-  auto work = [&] {
-    for (std::size_t i = next++; i < n; i = next++) {
-      try {
-        fn(i);
-      } catch (...) {
-        errors[i] = std::current_exception();
-        next = n;  // stop handing out more work: the first error is what the caller sees
-      }
-    }
-  };
-  const std::size_t k = std::min(threads, n);
-  std::vector<std::thread> pool;
-  pool.reserve(k > 0 ? k - 1 : 0);
-  for (std::size_t t = 1; t < k; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  for (auto& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
 }
 
 RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes)
