@@ -83,7 +83,8 @@ def test_a_pyarrow_table_or_array_is_a_token_source():
     for source in (arr, pa.table({"ids": arr})):
         ds = stoker.TokenDataset(source, 3, column="ids", shuffle_documents=False)
         assert ds[0]["input_ids"].tolist() == [1, 2, 3]
-        assert ds[2]["input_ids"].tolist() == [6, 7, 8]
+        assert ds[1]["input_ids"].tolist() == [4, 5, 6]
+        assert ds[2]["input_ids"].tolist() == [7, 8, 9]
     sliced = pa.array([d.tolist() for d in docs], pa.list_(pa.int32())).slice(1)
     ds = stoker.TokenDataset(sliced, 2, shuffle_documents=False)
     assert ds.lengths().tolist() == [2, 4]
@@ -102,7 +103,8 @@ def test_bad_token_columns_are_named_by_file_column_and_row(tmp_path):
     floats = tmp_path / "f.parquet"
     pq.write_table(pa.table({"input_ids": pa.array([[1.0, 2.0]], pa.list_(pa.float32()))}),
                    floats)
-    with pytest.raises(TypeError, match=r"f\.parquet column input_ids is list<item: float>"):
+    with pytest.raises(TypeError,
+                       match=r"f\.parquet column input_ids is list<\w+: float>, not a list"):
         stoker.TokenDataset(floats, 16)
     nulls = tmp_path / "n.parquet"
     pq.write_table(pa.table({"input_ids": pa.array([[1, 2], None, [3]], pa.list_(pa.int32()))}),
