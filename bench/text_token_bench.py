@@ -55,15 +55,34 @@ def make_corpus(d, docs, seed=0):
     return path, tok_path
 
 
-def timed(loader, seq_len):
-    """tokens/s from the first batch to the end of the epoch, and the rows."""
+def cpu_seconds(pids):
+    """The CPU time (user + system) the processes `pids` have used so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def timed(loader, seq_len, pids_of):
+    """tokens/s from the first batch to the end of the epoch, the rows, and the cores the
+    workers got meanwhile (their CPU seconds over the wall-clock seconds)."""
     it = iter(loader)
     first = next(it)
+    pids = pids_of(loader, it)
     rows = len(first["input_ids"])
-    start = time.perf_counter()
+    cpu0, start = cpu_seconds(pids), time.perf_counter()
+    cpu, cpu_wall = cpu0, 0.0
     for batch in it:
         rows += len(batch["input_ids"])
-    return (rows - len(first["input_ids"])) * seq_len / (time.perf_counter() - start), rows
+        try:  # read while the workers live (torch's end with the epoch)
+            cpu, cpu_wall = cpu_seconds(pids), time.perf_counter() - start
+        except FileNotFoundError:
+            pass
+    wall = time.perf_counter() - start
+    cores = (cpu - cpu0) / cpu_wall if cpu_wall else float("nan")
+    return (rows - len(first["input_ids"])) * seq_len / wall, rows, cores
 
 
 class Lines:
@@ -118,7 +137,7 @@ def stoker_run(path, tok_path, seq_len, batch, workers):
     loader = stoker.DataLoader(ds, batch_size=batch, num_workers=workers,
                                worker_type="process")
     try:
-        return timed(loader, seq_len)
+        return timed(loader, seq_len, lambda loader, it: loader.stats()["worker_pids"])
     finally:
         loader.close()
 
@@ -131,7 +150,7 @@ def torch_run(path, tok_path, seq_len, docs_per_batch, workers):
     loader = torch.utils.data.DataLoader(Lines(path), batch_size=docs_per_batch,
                                          num_workers=workers,
                                          collate_fn=TokenizeCollate(tok_path, seq_len, eod))
-    return timed(loader, seq_len)
+    return timed(loader, seq_len, lambda loader, it: [w.pid for w in it._workers])
 
 
 def main():
@@ -153,20 +172,28 @@ def main():
                                 ("torch DataLoader + tokenizer collate", torch_run,
                                  args.torch_docs)):
             for workers in (1, 2):
-                rates = []
+                rates, cores = [], []
                 for _ in range(args.rounds):
-                    rate, rows = run(path, tok_path, args.seq_len, size, workers)
+                    rate, rows, got = run(path, tok_path, args.seq_len, size, workers)
                     rates.append(rate)
+                    cores.append(got)
                 results[(name, workers)] = statistics.median(rates)
+                per_core = statistics.median(r / c for r, c in zip(rates, cores))
+                # the machine's load over the last minute: others' work shares the cores, so
+                # the cores the workers got and the tokens per worker CPU second are printed
                 print(f"{name:38s} {workers} worker(s): {results[(name, workers)] / 1e6:6.2f}M "
                       f"tokens/s ({rows} rows of {args.seq_len}; rounds: "
-                      f"{', '.join(f'{r / 1e6:.2f}M' for r in rates)})", flush=True)
-        for name in ("stoker.TextTokens", "torch DataLoader + tokenizer collate"):
+                      f"{', '.join(f'{r / 1e6:.2f}M' for r in rates)}); the workers got "
+                      f"{statistics.median(cores):.2f} cores, {per_core / 1e6:.2f}M tokens per "
+                      f"worker CPU second; load average {os.getloadavg()[0]:.1f} on "
+                      f"{os.cpu_count()} cores", flush=True)
+        names = ("stoker.TextTokens", "torch DataLoader + tokenizer collate")
+        for name in names:
             print(f"{name}: 2 workers / 1 worker = "
                   f"{results[(name, 2)] / results[(name, 1)]:.2f}x")
         for w in (1, 2):
             print(f"stoker / torch at {w} worker(s): "
-                  f"{results[('stoker.TextTokens', w)] / results[('torch DataLoader + tokenizer collate', w)]:.2f}x")
+                  f"{results[(names[0], w)] / results[(names[1], w)]:.2f}x")
     return 0
 
 
