@@ -64,6 +64,8 @@ def test_a_hugging_face_data_set_reads_its_input_ids_in_place_in_its_own_order(t
                                eod=EOD, shuffle_documents=False)
     assert_same_rows(loader_rows(stoker.DataLoader(picked, batch_size=8)),
                      loader_rows(stoker.DataLoader(ref2, batch_size=8)))
+    with pytest.raises(TypeError, match=r"a DatasetDict is not read: pass one split"):
+        stoker.TokenDataset(datasets.DatasetDict({"train": hf}), 48)
     # made again where unpickled (a remote worker), and mixed with a native source
     again = pickle.loads(pickle.dumps(ds))
     for k, v in ds.plan().items():

@@ -290,6 +290,9 @@ def _arrow_token_chunks(data, column: str):
     pyarrow Table / Array."""
     import pyarrow as pa
 
+    if type(data).__name__ in ("DatasetDict", "IterableDataset", "IterableDatasetDict"):
+        raise TypeError(f"stoker.TokenDataset: a {type(data).__name__} is not read: pass one "
+                        f"split of a data set on disk (a datasets.Dataset, e.g. ds['train'])")
     if hasattr(data, "with_format"):  # datasets.Dataset
         if column not in data.column_names:
             raise KeyError(f"stoker.TokenDataset: the data set has no column {column!r} (its "
