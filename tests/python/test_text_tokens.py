@@ -152,3 +152,32 @@ def test_bad_text_is_named_by_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"max_segments 2 is fewer than a row needs"):
         list(stoker.TextTokens(write_jsonl(tmp_path / "s.jsonl", ["w1", "w2", "w3", "w4"]),
                                tok, 8, eod=1, max_segments=2))
+
+
+def test_two_ranks_saved_mid_epoch_resume_on_three_each_row_once(tmp_path, monkeypatch):
+    docs = texts(600, 7)
+    path = write_jsonl(tmp_path / "t.jsonl", docs)
+    tok = word_tokenizer()
+    make = lambda: stoker.TextTokens(path, tok, 32, eod=1, block_documents=30, seed=8,
+                                     pack="best_fit")
+    whole = by_row(rows(stoker.DataLoader(make(), batch_size=4, num_workers=0)))
+    seen, states = [], []
+    for rank, stop in ((0, 5), (1, 9)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = stoker.DataLoader(make(), batch_size=4, num_workers=2, worker_type="thread")
+        it = iter(loader)
+        seen += [next(it) for _ in range(stop)]
+        states.append(loader.state_dict())
+        loader.close()
+    merged = stoker.merge_states(states)
+    rest = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        loader = stoker.DataLoader(make(), batch_size=4, num_workers=1, worker_type="thread")
+        loader.load_state_dict(merged)
+        rest += list(loader)
+        loader.close()
+    cat = lambda bs: {k: np.concatenate([b[k].numpy() for b in bs]) for k in bs[0]}
+    assert sorted(by_row(cat(seen)) + by_row(cat(rest))) == whole
