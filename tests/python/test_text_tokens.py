@@ -181,3 +181,12 @@ def test_two_ranks_saved_mid_epoch_resume_on_three_each_row_once(tmp_path, monke
         loader.close()
     cat = lambda bs: {k: np.concatenate([b[k].numpy() for b in bs]) for k in bs[0]}
     assert sorted(by_row(cat(seen)) + by_row(cat(rest))) == whole
+
+
+def test_a_text_with_no_tokens_is_no_document_and_ids_stay_the_corpus_lines(tmp_path):
+    path = write_jsonl(tmp_path / "e.jsonl", ["w1 w2", "", "w3"])
+    ds = stoker.TextTokens(path, word_tokenizer(), 8, eod=1, pack="best_fit", shuffle=False)
+    got = rows(stoker.DataLoader(ds, batch_size=1))
+    assert len(got["input_ids"]) == 1
+    assert got["input_ids"][0][:5].tolist() == [3, 4, 1, 5, 1]  # w1 w2 [EOD] w3 [EOD]
+    assert got["document_ids"][0].tolist() == [0, 0, 0, 2, 2, -1, -1, -1]

@@ -251,23 +251,24 @@ class _TextTokens:
             raise ValueError(f"{path} column {self.text_key} row {a + i} is null")
         return column.to_pylist()
 
-    def _block_rows(self, index: int, block) -> _BlockRows:
-        """The block's packed rows: its texts tokenized and packed in C++."""
+    def _block_rows(self, index: int, block) -> tuple:
+        """The block's packed rows (None if it has no document) and which of its texts are
+        documents: its texts tokenized, and packed in C++."""
         texts = self._texts(block)
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         ids = [e.ids for e in encode(texts, add_special_tokens=self.add_special_tokens)]
-        if self.eod is not None:
-            for x in ids:
-                x.append(self.eod)
-        lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
-        keep = np.flatnonzero(lengths > 0)  # a text with no tokens is no document
-        values = (np.concatenate([np.array(ids[i], np.int64) for i in keep]) if len(keep)
-                  else np.zeros(0, np.int64))
-        offsets = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
-        f, a, b = block
-        name = f"{self.files[f]} block {index}"
+        # a text with no tokens is no document (and gets no eod)
+        keep = np.flatnonzero(np.fromiter((len(x) > 0 for x in ids), bool, len(ids)))
         if len(keep) == 0:
             return None, keep
+        if self.eod is not None:
+            for i in keep:
+                ids[i].append(self.eod)
+        values = np.concatenate([np.array(ids[i], np.int64) for i in keep])
+        lengths = np.fromiter((len(ids[i]) for i in keep), np.int64, len(keep))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        f, a, b = block
+        name = f"{self.files[f]} block {index}"
         try:
             handle = _stoker.token_rows_columns(
                 [(name, 0, values, offsets)], None, self.vocab_size, self.pack, self.seq_len,
