@@ -12,6 +12,9 @@ Megatron indexed data set (.bin/.idx, uint16) and as a flat uint16 file (nanoGPT
     pack="concat") in stoker.DataLoader against megatron-core's GPTDataset in torch's
     DataLoader and a nanoGPT-style np.memmap random-window data set in torch's DataLoader,
     each baseline at its best num_workers; the ratio to the best baseline.
+    LitData's TokensLoader (its StreamingDataset over chunks litdata.optimize wrote from the
+    same documents, in its StreamingDataLoader) runs in this python when litdata is installed
+    (pip install litdata), also at its best num_workers.
 (c) The blend index of a mix of --mix-sources sources by weight, --mix-samples samples (global
     batch 1,024): stoker.token_mix_index (the blend, stratified or iid, and each sample's row in
     its source, sources wrapping around to further epochs; what stoker.TokenMix builds) and
@@ -217,6 +220,47 @@ def memmap_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     return statistics.median(rates)
 
 
+class _LitDocuments:
+    """litdata.optimize's fn (pickled to its workers): the documents of one run, as tensors."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self, part):
+        import torch
+
+        tokens = np.fromfile(self.path, dtype=np.uint16)
+        ends = np.flatnonzero(tokens == EOD) + 1
+        for i in part:
+            start = 0 if i == 0 else ends[i - 1]
+            yield torch.from_numpy(tokens[start:ends[i]].astype(np.int32))
+
+
+def litdata_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
+    """LitData's TokensLoader as its README has it: the documents written by litdata.optimize
+    into its chunks (timed apart, not in the rate), read by a StreamingDataset of blocks of
+    seq_len + 1 tokens, shuffled, in its StreamingDataLoader (torch's DataLoader beneath)."""
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+
+    tokens = np.fromfile(os.path.join(d, "flat.bin"), dtype=np.uint16)
+    ends = np.flatnonzero(tokens == EOD) + 1
+    parts = np.array_split(np.arange(len(ends)), 16)  # optimize's inputs: runs of documents
+    out = tempfile.mkdtemp(prefix="litdata-")
+    start = time.perf_counter()
+    optimize(fn=_LitDocuments(os.path.join(d, "flat.bin")), inputs=[p.tolist() for p in parts],
+             output_dir=out,
+             chunk_size=(seq_len + 1) * 512, item_loader=TokensLoader(), num_workers=1)
+    optimize_s = time.perf_counter() - start
+    rates = []
+    for r in range(rounds):
+        ds = StreamingDataset(out, item_loader=TokensLoader(block_size=seq_len + 1),
+                              shuffle=True, drop_last=True, seed=r)
+        loader = StreamingDataLoader(ds, batch_size=batch, num_workers=workers, drop_last=True)
+        # the training loop's input_ids: each block's first seq_len tokens
+        rates.append(rate_of(loader, lambda b: b[:, :seq_len].numel(), batches, min_seconds))
+    return {"tokens_per_s": statistics.median(rates), "optimize_s": optimize_s}
+
+
 MIX_WEIGHTS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]  # sources take the first ones
 
 
@@ -265,7 +309,7 @@ def megatron_blend(sources, samples, rounds):
 
 
 PEERS = {"grain": grain_best_fit, "megatron": megatron_concat, "memmap": memmap_concat,
-         "megatron_blend": megatron_blend}
+         "megatron_blend": megatron_blend, "litdata": litdata_concat}
 
 
 def run_peer(python, name, args):
@@ -298,10 +342,13 @@ def print_loaders(a, out):
     print(f"(b) concatenate-and-split, seq_len {a.concat_seq_len}, batch {a.batch}, to the loop:")
     print(f"  stoker   {c['stoker'] / 1e6:,.2f}M tokens/s ({a.stoker_workers} worker threads)")
     for name, label in (("megatron", "megatron-core GPTDataset, torch DataLoader"),
-                        ("memmap", "nanoGPT np.memmap windows, torch DataLoader")):
+                        ("memmap", "nanoGPT np.memmap windows, torch DataLoader"),
+                        ("litdata", "LitData TokensLoader, StreamingDataLoader")):
         v = c[name]
+        extra = (f"; litdata.optimize took {v['optimize_s']:.1f} s before, not in the rate"
+                 if "optimize_s" in v else "")
         print(f"  {name:8} " + (f"{v['tokens_per_s'] / 1e6:,.2f}M tokens/s ({label}, best at "
-                                 f"num_workers={v['workers']})" if "tokens_per_s" in v
+                                 f"num_workers={v['workers']}{extra})" if "tokens_per_s" in v
                                  else f"not measured: {v['error']}"))
     if c["ratio_to_best_baseline"]:
         print(f"  stoker / best baseline: {c['ratio_to_best_baseline']:.2f}x")
@@ -361,16 +408,21 @@ def main():
                           rounds=a.rounds, min_seconds=a.min_seconds)
             concat = {"seq_len": a.concat_seq_len, "batch": a.batch,
                       "stoker": stoker_concat(workers=a.stoker_workers, **common)}
-            for name in ("megatron", "memmap"):
-                if not have_peers:
+            for name in ("megatron", "memmap", "litdata"):
+                # LitData runs in this python (.venv-test), the others in the peers'
+                python = sys.executable if name == "litdata" else a.peers_python
+                if a.no_peers or not os.path.exists(python):
                     concat[name] = {"error": "--no-peers" if a.no_peers
-                                    else f"no peers python at {a.peers_python}"}
+                                    else f"no peers python at {python}"}
                     continue
-                tries = {w: run_peer(a.peers_python, name, dict(workers=w, **common))
+                tries = {w: run_peer(python, name, dict(workers=w, **common))
                          for w in a.workers}
-                ok = {w: v for w, v in tries.items() if not isinstance(v, dict)}
-                concat[name] = ({"tokens_per_s": max(ok.values()),
-                                 "workers": max(ok, key=ok.get)} if ok
+                rate = lambda v: v["tokens_per_s"] if isinstance(v, dict) else v
+                ok = {w: v for w, v in tries.items()
+                      if not isinstance(v, dict) or "tokens_per_s" in v}
+                best = max(ok, key=lambda w: rate(ok[w])) if ok else None
+                concat[name] = ({**(ok[best] if isinstance(ok[best], dict) else {}),
+                                 "tokens_per_s": rate(ok[best]), "workers": best} if ok
                                 else next(iter(tries.values())))
             best = max((v["tokens_per_s"] for k, v in concat.items()
                         if isinstance(v, dict) and "tokens_per_s" in v), default=None)

@@ -47,9 +47,9 @@ build build-tsan "${SANITIZER_BUILD[@]}" -DSTOKER_SANITIZE=thread \
 ARROW_DEFAULT_MEMORY_POOL=system ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
 stage "Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
-echo "   lightning, accelerate, datasets for bench/frameworks_bench.py)"
+echo "   lightning, accelerate, datasets for bench/frameworks_bench.py; tokenizers for stoker.TextTokens)"
 python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
-  webdataset pyarrow lightning accelerate datasets av
+  webdataset pyarrow lightning accelerate datasets av tokenizers
 
 stage "set-up that survives an interruption: venvs and build directories repaired (pytest)"
 .venv-test/bin/python -m pytest -q -p no:cacheprovider tests/setup
@@ -90,9 +90,10 @@ python3 -m venv build-py/fresh-venv
 # --no-compile: .pyc files only for the modules the tests import, not all of torch.
 # matplotlib and tqdm: tune's chart and the progress bars; pyarrow: ParquetDataset; webdataset:
 # the same samples as stoker.WebDataset reads; lightning, accelerate, datasets: the frameworks
-# tests (tests/python/test_framework_runs.py, test_frameworks.py); optional for users, tested here.
+# tests (tests/python/test_framework_runs.py, test_frameworks.py); datasets, tokenizers: token
+# columns and stoker.TextTokens; optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
-  pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets av
+  pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets av tokenizers
 build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 stage "PyTorch's own DataLoader tests with stoker's loader (given their file)"
@@ -128,6 +129,7 @@ python3 -m py_compile bench/torchvision_baseline.py
 .venv-test/bin/python bench/memory_cap.py --smoke --stream >/dev/null 2>&1
 .venv-test/bin/python bench/memory_soak.py --smoke >/dev/null 2>&1
 .venv-test/bin/python bench/token_bench.py --smoke --no-peers >/dev/null 2>&1
+.venv-test/bin/python bench/text_token_bench.py --smoke >/dev/null 2>&1
 python3 -m py_compile examples/token_lm.py
 # Parquet: the Python data set beside the C++ reader (`stoker bench --parquet`), then the C++
 # reader from the command line on the file that smoke run made

@@ -566,6 +566,70 @@ TEST_F(TokenFiles, ATokenPastTheVocabularyFailsItsReadNamingFileAndDocument) {
             "stoker: " + a + " document 1: token 1 is 500, outside the vocabulary of 100");
 }
 
+TEST(TokenColumns, ListColumnsInMemoryAreDocumentsNamedBySourceAndRow) {
+  // Two chunks as Arrow holds a list column: values and rows + 1 offsets (the second chunk's
+  // offsets start past its values' start, as a sliced Arrow array's do).
+  auto values32 =
+      std::make_shared<std::vector<std::int32_t>>(std::vector<std::int32_t>{5, 6, 7, 8, 9, 10});
+  auto values64 =
+      std::make_shared<std::vector<std::uint64_t>>(std::vector<std::uint64_t>{99, 99, 1, 2, 3});
+  const std::vector<std::int64_t> off_a{0, 3, 4, 6}, off_b{2, 3, 5};
+  std::vector<TokenCorpus::Column> cols(2);
+  cols[0] = {"a.parquet column input_ids", 0, TokenCorpus::IdType::i32, values32->data(), off_a};
+  cols[1] = {"a.parquet column input_ids", 3, TokenCorpus::IdType::u64, values64->data(), off_b};
+  std::weak_ptr<std::vector<std::int32_t>> watch = values32;
+  auto owner = std::make_shared<std::pair<decltype(values32), decltype(values64)>>(
+      std::move(values32), std::move(values64));
+  const auto c = TokenCorpus::columns(cols, std::move(owner), 100);
+  ASSERT_EQ(c->documents(), 5u);
+  EXPECT_EQ(c->tokens(), 9u);
+  EXPECT_EQ(std::vector<std::uint32_t>(c->lengths().begin(), c->lengths().end()),
+            (std::vector<std::uint32_t>{3, 1, 2, 1, 2}));
+  auto doc = [&](std::size_t d) {
+    std::vector<std::int64_t> out(c->lengths()[d]);
+    c->read_tokens(d, 0, out);
+    return out;
+  };
+  EXPECT_EQ(doc(0), (std::vector<std::int64_t>{5, 6, 7}));
+  EXPECT_EQ(doc(2), (std::vector<std::int64_t>{9, 10}));
+  EXPECT_EQ(doc(3), (std::vector<std::int64_t>{1}));
+  EXPECT_EQ(doc(4), (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(c->document_name(4), "a.parquet column input_ids row 4");
+  EXPECT_FALSE(watch.expired());  // the corpus keeps the columns' memory
+  // The packed rows read them like any source.
+  TokenRowsOptions o;
+  o.pack.seq_len = 4;
+  o.pack.shuffle_documents = false;
+  const TokenRows rows(c, o);
+  ASSERT_EQ(rows.size(), 2u);
+  std::vector<std::int64_t> first(rows.plan().seq_len);
+  std::size_t at = 0;
+  for (const auto& p : rows.plan().row(0)) {
+    c->read_tokens(p.doc, p.offset, std::span(first).subspan(at, p.length));
+    at += p.length;
+  }
+  EXPECT_EQ(first, (std::vector<std::int64_t>{5, 6, 7, 8}));
+}
+
+TEST(TokenColumns, BadRowsAndTokensPastTheVocabularyAreNamedBySourceAndRow) {
+  const std::vector<std::int64_t> values{1, 2, 3, 400};
+  const std::vector<std::int64_t> empty_row{0, 2, 2, 4}, backwards{0, 3, 2};
+  std::vector<TokenCorpus::Column> cols{
+      {"t.parquet column ids", 10, TokenCorpus::IdType::i64, values.data(), empty_row}};
+  EXPECT_EQ(error_of([&] { TokenCorpus::columns(cols, nullptr); }),
+            "stoker: t.parquet column ids row 11 is empty");
+  cols[0].offsets = backwards;
+  EXPECT_EQ(error_of([&] { TokenCorpus::columns(cols, nullptr); }),
+            "stoker: t.parquet column ids row 11: offsets 3 to 2 do not follow each other");
+  const std::vector<std::int64_t> good{0, 2, 4};
+  cols[0].offsets = good;
+  const auto c = TokenCorpus::columns(cols, nullptr, 100);
+  std::vector<std::int64_t> out(2);
+  EXPECT_EQ(error_of([&] { c->read_tokens(1, 0, out); }),
+            "stoker: t.parquet column ids row 11: token 1 is 400, outside the vocabulary of 100");
+  EXPECT_THROW(TokenCorpus::columns({}, nullptr), std::invalid_argument);
+}
+
 // ---- Rows ---------------------------------------------------------------------------------
 
 struct Row {

@@ -1,6 +1,7 @@
-// Language-model token data: token sources (Megatron's indexed data set, flat token files),
-// packing of their documents into fixed-length rows as an index (a plan of pieces of
-// documents, nothing copied or written), and the map-style data set over the packed rows.
+// Language-model token data: token sources (Megatron's indexed data set, flat token files,
+// columns of token lists in memory), packing of their documents into fixed-length rows as an
+// index (a plan of pieces of documents, nothing copied or written), and the map-style data set
+// over the packed rows.
 // docs/formats.md, "Token data".
 #pragma once
 
@@ -52,6 +53,23 @@ class TokenCorpus {
                                                  FlatDType dtype, std::uint64_t eod,
                                                  std::uint64_t vocab_size = 0);
 
+  // Token ids in memory, laid out as Arrow's list columns hold them (a Parquet token column
+  // read with pyarrow, a Hugging Face data set's `input_ids`): each row of a chunk is a
+  // document, its ids values[offsets[r], offsets[r + 1]). Errors name a document
+  // "SOURCE row R" (R = first_row + r): offsets that go backwards, an empty row.
+  enum class IdType : std::uint8_t { u8, i8, u16, i16, u32, i32, u64, i64 };
+  struct Column {
+    std::string source;  // e.g. "train.parquet column input_ids"
+    std::uint64_t first_row = 0;
+    IdType type = IdType::i64;
+    const void* values = nullptr;
+    std::span<const std::int64_t> offsets;  // rows + 1 entries, read at construction only
+  };
+  // The columns' memory is not copied: `owner` keeps it alive as long as the corpus.
+  static std::shared_ptr<const TokenCorpus> columns(std::vector<Column> columns,
+                                                    std::shared_ptr<const void> owner,
+                                                    std::uint64_t vocab_size = 0);
+
   ~TokenCorpus();
   TokenCorpus(const TokenCorpus&) = delete;
   TokenCorpus& operator=(const TokenCorpus&) = delete;
@@ -67,7 +85,8 @@ class TokenCorpus {
   // Any thread.
   void read_tokens(std::size_t doc, std::uint64_t offset, std::span<std::int64_t> out) const;
 
-  // "FILE document D" (D counted within the file), as errors name it.
+  // "FILE document D" (D counted within the file; "SOURCE row R" for columns), as errors
+  // name it.
   std::string document_name(std::size_t doc) const;
   std::size_t files() const;
   const std::string& file(std::size_t index) const;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gil.h"
 #include "native_datasets.h"
 #include "stoker/tokens.h"
 
@@ -47,9 +48,7 @@ TokenPackOptions pack_options(const std::string& pack, std::size_t seq_len,
   return o;
 }
 
-NativeDataset make_token_rows(const std::string& format, const std::vector<std::string>& paths,
-                              const std::string& dtype, std::int64_t eod, std::uint64_t vocab_size,
-                              const std::string& pack, std::size_t seq_len,
+TokenRowsOptions rows_options(const std::string& pack, std::size_t seq_len,
                               const std::string& long_documents, bool shuffle_documents,
                               std::uint64_t seed, const std::string& labels, std::int64_t pad_id,
                               std::size_t max_segments) {
@@ -65,6 +64,17 @@ NativeDataset make_token_rows(const std::string& format, const std::vector<std::
   }
   o.pad_id = pad_id;
   o.max_segments = max_segments;
+  return o;
+}
+
+NativeDataset make_token_rows(const std::string& format, const std::vector<std::string>& paths,
+                              const std::string& dtype, std::int64_t eod, std::uint64_t vocab_size,
+                              const std::string& pack, std::size_t seq_len,
+                              const std::string& long_documents, bool shuffle_documents,
+                              std::uint64_t seed, const std::string& labels, std::int64_t pad_id,
+                              std::size_t max_segments) {
+  const TokenRowsOptions o = rows_options(pack, seq_len, long_documents, shuffle_documents, seed,
+                                          labels, pad_id, max_segments);
   TokenCorpus::FlatDType flat_dtype = TokenCorpus::FlatDType::u16;
   if (format == "flat") {
     if (dtype == "uint32") {
@@ -84,6 +94,78 @@ NativeDataset make_token_rows(const std::string& format, const std::vector<std::
     auto corpus = format == "flat" ? TokenCorpus::flat(paths, flat_dtype,
                                                        static_cast<std::uint64_t>(eod), vocab_size)
                                    : TokenCorpus::megatron(paths, vocab_size);
+    out.dataset = std::make_shared<TokenRows>(std::move(corpus), o);
+  }
+  out.element_types = {"int64", "int64", "int64", "int64", "int32"};
+  return out;
+}
+
+TokenCorpus::IdType id_type(const py::array& values, const std::string& source) {
+  const auto dt = values.dtype();
+  const char kind = dt.kind();
+  const auto size = dt.itemsize();
+  if (kind == 'i' || kind == 'u') {
+    const bool u = kind == 'u';
+    switch (size) {
+      case 1:
+        return u ? TokenCorpus::IdType::u8 : TokenCorpus::IdType::i8;
+      case 2:
+        return u ? TokenCorpus::IdType::u16 : TokenCorpus::IdType::i16;
+      case 4:
+        return u ? TokenCorpus::IdType::u32 : TokenCorpus::IdType::i32;
+      case 8:
+        return u ? TokenCorpus::IdType::u64 : TokenCorpus::IdType::i64;
+      default:
+        break;
+    }
+  }
+  throw py::type_error("stoker.TokenDataset: " + source + " holds " +
+                       py::str(dt).cast<std::string>() + ", not integer token ids");
+}
+
+// Columns of token lists in memory (pyarrow's buffers as numpy arrays: values and int64
+// offsets per chunk), kept alive by `owner`, a Python object let go with the GIL.
+NativeDataset make_token_rows_columns(const py::list& columns, const py::object& owner,
+                                      std::uint64_t vocab_size, const std::string& pack,
+                                      std::size_t seq_len, const std::string& long_documents,
+                                      bool shuffle_documents, std::uint64_t seed,
+                                      const std::string& labels, std::int64_t pad_id,
+                                      std::size_t max_segments) {
+  const TokenRowsOptions o = rows_options(pack, seq_len, long_documents, shuffle_documents, seed,
+                                          labels, pad_id, max_segments);
+  std::vector<TokenCorpus::Column> cols;
+  std::vector<py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>> offsets;
+  py::list arrays;  // every array the corpus points into
+  for (auto item : columns) {
+    const auto t = item.cast<py::tuple>();
+    TokenCorpus::Column c;
+    c.source = t[0].cast<std::string>();
+    c.first_row = t[1].cast<std::uint64_t>();
+    const auto values = py::array::ensure(t[2], py::array::c_style);
+    if (!values) throw py::type_error("stoker.TokenDataset: " + c.source + ": values not an array");
+    c.type = id_type(values, c.source);
+    c.values = values.data();
+    offsets.emplace_back(t[3]);
+    c.offsets = std::span<const std::int64_t>(offsets.back().data(),
+                                              static_cast<std::size_t>(offsets.back().size()));
+    arrays.append(values);
+    cols.push_back(std::move(c));
+  }
+  arrays.append(owner);
+  auto* held = new py::object(std::move(arrays));
+  std::shared_ptr<const void> keep(held, [](py::object* p) {
+    if (!Py_IsInitialized() || interpreter_finalizing()) {
+      (void)p->release();  // the interpreter's teardown has it
+      delete p;
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  NativeDataset out;
+  {
+    py::gil_scoped_release nogil;
+    auto corpus = TokenCorpus::columns(std::move(cols), std::move(keep), vocab_size);
     out.dataset = std::make_shared<TokenRows>(std::move(corpus), o);
   }
   out.element_types = {"int64", "int64", "int64", "int64", "int32"};
@@ -132,6 +214,10 @@ void bind_tokens(py::module_& m) {
         py::arg("eod"), py::arg("vocab_size"), py::arg("pack"), py::arg("seq_len"),
         py::arg("long_documents"), py::arg("shuffle_documents"), py::arg("seed"), py::arg("labels"),
         py::arg("pad_id"), py::arg("max_segments"));
+  m.def("token_rows_columns", &make_token_rows_columns, py::arg("columns"), py::arg("owner"),
+        py::arg("vocab_size"), py::arg("pack"), py::arg("seq_len"), py::arg("long_documents"),
+        py::arg("shuffle_documents"), py::arg("seed"), py::arg("labels"), py::arg("pad_id"),
+        py::arg("max_segments"));
   m.def(
       "token_plan",
       [](const py::array_t<std::uint32_t, py::array::c_style | py::array::forcecast>& lengths,

@@ -53,6 +53,7 @@ __all__ = [
     "TokenMix",
     "VideoClips",
     "WebDataset",
+    "TextTokens",
     "WebDatasetStream",
     "WorkerError",
     "build_info",
@@ -98,4 +99,7 @@ def __getattr__(name):
     if name == "WebDatasetStream":  # made on first use: it subclasses torch's IterableDataset
         from .datasets.webdataset_stream import stream_class
         return stream_class()
+    if name == "TextTokens":  # likewise
+        from .datasets.text_tokens import stream_class as text_stream_class
+        return text_stream_class()
     raise AttributeError(f"module 'stoker' has no attribute {name!r}")

@@ -64,7 +64,7 @@ class MappedFile {
 };
 
 // Token element types of the files: Megatron's dtype codes, and the flat files' two.
-enum class Elem : std::uint8_t { u8, i8, i16, i32, i64, u16, u32 };
+enum class Elem : std::uint8_t { u8, i8, i16, i32, i64, u16, u32, u64 };
 
 std::size_t elem_size(Elem e) {
   switch (e) {
@@ -78,6 +78,7 @@ std::size_t elem_size(Elem e) {
     case Elem::u32:
       return 4;
     case Elem::i64:
+    case Elem::u64:
       return 8;
   }
   return 1;
@@ -101,7 +102,11 @@ void widen(const std::byte* src, std::span<std::int64_t> out) {
 
 struct TokenCorpus::Impl {
   struct File {
-    std::unique_ptr<MappedFile> bin;
+    std::unique_ptr<MappedFile> bin;  // none for a column in memory
+    const std::byte* base = nullptr;  // its tokens: the mapped file's, or the column's values
+    std::string name;                 // the file's path, or the column's source
+    const char* unit = "document";    // what errors call a document of it ("row" for columns)
+    std::uint64_t first_row = 0;      // the number of its first document within `name`
     Elem elem = Elem::u16;
     std::size_t first_doc = 0;  // its first document's corpus index
   };
@@ -111,10 +116,11 @@ struct TokenCorpus::Impl {
   std::vector<std::uint32_t> file_of;       // each document's file
   std::uint64_t tokens = 0;
   std::uint64_t vocab_size = 0;
+  std::shared_ptr<const void> owner;  // keeps columns' memory alive
 
   std::string name(std::size_t doc) const {
     const auto& f = files[file_of[doc]];
-    return f.bin->path() + " document " + std::to_string(doc - f.first_doc);
+    return f.name + " " + f.unit + " " + std::to_string(f.first_row + (doc - f.first_doc));
   }
 };
 
@@ -192,6 +198,8 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::
     }
     Impl::File file;
     file.bin = std::make_unique<MappedFile>(prefix + ".bin");
+    file.base = file.bin->data();
+    file.name = file.bin->path();
     file.elem = elem;
     file.first_doc = c->lengths.size();
     const std::size_t es = elem_size(elem);
@@ -286,6 +294,8 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::stri
   for (const auto& path : paths) {
     Impl::File file;
     file.bin = std::make_unique<MappedFile>(path);
+    file.base = file.bin->data();
+    file.name = path;
     file.elem = elem;
     file.first_doc = c->lengths.size();
     if (file.bin->size() % es != 0) {
@@ -306,6 +316,72 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::stri
   return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
 }
 
+std::shared_ptr<const TokenCorpus> TokenCorpus::columns(std::vector<Column> columns,
+                                                        std::shared_ptr<const void> owner,
+                                                        std::uint64_t vocab_size) {
+  if (columns.empty()) throw std::invalid_argument("stoker: no token columns given");
+  auto c = std::make_unique<Impl>();
+  c->vocab_size = vocab_size;
+  c->owner = std::move(owner);
+  for (auto& col : columns) {
+    Impl::File file;
+    file.base = static_cast<const std::byte*>(col.values);
+    file.name = col.source;
+    file.unit = "row";
+    file.first_row = col.first_row;
+    file.first_doc = c->lengths.size();
+    switch (col.type) {
+      case IdType::u8:
+        file.elem = Elem::u8;
+        break;
+      case IdType::i8:
+        file.elem = Elem::i8;
+        break;
+      case IdType::u16:
+        file.elem = Elem::u16;
+        break;
+      case IdType::i16:
+        file.elem = Elem::i16;
+        break;
+      case IdType::u32:
+        file.elem = Elem::u32;
+        break;
+      case IdType::i32:
+        file.elem = Elem::i32;
+        break;
+      case IdType::u64:
+        file.elem = Elem::u64;
+        break;
+      case IdType::i64:
+        file.elem = Elem::i64;
+        break;
+    }
+    const std::size_t es = elem_size(file.elem);
+    if (col.offsets.empty()) fail(col.source + ": no offsets (a column chunk needs rows + 1)");
+    const auto file_index = static_cast<std::uint32_t>(c->files.size());
+    c->files.push_back(std::move(file));
+    for (std::size_t r = 0; r + 1 < col.offsets.size(); ++r) {
+      const std::size_t doc = c->lengths.size();
+      const std::int64_t begin = col.offsets[r], end = col.offsets[r + 1];
+      if (begin < 0 || end < begin) {
+        fail(col.source + " row " + std::to_string(col.first_row + r) + ": offsets " +
+             std::to_string(begin) + " to " + std::to_string(end) + " do not follow each other");
+      }
+      const auto len = static_cast<std::uint64_t>(end - begin);
+      if (len > UINT32_MAX) {
+        fail(col.source + " row " + std::to_string(col.first_row + r) + " has " +
+             std::to_string(len) + " tokens, more than 2^32 - 1");
+      }
+      c->lengths.push_back(static_cast<std::uint32_t>(len));
+      c->byte_offsets.push_back(static_cast<std::uint64_t>(begin) * es);
+      c->file_of.push_back(file_index);
+      if (len == 0) check_empty(*c, doc);
+      c->tokens += len;
+    }
+  }
+  return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
+}
+
 std::size_t TokenCorpus::documents() const { return impl_->lengths.size(); }
 std::uint64_t TokenCorpus::tokens() const { return impl_->tokens; }
 std::span<const std::uint32_t> TokenCorpus::lengths() const { return impl_->lengths; }
@@ -313,7 +389,7 @@ std::uint64_t TokenCorpus::vocab_size() const { return impl_->vocab_size; }
 std::string TokenCorpus::document_name(std::size_t doc) const { return impl_->name(doc); }
 std::size_t TokenCorpus::files() const { return impl_->files.size(); }
 const std::string& TokenCorpus::file(std::size_t index) const {
-  return impl_->files.at(index).bin->path();
+  return impl_->files.at(index).name;
 }
 
 void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
@@ -326,7 +402,7 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
   }
   const auto& f = c.files[c.file_of[doc]];
   const std::size_t es = elem_size(f.elem);
-  const std::byte* src = f.bin->data() + c.byte_offsets[doc] + offset * es;
+  const std::byte* src = f.base + c.byte_offsets[doc] + offset * es;
   switch (f.elem) {
     case Elem::u8:
       widen<std::uint8_t>(src, out);
@@ -348,6 +424,9 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
       break;
     case Elem::u32:
       widen<std::uint32_t>(src, out);
+      break;
+    case Elem::u64:
+      widen<std::uint64_t>(src, out);
       break;
   }
   if (c.vocab_size == 0) return;

@@ -77,7 +77,8 @@ def deal(order: Sequence[int], start: dict, rank: int, world_size: int, worker: 
 def check(state: dict, **expected) -> None:
     """Raises ValueError if `state` is not a shard stream's of this data set."""
     if not isinstance(state, dict) or state.get("kind") != KIND:
-        raise ValueError("stoker: the state is not a shard stream's (stoker.WebDatasetStream)")
+        raise ValueError("stoker: the state is not a shard stream's (stoker.WebDatasetStream, "
+                         "stoker.TextTokens)")
     if state.get("version") != VERSION:
         raise ValueError(f"stoker: a shard stream state of version {state.get('version')}; "
                          f"this stoker reads version {VERSION}")

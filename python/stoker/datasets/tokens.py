@@ -1,4 +1,5 @@
-"""stoker.TokenDataset: language-model token files packed into fixed-length rows, in C++."""
+"""stoker.TokenDataset: language-model token files and token columns (Parquet, Hugging Face
+data sets) packed into fixed-length rows, in C++."""
 
 from __future__ import annotations
 
@@ -23,8 +24,14 @@ class TokenDataset(NativeDataset):
     ``paths``: one or more Megatron indexed data sets (``format="megatron"``: a prefix, or its
     ``.bin`` or ``.idx``; each of its sequences is a document) or flat token files
     (``format="flat"``: little-endian ``dtype`` tokens, ``"uint16"`` or ``"uint32"``, as
-    nanoGPT and OLMo write them, split into documents after each ``eod`` token). ``format``
-    defaults to ``"flat"`` when ``eod`` is given, else ``"megatron"``.
+    nanoGPT and OLMo write them, split into documents after each ``eod`` token), Parquet files
+    (``format="parquet"``: files, globs or directories; each row of the list-of-integers
+    ``column`` is a document, the column decoded with pyarrow into memory) or, instead of paths,
+    a Hugging Face ``datasets.Dataset`` or a pyarrow Table / Array (``format="arrow"``: its
+    ``column``'s rows, read in place from the Arrow buffers, memory-mapped for a data set's
+    cache files, without a Python loop over rows). ``format`` defaults to ``"flat"`` when ``eod``
+    is given, ``"parquet"`` for ``.parquet`` files and directories, ``"arrow"`` for those
+    objects, else ``"megatron"``.
 
     ``pack="concat"``: the documents as one stream cut into rows (GPT style, no padding, the
     last partial row dropped); ``"best_fit"``: whole documents into the fullest row that holds
@@ -41,35 +48,61 @@ class TokenDataset(NativeDataset):
 
     ``vocab_size``: a token id at or past it fails its row's read naming the file and document
     (``SampleError``; ``on_error='skip'`` applies). A truncated ``.bin``, an ``.idx`` that does
-    not match its ``.bin``, a bad header or an empty document raise here, named likewise.
+    not match its ``.bin``, a bad header or an empty document raise here, named likewise; so
+    do a missing column, one that is not a list of integers, and a null or empty row (named
+    by file or data set, column and row).
     """
 
-    def __init__(self, paths: Union[_PathLike, Sequence[_PathLike]], seq_len: int, *,
+    def __init__(self, paths, seq_len: int, *,
                  format: Optional[str] = None, dtype: str = "uint16",
                  eod: Optional[int] = None, vocab_size: Optional[int] = None,
                  pack: str = "concat", long_documents: str = "split", seed: int = 0,
                  shuffle_documents: bool = True, labels: str = "next", pad_id: int = 0,
-                 max_segments: Optional[int] = None) -> None:
+                 max_segments: Optional[int] = None, column: str = "input_ids") -> None:
         self._made_with = ((paths, seq_len), dict(
             format=format, dtype=dtype, eod=eod, vocab_size=vocab_size, pack=pack,
             long_documents=long_documents, seed=seed, shuffle_documents=shuffle_documents,
-            labels=labels, pad_id=pad_id, max_segments=max_segments))
-        if isinstance(paths, (str, os.PathLike)):
-            paths = [paths]
-        self.paths = [os.fspath(p) for p in paths]
-        if format is None:
-            format = "flat" if eod is not None else "megatron"
+            labels=labels, pad_id=pad_id, max_segments=max_segments, column=column))
+        arrow = _is_arrow(paths)
+        if arrow:
+            if format not in (None, "arrow"):
+                raise ValueError(f"stoker.TokenDataset: {type(paths).__name__} is read as "
+                                 f"format='arrow', not {format!r}")
+            format, self.paths = "arrow", []
+        else:
+            if isinstance(paths, (str, os.PathLike)):
+                paths = [paths]
+            self.paths = [os.fspath(p) for p in paths]
+            if format is None:
+                if eod is not None:
+                    format = "flat"
+                elif self.paths and all(p.endswith(".parquet") or os.path.isdir(p)
+                                        for p in self.paths):
+                    format = "parquet"
+                else:
+                    format = "megatron"
         if int(seq_len) < 1:
             raise ValueError(f"stoker.TokenDataset: seq_len must be at least 1, not {seq_len}")
         if vocab_size is not None and int(vocab_size) < 1:
             raise ValueError(f"stoker.TokenDataset: vocab_size must be positive, not {vocab_size}")
-        self.format, self.seq_len, self.pack = format, int(seq_len), pack
+        self.format, self.seq_len, self.pack, self.column = format, int(seq_len), pack, column
         self._names = FIELDS
         self._as_dict = True
-        self._handle = _stoker.token_rows(
-            str(format), self.paths, str(dtype), -1 if eod is None else int(eod),
-            int(vocab_size or 0), str(pack), int(seq_len), str(long_documents),
-            bool(shuffle_documents), int(seed), str(labels), int(pad_id), int(max_segments or 0))
+        rows = (str(pack), int(seq_len), str(long_documents), bool(shuffle_documents), int(seed),
+                str(labels), int(pad_id), int(max_segments or 0))
+        if format in ("parquet", "arrow"):
+            if format == "parquet":
+                from .parquet import expand_files
+
+                self.paths = expand_files(self.paths)
+                chunks, owner = _parquet_token_chunks(self.paths, column)
+            else:
+                chunks, owner = _arrow_token_chunks(paths, column)
+            self._handle = _stoker.token_rows_columns(chunks, owner, int(vocab_size or 0), *rows)
+        else:
+            self._handle = _stoker.token_rows(
+                str(format), self.paths, str(dtype), -1 if eod is None else int(eod),
+                int(vocab_size or 0), *rows)
         self.max_segments = _stoker.token_max_segments(self._handle)
 
     def lengths(self):
@@ -191,3 +224,90 @@ def stratified_blend(weights, batch: int, batches: int, seed: int = 0):
     arguments, computed in C++ (docs/formats.md, "Token data")."""
     return _stoker.stratified_blend([float(w) for w in weights], int(batch), int(batches),
                                     int(seed))
+
+
+def _is_arrow(obj) -> bool:
+    """A Hugging Face ``datasets.Dataset`` or a pyarrow Table / (Chunked)Array, not paths."""
+    if isinstance(obj, (str, os.PathLike, list, tuple)):
+        return False
+    kind = type(obj)
+    return (kind.__module__.split(".")[0] in ("datasets", "pyarrow")
+            or hasattr(obj, "with_format"))
+
+
+def _list_chunks(pa, array, source: str, first_row: int = 0) -> list:
+    """The chunks of a list-of-integers column as (source, first row, values, int64 offsets),
+    numpy views of Arrow's buffers (no copy of the token ids)."""
+    import numpy as np
+
+    t = array.type
+    if not ((pa.types.is_list(t) or pa.types.is_large_list(t))
+            and pa.types.is_integer(t.value_type)):
+        raise TypeError(f"stoker.TokenDataset: {source} is {t}, not a list of integer token ids")
+    out = []
+    for chunk in (array.chunks if isinstance(array, pa.ChunkedArray) else [array]):
+        if len(chunk) == 0:
+            continue
+        if chunk.null_count:
+            row = first_row + int(np.flatnonzero(chunk.is_null().to_numpy(zero_copy_only=False))[0])
+            raise ValueError(f"stoker.TokenDataset: {source} row {row} is null")
+        offsets = chunk.offsets.to_numpy().astype(np.int64)
+        values = chunk.values
+        if values.null_count:
+            at = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False)
+                                    [offsets[0]:offsets[-1]])[0]) + int(offsets[0])
+            row = first_row + int(np.searchsorted(offsets, at, side="right")) - 1
+            raise ValueError(f"stoker.TokenDataset: {source} row {row} holds a null token id")
+        out.append((source, first_row, values.to_numpy(zero_copy_only=True), offsets))
+        first_row += len(chunk)
+    return out
+
+
+def _parquet_token_chunks(files, column: str):
+    """A token column of Parquet files, decoded with pyarrow into memory (its values as stored:
+    4 or 8 bytes a token), one source per file."""
+    from .parquet import _pyarrow
+
+    pa, pq = _pyarrow()
+    chunks, tables = [], []
+    for path in files:
+        try:
+            schema = pq.read_schema(path)
+        except Exception as e:  # pyarrow's ArrowInvalid, OSError: not Parquet, truncated
+            raise ValueError(f"stoker.TokenDataset: {path}: cannot read its footer: {e}") from e
+        if column not in schema.names:
+            raise KeyError(f"stoker.TokenDataset: {path} has no column {column!r} (its columns: "
+                           f"{', '.join(schema.names)})")
+        table = pq.read_table(path, columns=[column], memory_map=True)
+        chunks += _list_chunks(pa, table.column(column), f"{path} column {column}")
+        tables.append(table)
+    return chunks, tables
+
+
+def _arrow_token_chunks(data, column: str):
+    """A token column of a Hugging Face data set (its Arrow table, memory-mapped from its cache
+    files; an indices mapping from select/shuffle/filter taken through Arrow, not per row) or a
+    pyarrow Table / Array."""
+    import pyarrow as pa
+
+    if type(data).__name__ in ("DatasetDict", "IterableDataset", "IterableDatasetDict"):
+        raise TypeError(f"stoker.TokenDataset: a {type(data).__name__} is not read: pass one "
+                        f"split of a data set on disk (a datasets.Dataset, e.g. ds['train'])")
+    if hasattr(data, "with_format"):  # datasets.Dataset
+        if column not in data.column_names:
+            raise KeyError(f"stoker.TokenDataset: the data set has no column {column!r} (its "
+                           f"columns: {', '.join(data.column_names)})")
+        files = [f["filename"] for f in getattr(data, "cache_files", [])]
+        name = files[0] if len(files) == 1 else f"a datasets.Dataset of {len(data)} rows"
+        table = data.with_format("arrow", columns=[column])[:]
+        array = table.column(column)
+    elif isinstance(data, pa.Table):
+        if column not in data.column_names:
+            raise KeyError(f"stoker.TokenDataset: the table has no column {column!r} (its "
+                           f"columns: {', '.join(data.column_names)})")
+        name, array = "a pyarrow Table", data.column(column)
+    elif isinstance(data, (pa.Array, pa.ChunkedArray)):
+        name, array = "a pyarrow array", data
+    else:
+        raise TypeError(f"stoker.TokenDataset: cannot read tokens from {type(data).__name__}")
+    return _list_chunks(pa, array, f"{name} column {column}"), array
