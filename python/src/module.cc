@@ -540,6 +540,7 @@ PYBIND11_MODULE(_stoker, m) {
   m.attr("PROCESS_START_SECONDS") = detail::kProcessStartSeconds;
   m.attr("CHECK_MIN_BATCHES") = detail::kCheckMinBatches;
   m.attr("CHECK_MIN_SECONDS") = detail::kCheckMinSeconds;
+  m.attr("CHECK_START_SECONDS") = detail::kCheckStartSeconds;
   m.def(
       "learn_handover",
       [](double read, double step, double pack, double unpack, std::size_t workers,

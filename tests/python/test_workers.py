@@ -615,6 +615,7 @@ def test_auto_goes_back_to_the_threads_mid_epoch_and_loses_no_sample(monkeypatch
 
     monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
     monkeypatch.setattr(engine_pipeline._stoker, "check_switch", _back_after(5))
+    monkeypatch.setattr(engine_pipeline._stoker, "CHECK_START_SECONDS", 0.0)  # none skipped
     loader = stoker.DataLoader(wd.CpuBound(400, 200), batch_size=8, num_workers=2)
     it = iter(loader)
     values = []

@@ -197,6 +197,12 @@ inline constexpr double kSwitchNoise = 0.05;
 inline constexpr std::size_t kCheckMinBatches = 32;
 inline constexpr double kCheckMinSeconds = 0.02;
 inline constexpr std::size_t kCheckMostWindows = 4;
+// The engine pipeline's worker processes (per sample: no warm-up the loop waits for) start
+// cold, after the move: the batches delivered in this long after it are not measured (their
+// start, which kProcessStartSeconds measured at 24-211 ms for 1 or 2 forked processes, is
+// paid once; counted, it made 2 processes of cheap pure-Python reads measure 3.9 ms a batch
+// over their first 40 where the threads had taken 0.7).
+inline constexpr double kCheckStartSeconds = 0.25;
 // Batches from workers come in bursts (a queue drained, then a wait), so their times are not
 // independent; blocks of kWindowBlock of them nearly are, and the standard error is taken
 // over the blocks' means (the batch-means method).

@@ -28,7 +28,7 @@ from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
 from .seeding import (BatchesAhead, DrawSources, TorchOrderFeed, TorchRandomOrder,
                       WorkerSetup, epoch_batches, peek_seed, sampler_generators, stateful)
-from .worker_choice import Delivered, KindChooser
+from .worker_choice import KindChooser, MoveCheck
 
 _log = logging.getLogger("stoker")
 
@@ -92,13 +92,7 @@ class EnginePipeline(EngineStates, Pipeline):
         self._choice = (KindChooser(self._jobs is not None, plan.tune_workers,
                                     plan.process_count) if plan.measure_worker_type else None)
         self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
-        # worker_type='auto' checks its move to processes (check_switch): the batches the
-        # threads delivered while it measured, then the processes' (_check_switch).
-        self._threads_delivered = (Delivered(from_start=True) if plan.measure_worker_type
-                                   else None)
-        self._check: Optional[tuple] = None  # (the threads' window, their count, the name of
-        # the processes' setting, what they delivered)
-        self.left: list = []  # settings auto moved to, measured slower and left
+        self._check = MoveCheck() if plan.measure_worker_type else None  # _check_switch
         # Worker processes start with the first epoch, whose iter() draws their base seed.
         self._processes_due = self.worker_type == "process"
         if self._processes_due:
@@ -214,11 +208,10 @@ class EnginePipeline(EngineStates, Pipeline):
             self._loader.set_workers(self._engine_workers())
 
     def next(self, timeout: float):
-        timed = self._threads_delivered is not None or self._check is not None
-        asked = time.perf_counter() if timed else 0.0
+        asked = time.perf_counter() if self._check is not None else 0.0
         raw = self._loader.next(timeout)
-        if timed:
-            self._delivered(asked, raw is None)
+        if self._check is not None:
+            self._check.delivered(asked, raw is None)
         if raw is None:
             return EPOCH_END
         if self._build is None:
@@ -229,10 +222,11 @@ class EnginePipeline(EngineStates, Pipeline):
         if self._choice is not None:
             self._choice.batch(objects)  # before it decides: a batch job's hand-over timed
             self._choose_worker_type()
-        elif self._check is not None:
-            self._check_switch()
-        elif self._threads_ending is not None:
-            self._after_threads_end()
+        else:
+            if self._check is not None:
+                self._check_switch()
+            if self._threads_ending is not None:
+                self._after_threads_end()
         if self._remote_tuning is not None and self._remote_tuning.due():
             self._tune_remote()
         arrays = self._convert(fields)
@@ -253,7 +247,6 @@ class EnginePipeline(EngineStates, Pipeline):
 
     def _stats(self) -> dict:
         stats = self._loader.stats()
-        stats["worker_type_left"] = list(self.left)
         if self._remote is not None:
             stats["remote"] = self._remote.stats()
         if self._storage_start:  # the store is the process's: counted from the loader's start
@@ -430,12 +423,10 @@ class EnginePipeline(EngineStates, Pipeline):
         if decision is None:
             return
         choice, self._choice = self._choice, None
-        threads, self._threads_delivered = self._threads_delivered, None
         to_processes, self.worker_type_reason, count = decision
+        check, self._check = self._check, None
         if to_processes:
-            # The threads reading now (the tuner may have moved their count), to go back to.
-            reading = self._loader.stats()["workers"] - (
-                self._remote.threads if self._remote is not None else 0)
+            reading = self._loader.stats()["workers"] - self._engine_workers(0)
             handed = self._start_processes(count, warm=True)
             if handed:
                 # Warm, the processes measured their own reads, without the threads' share of
@@ -446,10 +437,8 @@ class EnginePipeline(EngineStates, Pipeline):
                     warming.top_up(self._pool, self._jobs.batches, warming.arenas_in_flight(
                         self._loader.stats()["depth"], keep))
                     count, self.worker_type_reason = keep, self.worker_type_reason + why
-            if handed or self._warming is None:  # else the threads read on: not checked
-                self._check = (threads.window, max(1, reading),
-                               f"{count} worker process{'es' if count > 1 else ''}",
-                               Delivered())
+            if check is not None and (handed or self._warming is None):  # else not checked
+                self._check = check.moved(max(1, reading), count)
             self.worker_type = "process"
             self.num_workers = count
             self._loader.set_workers(self._engine_workers())
@@ -457,38 +446,20 @@ class EnginePipeline(EngineStates, Pipeline):
                 self._threads_ending = self._loader.thread_reads()
         self.log_worker_type()
 
-    def _delivered(self, asked: float, ended: bool) -> None:
-        """A batch delivered (or the epoch's end) for worker_type='auto''s measures: the
-        threads' while it decides, then the processes' until their check."""
-        delivered = (self._threads_delivered if self._threads_delivered is not None
-                     else self._check[3])
-        if ended:
-            delivered.epoch_end()
-        else:
-            delivered.batch(asked, time.perf_counter())
-
     def _check_switch(self) -> None:
-        """After auto's move from threads to processes, at each batch until decided: once a
-        window of batches was delivered on the processes, keep them or go back to the threads
-        (check_switch, src/tune/worker_kind.h: the same measure of the threads' batches before
-        the move); a setting left is not tried again."""
-        before, threads, now, delivered = self._check
-        left = f"{threads} worker thread{'s' if threads > 1 else ''}"
-        verdict, why = _stoker.check_switch(before, delivered.window, left, now)
+        """After auto's move to processes, each batch until MoveCheck keeps or leaves them."""
+        verdict, why = self._check.verdict()
         if verdict == "measuring":
             return
-        self._check = None
+        check, self._check = self._check, None
         if verdict == "go back":
-            # Back on the threads; once no read is left in a process, the processes end.
-            self._loader.use_threads()
-            self._stop_warming()
-            if self._pool is not None:
-                self._pool.finish()
+            self._loader.use_threads()  # returns once no read is left in a process
+            self._pool.finish()
             self._pool = self._workers = None
-            self.worker_type, self.num_workers = "thread", threads
-            self._thread_count[0] = threads
+            self.worker_type = "thread"
+            self.num_workers = self._thread_count[0] = check.threads
             self._loader.set_workers(self._engine_workers())
-            self.left.append(delivered.left(now))
+            self.left.append(check.left())
         self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
         self.log_worker_type()
 

@@ -43,7 +43,6 @@ class StreamPipeline(Pipeline):
         processes = None
         self._choice: Optional[_Choice] = None
         self._check: Optional[_Check] = None  # after a switch: is it faster (_Check)?
-        self.left: list = []  # the settings auto switched to, measured slower and left
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -189,7 +188,7 @@ class StreamPipeline(Pipeline):
     def _stats(self) -> dict:
         memory, _ = self._memory.look()
         return {"workers": self.num_workers, "device": self.plan.device,
-                "worker_type_left": list(self.left), **self._timing.stats(), **memory}
+                **self._timing.stats(), **memory}
 
     def pids(self) -> list:
         return self._streams.pids()
