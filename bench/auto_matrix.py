@@ -24,6 +24,8 @@ Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 c
   tvjitter  the same with ColorJitter (needs torchvision)
   tiny      native: 60k x 784 float32, batch 256 (threads only: native reads run in C++)
   jpeg      native: stoker.ImageFolder with T.train(224) (threads only)
+  index     worker_kinds.py's: rows of a tensor made in advance, scaled, stacked by a
+            collate_fn (the batch path; memory-bound), 2048 samples, batch 64
   short     the short cheap stream of issue 46: 4096 small tensors (~2 us a sample), batch 32,
             128 batches an epoch (the kind a user writes to test a pipeline)
   streams   streams of small tensors sharded by get_worker_info(), each sample spinning on the
@@ -34,11 +36,13 @@ Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 c
 `--before`: also runs auto with the rules of before its decisions were checked (issue 46: the
 processes start as soon as the model predicts a saving, and a switch is never compared with
 what it left), alternated with auto in the rematch, to compare the two in one run.
-Per row, `left` is what auto's run spent on a setting it then left (a stream's switch to
-worker processes measured slower than in-line: epochs, batches, seconds), '-' if none.
-The summary line per workload: auto over the best fixed stoker setting (target >= 0.95) and
-over torch's best (target >= 1.0); how far the best fixed setting's own rounds spread (a ratio
-within it of 1 is the machine's noise); '=' where auto chose that very setting.
+Per row, `left` is what auto's run spent on a setting it then left (a switch measured slower
+than the setting before it: a stream's to worker processes, the engine pipeline's from threads
+to processes): the measuring windows its check took (target: at most 1), epochs, batches,
+seconds; '-' if none. The summary line per workload: auto over the best fixed stoker setting
+and over torch's best, each marked with its target (`ok`: >= 0.95 and >= 1.0; `MISS` below);
+how far the best fixed setting's own rounds spread (a ratio within it of the target is the
+machine's noise); '=' where auto chose that very setting.
 """
 
 from __future__ import annotations
@@ -64,6 +68,10 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from python_bench import (BytecodeDataset, CheapDataset, HeavyDataset,  # noqa: E402
                           SmallTensorStream, VariableLength, _jpeg_folder, _rate, _touch,
                           pad_collate)
+from worker_kinds import Index, stack_collate  # noqa: E402
+
+# The targets of issue 46: auto over the best fixed stoker setting, and over torch's best.
+TARGET_BEST, TARGET_TORCH = 0.95, 1.0
 
 CORES = len(os.sched_getaffinity(0))
 TORCH_WORKERS = (0, 1, 2, 4)
@@ -141,6 +149,10 @@ def workloads(names, smoke, costs=(), epoch_s=(), seed=None, draws=0):
                 e = round(math.exp(rng.uniform(math.log(0.01), math.log(10))), 3)
                 w = cost_stream(c, e, rng.choice((16, 32, 64, 128, 256)), smoke)
                 out[w.name] = w
+        elif name == "index":
+            n = 2048 // scale
+            out[name] = Workload(name, Index(n), 64, n,
+                                 loader_args={"shuffle": True, "collate_fn": stack_collate})
         elif name == "stream":
             n = 160000 // scale
             out[name] = Workload(name, SmallTensorStream(n), 256, n, loader_args={})
@@ -274,8 +286,16 @@ def rules_before():
 
 def left_of(stats: dict) -> str:
     """What auto spent on settings it then left: '-' if none."""
-    return "; ".join(f"{d['setting']}: {d['epochs']} ep, {d['batches']} b, {d['seconds']:.3f} s"
+    return "; ".join(f"{d['setting']}: {d.get('windows', float('nan')):.1f} windows, "
+                     f"{d['epochs']} ep, {d['batches']} b, {d['seconds']:.3f} s"
                      for d in stats.get("worker_type_left", ())) or "-"
+
+
+def mark(ratio, target: float) -> str:
+    """A ratio with its target's verdict: '1.02 ok', '0.77 MISS'."""
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f} {'ok' if ratio >= target else 'MISS'}"
 
 
 def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
@@ -372,8 +392,8 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
 
 def main() -> None:
     names = ["stream", "padding", "gil", "sleep", "cheap", "tvfolder", "tvjitter", "tiny",
-             "jpeg", "short", "streams", "drawn"]
-    default = names[:9] + ["short", "streams"]
+             "jpeg", "index", "short", "streams", "drawn"]
+    default = names[:10] + ["short", "streams"]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", nargs="+", default=default, choices=names)
     p.add_argument("--costs", nargs="+", type=float, default=[1, 10, 100],
@@ -416,12 +436,17 @@ def main() -> None:
         name = r["workload"] + (f" +step {r['step_ms']:.1f}ms" if r["step_ms"] else "")
         best = ("= " if r["same_setting"] else "") + r["best_fixed"]
         print(f"  {name:<36} {r['auto_chose']:<12} {best:<18} "
-              f"{r['auto_over_best_fixed']:9.2f} {r['best_fixed_spread']:6.2f} "
-              f"{r['torch_best'] or '-':<10} {r['auto_over_torch_best'] or float('nan'):10.2f}"
+              f"{mark(r['auto_over_best_fixed'], TARGET_BEST):>9} {r['best_fixed_spread']:6.2f} "
+              f"{r['torch_best'] or '-':<10} {mark(r['auto_over_torch_best'], TARGET_TORCH):>10}"
               + (f" {r['before_over_best_fixed']:11.2f}" if a.before else "")
               + f"  {r['auto_left']}")
+    misses = [r for r in rows if r["auto_over_best_fixed"] < TARGET_BEST
+              or (r["auto_over_torch_best"] or TARGET_TORCH) < TARGET_TORCH]
+    print(f"  targets (auto/best >= {TARGET_BEST}, auto/torch >= {TARGET_TORCH}): "
+          f"{len(rows) - len(misses)} of {len(rows)} rows hold")
     print("  (best fixed '= ...': auto chose that very setting; spread: (max - min) / median "
-          "of the best fixed setting's own rounds)")
+          "of the best fixed setting's own rounds; left: the windows a check took on a "
+          "setting then left, target <= 1)")
 
 
 def show(r: dict) -> None:

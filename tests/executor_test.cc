@@ -127,6 +127,33 @@ TEST(Executors, OfferedInKindOrderWhateverTheOrderAdded) {
   EXPECT_EQ(log, (std::vector<std::string>{"remote", "process", "process2", "thread"}));
 }
 
+TEST(Executors, RemovedKindsAreOfferedNothingAndTheirStatsStay) {
+  auto ds = std::make_shared<testing::IndexDataset<>>(8);
+  std::vector<std::string> log;
+  std::mutex mu;
+  Executors executors;
+  using Kind = ChunkExecutor::Kind;
+  auto process = std::make_shared<FakeExecutor>(Kind::process, ds, 0, &log, &mu, "process");
+  process->limit_ = 2;
+  executors.add(std::make_shared<FakeExecutor>(Kind::thread, ds, 0, &log, &mu, "thread"));
+  executors.add(process);
+  const ExecutorStats before = executors.stats();
+  const auto gone = executors.remove(Kind::process);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0], process);
+  EXPECT_EQ(executors.limit(), 0u);  // the threads are bound by nothing again
+  std::vector<std::size_t> indices{1, 2};
+  std::vector<std::exception_ptr> errors(2);
+  EXPECT_FALSE(executors.offer({indices, {}, errors}));
+  EXPECT_EQ(log, (std::vector<std::string>{"thread"}));
+  // The sums never go back: the removed executor's stay.
+  const ExecutorStats after = executors.stats();
+  EXPECT_EQ(after.cpu, before.cpu);
+  EXPECT_EQ(after.lock_held, before.lock_held);
+  EXPECT_EQ(after.remote_units, before.remote_units);
+  EXPECT_TRUE(executors.remove(Kind::process).empty());
+}
+
 TEST(Executors, DeclinedChunksAreReadByTheEngineAndEverySampleOnce) {
   for (std::size_t workers : {0, 1, 3}) {
     auto ds = std::make_shared<testing::IndexDataset<>>(40);

@@ -489,6 +489,55 @@ TEST(CheckedSwitch, ALossWithinTheNoiseIsMeasuredOnThenJudgedOnTheMeans) {
   EXPECT_TRUE(contains(c.reason, "(1.10x the time, beyond the noise of 5%)"));
 }
 
+TEST(CheckedSwitch, AFewBatchesBeforeTakeTheNewSettingsSpreadAndAreNotJudgedOnTheMeansAlone) {
+  // The engine pipeline's threads: 3 batches measured before auto moved to processes.
+  const Window before = steady(3, 1e-3);
+  EXPECT_EQ(before.error(), 0);
+  // 10% slower, blocks spreading by +-0.3 ms: the threads' 3 batches are taken to spread as
+  // much a batch, sqrt(32 / 3) times the processes' standard error: within the noise.
+  Window after = steady(32, 1.1e-3, 0.3e-3);
+  EXPECT_NEAR(before_error(before, after),
+              after.error() / after.mean() * std::sqrt(32.0 / 3.0) * before.mean(), 1e-12);
+  EXPECT_EQ(check_switch(before, after, "2 worker threads", "2 worker processes").verdict,
+            SwitchVerdict::measuring);
+  // After kCheckMostWindows windows, still within it: measured on, not left on 3 batches.
+  after = steady(kCheckMostWindows * kCheckMinBatches, 1.1e-3, 0.3e-3);
+  EXPECT_EQ(check_switch(before, after, "2 worker threads", "2 worker processes").verdict,
+            SwitchVerdict::measuring);
+  // A loss beyond it goes back at once.
+  const SwitchCheck c =
+      check_switch(before, steady(32, 2e-3, 0.05e-3), "2 worker threads", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
+  EXPECT_TRUE(contains(c.reason, "2 worker threads every 1.000 ms over 3 (2.00x the time"));
+  // A window of its own keeps its own error.
+  EXPECT_EQ(before_error(steady(32, 1e-3, 1e-3), after), steady(32, 1e-3, 1e-3).error());
+}
+
+TEST(CheckedSwitch, TheCostModelLearnsTheHandOverFromWhatTheSwitchDelivered) {
+  // The short cheap stream: the model put 2 processes at 0.050 ms a batch; they delivered one
+  // every 0.142 ms. The hand-over that explains it: 0.092 ms more a batch on each side.
+  const StreamCosts costs{.read = 75e-6, .step = 5e-6, .pack = 10e-6, .unpack = 10e-6};
+  EXPECT_NEAR(stream_batch_seconds(costs, 2, 2), 50e-6, 1e-12);
+  const StreamCosts learned = learn_handover(costs, 2, 2, 142e-6);
+  EXPECT_NEAR(stream_batch_seconds(learned, 2, 2), 142e-6, 1e-12);
+  EXPECT_NEAR(learned.pack, 102e-6, 1e-12);
+  EXPECT_NEAR(learned.unpack, 102e-6, 1e-12);
+  EXPECT_EQ(learned.read, costs.read);
+  EXPECT_EQ(learned.step, costs.step);
+  // With it, the model no longer predicts a saving: in-line.
+  EXPECT_EQ(choose_stream_workers(learned, 2, true).workers, 0u);
+  // Delivered as fast as predicted, or faster: nothing learned.
+  const StreamCosts same = learn_handover(costs, 2, 2, 40e-6);
+  EXPECT_EQ(same.pack, costs.pack);
+  EXPECT_EQ(same.unpack, costs.unpack);
+  // A training step's side bound the time (one process beside a 1 ms step): the loop's own
+  // hand-over is what grew.
+  const StreamCosts stepped{.read = 0.8e-3, .step = 1e-3, .pack = 20e-6, .unpack = 20e-6};
+  const StreamCosts l = learn_handover(stepped, 1, 2, 1.2e-3);
+  EXPECT_NEAR(stream_batch_seconds(l, 1, 2), 1.2e-3, 1e-12);
+  EXPECT_NEAR(l.unpack, 0.2e-3, 1e-12);
+}
+
 TEST(CheckedSwitch, AWindowIsLongestAtItsMostWindowsOfBatchesAndSeconds) {
   EXPECT_FALSE(steady(kCheckMostWindows * kCheckMinBatches - 1, 1).longest());
   EXPECT_TRUE(steady(kCheckMostWindows * kCheckMinBatches, 1).longest());

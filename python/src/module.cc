@@ -539,6 +539,20 @@ PYBIND11_MODULE(_stoker, m) {
       "costs: (start, the reason's clause).");
   m.attr("PROCESS_START_SECONDS") = detail::kProcessStartSeconds;
   m.attr("CHECK_MIN_BATCHES") = detail::kCheckMinBatches;
+  m.attr("CHECK_MIN_SECONDS") = detail::kCheckMinSeconds;
+  m.attr("CHECK_START_SECONDS") = detail::kCheckStartSeconds;
+  m.def(
+      "learn_handover",
+      [](double read, double step, double pack, double unpack, std::size_t workers,
+         std::size_t cores, double measured) {
+        const auto l = detail::learn_handover(
+            {.read = read, .step = step, .pack = pack, .unpack = unpack}, workers, cores, measured);
+        return py::make_tuple(l.pack, l.unpack);
+      },
+      py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("workers"),
+      py::arg("cores"), py::arg("measured"),
+      "The hand-over (pack, unpack) a batch that makes the model's time with `workers` "
+      "processes the `measured` one (unchanged when the model was not too fast).");
   // Measure after deciding: a setting's delivered batches, and the check of a switch.
   py::class_<detail::Window>(m, "Window")
       .def(py::init<>())
@@ -705,6 +719,7 @@ PYBIND11_MODULE(_stoker, m) {
       .def_property_readonly("samples_per_epoch", &PyLoader::samples_per_epoch)
       .def("set_workers", &PyLoader::set_workers, py::arg("workers"))
       .def("use_processes", &PyLoader::use_processes, py::arg("pool"))
+      .def("use_threads", &PyLoader::use_threads)
       .def("use_remote", &PyLoader::use_remote, py::arg("remote"))
       .def("set_depth", &PyLoader::set_depth, py::arg("depth"))
       .def("stats", &PyLoader::stats)

@@ -467,6 +467,16 @@ void PyLoader::use_processes(std::shared_ptr<ProcessPool> pool) {
   executors_->add(std::make_shared<ProcessExecutor>(py_dataset_, remap_, std::move(pool)));
 }
 
+void PyLoader::use_threads() {
+  auto locks = lock_call(false);
+  if (!py_dataset_) throw py::type_error("stoker: worker processes read Python data sets only");
+  std::vector<std::shared_ptr<detail::ChunkExecutor>> gone;
+  {
+    py::gil_scoped_release nogil;  // a read in progress in a process may want the GIL
+    gone = executors_->remove(detail::ChunkExecutor::Kind::process);
+  }
+}
+
 void PyLoader::use_remote(py::object remote) {
   auto locks = lock_call(false);
   if (!py_dataset_) throw py::type_error("stoker: remote workers read Python data sets only");

@@ -130,6 +130,10 @@ class PyLoader {
   // From now on chunks go to `pool`'s worker processes (ProcessExecutor, py_executors.h), and
   // so do probes; reads in progress on threads finish there. A Python data set's only.
   void use_processes(std::shared_ptr<ProcessPool> pool);
+  // From now on chunks are read on the threads again (worker_type='auto' measured the
+  // processes slower): returns once no read is in progress in a worker process, whose pool
+  // may then be finished. Their CPU time so far stays in stats().
+  void use_threads();
   // From now on a chunk goes to a remote worker when one is free (RemoteExecutor).
   void use_remote(py::object remote);
 

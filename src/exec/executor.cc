@@ -1,6 +1,8 @@
 #include "stoker/frontend/executor.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <utility>
 
 namespace stoker::detail {
@@ -29,6 +31,27 @@ void Executors::add(std::shared_ptr<ChunkExecutor> executor) {
   list_ = std::move(list);
 }
 
+std::vector<std::shared_ptr<ChunkExecutor>> Executors::remove(ChunkExecutor::Kind kind) {
+  std::shared_ptr<const List> old;
+  List gone;
+  {
+    MutexLock lock(mu_);
+    auto list = std::make_shared<List>();
+    for (const auto& e : *list_) (e->kind() == kind ? gone : *list).push_back(e);
+    old = std::exchange(list_, std::move(list));
+  }
+  // Each offer holds the list it took (offer()): once only this copy of the old one is left,
+  // none is inside a removed executor any more.
+  while (old.use_count() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  MutexLock lock(mu_);
+  for (const auto& e : gone) {
+    ExecutorStats s = e->stats();
+    s.resident_bytes = 0;  // not a sum: the removed processes' memory is not the loader's now
+    removed_ += s;
+  }
+  return gone;
+}
+
 std::shared_ptr<const Executors::List> Executors::list() const {
   MutexLock lock(mu_);
   return list_;
@@ -50,6 +73,10 @@ std::size_t Executors::limit() const {
 
 ExecutorStats Executors::stats() const {
   ExecutorStats sum;
+  {
+    MutexLock lock(mu_);
+    sum = removed_;
+  }
   for (const auto& e : *list()) sum += e->stats();
   return sum;
 }

@@ -146,12 +146,39 @@ double Window::error() const {
   return std::sqrt(variance / n);
 }
 
+double before_error(const Window& before, const Window& after) {
+  if (before.blocks >= 2 || after.blocks < 2 || after.mean() <= 0) return before.error();
+  // The spread of one batch's time, relative, taken as the new setting's.
+  const double relative = after.error() / after.mean() *
+                          std::sqrt(static_cast<double>(after.batches) /
+                                    static_cast<double>(std::max<std::size_t>(before.batches, 1)));
+  return relative * before.mean();
+}
+
+StreamCosts learn_handover(const StreamCosts& c, std::size_t workers, std::size_t cores,
+                           double measured) {
+  StreamCosts learned = c;
+  const double loop = c.step + c.unpack;
+  const double worker = c.read + c.pack;
+  const auto w = static_cast<double>(std::max<std::size_t>(workers, 1));
+  const auto n = static_cast<double>(std::max<std::size_t>(cores, 1));
+  // The hand-over `h` a batch (on each side) that makes the model's time the measured one:
+  // max((worker + h) / w, loop + h, (worker + loop + 2h) / n) = measured; each term grows
+  // with h, so it is the least of the three solutions.
+  const double h =
+      std::min({measured * w - worker, measured - loop, (measured * n - worker - loop) / 2});
+  const double extra = std::max(0.0, h);
+  learned.pack += extra;
+  learned.unpack += extra;
+  return learned;
+}
+
 SwitchCheck check_switch(const Window& before, const Window& after, const std::string& left,
                          const std::string& now) {
   if (!after.full() || before.batches == 0) return {};
   const double b = before.mean();
   const double a = after.mean();
-  const double noise = 2 * std::hypot(before.error(), after.error());
+  const double noise = 2 * std::hypot(before_error(before, after), after.error());
   const std::string measured =
       format("%s delivered a batch every %.3f ms over %zu batches, %s every %.3f ms over %zu",
              now.c_str(), 1e3 * a, after.batches, left.c_str(), 1e3 * b, before.batches);
@@ -167,7 +194,9 @@ SwitchCheck check_switch(const Window& before, const Window& after, const std::s
                       format(" (%.2fx the time, beyond the noise of %.0f%%)", a / b,
                              100 * std::max(kSwitchNoise, noise / b))};
   }
-  if (!after.longest()) return {};  // slower, but within the noise so far: measured on
+  // Slower, but within the noise so far: measured on; on the means alone only when the
+  // setting left was measured over a window too (a few batches could be a lucky stretch).
+  if (!after.longest() || !before.full()) return {};
   return {.verdict = SwitchVerdict::go_back,
           .reason = format("back to %s: ", left.c_str()) + measured +
                     format(" (%.2fx the time after %zu windows, within the noise of %.0f%% but "

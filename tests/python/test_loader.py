@@ -450,8 +450,8 @@ def test_stats_keys_are_the_cpp_stats_fields():
     derived = {"samples_per_second", "bytes_per_second", "wait_fraction",
                "network_bytes_per_second"}
     # Added by the Python package: which pipeline and which kind of worker reads.
-    python_only = {"pipeline", "worker_type", "worker_type_reason", "worker_pids",
-                   "worker_deaths"}
+    python_only = {"pipeline", "worker_type", "worker_type_reason", "worker_type_left",
+                   "worker_pids", "worker_deaths"}
     assert set(loader.stats()) == set(fields) | derived | python_only
     assert {"worker_cpu_s", "consumer_wait_s", "copies", "device"} <= set(fields)
     assert loader.stats()["batches"] == 2

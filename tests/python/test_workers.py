@@ -567,6 +567,12 @@ class _MoveAtOnce:
         return True, "auto: forced", 2, "2 forced", self.costs
 
 
+def _never_decided(before, after, left, now):
+    """check_switch still measuring: a forced move's check left out (test_auto_goes_back_...
+    and tests/worker_kind_test.cc test it)."""
+    return "measuring", ""
+
+
 def _pairs_collate(samples):
     return torch.stack([x for x, _ in samples]), [i for _, i in samples]
 
@@ -575,6 +581,7 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     from stoker.loader import engine_pipeline
 
     monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    monkeypatch.setattr(engine_pipeline._stoker, "check_switch", _never_decided)
     loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=_pairs_collate)
     for _ in range(3):  # each epoch every batch once, in order, across the move
         assert [i for _, ids in loader for i in ids] == list(range(192))
@@ -589,6 +596,81 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     loader.close()
 
 
+def _back_after(batches):
+    """check_switch that goes back once the processes delivered `batches` (its rule is
+    tests/worker_kind_test.cc's)."""
+    def check(before, after, left, now):
+        if after.batches < batches:
+            return "measuring", ""
+        return "go back", f"back to {left}: {now} forced slower"
+    return check
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+def test_auto_goes_back_to_the_threads_mid_epoch_and_loses_no_sample(monkeypatch):
+    # The move to processes forced at the first batch, the check forced to go back after 5
+    # batches delivered on them: the threads read on from there (between two batches: nothing
+    # lost, repeated or reordered), the processes end, and the setting left is recorded.
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    monkeypatch.setattr(engine_pipeline._stoker, "check_switch", _back_after(5))
+    monkeypatch.setattr(engine_pipeline._stoker, "CHECK_START_SECONDS", 0.0)  # none skipped
+    loader = stoker.DataLoader(wd.CpuBound(400, 200), batch_size=8, num_workers=2)
+    it = iter(loader)
+    values = []
+    for b in it:
+        values += [int(x) for x in b[:, 0]]
+        if len(values) == 8:
+            assert loader.worker_type == "process" and len(loader.stats()["worker_pids"]) == 2
+            processes = loader._pipeline.processes()
+    assert values == list(range(400))
+    stats = loader.stats()
+    assert (stats["worker_type"], loader.num_workers, stats["worker_pids"]) == ("thread", 2, [])
+    assert all(p.exitcode is not None for p in processes)  # ended and reaped
+    assert stats["worker_type_reason"].startswith(
+        "auto: back to 2 worker threads: 2 worker processes forced slower; the switch: auto: "
+        "forced; 2 worker process(es)")
+    (left,) = stats["worker_type_left"]
+    assert left["setting"] == "2 worker processes" and left["epochs"] == 0
+    assert left["batches"] >= 6 and left["windows"] >= 0
+    for _ in range(2):  # decided once: the next epochs on the threads, every sample once
+        assert [int(x) for b in loader for x in b[:, 0]] == list(range(400))
+    assert loader.stats()["worker_type_left"] == [left]
+    loader.close()
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+def test_auto_checks_its_move_to_processes_and_ends_on_a_setting_it_measured():
+    # GIL-bound reads: auto moves them to processes, then compares what the processes
+    # delivered with what the threads did before (check_switch) and keeps them or goes back;
+    # either way every sample once, and the reason names both measured times.
+    loader = stoker.DataLoader(wd.CpuBound(4000, 2000), batch_size=8)
+    reason = ""
+    for _ in range(6):
+        assert [int(x) for b in loader for x in b[:, 0]] == list(range(4000))
+        reason = loader.stats()["worker_type_reason"]
+        if "kept" in reason or "back to" in reason:
+            break
+    stats = loader.stats()
+    if stats["worker_type"] == "thread" and not stats["worker_type_left"]:
+        pytest.skip(f"auto stayed on threads on this machine: {reason}")
+    measured = re.search(r"(\d+) worker process(?:es)? delivered a batch every \d+\.\d+ ms "
+                         r"over (\d+) batches, (\d+) worker threads? every \d+\.\d+ ms over "
+                         r"(\d+) \((\d+\.\d+)x the time", reason)
+    assert measured, reason
+    assert int(measured[2]) >= stoker._stoker.CHECK_MIN_BATCHES and int(measured[4]) >= 3
+    if reason.startswith("auto: back to"):
+        assert float(measured[5]) > 1.05
+        assert stats["worker_type"] == "thread" and stats["worker_pids"] == []
+        assert [d["setting"] for d in stats["worker_type_left"]] == [
+            f"{measured[1]} worker process{'es' if int(measured[1]) > 1 else ''}"]
+    else:
+        assert reason.startswith("auto: kept"), reason
+        assert stats["worker_type"] == "process" and stats["worker_type_left"] == []
+    loader.close()
+
+
 class _MoveBesideASlowStep(_MoveAtOnce):
     """Two processes forced beside a training loop of a second a batch: the warm processes'
     reads show one is enough (processes_to_keep; its rule is tests/worker_kind_test.cc's)."""
@@ -600,6 +682,7 @@ def test_auto_lets_go_of_the_processes_their_warm_reads_show_are_not_needed(monk
     from stoker.loader import engine_pipeline
     from stoker.workers.processes import ProcessWorkers
 
+    monkeypatch.setattr(engine_pipeline._stoker, "check_switch", _never_decided)
     monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveBesideASlowStep)
     monkeypatch.setattr(engine_pipeline, "_WARM_WAIT_S", 120.0)  # a busy machine's warm-up
     retired = []

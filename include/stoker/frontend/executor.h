@@ -86,12 +86,18 @@ class ChunkExecutor {
 
 // The executors of one loader, shared by the engine (which offers) and the front end (which
 // adds kinds while it runs: worker_type='auto' moves reads to processes after the first
-// batches). Adding never waits for offers in progress.
+// batches; and back to threads when the processes measured slower). Adding and removing
+// never wait for offers in progress.
 class Executors {
  public:
   // From the next offer on, `executor` is offered chunks (in Kind order; same kinds in the
   // order added).
   void add(std::shared_ptr<ChunkExecutor> executor) STOKER_EXCLUDES(mu_);
+  // From the next offer on, no executor of `kind` is offered chunks; returns those removed
+  // once no offer made before uses them (they may be stopped then), polling every
+  // millisecond: call it without any lock an offer may need (the GIL). Their stats() as of
+  // then stay in stats(), so its sums never go back.
+  std::vector<std::shared_ptr<ChunkExecutor>> remove(ChunkExecutor::Kind kind) STOKER_EXCLUDES(mu_);
   // Offers the chunk to each executor in turn; false if none took it.
   bool offer(const ChunkJob& job) const STOKER_EXCLUDES(mu_);
   bool empty() const STOKER_EXCLUDES(mu_);
@@ -107,6 +113,7 @@ class Executors {
   mutable Mutex mu_;
   // Replaced, never changed in place: an offer walks the list it took.
   std::shared_ptr<const List> list_ STOKER_GUARDED_BY(mu_) = std::make_shared<const List>();
+  ExecutorStats removed_ STOKER_GUARDED_BY(mu_);  // the removed executors' sums (not memory)
 };
 
 }  // namespace stoker::detail

@@ -5,7 +5,9 @@
 //   - worker_type='auto': threads, or worker processes for reads that the GIL serializes,
 //     decided once from the first batches read on threads;
 //   - num_workers='auto' with remote=: how many remote workers to use, one more or one fewer
-//     every kRemoteTuneBatches batches.
+//     every kRemoteTuneBatches batches;
+//   - after a switch, whether what it delivered is kept or left (check_switch), and what the
+//     cost model learns from it (learn_handover).
 //
 // Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
@@ -180,7 +182,9 @@ struct StartVerdict {
 StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::size_t cores,
                             double batches_per_epoch, std::size_t epochs, double start_s);
 
-// Measure after deciding. After a switch (a stream moved from in-line to worker processes),
+// Measure after deciding. After a switch (a stream moved from in-line to worker processes;
+// the engine pipeline's reads moved from threads to worker processes, python/stoker/loader/
+// engine_pipeline.py),
 // the delivered time per batch over a window of the new setting is compared with the one
 // measured before it: not slower by more than kSwitchNoise, the new one is kept; slower by
 // more than that and by more than twice the standard error of the difference of the two
@@ -193,6 +197,12 @@ inline constexpr double kSwitchNoise = 0.05;
 inline constexpr std::size_t kCheckMinBatches = 32;
 inline constexpr double kCheckMinSeconds = 0.02;
 inline constexpr std::size_t kCheckMostWindows = 4;
+// The engine pipeline's worker processes (per sample: no warm-up the loop waits for) start
+// cold, after the move: the batches delivered in this long after it are not measured (their
+// start, which kProcessStartSeconds measured at 24-211 ms for 1 or 2 forked processes, is
+// paid once; counted, it made 2 processes of cheap pure-Python reads measure 3.9 ms a batch
+// over their first 40 where the threads had taken 0.7).
+inline constexpr double kCheckStartSeconds = 0.25;
 // Batches from workers come in bursts (a queue drained, then a wait), so their times are not
 // independent; blocks of kWindowBlock of them nearly are, and the standard error is taken
 // over the blocks' means (the batch-means method).
@@ -230,6 +240,19 @@ struct SwitchCheck {
 // (`now`, e.g. "2 worker processes") so far.
 SwitchCheck check_switch(const Window& before, const Window& after, const std::string& left,
                          const std::string& now);
+// The standard error of `before`'s mean that check_switch uses: its own with 2 blocks or more;
+// with fewer (the engine pipeline's threads are measured over the few batches before auto
+// decides, 3 or more), each batch's relative spread is taken as `after`'s, over `before`'s
+// batches (0 while `after` has fewer than 2 blocks). And with such a short `before`, a
+// slower setting within the noise is measured on rather than left on its means alone.
+double before_error(const Window& before, const Window& after);
+
+// The cost model learns from the comparison: the hand-over cost a batch, on each side, that
+// makes the model's time with `workers` processes (stream_batch_seconds) the `measured` one;
+// `costs` with it added to pack and unpack (unchanged when the model was not too fast). A
+// stream auto left names it (`... so a hand-over cost about 0.120 ms a batch, not 0.020`).
+StreamCosts learn_handover(const StreamCosts& costs, std::size_t workers, std::size_t cores,
+                           double measured);
 
 // num_workers='auto' with remote=: remote workers are asked for one at a time while the
 // training loop waits more than kRemoteGrowWait of its time and the local workers are

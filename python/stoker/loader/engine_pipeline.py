@@ -9,6 +9,7 @@ import dataclasses
 
 import functools
 import logging
+import time
 from typing import Optional
 
 import numpy
@@ -27,7 +28,7 @@ from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
 from .seeding import (BatchesAhead, DrawSources, TorchOrderFeed, TorchRandomOrder,
                       WorkerSetup, epoch_batches, peek_seed, sampler_generators, stateful)
-from .worker_choice import KindChooser
+from .worker_choice import KindChooser, MoveCheck
 
 _log = logging.getLogger("stoker")
 
@@ -91,6 +92,7 @@ class EnginePipeline(EngineStates, Pipeline):
         self._choice = (KindChooser(self._jobs is not None, plan.tune_workers,
                                     plan.process_count) if plan.measure_worker_type else None)
         self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
+        self._check = MoveCheck() if plan.measure_worker_type else None  # _check_switch
         # Worker processes start with the first epoch, whose iter() draws their base seed.
         self._processes_due = self.worker_type == "process"
         if self._processes_due:
@@ -206,7 +208,10 @@ class EnginePipeline(EngineStates, Pipeline):
             self._loader.set_workers(self._engine_workers())
 
     def next(self, timeout: float):
+        asked = time.perf_counter() if self._check is not None else 0.0
         raw = self._loader.next(timeout)
+        if self._check is not None:
+            self._check.delivered(asked, raw is None)
         if raw is None:
             return EPOCH_END
         if self._build is None:
@@ -217,8 +222,11 @@ class EnginePipeline(EngineStates, Pipeline):
         if self._choice is not None:
             self._choice.batch(objects)  # before it decides: a batch job's hand-over timed
             self._choose_worker_type()
-        elif self._threads_ending is not None:
-            self._after_threads_end()
+        else:
+            if self._check is not None:
+                self._check_switch()
+            if self._threads_ending is not None:
+                self._after_threads_end()
         if self._remote_tuning is not None and self._remote_tuning.due():
             self._tune_remote()
         arrays = self._convert(fields)
@@ -416,8 +424,11 @@ class EnginePipeline(EngineStates, Pipeline):
             return
         choice, self._choice = self._choice, None
         to_processes, self.worker_type_reason, count = decision
+        check, self._check = self._check, None
         if to_processes:
-            if self._start_processes(count, warm=True):
+            reading = self._loader.stats()["workers"] - self._engine_workers(0)
+            handed = self._start_processes(count, warm=True)
+            if handed:
                 # Warm, the processes measured their own reads, without the threads' share of
                 # the GIL: as many are kept as those need beside the training loop.
                 keep, why = choice.keep(self._warming.cpu, count, cores())
@@ -426,11 +437,30 @@ class EnginePipeline(EngineStates, Pipeline):
                     warming.top_up(self._pool, self._jobs.batches, warming.arenas_in_flight(
                         self._loader.stats()["depth"], keep))
                     count, self.worker_type_reason = keep, self.worker_type_reason + why
+            if check is not None and (handed or self._warming is None):  # else not checked
+                self._check = check.moved(max(1, reading), count)
             self.worker_type = "process"
             self.num_workers = count
             self._loader.set_workers(self._engine_workers())
             if self._torch_order is not None:
                 self._threads_ending = self._loader.thread_reads()
+        self.log_worker_type()
+
+    def _check_switch(self) -> None:
+        """After auto's move to processes, each batch until MoveCheck keeps or leaves them."""
+        verdict, why = self._check.verdict()
+        if verdict == "measuring":
+            return
+        check, self._check = self._check, None
+        if verdict == "go back":
+            self._loader.use_threads()  # returns once no read is left in a process
+            self._pool.finish()
+            self._pool = self._workers = None
+            self.worker_type = "thread"
+            self.num_workers = self._thread_count[0] = check.threads
+            self._loader.set_workers(self._engine_workers())
+            self.left.append(check.left())
+        self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
         self.log_worker_type()
 
     def _after_threads_end(self) -> None:

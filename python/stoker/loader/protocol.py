@@ -39,6 +39,9 @@ class Pipeline:
         self.worker_type = plan.worker_type
         self.worker_type_reason = plan.worker_type_reason
         self.num_workers = plan.num_workers
+        # Settings worker_type='auto' switched to, measured slower than the one before and left
+        # (stats()["worker_type_left"]).
+        self.left: list = []
 
     def log_worker_type(self) -> None:
         _log.info("stoker: %s workers (%s)", self.worker_type, self.worker_type_reason)
@@ -50,6 +53,7 @@ class Pipeline:
         stats["pipeline"] = self.plan.pipeline
         stats["worker_type"] = self.worker_type
         stats["worker_type_reason"] = self.worker_type_reason
+        stats["worker_type_left"] = list(self.left)
         stats["worker_pids"] = self.pids()
         # Worker processes that died reading and were replaced (their samples read again).
         stats["worker_deaths"] = self.deaths()

@@ -24,7 +24,7 @@ from .plan import Plan, cpu_share
 from .protocol import EPOCH_END, Pipeline
 from .stream_epochs import Streams
 from .stream_memory import StreamMemory
-from .worker_choice import handover
+from .worker_choice import Delivered, handover
 
 _log = logging.getLogger("stoker")
 
@@ -43,7 +43,6 @@ class StreamPipeline(Pipeline):
         processes = None
         self._choice: Optional[_Choice] = None
         self._check: Optional[_Check] = None  # after a switch: is it faster (_Check)?
-        self.left: list = []  # the settings auto switched to, measured slower and left
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -120,7 +119,8 @@ class StreamPipeline(Pipeline):
             self._memory.set_workers(workers, True)
             self.worker_type, self.num_workers = "process", workers
             self._check = _Check(self._choice.delivered.window, "in-line",
-                                 f"{workers} worker process{'es' if workers > 1 else ''}")
+                                 f"{workers} worker process{'es' if workers > 1 else ''}",
+                                 self._choice.costs, workers)
         self._choice = None
 
     def _check_switch(self) -> None:
@@ -137,8 +137,8 @@ class StreamPipeline(Pipeline):
             self.worker_type, self.num_workers = self._inline
             self._memory.set_workers(self.num_workers, False)
             d = c.delivered
-            self.left.append({"setting": c.now, "epochs": d.epochs, "batches": d.batches,
-                              "seconds": d.seconds})
+            self.left.append(d.left(c.now))
+            why += c.learned()
         self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
         self._check = None
         self._decided()
@@ -188,7 +188,7 @@ class StreamPipeline(Pipeline):
     def _stats(self) -> dict:
         memory, _ = self._memory.look()
         return {"workers": self.num_workers, "device": self.plan.device,
-                "worker_type_left": list(self.left), **self._timing.stats(), **memory}
+                **self._timing.stats(), **memory}
 
     def pids(self) -> list:
         return self._streams.pids()
@@ -245,13 +245,14 @@ class _Choice:
     def __init__(self, make) -> None:
         self.make = make  # the worker processes' ProcessWorkers, given the base seed, count
         # In-line's first epochs (to Window.longest), for the check after a switch.
-        self.delivered = _Delivered(bounded=True)
+        self.delivered = Delivered(bounded=True)
         self._batches = 0
         self._read = self._step = 0.0
         self._handover: Optional[tuple[float, float]] = None
         self._got: Optional[float] = None  # when the last batch of this epoch was handed out
         self._shards = False  # the stream asked get_worker_info() as an epoch began
         self._unpicklable = ""  # why its batches could not go to a worker process
+        self.costs: Optional[tuple] = None  # per batch: read, step, pack, unpack (decide)
 
     def batch(self, asked: float, got: float, batch) -> None:
         self.delivered.batch(asked, got)
@@ -277,7 +278,7 @@ class _Choice:
         if self._unpicklable:
             return 0, f"auto: in-line ({self._unpicklable})", True
         n = self._batches
-        costs = (self._read / n, self._step / n, *self._handover)
+        costs = self.costs = (self._read / n, self._step / n, *self._handover)
         cores = cpu_share()
         workers, reason = _stoker.choose_stream_workers(*costs, cores, self._shards)
         if not workers:
@@ -291,51 +292,25 @@ class _Choice:
         return workers, f"{reason}; {why}", True
 
 
-class _Delivered:
-    """The batches one setting delivered to the training loop: into a Window (src/tune/
-    worker_kind.h), the time from each to the next in an epoch (its read and the loop's step),
-    and an epoch's first batch's wait, except in the setting's first epoch (its start-up);
-    `bounded`: none after the epoch in which the window reached Window.longest (the setting
-    left: its first epochs, as the new setting's window, checked between epochs, holds the
-    new one's)."""
-
-    def __init__(self, bounded: bool = False) -> None:
-        self.window = _stoker.Window()
-        self._bounded = bounded
-        self._closed = False  # bounded, and longest as an epoch ended
-        self.last: Optional[float] = None  # when the last batch of this epoch was handed out
-        self.epochs = 0  # ended on this setting
-        self.batches = 0  # all handed out, the first of each epoch too
-        self._first = time.perf_counter()
-
-    @property
-    def seconds(self) -> float:
-        """Since this setting began."""
-        return time.perf_counter() - self._first
-
-    def batch(self, asked: float, got: float) -> None:
-        if self._closed:
-            pass
-        elif self.last is not None:
-            self.window.add(got - self.last)
-        elif self.epochs:
-            self.window.add(got - asked)
-        self.last = got
-        self.batches += 1
-
-    def epoch_end(self) -> None:
-        self.last = None
-        self.epochs += 1
-        self._closed = self._bounded and self.window.longest()
-
-
 class _Check:
     """After auto switched a stream from `left` to `now`: `before`, the window measured on
     `left`; `delivered`, the new setting's, until check_switch keeps it or goes back."""
 
-    def __init__(self, before, left: str, now: str) -> None:
+    def __init__(self, before, left: str, now: str, costs: Optional[tuple] = None,
+                 workers: int = 0) -> None:
         self.before, self.left, self.now = before, left, now
-        self.delivered = _Delivered()
+        self.costs, self.workers = costs, workers  # what the model predicted `now` from
+        self.delivered = Delivered()
+
+    def learned(self) -> str:
+        """The reason's clause for a switch left: the hand-over a batch that would explain
+        what `now` delivered (learn_handover, src/tune/worker_kind.h), against the one timed."""
+        if self.costs is None:
+            return ""
+        pack, unpack = _stoker.learn_handover(*self.costs, self.workers, cpu_share(),
+                                              self.delivered.window.mean())
+        return (f"; so a hand-over cost about {1e3 * (pack + unpack):.3f} ms a batch, not the "
+                f"{1e3 * (self.costs[2] + self.costs[3]):.3f} ms timed")
 
 
 class _Timing:

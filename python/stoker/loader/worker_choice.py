@@ -86,3 +86,99 @@ def _unpicklable(structure) -> str:
     except Exception as e:  # noqa: BLE001 (PicklingError, AttributeError, TypeError, ...)
         return f"its samples do not pickle ({type(e).__name__}: {e})"
     return ""
+
+
+class Delivered:
+    """The batches one setting delivered to the training loop: into a Window (src/tune/
+    worker_kind.h), the time from each to the next in an epoch (its read and the loop's step),
+    and an epoch's first batch's wait, except in the setting's first epoch (its start-up);
+    `bounded`: none after the epoch in which the window reached Window.longest (the setting
+    left: its first epochs, as the new setting's window, checked between epochs, holds the
+    new one's); `from_start`: the first epoch's first batch's wait counts too (the engine
+    pipeline's threads: their few batches before auto decides come in pairs, two threads
+    finishing together: from the first one on alone, 2 threads of pure-Python reads measured
+    8.9 and 12.0 ms a batch where their whole epochs' median was 14-16 ms, on 2 busy cores;
+    the threads' start-up, a few milliseconds, is far from the processes'); `skip_s`: none in
+    this many seconds after the setting began, nor the gap to the first batch after them (the
+    engine pipeline's processes' start, kCheckStartSeconds)."""
+
+    def __init__(self, bounded: bool = False, from_start: bool = False,
+                 skip_s: float = 0.0) -> None:
+        self.window = _stoker.Window()
+        self._bounded = bounded
+        self._from_start = from_start
+        self._closed = False  # bounded, and longest as an epoch ended
+        self.last: Optional[float] = None  # when the last batch of this epoch was handed out
+        self.epochs = 0  # ended on this setting
+        self.batches = 0  # all handed out, the first of each epoch too
+        self._first = time.perf_counter()
+        self._skip_until: Optional[float] = self._first + skip_s if skip_s else None
+
+    @property
+    def seconds(self) -> float:
+        """Since this setting began."""
+        return time.perf_counter() - self._first
+
+    def batch(self, asked: float, got: float) -> None:
+        if self._closed:
+            pass
+        elif self._skip_until is not None:  # measured from the next batch after it on
+            self._skip_until = None if got >= self._skip_until else self._skip_until
+        elif self.last is not None:
+            self.window.add(got - self.last)
+        elif self.epochs or self._from_start:
+            self.window.add(got - asked)
+        self.last = got
+        self.batches += 1
+
+    def epoch_end(self) -> None:
+        self.last = None
+        self.epochs += 1
+        self._closed = self._bounded and self.window.longest()
+
+    def left(self, setting: str) -> dict:
+        """What was spent on this setting, left: stats()["worker_type_left"]'s entry; `windows`,
+        the measuring windows its check took (kCheckMinBatches batches and kCheckMinSeconds
+        each)."""
+        w = self.window
+        windows = min(w.batches / _stoker.CHECK_MIN_BATCHES, w.seconds / _stoker.CHECK_MIN_SECONDS)
+        return {"setting": setting, "epochs": self.epochs, "batches": self.batches,
+                "seconds": self.seconds, "windows": windows}
+
+
+class MoveCheck:
+    """worker_type='auto' on the engine pipeline checks its move from threads to processes:
+    the batches delivered on the threads while it measured (Delivered, `from_start`), then,
+    once moved(), those the processes delivered, until check_switch (src/tune/worker_kind.h)
+    keeps them or goes back."""
+
+    def __init__(self) -> None:
+        self._threads = Delivered(from_start=True)
+        self._processes: Optional[Delivered] = None
+        self.threads = 0  # the threads reading when auto moved, to go back to
+        self._now = ""  # the processes' setting, named
+
+    def delivered(self, asked: float, ended: bool) -> None:
+        """A batch delivered (`asked` for then; it came now), or the epoch's end."""
+        d = self._processes if self._processes is not None else self._threads
+        if ended:
+            d.epoch_end()
+        else:
+            d.batch(asked, time.perf_counter())
+
+    def moved(self, threads: int, processes: int) -> "MoveCheck":
+        """Moved from `threads` threads (reading then: the tuner may have moved the count),
+        which a move back returns to, to `processes` processes."""
+        self.threads = threads
+        self._processes = Delivered(skip_s=_stoker.CHECK_START_SECONDS)
+        self._now = f"{processes} worker process{'es' if processes > 1 else ''}"
+        return self
+
+    def verdict(self) -> tuple[str, str]:
+        """("measuring" | "keep" | "go back", the reason naming both measured times)."""
+        left = f"{self.threads} worker thread{'s' if self.threads > 1 else ''}"
+        return _stoker.check_switch(self._threads.window, self._processes.window, left,
+                                    self._now)
+
+    def left(self) -> dict:
+        return self._processes.left(self._now)
