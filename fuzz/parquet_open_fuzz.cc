@@ -6,8 +6,6 @@
 #include <parquet/file_reader.h>
 #include <parquet/metadata.h>
 #include <parquet/schema.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "mem_file.h"
 #include "stoker/parquet.h"
 
 namespace {
@@ -70,19 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   } catch (const std::exception&) {
   }
-  if (columns.empty()) columns = {"image"};  // the open fails: its error path
-  // The data set reads files: a memfd is one without the disk.
-  const int fd = ::memfd_create("fuzz.parquet", MFD_CLOEXEC);
-  if (fd < 0) return 0;
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  for (const auto& c : columns) read_rows(path, {c});
-  if (columns.size() > 1) read_rows(path, columns);
-  ::close(fd);
+  if (columns.empty()) columns = {"image"};        // the open fails: its error path
+  const MemFile file("fuzz.parquet", data, size);  // the data set reads files
+  if (!file.ok()) return 0;
+  for (const auto& c : columns) read_rows(file.path(), {c});
+  if (columns.size() > 1) read_rows(file.path(), columns);
   return 0;
 }

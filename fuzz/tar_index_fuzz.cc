@@ -3,8 +3,6 @@
 // checksum recomputed, which lets the fuzzer reach the size, type, long-name and pax parsing
 // behind it. Any outcome but success or std::exception is a bug; every member the index gives
 // must lie inside the file.
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mem_file.h"
 #include "source/tar_index.h"
 #include "stoker/log.h"
 #include "stoker/webdataset.h"
@@ -35,18 +34,12 @@ void index_and_read(const std::vector<std::uint8_t>& tar) {
     }
   } catch (const std::exception&) {
   }
-  // The data set, reading every sample's fields, from a memfd (a file without the disk).
-  const int fd = ::memfd_create("shard.tar", MFD_CLOEXEC);
-  if (fd < 0) return;
-  std::size_t done = 0;
-  while (done < tar.size()) {
-    const ssize_t n = ::write(fd, tar.data() + done, tar.size() - done);
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
+  // The data set, reading every sample's fields.
+  const MemFile file("shard.tar", tar.data(), tar.size());
+  if (!file.ok()) return;
   try {
     stoker::WebDatasetOptions o;
-    o.shards = {"/proc/self/fd/" + std::to_string(fd)};
+    o.shards = {file.path()};
     o.fields = {"cls", "npy"};
     o.index_cache = false;
     stoker::WebDataset d(o);
@@ -69,7 +62,6 @@ void index_and_read(const std::vector<std::uint8_t>& tar) {
     }
   } catch (const std::exception&) {
   }
-  ::close(fd);
 }
 
 // Every 512-byte block that carries the ustar magic gets a matching checksum.

@@ -2,15 +2,13 @@
 // are found): indexing it (frame times, keyframes), placing clips, and decoding every clip by
 // frame stride and by frame rate, with uniform and random clips. Any outcome but success or
 // std::exception is a bug.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "mem_file.h"
 #include "stoker/video.h"
 
 namespace {
@@ -59,19 +57,10 @@ void read_clips(const std::string& path, int stride, double fps,
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  // The data set reads files: a memfd is one without the disk.
-  const int fd = ::memfd_create("fuzz.mp4", MFD_CLOEXEC);
-  if (fd < 0) return 0;
-  std::size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::write(fd, data + done, size - done);
-    if (n <= 0) break;
-    done += static_cast<std::size_t>(n);
-  }
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const MemFile file("fuzz.mp4", data, size);  // the data set reads files
+  if (!file.ok()) return 0;
   using Sampling = stoker::VideoClipsOptions::Sampling;
-  read_clips(path, 1, 0, Sampling::uniform);
-  read_clips(path, 2, 7.5, Sampling::random);
-  ::close(fd);
+  read_clips(file.path(), 1, 0, Sampling::uniform);
+  read_clips(file.path(), 2, 7.5, Sampling::random);
   return 0;
 }
