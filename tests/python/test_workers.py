@@ -650,11 +650,15 @@ def test_auto_checks_its_move_to_processes_and_ends_on_a_setting_it_measured():
     for _ in range(6):
         assert [int(x) for b in loader for x in b[:, 0]] == list(range(4000))
         reason = loader.stats()["worker_type_reason"]
-        if "kept" in reason or "back to" in reason:
+        if reason.startswith(("auto: kept", "auto: back to")):  # the check's verdict
             break
     stats = loader.stats()
     if stats["worker_type"] == "thread" and not stats["worker_type_left"]:
         pytest.skip(f"auto stayed on threads on this machine: {reason}")
+    if not reason.startswith(("auto: kept", "auto: back to")):
+        # A move whose processes were not handed the reads warm is not checked
+        # (engine_pipeline.py: the threads' window and the processes' are not comparable).
+        pytest.skip(f"the move was not checked on this run: {reason}")
     measured = re.search(r"(\d+) worker process(?:es)? delivered a batch every \d+\.\d+ ms "
                          r"over (\d+) batches, (\d+) worker threads? every \d+\.\d+ ms over "
                          r"(\d+) \((\d+\.\d+)x the time", reason)

@@ -21,6 +21,7 @@ whatever topology resumes it, as a fresh epoch deals all of them.
 
 from __future__ import annotations
 
+import random
 from typing import Iterable, Optional, Sequence
 
 KIND = "stoker.shard_stream"
@@ -72,6 +73,27 @@ def deal(order: Sequence[int], start: dict, rank: int, world_size: int, worker: 
     over the ranks, then over each rank's workers, as webdataset deals a fresh epoch."""
     left = [s for s in order if has_left(start.get(s))]
     return left[rank::world_size][worker::workers]
+
+
+def deal_here(count: int, shuffle: bool, seed: int, epoch: int,
+              start: dict) -> tuple[list[int], list[int], bool]:
+    """This rank's and this DataLoader worker's shards of `count` in the epoch's order
+    (shuffled by seed + epoch when `shuffle`), dealt as deal() deals: (the shards, the
+    topology [rank, world_size, worker, workers], whether this runs in a worker)."""
+    from ..distributed import world
+
+    order = list(range(count))
+    if shuffle:
+        random.Random(seed + epoch).shuffle(order)
+    rank, world_size = world()
+    try:
+        from torch.utils.data import get_worker_info
+        info = get_worker_info()
+    except ImportError:  # pragma: no cover
+        info = None
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    mine = deal(order, start, rank, world_size, worker, workers)
+    return mine, [rank, world_size, worker, workers], info is not None
 
 
 def check(state: dict, **expected) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import random
 from typing import Optional
 
 import numpy as np
@@ -310,8 +309,6 @@ class _TextTokens:
                         shard_progress.merge([state.get("progress")]))
 
     def __iter__(self):
-        from ..distributed import world
-
         blocks, first_doc = self._blocks()
         if self._resume is not None:
             (epoch, start, progress), self._resume = self._resume, None
@@ -325,19 +322,10 @@ class _TextTokens:
             else:
                 epoch = self._next_epoch
                 self._next_epoch += 1
-        order = list(range(len(blocks)))
-        if self.shuffle:
-            random.Random(self.seed + epoch).shuffle(order)
-        rank, world_size = world()
-        try:
-            from torch.utils.data import get_worker_info
-            info = get_worker_info()
-        except ImportError:  # pragma: no cover
-            info = None
-        if info is not None:
+        mine, _, in_worker = shard_progress.deal_here(len(blocks), self.shuffle, self.seed,
+                                                      epoch, start)
+        if in_worker:
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        mine = shard_progress.deal(order, start, rank, world_size, worker, workers)
         this = self._pass = _Pass(self._identity(len(blocks)), epoch, start, progress, [])
         for s in mine:
             base = this.open(s)

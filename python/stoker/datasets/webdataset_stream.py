@@ -145,8 +145,6 @@ class _Stream:
                         None if state.get("merged") else state.get("replay"))
 
     def __iter__(self):
-        from ..distributed import world
-
         shards = self._shard_list()
         replay = None
         if self._resume is not None:
@@ -161,18 +159,8 @@ class _Stream:
             else:
                 epoch = self._next_epoch
                 self._next_epoch += 1
-        order = list(range(len(shards)))
-        if self.shardshuffle:
-            random.Random(self.seed + epoch).shuffle(order)
-        rank, world_size = world()
-        try:
-            from torch.utils.data import get_worker_info
-            info = get_worker_info()
-        except ImportError:  # pragma: no cover
-            info = None
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        mine = shard_progress.deal(order, start, rank, world_size, worker, workers)
-        topology = [rank, world_size, worker, workers]
+        mine, topology, _ = shard_progress.deal_here(len(shards), self.shardshuffle, self.seed,
+                                                     epoch, start)
         skip = 0
         if replay is not None and replay["topology"] == topology:
             progress, skip = {}, replay["handed"]  # the pass again, as it began

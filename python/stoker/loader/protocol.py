@@ -33,6 +33,9 @@ class Pipeline:
 
     # A stream's len(dataset) as of the last len(loader): its iterator warns past it.
     reported_len: Optional[int] = None
+    # Whether len() is the batches an epoch gives (not a stream's, which says what its data
+    # set reports).
+    exact_len = True
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan

@@ -30,6 +30,8 @@ _log = logging.getLogger("stoker")
 
 
 class StreamPipeline(Pipeline):
+    exact_len = False
+
     def __init__(self, plan: Plan, setup) -> None:
         super().__init__(plan)
         for line in plan.log:
