@@ -17,28 +17,18 @@
 #include "stoker/webdataset.h"
 
 namespace stoker::python {
-namespace {
 
-// Python objects kept alive by a C++ data set. The last reference may be dropped on any
-// thread (the Loader's destructor runs with the GIL released), so the GIL is taken here.
-struct PythonRefs {
-  std::vector<py::object> refs;
-};
-
-std::shared_ptr<const void> keep_alive(std::vector<py::object> refs) {
-  return std::shared_ptr<const void>(new PythonRefs{std::move(refs)}, [](const void* p) {
-    auto* held = static_cast<PythonRefs*>(const_cast<void*>(p));
+std::shared_ptr<py::object> hold(py::object obj) {
+  return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
     if (!Py_IsInitialized() || interpreter_finalizing()) {
-      for (auto& r : held->refs) (void)r.release();  // the interpreter's teardown has them
-      delete held;
+      (void)p->release();  // the interpreter's teardown has it
+      delete p;
       return;
     }
     py::gil_scoped_acquire gil;
-    delete held;
+    delete p;
   });
 }
-
-}  // namespace
 
 NativeDataset make_array_dataset(const std::vector<std::string>& names, const py::list& arrays) {
   if (names.size() != arrays.size() || names.empty()) {
@@ -46,7 +36,7 @@ NativeDataset make_array_dataset(const std::vector<std::string>& names, const py
   }
   std::vector<FieldSpec> fields;
   std::vector<std::span<const std::byte>> data;
-  std::vector<py::object> refs;
+  py::list refs;  // what the arrays' memory belongs to
   NativeDataset out;
   std::size_t samples = 0;
   for (std::size_t f = 0; f < names.size(); ++f) {
@@ -67,11 +57,11 @@ NativeDataset make_array_dataset(const std::vector<std::string>& names, const py
     fields.push_back({names[f], a.type.storage, {a.shape.begin() + 1, a.shape.end()}});
     data.emplace_back(a.data, a.bytes());
     out.element_types.push_back(a.type.name);
-    refs.push_back(std::move(a.owner));
-    refs.push_back(py::reinterpret_borrow<py::object>(arrays[f]));
+    refs.append(std::move(a.owner));
+    refs.append(arrays[f]);
   }
   out.dataset = std::make_shared<ArrayDataset>(std::move(fields), std::move(data), samples,
-                                               keep_alive(std::move(refs)));
+                                               hold(std::move(refs)));
   return out;
 }
 

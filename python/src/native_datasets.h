@@ -18,6 +18,11 @@ namespace stoker::python {
 
 namespace py = pybind11;
 
+// A Python object that a C++ data set keeps alive: the last reference may be dropped on any
+// thread (a Loader's destructor runs with the GIL released), so the GIL is taken for it; while
+// the interpreter finalizes, its teardown has the object.
+std::shared_ptr<py::object> hold(py::object obj);
+
 struct NativeDataset {
   std::shared_ptr<const Dataset> dataset;
   std::vector<std::string> element_types;  // logical type per field (bool over u8, ...)

@@ -15,6 +15,7 @@
 
 #include "gil.h"
 #include "host_array.h"
+#include "native_datasets.h"
 #include "stoker/frontend/mutex.h"
 #include "stoker/image.h"
 
@@ -51,19 +52,6 @@ struct Part {
   std::int64_t rows = 0;
   std::uint64_t bytes = 0;  // its selected columns' uncompressed size (the footer's)
 };
-
-// A Python object that may be let go on any thread: the GIL is taken for it.
-std::shared_ptr<py::object> hold(py::object obj) {
-  return std::shared_ptr<py::object>(new py::object(std::move(obj)), [](py::object* p) {
-    if (!Py_IsInitialized() || interpreter_finalizing()) {
-      (void)p->release();  // the interpreter's teardown has it
-      delete p;
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
-}
 
 class ParquetRows final : public Dataset {
  public:

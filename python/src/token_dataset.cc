@@ -152,16 +152,7 @@ NativeDataset make_token_rows_columns(const py::list& columns, const py::object&
     cols.push_back(std::move(c));
   }
   arrays.append(owner);
-  auto* held = new py::object(std::move(arrays));
-  std::shared_ptr<const void> keep(held, [](py::object* p) {
-    if (!Py_IsInitialized() || interpreter_finalizing()) {
-      (void)p->release();  // the interpreter's teardown has it
-      delete p;
-      return;
-    }
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
+  std::shared_ptr<const void> keep = hold(std::move(arrays));
   NativeDataset out;
   {
     py::gil_scoped_release nogil;

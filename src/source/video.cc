@@ -807,6 +807,19 @@ void VideoClips::Impl::give_back(std::unique_ptr<Decoder> d) {
   }
 }
 
+// An FFmpeg enum field as the int it holds: a damaged stream can leave a value outside the
+// enum's range there (the fuzzer found colorspace 27), and loading that as the enum is
+// undefined behaviour.
+namespace {
+template <typename Enum>
+int enum_value(const Enum& field) {
+  static_assert(sizeof(Enum) == sizeof(int));
+  int v = 0;
+  std::memcpy(&v, &field, sizeof v);
+  return v;
+}
+}  // namespace
+
 void VideoClips::Impl::write_frame(Decoder& d, std::span<std::byte> out) {
   const AVFrame* f = d.frame;
   const int w = f->width, h = f->height;
@@ -820,10 +833,12 @@ void VideoClips::Impl::write_frame(Decoder& d, std::span<std::byte> out) {
     throw std::runtime_error(path + ": cannot convert its pixel format " +
                              (name ? name : "unknown") + " to RGB");
   }
-  // YUV to RGB with the frame's own matrix and range (BT.601 where it names none), set when
-  // the context or they change.
-  const int cs = f->colorspace == AVCOL_SPC_UNSPECIFIED ? SWS_CS_DEFAULT : f->colorspace;
-  const int full = f->color_range == AVCOL_RANGE_JPEG ? 1 : 0;
+  // YUV to RGB with the frame's own matrix and range (BT.601 where it names none or one this
+  // FFmpeg does not know), set when the context or they change.
+  const int spc = enum_value(f->colorspace);
+  const int cs =
+      spc >= 0 && spc < AVCOL_SPC_NB && spc != AVCOL_SPC_UNSPECIFIED ? spc : SWS_CS_DEFAULT;
+  const int full = enum_value(f->color_range) == AVCOL_RANGE_JPEG ? 1 : 0;
   const std::array<int, 5> details{w, h, f->format, cs, full};
   if (d.sws != d.sws_set || details != d.sws_details) {
     sws_setColorspaceDetails(d.sws, sws_getCoefficients(cs), full,

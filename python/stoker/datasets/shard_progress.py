@@ -96,6 +96,16 @@ def deal_here(count: int, shuffle: bool, seed: int, epoch: int,
     return mine, [rank, world_size, worker, workers], info is not None
 
 
+def iterable_class(name: str, impl: type, module: str) -> type:
+    """`impl` as a torch IterableDataset named `name` (so that torch's own DataLoader takes
+    it too), made when first asked for: stoker imports without importing torch."""
+    try:
+        from torch.utils.data import IterableDataset as base
+    except ImportError:  # pragma: no cover
+        base = object
+    return type(name, (impl, base), {"__module__": module, "__doc__": impl.__doc__})
+
+
 def check(state: dict, **expected) -> None:
     """Raises ValueError if `state` is not a shard stream's of this data set."""
     if not isinstance(state, dict) or state.get("kind") != KIND:

@@ -353,12 +353,7 @@ def stream_class() -> type:
     stoker is imported."""
     global _stream_class
     if _stream_class is None:
-        try:
-            from torch.utils.data import IterableDataset as base
-        except ImportError:  # pragma: no cover
-            base = object
-        _stream_class = type("TextTokens", (_TextTokens, base),
-                             {"__module__": __name__, "__doc__": _TextTokens.__doc__})
+        _stream_class = shard_progress.iterable_class("TextTokens", _TextTokens, __name__)
     return _stream_class
 
 

@@ -297,12 +297,7 @@ def stream_class() -> type:
     DataLoader takes it too) without importing torch when stoker is imported."""
     global _stream_class
     if _stream_class is None:
-        try:
-            from torch.utils.data import IterableDataset as base
-        except ImportError:  # pragma: no cover
-            base = object
-        _stream_class = type("WebDatasetStream", (_Stream, base),
-                             {"__module__": __name__, "__doc__": _Stream.__doc__})
+        _stream_class = shard_progress.iterable_class("WebDatasetStream", _Stream, __name__)
     return _stream_class
 
 
