@@ -1,6 +1,6 @@
 """One epoch's iterator of a DataLoader (``iter(loader)``): its batches from the pipeline,
-torch's warning for a stream longer than it said, and where the epoch stands (at its start,
-resumed at its end) for the loader's state_dict() and set_epoch()."""
+torch's warning for a stream longer than it said, and where the epoch stands (its epoch, at
+its start, resumed at its end) for the loader's set_epoch()."""
 
 from __future__ import annotations
 
