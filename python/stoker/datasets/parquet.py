@@ -8,7 +8,6 @@ worker threads, without the GIL. docs/formats.md, "Parquet files", says what is 
 
 from __future__ import annotations
 
-import glob
 import os
 import threading
 from collections import OrderedDict
@@ -17,6 +16,7 @@ from typing import Sequence
 from .. import _stoker
 from ..elements import to_array
 from .native import NativeDataset
+from .shards import local_files
 
 _OPEN_FILES_PER_THREAD = 8
 
@@ -50,20 +50,7 @@ def expand_files(files) -> list[str]:
                     urls.append(u)
                 out += _stoker.object_files(urls, ".parquet")
             continue
-        if os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.parquet")))
-            if not found:
-                raise FileNotFoundError(f"stoker.ParquetDataset: no *.parquet file in {path}")
-            out += found
-        elif glob.has_magic(path) and not os.path.exists(path):
-            found = sorted(glob.glob(path))
-            if not found:
-                raise FileNotFoundError(f"stoker.ParquetDataset: no file matches {path}")
-            out += found
-        elif os.path.isfile(path):
-            out.append(path)
-        else:
-            raise FileNotFoundError(f"stoker.ParquetDataset: no such file: {path}")
+        out += local_files(path, ".parquet", "stoker.ParquetDataset")
     if not out:
         raise ValueError("stoker.ParquetDataset: no files")
     return out

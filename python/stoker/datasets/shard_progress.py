@@ -75,6 +75,25 @@ def deal(order: Sequence[int], start: dict, rank: int, world_size: int, worker: 
     return left[rank::world_size][worker::workers]
 
 
+class PassEpochs:
+    """The epoch a shard stream's pass reads when it is not resumed: the one set_epoch()
+    named, else the DataLoader's (given before each pass), else one more than the last pass
+    (iterated bare). Its users keep _epoch, _loader_epoch and _next_epoch."""
+
+    _epoch: Optional[int]
+    _loader_epoch: Optional[int]
+    _next_epoch: int
+
+    def _pass_epoch(self) -> int:
+        if self._epoch is not None:
+            return self._epoch
+        if self._loader_epoch is not None:
+            return self._loader_epoch
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        return epoch
+
+
 def deal_here(count: int, shuffle: bool, seed: int, epoch: int,
               start: dict) -> tuple[list[int], list[int], bool]:
     """This rank's and this DataLoader worker's shards of `count` in the epoch's order

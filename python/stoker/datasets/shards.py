@@ -83,3 +83,24 @@ def _check_transform(fields, transform) -> None:
     if images and transform is None:
         raise TypeError("stoker.WebDataset: the image fields need a transform "
                         "(e.g. stoker.transforms.train(224))")
+
+
+def local_files(path: str, suffix: str, who: str) -> list[str]:
+    """The local files one path names: a directory's *`suffix` files in name order, a glob's
+    matches in name order, or the file itself; FileNotFoundError naming `who` and the path
+    when there is none."""
+    import glob
+
+    if os.path.isdir(path):
+        found = sorted(glob.glob(os.path.join(glob.escape(path), "*" + suffix)))
+        if not found:
+            raise FileNotFoundError(f"{who}: no *{suffix} file in {path}")
+        return found
+    if glob.has_magic(path) and not os.path.exists(path):
+        found = sorted(glob.glob(path))
+        if not found:
+            raise FileNotFoundError(f"{who}: no file matches {path}")
+        return found
+    if os.path.isfile(path):
+        return [path]
+    raise FileNotFoundError(f"{who}: no such file: {path}")

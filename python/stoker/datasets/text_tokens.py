@@ -14,6 +14,7 @@ import numpy as np
 from .. import _stoker
 from . import shard_progress
 from .native import NativeDataset
+from .shards import local_files
 from .tokens import FIELDS
 from .webdataset_stream import _Pass
 
@@ -41,27 +42,12 @@ def _tokenizer(tokenizer):
 def _expand(files, format: Optional[str]) -> list[str]:
     """Files, globs and directories (their *.jsonl, or *.parquet for format='parquet'), in
     the order given, each directory's in name order."""
-    import glob
-
     if isinstance(files, (str, os.PathLike)):
         files = [files]
+    suffix = ".parquet" if format == "parquet" else ".jsonl"
     out: list[str] = []
     for path in map(os.fspath, files):
-        if os.path.isdir(path):
-            suffix = ".parquet" if format == "parquet" else ".jsonl"
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*" + suffix)))
-            if not found:
-                raise FileNotFoundError(f"stoker.TextTokens: no *{suffix} file in {path}")
-            out += found
-        elif glob.has_magic(path) and not os.path.exists(path):
-            found = sorted(glob.glob(path))
-            if not found:
-                raise FileNotFoundError(f"stoker.TextTokens: no file matches {path}")
-            out += found
-        elif os.path.isfile(path):
-            out.append(path)
-        else:
-            raise FileNotFoundError(f"stoker.TextTokens: no such file: {path}")
+        out += local_files(path, suffix, "stoker.TextTokens")
     if not out:
         raise ValueError("stoker.TextTokens: no files")
     return out
@@ -87,7 +73,7 @@ class _BlockRows(NativeDataset):
         self._made_with = ((), {})
 
 
-class _TextTokens:
+class _TextTokens(shard_progress.PassEpochs):
     """Raw text tokenized on the fly in the DataLoader's workers and packed into rows of
     ``seq_len`` tokens: an IterableDataset (a stream) whose samples are dicts of
     ``input_ids``, ``labels``, ``position_ids``, ``document_ids`` (int64 ``[seq_len]``) and
@@ -314,14 +300,7 @@ class _TextTokens:
             (epoch, start, progress), self._resume = self._resume, None
             self._next_epoch = epoch + 1
         else:
-            start, progress = {}, {}
-            if self._epoch is not None:
-                epoch = self._epoch
-            elif self._loader_epoch is not None:
-                epoch = self._loader_epoch
-            else:
-                epoch = self._next_epoch
-                self._next_epoch += 1
+            start, progress, epoch = {}, {}, self._pass_epoch()
         mine, _, in_worker = shard_progress.deal_here(len(blocks), self.shuffle, self.seed,
                                                       epoch, start)
         if in_worker:

@@ -54,7 +54,7 @@ def _tar_samples(path: str):
         yield current
 
 
-class _Stream:
+class _Stream(shard_progress.PassEpochs):
     """WebDataset shards read front to back as a stream (an IterableDataset): what
     ``stoker.WebDataset`` returns for compressed shards (``.tar.gz``, ``.tgz``), which cannot be
     indexed for random access, or with ``stream=True``. Same fields and transforms as the
@@ -151,14 +151,7 @@ class _Stream:
             (epoch, start, progress, replay), self._resume = self._resume, None
             self._next_epoch = epoch + 1
         else:
-            start, progress = {}, {}
-            if self._epoch is not None:
-                epoch = self._epoch
-            elif self._loader_epoch is not None:
-                epoch = self._loader_epoch
-            else:
-                epoch = self._next_epoch
-                self._next_epoch += 1
+            start, progress, epoch = {}, {}, self._pass_epoch()
         mine, topology, _ = shard_progress.deal_here(len(shards), self.shardshuffle, self.seed,
                                                      epoch, start)
         skip = 0
