@@ -9,7 +9,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 trap stage_times EXIT
 
 stage "Debian packages"
-apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format ccache nginx \
+apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev clang-format ccache nginx gdb \
   libnginx-mod-http-lua
 # The release build and the wheel compile the library, the bench harness and the command with
 # the same compiler and flags: one compiler cache in the tree (build-ccache/, empty in a fresh

@@ -1,8 +1,13 @@
 #include "stoker/loader.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -15,6 +20,7 @@
 #include "device/backend.h"
 #include "sampler/sampler.h"
 #include "stoker/frontend/loader_internals.h"
+#include "stoker/frontend/log.h"
 #include "stoker/log.h"
 #include "test_datasets.h"
 
@@ -627,6 +633,56 @@ TEST(Loader, ADepthAboveTheMemoryBudgetIsLoweredAndTheBudgetHolds) {
                           }),
             1);
   EXPECT_EQ(lines.size(), 1u);  // said once, not again for set_depth(10)
+}
+
+TEST(Log, AChildForkedWhileAnotherThreadLogsCanLogAtOnce) {
+  // The handler runs under the log's lock: a thread logging slowly holds it most of the time.
+  // Each child logs its own line and exits; one forked with the lock held by a thread that
+  // does not exist in it would wait for good (a worker process hung so, forked by an engine
+  // thread while another logged a worker's death).
+  std::atomic<bool> in_parent{true};
+  set_log_handler([&](LogLevel, std::string_view) {
+    if (in_parent.load()) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  });
+  std::atomic<bool> stop{false};
+  std::thread logger([&] {
+    while (!stop.load()) detail::log(LogLevel::warning, "a line from a parent thread");
+  });
+  std::vector<pid_t> children;
+  for (int i = 0; i < 40; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(150));
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      in_parent.store(false);
+      detail::log(LogLevel::warning, "a line from the child");
+      _exit(0);
+    }
+    children.push_back(pid);
+  }
+  stop.store(true);
+  logger.join();
+  set_log_handler({});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::size_t exited = 0;
+  while (exited < children.size() && std::chrono::steady_clock::now() < deadline) {
+    for (pid_t& pid : children) {
+      int status = 0;
+      if (pid > 0 && waitpid(pid, &status, WNOHANG) == pid) {
+        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        pid = 0;
+        ++exited;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (pid_t pid : children) {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+  EXPECT_EQ(exited, children.size()) << "children stuck on the log's lock";
 }
 
 TEST(Loader, DestroyBeforeTheFirstBatchAndWhileStartingUp) {

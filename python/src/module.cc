@@ -1,5 +1,6 @@
 // stoker._stoker: the bindings behind the `stoker` package. The package (python/stoker/) is
 // the public API; this module is its private engine room.
+#include <pthread.h>
 #include <pybind11/chrono.h>
 #include <pybind11/numpy.h>
 #include <pybind11/operators.h>
@@ -13,6 +14,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -72,6 +74,18 @@ class LogQueue {
     } else {
       set_log_handler({});
     }
+  }
+  // In a forked child: the parent's lines are the parent's to hand over. The child starts
+  // with none (it would otherwise print them again at its first bytecode: the parent's
+  // pending call is copied with it), and with the lock free: at fork no thread held it
+  // (push runs inside the engine's log, whose lock fork takes first: src/util/log.cc; take
+  // and route hold the GIL, which the forking thread has).
+  void forget_after_fork() {
+    new (&mu_) std::mutex;
+    lines_.clear();
+    dropped_ = 0;
+    pending_.store(false, std::memory_order_relaxed);
+    scheduled_.store(false, std::memory_order_relaxed);
   }
   bool pending() const { return pending_.load(std::memory_order_acquire); }
   // The lines queued since the last call, oldest first; a last line says how many were
@@ -133,7 +147,11 @@ class LogQueue {
 };
 
 LogQueue& log_queue() {
-  static auto* queue = new LogQueue;  // never destroyed: a thread may log during exit
+  static auto* queue = [] {
+    auto* made = new LogQueue;  // never destroyed: a thread may log during exit
+    pthread_atfork(nullptr, nullptr, [] { log_queue().forget_after_fork(); });
+    return made;
+  }();
   return *queue;
 }
 

@@ -1,5 +1,7 @@
 #include "stoker/frontend/log.h"
 
+#include <pthread.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -10,9 +12,17 @@
 namespace stoker {
 namespace {
 
+// Held across fork(): a child starts with it free, never locked for good by a thread that
+// does not exist there (a worker process forked while an engine thread logged hung at its
+// first line). Never destroyed: a thread may log during exit.
 std::mutex& log_mutex() {
-  static std::mutex mu;
-  return mu;
+  static std::mutex* mu = [] {
+    auto* made = new std::mutex;
+    pthread_atfork([] { log_mutex().lock(); }, [] { log_mutex().unlock(); },
+                   [] { log_mutex().unlock(); });
+    return made;
+  }();
+  return *mu;
 }
 
 std::function<void(LogLevel, std::string_view)>& log_handler() {

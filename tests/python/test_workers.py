@@ -260,6 +260,27 @@ def test_a_sample_that_kills_every_worker_under_skip_loses_only_itself():
     loader.close()
 
 
+def test_each_worker_death_is_said_once_by_the_training_process():
+    # A worker is started again while the engine's line about the one that died waits to be
+    # handed to logging: the new worker (a fork) must neither print the parent's lines again
+    # nor hang on the log's lock, which another engine thread may hold at that moment.
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import stoker, worker_datasets as wd
+        for _ in range(3):
+            loader = stoker.DataLoader(wd.AlwaysKills([9, 30]), batch_size=8, num_workers=2,
+                                       worker_type="process", on_error="skip")
+            assert len(list(loader)) == 6
+            loader.close()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = re.findall(r"^stoker: DataLoader worker \(pid \d+\) .*$", result.stderr, re.M)
+    assert lines and len(lines) == len(set(lines)), result.stderr
+
+
 @pytest.mark.parametrize("how", ["close", "gc"])
 def test_close_and_gc_mid_epoch_leave_no_process_and_no_memfd(how):
     gc.collect()  # loaders of earlier tests
