@@ -378,8 +378,9 @@ PYBIND11_MODULE(_stoker, m) {
   m.attr("WorkerError") = worker_error;
   set_worker_error_type(worker_error);
   py::class_<ProcessPool, std::shared_ptr<ProcessPool>>(m, "ProcessPool")
-      .def(py::init<py::object, py::object, py::object, std::size_t>(), py::arg("spawn"),
-           py::arg("decode"), py::arg("reap"), py::arg("workers"))
+      .def(py::init<py::object, py::object, py::object, py::object, std::size_t>(),
+           py::arg("spawn"), py::arg("decode"), py::arg("reap"), py::arg("exitcode"),
+           py::arg("workers"))
       .def("start", &ProcessPool::start)
       .def("pids", &ProcessPool::pids)
       .def("deaths", &ProcessPool::deaths, py::call_guard<py::gil_scoped_release>())

@@ -50,12 +50,14 @@ py::handle worker_error_type() { return g_worker_error_type; }
 
 // --- ProcessPool ---------------------------------------------------------------------------
 
-ProcessPool::ProcessPool(py::object spawn, py::object decode, py::object reap, std::size_t workers)
+ProcessPool::ProcessPool(py::object spawn, py::object decode, py::object reap, py::object exitcode,
+                         std::size_t workers)
     : workers_(std::max<std::size_t>(workers, 1)),
       owner_pid_(getpid()),
       spawn_(std::move(spawn)),
       decode_(std::move(decode)),
       reap_(std::move(reap)),
+      exitcode_(std::move(exitcode)),
       memory_(std::make_unique<detail::AnonMemorySampler>()) {
   for (std::size_t i = 0; i < workers_; ++i) {
     auto link = std::make_unique<Link>();
@@ -73,6 +75,7 @@ ProcessPool::~ProcessPool() {
     (void)spawn_.release();
     (void)decode_.release();
     (void)reap_.release();
+    (void)exitcode_.release();
     (void)memory_.release();
     return;
   }
@@ -290,7 +293,7 @@ void ProcessPool::fail_lost(Link* link, std::span<const std::size_t> indices,
   const auto error =
       closing ? std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"))
               : std::make_exception_ptr(WorkerDiedError(
-                    pid, death_message(pid) + "; " + items + " lost: " + rows_text(indices)));
+                    pid, died(pid) + "; " + items + " lost: " + rows_text(indices)));
   for (auto& e : errors) e = error;
 }
 
@@ -465,7 +468,7 @@ std::optional<ProcessPool::Reply> ProcessPool::attempt(const detail::SharedRegio
     ++deaths_;
   }
   if (again) {
-    detail::log(LogLevel::warning, death_message(reply.pid) + " reading " + items + " " +
+    detail::log(LogLevel::warning, died(reply.pid) + " reading " + items + " " +
                                        rows_text(indices) + "; a new worker reads them again");
   }
   return std::nullopt;
@@ -523,7 +526,7 @@ py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py
         std::lock_guard lock(mu_);
         if (stopped_) failure = "stoker: the loader is closing";
       }
-      if (!ok && failure.empty()) failure = death_message(pid);
+      if (!ok && failure.empty()) failure = died(pid);
     }
   }
   if (!failure.empty()) return py::make_tuple(false, failure);
@@ -554,6 +557,25 @@ void ProcessPool::finish() {
   spawn_ = py::none();
   decode_ = py::none();
   reap_ = py::none();
+  exitcode_ = py::none();
+}
+
+std::string ProcessPool::died(pid_t pid) {
+  if (auto message = death_message(pid)) return *message;
+  std::optional<int> code;
+  if (!interpreter_finalizing()) {
+    EngineThreadGil gil;
+    try {
+      const py::object exitcode = exitcode_;  // finish() may let it go meanwhile
+      if (exitcode && !exitcode.is_none()) {
+        const py::object got = exitcode(pid);
+        if (!got.is_none()) code = got.cast<int>();
+      }
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("stoker: reading a worker process's exit code");
+    }
+  }
+  return death_message(pid, code);
 }
 
 void ProcessPool::retire(std::size_t keep) {

@@ -111,7 +111,9 @@ class ProcessPool {
   // end of its socket, which the pool then owns, and its pid. `decode(blob, worker_id, pid,
   // indices)` turns a reply's blob into (object values per row or None, {row: exception}).
   // `reap()` waits for the workers to exit (killing those that do not) and reaps them.
-  ProcessPool(py::object spawn, py::object decode, py::object reap, std::size_t workers);
+  // `exitcode(pid)` is a worker's exit code as multiprocessing read it (None: not known).
+  ProcessPool(py::object spawn, py::object decode, py::object reap, py::object exitcode,
+              std::size_t workers);
   ~ProcessPool();  // GIL held; closes the sockets (the workers see EOF and exit)
   ProcessPool(const ProcessPool&) = delete;
   ProcessPool& operator=(const ProcessPool&) = delete;
@@ -218,12 +220,17 @@ class ProcessPool {
   // message names the lost rows as `items` ("samples", "batches").
   void fail_lost(Link* link, std::span<const std::size_t> indices,
                  std::span<std::exception_ptr> errors, const char* items);
+  // Why worker `pid` is gone (death_message), from its Process (`exitcode_`, with the GIL)
+  // when multiprocessing reaped it before its status could be read here: starting a Process
+  // reaps its finished siblings.
+  std::string died(pid_t pid);
 
   std::atomic<std::size_t> workers_;  // the links' count; retire() lowers it
   const pid_t owner_pid_;             // a forked copy of the pool (in a worker) does nothing
   py::object spawn_;
   py::object decode_;
   py::object reap_;
+  py::object exitcode_;
 
   std::mutex mu_;
   std::condition_variable free_cv_;

@@ -95,25 +95,30 @@ bool recv_all(int fd, std::uint8_t* data, std::size_t size) {
   return true;
 }
 
-std::string death_message(pid_t pid) {
+std::optional<std::string> death_message(pid_t pid) {
   // WNOWAIT: read the status but leave the zombie to multiprocessing, which reaps its own.
   const auto deadline = std::chrono::steady_clock::now() + kStatusWait;
   for (;;) {
     siginfo_t info{};
     if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) break;
     if (info.si_pid == pid) {
-      if (info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED) {
-        const char* name = strsignal(info.si_status);
-        return "DataLoader worker (pid " + std::to_string(pid) +
-               ") is killed by signal: " + (name ? name : std::to_string(info.si_status));
-      }
-      return "DataLoader worker (pid " + std::to_string(pid) +
-             ") exited unexpectedly with exit code " + std::to_string(info.si_status);
+      const bool killed = info.si_code == CLD_KILLED || info.si_code == CLD_DUMPED;
+      return death_message(pid, killed ? -info.si_status : info.si_status);
     }
     if (std::chrono::steady_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  return "DataLoader worker (pid " + std::to_string(pid) + ") exited unexpectedly";
+  return std::nullopt;
+}
+
+std::string death_message(pid_t pid, std::optional<int> exitcode) {
+  const std::string worker = "DataLoader worker (pid " + std::to_string(pid) + ")";
+  if (!exitcode) return worker + " exited unexpectedly";
+  if (*exitcode < 0) {
+    const char* name = strsignal(-*exitcode);
+    return worker + " is killed by signal: " + (name ? name : std::to_string(-*exitcode));
+  }
+  return worker + " exited unexpectedly with exit code " + std::to_string(*exitcode);
 }
 
 std::vector<int> tracked_fds() {

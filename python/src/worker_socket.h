@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,12 @@ std::vector<std::uint8_t> message(std::uint32_t kind, const std::vector<std::uin
 bool send_all(int fd, const std::uint8_t* data, std::size_t size, int pass_fd = -1);
 // Why worker `pid`, whose socket was closed, is gone: PyTorch's message ("DataLoader worker
 // (pid N) is killed by signal: Killed", or its exit code), from its status read with
-// waitid(WNOWAIT), so that multiprocessing still reaps it.
-std::string death_message(pid_t pid);
+// waitid(WNOWAIT), so that multiprocessing still reaps it. Nothing when the status is gone
+// (multiprocessing reaped it already: ProcessPool asks its Process).
+std::optional<std::string> death_message(pid_t pid);
+// The same message from an exit code as multiprocessing gives it (negative: the signal that
+// killed the worker; nothing: not known).
+std::string death_message(pid_t pid, std::optional<int> exitcode);
 // Receives exactly `size` bytes. False at EOF (the peer is gone, or the socket was shut down).
 bool recv_all(int fd, std::uint8_t* data, std::size_t size);
 

@@ -281,6 +281,22 @@ def test_each_worker_death_is_said_once_by_the_training_process():
     assert lines and len(lines) == len(set(lines)), result.stderr
 
 
+def test_a_worker_multiprocessing_reaped_first_is_still_named_by_the_signal_that_killed_it():
+    # A Process that starts reaps its finished siblings (multiprocessing's _cleanup), so a
+    # dead worker's status may be gone before the pool reads it: then its Process says.
+    from stoker.workers.processes import ProcessWorkers, mp_context
+
+    workers = ProcessWorkers(wd.Slow(10, 0.0), 1, mp_context(None), 0, None)
+    pool = workers.make_pool()
+    pool.start()
+    process = workers.processes()[0]
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()  # reaped here: the kernel keeps no status for the pool to read
+    assert tuple(pool.call(0, 0, b"")) == (
+        False, f"DataLoader worker (pid {process.pid}) is killed by signal: Killed")
+    pool.finish()
+
+
 @pytest.mark.parametrize("how", ["close", "gc"])
 def test_close_and_gc_mid_epoch_leave_no_process_and_no_memfd(how):
     gc.collect()  # loaders of earlier tests

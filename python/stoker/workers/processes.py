@@ -50,6 +50,7 @@ class ProcessWorkers:
         self._use_getitems = hasattr(dataset, "__getitems__")
         self._processes: dict[int, Any] = {}
         self._retired: list = []
+        self._ended: dict[int, int] = {}  # pid: exit code, of the workers started again
         self._lock = threading.Lock()
 
     def make_pool(self):
@@ -57,7 +58,7 @@ class ProcessWorkers:
         round, so that no reference cycle runs through C++, where the collector cannot see it)."""
         item = "batch" if hasattr(self._dataset, "job_args") else "sample"
         return _stoker.ProcessPool(self._spawn, functools.partial(decode_reply, item=item),
-                                   self._reap, self._count)
+                                   self._reap, self._exitcode, self._count)
 
     def _spawn(self, worker_id: int):
         """Starts worker `worker_id` (again); returns (fd of the parent's end, pid)."""
@@ -68,6 +69,9 @@ class ProcessWorkers:
             old.join(_GRACE_S)  # dead already: reap it now (no zombie)
             if old.exitcode is None:
                 self._retired.append(old)
+            else:
+                with self._lock:
+                    self._ended[old.pid] = old.exitcode
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         method = self._context.get_start_method()
         forked = method == "fork"
@@ -93,6 +97,16 @@ class ProcessWorkers:
         with self._lock:
             self._processes[worker_id] = process
         return parent.detach(), process.pid
+
+    def _exitcode(self, pid: int) -> Optional[int]:
+        """Worker `pid`'s exit code (negative: the signal that killed it), which the pool
+        asks for when multiprocessing reaped the worker before the pool read its status (a
+        Process that starts reaps its finished siblings); None if not known."""
+        with self._lock:
+            if pid in self._ended:
+                return self._ended[pid]
+            found = [p for p in (*self._processes.values(), *self._retired) if p.pid == pid]
+        return found[0].exitcode if found else None
 
     def retire(self, pool, keep: int) -> None:
         """Keeps workers 0..keep-1 of `pool` (this object's) and lets the others go: their
