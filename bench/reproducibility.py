@@ -19,7 +19,10 @@ read with 0, 1, 2 and 4 workers, threads or processes and on 1 or 2 ranks: the s
 (by index) counted equal to those of in-line reads.
 
     python bench/reproducibility.py            # 20 cut points per case
-    python bench/reproducibility.py --smoke    # 4 cut points, a smaller data set
+    python bench/reproducibility.py --smoke    # 4 cut points, a smaller data set, three
+                                               # cases and three topologies (with --cost:
+                                               # a tenth of the data, one round, 2
+                                               # batches in flight a worker)
     python bench/reproducibility.py --cost     # the cost of seed_per_sample=True (medians
                                                # of 5 rounds; --sides 32 for the cheap one)
 """
@@ -335,18 +338,18 @@ def samples_on(workers: int, worker_type: str, ranks: int, n: int, epochs: int =
     return samples
 
 
-def check_topologies(n: int) -> dict:
-    """{topology: (samples equal to the reference's, samples)}."""
+def check_topologies(n: int, count: int = len(TOPOLOGIES)) -> dict:
+    """{topology: (samples equal to the reference's, samples)}, for the first `count`."""
     reference = samples_on(*TOPOLOGIES[0], n)
     results = {}
-    for workers, kind, ranks in TOPOLOGIES[1:]:
+    for workers, kind, ranks in TOPOLOGIES[1:count]:
         got = samples_on(workers, kind, ranks, n)
         equal = sum(got.get(key) == value for key, value in reference.items())
         results[f"{workers} {kind} worker(s), {ranks} rank(s)"] = (equal, len(reference))
     return results
 
 
-def cost(n: int, rounds: int, side: int) -> dict:
+def cost(n: int, rounds: int, side: int, calls: int = 20_000, prefetch: int = 8) -> dict:
     """Throughput (samples/s) of 2 worker processes reading Cropped(side) with and without
     seed_per_sample: the medians over `rounds` rounds, each a run of 2 epochs (after a warm
     one) of either, in alternating order; the ratio is the median of the rounds' ratios.
@@ -360,7 +363,7 @@ def cost(n: int, rounds: int, side: int) -> dict:
         for seeded in ((False, True) if round_ % 2 == 0 else (True, False)):
             loader = stoker.DataLoader(dataset, batch_size=64, num_workers=2,
                                        worker_type="process", seed_per_sample=seeded,
-                                       prefetch_factor=8)
+                                       prefetch_factor=prefetch)
             for _ in loader:
                 pass
             pids = loader.stats()["worker_pids"]
@@ -376,8 +379,8 @@ def cost(n: int, rounds: int, side: int) -> dict:
             "cpu_plain_us": statistics.median(cpu[False]),
             "cpu_seeded_us": statistics.median(cpu[True]),
             "cpu_ratio": statistics.median(p / s for p, s in zip(cpu[False], cpu[True])),
-            "seeding_us": _per_call_us(lambda: seed_generators(0x9E3779B97F4A7C15)),
-            "getitem_us": _per_call_us(lambda: dataset[0])}
+            "seeding_us": _per_call_us(lambda: seed_generators(0x9E3779B97F4A7C15), calls),
+            "getitem_us": _per_call_us(lambda: dataset[0], calls)}
 
 
 def _cpu_seconds(pids: list) -> float:
@@ -425,8 +428,9 @@ def main() -> None:
         return _resume_main(args.resume)
     if args.cost:
         for side in map(int, args.sides.split(",")):  # CIFAR-sized, ImageNet-sized images
-            n = (20_000 if args.smoke else 100_000) // (1 if side == 32 else 10)
-            result = cost(n, 2 if args.smoke else 5, side)
+            n = (2_000 if args.smoke else 100_000) // (1 if side == 32 else 10)
+            result = (cost(n, 1, side, calls=200, prefetch=2) if args.smoke
+                      else cost(n, 5, side))
             print(f"seed_per_sample cost, {side}x{side} crop: {result['plain']:.0f} samples/s "
                   f"plain, {result['seeded']:.0f} seeded: ratio {result['ratio']:.3f}; "
                   f"workers' CPU a sample {result['cpu_plain_us']:.1f} us plain, "
@@ -436,8 +440,10 @@ def main() -> None:
         return
     rng = random.Random(45)
     n, cut_count = (30, 4) if args.smoke else (50, 20)
-    counts = {"stoker": check_resume(
-        args.cases.split(",") if args.cases else _cases(False), n, cut_count, False, rng)}
+    cases = args.cases.split(",") if args.cases else _cases(False)
+    if args.smoke and not args.cases:  # the harness's three kinds of order: torch's, stoker's,
+        cases = ["shuffle", "seed", "stream"]  # a stream's
+    counts = {"stoker": check_resume(cases, n, cut_count, False, rng)}
     if not args.no_torchdata and not args.cases:
         try:
             import torchdata.stateful_dataloader  # noqa: F401
@@ -446,7 +452,7 @@ def main() -> None:
         else:
             counts["torchdata"] = check_resume(_cases(True), n, cut_count, True, rng)
     if not args.cases:
-        counts["topology"] = check_topologies(n)
+        counts["topology"] = check_topologies(n, 3 if args.smoke else len(TOPOLOGIES))
     if args.json:
         print(json.dumps(counts))
         return

@@ -78,6 +78,12 @@ BUILD_PACKAGES=(g++ cmake ninja-build pkg-config libgtest-dev libfmt-dev libcli1
 # about half the CPU (g++ ASan+UBSan: src/exec/engine.cc 18.9 -> 8.9 s, tests/loader_test.cc
 # 48.9 -> 24.4 s).
 SANITIZER_BUILD=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
+# build-asan: clang with ASan+UBSan, the tests and the libFuzzer targets in one build (the
+# library compiled once for both: scripts/test.sh runs the tests, scripts/fuzz.sh the
+# fuzzers); Parquet through .venv-test's pyarrow (its Arrow C++ library).
+ASAN_BUILD=("${SANITIZER_BUILD[@]}" -DCMAKE_CXX_COMPILER=clang++ -DSTOKER_SANITIZE=address,undefined
+  -DSTOKER_FUZZ=ON -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TOOLS=OFF
+  -DSTOKER_PARQUET=ON "-DSTOKER_ARROW_PYTHON=$PWD/.venv-test/bin/python")
 
 # configure DIR [cmake args...]: configures the project into DIR. A configure that did not
 # finish (DIR/.configuring is left while one runs; or a cache without build.ninja) starts from

@@ -3,29 +3,28 @@
 # corpus (fuzz/corpus/<target>/) for FUZZ_SECONDS seconds (default: 75 s shared among the seven,
 # 10 s each, $JOBS fuzzers at a time: about 40 s on 2 cores). Fails on any crash, leak,
 # sanitizer report or timeout; the input that caused it is saved as
-# build-fuzz/artifacts/<target>-crash-* (reproduce: build-fuzz/fuzz/<target>_fuzz FILE).
+# build-fuzz/artifacts/<target>-crash-* (reproduce: build-asan/fuzz/<target>_fuzz FILE).
 # New inputs the fuzzers find go to build-fuzz/corpus/<target>/, not into the repository.
+# The fuzzers are built in build-asan (common.sh's ASAN_BUILD: the tests' ASan+UBSan build, in
+# which scripts/test.sh has built them already); only they are built here.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 apt_install "${BUILD_PACKAGES[@]}" clang libclang-rt-14-dev
 
 # pyarrow's Arrow C++ library, for the Parquet target (cmake/parquet.cmake).
 python_venv .venv-test pyarrow
-build build-fuzz "${SANITIZER_BUILD[@]}" -DCMAKE_CXX_COMPILER=clang++ \
-  -DSTOKER_SANITIZE=address,undefined -DSTOKER_FUZZ=ON \
-  -DSTOKER_BUILD_TESTS=OFF -DSTOKER_BUILD_TOOLS=OFF \
-  -DSTOKER_PARQUET=ON -DSTOKER_ARROW_PYTHON="$PWD/.venv-test/bin/python"
-
+configure build-asan "${ASAN_BUILD[@]}"
 targets=(records jpeg_decode png_decode transform_spec tar_index parquet_open video_open)
 # The run's time stays about what it was with five targets at 15 s: 75 s shared among them.
 seconds=${FUZZ_SECONDS:-$((75 / ${#targets[@]}))}
+ninja -C build-asan -j "$JOBS" "${targets[@]/%/_fuzz}"
 mkdir -p build-fuzz/artifacts
 # fuzz TARGET: one fuzzer over its corpus for $seconds; its output in build-fuzz/TARGET.log.
 fuzz() {
   local target=$1 dict=()
   mkdir -p "build-fuzz/corpus/$target"
   [ -f "fuzz/$target.dict" ] && dict=("-dict=fuzz/$target.dict")
-  build-fuzz/fuzz/${target}_fuzz "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
+  build-asan/fuzz/${target}_fuzz "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="build-fuzz/artifacts/$target-" \
     "build-fuzz/corpus/$target" "fuzz/corpus/$target" >"build-fuzz/$target.log" 2>&1
 }

@@ -30,9 +30,8 @@ build build -DCMAKE_BUILD_TYPE=Release -DSTOKER_BUILD_TESTS=ON -DSTOKER_BUILD_TO
   -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
 ctest --test-dir build --output-on-failure -j "$JOBS"
 
-stage "ASan + UBSan"
-build build-asan "${SANITIZER_BUILD[@]}" -DSTOKER_SANITIZE=address,undefined \
-  -DSTOKER_BUILD_TOOLS=OFF "${arrow[@]}"
+stage "ASan + UBSan (clang; the fuzzers built with the tests)"
+build build-asan "${ASAN_BUILD[@]}"
 ARROW_DEFAULT_MEMORY_POOL=system ctest --test-dir build-asan --output-on-failure -j "$JOBS"
 
 stage "fuzzing (libFuzzer, ASan + UBSan, about a minute)"
@@ -94,7 +93,25 @@ python3 -m venv build-py/fresh-venv
 # columns and stoker.TextTokens; optional for users, tested here.
 build-py/fresh-venv/bin/pip install -q --no-compile --only-binary=:all: "$wheel" torch==2.13.0 pillow \
   pytest matplotlib tqdm webdataset pyarrow lightning accelerate datasets av tokenizers
-build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+# In two pytest runs side by side: the tests that start training scripts in new processes
+# (Lightning, Accelerate, torchrun), which spend most of their time importing on one core,
+# beside the rest (each with its own temporary directory; the suite passes on a busy machine).
+scripts=(test_framework_runs.py test_frameworks.py test_elastic.py test_seeds.py
+  test_distributed.py)
+fresh_pytest() { build-py/fresh-venv/bin/python -m pytest -q -p no:cacheprovider "$@"; }
+fresh_pytest --basetemp=build-py/pytest-scripts "${scripts[@]/#/tests/python/}" \
+  >build-py/pytest-scripts.log 2>&1 &
+scripts_run=$!
+rest_status=0
+fresh_pytest --basetemp=build-py/pytest-rest tests/python "${scripts[@]/#/--ignore=tests/python/}" ||
+  rest_status=$?
+scripts_status=0
+wait "$scripts_run" || scripts_status=$?
+echo "-- ${scripts[*]}:"
+cat build-py/pytest-scripts.log
+if [ "$rest_status" -ne 0 ] || [ "$scripts_status" -ne 0 ]; then
+  exit 1
+fi
 
 stage "PyTorch's own DataLoader tests with stoker's loader (given their file)"
 # test/test_dataloader.py of the PyTorch repository is not part of this one: set
@@ -108,58 +125,7 @@ else
   echo "skipped: STOKER_TORCH_DATALOADER_TESTS is not set"
 fi
 
-stage "benchmark smoke run (checks the harness; measures nothing)"
-./build/stoker bench --smoke --no-baseline --json >/dev/null
-./build/stoker bench --smoke --device sim --json >/dev/null
-python3 -m py_compile bench/torch_dataloader.py
-./build/stoker bench -w jpeg --smoke --no-baseline --json >/dev/null
-./build/stoker tune --smoke --seconds 0.5 --measure 0.2 --grid --grid-workers 1 2 --repeat 2 \
-  --grid-depth 2 --json >/dev/null
-./build/stoker diagnose --smoke --seconds 0.5 --json >/dev/null
-python3 -m py_compile bench/torchvision_baseline.py
-.venv-test/bin/python bench/python_bench.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/worker_overhead.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/worker_kinds.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/ray_bench.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/chaos.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/worker_gc.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/worker_cpu.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/auto_switch.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/memory_cap.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/memory_cap.py --smoke --stream >/dev/null 2>&1
-.venv-test/bin/python bench/memory_soak.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/token_bench.py --smoke --no-peers >/dev/null 2>&1
-.venv-test/bin/python bench/text_token_bench.py --smoke >/dev/null 2>&1
-python3 -m py_compile examples/token_lm.py
-# Parquet: the Python data set beside the C++ reader (`stoker bench --parquet`), then the C++
-# reader from the command line on the file that smoke run made
-.venv-test/bin/python bench/parquet_bench.py --smoke --stoker-bin build/stoker >/dev/null 2>&1
-pq_file="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-parquet-48-16.parquet"
-./build/stoker diagnose --parquet "$pq_file" --seconds 0.5 --json >/dev/null
-./build/stoker tune --parquet "$pq_file" --seconds 0.5 --measure 0.2 --json >/dev/null
-./build/stoker bench --parquet "$pq_file" --smoke --python .venv-test/bin/python --json >/dev/null
-.venv-test/bin/python bench/webdataset_bench.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/video_bench.py --smoke >/dev/null 2>&1  # FFmpeg's libraries and CLI
-./build/stoker tune --video fuzz/corpus/video_open/h264.mp4 --seconds 0.5 --measure 0.2 --json >/dev/null
-./build/stoker diagnose --video fuzz/corpus/video_open/vfr.mp4 --seconds 0.5 --json >/dev/null
-# the shards that smoke run made (bench/webdataset_bench.py: $TMPDIR/stoker-bench-wds-64-2)
-wds_shards="$(.venv-test/bin/python -c 'import tempfile; print(tempfile.gettempdir())')/stoker-bench-wds-64-2/shards"
-./build/stoker diagnose --webdataset "$wds_shards" --seconds 0.5 --json >/dev/null
-./build/stoker tune --webdataset "$wds_shards" --seconds 0.5 --measure 0.2 --json >/dev/null
-.venv-test/bin/python bench/parquet_bench.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/parquet_shuffle.py --smoke >/dev/null 2>&1
-# bench/gpu_feed.py on the CPU (its GPU figures come from scripts/gpu_check.sh)
-.venv-test/bin/python bench/gpu_feed.py --device cpu --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/elastic_resume.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/reproducibility.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/reproducibility.py --smoke --cost >/dev/null 2>&1
-.venv-test/bin/python bench/auto_matrix.py --smoke --workload stream padding tiny >/dev/null 2>&1
-.venv-test/bin/python bench/frameworks_bench.py --smoke >/dev/null 2>&1
-.venv-test/bin/python bench/s3_bench.py --smoke >/dev/null 2>&1  # SeaweedFS, STOKER_WEED
-.venv-test/bin/python bench/s3_images_bench.py --smoke >/dev/null 2>&1  # the same
-.venv-test/bin/python bench/s3_shuffle.py --smoke >/dev/null 2>&1  # the same
-# the main job's table (bench/headline.py) without torchvision's rows (.venv-test has none)
-.venv-test/bin/python bench/headline.py --smoke --out build-py/headline-smoke \
-  --rows tensors seed gil cheap stream webdataset parquet s3 auto >/dev/null 2>&1
+stage "benchmark smoke runs (check the harnesses; measure nothing), two lanes side by side"
+bash scripts/smoke.sh
 
 echo "== all tests passed"

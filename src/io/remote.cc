@@ -1,6 +1,7 @@
 #include "io/remote.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -805,17 +806,37 @@ NodeTurn::NodeTurn(const std::string& index_dir, std::string_view what) {
   shared = {(fs::path(index_dir) / "listings").string(), torchrun_job()};
 }
 
+namespace {
+
+// The stores made, by process: never destroyed (a process forked from this one must not join
+// its parent's transfer thread, which does not exist in the child, and a store's thread lives
+// as long as the process anyway). A forked child starts with a lock and a table of its own:
+// another thread of the parent may have held the lock, or been changing the table, when it
+// forked.
+struct Stores {
+  using Key = std::tuple<pid_t, std::string, std::uint64_t>;
+  std::mutex* mu = new std::mutex;
+  std::map<Key, std::shared_ptr<RemoteFiles>>* made =
+      new std::map<Key, std::shared_ptr<RemoteFiles>>;
+};
+
+Stores& stores() {
+  static Stores* s = [] {
+    auto* made = new Stores;
+    pthread_atfork(nullptr, nullptr, [] { stores() = Stores{}; });
+    return made;
+  }();
+  return *s;
+}
+
+}  // namespace
+
 std::shared_ptr<RemoteFiles> remote_files(const std::string& cache_dir, std::uint64_t cache_bytes) {
-  // Never destroyed: a process forked from this one must not join its parent's transfer
-  // thread (which does not exist in the child), and the store's thread lives as long as the
-  // process anyway.
-  static auto* mu = new std::mutex;
-  static auto* made =
-      new std::map<std::tuple<pid_t, std::string, std::uint64_t>, std::shared_ptr<RemoteFiles>>;
   const std::string dir = cache_dir.empty() ? default_object_cache_dir() : cache_dir;
   if (dir.empty()) cache_bytes = 0;
-  std::lock_guard lock(*mu);
-  auto& slot = (*made)[{::getpid(), dir, cache_bytes}];
+  Stores& s = stores();
+  std::lock_guard lock(*s.mu);
+  auto& slot = (*s.made)[{::getpid(), dir, cache_bytes}];
   if (!slot) slot = std::make_shared<RemoteFiles>(dir, cache_bytes);
   return slot;
 }
