@@ -318,7 +318,7 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("cache_bytes"), py::arg("max_pixels"), py::arg("index_cache_dir"),
         py::arg("index_cache"), py::arg("object_cache_dir"), py::arg("object_cache_bytes"),
         py::arg("known_objects"));
-  m.def("object_files", &object_files, py::arg("urls"), py::arg("suffix"));
+  bind_object_files(m);
   m.def(
       "pack",
       [](const std::string& src, const std::string& dest, std::uint64_t shard_bytes, bool overwrite,

@@ -182,10 +182,36 @@ py::dict source_counters(const NativeDataset& dataset) {
   return fields_dict(dataset.source->counters());
 }
 
-std::vector<std::string> object_files(const std::vector<std::string>& urls,
-                                      const std::string& suffix) {
-  py::gil_scoped_release nogil;  // listing and downloading may take a while
-  return detail::local_object_files(urls, suffix);
+void bind_object_files(py::module_& m) {
+  using detail::ObjectFile;
+  py::class_<ObjectFile, std::shared_ptr<ObjectFile>>(m, "ObjectFile")
+      .def_property_readonly("url", &ObjectFile::url)
+      .def_property_readonly("size", &ObjectFile::size)
+      .def(
+          "read",
+          [](const ObjectFile& f, std::uint64_t offset, std::size_t n, bool exact) {
+            std::string bytes(n, '\0');
+            {
+              py::gil_scoped_release nogil;  // a GET, or a wait for one
+              bytes.resize(f.read_at(offset, reinterpret_cast<std::byte*>(bytes.data()), n, exact));
+            }
+            return py::bytes(bytes);
+          },
+          py::arg("offset"), py::arg("n"), py::arg("exact") = false,
+          "Up to n bytes at offset (fewer past the end), through the object cache; exact: by "
+          "exactly this range, not through the cache.")
+      .def("will_read", &ObjectFile::will_read, py::arg("ranges"),
+           py::call_guard<py::gil_scoped_release>(),
+           "A hint: these (offset, length) ranges are read soon.")
+      .def("cut_at", &ObjectFile::cut_at, py::arg("starts"),
+           "The same object with its cache chunks starting at these offsets.")
+      .def(
+          "counters", [](const ObjectFile& f) { return fields_dict(f.counters()); },
+          "The traffic of the object cache it reads through.");
+  m.def("open_object_files", &detail::open_object_files, py::arg("urls"), py::arg("suffix"),
+        py::call_guard<py::gil_scoped_release>(),
+        "The objects the URLs name (objects or s3:// prefixes: those ending in suffix), in "
+        "order.");
 }
 
 std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(

@@ -74,12 +74,9 @@ NativeDataset make_webdataset(
 std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(
     const NativeDataset& dataset);
 
-// Local copies of the objects `urls` name (s3:// objects or prefixes: every object directly
-// under one whose name ends in `suffix`; http(s):// objects), downloaded into the default object
-// cache directory's files/ folder unless there already (detail::RemoteFiles::local_file), in
-// order. With the GIL released.
-std::vector<std::string> object_files(const std::vector<std::string>& urls,
-                                      const std::string& suffix);
+// stoker._stoker.ObjectFile and open_object_files: objects read by ranges (the Python Parquet
+// data set's s3:// and http(s):// files, for pyarrow).
+void bind_object_files(py::module_& m);
 
 // The object-storage counters of a data set over URLs (ObjectStorageCounters' fields by name);
 // empty for other data sets.

@@ -135,14 +135,6 @@ class RemoteFiles {
   using Range = std::pair<std::uint64_t, std::size_t>;
   bool prefetch(const RemoteObject& object, std::span<const Range> ranges);
 
-  // The object as a whole local file, for readers that need one (Parquet through pyarrow):
-  // DIR/files/<hash of URL, size and ETag>-<its name>, where DIR is the cache directory,
-  // downloaded by a stream of range GETs when it is not there yet (written to a temporary name,
-  // then renamed). Files there that this process did not hand out are deleted, least recently
-  // used first, to keep them within the cache's byte cap. Throws std::runtime_error without a
-  // cache directory, io::ObjectStoreError naming the URL.
-  std::string local_file(const RemoteObject& object);
-
   // A hint that the chunk holding byte `offset` of the object will not be read again soon (a
   // windowed shuffle read every sample of its block this epoch): it is the cache's first out.
   void done_with(const RemoteObject& object, std::uint64_t offset);
@@ -223,7 +215,6 @@ class RemoteFiles {
   std::thread finisher_ STOKER_GUARDED_BY(mu_);  // started by the first chunk held
   std::uint64_t cache_bytes_ = 0;
   std::uint64_t ahead_limit_ = kAheadBytes;  // with a cache: at most half of it over the ranks
-  std::vector<std::string> handed_out_ STOKER_GUARDED_BY(mu_);  // local_file()s: never evicted
 };
 
 // The RemoteFiles of this process for a cache directory ("" for the default) and cap (0: no

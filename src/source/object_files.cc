@@ -1,21 +1,58 @@
 #include "stoker/frontend/object_files.h"
 
+#include <algorithm>
+#include <span>
+#include <stdexcept>
+
+#include "io/file.h"
 #include "io/remote.h"
+#include "source/resolve.h"
 
 namespace stoker::detail {
+namespace {
 
-std::vector<std::string> local_object_files(const std::vector<std::string>& urls,
-                                            const std::string& suffix) {
-  auto files = remote_files("", kDefaultObjectCacheBytes);
-  std::vector<const RemoteObject*> objects;
-  const auto resolved = files->resolve(urls, suffix);
-  for (const auto& per_url : resolved) {
-    for (const auto& o : per_url) objects.push_back(&o);
+class Object final : public ObjectFile {
+ public:
+  Object(io::FilePtr file, RemoteHandle remote)
+      : file_(std::move(file)), remote_(std::move(remote)) {}
+
+  const std::string& url() const override { return file_->name(); }
+  std::uint64_t size() const override { return file_->size(); }
+  std::size_t read_at(std::uint64_t offset, std::byte* dst, std::size_t n,
+                      bool exact) const override {
+    if (!exact) return file_->read_at(offset, dst, n);
+    const std::uint64_t left = offset < size() ? size() - offset : 0;
+    const auto count = static_cast<std::size_t>(std::min<std::uint64_t>(left, n));
+    file_->read_uncached(offset, dst, count);
+    return count;
   }
-  std::vector<std::string> out(objects.size());
-  constexpr std::size_t kDownloads = 8;  // objects fetched at once (each a stream of ranges)
-  parallel_for(objects.size(), kDownloads,
-               [&](std::size_t i) { out[i] = files->local_file(*objects[i]); });
+  void will_read(const std::vector<Range>& ranges) const override {
+    file_->will_read(std::span<const Range>(ranges));
+  }
+  std::shared_ptr<ObjectFile> cut_at(std::vector<std::uint64_t> starts) const override {
+    const RemoteObject* object = file_->object();
+    if (object == nullptr) throw std::logic_error(url() + ": not an object");  // never: opened so
+    RemoteObject cut = *object;
+    cut.chunk_starts = std::make_shared<const std::vector<std::uint64_t>>(std::move(starts));
+    return std::make_shared<Object>(io::open_object(std::move(cut), remote_), remote_);
+  }
+  ObjectStorageCounters counters() const override { return remote_->counters(); }
+
+ private:
+  io::FilePtr file_;
+  RemoteHandle remote_;
+};
+
+}  // namespace
+
+std::vector<std::shared_ptr<ObjectFile>> open_object_files(const std::vector<std::string>& urls,
+                                                           const std::string& suffix) {
+  Resolver resolver(ObjectStorageOptions{}, "objects");
+  std::vector<std::shared_ptr<ObjectFile>> out;
+  for (auto& per_url : resolver.objects(urls, suffix)) {
+    for (auto& file : per_url)
+      out.push_back(std::make_shared<Object>(std::move(file), resolver.remote()));
+  }
   return out;
 }
 

@@ -315,15 +315,41 @@ def test_parquet_files_from_a_prefix_are_read_as_the_local_ones(env, tmp_path, m
         return sorted(out)
 
     want = rows(stoker.ParquetDataset(local, columns=("id", "x")))
-    assert rows(stoker.ParquetDataset(f"s3://{BUCKET}/parquet/", columns=("id", "x"))) == want
+    remote = stoker.ParquetDataset(f"s3://{BUCKET}/parquet/", columns=("id", "x"))
+    assert remote.files == [f"s3://{BUCKET}/parquet/part-{f}.parquet" for f in range(3)]
+    assert rows(remote) == want
     assert env.counts()["LIST"] == 1
-    env.reset()  # a second data set over the same files: no download again
-    again = stoker.ParquetDataset([f"s3://{BUCKET}/parquet/part-{f}.parquet" for f in range(3)],
-                                  columns=("id", "x"))
+    env.reset()  # a second data set over the same files: their footers again, rows cached
+    again = stoker.ParquetDataset(remote.files, columns=("id", "x"))
     assert rows(again) == want
-    assert env.counts()["GET"] == 0
+    assert env.counts()["GET"] == 3
     with pytest.raises(RuntimeError, match=rf"s3://{BUCKET}/nope/: no objects named \*.parquet"):
         stoker.ParquetDataset(f"s3://{BUCKET}/nope/", columns=("id", "x"))
+
+
+def test_a_parquet_file_in_object_storage_is_read_by_the_column_chunks_asked_for(
+        env, tmp_path, monkeypatch):
+    # A wide column (2 KB a row) beside the two read: the footer and the two columns' chunks
+    # are fetched (each chunk by one GET, whole), not the file; strings come the same way.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    ids = np.arange(400, dtype=np.int64)
+    path = tmp_path / "wide.parquet"
+    blobs = [np.random.default_rng(i).bytes(2048) for i in range(400)]  # incompressible
+    pq.write_table(pa.table({"id": ids, "blob": blobs,
+                             "name": [f"row {i}" for i in ids]}), path, row_group_size=100)
+    env.put("wide/wide.parquet", path.read_bytes())
+    ds = stoker.ParquetDataset(f"s3://{BUCKET}/wide/wide.parquet", columns=("id", "name"))
+    got = []
+    for batch_ids, names in stoker.DataLoader(ds, batch_size=32, shuffle=True):
+        got += zip(batch_ids.tolist(), names)
+    assert sorted(got) == [(i, f"row {i}") for i in range(400)]
+    fetched = ds.object_storage()["bytes_fetched"]
+    assert 0 < fetched < path.stat().st_size / 10, (fetched, path.stat().st_size)
+    # Four row groups of two column chunks, and the footer: no GET for a chunk read again.
+    assert env.counts()["GET"] <= 4 * 2 + 1
 
 
 # --- Data larger than the object cache: the shuffle that knows where the bytes are -----------

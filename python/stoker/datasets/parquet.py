@@ -16,9 +16,11 @@ from typing import Sequence
 from .. import _stoker
 from ..elements import to_array
 from .native import NativeDataset
+from .parquet_objects import ParquetObject, Source, open_objects, open_parquet
 from .shards import local_files
 
-_OPEN_FILES_PER_THREAD = 8
+_OPEN_FILES = 32  # ParquetFiles kept open, over all threads
+_URLS = ("s3://", "http://", "https://")
 
 
 def _pyarrow():
@@ -31,24 +33,24 @@ def _pyarrow():
     return pyarrow, pyarrow.parquet
 
 
-def expand_files(files) -> list[str]:
+def expand_files(files) -> list[Source]:
     """The Parquet files `files` names: a path, a glob, a directory (its *.parquet files, in
     name order), a URL (docs/storage.md: ``s3://`` objects or prefixes, ``http(s)://`` objects,
-    downloaded whole into the object cache and read from there) or a list of those, in the
-    order given."""
+    read by ranges through the object cache: parquet_objects.py) or a list of those, in the
+    order given. Local files as their paths, objects as ParquetObjects (their footers read)."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
-    out: list[str] = []
+    out: list[Source] = []
     items = [os.fspath(f) for f in files]
     for i, path in enumerate(items):
-        if path.startswith(("s3://", "http://", "https://")):
-            if i == 0 or not items[i - 1].startswith(("s3://", "http://", "https://")):
+        if path.startswith(_URLS):
+            if i == 0 or not items[i - 1].startswith(_URLS):
                 urls = []  # consecutive URLs: resolved together (one listing per prefix)
                 for u in items[i:]:
-                    if not u.startswith(("s3://", "http://", "https://")):
+                    if not u.startswith(_URLS):
                         break
                     urls.append(u)
-                out += _stoker.object_files(urls, ".parquet")
+                out += open_objects(urls, _pyarrow()[1])
             continue
         out += local_files(path, ".parquet", "stoker.ParquetDataset")
     if not out:
@@ -138,12 +140,12 @@ def _prod(values) -> int:
     return n
 
 
-def _open(pq, path: str):
+def _open(pq, source: Source):
     """A ParquetFile that checks the CRC of each page that has one (pyarrow >= 14)."""
     try:
-        return pq.ParquetFile(path, page_checksum_verification=True)
+        return open_parquet(pq, source, page_checksum_verification=True)
     except TypeError:
-        return pq.ParquetFile(path)
+        return open_parquet(pq, source)
 
 
 class _RowGroupReader:
@@ -151,28 +153,36 @@ class _RowGroupReader:
     worker threads, with the GIL. It holds no reference to its ParquetDataset, which holds the
     C++ half that holds it (a cycle through C++ is never collected)."""
 
-    def __init__(self, files: list[str], columns: list[str], kinds: list[tuple]) -> None:
+    def __init__(self, files: list[Source], columns: list[str], kinds: list[tuple]) -> None:
         self.files, self.columns, self.kinds = files, columns, kinds
-        self._local = threading.local()  # per thread: its open ParquetFiles
+        # Each thread's open ParquetFiles, by (thread, file), the least recently used closed
+        # first. Not in a threading.local: an object's ParquetFile holds a Python file, which
+        # pyarrow lets go of by taking the GIL, and a thread-local value goes while the
+        # engine thread's Python state is torn down, where that waits for good.
+        self._open: OrderedDict = OrderedDict()
 
     def _file(self, index: int):
-        files = getattr(self._local, "files", None)
-        if files is None:
-            files = self._local.files = OrderedDict()
-        f = files.get(index)
-        if f is None:
-            _, pq = _pyarrow()
-            f = files[index] = _open(pq, self.files[index])
-            while len(files) > _OPEN_FILES_PER_THREAD:
-                files.popitem(last=False)
-        else:
-            files.move_to_end(index)
+        key = (threading.get_ident(), index)
+        f = self._open.get(key)
+        try:  # each call below is atomic; another thread may close a file between them
+            if f is None:
+                _, pq = _pyarrow()
+                f = self._open[key] = _open(pq, self.files[index])
+                while len(self._open) > _OPEN_FILES:
+                    self._open.popitem(last=False)
+            else:
+                self._open.move_to_end(key)
+        except KeyError:
+            pass
         return f
 
     def __call__(self, file_index: int, row_group: int) -> list:
         import numpy as np
 
         pa, _ = _pyarrow()
+        source = self.files[file_index]
+        if isinstance(source, ParquetObject):  # its column chunks fetched ahead, together
+            source.will_read(row_group, self.columns)
         table = self._file(file_index).read_row_group(row_group, columns=self.columns,
                                                       use_threads=False)
         out = []
@@ -212,8 +222,10 @@ class ParquetDataset(NativeDataset):
     """The rows of Parquet files, read by row group with pyarrow; samples are the values of
     `columns`, in that order (a tuple; a dict with ``as_dict=True``).
 
-    - `files`: a path, a glob, a directory (its ``*.parquet`` files, in name order) or a list
-      of those; their rows are the data set's, file after file.
+    - `files`: a path, a glob, a directory (its ``*.parquet`` files, in name order), an
+      ``s3://`` or ``http(s)://`` URL (an ``s3://`` prefix: its ``*.parquet`` objects; read in
+      place by column chunks through the object cache, docs/storage.md) or a list of those;
+      their rows are the data set's, file after file.
     - Numeric columns (ints, floats, bools, fixed-size lists and fixed-shape tensors of them)
       become batch fields, one array each.
     - Binary columns holding encoded images (JPEG, PNG), and Hugging Face's image struct
@@ -250,7 +262,8 @@ class ParquetDataset(NativeDataset):
             raise ValueError("stoker.ParquetDataset: no columns")
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"stoker.ParquetDataset: a column is named twice: {self.columns}")
-        self.files = expand_files(files)
+        sources = expand_files(files)
+        self.files = [str(f) for f in sources]  # paths and URLs
         self.transform = transform
         spec = ""
         if transform is not None:
@@ -263,13 +276,13 @@ class ParquetDataset(NativeDataset):
 
         kinds = None
         row_groups, footers = [], []
-        for path in self.files:
+        for path, source in zip(self.files, sources):
             try:
-                meta = pq.ParquetFile(path)
-                schema = meta.schema_arrow
-                footers.append(meta.metadata)
-                row_groups.append([meta.metadata.row_group(g).num_rows
-                                   for g in range(meta.metadata.num_row_groups)])
+                opened = open_parquet(pq, source)  # an object's footer: read already
+                meta, schema = opened.metadata, opened.schema_arrow
+                footers.append(meta)
+                row_groups.append([meta.row_group(g).num_rows
+                                   for g in range(meta.num_row_groups)])
             except Exception as e:
                 raise ValueError(f"stoker.ParquetDataset: {path}: not a readable Parquet "
                                  f"file (its footer could not be read: {e})") from e
@@ -298,10 +311,11 @@ class ParquetDataset(NativeDataset):
         self._names = self.columns
         self._as_dict = bool(as_dict)
         self._row_groups = row_groups
+        self._sources = sources
         self._string_cache: OrderedDict = OrderedDict()
         self._string_lock = threading.Lock()
         self._handle = _stoker.parquet_dataset(
-            _RowGroupReader(self.files, [self.columns[i] for i in self._natives],
+            _RowGroupReader(sources, [self.columns[i] for i in self._natives],
                             [kinds[i] for i in self._natives]),
             self.files, row_groups,
             _selected_bytes(footers, {self.columns[i]: _row_bytes(kinds[i]) for i in self._natives}),
@@ -322,6 +336,12 @@ class ParquetDataset(NativeDataset):
         cache holds now."""
         return _stoker.parquet_counters(self._handle)
 
+    def object_storage(self) -> dict:
+        """Over URLs (docs/storage.md): this process's object-storage traffic through the object
+        cache, as ``stoker.WebDataset.object_storage()`` counts it. Empty for local files."""
+        objects = [s for s in self._sources if isinstance(s, ParquetObject)]
+        return objects[0].counters() if objects else {}
+
     # --- string columns: read on the consumer's side, by row group ------------------------
 
     def _strings_of(self, index: int) -> list:
@@ -336,7 +356,7 @@ class ParquetDataset(NativeDataset):
             f, k = self._part(g)
             names = [self.columns[i] for i in self._strings]
             try:
-                table = _open(_pyarrow()[1], self.files[f]).read_row_group(k, columns=names)
+                table = _open(_pyarrow()[1], self._sources[f]).read_row_group(k, columns=names)
             except Exception as e:
                 raise ValueError(f"stoker.ParquetDataset: {self.files[f]} row "
                                  f"{index - self._starts[g] + self._first_in_file[g]}: its row "

@@ -94,8 +94,9 @@ class TokenDataset(NativeDataset):
             if format == "parquet":
                 from .parquet import expand_files
 
-                self.paths = expand_files(self.paths)
-                chunks, owner = _parquet_token_chunks(self.paths, column)
+                sources = expand_files(self.paths)
+                self.paths = [str(s) for s in sources]
+                chunks, owner = _parquet_token_chunks(sources, column)
             else:
                 chunks, owner = _arrow_token_chunks(paths, column)
             self._handle = _stoker.token_rows_columns(chunks, owner, int(vocab_size or 0), *rows)
@@ -264,21 +265,28 @@ def _list_chunks(pa, array, source: str, first_row: int = 0) -> list:
 
 
 def _parquet_token_chunks(files, column: str):
-    """A token column of Parquet files, decoded with pyarrow into memory (its values as stored:
-    4 or 8 bytes a token), one source per file."""
+    """A token column of Parquet files (local paths, or objects read by ranges: only the
+    column's chunks), decoded with pyarrow into memory (its values as stored: 4 or 8 bytes a
+    token), one source per file."""
     from .parquet import _pyarrow
+    from .parquet_objects import ParquetObject
 
     pa, pq = _pyarrow()
     chunks, tables = [], []
-    for path in files:
+    for source in files:
+        path = str(source)
         try:
-            schema = pq.read_schema(path)
+            schema = (source.open(pq) if isinstance(source, ParquetObject)
+                      else pq.ParquetFile(path)).schema_arrow
         except Exception as e:  # pyarrow's ArrowInvalid, OSError: not Parquet, truncated
             raise ValueError(f"stoker.TokenDataset: {path}: cannot read its footer: {e}") from e
         if column not in schema.names:
             raise KeyError(f"stoker.TokenDataset: {path} has no column {column!r} (its columns: "
                            f"{', '.join(schema.names)})")
-        table = pq.read_table(path, columns=[column], memory_map=True)
+        if isinstance(source, ParquetObject):
+            table = source.read(pq, [column])
+        else:
+            table = pq.read_table(path, columns=[column], memory_map=True)
         chunks += _list_chunks(pa, table.column(column), f"{path} column {column}")
         tables.append(table)
     return chunks, tables
