@@ -352,6 +352,30 @@ def test_a_parquet_file_in_object_storage_is_read_by_the_column_chunks_asked_for
     assert env.counts()["GET"] <= 4 * 2 + 1
 
 
+def test_a_parquet_object_whose_page_checksum_fails_loses_that_row_group_named_by_its_url(
+        env, tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    ids = np.arange(12, dtype=np.int64)
+    path = tmp_path / "crc.parquet"
+    pq.write_table(pa.table({"id": ids}), path, row_group_size=4, compression="NONE",
+                   write_page_checksum=True)
+    meta = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    data = bytearray(path.read_bytes())
+    start = meta.dictionary_page_offset if meta.has_dictionary_page else meta.data_page_offset
+    data[start + meta.total_compressed_size - 4] ^= 0x5A  # a byte of the page's values
+    env.put("crc/crc.parquet", bytes(data))
+    url = f"s3://{BUCKET}/crc/crc.parquet"
+    loader = stoker.DataLoader(stoker.ParquetDataset(url, columns=("id",)), batch_size=4,
+                               on_error="skip")
+    assert sum(len(ids) for ids, in loader) == 12  # the lost rows replaced by others
+    report = loader.skipped_samples()
+    assert sorted(s.index for s in report) == [4, 5, 6, 7]
+    assert all(s.name == f"{url} row {s.index}" and "CRC" in s.reason for s in report), report
+
+
 # --- Data larger than the object cache: the shuffle that knows where the bytes are -----------
 
 BIG_SHARDS, BIG_PER_SHARD, ROW = 8, 250, 2000  # 2,000 rows of 2 KB: about 6 MB in storage

@@ -75,9 +75,10 @@ class ParquetObject:
                 bounds |= {start, start + length}
         self._handle = handle.cut_at(sorted(bounds))
 
-    def open(self, pq):
-        """A pyarrow ParquetFile over it (the footer already read: no request)."""
-        return pq.ParquetFile(_Reader(self._handle), metadata=self.metadata)
+    def open(self, pq, **kwargs):
+        """A pyarrow ParquetFile over it (the footer already read: no request); `kwargs` to
+        ParquetFile."""
+        return pq.ParquetFile(_Reader(self._handle), metadata=self.metadata, **kwargs)
 
     def will_read(self, row_group: int, columns) -> None:
         """Row group `row_group`'s column chunks of `columns` (top-level names) fetched ahead,
@@ -113,5 +114,5 @@ def open_objects(urls: list[str], pq) -> list[ParquetObject]:
 def open_parquet(pq, source: Source, **kwargs):
     """A pyarrow ParquetFile over a local path (`kwargs` to ParquetFile) or an object."""
     if isinstance(source, ParquetObject):
-        return source.open(pq)
+        return source.open(pq, **kwargs)
     return pq.ParquetFile(source, **kwargs)
