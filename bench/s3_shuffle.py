@@ -1,24 +1,30 @@
-"""Data larger than the object cache: stoker.WebDataset("s3://...") shuffled through an object
-cache of a tenth and a hundredth of the data set, against reading it in order through the same
-cache, the global shuffle it had before (each sample's block fetched when it is read), and a
-stream's shuffle (webdataset's shardshuffle=100 + shuffle(5000)); bytes fetched, requests,
-throughput, each sample once over 4 simulated ranks, and the shuffle's quality.
+"""Data larger than the object cache: stoker.WebDataset("s3://...") and stoker.ParquetDataset(
+"s3://...") shuffled through an object cache of a tenth and a hundredth of the data set, against
+reading it in order through the same cache, the global shuffle it had before (each sample's
+block fetched when it is read), and a stream's shuffle (webdataset's shardshuffle=100 +
+shuffle(5000)); bytes fetched, requests, throughput, each sample once over 4 simulated ranks,
+and the shuffle's quality.
 
-    python bench/s3_shuffle.py [--images 2000] [--rows 50000] [--ratios 10 100]
+    python bench/s3_shuffle.py [--images 2000] [--rows 50000] [--ratios 10 100] [--sets ...]
     python bench/s3_shuffle.py --smoke
 
 The server: SeaweedFS (`weed mini`, STOKER_WEED or PATH) behind nginx (`--proxy nginx`, the
 default where Debian's nginx and libnginx-mod-http-lua are installed) or tests/support/
 fault_proxy.py (`--proxy fault`) adding `--latency-ms` (20) to every request. The Python proxy
 serves about 600 requests a second on two cores, so a shuffle that makes a GET a sample measures
-it rather than stoker; nginx serves over twice that on the same machine. Two data sets, sorted by label (100 classes, so
-that a batch's distinct labels say how well the order mixes), each sample with its id:
-- jpeg: `--images` generated 256x256 JPEGs (about 40 KB) in 20 shards, read with T.train(224);
-- rows: `--rows` rows of 2 KB (an npy member) in 20 shards.
-Each configuration reads one epoch (batch 32, 2 worker threads) with the shard indexes cached
-and a fresh object cache of the data set's bytes / ratio:
+it rather than stoker; nginx serves over twice that on the same machine. Four data sets, sorted
+by label (100 classes, so that a batch's distinct labels say how well the order mixes), each
+sample with its id, in 20 files:
+- jpeg: `--images` generated 256x256 JPEGs (about 40 KB) in WebDataset shards, read with
+  T.train(224);
+- rows: `--rows` rows of 2 KB (an npy member) in WebDataset shards;
+- pq-jpeg, pq-rows: the same as Parquet files (an image column; a fixed-size list of 2,000
+  bytes), row groups of 10 images or 50 rows: the row group is Parquet's storage block, so
+  the window holds what the cache holds of whole row groups.
+Each configuration reads one epoch (batch 32, 2 worker threads) with the indexes cached and a
+fresh object cache of the data set's bytes / ratio (for Parquet, its row-group cache too):
 - auto: shuffle=True (the loader chooses: stats()["shuffle"] says what and why);
-- global: shuffle="global" (the order before this choice existed), jpeg at ratio 10 only;
+- global: shuffle="global" (the order before this choice existed), JPEGs at ratio 10 only;
 - in order: shuffle=False;
 - 4 ranks: stoker.DistributedSampler(num_replicas=4) for ranks 0-3, four loaders read at once
   from threads of one process (one node's ranks, one object cache).
@@ -27,8 +33,8 @@ storage blocks, samples/s and auto / in order, the CPU seconds of the loader's p
 the server (SeaweedFS and the proxy share the loader's cores here: a GET costs SeaweedFS about
 2.5 ms of CPU, so an order that makes a GET a sample pays the server's work too); each sample
 once (ids); the shuffle's entropy (stoker.shuffle_quality: steps in sample and shard ids) as a
-share of a full shuffle's, and a batch's distinct labels against i.i.d. draws; webdataset's
-stream order beside it.
+share of a full shuffle's, and a batch's distinct labels against i.i.d. draws; a stream's
+order beside it (webdataset's own for the shards, computed for Parquet).
 """
 
 from __future__ import annotations
@@ -55,11 +61,26 @@ from stoker import transforms as T
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
 from seaweed import BUCKET, KEY, SECRET, Server, nginx_available  # noqa: E402
 
-CLASSES, SHARDS, BATCH = 100, 20, 32
+CLASSES, SHARDS, BATCH, ROW = 100, 20, 32, 2000
+PQ_GROUP = {"pq-jpeg": 10, "pq-rows": 50}  # rows a Parquet row group holds
+KINDS = ("jpeg", "rows", "pq-jpeg", "pq-rows")
+
+
+def sample_payload(kind: str, rng) -> bytes:
+    """A sample's data: a 256x256 JPEG (about 40 KB) or 2,000 random bytes."""
+    if kind.endswith("jpeg"):
+        from PIL import Image
+        pixels = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8).repeat(4, 0)
+        buf = io.BytesIO()
+        Image.fromarray(pixels.repeat(4, 1)).save(buf, "JPEG", quality=90)
+        return buf.getvalue()
+    return rng.integers(0, 255, ROW, dtype=np.uint8).tobytes()
 
 
 def make_shards(kind: str, n: int) -> pathlib.Path:
-    """`n` samples sorted by label in SHARDS tar shards, made once: .jpg or .npy, .cls, .id."""
+    """`n` samples sorted by label in SHARDS files, made once: WebDataset tar shards (.jpg or
+    .npy, .cls, .id) or, for the pq- kinds, Parquet files (image or blob, label, id) in row
+    groups of PQ_GROUP rows."""
     root = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-shuffle-{kind}-{n}"
     if (root / "done").exists():
         return root
@@ -68,21 +89,30 @@ def make_shards(kind: str, n: int) -> pathlib.Path:
     rng = np.random.default_rng(0)
     per = -(-n // SHARDS)
     for s in range(SHARDS):
+        ids = range(s * per, min(n, (s + 1) * per))
+        payloads = [sample_payload(kind, rng) for _ in ids]
+        labels = [i * CLASSES // n for i in ids]
+        if kind.startswith("pq-"):
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            if kind == "pq-jpeg":
+                data = pa.array(payloads, pa.binary())
+            else:
+                data = pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.frombuffer(b"".join(payloads), np.uint8)), ROW)
+            table = pa.table({pq_column(kind): data, "label": pa.array(labels, pa.int64()),
+                              "id": pa.array(list(ids), pa.int64())})
+            pq.write_table(table, root / f"train-{s:04d}.parquet",
+                           row_group_size=PQ_GROUP[kind])
+            continue
         with tarfile.open(root / f"train-{s:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(s * per, min(n, (s + 1) * per)):
-                if kind == "jpeg":
-                    from PIL import Image
-                    pixels = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8).repeat(4, 0)
+            for i, payload, label in zip(ids, payloads, labels):
+                if kind != "jpeg":
                     buf = io.BytesIO()
-                    Image.fromarray(pixels.repeat(4, 1)).save(buf, "JPEG", quality=90)
-                    payload = ("jpg", buf.getvalue())
-                else:
-                    buf = io.BytesIO()
-                    np.save(buf, rng.integers(0, 255, 2000, dtype=np.uint8))
-                    payload = ("npy", buf.getvalue())
-                label = i * CLASSES // n
-                for ext, data in (payload, ("cls", str(label).encode()),
-                                  ("id", str(i).encode())):
+                    np.save(buf, np.frombuffer(payload, np.uint8))
+                    payload = buf.getvalue()
+                for ext, data in ((("jpg" if kind == "jpeg" else "npy"), payload),
+                                  ("cls", str(label).encode()), ("id", str(i).encode())):
                     info = tarfile.TarInfo(f"{i:08d}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -90,11 +120,22 @@ def make_shards(kind: str, n: int) -> pathlib.Path:
     return root
 
 
+def pq_column(kind: str) -> str:
+    return "image" if kind == "pq-jpeg" else "blob"
+
+
 def dataset(kind: str, urls, work: pathlib.Path, cache_bytes: int, objects: str):
+    """The data set over `urls` through an object cache of `cache_bytes` (for Parquet, its
+    row-group cache too: the cache its window is chosen by)."""
+    common = dict(index_cache=work / "index", object_cache=work / objects,
+                  object_cache_bytes=cache_bytes)
+    if kind.endswith("jpeg"):
+        common["transform"] = T.train(224)
+    if kind.startswith("pq-"):
+        return stoker.ParquetDataset(urls, columns=(pq_column(kind), "label", "id"),
+                                     cache_bytes=cache_bytes, **common)
     fields = ("jpg", "cls", "id") if kind == "jpeg" else ("npy", "cls", "id")
-    return stoker.WebDataset(urls, fields=fields, index_cache=work / "index",
-                             object_cache=work / objects, object_cache_bytes=cache_bytes,
-                             **({"transform": T.train(224)} if kind == "jpeg" else {}))
+    return stoker.WebDataset(urls, fields=fields, **common)
 
 
 def epoch(loader) -> tuple[list[int], float]:
@@ -182,7 +223,7 @@ def stream_order(shards: list[pathlib.Path]) -> list[int]:
 def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bool,
         four: bool = True) -> dict:
     root = make_shards(kind, n)
-    shards = sorted(root.glob("train-*.tar"))
+    shards = sorted(root.glob("train-*.parquet" if kind.startswith("pq-") else "train-*.tar"))
     for s in shards:
         server.put(f"shuffle-{kind}-{n}/{s.name}", s.read_bytes())
     urls = f"s3://{BUCKET}/shuffle-{kind}-{n}/"
@@ -197,14 +238,20 @@ def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bo
         return stoker.shuffle_quality(order, shard_ends, labels=labels, batch_size=BATCH)
 
     full = quality(np.random.default_rng(7).permutation(n).tolist())
-    stream = quality(stream_order(shards))
+    if kind.startswith("pq-"):  # no stream reader of Parquet here: the order computed
+        report = stoker.shuffle_report(indexed, BATCH, labels=labels, seed=7, buffers=(5000,),
+                                       show=False)
+        row = next(r for r in report["rows"] if r["order"].startswith("stream"))
+        stream = ("a stream's file shuffle + buffer of 5000 (computed)", row)
+    else:
+        stream = ("webdataset shardshuffle=100 + shuffle(5000)", quality(stream_order(shards)))
     out = {"samples": n, "data_bytes": data_bytes, "shards": len(shards), "full": full,
-           "webdataset_stream": stream, "ratios": {}}
+           "stream": stream, "ratios": {}}
     for ratio in ratios:
         cache = data_bytes // ratio
         row = {"cache_bytes": cache}
         runs = [("auto", {"shuffle": True}), ("in_order", {"shuffle": False})]
-        if ratio == ratios[0] and kind == "jpeg" and not smoke:
+        if ratio == ratios[0] and kind.endswith("jpeg") and not smoke:
             runs.append(("global", {"shuffle": "global"}))
         for name, kw in runs:
             r = measure(server, kind, urls, work, cache, f"{kind}-{ratio}-{name}", **kw)
@@ -249,7 +296,7 @@ def show(kind: str, r: dict) -> None:
     print(f"\n{kind}: {r['samples']} samples, {r['data_bytes'] / 1e6:.1f} MB in {r['shards']} "
           f"shards")
     print(f"  full shuffle: {q(full)}")
-    print(f"  webdataset shardshuffle=100 + shuffle(5000): {q(r['webdataset_stream'])}")
+    print(f"  {r['stream'][0]}: {q(r['stream'][1])}")
     for ratio, row in r["ratios"].items():
         print(f"  object cache = data / {ratio} ({row['cache_bytes'] / 1e6:.2f} MB, "
               f"{row['blocks']} blocks)")
@@ -276,7 +323,8 @@ def main() -> int:
     p.add_argument("--rows", type=int, default=50000)
     p.add_argument("--ratios", type=int, nargs="+", default=[10, 100])
     p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--sets", nargs="+", default=["jpeg", "rows"], choices=["jpeg", "rows"])
+    p.add_argument("--sets", nargs="+", default=list(KINDS), choices=KINDS,
+                   help="WebDataset shards of JPEGs or 2 KB rows, Parquet files of the same")
     p.add_argument("--proxy", choices=["nginx", "fault"],
                    default="nginx" if nginx_available() else "fault",
                    help="what adds the latency: nginx (default where installed) or the Python "
@@ -301,7 +349,8 @@ def main() -> int:
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.proxy_port}",
         "AWS_SHARED_CREDENTIALS_FILE": str(work / "none"), "AWS_CONFIG_FILE": str(work / "none")})
     try:
-        sizes = {"jpeg": args.images, "rows": args.rows}
+        sizes = {"jpeg": args.images, "rows": args.rows, "pq-jpeg": args.images,
+                 "pq-rows": args.rows}
         result = {kind: run(kind, sizes[kind], args.ratios, server, work, args.smoke)
                   for kind in args.sets}
         result["proxy"] = args.proxy

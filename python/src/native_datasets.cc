@@ -92,6 +92,25 @@ NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields
   return out;
 }
 
+namespace {
+
+// The Python constructors' object-storage arguments (stoker/datasets/native.py,
+// object_storage_args) as the C++ options.
+ObjectStorageOptions object_storage_options(
+    const std::string& index_cache_dir, bool index_cache, const std::string& object_cache_dir,
+    std::uint64_t object_cache_bytes,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects) {
+  ObjectStorageOptions o;
+  o.index_cache_dir = index_cache_dir;
+  o.index_cache = index_cache;
+  o.object_cache_dir = object_cache_dir;
+  o.object_cache_bytes = object_cache_bytes;
+  for (const auto& [url, size, etag] : known_objects) o.known_objects.push_back({url, size, etag});
+  return o;
+}
+
+}  // namespace
+
 NativeDataset make_image_dataset(
     const std::string& kind, const std::string& path, const std::string& transform,
     std::size_t cache_bytes, std::uint64_t max_pixels, const std::string& index_cache_dir,
@@ -100,13 +119,8 @@ NativeDataset make_image_dataset(
   ImageDatasetOptions o;
   o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
   o.max_pixels = max_pixels;
-  ObjectStorageOptions remote;
-  remote.index_cache_dir = index_cache_dir;
-  remote.index_cache = index_cache;
-  remote.object_cache_dir = object_cache_dir;
-  remote.object_cache_bytes = object_cache_bytes;
-  for (const auto& [url, size, etag] : known_objects)
-    remote.known_objects.push_back({url, size, etag});
+  const ObjectStorageOptions remote = object_storage_options(
+      index_cache_dir, index_cache, object_cache_dir, object_cache_bytes, known_objects);
 
   NativeDataset out;
   {
@@ -187,6 +201,7 @@ void bind_object_files(py::module_& m) {
   py::class_<ObjectFile, std::shared_ptr<ObjectFile>>(m, "ObjectFile")
       .def_property_readonly("url", &ObjectFile::url)
       .def_property_readonly("size", &ObjectFile::size)
+      .def_property_readonly("etag", &ObjectFile::etag)
       .def(
           "read",
           [](const ObjectFile& f, std::uint64_t offset, std::size_t n, bool exact) {
@@ -208,10 +223,22 @@ void bind_object_files(py::module_& m) {
       .def(
           "counters", [](const ObjectFile& f) { return fields_dict(f.counters()); },
           "The traffic of the object cache it reads through.");
-  m.def("open_object_files", &detail::open_object_files, py::arg("urls"), py::arg("suffix"),
-        py::call_guard<py::gil_scoped_release>(),
-        "The objects the URLs name (objects or s3:// prefixes: those ending in suffix), in "
-        "order.");
+  m.def(
+      "open_object_files",
+      [](const std::vector<std::string>& urls, const std::string& suffix,
+         const std::string& index_cache_dir, bool index_cache, const std::string& object_cache_dir,
+         std::uint64_t object_cache_bytes,
+         const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects) {
+        const ObjectStorageOptions o = object_storage_options(
+            index_cache_dir, index_cache, object_cache_dir, object_cache_bytes, known_objects);
+        py::gil_scoped_release nogil;  // listings, HEADs
+        return detail::open_object_files(urls, suffix, o);
+      },
+      py::arg("urls"), py::arg("suffix"), py::arg("index_cache_dir"), py::arg("index_cache"),
+      py::arg("object_cache_dir"), py::arg("object_cache_bytes"), py::arg("known_objects"),
+      "The objects the URLs name (objects or s3:// prefixes: those ending in suffix), in "
+      "order, through the object cache named (as the data sets' arguments); known_objects: "
+      "(url, size, etag) as another process resolved them, taken with no request.");
 }
 
 std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(

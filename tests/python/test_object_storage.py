@@ -352,6 +352,56 @@ def test_a_parquet_file_in_object_storage_is_read_by_the_column_chunks_asked_for
     assert env.counts()["GET"] <= 4 * 2 + 1
 
 
+def test_a_parquet_data_set_reads_objects_through_the_object_cache_it_is_given(
+        env, tmp_path, monkeypatch):
+    # Its own cache directory and cap, as stoker.WebDataset's; a row-group cache of one row
+    # group, so that each epoch reads every row group again: through a cache that holds the
+    # file, the second epoch is served from disk; with object_cache_bytes=0, fetched again.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "default-cache"))
+    ids = np.arange(300, dtype=np.int64)
+    path = tmp_path / "part.parquet"
+    pq.write_table(pa.table({"id": ids, "x": np.random.default_rng(0).random(300)}), path,
+                   row_group_size=50, compression="NONE")
+    env.put("cached/part.parquet", path.read_bytes())
+    url = f"s3://{BUCKET}/cached/"
+
+    def two_epochs(ds):
+        loader = stoker.DataLoader(ds, batch_size=25, shuffle="global")
+        firsts = []
+        for _ in range(2):
+            before = dict(ds.object_storage())
+            assert sorted(i for ids, _ in loader for i in ids.tolist()) == list(range(300))
+            after = ds.object_storage()
+            firsts.append({k: after[k] - before.get(k, 0)
+                           for k in ("bytes_fetched", "cache_hits")})
+        return firsts
+
+    cached = stoker.ParquetDataset(url, columns=("id", "x"), cache_bytes=1,
+                                   object_cache=tmp_path / "objects", object_cache_bytes=1 << 30)
+    first, second = two_epochs(cached)
+    assert first["bytes_fetched"] > 0 and second["bytes_fetched"] == 0 and second["cache_hits"] > 0
+    assert any((tmp_path / "objects").rglob("*")), "the chunks are kept where asked"
+    assert not (tmp_path / "default-cache" / "objects").exists()
+
+    uncached = stoker.ParquetDataset(url, columns=("id", "x"), cache_bytes=1,
+                                     object_cache=tmp_path / "none", object_cache_bytes=0)
+    first, second = two_epochs(uncached)
+    assert first["bytes_fetched"] > 0 and second["bytes_fetched"] > 0
+    assert first["cache_hits"] == second["cache_hits"] == 0
+    assert not any((tmp_path / "none").rglob("*"))
+
+    # Unpickled (a worker process): the objects as resolved, no listing or HEAD; the footer
+    # read again by one GET; the same cache settings.
+    env.reset()
+    copy = pickle.loads(pickle.dumps(cached))
+    counts = env.counts()
+    assert counts.get("LIST", 0) == 0 and counts.get("HEAD", 0) == 0 and counts["GET"] == 1
+    assert copy.files == cached.files and copy[7][0] == 7
+
+
 def test_a_parquet_object_whose_page_checksum_fails_loses_that_row_group_named_by_its_url(
         env, tmp_path, monkeypatch):
     import pyarrow as pa

@@ -22,7 +22,8 @@ class ObjectFile {
 
   virtual ~ObjectFile() = default;
   virtual const std::string& url() const = 0;
-  virtual std::uint64_t size() const = 0;  // the listing's
+  virtual std::uint64_t size() const = 0;       // the listing's
+  virtual const std::string& etag() const = 0;  // the listing's; "" when the server sent none
   // Up to `n` bytes at `offset` into `dst` (fewer past the end), through the cache's chunks;
   // `exact`: by exactly this range, neither looked up in nor kept in the cache (a footer, read
   // once and kept by the reader). Throws std::runtime_error naming the URL (io::ObjectStoreError,
@@ -41,9 +42,11 @@ class ObjectFile {
 
 // The objects `urls` name (objects, or s3:// prefixes: the objects directly under one whose
 // names end in `suffix`), resolved together (one listing per prefix, the node's processes in
-// turn), in order, read through the process's object cache (its default directory and size).
-// Throws std::runtime_error naming the URL and the reason. Blocks; any thread.
+// turn), in order, read through the object cache `options` names (its directory and size; its
+// `known_objects`: what another process resolved, taken with no request). Throws
+// std::runtime_error naming the URL and the reason. Blocks; any thread.
 std::vector<std::shared_ptr<ObjectFile>> open_object_files(const std::vector<std::string>& urls,
-                                                           const std::string& suffix);
+                                                           const std::string& suffix,
+                                                           const ObjectStorageOptions& options);
 
 }  // namespace stoker::detail

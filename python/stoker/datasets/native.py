@@ -11,6 +11,19 @@ from ..progress import Bar
 from .shards import is_url
 
 
+def object_storage_args(index_cache, object_cache, object_cache_bytes) -> tuple:
+    """The data sets' object-storage arguments (docs/storage.md) as the C++ constructors take
+    them: (index cache directory, whether to use one, object cache directory, its bytes).
+    `index_cache`: None or True the default place, False none, else a directory; `object_cache`:
+    None the default place, else a directory."""
+    if index_cache is False:
+        index_dir, use_index = "", False
+    else:
+        index_dir, use_index = "" if index_cache in (None, True) else os.fspath(index_cache), True
+    return (index_dir, use_index, "" if object_cache is None else os.fspath(object_cache),
+            int(object_cache_bytes))
+
+
 class NativeDataset:
     """Base of the data sets stoker reads in C++. Indexing one returns a sample: for
     inspection, and for a wrapper such as torch's Subset, ConcatDataset or random_split read by
@@ -118,15 +131,9 @@ class _ImageDataset(NativeDataset):
         self.transform = transform
         self._names = ("image", "label")
         self._as_dict = False
-        if index_cache is False:
-            index_dir, use_index = "", False
-        else:
-            index_dir = "" if index_cache in (None, True) else os.fspath(index_cache)
-            use_index = True
         self._handle = _stoker.image_dataset(
             self._kind, self.root, transform.spec(), int(cache_bytes), int(max_pixels),
-            index_dir, use_index, "" if object_cache is None else os.fspath(object_cache),
-            int(object_cache_bytes), list(_objects))
+            *object_storage_args(index_cache, object_cache, object_cache_bytes), list(_objects))
         self.classes = self._handle.classes()
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
 

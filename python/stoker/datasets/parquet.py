@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .. import _stoker
 from ..elements import to_array
-from .native import NativeDataset
+from .native import NativeDataset, object_storage_args
 from .parquet_objects import ParquetObject, Source, open_objects, open_parquet
 from .shards import local_files
 
@@ -33,11 +33,13 @@ def _pyarrow():
     return pyarrow, pyarrow.parquet
 
 
-def expand_files(files) -> list[Source]:
+def expand_files(files, storage: tuple = ("", True, "", 10 << 30),
+                 known: tuple = ()) -> list[Source]:
     """The Parquet files `files` names: a path, a glob, a directory (its *.parquet files, in
     name order), a URL (docs/storage.md: ``s3://`` objects or prefixes, ``http(s)://`` objects,
     read by ranges through the object cache: parquet_objects.py) or a list of those, in the
-    order given. Local files as their paths, objects as ParquetObjects (their footers read)."""
+    order given. Local files as their paths, objects as ParquetObjects (their footers read).
+    `storage` and `known`: parquet_objects.open_objects'."""
     if isinstance(files, (str, os.PathLike)):
         files = [files]
     out: list[Source] = []
@@ -50,7 +52,7 @@ def expand_files(files) -> list[Source]:
                     if not u.startswith(_URLS):
                         break
                     urls.append(u)
-                out += open_objects(urls, _pyarrow()[1])
+                out += open_objects(urls, _pyarrow()[1], storage, known)
             continue
         out += local_files(path, ".parquet", "stoker.ParquetDataset")
     if not out:
@@ -242,6 +244,12 @@ class ParquetDataset(NativeDataset):
     group read once an epoch, rows mixed across the window; docs/formats.md), where a global
     shuffle would read a row's group for nearly every row; ``shuffle='global'`` asks for that.
 
+    Files at URLs are read through the object cache, as stoker.WebDataset's shards:
+    ``object_cache`` (a directory; default ``$STOKER_CACHE_DIR/objects``, else
+    ``~/.cache/stoker/objects``) up to ``object_cache_bytes`` (0: no cache, each column chunk
+    fetched when read); a prefix's listing is shared by a node's processes through
+    ``index_cache`` (a directory, or False for none).
+
     A file whose footer cannot be read (truncated, not Parquet) or that lacks a column is an
     error here, naming it. A row group that cannot be read (a corrupt page), a null value or
     an image that does not decode fails that row, naming file, row and column: with the
@@ -250,10 +258,13 @@ class ParquetDataset(NativeDataset):
 
     def __init__(self, files, columns: Sequence[str] = ("image", "label"), transform=None,
                  cache_bytes: int = 256 << 20, max_pixels: int = 89_478_485,
-                 as_dict: bool = False) -> None:
+                 as_dict: bool = False, index_cache=None, object_cache=None,
+                 object_cache_bytes: int = 10 << 30, _objects=()) -> None:
         self._made_with = ((files, tuple(columns), transform),
                            {"cache_bytes": cache_bytes, "max_pixels": max_pixels,
-                            "as_dict": as_dict})
+                            "as_dict": as_dict, "index_cache": index_cache,
+                            "object_cache": object_cache,
+                            "object_cache_bytes": object_cache_bytes})
         pa, pq = _pyarrow()
         if isinstance(columns, str):
             columns = (columns,)
@@ -262,8 +273,15 @@ class ParquetDataset(NativeDataset):
             raise ValueError("stoker.ParquetDataset: no columns")
         if len(set(self.columns)) != len(self.columns):
             raise ValueError(f"stoker.ParquetDataset: a column is named twice: {self.columns}")
-        sources = expand_files(files)
+        sources = expand_files(files, object_storage_args(index_cache, object_cache,
+                                                          object_cache_bytes), _objects)
         self.files = [str(f) for f in sources]  # paths and URLs
+        objects = [s.version() for s in sources if isinstance(s, ParquetObject)]
+        if objects and len(objects) == len(sources):
+            # Unpickled in a worker process: the objects as resolved here, with no listing or
+            # HEAD (each footer is read again, by one GET).
+            self._made_with = ((self.files, *self._made_with[0][1:]),
+                               dict(self._made_with[1], _objects=tuple(objects)))
         self.transform = transform
         spec = ""
         if transform is not None:

@@ -94,6 +94,10 @@ class ParquetObject:
             self.will_read(g, columns)
         return self.open(pq).read(columns=columns, use_threads=False)
 
+    def version(self) -> tuple:
+        """(url, size, etag) as listed: what a worker process takes instead of listing again."""
+        return (self.url, self._handle.size, self._handle.etag)
+
     def counters(self) -> dict:
         """The traffic of the object cache it reads through."""
         return self._handle.counters()
@@ -105,10 +109,14 @@ class ParquetObject:
 Source = Union[str, ParquetObject]
 
 
-def open_objects(urls: list[str], pq) -> list[ParquetObject]:
+def open_objects(urls: list[str], pq, storage: tuple = ("", True, "", 10 << 30),
+                 known: tuple = ()) -> list[ParquetObject]:
     """The Parquet files `urls` name (objects; s3:// prefixes: their *.parquet objects), in
-    order, their footers read."""
-    return [ParquetObject(h, pq) for h in _stoker.open_object_files(urls, ".parquet")]
+    order, their footers read. `storage`: the object cache and index cache to use
+    (native.object_storage_args); `known`: (url, size, etag) of each as another process
+    resolved them (no listing, no HEAD)."""
+    handles = _stoker.open_object_files(urls, ".parquet", *storage, list(known))
+    return [ParquetObject(h, pq) for h in handles]
 
 
 def open_parquet(pq, source: Source, **kwargs):

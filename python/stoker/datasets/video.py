@@ -6,7 +6,7 @@ import os
 from typing import Sequence, Union
 
 from .. import _stoker
-from .native import NativeDataset
+from .native import NativeDataset, object_storage_args
 
 _PathLike = Union[str, "os.PathLike[str]"]
 
@@ -68,18 +68,13 @@ class VideoClips(NativeDataset):
             height, width = (int(v) for v in size)
         if crop not in (None, "center"):
             raise ValueError(f"stoker.VideoClips: crop must be None or 'center', not {crop!r}")
-        if index_cache is False:
-            index_dir, use_index = "", False
-        else:
-            index_dir = "" if index_cache in (None, True) else os.fspath(index_cache)
-            use_index = True
         self.frames, self.size = int(frames), (height, width)
         self._names = ("clip", "label", "start_pts")
         self._as_dict = False
         self._handle = _stoker.video_clips(
             self.paths_given, int(frames), int(stride), float(fps or 0.0), height, width,
-            crop == "center", str(clips), int(clips_per_video), index_dir, use_index,
-            "" if object_cache is None else os.fspath(object_cache), int(object_cache_bytes))
+            crop == "center", str(clips), int(clips_per_video),
+            *object_storage_args(index_cache, object_cache, object_cache_bytes))
         self.videos = _stoker.video_paths(self._handle)
         self.labels = _stoker.video_labels(self._handle)
         self.classes = _stoker.video_classes(self._handle)

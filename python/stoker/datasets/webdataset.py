@@ -6,7 +6,7 @@ import os
 from typing import Sequence
 
 from .. import _stoker
-from .native import NativeDataset
+from .native import NativeDataset, object_storage_args
 from .shards import _COMPRESSED, _check_transform, expand_shards, is_url
 
 
@@ -105,19 +105,14 @@ class WebDataset(NativeDataset):
         self.shards = expand_shards(shards)
         self.fields = fields
         self.transform = transform
-        if index_cache is False:
-            cache_dir, use_cache = "", False
-        else:
-            cache_dir = "" if index_cache in (None, True) else os.fspath(index_cache)
-            use_cache = True
         self._names = fields
         self._as_dict = False
         self._handle = _stoker.webdataset(self.shards, list(fields),
                                           transform.spec() if transform is not None else "",
-                                          int(cache_bytes), int(max_pixels), cache_dir,
-                                          use_cache,
-                                          "" if object_cache is None else os.fspath(object_cache),
-                                          int(object_cache_bytes), list(_objects))
+                                          int(cache_bytes), int(max_pixels),
+                                          *object_storage_args(index_cache, object_cache,
+                                                               object_cache_bytes),
+                                          list(_objects))
         objects = self._handle.objects()
         if objects and all(is_url(p) for p in self.shards):
             # Unpickled in a worker process: the shards as resolved here, so that it makes no
