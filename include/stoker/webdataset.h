@@ -7,8 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "stoker/dataset.h"
@@ -101,6 +104,12 @@ class WebDataset final : public Dataset {
   std::shared_ptr<EncodedSource> source_;  // impl_, or a RAM cache in front of it
   WebDatasetOptions options_;
 };
+
+// A tar member's sample key and field as webdataset groups them (its base_plus_ext, the field
+// lower-cased), or nullopt for a member webdataset leaves out: a meta file ("__x__" first in
+// the path) or a name with no key (no '.' in the base name). The stream reader
+// (python/stoker/datasets/webdataset_stream.py) groups by it as WebDataset does.
+std::optional<std::pair<std::string, std::string>> webdataset_member(std::string_view name);
 
 // The shard files `paths` names: files as they are, directories as every *.tar in them in name
 // order. Throws std::runtime_error for a directory with no *.tar (naming it).

@@ -318,6 +318,8 @@ PYBIND11_MODULE(_stoker, m) {
         py::arg("cache_bytes"), py::arg("max_pixels"), py::arg("index_cache_dir"),
         py::arg("index_cache"), py::arg("object_cache_dir"), py::arg("object_cache_bytes"),
         py::arg("known_objects"));
+  m.def("webdataset_member", &webdataset_member, py::arg("name"),
+        "A tar member's (key, field) as WebDataset groups it, or None for one left out.");
   bind_object_files(m);
   m.def(
       "pack",

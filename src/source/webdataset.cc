@@ -274,6 +274,13 @@ std::int64_t parse_integer(std::span<const std::byte> b) {
 
 }  // namespace
 
+std::optional<std::pair<std::string, std::string>> webdataset_member(std::string_view name) {
+  if (is_meta(name)) return std::nullopt;
+  const auto key = key_length(name);
+  if (!key) return std::nullopt;
+  return std::pair{std::string(name.substr(0, *key)), lower(name.substr(*key + 1))};
+}
+
 // ---------------------------------------------------------------------------- the source
 
 struct WebDataset::Impl final : EncodedSource {

@@ -322,6 +322,21 @@ def gzip_shards(shards, dest):
     return dest
 
 
+@pytest.mark.parametrize("name", [
+    "a.jpg", "dir/a.JPG", "dir/a.b.c", "dir.x/a.jpg", "a/b.c/d.jpg", "a.b/c", "a/.jpg",
+    "a.x/.jpg", ".jpg", "noext", "dir/noext", "__key__", "__meta__.json", "__x__/a.jpg",
+    "a/__x__.jpg", "__a.jpg", "_a_.jpg", "a..b"])
+def test_a_stream_groups_members_as_webdataset_does(name):
+    # The one rule (src/source/webdataset.cc) against webdataset's own regular expressions:
+    # base_plus_ext for the key and field, tar_file_iterator's meta-file filter.
+    import re
+    meta = ("/" not in name and name.startswith("__") and name.endswith("__")) or \
+        re.match(r"__[^/]*__($|/)", name)
+    m = re.match(r"^((?:.*/|)[^.]+)[.]([^/]*)$", name)
+    want = None if meta or m is None else (m.group(1), m.group(2).lower())
+    assert stoker._stoker.webdataset_member(name) == want
+
+
 def test_compressed_shards_stream_with_the_same_fields(shards, tmp_path):
     gz = gzip_shards(shards, tmp_path / "gz")
     ds = stoker.WebDataset(str(gz / "train-{000000..000003}.tar.gz"),

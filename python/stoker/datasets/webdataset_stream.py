@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import random
-import re
 import tarfile
 import zlib
 from typing import Optional, Sequence
@@ -17,9 +16,6 @@ from .. import _stoker
 from . import shard_progress
 from .shards import _COMPRESSED, _check_transform, _parse_fields, expand_shards
 
-# webdataset's base_plus_ext and tar_file_iterator's skip_meta.
-_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-_META = re.compile(r"__[^/]*__($|/)")
 
 
 def _tar_samples(path: str):
@@ -29,16 +25,12 @@ def _tar_samples(path: str):
     try:
         with tarfile.open(path, "r|*") as tar:
             for info in tar:
-                name = info.name
-                if not info.isreg():
+                # Grouped by WebDataset's rule (src/source/webdataset.cc): webdataset's
+                # base_plus_ext; meta files and keyless names left out.
+                member = _stoker.webdataset_member(info.name) if info.isreg() else None
+                if member is None:
                     continue
-                if ("/" not in name and name.startswith("__") and name.endswith("__")) or \
-                        _META.match(name):
-                    continue
-                m = _KEY.match(name)
-                if m is None:
-                    continue
-                key, field = m.group(1), m.group(2).lower()
+                key, field = member
                 data = tar.extractfile(info).read()
                 if current is None or current[0] != key:
                     if current is not None:
