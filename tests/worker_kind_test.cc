@@ -562,5 +562,34 @@ TEST(CheckedSwitch, TheStandardErrorOfAWindowIsTheSpreadOfItsBlocksMeans) {
   EXPECT_DOUBLE_EQ(bursts.error(), 0);
 }
 
+TEST(InlineTrial, CheapGilBoundSamplesTryInLineAfterTheProcessesTheyWereMovedTo) {
+  // The headline's cheap dict samples, batches of 256: the reads took 0.579 ms of CPU a batch
+  // on the threads, the loop 0.018 ms between batches; 2 processes delivered one every 0.684.
+  const InlineTrial t = inline_trial(0.579e-3, 0.018e-3, steady(32, 0.684e-3, 0.05e-3),
+                                     "2 worker processes");
+  EXPECT_TRUE(t.trial);
+  EXPECT_NEAR(t.inline_s, 0.597e-3, 1e-12);
+  EXPECT_TRUE(contains(t.reason,
+                       "in-line tried: the model's 0.597 ms a batch in-line (the reads' 0.579 ms "
+                       "of CPU on the threads, the loop's 0.018 ms between batches) against the "
+                       "0.684 ms 2 worker processes delivered one over 32"));
+}
+
+TEST(InlineTrial, ProcessesThatOverlapTheReadsWithALongStepAreNotLeft) {
+  // GIL-bound reads of 20 ms a batch beside a 34 ms step (a GPU's, wall time): in-line would
+  // take 54 ms a batch, the processes deliver one every 36.8.
+  EXPECT_FALSE(inline_trial(20e-3, 34e-3, steady(32, 36.8e-3), "2 worker processes").trial);
+  // Heavy reads, no step: 2 processes halve them, in-line cannot.
+  EXPECT_FALSE(inline_trial(10e-3, 0, steady(32, 5.2e-3), "2 worker processes").trial);
+}
+
+TEST(InlineTrial, AGainWithinTheSwitchNoiseOrNothingMeasuredIsNotTried) {
+  // 3% faster by the model: not worth a window on it.
+  const InlineTrial t = inline_trial(0.97e-3, 0, steady(32, 1e-3), "1 worker thread");
+  EXPECT_FALSE(t.trial);
+  EXPECT_TRUE(contains(t.reason, "in-line not tried: the model's 0.970 ms a batch"));
+  EXPECT_FALSE(inline_trial(0.1e-3, 0, Window{}, "1 worker thread").trial);
+}
+
 }  // namespace
 }  // namespace stoker::detail

@@ -597,6 +597,15 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("before"), py::arg("after"), py::arg("left"), py::arg("now"),
       "After a switch from `left` to `now`: ('measuring' | 'keep' | 'go back', the reason, "
       "naming both measured times a batch).");
+  m.def(
+      "inline_trial",
+      [](double read_s, double step_s, const detail::Window& now, const std::string& now_name) {
+        const auto t = detail::inline_trial(read_s, step_s, now, now_name);
+        return py::make_tuple(t.trial, t.reason);
+      },
+      py::arg("read_s"), py::arg("step_s"), py::arg("now"), py::arg("now_name"),
+      "After auto settled on `now_name` with GIL-bound reads: (whether to try in-line, the "
+      "reason's clause).");
   // A stream's share of the memory cap (stoker/frontend/memory_cap.h; stream_pipeline.py).
   m.attr("HELD_BATCHES") = detail::kHeldBatches;
   py::class_<detail::StreamMemoryCap>(m, "StreamMemoryCap")
@@ -644,16 +653,15 @@ PYBIND11_MODULE(_stoker, m) {
             if (!d) return py::none();
             const auto& k = d->costs;
             return py::make_tuple(d->processes, d->reason, d->workers, d->workers_reason,
-                                  py::make_tuple(k.read, k.step, k.pack, k.unpack));
+                                  py::make_tuple(k.read, k.step, k.pack, k.unpack), d->gil_bound);
           },
           py::arg("loader"), py::arg("threads"), py::arg("cores"), py::arg("pack") = 0.0,
           py::arg("unpack") = 0.0, py::arg("measuring") = 0.0,
           "After each batch handed out: None while measuring, then (processes, the reason, how "
-          "many processes, why so many, the costs per batch they were counted from: (read, "
-          "step, pack, unpack)). `threads`: the threads reading here (None: the loader's "
-          "workers); `pack`, "
-          "`unpack`: a batch's hand-over, seconds (batch jobs'); `measuring`: the loop's CPU "
-          "seconds spent timing it.");
+          "many processes, why so many, the costs per batch measured on the threads: (read, "
+          "step, pack, unpack), whether the reads are GIL-bound). `threads`: the threads "
+          "reading here (None: the loader's workers); `pack`, `unpack`: a batch's hand-over, "
+          "seconds (batch jobs'); `measuring`: the loop's CPU seconds spent timing it.");
   m.def(
       "processes_to_keep",
       [](py::tuple costs, double warm_read, std::size_t started, std::size_t cores) {

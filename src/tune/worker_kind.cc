@@ -28,6 +28,7 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
     const char* why = whole_batches ? "whole batches made in Python" : "GIL-bound";
     KindChoice choice;
     choice.processes = true;
+    choice.gil_bound = true;
     choice.reason = "auto: " + measured + ": " + why + ", so processes";
     return choice;
   }
@@ -35,6 +36,7 @@ KindChoice choose_worker_kind(double busy, double on_cpu, double delayed, bool w
                     : threads < 2 && v.bound ? "fewer than 2 threads"
                                              : "not GIL-bound";
   KindChoice choice;
+  choice.gil_bound = v.bound;
   choice.reason = "auto: " + measured + ": " + why + ", so threads";
   return choice;
 }
@@ -155,6 +157,20 @@ double before_error(const Window& before, const Window& after) {
   return relative * before.mean();
 }
 
+InlineTrial inline_trial(double read_s, double step_s, const Window& now,
+                         const std::string& now_name) {
+  InlineTrial t;
+  t.inline_s = stream_inline_seconds({.read = read_s, .step = step_s});
+  const double measured = now.mean();
+  t.trial = now.batches > 0 && t.inline_s < (1 - kSwitchNoise) * measured;
+  t.reason = format(
+      "%s: the model's %.3f ms a batch in-line (the reads' %.3f ms of CPU on the threads, the "
+      "loop's %.3f ms between batches) against the %.3f ms %s delivered one over %zu",
+      t.trial ? "in-line tried" : "in-line not tried", 1e3 * t.inline_s, 1e3 * read_s, 1e3 * step_s,
+      1e3 * measured, now_name.c_str(), now.batches);
+  return t;
+}
+
 StreamCosts learn_handover(const StreamCosts& c, std::size_t workers, std::size_t cores,
                            double measured) {
   StreamCosts learned = c;
@@ -260,20 +276,19 @@ std::optional<KindChoice> WorkerKindChooser::observe(const Stats& stats, std::ui
   KindChoice choice =
       choose_worker_kind(busy, cpu, to_seconds(stats.worker_run_delay - first_->worker_run_delay),
                          whole_batches_, threads, cores);
+  // Per batch handed out: the reads' CPU (a batch job is one read; samples, as many as a
+  // batch holds) and the loop's own.
+  const double batches = static_cast<double>(std::max<std::uint64_t>(batches_, 1));
+  const double per_batch =
+      whole_batches_ ? 1.0 : static_cast<double>(stats.samples - first_->samples) / batches;
+  choice.costs = StreamCosts{
+      .read = cpu / static_cast<double>(reads - first_reads_) * per_batch,
+      .step = std::max(0.0, to_seconds(stats.consumer_cpu - first_->consumer_cpu) - measuring) /
+              batches,
+      .pack = pack,
+      .unpack = unpack};
   if (choice.processes) {
-    // Per batch handed out: the reads' CPU (a batch job is one read; samples, as many as a
-    // batch holds) and the loop's own.
-    const double batches = static_cast<double>(std::max<std::uint64_t>(batches_, 1));
-    const double per_batch =
-        whole_batches_ ? 1.0 : static_cast<double>(stats.samples - first_->samples) / batches;
-    const StreamCosts costs{
-        .read = cpu / static_cast<double>(reads - first_reads_) * per_batch,
-        .step = std::max(0.0, to_seconds(stats.consumer_cpu - first_->consumer_cpu) - measuring) /
-                batches,
-        .pack = pack,
-        .unpack = unpack};
-    std::tie(choice.workers, choice.workers_reason) = processes_for(costs, cores);
-    choice.costs = costs;
+    std::tie(choice.workers, choice.workers_reason) = processes_for(choice.costs, cores);
   }
   return choice;
 }

@@ -600,8 +600,10 @@ class _MoveAtOnce:
     # Per batch: reads, the training loop's own time, a hand-over's two halves (seconds).
     costs = (0.0, 0.0, 0.0, 0.0)
 
+    gil_bound = False  # True: in-line may be tried after (InlineTrial)
+
     def observe(self, loader, threads, cores, pack=0.0, unpack=0.0, measuring=0.0):
-        return True, "auto: forced", 2, "2 forced", self.costs
+        return True, "auto: forced", 2, "2 forced", self.costs, self.gil_bound
 
 
 def _never_decided(before, after, left, now):
@@ -672,6 +674,64 @@ def test_auto_goes_back_to_the_threads_mid_epoch_and_loses_no_sample(monkeypatch
     assert left["setting"] == "2 worker processes" and left["epochs"] == 0
     assert left["batches"] >= 6 and left["windows"] >= 0
     for _ in range(2):  # decided once: the next epochs on the threads, every sample once
+        assert [int(x) for b in loader for x in b[:, 0]] == list(range(400))
+    assert loader.stats()["worker_type_left"] == [left]
+    loader.close()
+
+
+class _MoveAtOnceGilBound(_MoveAtOnce):
+    gil_bound = True
+    costs = (1e-4, 0.0, 0.0, 0.0)
+
+
+def _verdicts(*verdicts):
+    """check_switch answering `verdicts` in turn, each once the new setting delivered 5
+    batches: the move to processes's, then the in-line trial's."""
+    left = list(verdicts)
+
+    def check(before, after, left_name, now):
+        if after.batches < 5:
+            return "measuring", ""
+        verdict = left.pop(0)
+        return verdict, f"{'kept ' + now if verdict == 'keep' else 'back to ' + left_name}: forced"
+    return check
+
+
+@pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
+@pytest.mark.parametrize("trial", ["keep", "go back"])
+def test_auto_tries_in_line_after_settling_on_processes_and_loses_no_sample(monkeypatch, trial):
+    # GIL-bound reads moved to processes and kept; the model puts in-line faster (forced), so
+    # the training loop reads the batches itself from the next batch on (the processes idle),
+    # checked as a switch is: in-line kept (the processes end) or back to the processes (the
+    # same ones read on). Either way every sample once, in order, in every epoch.
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnceGilBound)
+    monkeypatch.setattr(engine_pipeline._stoker, "check_switch", _verdicts("keep", trial))
+    monkeypatch.setattr(engine_pipeline._stoker, "CHECK_START_SECONDS", 0.0)
+    monkeypatch.setattr(engine_pipeline._stoker, "inline_trial",
+                        lambda read_s, step_s, now, name: (True, "in-line tried: forced"))
+    loader = stoker.DataLoader(wd.CpuBound(400, 200), batch_size=8, num_workers=2)
+    values, settings = [], set()
+    for b in loader:
+        values += [int(x) for x in b[:, 0]]
+        settings.add((loader.worker_type, loader.num_workers))
+    assert values == list(range(400))
+    assert {("process", 2), ("thread", 0)} <= settings  # moved, then in-line tried
+    stats = loader.stats()
+    (left,) = stats["worker_type_left"]
+    if trial == "keep":
+        assert (stats["worker_type"], loader.num_workers, stats["worker_pids"]) == ("thread", 0, [])
+        assert stats["worker_type_reason"].startswith("auto: kept in-line: forced; before: ")
+        assert left["setting"] == "2 worker processes"
+    else:
+        assert (stats["worker_type"], loader.num_workers) == ("process", 2)
+        assert len(stats["worker_pids"]) == 2
+        assert stats["worker_type_reason"].startswith(
+            "auto: back to 2 worker processes: forced; before: ")
+        assert left["setting"] == "in-line" and left["batches"] >= 5
+    assert "in-line tried: forced" in stats["worker_type_reason"]
+    for _ in range(2):  # settled: the next epochs on it, every sample once
         assert [int(x) for b in loader for x in b[:, 0]] == list(range(400))
     assert loader.stats()["worker_type_left"] == [left]
     loader.close()

@@ -7,7 +7,9 @@
 //   - num_workers='auto' with remote=: how many remote workers to use, one more or one fewer
 //     every kRemoteTuneBatches batches;
 //   - after a switch, whether what it delivered is kept or left (check_switch), and what the
-//     cost model learns from it (learn_handover).
+//     cost model learns from it (learn_handover);
+//   - once settled with GIL-bound reads, whether reading in-line is worth a trial
+//     (inline_trial), checked as a switch is.
 //
 // Installed for front ends, unstable (include/stoker/frontend/README.md).
 #pragma once
@@ -72,12 +74,15 @@ struct StreamCosts {
 
 struct KindChoice {
   bool processes = false;
-  std::string reason;  // "auto: reads kept the GIL busy 95% of the time on 2 threads, ..."
+  bool gil_bound = false;  // the reads' verdict (an in-line trial is for GIL-bound reads only)
+  std::string reason;      // "auto: reads kept the GIL busy 95% of the time on 2 threads, ..."
   // With processes, WorkerKindChooser's count for them (processes_for) and why: what a front
   // end starts when the count is its to choose (num_workers='auto').
   std::size_t workers = 0;
   std::string workers_reason;
-  StreamCosts costs;  // what the count was decided from (processes_to_keep takes them)
+  // Per batch, measured on the threads (read: their CPU; step: the loop's): what the count
+  // was decided from (processes_to_keep takes them), and an in-line trial's prediction.
+  StreamCosts costs;
 };
 // worker_type='auto' once measured: `threads` reading on `cores` cores; `whole_batches`: the
 // reads are batch jobs (the reason says so).
@@ -246,6 +251,24 @@ SwitchCheck check_switch(const Window& before, const Window& after, const std::s
 // batches (0 while `after` has fewer than 2 blocks). And with such a short `before`, a
 // slower setting within the noise is measured on rather than left on its means alone.
 double before_error(const Window& before, const Window& after);
+
+// The neighbour auto did not choose. With GIL-bound reads, threads read one at a time and
+// processes hand each batch over; reading in-line (the training loop reads each batch itself:
+// no hand-over, no GIL passed between threads) can beat both when a batch's reads cost about
+// what a hand-over does (cheap Python samples: 2 processes delivered a batch every 0.59 ms
+// where in-line took 0.51, docs/BENCHMARKS.md), and the engine pipeline never measured it.
+// Once auto settled on `now` (its window: what it delivered), in-line is tried when the model
+// puts it faster by more than kSwitchNoise: a batch's reads' CPU on the threads plus the
+// loop's time between batches on `now` (`step_s`, wall time: a loop that waits on a GPU is
+// not overlapped in-line). The trial is checked as a switch is (check_switch: kept, or back
+// to `now` after a window).
+struct InlineTrial {
+  bool trial = false;
+  double inline_s = 0;  // the model's seconds a batch in-line
+  std::string reason;   // the clause: "in-line tried: the model's 0.514 ms a batch against ..."
+};
+InlineTrial inline_trial(double read_s, double step_s, const Window& now,
+                         const std::string& now_name);
 
 // The cost model learns from the comparison: the hand-over cost a batch, on each side, that
 // makes the model's time with `workers` processes (stream_batch_seconds) the `measured` one;

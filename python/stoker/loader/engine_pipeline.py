@@ -28,7 +28,7 @@ from .protocol import EPOCH_END, Pipeline
 from .plan import BATCH_JOBS, Plan, cores, engine_enum
 from .seeding import (BatchesAhead, DrawSources, TorchOrderFeed, TorchRandomOrder,
                       WorkerSetup, epoch_batches, peek_seed, sampler_generators, stateful)
-from .worker_choice import KindChooser, MoveCheck
+from .worker_choice import InlineTrial, KindChooser, MoveCheck
 
 _log = logging.getLogger("stoker")
 
@@ -92,7 +92,10 @@ class EnginePipeline(EngineStates, Pipeline):
         self._choice = (KindChooser(self._jobs is not None, plan.tune_workers,
                                     plan.process_count) if plan.measure_worker_type else None)
         self._remote_tuning = _stoker.RemoteWorkerTuner() if plan.tune_remote else None
-        self._check = MoveCheck() if plan.measure_worker_type else None  # _check_switch
+        # worker_type='auto', measuring what it chose (_check_switch): its move to processes
+        # (MoveCheck), then in-line tried where it may be faster (InlineTrial).
+        self._check = MoveCheck() if plan.measure_worker_type else None
+        self._inline_read: Optional[float] = None  # KindChooser.inline_read(), once decided
         # Worker processes start with the first epoch, whose iter() draws their base seed.
         self._processes_due = self.worker_type == "process"
         if self._processes_due:
@@ -425,6 +428,8 @@ class EnginePipeline(EngineStates, Pipeline):
         choice, self._choice = self._choice, None
         to_processes, self.worker_type_reason, count = decision
         check, self._check = self._check, None
+        if self._remote is None:  # remote workers read besides: no in-line
+            self._inline_read = choice.inline_read()
         if to_processes:
             reading = self._loader.stats()["workers"] - self._engine_workers(0)
             handed = self._start_processes(count, warm=True)
@@ -444,14 +449,19 @@ class EnginePipeline(EngineStates, Pipeline):
             self._loader.set_workers(self._engine_workers())
             if self._torch_order is not None:
                 self._threads_ending = self._loader.thread_reads()
+        elif check is not None:
+            self._try_inline(check.threads_delivered, check.threads_name)
         self.log_worker_type()
 
     def _check_switch(self) -> None:
-        """After auto's move to processes, each batch until MoveCheck keeps or leaves them."""
+        """After auto's move to processes, each batch until MoveCheck keeps or leaves them;
+        then, in-line tried, until InlineTrial keeps it or goes back."""
         verdict, why = self._check.verdict()
         if verdict == "measuring":
             return
         check, self._check = self._check, None
+        if isinstance(check, InlineTrial):
+            return self._inline_verdict(check, verdict, why)
         if verdict == "go back":
             self._loader.use_threads()  # returns once no read is left in a process
             self._pool.finish()
@@ -461,6 +471,48 @@ class EnginePipeline(EngineStates, Pipeline):
             self._loader.set_workers(self._engine_workers())
             self.left.append(check.left())
         self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
+        if verdict == "go back":
+            self._try_inline(check.threads_delivered, check.threads_name)
+        else:
+            self._try_inline(check.processes_delivered, check.now)
+        self.log_worker_type()
+
+    def _try_inline(self, now, name: str) -> None:
+        """Once auto settled on `name` (threads or processes; `now`, what they delivered),
+        with GIL-bound reads: in-line from now on where the model puts it faster (InlineTrial,
+        checked by _check_switch). Processes are kept, idle, until it is."""
+        worth, why = InlineTrial.worth(self._inline_read, now, name)
+        self._inline_read = None  # tried once
+        if not worth:
+            return
+        if self._pool is not None:
+            self._loader.use_threads()  # returns once no read is left in a process
+        restore = (self.worker_type, self.num_workers)
+        self.worker_type, self.num_workers = "thread", 0
+        self._thread_count[0] = 0
+        self._loader.set_workers(self._engine_workers())
+        # The batches read ahead come at once: not in-line's.
+        self._check = InlineTrial(now, name, self._loader.stats()["depth"] + 1, restore)
+        self.worker_type_reason += f"; {why}"
+
+    def _inline_verdict(self, trial: InlineTrial, verdict: str, why: str) -> None:
+        """InlineTrial's verdict: in-line kept (the processes, idle since, stopped), or back to
+        the setting it left."""
+        self.left.append(trial.left(kept=verdict == "keep"))
+        if verdict == "keep":
+            if self._pool is not None:
+                self._pool.finish()
+                self._pool = self._workers = None
+        else:
+            self.worker_type, self.num_workers = trial.restore
+            if self._pool is not None:
+                self._loader.use_processes(self._pool)
+                if self._torch_order is not None:
+                    self._threads_ending = self._loader.thread_reads()
+            else:
+                self._thread_count[0] = self.num_workers
+            self._loader.set_workers(self._engine_workers())
+        self.worker_type_reason = f"auto: {why}; before: {self.worker_type_reason}"
         self.log_worker_type()
 
     def _after_threads_end(self) -> None:

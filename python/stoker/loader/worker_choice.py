@@ -2,7 +2,9 @@
 measured (WorkerKindChooser, src/tune/worker_kind.cc: the GIL's busy share, the reads' CPU
 time and the training loop's own per batch, a batch job's hand-over); then reads stay on
 threads or move to worker processes, and how many; batch jobs' processes, once warm, measure
-their own reads, and those their count did not need are let go (processes_to_keep)."""
+their own reads, and those their count did not need are let go (processes_to_keep). The
+move is checked against what the threads delivered (MoveCheck), and with GIL-bound reads
+in-line is tried after (InlineTrial)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class KindChooser:
         self._measuring = 0.0  # the training loop's CPU time spent timing the hand-over
         self._unpicklable = ""  # why a batch job's batch could not be handed over
         self._costs: Optional[tuple] = None  # per batch, what the count came from (observe)
+        self._gil_bound = False
 
     def batch(self, objects) -> None:
         """A delivered batch's object values: a batch job's batch (still in this process's
@@ -48,7 +51,7 @@ class KindChooser:
         decision = self._chooser.observe(loader, threads, cores, pack, unpack, self._measuring)
         if decision is None:
             return None
-        to_processes, reason, workers, why, self._costs = decision
+        to_processes, reason, workers, why, self._costs, self._gil_bound = decision
         if to_processes and (unpicklable := self._unpicklable or _unpicklable(structure())):
             # A worker process sends its samples' structure back pickled: one whose types
             # cannot be (a namedtuple or class made inside a function) stays on threads.
@@ -59,6 +62,11 @@ class KindChooser:
             return True, f"{reason}; {why}", workers
         return True, f"{reason}; {self._count} worker process(es), as num_workers asks", \
             self._count
+
+    def inline_read(self) -> Optional[float]:
+        """Once decided: the CPU seconds a batch's reads took on the threads, where the reads
+        are GIL-bound (an in-line trial's prediction: InlineTrial); else None."""
+        return self._costs[0] if self._gil_bound and self._costs is not None else None
 
     def keep(self, warm_cpu: dict, started: int, cores: int) -> tuple[int, str]:
         """After the `started` processes' warm-up: how many to keep (num_workers='auto'; else
@@ -100,10 +108,12 @@ class Delivered:
     8.9 and 12.0 ms a batch where their whole epochs' median was 14-16 ms, on 2 busy cores;
     the threads' start-up, a few milliseconds, is far from the processes'); `skip_s`: none in
     this many seconds after the setting began, nor the gap to the first batch after them (the
-    engine pipeline's processes' start, kCheckStartSeconds)."""
+    engine pipeline's processes' start, kCheckStartSeconds); `skip_batches`: none for this
+    many batches first (those read ahead before a switch to in-line, handed out at once).
+    Beside the window, the loop's own time between batches (`step`)."""
 
     def __init__(self, bounded: bool = False, from_start: bool = False,
-                 skip_s: float = 0.0) -> None:
+                 skip_s: float = 0.0, skip_batches: int = 0) -> None:
         self.window = _stoker.Window()
         self._bounded = bounded
         self._from_start = from_start
@@ -113,15 +123,27 @@ class Delivered:
         self.batches = 0  # all handed out, the first of each epoch too
         self._first = time.perf_counter()
         self._skip_until: Optional[float] = self._first + skip_s if skip_s else None
+        self._skip_batches = skip_batches
+        self._steps, self._step_s = 0, 0.0  # the loop's time from a batch to its next ask
 
     @property
     def seconds(self) -> float:
         """Since this setting began."""
         return time.perf_counter() - self._first
 
+    @property
+    def step(self) -> float:
+        """The loop's mean seconds from a batch handed out to its next ask."""
+        return self._step_s / self._steps if self._steps else 0.0
+
     def batch(self, asked: float, got: float) -> None:
+        if self.last is not None and not self._closed:
+            self._steps += 1
+            self._step_s += asked - self.last
         if self._closed:
             pass
+        elif self._skip_batches:
+            self._skip_batches -= 1
         elif self._skip_until is not None:  # measured from the next batch after it on
             self._skip_until = None if got >= self._skip_until else self._skip_until
         elif self.last is not None:
@@ -153,14 +175,14 @@ class MoveCheck:
     keeps them or goes back."""
 
     def __init__(self) -> None:
-        self._threads = Delivered(from_start=True)
-        self._processes: Optional[Delivered] = None
+        self.threads_delivered = Delivered(from_start=True)
+        self.processes_delivered: Optional[Delivered] = None
         self.threads = 0  # the threads reading when auto moved, to go back to
-        self._now = ""  # the processes' setting, named
+        self.now = ""  # the processes' setting, named
 
     def delivered(self, asked: float, ended: bool) -> None:
         """A batch delivered (`asked` for then; it came now), or the epoch's end."""
-        d = self._processes if self._processes is not None else self._threads
+        d = self.processes_delivered or self.threads_delivered
         if ended:
             d.epoch_end()
         else:
@@ -170,15 +192,52 @@ class MoveCheck:
         """Moved from `threads` threads (reading then: the tuner may have moved the count),
         which a move back returns to, to `processes` processes."""
         self.threads = threads
-        self._processes = Delivered(skip_s=_stoker.CHECK_START_SECONDS)
-        self._now = f"{processes} worker process{'es' if processes > 1 else ''}"
+        self.processes_delivered = Delivered(skip_s=_stoker.CHECK_START_SECONDS)
+        self.now = f"{processes} worker process{'es' if processes > 1 else ''}"
         return self
+
+    @property
+    def threads_name(self) -> str:
+        return f"{self.threads} worker thread{'s' if self.threads > 1 else ''}"
 
     def verdict(self) -> tuple[str, str]:
         """("measuring" | "keep" | "go back", the reason naming both measured times)."""
-        left = f"{self.threads} worker thread{'s' if self.threads > 1 else ''}"
-        return _stoker.check_switch(self._threads.window, self._processes.window, left,
-                                    self._now)
+        return _stoker.check_switch(self.threads_delivered.window,
+                                    self.processes_delivered.window, self.threads_name, self.now)
 
     def left(self) -> dict:
-        return self._processes.left(self._now)
+        return self.processes_delivered.left(self.now)
+
+
+class InlineTrial:
+    """worker_type='auto' with GIL-bound reads, once settled on threads or processes (`now`,
+    what it delivered: `before`): reading in-line is tried where the model puts it faster
+    (inline_trial, src/tune/worker_kind.h), and checked as a switch is: kept, or back to
+    `now` (check_switch). `restore`: what going back needs (the pipeline's)."""
+
+    def __init__(self, before: Delivered, now: str, skip_batches: int, restore) -> None:
+        self.before, self.now, self.restore = before, now, restore
+        self._inline = Delivered(skip_batches=skip_batches)
+
+    @staticmethod
+    def worth(read_s: Optional[float], now: Delivered, name: str) -> tuple[bool, str]:
+        """Whether to try in-line after settling on `now` (`name`), and the reason's clause;
+        `read_s`: KindChooser.inline_read()."""
+        if read_s is None:
+            return False, ""
+        return _stoker.inline_trial(read_s, now.step, now.window, name)
+
+    def delivered(self, asked: float, ended: bool) -> None:
+        if ended:
+            self._inline.epoch_end()
+        else:
+            self._inline.batch(asked, time.perf_counter())
+
+    def verdict(self) -> tuple[str, str]:
+        return _stoker.check_switch(self.before.window, self._inline.window, self.now,
+                                    "in-line")
+
+    def left(self, kept: bool) -> dict:
+        """stoker.stats()["worker_type_left"]'s entry: `now`'s when in-line was kept, else
+        in-line's."""
+        return self.before.left(self.now) if kept else self._inline.left("in-line")
