@@ -18,6 +18,11 @@ struct ThreadStateKeeper {
   ~ThreadStateKeeper() {
     if (!bound || interpreter_finalizing()) return;  // the interpreter reclaims it
     PyEval_RestoreThread(state);
+    // What a data set kept in threading.local() for this thread goes now, while its thread
+    // state is whole: a destructor that takes the GIL itself (pyarrow's Python files, held by
+    // a ParquetFile over fsspec) run inside the release's PyThreadState_Clear crashed the
+    // process or waited for good (tests/python/test_workers.py).
+    if (PyObject* dict = PyThreadState_GetDict()) PyDict_Clear(dict);
     PyGILState_Release(gil_state);
   }
 };

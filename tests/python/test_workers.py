@@ -679,6 +679,40 @@ def test_auto_goes_back_to_the_threads_mid_epoch_and_loses_no_sample(monkeypatch
     loader.close()
 
 
+def test_values_a_data_set_keeps_in_threading_local_go_cleanly_when_the_threads_end(tmp_path):
+    # A pyarrow file per worker thread in a threading.local (as a data set reading Parquet
+    # over fsspec files keeps one): pyarrow lets go of it by taking the GIL itself, which
+    # inside the thread state's teardown crashed the process (before: SIGSEGV on the first
+    # loader). In a process of its own, so that a crash or a hang fails only this test.
+    pytest.importorskip("pyarrow")
+    script = tmp_path / "thread_local.py"
+    script.write_text(textwrap.dedent("""
+        import io, threading
+        import pyarrow as pa
+        import stoker
+
+        class Files:
+            def __init__(self):
+                self.local = threading.local()
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                if getattr(self.local, "f", None) is None:
+                    self.local.f = pa.PythonFile(io.BytesIO(b"x" * 100), mode="r")
+                return i
+
+        for _ in range(3):
+            loader = stoker.DataLoader(Files(), batch_size=8, num_workers=2,
+                                       worker_type="thread")
+            assert sorted(int(i) for b in loader for i in b) == list(range(64))
+            loader.close()
+        print("ok")
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-2000:]
+
+
 class _MoveAtOnceGilBound(_MoveAtOnce):
     gil_bound = True
     costs = (1e-4, 0.0, 0.0, 0.0)

@@ -158,9 +158,7 @@ class _RowGroupReader:
     def __init__(self, files: list[Source], columns: list[str], kinds: list[tuple]) -> None:
         self.files, self.columns, self.kinds = files, columns, kinds
         # Each thread's open ParquetFiles, by (thread, file), the least recently used closed
-        # first. Not in a threading.local: an object's ParquetFile holds a Python file, which
-        # pyarrow lets go of by taking the GIL, and a thread-local value goes while the
-        # engine thread's Python state is torn down, where that waits for good.
+        # first: at most _OPEN_FILES over all threads.
         self._open: OrderedDict = OrderedDict()
 
     def _file(self, index: int):
