@@ -155,6 +155,7 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     }
     shuffle_ = std::move(choice.reason);
   }
+  cheaper_reads_ = options.dataset->cheaper_reads();
   config.dataset = std::move(options.dataset);
   config.batch_size = options.batch_size;
   config.drop_last = options.drop_last;
@@ -370,7 +371,9 @@ Stats Loader::stats() const {
   add_memory(s);
   return s;
 }
-Report Loader::report() const { return diagnose(stats(), engine_->worker_limit() != 0); }
+Report Loader::report() const {
+  return diagnose(stats(), engine_->worker_limit() != 0, cheaper_reads_);
+}
 
 // --- Batch ---------------------------------------------------------------------------------
 

@@ -49,7 +49,8 @@ std::string memory_line(const Stats& s) {
 
 // The verdict from the loader's own stages (reads, the GIL, remote workers, the training
 // loop), before object storage is looked at.
-Report diagnose_stages(const Stats& s, bool process_workers) {
+Report diagnose_stages(const Stats& s, bool process_workers,
+                       const std::vector<std::string>& cheaper_reads) {
   using detail::format;
   Report r;
   r.workers = s.workers;
@@ -160,10 +161,7 @@ Report diagnose_stages(const Stats& s, bool process_workers) {
           "images");
       return r;
     }
-    r.suggestions.push_back("record shards (stoker pack), if it reads many small files");
-    r.suggestions.push_back("a RAM cache of the encoded bytes");
-    r.suggestions.push_back("uint8 output, normalised on the GPU");
-    r.suggestions.push_back("a smaller decode (DCT scaling: exact=False)");
+    r.suggestions.insert(r.suggestions.end(), cheaper_reads.begin(), cheaper_reads.end());
     return r;
   }
   if (computing) {
@@ -218,8 +216,9 @@ void add_object_storage(const Stats& s, Report& r) {
 
 }  // namespace
 
-Report diagnose(const Stats& s, bool process_workers) {
-  Report r = diagnose_stages(s, process_workers);
+Report diagnose(const Stats& s, bool process_workers,
+                const std::vector<std::string>& cheaper_reads) {
+  Report r = diagnose_stages(s, process_workers, cheaper_reads);
   add_object_storage(s, r);
   return r;
 }

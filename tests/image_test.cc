@@ -466,5 +466,15 @@ TEST(DecodeImage, DecoderIsReusableAfterAnError) {
   EXPECT_EQ(run(good, t), before);
 }
 
+TEST(ImageCheaperReads, RecordShardsAreSuggestedOnlyForAFolderOfFiles) {
+  const auto folder = image_cheaper_reads(true);
+  ASSERT_FALSE(folder.empty());
+  EXPECT_NE(folder[0].find("record shards"), std::string::npos);
+  for (const auto& s : image_cheaper_reads(false)) {
+    EXPECT_EQ(s.find("record shards"), std::string::npos) << s;
+  }
+  EXPECT_EQ(image_cheaper_reads(false).size() + 1, folder.size());
+}
+
 }  // namespace
 }  // namespace stoker

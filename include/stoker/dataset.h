@@ -143,6 +143,11 @@ class Dataset {
   // shard and record. Default: nothing (the index says it all).
   virtual std::string sample_name(std::size_t /*index*/) const { return {}; }
 
+  // What makes this data set's reads cheaper, for a report whose reads fill the cores
+  // (diagnose(): an image data set's smaller decode, a video's shorter clips). Default: nothing
+  // it knows of.
+  virtual std::vector<std::string> cheaper_reads() const { return {}; }
+
   // Bytes this data set keeps in RAM between reads (a RAM cache of encoded bytes), counted
   // against the loader's memory_limit. Any thread. Default: none.
   virtual std::size_t resident_bytes() const { return 0; }

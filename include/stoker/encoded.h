@@ -59,6 +59,9 @@ class EncodedSource {
   virtual bool will_read(std::span<const std::size_t> /*rows*/) const noexcept { return true; }
   virtual std::vector<ObjectVersion> objects() const { return {}; }
   virtual ObjectStorageCounters object_storage() const { return {}; }
+  // Each sample is a file (or object) of its own: an image folder (record shards would help a
+  // run that reads many small files).
+  virtual bool file_per_sample() const { return false; }
 };
 
 // torchvision.datasets.ImageFolder's layout: root/<class>/<file>, classes sorted by name,

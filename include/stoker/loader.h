@@ -129,8 +129,9 @@ class Loader {
   std::unique_ptr<detail::DeviceStage> stage_;
   std::unique_ptr<detail::WorkerTuner> tuner_;  // with LoaderOptions::tune_workers
   std::unique_ptr<detail::MemoryGuard> memory_;
-  std::string shuffle_;           // the shuffle chosen and why (Stats::shuffle)
-  std::size_t device_depth_ = 0;  // device slots counted against the cap (0: on the host)
+  std::string shuffle_;                     // the shuffle chosen and why (Stats::shuffle)
+  std::vector<std::string> cheaper_reads_;  // the data set's (Dataset::cheaper_reads)
+  std::size_t device_depth_ = 0;            // device slots counted against the cap (0: on the host)
 };
 
 }  // namespace stoker

@@ -67,6 +67,7 @@ class ParquetDataset final : public Dataset {
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
   std::string sample_name(std::size_t index) const override;  // "<file> row <n>"
+  std::vector<std::string> cheaper_reads() const override;    // with image columns
   // The row groups, each decoded whole into the row-group cache (cache_bytes): a shuffled
   // loader over more than fit takes a window of them (docs/formats.md, "Memory").
   StorageLayout storage_layout() const override;

@@ -62,8 +62,11 @@ struct Report {
 
 // The verdict on `stats` (pure: tested on synthetic stats). `process_workers`: reads run in
 // worker processes, so a busy worker counts as a busy core (their CPU time is in
-// Stats::worker_cpu, the wait of a runnable one for a core is not).
-Report diagnose(const Stats& stats, bool process_workers = false);
+// Stats::worker_cpu, the wait of a runnable one for a core is not). `cheaper_reads`: what the
+// data set says makes its reads cheaper (Dataset::cheaper_reads), suggested when they fill the
+// cores.
+Report diagnose(const Stats& stats, bool process_workers = false,
+                const std::vector<std::string>& cheaper_reads = {});
 
 // The table of Report's fields, as for_each_stat is Stats' (stats.h): calls visit(name, value)
 // for each, in declaration order. Every printout of a Report that lists its fields (the Python

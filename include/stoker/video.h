@@ -90,6 +90,7 @@ class VideoClips final : public Dataset {
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
   std::string sample_name(std::size_t index) const override;
+  std::vector<std::string> cheaper_reads() const override;
 
   const VideoClipsOptions& options() const;
   std::size_t videos() const;

@@ -78,6 +78,7 @@ class WebDataset final : public Dataset {
   // one round trip rather than one per sample per worker thread.
   bool will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
+  std::vector<std::string> cheaper_reads() const override { return image_cheaper_reads(false); }
   // Each shard's samples in blocks of about 1/1024 of the object cache (32 KiB to 8 MiB), cut
   // between samples; over URLs, when the shards do not fit the cache, these are the chunks
   // each read fetches (docs/storage.md, "Data larger than the cache").

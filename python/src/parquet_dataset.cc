@@ -102,6 +102,12 @@ class ParquetRows final : public Dataset {
     return out;
   }
 
+  std::vector<std::string> cheaper_reads() const override {
+    const bool images = std::any_of(columns_.begin(), columns_.end(),
+                                    [](const Column& c) { return c.kind == Kind::image; });
+    return images ? image_cheaper_reads(false) : std::vector<std::string>{};
+  }
+
   std::string sample_name(std::size_t index) const override {
     if (index >= size_) return {};
     const auto [g, r] = locate(index);

@@ -243,6 +243,7 @@ class RemappedDataset final : public Dataset {
   bool will_read(std::span<const std::size_t> rows) const noexcept override;
   std::string sample_name(std::size_t index) const override;
   std::size_t resident_bytes() const override { return base_->resident_bytes(); }
+  std::vector<std::string> cheaper_reads() const override { return base_->cheaper_reads(); }
   ObjectStorageCounters object_storage_counters() const override {
     return base_->object_storage_counters();
   }

@@ -294,6 +294,18 @@ std::string ImageDataset::sample_name(std::size_t index) const {
   return options_.source->name(index);
 }
 
+std::vector<std::string> image_cheaper_reads(bool small_files) {
+  std::vector<std::string> out;
+  if (small_files) out.emplace_back("record shards (stoker pack), if it reads many small files");
+  out.insert(out.end(), {"a RAM cache of the encoded bytes", "uint8 output, normalised on the GPU",
+                         "a smaller decode (DCT scaling: exact=False)"});
+  return out;
+}
+
+std::vector<std::string> ImageDataset::cheaper_reads() const {
+  return image_cheaper_reads(options_.source->file_per_sample());
+}
+
 bool ImageDataset::will_read(std::span<const std::size_t> rows) const noexcept {
   return options_.source->will_read(rows);
 }

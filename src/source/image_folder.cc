@@ -114,6 +114,7 @@ class ImageFolderSource final : public EncodedSource {
     }
     return true;
   }
+  bool file_per_sample() const override { return true; }
   std::vector<ObjectVersion> objects() const override {
     std::vector<ObjectVersion> out;
     out.reserve(objects_.size());

@@ -647,6 +647,13 @@ std::vector<FieldSpec> ParquetDataset::fields() const {
   return out;
 }
 
+std::vector<std::string> ParquetDataset::cheaper_reads() const {
+  const auto& c = impl_->columns;
+  const bool images =
+      std::any_of(c.begin(), c.end(), [](const Column& k) { return k.kind == Kind::image; });
+  return images ? image_cheaper_reads(false) : std::vector<std::string>{};
+}
+
 std::string ParquetDataset::sample_name(std::size_t index) const {
   if (index >= impl_->size()) return {};
   const auto [g, r] = impl_->locate(index);
