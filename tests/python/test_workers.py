@@ -635,6 +635,34 @@ def test_auto_moving_batch_jobs_to_processes_warms_them_and_loses_no_batch(monke
     loader.close()
 
 
+def test_a_batch_jobs_move_whose_warm_up_outlasts_the_wait_is_checked_from_its_hand_over(
+        monkeypatch):
+    # The training loop waits for no warm-up (_WARM_WAIT_S 0): the threads read on, the
+    # processes take over when warm, and the check measures them from then on (before: such a
+    # move was never checked).
+    from stoker.loader import engine_pipeline
+
+    monkeypatch.setattr(engine_pipeline, "_WARM_WAIT_S", 0.0)
+    monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
+    monkeypatch.setattr(engine_pipeline._stoker, "CHECK_START_SECONDS", 0.0)
+    afters = []
+
+    def keep_after_5(before, after, left, now):
+        afters.append(after.batches)
+        return ("measuring", "") if after.batches < 5 else ("keep", f"kept {now}: forced")
+
+    monkeypatch.setattr(engine_pipeline._stoker, "check_switch", keep_after_5)
+    loader = stoker.DataLoader(_NativeWork(), batch_size=8, collate_fn=_pairs_collate)
+    for _ in range(4):
+        assert [i for _, ids in loader for i in ids] == list(range(192))
+        if loader.stats()["worker_type_reason"].startswith("auto: kept"):
+            break
+    assert loader.stats()["worker_type_reason"].startswith(
+        "auto: kept 2 worker processes: forced; the switch: auto: forced")
+    assert afters and afters[0] == 0  # measured from the hand-over: nothing before it
+    loader.close()
+
+
 def _back_after(batches):
     """check_switch that goes back once the processes delivered `batches` (its rule is
     tests/worker_kind_test.cc's)."""

@@ -96,6 +96,7 @@ class EnginePipeline(EngineStates, Pipeline):
         # (MoveCheck), then in-line tried where it may be faster (InlineTrial).
         self._check = MoveCheck() if plan.measure_worker_type else None
         self._inline_read: Optional[float] = None  # KindChooser.inline_read(), once decided
+        self._moving: Optional[tuple] = None  # MoveCheck.moved()'s, until the hand-over
         # Worker processes start with the first epoch, whose iter() draws their base seed.
         self._processes_due = self.worker_type == "process"
         if self._processes_due:
@@ -442,8 +443,12 @@ class EnginePipeline(EngineStates, Pipeline):
                     warming.top_up(self._pool, self._jobs.batches, warming.arenas_in_flight(
                         self._loader.stats()["depth"], keep))
                     count, self.worker_type_reason = keep, self.worker_type_reason + why
-            if check is not None and (handed or self._warming is None):  # else not checked
-                self._check = check.moved(max(1, reading), count)
+            if check is not None:  # checked from the hand-over on (_check_switch)
+                self._check, self._moving = check, (max(1, reading), count)
+                if handed or self._warming is None:
+                    self._moved()
+                else:  # the threads read on; the loop's wait for the warm-up is not theirs
+                    check.threads_delivered.last = None
             self.worker_type = "process"
             self.num_workers = count
             self._loader.set_workers(self._engine_workers())
@@ -453,9 +458,20 @@ class EnginePipeline(EngineStates, Pipeline):
             self._try_inline(check.threads_delivered, check.threads_name)
         self.log_worker_type()
 
+    def _moved(self) -> None:
+        """The processes read now: MoveCheck measures them from here."""
+        threads, processes = self._moving
+        self._moving = None
+        self._check.moved(threads, processes)
+
     def _check_switch(self) -> None:
-        """After auto's move to processes, each batch until MoveCheck keeps or leaves them;
-        then, in-line tried, until InlineTrial keeps it or goes back."""
+        """After auto's move to processes, each batch until MoveCheck keeps or leaves them
+        (measured from their hand-over: a batch job's warm-up may end after the move); then,
+        in-line tried, until InlineTrial keeps it or goes back."""
+        if self._moving is not None:
+            if self._warming is not None and self._warming.handed:
+                self._moved()
+            return
         verdict, why = self._check.verdict()
         if verdict == "measuring":
             return

@@ -60,6 +60,11 @@ class Warming:
             loader.use_processes(self._pool)
             self._handed = True
 
+    @property
+    def handed(self) -> bool:
+        """The loader reads on the processes now."""
+        return self._handed
+
     def wait(self, timeout: float) -> bool:
         """Waits up to `timeout` seconds for the hand-over; whether it happened (Ctrl-C
         interrupts the wait)."""
