@@ -640,9 +640,9 @@ def test_a_batch_jobs_move_whose_warm_up_outlasts_the_wait_is_checked_from_its_h
     # The training loop waits for no warm-up (_WARM_WAIT_S 0): the threads read on, the
     # processes take over when warm, and the check measures them from then on (before: such a
     # move was never checked).
-    from stoker.loader import engine_pipeline
+    from stoker.loader import engine_pipeline, engine_workers
 
-    monkeypatch.setattr(engine_pipeline, "_WARM_WAIT_S", 0.0)
+    monkeypatch.setattr(engine_workers, "_WARM_WAIT_S", 0.0)
     monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveAtOnce)
     monkeypatch.setattr(engine_pipeline._stoker, "CHECK_START_SECONDS", 0.0)
     afters = []
@@ -847,12 +847,12 @@ class _MoveBesideASlowStep(_MoveAtOnce):
 
 
 def test_auto_lets_go_of_the_processes_their_warm_reads_show_are_not_needed(monkeypatch):
-    from stoker.loader import engine_pipeline
+    from stoker.loader import engine_pipeline, engine_workers
     from stoker.workers.processes import ProcessWorkers
 
     monkeypatch.setattr(engine_pipeline._stoker, "check_switch", _never_decided)
     monkeypatch.setattr(engine_pipeline._stoker, "WorkerKindChooser", _MoveBesideASlowStep)
-    monkeypatch.setattr(engine_pipeline, "_WARM_WAIT_S", 120.0)  # a busy machine's warm-up
+    monkeypatch.setattr(engine_workers, "_WARM_WAIT_S", 120.0)  # a busy machine's warm-up
     retired = []
     retire = ProcessWorkers.retire
 
