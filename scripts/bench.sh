@@ -66,7 +66,10 @@ stage "full: torchvision's ImageFolder + PIL transforms: stoker.DataLoader again
 .venv/bin/python bench/python_bench.py --workload tvfolder tvjitter
 
 stage "full: auto against every fixed setting, with and without a training step (auto_matrix.py)"
-.venv/bin/python bench/auto_matrix.py
+# The streams' epochs of 0.01 and 0.1 s in-line: a row of 1 s epochs takes about 8 minutes on
+# 2 cores (every setting, 5 epochs, 3 rounds), one of 10 s over an hour; `python
+# bench/auto_matrix.py` alone runs them all.
+.venv/bin/python bench/auto_matrix.py --epoch-s 0.01 0.1
 
 stage "full: WebDataset shards: stoker.WebDataset against webdataset (bench/webdataset_bench.py)"
 .venv/bin/python bench/webdataset_bench.py
