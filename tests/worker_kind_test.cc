@@ -565,8 +565,8 @@ TEST(CheckedSwitch, TheStandardErrorOfAWindowIsTheSpreadOfItsBlocksMeans) {
 TEST(InlineTrial, CheapGilBoundSamplesTryInLineAfterTheProcessesTheyWereMovedTo) {
   // The headline's cheap dict samples, batches of 256: the reads took 0.579 ms of CPU a batch
   // on the threads, the loop 0.018 ms between batches; 2 processes delivered one every 0.684.
-  const InlineTrial t = inline_trial(0.579e-3, 0.018e-3, steady(32, 0.684e-3, 0.05e-3),
-                                     "2 worker processes");
+  const InlineTrial t =
+      inline_trial(0.579e-3, 0.018e-3, steady(32, 0.684e-3, 0.05e-3), "2 worker processes");
   EXPECT_TRUE(t.trial);
   EXPECT_NEAR(t.inline_s, 0.597e-3, 1e-12);
   EXPECT_TRUE(contains(t.reason,
