@@ -15,9 +15,7 @@
 #include "py_dataset.h"
 #include "row_reader.h"
 #include "stoker/frontend/log.h"
-#include "stoker/frontend/proc_memory.h"
 #include "stoker/frontend/schedstat.h"
-#include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/tracer.h"
 #include "worker_socket.h"
 
@@ -88,14 +86,19 @@ ProcessPool::~ProcessPool() {
 }
 
 void ProcessPool::start() {
-  for (auto& link : links_) {
-    if (link->dead) respawn(*link);
+  std::vector<Link*> dead;
+  {
+    detail::MutexLock lock(mu_);
+    for (auto& link : links_) {
+      if (link->dead) dead.push_back(link.get());
+    }
   }
+  for (Link* link : dead) respawn(*link);
 }
 
 py::list ProcessPool::pids() {
   py::list out;
-  std::lock_guard lock(mu_);
+  detail::MutexLock lock(mu_);
   for (const auto& link : links_) out.append(link->dead ? 0 : link->pid);
   return out;
 }
@@ -103,10 +106,7 @@ py::list ProcessPool::pids() {
 std::vector<int> ProcessPool::all_fds() { return tracked_fds(); }
 
 void ProcessPool::respawn(Link& link) {
-  {
-    std::lock_guard lock(mu_);
-    if (stopped_) throw std::runtime_error("stoker: the loader is closing");
-  }
+  if (stopping()) throw std::runtime_error("stoker: the loader is closing");
   py::tuple started;
   {
     std::optional<ForkGate::Closed> closed;  // no engine thread inside Python (gil.h, rule 5)
@@ -123,7 +123,7 @@ void ProcessPool::respawn(Link& link) {
   memory_->add(pid);
   track_fd(fd);
   close_fd(std::exchange(link.fd, -1));
-  std::lock_guard lock(mu_);
+  detail::MutexLock lock(mu_);
   link.fd = fd;
   link.pid = pid;
   link.dead = false;
@@ -137,37 +137,36 @@ void ProcessPool::respawn(Link& link) {
 }
 
 ProcessPool::Link* ProcessPool::lease(std::optional<std::size_t> only) {
-  std::unique_lock lock(mu_);
-  for (;;) {
-    if (stopped_) throw std::runtime_error("stoker: the loader is closing");
-    Link* dead = nullptr;
-    for (auto& link : links_) {
-      if (link->busy || (only && link->id != *only)) continue;
-      if (!link->dead) {
-        link->busy = true;
-        return link.get();
+  Link* dead = nullptr;
+  {
+    detail::MutexLock lock(mu_);
+    while (dead == nullptr) {
+      if (stopped_) throw std::runtime_error("stoker: the loader is closing");
+      for (auto& link : links_) {
+        if (link->busy || (only && link->id != *only)) continue;
+        if (!link->dead) {
+          link->busy = true;
+          return link.get();
+        }
+        if (dead == nullptr) dead = link.get();
       }
-      if (dead == nullptr) dead = link.get();
+      if (dead == nullptr) lock.wait(free_cv_);
     }
-    if (dead != nullptr) {
-      dead->busy = true;
-      lock.unlock();
-      try {
-        EngineThreadGil gil;
-        respawn(*dead);
-      } catch (...) {
-        give_back(dead, true);
-        throw;
-      }
-      return dead;
-    }
-    free_cv_.wait(lock);
+    dead->busy = true;
   }
+  try {
+    EngineThreadGil gil;
+    respawn(*dead);
+  } catch (...) {
+    give_back(dead, true);
+    throw;
+  }
+  return dead;
 }
 
 void ProcessPool::give_back(Link* link, bool dead) {
   {
-    std::lock_guard lock(mu_);
+    detail::MutexLock lock(mu_);
     link->busy = false;
     if (dead) link->dead = true;
   }
@@ -202,7 +201,7 @@ bool ProcessPool::exchange(Link& link, const std::vector<std::uint8_t>& job,
   if (region_fd >= 0 && !link.has_layout) {  // a call (no region) writes no rows
     std::vector<std::uint8_t> layout;
     {
-      std::lock_guard lock(mu_);
+      detail::MutexLock lock(mu_);
       layout = layout_message_;
     }
     const auto m = message(kLayout, layout);
@@ -240,7 +239,7 @@ bool ProcessPool::receive_result(Link& link, std::vector<std::uint8_t>& status,
 detail::ExecutorStats ProcessPool::times() {
   std::vector<pid_t> pids;
   {
-    std::lock_guard lock(mu_);
+    detail::MutexLock lock(mu_);
     for (const auto& link : links_) pids.push_back(link->pid);
   }
   // Read without the lock, which the engine's threads take per chunk.
@@ -254,7 +253,7 @@ detail::ExecutorStats ProcessPool::times() {
     if (pid > 0) started.push_back(pid);
   }
   const std::uint64_t resident = memory_->estimate(started);
-  std::lock_guard lock(mu_);
+  detail::MutexLock lock(mu_);
   times_.resident_bytes = resident;  // a level, now; not summed
   // retire() may have let links go since they were read.
   for (std::size_t k = 0; k < pids.size() && k < links_.size(); ++k) {
@@ -277,18 +276,14 @@ detail::ExecutorStats ProcessPool::times() {
 
 void ProcessPool::set_layout(py::bytes message) {
   const std::string_view bytes = message;
-  std::lock_guard lock(mu_);
+  detail::MutexLock lock(mu_);
   layout_message_.assign(bytes.begin(), bytes.end());
 }
 
 void ProcessPool::fail_lost(Link* link, std::span<const std::size_t> indices,
                             std::span<std::exception_ptr> errors, const char* items) {
   const pid_t pid = link->pid;
-  bool closing;
-  {
-    std::lock_guard lock(mu_);
-    closing = stopped_;
-  }
+  const bool closing = stopping();
   give_back(link, true);
   const auto error =
       closing ? std::make_exception_ptr(std::runtime_error("stoker: the loader is closing"))
@@ -463,7 +458,7 @@ std::optional<ProcessPool::Reply> ProcessPool::attempt(const detail::SharedRegio
   }
   fail_lost(link, indices, {&lost, 1}, items);
   {
-    std::lock_guard lock(mu_);
+    detail::MutexLock lock(mu_);
     if (stopped_) std::rethrow_exception(lost);
     ++deaths_;
   }
@@ -522,10 +517,7 @@ py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py
       std::vector<std::int64_t> times;  // a call asks for none
       const bool ok = exchange(*link, job, 0, -1, 0, status, times, blob) && status.size() == 1;
       give_back(link, !ok);
-      if (!ok) {
-        std::lock_guard lock(mu_);
-        if (stopped_) failure = "stoker: the loader is closing";
-      }
+      if (!ok && stopping()) failure = "stoker: the loader is closing";
       if (!ok && failure.empty()) failure = died(pid);
     }
   }
@@ -537,7 +529,7 @@ py::tuple ProcessPool::call(std::size_t worker_id, std::uint64_t index, const py
 void ProcessPool::stop() noexcept {
   if (getpid() != owner_pid_) return;
   memory_->stop();  // its thread ends now; the destructor joins it
-  std::lock_guard lock(mu_);
+  detail::MutexLock lock(mu_);
   stopped_ = true;
   for (auto& link : links_) {
     if (link->fd >= 0) shutdown(link->fd, SHUT_RDWR);
@@ -549,8 +541,10 @@ void ProcessPool::finish() {
   if (finished_ || getpid() != owner_pid_) return;
   finished_ = true;
   stop();
-  // Every lessee has returned (the engine is stopped), so the links are ours alone.
-  for (auto& link : links_) close_fd(std::exchange(link->fd, -1));
+  {
+    detail::MutexLock lock(mu_);  // every lessee has returned (the engine is stopped)
+    for (auto& link : links_) close_fd(std::exchange(link->fd, -1));
+  }
   if (reap_ && !reap_.is_none()) reap_();
   memory_->join();  // stopped above, done reading long since
   // Let go of the Python side (it holds the data set) now rather than with the pool.
@@ -583,12 +577,12 @@ void ProcessPool::retire(std::size_t keep) {
   std::vector<std::unique_ptr<Link>> gone;
   {
     py::gil_scoped_release unlocked;  // a lessee may need the GIL to give its link back
-    std::unique_lock lock(mu_);
+    detail::MutexLock lock(mu_);
     if (keep >= links_.size()) return;
-    free_cv_.wait(lock, [&] {
-      return std::none_of(links_.begin() + static_cast<std::ptrdiff_t>(keep), links_.end(),
-                          [](const auto& link) { return link->busy; });
-    });
+    while (std::any_of(links_.begin() + static_cast<std::ptrdiff_t>(keep), links_.end(),
+                       [](const auto& link) { return link->busy; })) {
+      lock.wait(free_cv_);
+    }
     gone.assign(std::make_move_iterator(links_.begin() + static_cast<std::ptrdiff_t>(keep)),
                 std::make_move_iterator(links_.end()));
     links_.resize(keep);

@@ -40,7 +40,6 @@
 #include <exception>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
@@ -51,6 +50,7 @@
 #include "py_layout.h"
 #include "stoker/dataset.h"
 #include "stoker/frontend/executor.h"
+#include "stoker/frontend/mutex.h"
 #include "stoker/frontend/proc_memory.h"
 #include "stoker/frontend/shared_memory.h"
 
@@ -158,7 +158,7 @@ class ProcessPool {
   py::list pids();
   // Workers that died while reading (each replaced by a new one). Any thread, no GIL.
   std::size_t deaths() {
-    std::lock_guard lock(mu_);
+    detail::MutexLock lock(mu_);
     return deaths_;
   }
 
@@ -206,6 +206,10 @@ class ProcessPool {
   // GIL).
   Link* lease(std::optional<std::size_t> only = std::nullopt);
   void give_back(Link* link, bool dead);
+  bool stopping() {
+    detail::MutexLock lock(mu_);
+    return stopped_;
+  }
   void respawn(Link& link);  // GIL held
   // Sends the job and reads the reply without the GIL. False if the worker is gone. The rows'
   // times, if the job asked for them, go to `times` (start, end per row).
@@ -232,14 +236,15 @@ class ProcessPool {
   py::object reap_;
   py::object exitcode_;
 
-  std::mutex mu_;
+  detail::Mutex mu_;
   std::condition_variable free_cv_;
-  std::vector<std::unique_ptr<Link>> links_;  // guarded by mu_ (a leased link: its lessee)
-  bool stopped_ = false;                      // guarded by mu_
-  detail::ExecutorStats times_;               // guarded by mu_: cpu, run_delay
-  std::size_t deaths_ = 0;                    // guarded by mu_
-  std::vector<std::uint8_t> layout_message_;  // guarded by mu_; empty: not known yet
-  bool finished_ = false;                     // GIL
+  // The links; a leased link's fields are its lessee's.
+  std::vector<std::unique_ptr<Link>> links_ STOKER_GUARDED_BY(mu_);
+  bool stopped_ STOKER_GUARDED_BY(mu_) = false;
+  detail::ExecutorStats times_ STOKER_GUARDED_BY(mu_);  // cpu, run_delay
+  std::size_t deaths_ STOKER_GUARDED_BY(mu_) = 0;
+  std::vector<std::uint8_t> layout_message_ STOKER_GUARDED_BY(mu_);  // empty: not known yet
+  bool finished_ = false;                                            // GIL
   // The workers' memory, read on its own thread; told of each worker as it starts. Held by
   // pointer: a forked worker's copy of the pool lets go of it without destroying it.
   std::unique_ptr<detail::AnonMemorySampler> memory_;
