@@ -558,6 +558,42 @@ TEST_F(TokenFiles, BadFlatFilesAreNamedByFileAndDocument) {
                std::invalid_argument);
 }
 
+TEST_F(TokenFiles, AFileTruncatedUnderItsReaderFailsTheReadNamingFileAndDocument) {
+  const auto a = flat<std::uint16_t>("a.bin", {1, 2, 0, 3, 4, 5, 0});
+  const auto c = TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 0);
+  fs::resize_file(a, 8);  // document 1 now ends past the file's end: an error, not SIGBUS
+  EXPECT_EQ(document(*c, 0), (Tokens{1, 2, 0}));
+  EXPECT_EQ(error_of([&] { document(*c, 1); }),
+            "stoker: " + a + " is truncated: " + a + " document 1 ends past its 14 bytes");
+}
+
+TEST_F(TokenFiles, ManyFilesAreOpenedForEachReadAndFlatFilesAreScannedAcrossBlocks) {
+  // More files than are held open (64): each read opens its file.
+  std::vector<std::string> paths;
+  for (int k = 0; k < 70; ++k) {
+    std::string name = "f";
+    name += std::to_string(k);
+    name += ".bin";
+    paths.push_back(flat<std::uint16_t>(name, {static_cast<std::uint16_t>(k + 1), 0}));
+  }
+  const auto many = TokenCorpus::flat(paths, TokenCorpus::FlatDType::u16, 0);
+  ASSERT_EQ(many->documents(), 70u);
+  EXPECT_EQ(document(*many, 69), (Tokens{70, 0}));
+  // A file of more than one 8 MiB block: documents that cross a block's end are whole.
+  std::vector<std::uint32_t> tokens(5'000'000);
+  for (std::size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = i % 1'000'003 == 1'000'002 ? 7 : static_cast<std::uint32_t>(i % 5 + 10);
+  const auto big =
+      TokenCorpus::flat({flat<std::uint32_t>("big.bin", tokens)}, TokenCorpus::FlatDType::u32, 7);
+  ASSERT_EQ(big->documents(), 5u);  // four ended by eod, the tail
+  EXPECT_EQ(big->lengths()[0], 1'000'003u);
+  EXPECT_EQ(big->lengths()[2], 1'000'003u);  // [2'000'006, 3'000'009) crosses 8 MiB (2,097,152)
+  EXPECT_EQ(big->lengths()[4], 5'000'000u - 4 * 1'000'003u);
+  Tokens last(1);
+  big->read_tokens(1, 1'000'002, last);
+  EXPECT_EQ(last, (Tokens{7}));
+}
+
 TEST_F(TokenFiles, ATokenPastTheVocabularyFailsItsReadNamingFileAndDocument) {
   const auto a = flat<std::uint16_t>("a.bin", {1, 2, 0, 3, 500, 0});
   const auto c = TokenCorpus::flat({a}, TokenCorpus::FlatDType::u16, 0, 100);

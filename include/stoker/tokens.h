@@ -13,14 +13,20 @@
 #include <vector>
 
 #include "stoker/dataset.h"
+#include "stoker/object_storage.h"
 
 namespace stoker {
 
 // ---- Sources ------------------------------------------------------------------------------
 
-// The documents of one or more token files, memory-mapped (read-only, shared pages): opening
-// reads the indexes (Megatron) or scans the tokens for the end-of-document token (flat files),
-// never copies the tokens.
+// The documents of one or more token files, local or in object storage: opening reads the
+// indexes (Megatron) or scans the tokens for the end-of-document token (flat files), never
+// copies the tokens; rows read their tokens by ranges (io::File: pread for a local file, the
+// object cache for an object; docs/storage.md). Names that are s3:// or http(s):// URLs are
+// objects, all of a corpus's resolved together (one listing per parent prefix); a flat s3://
+// URL ending in '/' is every object directly under it. A Megatron object's .idx is read once
+// (one GET); a flat object is read whole once, by the object cache's chunks, to find its
+// documents.
 //
 // Megatron's indexed data set (megatron-core's indexed_dataset.py, `MMapIndexedDataset`):
 // `PREFIX.idx` holds the magic "MMIDIDX\0\0", version 1 (u64), the dtype code (u8: 1 uint8,
@@ -46,12 +52,15 @@ class TokenCorpus {
   enum class FlatDType : std::uint8_t { u16, u32 };
 
   // Megatron data sets, by prefix (PREFIX.bin and PREFIX.idx), or by either file's path.
+  // `storage`: the object cache and index cache of the URLs.
   static std::shared_ptr<const TokenCorpus> megatron(const std::vector<std::string>& prefixes,
-                                                     std::uint64_t vocab_size = 0);
+                                                     std::uint64_t vocab_size = 0,
+                                                     const ObjectStorageOptions& storage = {});
   // Flat token files split at `eod` (the end-of-document token id).
   static std::shared_ptr<const TokenCorpus> flat(const std::vector<std::string>& paths,
                                                  FlatDType dtype, std::uint64_t eod,
-                                                 std::uint64_t vocab_size = 0);
+                                                 std::uint64_t vocab_size = 0,
+                                                 const ObjectStorageOptions& storage = {});
 
   // Token ids in memory, laid out as Arrow's list columns hold them (a Parquet token column
   // read with pyarrow, a Hugging Face data set's `input_ids`): each row of a chunk is a
@@ -90,6 +99,9 @@ class TokenCorpus {
   std::string document_name(std::size_t doc) const;
   std::size_t files() const;
   const std::string& file(std::size_t index) const;
+  // The traffic of the object cache the corpus's objects are read through; zero for local files
+  // and columns.
+  ObjectStorageCounters object_storage_counters() const;
 
   struct Impl;
 
@@ -237,6 +249,9 @@ class TokenRows final : public Dataset {
   std::vector<FieldSpec> fields() const override;
   void read(std::size_t index, const SampleOut& out) const override;
   std::string sample_name(std::size_t index) const override;
+  ObjectStorageCounters object_storage_counters() const override {
+    return corpus_->object_storage_counters();
+  }
 
   const TokenPlan& plan() const { return plan_; }
   const TokenCorpus& corpus() const { return *corpus_; }

@@ -92,10 +92,6 @@ NativeDataset make_synthetic_dataset(std::size_t samples, const py::list& fields
   return out;
 }
 
-namespace {
-
-// The Python constructors' object-storage arguments (stoker/datasets/native.py,
-// object_storage_args) as the C++ options.
 ObjectStorageOptions object_storage_options(
     const std::string& index_cache_dir, bool index_cache, const std::string& object_cache_dir,
     std::uint64_t object_cache_bytes,
@@ -108,8 +104,6 @@ ObjectStorageOptions object_storage_options(
   for (const auto& [url, size, etag] : known_objects) o.known_objects.push_back({url, size, etag});
   return o;
 }
-
-}  // namespace
 
 NativeDataset make_image_dataset(
     const std::string& kind, const std::string& path, const std::string& transform,

@@ -69,6 +69,13 @@ NativeDataset make_webdataset(
     std::uint64_t object_cache_bytes,
     const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects);
 
+// The Python constructors' object-storage arguments (stoker/datasets/native.py,
+// object_storage_args) as the C++ options.
+ObjectStorageOptions object_storage_options(
+    const std::string& index_cache_dir, bool index_cache, const std::string& object_cache_dir,
+    std::uint64_t object_cache_bytes,
+    const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects = {});
+
 // The objects of a data set over URLs as resolved: (url, size, etag) each (WebDataset::objects(),
 // EncodedSource::objects()).
 std::vector<std::tuple<std::string, std::uint64_t, std::string>> webdataset_objects(

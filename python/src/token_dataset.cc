@@ -72,7 +72,11 @@ NativeDataset make_token_rows(const std::string& format, const std::vector<std::
                               const std::string& pack, std::size_t seq_len,
                               const std::string& long_documents, bool shuffle_documents,
                               std::uint64_t seed, const std::string& labels, std::int64_t pad_id,
-                              std::size_t max_segments) {
+                              std::size_t max_segments, const std::string& index_cache_dir,
+                              bool index_cache, const std::string& object_cache_dir,
+                              std::uint64_t object_cache_bytes) {
+  const ObjectStorageOptions storage =
+      object_storage_options(index_cache_dir, index_cache, object_cache_dir, object_cache_bytes);
   const TokenRowsOptions o = rows_options(pack, seq_len, long_documents, shuffle_documents, seed,
                                           labels, pad_id, max_segments);
   TokenCorpus::FlatDType flat_dtype = TokenCorpus::FlatDType::u16;
@@ -90,10 +94,11 @@ NativeDataset make_token_rows(const std::string& format, const std::vector<std::
   }
   NativeDataset out;
   {
-    py::gil_scoped_release nogil;  // scanning flat files and planning take a while
-    auto corpus = format == "flat" ? TokenCorpus::flat(paths, flat_dtype,
-                                                       static_cast<std::uint64_t>(eod), vocab_size)
-                                   : TokenCorpus::megatron(paths, vocab_size);
+    py::gil_scoped_release nogil;  // listing, scanning flat files and planning take a while
+    auto corpus = format == "flat"
+                      ? TokenCorpus::flat(paths, flat_dtype, static_cast<std::uint64_t>(eod),
+                                          vocab_size, storage)
+                      : TokenCorpus::megatron(paths, vocab_size, storage);
     out.dataset = std::make_shared<TokenRows>(std::move(corpus), o);
   }
   out.element_types = {"int64", "int64", "int64", "int64", "int32"};
@@ -204,7 +209,9 @@ void bind_tokens(py::module_& m) {
   m.def("token_rows", &make_token_rows, py::arg("format"), py::arg("paths"), py::arg("dtype"),
         py::arg("eod"), py::arg("vocab_size"), py::arg("pack"), py::arg("seq_len"),
         py::arg("long_documents"), py::arg("shuffle_documents"), py::arg("seed"), py::arg("labels"),
-        py::arg("pad_id"), py::arg("max_segments"));
+        py::arg("pad_id"), py::arg("max_segments"), py::arg("index_cache_dir") = "",
+        py::arg("index_cache") = true, py::arg("object_cache_dir") = "",
+        py::arg("object_cache_bytes") = std::uint64_t{10} << 30);
   m.def("token_rows_columns", &make_token_rows_columns, py::arg("columns"), py::arg("owner"),
         py::arg("vocab_size"), py::arg("pack"), py::arg("seq_len"), py::arg("long_documents"),
         py::arg("shuffle_documents"), py::arg("seed"), py::arg("labels"), py::arg("pad_id"),

@@ -2,66 +2,21 @@
 // (stoker/tokens.h).
 #include "stoker/tokens.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "io/file.h"
+#include "io/remote.h"
+#include "source/resolve.h"
+
 namespace stoker {
 namespace {
 
 [[noreturn]] void fail(const std::string& what) { throw std::runtime_error("stoker: " + what); }
-
-// A whole file mapped read-only (nothing mapped for an empty file).
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) fail(path + ": cannot open: " + std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      fail(path + ": cannot stat: " + std::strerror(e));
-    }
-    size_ = static_cast<std::size_t>(st.st_size);
-    if (size_ > 0) {
-      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED) {
-        const int e = errno;
-        ::close(fd);
-        fail(path + ": cannot map: " + std::strerror(e));
-      }
-      data_ = static_cast<const std::byte*>(p);
-    }
-    ::close(fd);
-  }
-  ~MappedFile() {
-    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const std::byte* data() const { return data_; }
-  std::size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-  void advise(int advice) const {
-    if (data_ != nullptr) ::madvise(const_cast<std::byte*>(data_), size_, advice);
-  }
-
- private:
-  std::string path_;
-  const std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
-};
 
 // Token element types of the files: Megatron's dtype codes, and the flat files' two.
 enum class Elem : std::uint8_t { u8, i8, i16, i32, i64, u16, u32, u64 };
@@ -102,9 +57,9 @@ void widen(const std::byte* src, std::span<std::int64_t> out) {
 
 struct TokenCorpus::Impl {
   struct File {
-    std::unique_ptr<MappedFile> bin;  // none for a column in memory
-    const std::byte* base = nullptr;  // its tokens: the mapped file's, or the column's values
-    std::string name;                 // the file's path, or the column's source
+    io::FilePtr bin;                  // the tokens of a file (none for a column in memory)
+    const std::byte* base = nullptr;  // the tokens of a column: its values
+    std::string name;                 // the file's path or URL, or the column's source
     const char* unit = "document";    // what errors call a document of it ("row" for columns)
     std::uint64_t first_row = 0;      // the number of its first document within `name`
     Elem elem = Elem::u16;
@@ -117,6 +72,7 @@ struct TokenCorpus::Impl {
   std::uint64_t tokens = 0;
   std::uint64_t vocab_size = 0;
   std::shared_ptr<const void> owner;  // keeps columns' memory alive
+  detail::RemoteHandle remote;        // the object cache of the files at URLs
 
   std::string name(std::size_t doc) const {
     const auto& f = files[file_of[doc]];
@@ -164,17 +120,55 @@ Elem megatron_elem(std::uint8_t code, const std::string& idx) {
 
 void check_empty(const TokenCorpus::Impl& c, std::size_t doc) { fail(c.name(doc) + " is empty"); }
 
+// More local files than this are opened for each read (thousands of token files must not use
+// up the process's descriptors); fewer are kept open.
+constexpr std::size_t kKeptOpen = 64;
+
+// The files `names` name, in order: local paths opened, URLs resolved together (each an object,
+// or an s3:// prefix: its objects), their object cache kept in `c`.
+std::vector<io::FilePtr> open_files(const std::vector<std::string>& names,
+                                    const ObjectStorageOptions& storage, TokenCorpus::Impl& c) {
+  std::vector<char> in_storage;
+  const auto urls = detail::storage_urls(names, "", in_storage);
+  detail::Resolver resolver(storage, "tokens");
+  std::vector<std::vector<io::FilePtr>> objects;
+  if (!urls.empty()) {
+    objects = resolver.objects(urls, "");
+    c.remote = resolver.remote();
+  }
+  const bool keep_open = names.size() - urls.size() <= kKeptOpen;
+  std::vector<io::FilePtr> out;
+  std::size_t next = 0;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    if (!in_storage[k]) {
+      out.push_back(detail::Resolver::open(names[k], keep_open));
+      continue;
+    }
+    for (auto& f : objects.at(next++)) out.push_back(std::move(f));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::string>& prefixes,
-                                                         std::uint64_t vocab_size) {
+                                                         std::uint64_t vocab_size,
+                                                         const ObjectStorageOptions& storage) {
   auto c = std::make_unique<Impl>();
   c->vocab_size = vocab_size;
   if (prefixes.empty()) throw std::invalid_argument("stoker: no Megatron data set given");
+  std::vector<std::string> names;  // PREFIX.idx and PREFIX.bin of each
   for (const auto& given : prefixes) {
     const std::string prefix = strip_suffix(given);
-    const std::string idx_path = prefix + ".idx";
-    const MappedFile idx(idx_path);
+    names.push_back(prefix + ".idx");
+    names.push_back(prefix + ".bin");
+  }
+  const std::vector<io::FilePtr> files = open_files(names, storage, *c);
+  for (std::size_t k = 0; k < prefixes.size(); ++k) {
+    const io::File& idx_file = *files.at(2 * k);
+    const std::string& idx_path = idx_file.name();
+    std::vector<std::byte> idx(idx_file.size());
+    if (!idx.empty()) idx_file.read_once(0, idx.data(), idx.size());
     static constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', 0, 0};
     constexpr std::size_t kHeader = 9 + 8 + 1 + 8 + 8;
     if (idx.size() < kHeader) {
@@ -197,15 +191,14 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::
            " document indices (" + std::to_string(need) + " bytes): truncated");
     }
     Impl::File file;
-    file.bin = std::make_unique<MappedFile>(prefix + ".bin");
-    file.base = file.bin->data();
-    file.name = file.bin->path();
+    file.bin = files.at(2 * k + 1);
+    file.name = file.bin->name();
     file.elem = elem;
     file.first_doc = c->lengths.size();
     const std::size_t es = elem_size(elem);
     const std::byte* lens = p + kHeader;
     const std::byte* ptrs = lens + sequences * 4;
-    const std::string& bin_path = file.bin->path();
+    const std::string& bin_path = file.bin->name();
     const std::uint64_t bin_size = file.bin->size();
     const auto file_index = static_cast<std::uint32_t>(c->files.size());
     std::uint64_t expected = 0;  // where the next sequence should start
@@ -245,41 +238,52 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::
 
 namespace {
 
+// Flat files are scanned by blocks of this many bytes (whole tokens of any size).
+constexpr std::size_t kScanBytes = 8u << 20;
+
 template <class T>
 void split_flat(TokenCorpus::Impl& c, std::uint32_t file_index, std::uint64_t eod) {
-  const MappedFile& bin = *c.files[file_index].bin;
-  const std::size_t n = bin.size() / sizeof(T);
-  const std::byte* base = bin.data();
-  std::size_t start = 0;
-  auto close = [&](std::size_t end) {  // the document [start, end)
+  const io::File& bin = *c.files[file_index].bin;
+  const std::uint64_t n = bin.size() / sizeof(T);
+  std::uint64_t start = 0;
+  auto close = [&](std::uint64_t end, bool at_eod) {  // the document [start, end)
     const std::size_t doc = c.lengths.size();
-    const std::size_t len = end - start;
+    const std::uint64_t len = end - start;
     if (len > UINT32_MAX) {
-      fail(bin.path() + " document " + std::to_string(doc - c.files[file_index].first_doc) +
+      fail(bin.name() + " document " + std::to_string(doc - c.files[file_index].first_doc) +
            " has " + std::to_string(len) + " tokens, more than 2^32 - 1");
     }
     c.lengths.push_back(static_cast<std::uint32_t>(len));
     c.byte_offsets.push_back(start * sizeof(T));
     c.file_of.push_back(file_index);
-    // Empty: nothing but its end-of-document token.
-    if (len == 1 && static_cast<std::uint64_t>(load<T>(base + start * sizeof(T))) == eod) {
-      check_empty(c, doc);
-    }
+    if (len == 1 && at_eod) check_empty(c, doc);  // nothing but its end-of-document token
     c.tokens += len;
     start = end;
   };
   const auto target = static_cast<T>(eod);
-  for (std::size_t i = 0; i < n; ++i) {
-    if (load<T>(base + i * sizeof(T)) == target) close(i + 1);
+  std::vector<std::byte> block(std::min<std::uint64_t>(kScanBytes, n * sizeof(T)));
+  for (std::uint64_t first = 0; first < n;) {
+    const std::uint64_t count = std::min<std::uint64_t>(block.size() / sizeof(T), n - first);
+    const std::size_t bytes = count * sizeof(T);
+    bin.will_read((first + count) * sizeof(T), bytes);  // the next block, fetched meanwhile
+    if (bin.read_at(first * sizeof(T), block.data(), bytes) != bytes) {
+      fail(bin.name() + " is truncated: it holds fewer than its " + std::to_string(bin.size()) +
+           " bytes");
+    }
+    for (std::uint64_t i = 0; i < count; ++i) {
+      if (load<T>(block.data() + i * sizeof(T)) == target) close(first + i + 1, true);
+    }
+    first += count;
   }
-  if (start < n) close(n);
+  if (start < n) close(n, false);
 }
 
 }  // namespace
 
 std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::string>& paths,
                                                      FlatDType dtype, std::uint64_t eod,
-                                                     std::uint64_t vocab_size) {
+                                                     std::uint64_t vocab_size,
+                                                     const ObjectStorageOptions& storage) {
   if (paths.empty()) throw std::invalid_argument("stoker: no token files given");
   const Elem elem = dtype == FlatDType::u16 ? Elem::u16 : Elem::u32;
   const std::size_t es = elem_size(elem);
@@ -291,27 +295,24 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::stri
   }
   auto c = std::make_unique<Impl>();
   c->vocab_size = vocab_size;
-  for (const auto& path : paths) {
+  for (io::FilePtr& bin : open_files(paths, storage, *c)) {
     Impl::File file;
-    file.bin = std::make_unique<MappedFile>(path);
-    file.base = file.bin->data();
-    file.name = path;
+    file.name = bin->name();
     file.elem = elem;
     file.first_doc = c->lengths.size();
-    if (file.bin->size() % es != 0) {
-      fail(path + " is truncated: " + std::to_string(file.bin->size()) +
+    if (bin->size() % es != 0) {
+      fail(file.name + " is truncated: " + std::to_string(bin->size()) +
            " bytes, not a whole number of " + std::to_string(es) + "-byte tokens");
     }
-    if (file.bin->size() == 0) fail(path + " holds no tokens");
+    if (bin->size() == 0) fail(file.name + " holds no tokens");
+    file.bin = std::move(bin);
     const auto file_index = static_cast<std::uint32_t>(c->files.size());
-    file.bin->advise(MADV_SEQUENTIAL);
     c->files.push_back(std::move(file));
     if (elem == Elem::u16) {
       split_flat<std::uint16_t>(*c, file_index, eod);
     } else {
       split_flat<std::uint32_t>(*c, file_index, eod);
     }
-    c->files.back().bin->advise(MADV_NORMAL);  // rows read a few pages here and there
   }
   return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
 }
@@ -391,6 +392,9 @@ std::size_t TokenCorpus::files() const { return impl_->files.size(); }
 const std::string& TokenCorpus::file(std::size_t index) const {
   return impl_->files.at(index).name;
 }
+ObjectStorageCounters TokenCorpus::object_storage_counters() const {
+  return impl_->remote ? impl_->remote->counters() : ObjectStorageCounters{};
+}
 
 void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
                               std::span<std::int64_t> out) const {
@@ -402,7 +406,17 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
   }
   const auto& f = c.files[c.file_of[doc]];
   const std::size_t es = elem_size(f.elem);
-  const std::byte* src = f.base + c.byte_offsets[doc] + offset * es;
+  const std::uint64_t at = c.byte_offsets[doc] + offset * es;
+  const std::byte* src = f.base + at;
+  if (f.bin) {
+    thread_local std::vector<std::byte> bytes;
+    bytes.resize(out.size() * es);
+    if (f.bin->read_at(at, bytes.data(), bytes.size()) != bytes.size()) {
+      fail(f.name + " is truncated: " + c.name(doc) + " ends past its " +
+           std::to_string(f.bin->size()) + " bytes");
+    }
+    src = bytes.data();
+  }
   switch (f.elem) {
     case Elem::u8:
       widen<std::uint8_t>(src, out);

@@ -558,3 +558,42 @@ def test_the_shuffle_is_the_users_to_choose_and_the_report_shows_what_it_trades(
     assert "global" in names and "in order" in names
     assert any(name.startswith("stream: shards shuffled, buffer of 1000") for name in names)
     assert report["shuffle"] in report["text"]
+
+
+def test_token_files_in_object_storage_give_the_local_rows_each_byte_fetched_once(env, tmp_path):
+    # A Megatron pair and two flat files under s3://, beside the same files on disk: the same
+    # rows; the .idx read by one GET, the objects' chunks fetched once over two epochs.
+    from test_tokens import EOD, documents, loader_rows, write_flat, write_megatron
+
+    local = tmp_path / "local"
+    local.mkdir()
+    write_megatron(local / "mega", documents(300, 1))
+    for k in range(2):
+        write_flat(local / f"flat-{k}.bin", documents(200, 2 + k))
+    for f in sorted(local.iterdir()):
+        env.put(f"tokens/{'flat/' if f.name.startswith('flat') else ''}{f.name}", f.read_bytes())
+    url = f"s3://{BUCKET}/tokens/"
+    storage = dict(index_cache=tmp_path / "index", object_cache=tmp_path / "objects")
+
+    def rows(ds):
+        return loader_rows(stoker.DataLoader(ds, batch_size=16))
+
+    mega = stoker.TokenDataset(url + "mega", 64, pack="best_fit", **storage)
+    assert env.counts()["GET"] == 1  # the .idx, whole; the .bin not yet
+    want = rows(stoker.TokenDataset(local / "mega", 64, pack="best_fit"))
+    for _ in range(2):
+        got = rows(mega)
+        assert got.keys() == want.keys()
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    counts = mega.object_storage()
+    bin_bytes = (local / "mega.bin").stat().st_size + (local / "mega.idx").stat().st_size
+    assert counts["bytes_fetched"] == bin_bytes, counts  # each byte once, two epochs
+
+    want = rows(stoker.TokenDataset([local / "flat-0.bin", local / "flat-1.bin"], 32, eod=EOD))
+    for names in ([url + "flat/flat-0.bin", url + "flat/flat-1.bin"], url + "flat/"):
+        got = rows(stoker.TokenDataset(names, 32, eod=EOD, **storage))  # a prefix: its objects
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    with pytest.raises(RuntimeError, match=rf"s3://{BUCKET}/tokens/nope.idx: HTTP 404"):
+        stoker.TokenDataset(url + "nope", 64, **storage)

@@ -7,7 +7,8 @@ import os
 from typing import Optional, Sequence, Union
 
 from .. import _stoker
-from .native import NativeDataset
+from .native import NativeDataset, object_storage_args
+from .shards import is_url
 
 _PathLike = Union[str, "os.PathLike[str]"]
 
@@ -16,8 +17,8 @@ IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
 
 class TokenDataset(NativeDataset):
-    """Rows of ``seq_len`` tokens packed from tokenized documents, read from memory-mapped
-    files in C++ (docs/formats.md, "Token data"). Samples are dicts of ``input_ids``,
+    """Rows of ``seq_len`` tokens packed from tokenized documents, read from token files
+    (local or in object storage) in C++ (docs/formats.md, "Token data"). Samples are dicts of ``input_ids``,
     ``labels``, ``position_ids``, ``document_ids`` (int64 ``[seq_len]``) and ``cu_seqlens``
     (int32 ``[max_segments + 1]``).
 
@@ -46,6 +47,14 @@ class TokenDataset(NativeDataset):
     token and at padding; ``"same"``: ``input_ids`` with -100 at each segment's first token and
     at padding, for models that shift labels themselves (Hugging Face's).
 
+    Megatron and flat files may be in object storage: ``s3://`` and ``http(s)://`` URLs (for
+    flat files also an ``s3://`` prefix ending in ``/``: every object directly under it), read
+    by ranges through ``object_cache`` up to ``object_cache_bytes`` as ``stoker.WebDataset``
+    reads them (docs/storage.md; ``index_cache`` holds the listings the ranks of a node share).
+    A Megatron ``.idx`` is read once, by one GET; a flat object is read whole once to find its
+    documents, so large corpora in object storage are better kept as Megatron's pairs.
+    ``object_storage()`` counts the traffic.
+
     ``vocab_size``: a token id at or past it fails its row's read naming the file and document
     (``SampleError``; ``on_error='skip'`` applies). A truncated ``.bin``, an ``.idx`` that does
     not match its ``.bin``, a bad header or an empty document raise here, named likewise; so
@@ -58,11 +67,14 @@ class TokenDataset(NativeDataset):
                  eod: Optional[int] = None, vocab_size: Optional[int] = None,
                  pack: str = "concat", long_documents: str = "split", seed: int = 0,
                  shuffle_documents: bool = True, labels: str = "next", pad_id: int = 0,
-                 max_segments: Optional[int] = None, column: str = "input_ids") -> None:
+                 max_segments: Optional[int] = None, column: str = "input_ids",
+                 index_cache=None, object_cache=None, object_cache_bytes: int = 10 << 30) -> None:
         self._made_with = ((paths, seq_len), dict(
             format=format, dtype=dtype, eod=eod, vocab_size=vocab_size, pack=pack,
             long_documents=long_documents, seed=seed, shuffle_documents=shuffle_documents,
-            labels=labels, pad_id=pad_id, max_segments=max_segments, column=column))
+            labels=labels, pad_id=pad_id, max_segments=max_segments, column=column,
+            index_cache=index_cache, object_cache=object_cache,
+            object_cache_bytes=object_cache_bytes))
         arrow = _is_arrow(paths)
         if arrow:
             if format not in (None, "arrow"):
@@ -103,8 +115,16 @@ class TokenDataset(NativeDataset):
         else:
             self._handle = _stoker.token_rows(
                 str(format), self.paths, str(dtype), -1 if eod is None else int(eod),
-                int(vocab_size or 0), *rows)
+                int(vocab_size or 0), *rows,
+                *object_storage_args(index_cache, object_cache, object_cache_bytes))
         self.max_segments = _stoker.token_max_segments(self._handle)
+
+    def object_storage(self) -> dict:
+        """Object-storage traffic of the object cache this data set's URLs are read through
+        (as ``stoker.WebDataset.object_storage()``); empty when no file is a URL."""
+        if not any(is_url(p) for p in self.paths):
+            return {}
+        return self._handle.object_storage()
 
     def lengths(self):
         """Every document's length in tokens (numpy uint32), in file order."""
