@@ -180,14 +180,11 @@ def side_by_side(ours, theirs, workers, rounds: int) -> dict:
 
 def webdataset(s: Sizes) -> dict:
     import webdataset_bench as wb
-    from stoker import transforms as T
 
     _, shard_dir = wb.make_data(s.wds_images, s.wds_shards)
     shards = [str(p) for p in sorted(shard_dir.glob("*.tar"))]
     r = side_by_side(
-        lambda: wb.run_stoker(stoker.WebDataset(shards, fields=("jpg", "cls"),
-                                                transform=T.train(224)),
-                              s.epochs)["images_per_s"],
+        lambda: wb.run_stoker(wb.stoker_webdataset(shards), s.epochs)["images_per_s"],
         lambda w: wb.run_webdataset_package(shards, w, s.epochs)["images_per_s"],
         s.torch_workers, s.rounds)
     return row(f"WebDataset shards ({s.wds_images} JPEGs)", "images/s", r.pop("stoker"),

@@ -44,12 +44,8 @@ import sys
 import tempfile
 import time
 
-import torch
-
-import stoker
-from stoker import transforms as T
-from pil_transforms import TrainTransform
-from webdataset_bench import epochs_rate, make_data
+from webdataset_bench import (alternate, epochs_rate, make_data, run_webdataset_package,
+                              stoker_loader, stoker_webdataset, webdataset_loader)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
 from seaweed import BUCKET, KEY, SECRET, Server  # noqa: E402
@@ -62,8 +58,8 @@ def upload(server: Server, shards: list[pathlib.Path], prefix: str) -> list[str]
 
 
 def run_stoker(shards, epochs: int, **kw) -> dict:
-    ds = stoker.WebDataset(shards, fields=("jpg", "cls"), transform=T.train(224), **kw)
-    loader = stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=os.cpu_count())
+    ds = stoker_webdataset(shards, **kw)
+    loader = stoker_loader(ds)
     rate, first = epochs_rate(loader, epochs)
     loader.close()
     out = {"images_per_s": rate, "first_epoch_images_per_s": first}
@@ -72,45 +68,19 @@ def run_stoker(shards, epochs: int, **kw) -> dict:
     return out
 
 
-def run_webdataset_package(urls: list[str], workers: int, epochs: int) -> dict:
-    import webdataset as wds
-
-    ds = (wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
-          .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int))
-    loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=workers,
-                                         persistent_workers=workers > 0)
-    rate, first = epochs_rate(loader, epochs)
-    return {"num_workers": workers, "images_per_s": rate, "first_epoch_images_per_s": first}
-
-
 def rounds(urls, local, http, workers: int, n: int, work: pathlib.Path) -> dict:
-    """One epoch each of stoker over s3 (its caches warm from the first measurement), stoker
-    on local disk and webdataset + torch at `workers`, in turn, `n` times after a warm-up
-    round: each round's ratios come from epochs seconds apart, which the load of a shared
-    machine moves less than separate measurements."""
-    import webdataset as wds
-
-    def ours(shards, **kw):
-        ds = stoker.WebDataset(shards, fields=("jpg", "cls"), transform=T.train(224), **kw)
-        return stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=os.cpu_count())
-
-    s3 = ours(urls, index_cache=work / "index", object_cache=work / "objects")
-    disk = ours([str(s) for s in local], index_cache=work / "index-local")
-    theirs = torch.utils.data.DataLoader(
-        wds.WebDataset([f"pipe:curl -s -f {u}" for u in http], shardshuffle=len(http),
-                       empty_check=False)
-        .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int),
-        batch_size=64, num_workers=workers, persistent_workers=workers > 0)
-    pairs = []
-    for r in range(n + 1):
-        a, _ = epochs_rate(s3, 1)
-        b, _ = epochs_rate(disk, 1)
-        c, _ = epochs_rate(theirs, 1)
-        if r > 0:
-            pairs.append({"stoker_s3": a, "stoker_local": b, "webdataset_torch": c,
-                          "vs_webdataset": a / c, "vs_local": a / b})
-    s3.close()
-    disk.close()
+    """stoker over s3 (its caches warm from the first measurement), stoker on local disk and
+    webdataset + torch at `workers` (curl from the HTTP endpoint), alternated (alternate())."""
+    pairs = alternate({
+        "stoker_s3": stoker_loader(stoker_webdataset(urls, index_cache=work / "index",
+                                                     object_cache=work / "objects")),
+        "stoker_local": stoker_loader(stoker_webdataset([str(s) for s in local],
+                                                        index_cache=work / "index-local")),
+        "webdataset_torch": webdataset_loader([f"pipe:curl -s -f {u}" for u in http], workers),
+    }, n)
+    for p in pairs:
+        p["vs_webdataset"] = p["stoker_s3"] / p["webdataset_torch"]
+        p["vs_local"] = p["stoker_s3"] / p["stoker_local"]
     return {"num_workers": workers, "pairs": pairs,
             "median_vs_webdataset": statistics.median(p["vs_webdataset"] for p in pairs),
             "median_vs_local": statistics.median(p["vs_local"] for p in pairs)}
@@ -120,11 +90,10 @@ def first_batch(server: Server, urls: list[str], shards: int, index: pathlib.Pat
                 objects: pathlib.Path) -> dict:
     server.reset()
     start = time.perf_counter()
-    ds = stoker.WebDataset(urls, fields=("jpg", "cls"), transform=T.train(224),
-                           index_cache=index, object_cache=objects)
+    ds = stoker_webdataset(urls, index_cache=index, object_cache=objects)
     made = time.perf_counter()
     after_index = server.counts()
-    loader = stoker.DataLoader(ds, batch_size=64, shuffle=True, num_workers=os.cpu_count())
+    loader = stoker_loader(ds)
     next(iter(loader))
     seconds = time.perf_counter() - start
     loader.close()
@@ -152,10 +121,8 @@ def fault_epochs(server: Server, pattern: str, images: int, index: pathlib.Path,
             if p > 0:
                 server.control("fault_rate", {"rate": p, "kinds": ["503", "drop"], "seed": r})
             objects = work / f"fault-objects-{r}-{name}"
-            ds = stoker.WebDataset(pattern, fields=("jpg", "cls"), transform=T.train(224),
-                                   index_cache=index, object_cache=objects)
-            loader = stoker.DataLoader(ds, batch_size=64, shuffle=True,
-                                       num_workers=os.cpu_count())
+            ds = stoker_webdataset(pattern, index_cache=index, object_cache=objects)
+            loader = stoker_loader(ds)
             start = time.perf_counter()
             got = sum(len(labels) for _, labels in loader)
             seconds = time.perf_counter() - start

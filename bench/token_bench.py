@@ -159,8 +159,22 @@ def grain_best_fit(d, seq_len, rounds, bins):
     return dict(fill=statistics.median(fills), tokens_per_s=statistics.median(rates))
 
 
-def megatron_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
+def torch_rate(ds, tokens_in, batch, batches, rounds, workers, min_seconds):
+    """The median over `rounds` of rate_of() for `ds` in torch's DataLoader, shuffled by a
+    generator seeded with the round."""
     import torch
+
+    rates = []
+    for r in range(rounds):
+        g = torch.Generator()
+        g.manual_seed(r)
+        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
+                                             num_workers=workers)
+        rates.append(rate_of(loader, tokens_in, batches, min_seconds))
+    return statistics.median(rates)
+
+
+def megatron_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     from megatron.core.datasets.blended_megatron_dataset_builder import \
         BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -178,14 +192,8 @@ def megatron_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0
     samples = batch * (batches + 10) * 2
     ds = BlendedMegatronDatasetBuilder(GPTDataset, [samples, None, None], lambda: True,
                                        config).build()[0]
-    rates = []
-    for r in range(rounds):
-        g = torch.Generator()
-        g.manual_seed(r)
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
-                                             num_workers=workers)
-        rates.append(rate_of(loader, lambda b: b["tokens"].numel(), batches, min_seconds))
-    return statistics.median(rates)
+    return torch_rate(ds, lambda b: b["tokens"].numel(), batch, batches, rounds, workers,
+                      min_seconds)
 
 
 def memmap_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
@@ -210,14 +218,7 @@ def memmap_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
             return x, y
 
     ds = Windows(os.path.join(d, "flat.bin"))
-    rates = []
-    for r in range(rounds):
-        g = torch.Generator()
-        g.manual_seed(r)
-        loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, generator=g,
-                                             num_workers=workers)
-        rates.append(rate_of(loader, lambda b: b[0].numel(), batches, min_seconds))
-    return statistics.median(rates)
+    return torch_rate(ds, lambda b: b[0].numel(), batch, batches, rounds, workers, min_seconds)
 
 
 class _LitDocuments:

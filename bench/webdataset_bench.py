@@ -99,44 +99,58 @@ def epochs_rate(loader, epochs: int) -> tuple[float, float]:
     return statistics.median(rates[1:] if len(rates) > 1 else rates), rates[0]
 
 
-def run_webdataset_package(shards: list[str], workers: int, epochs: int) -> dict:
+def stoker_loader(dataset):
+    """stoker's loader as the WebDataset benchmarks read: batches of 64, shuffled, a worker
+    thread per core."""
+    return stoker.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=os.cpu_count())
+
+
+def stoker_webdataset(shards, **kw):
+    """stoker.WebDataset of (train-augmented 224 image, label) samples."""
+    return stoker.WebDataset(shards, fields=("jpg", "cls"), transform=T.train(224), **kw)
+
+
+def webdataset_loader(shards: list[str], workers: int):
+    """The webdataset package in torch's DataLoader, as its README reads a shuffled epoch:
+    the shards shuffled, a buffer of 1,000, PIL decoding and the same augmentation."""
     import webdataset as wds
 
-    transform = TrainTransform()
     ds = (wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
-          .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(transform, int))
-    loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=workers,
-                                         persistent_workers=workers > 0)
-    rate, first = epochs_rate(loader, epochs)
+          .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int))
+    return torch.utils.data.DataLoader(ds, batch_size=64, num_workers=workers,
+                                       persistent_workers=workers > 0)
+
+
+def run_webdataset_package(shards: list[str], workers: int, epochs: int) -> dict:
+    rate, first = epochs_rate(webdataset_loader(shards, workers), epochs)
     return {"num_workers": workers, "images_per_s": rate, "first_epoch_images_per_s": first}
 
 
-def paired(shards: list[str], folder: pathlib.Path, workers: int, rounds: int) -> dict:
-    """stoker.WebDataset, stoker.ImageFolder and webdataset + torch (at `workers`) one epoch
-    each, in turn, `rounds` times after a warm-up epoch each: the ratios of each round, whose
-    epochs ran seconds apart, are less moved by a shared machine's changing load than
-    separate runs."""
-    import webdataset as wds
-
-    ours = stoker.DataLoader(stoker.WebDataset(shards, fields=("jpg", "cls"),
-                                               transform=T.train(224)),
-                             batch_size=64, shuffle=True, num_workers=os.cpu_count())
-    images = stoker.DataLoader(stoker.ImageFolder(folder, transform=T.train(224)),
-                               batch_size=64, shuffle=True, num_workers=os.cpu_count())
-    theirs = torch.utils.data.DataLoader(
-        wds.WebDataset(shards, shardshuffle=len(shards), empty_check=False)
-        .shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(TrainTransform(), int),
-        batch_size=64, num_workers=workers, persistent_workers=workers > 0)
-    pairs = []
+def alternate(loaders: dict, rounds: int) -> list[dict]:
+    """One epoch of each loader in turn, `rounds` times after a warm-up round: each round's
+    images/s by name. The ratios of a round, whose epochs ran seconds apart, are less moved by
+    a shared machine's changing load than separate runs."""
+    out = []
     for r in range(rounds + 1):
-        a, _ = epochs_rate(ours, 1)
-        f, _ = epochs_rate(images, 1)
-        b, _ = epochs_rate(theirs, 1)
+        rates = {name: epochs_rate(loader, 1)[0] for name, loader in loaders.items()}
         if r > 0:
-            pairs.append({"stoker": a, "image_folder": f, "webdataset_torch": b,
-                          "ratio": a / b, "ratio_vs_image_folder": a / f})
-    ours.close()
-    images.close()
+            out.append(rates)
+    for loader in loaders.values():
+        if isinstance(loader, stoker.DataLoader):
+            loader.close()
+    return out
+
+
+def paired(shards: list[str], folder: pathlib.Path, workers: int, rounds: int) -> dict:
+    """stoker.WebDataset, stoker.ImageFolder and webdataset + torch (at `workers`), alternated
+    (alternate())."""
+    pairs = alternate({"stoker": stoker_loader(stoker_webdataset(shards)),
+                       "image_folder": stoker_loader(stoker.ImageFolder(
+                           folder, transform=T.train(224))),
+                       "webdataset_torch": webdataset_loader(shards, workers)}, rounds)
+    for p in pairs:
+        p["ratio"] = p["stoker"] / p["webdataset_torch"]
+        p["ratio_vs_image_folder"] = p["stoker"] / p["image_folder"]
     return {"num_workers": workers, "pairs": pairs,
             "median_ratio": statistics.median(p["ratio"] for p in pairs),
             "median_ratio_vs_image_folder":
@@ -144,7 +158,7 @@ def paired(shards: list[str], folder: pathlib.Path, workers: int, rounds: int) -
 
 
 def run_stoker(dataset, epochs: int) -> dict:
-    loader = stoker.DataLoader(dataset, batch_size=64, shuffle=True, num_workers=os.cpu_count())
+    loader = stoker_loader(dataset)
     rate, first = epochs_rate(loader, epochs)
     loader.close()  # its worker threads stop: nothing of it runs beside the next measurement
     return {"images_per_s": rate, "first_epoch_images_per_s": first}
@@ -215,8 +229,7 @@ def main() -> int:
     shards = [str(s) for s in sorted(shard_dir.glob("*.tar"))]
     out = {"images": a.images, "shards": len(shards), "cores": os.cpu_count()}
 
-    out["stoker_webdataset"] = run_stoker(
-        stoker.WebDataset(shards, fields=("jpg", "cls"), transform=T.train(224)), a.epochs)
+    out["stoker_webdataset"] = run_stoker(stoker_webdataset(shards), a.epochs)
     out["stoker_image_folder"] = run_stoker(stoker.ImageFolder(folder, transform=T.train(224)),
                                             a.epochs)
     try:

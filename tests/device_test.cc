@@ -17,6 +17,7 @@
 #include "stoker/frontend/sim_step.h"
 #include "stoker/loader.h"
 #include "stoker/log.h"
+#include "support/log_capture.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -25,25 +26,7 @@ namespace {
 using detail::SimStream;
 using testing::IndexDataset;
 
-// Collects log lines for the test's lifetime.
-class LogCapture {
- public:
-  LogCapture() {
-    set_log_handler([this](LogLevel, std::string_view line) {
-      std::lock_guard lock(mu_);
-      lines_.emplace_back(line);
-    });
-  }
-  ~LogCapture() { set_log_handler({}); }
-  std::vector<std::string> lines() {
-    std::lock_guard lock(mu_);
-    return lines_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
+using testing::LogCapture;
 
 LoaderOptions sim_options(std::shared_ptr<const Dataset> ds, std::size_t batch, SimStream* s) {
   LoaderOptions o;

@@ -14,6 +14,7 @@
 
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/loader.h"
+#include "support/loader_checks.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -88,10 +89,7 @@ class FakeExecutor final : public ChunkExecutor {
 };
 
 LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t workers) {
-  LoaderOptions o;
-  o.dataset = std::move(ds);
-  o.batch_size = 8;
-  o.workers = workers;
+  LoaderOptions o = testing::loader_options(std::move(ds), 8, workers);
   o.tune_workers = false;
   return o;
 }
@@ -191,14 +189,7 @@ TEST(Executors, FailedRowsRaiseInOrderAndReplacementsGoToTheExecutors) {
   {
     Loader loader(options(ds, 2), internals);
     EXPECT_TRUE(loader.next());
-    try {
-      loader.next();
-      FAIL() << "no error";
-    } catch (const SampleError& e) {
-      EXPECT_EQ(e.index(), 13u);
-      EXPECT_NE(std::string(e.what()).find("executor row failed"), std::string::npos);
-    }
-    EXPECT_TRUE(loader.next());  // the loader goes on
+    testing::expect_failed_sample(loader, 13, "executor row failed");
   }
   // Every read was the executor's.
   EXPECT_EQ(ds->reads.load(), all->rows.load() - all->failed.load());

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "stoker/loader.h"
+#include "support/loader_checks.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -68,11 +69,7 @@ class ProbedDataset final : public testing::IndexDataset<> {
 };
 
 LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t workers) {
-  LoaderOptions o;
-  o.dataset = std::move(ds);
-  o.batch_size = 8;
-  o.workers = workers;
-  return o;
+  return testing::loader_options(std::move(ds), 8, workers);
 }
 
 TEST(LayoutProbe, TheFirstSamplesTellTheLayoutAndAreReadOnce) {

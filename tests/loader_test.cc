@@ -22,6 +22,7 @@
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/frontend/log.h"
 #include "stoker/log.h"
+#include "support/loader_checks.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -57,17 +58,11 @@ std::vector<std::size_t> flat(const std::vector<std::vector<std::size_t>>& batch
   return out;
 }
 
-LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t batch, std::size_t workers) {
-  LoaderOptions o;
-  o.dataset = std::move(ds);
-  o.batch_size = batch;
-  o.workers = workers;
-  return o;
-}
+using testing::loader_options;
 
 TEST(Loader, SequentialEpochInOrderWithShortLastBatch) {
   for (std::size_t workers : {0, 1, 3}) {
-    Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, workers));
+    Loader loader(loader_options(std::make_shared<IndexDataset<>>(10), 4, workers));
     EXPECT_EQ(loader.batches_per_epoch(), 3u);
     auto batches = drain(loader);
     ASSERT_EQ(batches.size(), 3u) << "workers " << workers;
@@ -77,7 +72,7 @@ TEST(Loader, SequentialEpochInOrderWithShortLastBatch) {
 }
 
 TEST(Loader, DropLastDropsTheShortBatch) {
-  auto o = options(std::make_shared<IndexDataset<>>(10), 4, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(10), 4, 2);
   o.drop_last = true;
   Loader loader(o);
   EXPECT_EQ(loader.batches_per_epoch(), 2u);
@@ -88,7 +83,7 @@ TEST(Loader, ShuffledEpochIsAPermutationAndDoesNotDependOnWorkers) {
   std::vector<std::size_t> reference;
   for (std::size_t workers : {0, 1, 2, 5}) {
     for (std::size_t depth : {1, 3, 8}) {
-      auto o = options(std::make_shared<IndexDataset<>>(1000), 32, workers);
+      auto o = loader_options(std::make_shared<IndexDataset<>>(1000), 32, workers);
       o.shuffle = true;
       o.seed = 11;
       o.depth = depth;
@@ -108,7 +103,7 @@ TEST(Loader, ShuffledEpochIsAPermutationAndDoesNotDependOnWorkers) {
 }
 
 TEST(Loader, EpochsFollowOneAnotherWithNewOrders) {
-  auto o = options(std::make_shared<IndexDataset<>>(100), 10, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(100), 10, 2);
   o.shuffle = true;
   Loader loader(o);
   auto e0 = flat(drain(loader));
@@ -132,7 +127,7 @@ class EpochDataset final : public Dataset {
 
 TEST(Loader, AReadKnowsItsEpochAndThoseReadAheadAreForTheNext) {
   // 2 batches an epoch and a depth of 8: reads of the next epochs go on while one is delivered.
-  auto o = options(std::make_shared<EpochDataset>(), 6, 2);
+  auto o = loader_options(std::make_shared<EpochDataset>(), 6, 2);
   o.depth = 8;
   Loader loader(o);
   for (std::uint64_t epoch = 0; epoch < 4; ++epoch) {
@@ -152,7 +147,7 @@ TEST(Loader, AReadKnowsItsEpochAndThoseReadAheadAreForTheNext) {
 
 TEST(Loader, SetEpochRestartsAnywhereAndKeepsPrefetchWhenAlreadyThere) {
   auto ds = std::make_shared<IndexDataset<>>(60);
-  auto o = options(ds, 6, 2);
+  auto o = loader_options(ds, 6, 2);
   o.shuffle = true;
   Loader loader(o);
   loader.set_epoch(5);
@@ -175,7 +170,7 @@ TEST(Loader, SetEpochRestartsAnywhereAndKeepsPrefetchWhenAlreadyThere) {
 TEST(Loader, RestoredPositionYieldsExactlyTheRemainingBatches) {
   for (std::size_t workers : {0, 2}) {
     auto make = [&] {
-      auto o = options(std::make_shared<IndexDataset<>>(203), 8, workers);
+      auto o = loader_options(std::make_shared<IndexDataset<>>(203), 8, workers);
       o.shuffle = true;
       o.seed = 3;
       o.depth = 5;
@@ -201,7 +196,7 @@ TEST(Loader, RestoredPositionYieldsExactlyTheRemainingBatches) {
 }
 
 TEST(Loader, RestoreRejectsAPositionPastTheEpoch) {
-  Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, 1));
+  Loader loader(loader_options(std::make_shared<IndexDataset<>>(10), 4, 1));
   EXPECT_THROW(loader.restore({0, 4}), std::invalid_argument);
   loader.restore({0, 3});  // the end of the epoch: next() ends it
   EXPECT_FALSE(loader.next());
@@ -213,7 +208,7 @@ TEST(Loader, DistributedRanksSplitTheEpoch) {
   std::vector<std::size_t> all;
   std::vector<std::size_t> batches;
   for (std::size_t r = 0; r < world; ++r) {
-    auto o = options(std::make_shared<IndexDataset<>>(n), 5, 2);
+    auto o = loader_options(std::make_shared<IndexDataset<>>(n), 5, 2);
     o.shuffle = true;
     o.seed = 9;
     o.shard = {r, world, false};
@@ -235,7 +230,7 @@ TEST(Loader, ACheckpointOfFourRanksResumesOnThreeEverySampleOnce) {
   // the next epoch is a fresh one on 3 ranks.
   const std::size_t n = 331;
   auto make = [&](std::size_t rank, std::size_t world, std::size_t batch, std::size_t workers) {
-    auto o = options(std::make_shared<IndexDataset<>>(n), batch, workers);
+    auto o = loader_options(std::make_shared<IndexDataset<>>(n), batch, workers);
     o.shuffle = true;
     o.seed = 11;
     o.shard = {rank, world, false};
@@ -286,7 +281,7 @@ TEST(Loader, ACheckpointOfFourRanksResumesOnThreeEverySampleOnce) {
 }
 
 TEST(Loader, AResumedEpochWithNothingLeftEndsAtOnce) {
-  Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, 1));
+  Loader loader(loader_options(std::make_shared<IndexDataset<>>(10), 4, 1));
   loader.resume(0, {}, 0);
   EXPECT_EQ(loader.batches_in(0), 0u);
   EXPECT_FALSE(loader.next());
@@ -300,7 +295,7 @@ TEST(Loader, AnOrderGivenAheadIsReadFromThatEpochOn) {
   // read: that epoch reads it, the batches prefetched across the boundary included, and so
   // does the one after it, given before the next opened.
   const std::size_t n = 40;
-  auto o = options(std::make_shared<IndexDataset<>>(n), 4, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(n), 4, 2);
   o.depth = 4;
   o.shuffle = true;
   o.seed = 5;
@@ -363,7 +358,7 @@ TEST(Loader, EachBatchIsHintedOnceAPrefetchDepthBeforeItOpens) {
   // network learns of a batch `depth` batches earlier, each batch once per epoch, in order.
   const std::size_t batches = 10, depth = 3;
   auto ds = std::make_shared<HintedDataset>(batches * 4);
-  auto o = options(ds, 4, 2);
+  auto o = loader_options(ds, 4, 2);
   o.depth = depth;
   o.shuffle = true;
   o.seed = 3;
@@ -390,7 +385,7 @@ TEST(Loader, ABatchTheDataSetHadNoRoomForIsHintedAgainBeforeTheNext) {
   const std::size_t batches = 12;
   auto ds = std::make_shared<HintedDataset>(batches * 4);
   ds->refuse_every = 3;
-  auto o = options(ds, 4, 2);
+  auto o = loader_options(ds, 4, 2);
   o.depth = 3;
   o.shuffle = true;
   o.seed = 5;
@@ -404,9 +399,9 @@ TEST(Loader, ABatchTheDataSetHadNoRoomForIsHintedAgainBeforeTheNext) {
 }
 
 TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
-  auto o = options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{},
-                                                    std::chrono::microseconds(20)),
-                   16, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(3000, 8, std::set<std::size_t>{},
+                                                           std::chrono::microseconds(20)),
+                          16, 2);
   o.shuffle = true;
   Loader reference_loader(o);
   auto reference = flat(drain(reference_loader));
@@ -428,9 +423,9 @@ TEST(Loader, ChangingWorkersAndDepthMidEpochLosesAndReordersNothing) {
 }
 
 TEST(Loader, TuningFromAnotherThreadWhileConsuming) {
-  auto o = options(std::make_shared<IndexDataset<>>(4000, 8, std::set<std::size_t>{},
-                                                    std::chrono::microseconds(5)),
-                   8, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(4000, 8, std::set<std::size_t>{},
+                                                           std::chrono::microseconds(5)),
+                          8, 2);
   Loader loader(o);
   std::atomic<bool> done{false};
   std::thread tuner([&] {
@@ -453,8 +448,8 @@ TEST(Loader, TuningFromAnotherThreadWhileConsuming) {
 
 TEST(Loader, RaisePolicyNamesTheSampleKeepsTheTypeAndGoesOn) {
   for (std::size_t workers : {0, 2}) {
-    auto o = options(std::make_shared<IndexDataset<std::domain_error>>(20, 4, std::set<size_t>{6}),
-                     4, workers);
+    auto o = loader_options(
+        std::make_shared<IndexDataset<std::domain_error>>(20, 4, std::set<size_t>{6}), 4, workers);
     Loader loader(o);
     ASSERT_TRUE(loader.next());  // rows 0..3
     try {
@@ -473,7 +468,8 @@ TEST(Loader, RaisePolicyNamesTheSampleKeepsTheTypeAndGoesOn) {
 }
 
 TEST(Loader, SkipPolicyReplacesAndReportsFailedSamples) {
-  auto o = options(std::make_shared<IndexDataset<>>(50, 4, std::set<size_t>{3, 17, 18}), 10, 2);
+  auto o =
+      loader_options(std::make_shared<IndexDataset<>>(50, 4, std::set<size_t>{3, 17, 18}), 10, 2);
   o.on_error = ErrorPolicy::skip;
   Loader loader(o);
   std::vector<std::size_t> skipped;
@@ -509,19 +505,13 @@ TEST(Loader, SkipPolicyReplacesAndReportsFailedSamples) {
 }
 
 TEST(Loader, SkipBudgetRunsOut) {
-  auto o = options(std::make_shared<IndexDataset<>>(4000, 4, std::set<size_t>{1, 35}), 10, 1);
+  auto o =
+      loader_options(std::make_shared<IndexDataset<>>(4000, 4, std::set<size_t>{1, 35}), 10, 1);
   o.on_error = ErrorPolicy::skip;
   o.max_skipped = 1;
   Loader loader(o);
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next());  // sample 1 skipped: budget used
-  try {
-    loader.next();
-    FAIL() << "expected SampleError";
-  } catch (const SampleError& e) {
-    EXPECT_EQ(e.index(), 35u);
-    EXPECT_NE(std::string(e.what()).find("skip budget of 1"), std::string::npos);
-  }
-  EXPECT_TRUE(loader.next());
+  testing::expect_failed_sample(loader, 35, "skip budget of 1");
 }
 
 TEST(Loader, DestroyMidEpochWithBatchesInFlight) {
@@ -529,7 +519,7 @@ TEST(Loader, DestroyMidEpochWithBatchesInFlight) {
   auto ds = std::make_shared<IndexDataset<>>(100000, 64, std::set<std::size_t>{},
                                              std::chrono::microseconds(2000));
   for (int round = 0; round < 3; ++round) {
-    auto o = options(ds, 64, 4);
+    auto o = loader_options(ds, 64, 4);
     o.depth = 8;
     auto loader = std::make_unique<Loader>(o);
     ASSERT_TRUE(loader->next());
@@ -564,7 +554,7 @@ TEST(Loader, TwoHundredEpochsWithEarlyBreaksDestroyedLoadersAndFailingReads) {
   constexpr std::size_t kSamples = 384, kBatch = 16, kBatches = kSamples / kBatch;
   auto ds = std::make_shared<FlakyDataset>(kSamples, 500);
   // Sanitizer runtimes start a thread of their own with the first threads a test makes.
-  Loader(options(std::make_shared<IndexDataset<>>(64), kBatch, 2)).next();
+  Loader(loader_options(std::make_shared<IndexDataset<>>(64), kBatch, 2)).next();
   const std::size_t threads_before = thread_count();
   std::mt19937 rng(7);
   std::unique_ptr<Loader> loader;
@@ -572,7 +562,7 @@ TEST(Loader, TwoHundredEpochsWithEarlyBreaksDestroyedLoadersAndFailingReads) {
   for (std::uint64_t epoch = 0; epoch < 200; ++epoch) {
     if (epoch % 25 == 0) {  // the old loader goes mid-epoch, with batches in flight
       loader.reset();
-      loader = std::make_unique<Loader>(options(ds, kBatch, 1 + epoch / 25 % 3));
+      loader = std::make_unique<Loader>(loader_options(ds, kBatch, 1 + epoch / 25 % 3));
     }
     loader->set_epoch(epoch);
     const std::size_t stop = rng() % 2 ? kBatches : rng() % (kBatches + 1);
@@ -610,7 +600,7 @@ TEST(Loader, ADepthAboveTheMemoryBudgetIsLoweredAndTheBudgetHolds) {
     lines.emplace_back(line);
   });
   auto ds = std::make_shared<IndexDataset<>>(2000, 4096);
-  auto o = options(ds, 16, 2);
+  auto o = loader_options(ds, 16, 2);
   o.depth = 8;
   const std::size_t slab = Loader(o).stats().slab_bytes / (o.depth + 1);
   o.memory_budget = 4 * slab + slab / 2;  // 4 slabs: depth 3
@@ -688,13 +678,13 @@ TEST(Log, AChildForkedWhileAnotherThreadLogsCanLogAtOnce) {
 TEST(Loader, DestroyBeforeTheFirstBatchAndWhileStartingUp) {
   auto ds = std::make_shared<IndexDataset<>>(1000, 8, std::set<std::size_t>{},
                                              std::chrono::microseconds(100));
-  for (std::size_t w : {0, 1, 8}) Loader loader(options(ds, 16, w));
+  for (std::size_t w : {0, 1, 8}) Loader loader(loader_options(ds, 16, w));
 }
 
 TEST(Loader, BatchMayOutliveTheLoader) {
   std::optional<Batch> kept;
   {
-    Loader loader(options(std::make_shared<IndexDataset<>>(10), 4, 2));
+    Loader loader(loader_options(std::make_shared<IndexDataset<>>(10), 4, 2));
     kept = loader.next();
   }
   ASSERT_TRUE(kept);
@@ -703,7 +693,7 @@ TEST(Loader, BatchMayOutliveTheLoader) {
 }
 
 TEST(Loader, SlabsAreRecycled) {
-  auto o = options(std::make_shared<IndexDataset<>>(1000), 10, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(1000), 10, 2);
   o.depth = 3;
   Loader loader(o);
   drain(loader);
@@ -715,7 +705,7 @@ TEST(Loader, SlabsAreRecycled) {
 TEST(Loader, NextForTimesOutAndTheNextCallGetsThatBatch) {
   for (std::size_t workers : {1, 3}) {
     auto ds = std::make_shared<testing::GatedDataset>(40);
-    Loader loader(options(ds, 8, workers));
+    Loader loader(loader_options(ds, 8, workers));
     NextResult r = loader.next_for(std::chrono::milliseconds(1));
     EXPECT_EQ(r.status, NextResult::Status::timed_out);
     EXPECT_FALSE(r.batch);
@@ -737,7 +727,7 @@ TEST(Loader, NextForTimesOutAndTheNextCallGetsThatBatch) {
 
 TEST(Loader, NextForWithoutWorkersReadsInlineOnlyWhileTimeIsLeft) {
   auto ds = std::make_shared<IndexDataset<>>(20);
-  Loader loader(options(ds, 5, 0));
+  Loader loader(loader_options(ds, 5, 0));
   EXPECT_EQ(loader.next_for(std::chrono::nanoseconds(0)).status, NextResult::Status::timed_out);
   EXPECT_EQ(ds->reads.load(), 0u);
   auto r = loader.next_for(std::chrono::hours(1));
@@ -749,7 +739,7 @@ TEST(Loader, NextForWithoutWorkersReadsInlineOnlyWhileTimeIsLeft) {
 }
 
 TEST(Loader, EpochOrderIsThePublicSamplersOrder) {
-  auto o = options(std::make_shared<IndexDataset<>>(103), 10, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(103), 10, 2);
   o.shuffle = true;
   o.seed = 7;
   o.shard = {1, 3, false};
@@ -783,7 +773,7 @@ TEST(Loader, SlabsComeFromTheInternalSlabAllocator) {
   detail::LoaderInternals internals;
   internals.slab_allocator = allocator;
   {
-    auto o = options(std::make_shared<IndexDataset<>>(100), 10, 2);
+    auto o = loader_options(std::make_shared<IndexDataset<>>(100), 10, 2);
     o.pin_memory = PinMemory::on;  // the custom allocator wins over mlock
     Loader loader(o, internals);
     EXPECT_EQ(drain(loader).size(), 10u);
@@ -799,17 +789,17 @@ TEST(Loader, SlabsComeFromTheInternalSlabAllocator) {
 }
 
 TEST(Loader, EmptyDataSetAndTooFewSamplesForOneBatch) {
-  Loader empty(options(std::make_shared<IndexDataset<>>(0), 4, 2));
+  Loader empty(loader_options(std::make_shared<IndexDataset<>>(0), 4, 2));
   EXPECT_FALSE(empty.next());
   EXPECT_FALSE(empty.next());
-  auto o = options(std::make_shared<IndexDataset<>>(3), 4, 2);
+  auto o = loader_options(std::make_shared<IndexDataset<>>(3), 4, 2);
   o.drop_last = true;
   Loader dropped(o);
   EXPECT_FALSE(dropped.next());
 }
 
 TEST(Loader, StatsCountWhatWasDelivered) {
-  Loader loader(options(std::make_shared<IndexDataset<>>(100, 16), 10, 2));
+  Loader loader(loader_options(std::make_shared<IndexDataset<>>(100, 16), 10, 2));
   drain(loader);
   const Stats s = loader.stats();
   EXPECT_EQ(s.batches, 10u);
@@ -831,17 +821,17 @@ TEST(Loader, ImpossibleOptionsAreNamed) {
       EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
     }
   };
-  expect_error(options(nullptr, 4, 1), "dataset is null");
-  expect_error(options(ds, 0, 1), "batch_size");
-  auto o = options(ds, 4, 1);
+  expect_error(loader_options(nullptr, 4, 1), "dataset is null");
+  expect_error(loader_options(ds, 0, 1), "batch_size");
+  auto o = loader_options(ds, 4, 1);
   o.depth = 0;
   expect_error(o, "depth");
-  o = options(ds, 4, 1);
+  o = loader_options(ds, 4, 1);
   o.shard = {3, 3, false};
   expect_error(o, "shard.rank = 3");
   o.shard = {0, 0, false};
   expect_error(o, "world_size");
-  expect_error(options(ds, 4, 100000), "workers");
+  expect_error(loader_options(ds, 4, 100000), "workers");
 }
 
 }  // namespace

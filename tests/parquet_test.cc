@@ -22,6 +22,7 @@
 
 #include "image_fixtures.h"
 #include "stoker/loader.h"
+#include "support/read_sample.h"
 
 namespace stoker {
 namespace {
@@ -96,23 +97,7 @@ std::shared_ptr<arrow::Table> sample_table(int n, int null_image = -1) {
                                      ok(image.Finish()), ok(hf.Finish()), ok(caption.Finish())});
 }
 
-struct Read {
-  std::vector<std::vector<std::byte>> fields;
-};
-
-Read read_sample(const Dataset& d, std::size_t i) {
-  const auto fields = d.fields();
-  Read r;
-  std::vector<std::size_t> bytes;
-  std::vector<std::byte*> bases;
-  for (const auto& f : fields) {
-    r.fields.emplace_back(f.bytes());
-    bytes.push_back(f.bytes());
-  }
-  for (auto& f : r.fields) bases.push_back(f.data());
-  d.read(i, SampleOut(bytes, bases.data(), 0, 7));
-  return r;
-}
+using testing::read_sample;
 
 template <class T>
 T value(const std::vector<std::byte>& b, std::size_t k = 0) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "stoker/loader.h"
+#include "support/loader_checks.h"
 #include "test_datasets.h"
 
 namespace stoker {
@@ -48,11 +49,7 @@ class ChunkDataset final : public testing::IndexDataset<> {
 };
 
 LoaderOptions options(std::shared_ptr<const Dataset> ds, std::size_t workers) {
-  LoaderOptions o;
-  o.dataset = std::move(ds);
-  o.batch_size = 8;
-  o.workers = workers;
-  return o;
+  return testing::loader_options(std::move(ds), 8, workers);
 }
 
 TEST(ReadRows, OneCallPerChunkWhenTheDatasetAsks) {
@@ -84,14 +81,7 @@ TEST(ReadRows, AFailedRowRaisesWithItsIndex) {
   auto ds = std::make_shared<ChunkDataset>(24, std::set<std::size_t>{13});
   Loader loader(options(ds, 2));
   EXPECT_TRUE(loader.next());
-  try {
-    loader.next();
-    FAIL() << "no error";
-  } catch (const SampleError& e) {
-    EXPECT_EQ(e.index(), 13u);
-    EXPECT_NE(std::string(e.what()).find("chunk row failed"), std::string::npos);
-  }
-  EXPECT_TRUE(loader.next());  // the loader goes on
+  testing::expect_failed_sample(loader, 13, "chunk row failed");
 }
 
 TEST(ReadRows, SkipReplacesFailedRowsThroughRead) {

@@ -12,6 +12,7 @@
 #include "stoker/loader.h"
 #include "stoker/log.h"
 #include "stoker/sources.h"
+#include "support/log_capture.h"
 
 namespace stoker::detail {
 namespace {
@@ -440,29 +441,7 @@ TEST(WorkerTuner, AWindowStartsOnceABatchWasDelivered) {
   EXPECT_EQ(d->depth, 4u);
 }
 
-// Collects log lines for the test's lifetime.
-class LogCapture {
- public:
-  explicit LogCapture(LogLevel level) {
-    set_log_level(level);
-    set_log_handler([this](LogLevel, std::string_view line) {
-      std::lock_guard lock(mu_);
-      lines_.emplace_back(line);
-    });
-  }
-  ~LogCapture() {
-    set_log_handler({});
-    set_log_level(LogLevel::info);
-  }
-  std::vector<std::string> lines() {
-    std::lock_guard lock(mu_);
-    return lines_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
+using testing::LogCapture;
 
 TEST(WorkerTuner, ChangesAreLoggedAtDebugLevel) {
   LogCapture log(LogLevel::debug);

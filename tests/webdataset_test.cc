@@ -12,6 +12,7 @@
 #include "image_fixtures.h"
 #include "source/tar_index.h"
 #include "support/errors.h"
+#include "support/read_sample.h"
 
 namespace stoker {
 namespace {
@@ -219,23 +220,7 @@ std::string npy_f32(const std::vector<float>& v) {
   return out;
 }
 
-struct Read {
-  std::vector<std::vector<std::byte>> fields;
-};
-
-Read read_sample(const Dataset& d, std::size_t i) {
-  const auto fields = d.fields();
-  Read r;
-  std::vector<std::size_t> bytes;
-  std::vector<std::byte*> bases;
-  for (const auto& f : fields) {
-    r.fields.emplace_back(f.bytes());
-    bytes.push_back(f.bytes());
-  }
-  for (auto& f : r.fields) bases.push_back(f.data());
-  d.read(i, SampleOut(bytes, bases.data(), 0, 7));
-  return r;
-}
+using testing::read_sample;
 
 std::int64_t as_i64(const std::vector<std::byte>& b) {
   std::int64_t v = 0;
