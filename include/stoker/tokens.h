@@ -89,10 +89,12 @@ class TokenCorpus {
   std::span<const std::uint32_t> lengths() const;
   std::uint64_t vocab_size() const;  // 0: not checked
 
-  // Tokens [offset, offset + out.size()) of document `doc`, as int64. Throws
-  // std::out_of_range past the document, std::runtime_error for a token >= vocab_size.
-  // Any thread.
-  void read_tokens(std::size_t doc, std::uint64_t offset, std::span<std::int64_t> out) const;
+  // Tokens [offset, offset + out.size()) of document `doc`, as int64; with `next`, the token
+  // after them too (read with them), into *next, which is left as it is when they end the
+  // document. Throws std::out_of_range past the document, std::runtime_error for a token >=
+  // vocab_size. Any thread.
+  void read_tokens(std::size_t doc, std::uint64_t offset, std::span<std::int64_t> out,
+                   std::int64_t* next = nullptr) const;
 
   // "FILE document D" (D counted within the file; "SOURCE row R" for columns), as errors
   // name it.

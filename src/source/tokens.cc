@@ -396,8 +396,8 @@ ObjectStorageCounters TokenCorpus::object_storage_counters() const {
   return impl_->remote ? impl_->remote->counters() : ObjectStorageCounters{};
 }
 
-void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
-                              std::span<std::int64_t> out) const {
+void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset, std::span<std::int64_t> out,
+                              std::int64_t* next) const {
   const Impl& c = *impl_;
   if (doc >= c.lengths.size() || offset + out.size() > c.lengths[doc]) {
     throw std::out_of_range("stoker: tokens [" + std::to_string(offset) + ", " +
@@ -406,48 +406,47 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset,
   }
   const auto& f = c.files[c.file_of[doc]];
   const std::size_t es = elem_size(f.elem);
+  const bool more = next != nullptr && offset + out.size() < c.lengths[doc];
+  const std::size_t count = out.size() + (more ? 1 : 0);
   const std::uint64_t at = c.byte_offsets[doc] + offset * es;
   const std::byte* src = f.base + at;
   if (f.bin) {
     thread_local std::vector<std::byte> bytes;
-    bytes.resize(out.size() * es);
+    bytes.resize(count * es);
     if (f.bin->read_at(at, bytes.data(), bytes.size()) != bytes.size()) {
       fail(f.name + " is truncated: " + c.name(doc) + " ends past its " +
            std::to_string(f.bin->size()) + " bytes");
     }
     src = bytes.data();
   }
-  switch (f.elem) {
-    case Elem::u8:
-      widen<std::uint8_t>(src, out);
-      break;
-    case Elem::i8:
-      widen<std::int8_t>(src, out);
-      break;
-    case Elem::i16:
-      widen<std::int16_t>(src, out);
-      break;
-    case Elem::i32:
-      widen<std::int32_t>(src, out);
-      break;
-    case Elem::i64:
-      widen<std::int64_t>(src, out);
-      break;
-    case Elem::u16:
-      widen<std::uint16_t>(src, out);
-      break;
-    case Elem::u32:
-      widen<std::uint32_t>(src, out);
-      break;
-    case Elem::u64:
-      widen<std::uint64_t>(src, out);
-      break;
-  }
+  auto convert = [&](const std::byte* from, std::span<std::int64_t> to) {
+    switch (f.elem) {
+      case Elem::u8:
+        return widen<std::uint8_t>(from, to);
+      case Elem::i8:
+        return widen<std::int8_t>(from, to);
+      case Elem::i16:
+        return widen<std::int16_t>(from, to);
+      case Elem::i32:
+        return widen<std::int32_t>(from, to);
+      case Elem::i64:
+        return widen<std::int64_t>(from, to);
+      case Elem::u16:
+        return widen<std::uint16_t>(from, to);
+      case Elem::u32:
+        return widen<std::uint32_t>(from, to);
+      case Elem::u64:
+        return widen<std::uint64_t>(from, to);
+    }
+  };
+  convert(src, out);
+  if (more) convert(src + out.size() * es, std::span(next, 1));
   if (c.vocab_size == 0) return;
   const auto vocab = static_cast<std::int64_t>(c.vocab_size);
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    if (out[i] < 0 || out[i] >= vocab) {
-      fail(c.name(doc) + ": token " + std::to_string(offset + i) + " is " + std::to_string(out[i]) +
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::int64_t token = i < out.size() ? out[i] : *next;
+    if (token < 0 || token >= vocab) {
+      fail(c.name(doc) + ": token " + std::to_string(offset + i) + " is " + std::to_string(token) +
            ", outside the vocabulary of " + std::to_string(c.vocab_size));
     }
   }
@@ -499,12 +498,12 @@ void TokenRows::read(std::size_t index, const SampleOut& out) const {
   const auto docs = out.as<std::int64_t>(3);
   const auto cu = out.as<std::int32_t>(4);
   const bool next = options_.labels == TokenRowsOptions::Labels::next;
-  const auto lengths = corpus_->lengths();
   std::size_t at = 0, segment = 0;
   cu[0] = 0;
   for (const auto& p : plan_.row(index)) {
     const auto span = ids.subspan(at, p.length);
-    corpus_->read_tokens(p.doc, p.offset, span);
+    std::int64_t after = kIgnoreLabel;  // the token after the piece in its document, if any
+    corpus_->read_tokens(p.doc, p.offset, span, next ? &after : nullptr);
     for (std::uint32_t k = 0; k < p.length; ++k) {
       positions[at + k] = k;
       docs[at + k] = static_cast<std::int64_t>(p.doc);
@@ -512,10 +511,6 @@ void TokenRows::read(std::size_t index, const SampleOut& out) const {
     if (next) {
       // The token after each in its document: the piece's own, then the one after the piece.
       std::copy(span.begin() + 1, span.end(), labels.begin() + static_cast<std::ptrdiff_t>(at));
-      std::int64_t after = kIgnoreLabel;
-      if (p.offset + p.length < lengths[p.doc]) {
-        corpus_->read_tokens(p.doc, p.offset + p.length, std::span(&after, 1));
-      }
       labels[at + p.length - 1] = after;
     } else {
       std::copy(span.begin(), span.end(), labels.begin() + static_cast<std::ptrdiff_t>(at));
