@@ -130,6 +130,31 @@ def stoker_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
     return statistics.median(rates)
 
 
+def stoker_cpu_per_token(d, concat_seq_len, seq_len, batch, rounds=5):
+    """What a token costs the loader: the process's CPU time (every thread) a token over a
+    whole epoch read in-line, the best of `rounds` epochs, for concatenated rows of the flat
+    file and best-fit rows of the Megatron files (the machine's load moves CPU time less than
+    wall time)."""
+    import stoker
+
+    out = {}
+    for name, ds in (("concat_flat", stoker.TokenDataset(os.path.join(d, "flat.bin"),
+                                                         concat_seq_len, eod=EOD)),
+                     ("best_fit_megatron", stoker.TokenDataset(os.path.join(d, "corpus"),
+                                                               seq_len, pack="best_fit"))):
+        best = None
+        for _ in range(rounds):
+            loader = stoker.DataLoader(ds, batch_size=batch, num_workers=0)
+            cpu, tokens = time.process_time(), 0
+            for b in loader:
+                tokens += b["input_ids"].numel()
+            ns = (time.process_time() - cpu) / tokens * 1e9
+            loader.close()
+            best = ns if best is None else min(best, ns)
+        out[name + "_ns"] = best
+    return out
+
+
 # ---- baselines (the peers' python, a child process each) ------------------------------------
 
 def grain_best_fit(d, seq_len, rounds, bins):
@@ -353,6 +378,10 @@ def print_loaders(a, out):
                                  else f"not measured: {v['error']}"))
     if c["ratio_to_best_baseline"]:
         print(f"  stoker / best baseline: {c['ratio_to_best_baseline']:.2f}x")
+    t = out["cpu_per_token"]
+    print(f"(d) CPU a token, an epoch in-line (best of 5): concatenated rows of the flat file "
+          f"{t['concat_flat_ns']:.2f} ns, best-fit rows of the Megatron files "
+          f"{t['best_fit_megatron_ns']:.2f} ns")
 
 
 def main():
@@ -429,6 +458,8 @@ def main():
                         if isinstance(v, dict) and "tokens_per_s" in v), default=None)
             concat["ratio_to_best_baseline"] = concat["stoker"] / best if best else None
             out["concat"] = concat
+            # (d) what a token costs, CPU time
+            out["cpu_per_token"] = stoker_cpu_per_token(d, a.concat_seq_len, a.seq_len, a.batch)
     # (c) the blend index of a mix
     mix = {"sources": a.mix_sources, "samples": a.mix_samples,
            "stoker": stoker_mix(a.mix_sources, a.mix_samples, a.rounds)}
