@@ -597,3 +597,15 @@ def test_token_files_in_object_storage_give_the_local_rows_each_byte_fetched_onc
             np.testing.assert_array_equal(got[k], want[k], err_msg=k)
     with pytest.raises(RuntimeError, match=rf"s3://{BUCKET}/tokens/nope.idx: HTTP 404"):
         stoker.TokenDataset(url + "nope", 64, **storage)
+
+    # A Parquet token column: the column's chunks read by ranges, counted as the data set's.
+    from test_token_columns import write_parquet
+
+    docs = documents(200, 4)
+    env.put("tokens/docs.parquet", open(write_parquet(tmp_path / "docs.parquet", docs), "rb").read())
+    want = rows(stoker.TokenDataset(tmp_path / "docs.parquet", 32))
+    parquet = stoker.TokenDataset(url + "docs.parquet", 32, **storage)
+    got = rows(parquet)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert parquet.object_storage()["get_requests"] > 0

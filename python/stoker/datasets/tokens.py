@@ -47,9 +47,9 @@ class TokenDataset(NativeDataset):
     token and at padding; ``"same"``: ``input_ids`` with -100 at each segment's first token and
     at padding, for models that shift labels themselves (Hugging Face's).
 
-    Megatron and flat files may be in object storage: ``s3://`` and ``http(s)://`` URLs (for
-    flat files also an ``s3://`` prefix ending in ``/``: every object directly under it), read
-    by ranges through ``object_cache`` up to ``object_cache_bytes`` as ``stoker.WebDataset``
+    Megatron, flat and Parquet files may be in object storage: ``s3://`` and ``http(s)://``
+    URLs (for flat and Parquet files also an ``s3://`` prefix ending in ``/``: its objects),
+    read by ranges through ``object_cache`` up to ``object_cache_bytes`` as ``stoker.WebDataset``
     reads them (docs/storage.md; ``index_cache`` holds the listings the ranks of a node share).
     A Megatron ``.idx`` is read once, by one GET; a flat object is read whole once to find its
     documents, so large corpora in object storage are better kept as Megatron's pairs.
@@ -102,12 +102,16 @@ class TokenDataset(NativeDataset):
         self._as_dict = True
         rows = (str(pack), int(seq_len), str(long_documents), bool(shuffle_documents), int(seed),
                 str(labels), int(pad_id), int(max_segments or 0))
+        storage = object_storage_args(index_cache, object_cache, object_cache_bytes)
+        self._objects = []  # Parquet objects: what object_storage() counts
         if format in ("parquet", "arrow"):
             if format == "parquet":
                 from .parquet import expand_files
+                from .parquet_objects import ParquetObject
 
-                sources = expand_files(self.paths)
+                sources = expand_files(self.paths, storage)
                 self.paths = [str(s) for s in sources]
+                self._objects = [s for s in sources if isinstance(s, ParquetObject)]
                 chunks, owner = _parquet_token_chunks(sources, column)
             else:
                 chunks, owner = _arrow_token_chunks(paths, column)
@@ -115,13 +119,14 @@ class TokenDataset(NativeDataset):
         else:
             self._handle = _stoker.token_rows(
                 str(format), self.paths, str(dtype), -1 if eod is None else int(eod),
-                int(vocab_size or 0), *rows,
-                *object_storage_args(index_cache, object_cache, object_cache_bytes))
+                int(vocab_size or 0), *rows, *storage)
         self.max_segments = _stoker.token_max_segments(self._handle)
 
     def object_storage(self) -> dict:
         """Object-storage traffic of the object cache this data set's URLs are read through
         (as ``stoker.WebDataset.object_storage()``); empty when no file is a URL."""
+        if self._objects:
+            return self._objects[0].counters()
         if not any(is_url(p) for p in self.paths):
             return {}
         return self._handle.object_storage()
