@@ -27,7 +27,9 @@ fresh object cache of the data set's bytes / ratio (for Parquet, its row-group c
 - global: shuffle="global" (the order before this choice existed), JPEGs at ratio 10 only;
 - in order: shuffle=False;
 - 4 ranks: stoker.DistributedSampler(num_replicas=4) for ranks 0-3, four loaders read at once
-  from threads of one process (one node's ranks, one object cache).
+  from threads of one process (one node's ranks, one object cache);
+- no object cache (object_cache_bytes=0; WebDataset sets): in order and shuffled, each sample
+  its own range, the neighbours a batch names in a shard fetched by one GET.
 Figures: bytes fetched / the data set's bytes, GETs counted at the proxy / the data set's
 storage blocks, samples/s and auto / in order, the CPU seconds of the loader's process and of
 the server (SeaweedFS and the proxy share the loader's cores here: a GET costs SeaweedFS about
@@ -272,6 +274,17 @@ def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bo
             row["four_ranks"] = four_ranks(server, kind, urls, work, cache)
             row["four_ranks"]["bytes_over_data"] = row["four_ranks"]["bytes_fetched"] / data_bytes
         out["ratios"][ratio] = row
+    if not kind.startswith("pq-"):
+        # No object cache (object_cache_bytes=0): each sample its own range, the neighbours a
+        # batch names in a shard fetched by one GET.
+        out["no_cache"] = {}
+        for name, kw in (("in_order", {"shuffle": False}), ("shuffled", {"shuffle": True})):
+            r = measure(server, kind, urls, work, 0, f"{kind}-nocache-{name}", **kw)
+            ids = r.pop("ids")
+            r["each_once"] = sorted(ids) == list(range(n))
+            r["bytes_over_data"] = r["bytes_fetched"] / data_bytes
+            r["GET_over_samples"] = r["GET"] / n
+            out["no_cache"][name] = r
     return out
 
 
@@ -315,6 +328,11 @@ def show(kind: str, r: dict) -> None:
                 print(f"               {q(x['quality'])}")
         print(f"    auto / in order: {row['auto_over_in_order']:.2f}; shuffle: "
               f"{row['auto']['shuffle']}")
+    for name, x in r.get("no_cache", {}).items():
+        print(f"  no object cache, {name:8s} {x['samples_per_s']:8.0f} samples/s  bytes "
+              f"{x['bytes_over_data']:5.2f}x data  GETs {x['GET']:6d} "
+              f"({x['GET_over_samples']:.3f} a sample)  each once: {x['each_once']}  CPU s: "
+              f"loader {x['loader_cpu_s']:.1f}, server {x['server_cpu_s']:.1f}")
 
 
 def main() -> int:

@@ -1349,6 +1349,43 @@ TEST_F(ObjectStoreS3, RemoteFilesWithoutACacheFetchTheNamedRangesAhead) {
   EXPECT_GT(files.ahead_bytes(), 0u);
 }
 
+// Without a cache, ranges hinted together that lie at most kCoalesceGap apart (samples of a
+// shard with a tar header between them) are fetched by one GET, each still taken by a read of
+// exactly it; a range farther away is a GET of its own, and a run stops at a quarter of what
+// may be held ahead.
+TEST_F(ObjectStoreS3, RemoteFilesWithoutACacheFetchNeighbouringRangesByOneGet) {
+  const std::string big = object_bytes(3 * 100000, 7);
+  direct()->put(url("remote/neighbours.bin"), big);
+  const ProxyEnvironment aws(proxy_port_);
+  detail::RemoteFiles files("", 0);
+  const detail::RemoteObject object = files.resolve({url("remote/neighbours.bin")}, ".bin")[0][0];
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  const std::size_t n = 10, length = 2000, stride = length + 512;  // a 512-byte header between
+  std::vector<detail::RemoteFiles::Range> ranges;
+  for (std::size_t i = n; i-- > 0;) ranges.push_back({i * stride, length});  // out of order
+  ranges.push_back({250000, 100});                                           // far: its own GET
+  EXPECT_TRUE(files.prefetch(object, ranges));
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(length);
+      for (std::size_t i = t; i < n; i += 4) {
+        files.read(object, i * stride, buf.data(), length);
+        if (as_string(buf) != big.substr(i * stride, length)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::vector<std::byte> far(100);
+  files.read(object, 250000, far.data(), far.size());
+  EXPECT_EQ(as_string(far), big.substr(250000, 100));
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the run of ten, and the far one
+  EXPECT_EQ(files.counters().prefetched, 2u);
+  EXPECT_EQ(files.ahead_bytes(), 0u);
+}
+
 // A listing kept for a job: the first RemoteFiles lists, a second one (another rank of the
 // job) reads the file and makes no LIST; another job lists for itself; without a job nothing
 // is shared. The objects resolved are the same each way.

@@ -51,10 +51,10 @@ struct ObjectStorageCounters {
   std::uint64_t cache_hits = 0;
   std::uint64_t cache_hit_bytes = 0;
   std::uint64_t cache_misses = 0;
-  // Range GETs made for reads (a chunk each, or without the disk cache the read's own range;
-  // retries included) and the time they took; and the time reads waited for the store,
-  // summed over the reading threads (a read waiting for another thread's fetch of its chunk
-  // counts its wait).
+  // Range GETs made for reads (a chunk each, or without the disk cache the read's own range or
+  // one for a run of neighbouring ranges hinted together; retries included) and the time they took;
+  // and the time reads waited for the store, summed over the reading threads (a read waiting for
+  // another thread's fetch of its chunk counts its wait).
   std::uint64_t chunk_fetches = 0;
   std::uint64_t fetch_ns = 0;
   std::uint64_t wait_ns = 0;

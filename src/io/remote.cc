@@ -439,8 +439,28 @@ bool RemoteFiles::prefetch(const RemoteObject& object, std::uint64_t offset, std
 
 bool RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ranges) {
   if (!cache_) {
+    // Runs of ranges at most kCoalesceGap apart, each fetched by one GET.
+    std::vector<Range> sorted;
     for (const auto& [offset, n] : ranges) {
-      if (n > 0 && offset < object.size && !prefetch_range(object, offset, n)) return false;
+      if (n > 0 && offset < object.size && n <= object.size - offset) sorted.push_back({offset, n});
+    }
+    std::sort(sorted.begin(), sorted.end());
+    sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+    const std::uint64_t run_cap = std::min<std::uint64_t>(kRemoteChunkBytes, kAheadBytes / 4);
+    for (std::size_t i = 0; i < sorted.size();) {
+      std::uint64_t end = sorted[i].first + sorted[i].second;
+      std::size_t j = i + 1;
+      for (; j < sorted.size() && sorted[j].first <= end + kCoalesceGap &&
+             std::max(end, sorted[j].first + sorted[j].second) - sorted[i].first <= run_cap;
+           ++j) {
+        end = std::max(end, sorted[j].first + sorted[j].second);
+      }
+      const auto run = std::span(sorted).subspan(i, j - i);
+      const bool taken = run.size() == 1
+                             ? prefetch_range(object, run[0].first, run[0].second)
+                             : prefetch_run(object, {run[0].first, end - run[0].first}, run);
+      if (!taken) return false;
+      i = j;
     }
     return true;
   }
@@ -526,20 +546,7 @@ bool RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offse
   std::string key = io::DiskCache::key(object.url, offset, n, object.etag);
   MutexLock lock(mu_);
   if (stopping_ || ranges_.contains(key)) return true;
-  // Past the cap, the oldest ranges nobody took are dropped, once their GETs have ended (the
-  // transfer writes into the buffer until then).
-  while (ahead_bytes_ + n > kAheadBytes && !ranges_order_.empty()) {
-    const auto& [oldest, number] = ranges_order_.front();
-    if (auto it = ranges_.find(oldest); it != ranges_.end() && it->second.number == number) {
-      if (it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
-        return false;
-      }
-      ahead_bytes_ -= it->second.length;
-      ranges_.erase(it);
-    }
-    ranges_order_.pop_front();
-  }
-  if (ahead_bytes_ + n > kAheadBytes) return false;
+  if (!room_for_range(n)) return false;
   Ahead range;
   range.data = std::make_shared_for_overwrite<std::byte[]>(n);
   range.length = n;
@@ -564,6 +571,66 @@ bool RemoteFiles::prefetch_range(const RemoteObject& object, std::uint64_t offse
   return true;
 }
 
+bool RemoteFiles::room_for_range(std::uint64_t n) {
+  // Past the cap, the oldest ranges nobody took are dropped, once their GETs have ended (the
+  // transfer writes into the buffer until then).
+  while (ahead_bytes_ + n > kAheadBytes && !ranges_order_.empty()) {
+    const auto& [oldest, number] = ranges_order_.front();
+    if (auto it = ranges_.find(oldest); it != ranges_.end() && it->second.number == number) {
+      if (it->second.done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        return false;
+      }
+      ahead_bytes_ -= it->second.length;
+      ranges_.erase(it);
+    }
+    ranges_order_.pop_front();
+  }
+  return ahead_bytes_ + n <= kAheadBytes;
+}
+
+bool RemoteFiles::prefetch_run(const RemoteObject& object, Range span, std::span<const Range> run) {
+  MutexLock lock(mu_);
+  if (stopping_) return true;
+  std::vector<std::pair<std::string, Range>> wanted;  // the run's ranges not held already
+  std::uint64_t bytes = 0;
+  for (const auto& r : run) {
+    std::string key = io::DiskCache::key(object.url, r.first, r.second, object.etag);
+    if (ranges_.contains(key)) continue;
+    bytes += r.second;
+    wanted.emplace_back(std::move(key), r);
+  }
+  if (wanted.empty()) return true;
+  // The bytes between the ranges (at most kCoalesceGap each) are fetched, not counted.
+  if (!room_for_range(bytes)) return false;
+  const auto data = std::make_shared_for_overwrite<std::byte[]>(span.second);
+  const auto started = std::chrono::steady_clock::now();
+  std::shared_future<void> done;
+  try {
+    done = store_
+               ->submit_read(object.url, span.first, span.second, data.get(),
+                             io::ObjectStore::Priority::kAhead,
+                             [this, started] { fetch_ns_ += elapsed_ns(started); })
+               .share();
+  } catch (const std::exception&) {
+    return true;  // the store is closing: a hint, dropped
+  }
+  for (auto& [key, r] : wanted) {
+    Ahead range;
+    range.data = data;
+    range.at = static_cast<std::size_t>(r.first - span.first);
+    range.length = r.second;
+    range.started = started;
+    range.done = done;
+    range.number = ++ranges_made_;
+    ahead_bytes_ += r.second;
+    ranges_order_.emplace_back(key, range.number);
+    ranges_.emplace(std::move(key), std::move(range));
+  }
+  ++prefetched_;
+  ++chunk_fetches_;
+  return true;
+}
+
 bool RemoteFiles::take_range(const RemoteObject& object, std::uint64_t offset, std::byte* dst,
                              std::size_t n) {
   Ahead range;
@@ -578,7 +645,7 @@ bool RemoteFiles::take_range(const RemoteObject& object, std::uint64_t offset, s
   const auto waiting = std::chrono::steady_clock::now();
   range.done.get();  // fetched ahead: its error (after the retries) is this read's
   wait_ns_ += elapsed_ns(waiting);
-  std::memcpy(dst, range.data.get(), n);
+  std::memcpy(dst, range.data.get() + range.at, n);
   return true;
 }
 

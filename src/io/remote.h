@@ -131,8 +131,12 @@ class RemoteFiles {
   // The same for several ranges of one object (a batch's samples in one shard), with the
   // chunks that lie next to each other in the object fetched together, by one range GET of up
   // to kRemoteChunkBytes and a quarter of what may be fetched ahead (samples read in order, each
-  // its own block, cost one GET per run of them, not one each). Ranges are (offset, length).
+  // its own block, cost one GET per run of them, not one each). Without a cache, likewise the
+  // ranges themselves: ranges at most kCoalesceGap apart (a tar header between two samples) are
+  // fetched by one GET of up to kRemoteChunkBytes and a quarter of kAheadBytes, each still
+  // taken by a read of exactly it. Ranges are (offset, length).
   using Range = std::pair<std::uint64_t, std::size_t>;
+  static constexpr std::uint64_t kCoalesceGap = 4096;
   bool prefetch(const RemoteObject& object, std::span<const Range> ranges);
 
   // A hint that the chunk holding byte `offset` of the object will not be read again soon (a
@@ -170,14 +174,20 @@ class RemoteFiles {
   // the cache let go first no longer count).
   bool room_ahead(std::uint64_t bytes) STOKER_REQUIRES(mu_);
   void forget_unread(const std::string& key);  // a read or done_with() took it
-  // Without a cache: prefetch() and read() of exact ranges (ranges_).
+  // Without a cache: prefetch() and read() of exact ranges (ranges_). prefetch_run() fetches
+  // the ranges `run` (sorted, not held, within `span` of the object) by one GET of `span`.
   bool prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n);
+  bool prefetch_run(const RemoteObject& object, Range span, std::span<const Range> run);
+  // Drops the oldest ranges nobody took (their GETs ended) until `n` more bytes fit kAheadBytes;
+  // false when they do not.
+  bool room_for_range(std::uint64_t n) STOKER_REQUIRES(mu_);
   bool take_range(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
 
   // A chunk held in memory until it is in the cache: being fetched ahead of its readers, or
   // fetched by a read and not yet stored.
   struct Ahead {
     std::shared_ptr<std::byte[]> data;
+    std::size_t at = 0;  // where its bytes start in data (a range fetched in a run: its place)
     std::size_t length = 0;
     std::shared_future<void> done;
     std::chrono::steady_clock::time_point started;

@@ -87,10 +87,12 @@ def dataset(shards, tmp_path, **kw):
 def samples_by_uid(ds, **loader_kw):
     """uid -> (image, label) over one epoch; every uid must come exactly once."""
     out = {}
-    for images, labels, uids in stoker.DataLoader(ds, batch_size=8, **loader_kw):
+    loader = stoker.DataLoader(ds, batch_size=8, **loader_kw)
+    for images, labels, uids in loader:
         for image, label, uid in zip(images, labels, uids.tolist()):
             assert uid not in out, f"sample {uid} delivered twice"
             out[uid] = (image, int(label))
+    loader.close()  # its fetches ahead of a next epoch end here, not in the next test's counts
     return out
 
 
@@ -213,25 +215,24 @@ def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
     loader = stoker.DataLoader(ds, batch_size=8, num_workers=2)
     assert sum(len(b[0]) for b in loader) == N_SHARDS * PER_SHARD
     io = loader.stats()["object_storage"]
-    # Without the cache, each sample is one range GET, counted from the loader's start only
-    # (the next epoch's first batches may already be read: the loader prefetches it).
-    assert io["get_requests"] >= N_SHARDS * PER_SHARD
+    # Without the cache, the samples a batch names in a shard are fetched ahead by one range
+    # GET (read in order here, they are neighbours, a tar header apart): a GET for each batch
+    # and shard it spans, not one a sample; counted from the loader's start only (the next
+    # epoch's first batches may already be read: the loader prefetches it).
+    assert N_SHARDS <= io["get_requests"] < N_SHARDS * PER_SHARD // 2
     assert io["get_requests"] <= ds.object_storage()["get_requests"] - before["get_requests"]
-    # One GET per sample, the store's retries if the machine's load made any time out, and
-    # the next epoch's prefetched batches (depth x batch_size samples at most).
-    ahead = loader.stats()["depth"] * 8
-    assert (N_SHARDS * PER_SHARD <= io["chunk_fetches"]
-            <= N_SHARDS * PER_SHARD + io["retries"] + ahead)
+    assert 0 < io["prefetched"] <= io["chunk_fetches"]
     assert io["wait_s"] > 0 and io["fetch_s"] > 0
     # The engine's own count (Stats::storage_*: the same counters, from the engine's making).
     stats = loader.stats()
-    assert stats["storage_fetches"] >= N_SHARDS * PER_SHARD
+    assert stats["storage_fetches"] >= N_SHARDS
     assert stats["storage_wait_s"] > 0 and stats["storage_fetch_time_s"] > 0
     assert stats["storage_bytes"] > 0
     report = loader.report()
     assert 0 < report["storage_wait"] <= 1
     assert report["storage_fetch_latency"] > 0 and report["storage_bytes_per_second"] > 0
     assert report["verdict"] in ("network-bound", "input-bound", "balanced", "compute-bound")
+    loader.close()  # its fetches ahead of the next epoch end here, not in the next test
     local = stoker.DataLoader(dataset(local_shards, tmp_path / "local"), batch_size=8)
     assert "object_storage" not in local.stats() and local.stats()["storage_fetches"] == 0
     assert local.report()["storage_wait"] == 0 and local.report()["storage"] == ""
