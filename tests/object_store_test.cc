@@ -255,6 +255,26 @@ std::string as_string(const std::vector<std::byte>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size());
 }
 
+// Reads ranges [k * stride, k * stride + length) of `object`, k < count, through `files` from
+// four threads (each every fourth range): how many differ from those bytes of `content`.
+int wrong_reads_from_four_threads(detail::RemoteFiles& files, const detail::RemoteObject& object,
+                                  const std::string& content, std::size_t count, std::size_t stride,
+                                  std::size_t length) {
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<std::byte> buf(length);
+      for (std::size_t k = t; k < count; k += 4) {
+        files.read(object, k * stride, buf.data(), length);
+        if (as_string(buf) != content.substr(k * stride, length)) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return wrong.load();
+}
+
 struct TempDir {
   TempDir() {
     char tmpl[] = "/tmp/stoker-cache-XXXXXX";
@@ -1246,19 +1266,7 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchAdjacentBlocksAskedTogetherByOneGet) {
   }
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // blocks 0-4 and 6-11
   EXPECT_EQ(files.counters().prefetched, 2u);
-  std::vector<std::thread> threads;
-  std::atomic<int> wrong{0};
-  for (std::size_t t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      std::vector<std::byte> part(block);
-      for (std::size_t b = t; b < blocks; b += 4) {
-        files.read(object, b * block, part.data(), block);
-        if (as_string(part) != big.substr(b * block, block)) ++wrong;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(wrong_reads_from_four_threads(files, object, big, blocks, block, block), 0);
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the reads made no GET of their own
 }
 
@@ -1323,19 +1331,7 @@ TEST_F(ObjectStoreS3, RemoteFilesWithoutACacheFetchTheNamedRangesAhead) {
   const std::size_t n = 12, length = 20000;
   for (std::size_t i = 0; i < n; ++i) files.prefetch(object, i * length, length);
   files.prefetch(object, 0, length);  // held already: nothing more
-  std::atomic<int> wrong{0};
-  std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      std::vector<std::byte> buf(length);
-      for (std::size_t i = t; i < n; i += 4) {
-        files.read(object, i * length, buf.data(), length);
-        if (as_string(buf) != big.substr(i * length, length)) ++wrong;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(wrong_reads_from_four_threads(files, object, big, n, length, length), 0);
   EXPECT_EQ(files.counters().prefetched, n);
   EXPECT_EQ(files.counters().retries, 1u);
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), static_cast<int>(n) + 1);  // one retried
@@ -1365,22 +1361,10 @@ TEST_F(ObjectStoreS3, RemoteFilesWithoutACacheFetchNeighbouringRangesByOneGet) {
   for (std::size_t i = n; i-- > 0;) ranges.push_back({i * stride, length});  // out of order
   ranges.push_back({250000, 100});                                           // far: its own GET
   EXPECT_TRUE(files.prefetch(object, ranges));
-  std::atomic<int> wrong{0};
-  std::vector<std::thread> threads;
-  for (std::size_t t = 0; t < 4; ++t) {
-    threads.emplace_back([&, t] {
-      std::vector<std::byte> buf(length);
-      for (std::size_t i = t; i < n; i += 4) {
-        files.read(object, i * stride, buf.data(), length);
-        if (as_string(buf) != big.substr(i * stride, length)) ++wrong;
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong_reads_from_four_threads(files, object, big, n, stride, length), 0);
   std::vector<std::byte> far(100);
   files.read(object, 250000, far.data(), far.size());
   EXPECT_EQ(as_string(far), big.substr(250000, 100));
-  EXPECT_EQ(wrong.load(), 0);
   EXPECT_EQ(proxy_count(proxy_port_, "GET"), 2);  // the run of ten, and the far one
   EXPECT_EQ(files.counters().prefetched, 2u);
   EXPECT_EQ(files.ahead_bytes(), 0u);
