@@ -124,13 +124,14 @@ void check_empty(const TokenCorpus::Impl& c, std::size_t doc) { fail(c.name(doc)
 // up the process's descriptors); fewer are kept open.
 constexpr std::size_t kKeptOpen = 64;
 
-// The files `names` name, in order: local paths opened, URLs resolved together (each an object,
-// or an s3:// prefix: its objects), their object cache kept in `c`.
+// The files `names` name, in order: local paths opened, URLs resolved together through
+// `resolver` (each an object, or an s3:// prefix: its objects), their object cache kept in `c`.
+// The caller holds the resolver (the node's turn) until it has read what opening reads (the
+// indexes, the flat files' scans), then finish()es.
 std::vector<io::FilePtr> open_files(const std::vector<std::string>& names,
-                                    const ObjectStorageOptions& storage, TokenCorpus::Impl& c) {
+                                    detail::Resolver& resolver, TokenCorpus::Impl& c) {
   std::vector<char> in_storage;
   const auto urls = detail::storage_urls(names, "", in_storage);
-  detail::Resolver resolver(storage, "tokens");
   std::vector<std::vector<io::FilePtr>> objects;
   if (!urls.empty()) {
     objects = resolver.objects(urls, "");
@@ -149,6 +150,12 @@ std::vector<io::FilePtr> open_files(const std::vector<std::string>& names,
   return out;
 }
 
+// Every chunk opening read in the object cache before the node's next process takes its turn
+// (and finds them there).
+void finish(const detail::Resolver& resolver) {
+  if (resolver.remote()) resolver.remote()->flush_stores();
+}
+
 }  // namespace
 
 std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::string>& prefixes,
@@ -163,7 +170,8 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::
     names.push_back(prefix + ".idx");
     names.push_back(prefix + ".bin");
   }
-  const std::vector<io::FilePtr> files = open_files(names, storage, *c);
+  detail::Resolver resolver(storage, "tokens");
+  const std::vector<io::FilePtr> files = open_files(names, resolver, *c);
   for (std::size_t k = 0; k < prefixes.size(); ++k) {
     const io::File& idx_file = *files.at(2 * k);
     const std::string& idx_path = idx_file.name();
@@ -233,6 +241,7 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::megatron(const std::vector<std::
            std::to_string(bin_size));
     }
   }
+  finish(resolver);
   return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
 }
 
@@ -295,7 +304,8 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::stri
   }
   auto c = std::make_unique<Impl>();
   c->vocab_size = vocab_size;
-  for (io::FilePtr& bin : open_files(paths, storage, *c)) {
+  detail::Resolver resolver(storage, "tokens");
+  for (io::FilePtr& bin : open_files(paths, resolver, *c)) {
     Impl::File file;
     file.name = bin->name();
     file.elem = elem;
@@ -314,6 +324,7 @@ std::shared_ptr<const TokenCorpus> TokenCorpus::flat(const std::vector<std::stri
       split_flat<std::uint32_t>(*c, file_index, eod);
     }
   }
+  finish(resolver);
   return std::shared_ptr<const TokenCorpus>(new TokenCorpus(std::move(c)));
 }
 
