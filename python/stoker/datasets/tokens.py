@@ -18,9 +18,9 @@ IGNORE_LABEL = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
 class TokenDataset(NativeDataset):
     """Rows of ``seq_len`` tokens packed from tokenized documents, read from token files
-    (local or in object storage) in C++ (docs/formats.md, "Token data"). Samples are dicts of ``input_ids``,
-    ``labels``, ``position_ids``, ``document_ids`` (int64 ``[seq_len]``) and ``cu_seqlens``
-    (int32 ``[max_segments + 1]``).
+    (local or in object storage) in C++ (docs/formats.md, "Token data"). Samples are dicts of
+    ``input_ids``, ``labels``, ``position_ids``, ``document_ids`` (int64 ``[seq_len]``) and
+    ``cu_seqlens`` (int32 ``[max_segments + 1]``).
 
     ``paths``: one or more Megatron indexed data sets (``format="megatron"``: a prefix, or its
     ``.bin`` or ``.idx``; each of its sequences is a document) or flat token files
