@@ -603,8 +603,9 @@ def test_token_files_in_object_storage_give_the_local_rows_each_byte_fetched_onc
     from test_token_columns import write_parquet
 
     docs = documents(200, 4)
-    env.put("tokens/docs.parquet", open(write_parquet(tmp_path / "docs.parquet", docs), "rb").read())
-    want = rows(stoker.TokenDataset(tmp_path / "docs.parquet", 32))
+    local_parquet = write_parquet(tmp_path / "docs.parquet", docs)
+    env.put("tokens/docs.parquet", open(local_parquet, "rb").read())
+    want = rows(stoker.TokenDataset(local_parquet, 32))
     parquet = stoker.TokenDataset(url + "docs.parquet", 32, **storage)
     got = rows(parquet)
     for k in want:
