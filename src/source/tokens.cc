@@ -420,7 +420,7 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset, std::span<s
   const bool more = next != nullptr && offset + out.size() < c.lengths[doc];
   const std::size_t count = out.size() + (more ? 1 : 0);
   const std::uint64_t at = c.byte_offsets[doc] + offset * es;
-  const std::byte* src = f.base + at;
+  const std::byte* src = nullptr;  // a column's values in memory, or the file's bytes read
   if (f.bin) {
     thread_local std::vector<std::byte> bytes;
     bytes.resize(count * es);
@@ -429,6 +429,8 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset, std::span<s
            std::to_string(f.bin->size()) + " bytes");
     }
     src = bytes.data();
+  } else {
+    src = f.base + at;
   }
   auto convert = [&](const std::byte* from, std::span<std::int64_t> to) {
     switch (f.elem) {
