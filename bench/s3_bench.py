@@ -44,8 +44,9 @@ import sys
 import tempfile
 import time
 
-from webdataset_bench import (alternate, epochs_rate, make_data, run_webdataset_package,
-                              stoker_loader, stoker_webdataset, webdataset_loader)
+from webdataset_bench import (alternate, make_data, run_webdataset_package, stoker_loader,
+                              stoker_webdataset, webdataset_loader)
+from webdataset_bench import run_stoker as run_stoker_on
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
 from seaweed import BUCKET, KEY, SECRET, Server  # noqa: E402
@@ -59,10 +60,7 @@ def upload(server: Server, shards: list[pathlib.Path], prefix: str) -> list[str]
 
 def run_stoker(shards, epochs: int, **kw) -> dict:
     ds = stoker_webdataset(shards, **kw)
-    loader = stoker_loader(ds)
-    rate, first = epochs_rate(loader, epochs)
-    loader.close()
-    out = {"images_per_s": rate, "first_epoch_images_per_s": first}
+    out = run_stoker_on(ds, epochs)
     if any(str(s).startswith("s3://") for s in shards):
         out["object_storage"] = ds.object_storage()
     return out

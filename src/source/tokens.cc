@@ -452,17 +452,20 @@ void TokenCorpus::read_tokens(std::size_t doc, std::uint64_t offset, std::span<s
         return widen<std::uint64_t>(from, to);
     }
   };
-  convert(src, out);
-  if (more) convert(src + out.size() * es, std::span(next, 1));
-  if (c.vocab_size == 0) return;
-  const auto vocab = static_cast<std::int64_t>(c.vocab_size);
-  for (std::size_t i = 0; i < count; ++i) {
-    const std::int64_t token = i < out.size() ? out[i] : *next;
-    if (token < 0 || token >= vocab) {
-      fail(c.name(doc) + ": token " + std::to_string(offset + i) + " is " + std::to_string(token) +
-           ", outside the vocabulary of " + std::to_string(c.vocab_size));
+  // Widened, then each checked against the vocabulary (`first`: the first one's place).
+  auto take = [&](const std::byte* from, std::span<std::int64_t> to, std::uint64_t first) {
+    convert(from, to);
+    if (c.vocab_size == 0) return;
+    const auto vocab = static_cast<std::int64_t>(c.vocab_size);
+    for (std::size_t i = 0; i < to.size(); ++i) {
+      if (to[i] < 0 || to[i] >= vocab) {
+        fail(c.name(doc) + ": token " + std::to_string(first + i) + " is " + std::to_string(to[i]) +
+             ", outside the vocabulary of " + std::to_string(c.vocab_size));
+      }
     }
-  }
+  };
+  take(src, out, offset);
+  if (more) take(src + out.size() * es, std::span(next, 1), offset + out.size());
 }
 
 // ---- TokenRows ----------------------------------------------------------------------------
