@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "device/backend.h"
+#include "exec/engine.h"
 #include "sampler/sampler.h"
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/frontend/log.h"
@@ -353,10 +354,11 @@ class HintedDataset : public IndexDataset<> {
   mutable std::map<std::size_t, std::size_t> hints_at_first_read;
 };
 
-TEST(Loader, EachBatchIsHintedOnceAPrefetchDepthBeforeItOpens) {
+TEST(Loader, EachBatchIsHintedOnceFourPrefetchDepthsBeforeItOpens) {
   // A batch opens only when the workers run out of chunks: a data set that fetches over a
-  // network learns of a batch `depth` batches earlier, each batch once per epoch, in order.
-  const std::size_t batches = 10, depth = 3;
+  // network learns of a batch kHintLead * `depth` batches earlier, each batch once per epoch,
+  // in order.
+  const std::size_t batches = 30, depth = 3;
   auto ds = std::make_shared<HintedDataset>(batches * 4);
   auto o = loader_options(ds, 4, 2);
   o.depth = depth;
@@ -370,10 +372,12 @@ TEST(Loader, EachBatchIsHintedOnceAPrefetchDepthBeforeItOpens) {
   ASSERT_GE(ds->hints.size(), delivered.size());  // and the next epoch's first, maybe
   for (std::size_t k = 0; k < delivered.size(); ++k) EXPECT_EQ(ds->hints[k], delivered[k]) << k;
   // Epoch 0's batch b (but the first, whose samples may be read to learn the layout) was read
-  // only after batches up to b + depth - 1 were hinted.
+  // only after batches up to b + kHintLead * depth - 1 were hinted.
   for (std::size_t b = 1; b < batches; ++b) {
     for (std::size_t index : delivered[b]) {
-      EXPECT_GE(ds->hints_at_first_read.at(index), std::min(b + depth, batches)) << b;
+      EXPECT_GE(ds->hints_at_first_read.at(index),
+                std::min(b + detail::kHintLead * depth, batches))
+          << b;
     }
   }
 }

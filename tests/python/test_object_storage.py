@@ -203,9 +203,11 @@ def test_without_a_cache_each_read_is_a_range_and_faults_lose_or_repeat_no_sampl
     assert_same_samples(got, want)
     counts = env.counts()
     assert counts["GET"] >= N_SHARDS * PER_SHARD  # one range GET per sample, and the retries
-    # Retried by the store (libcurl itself resends a request whose reused connection was reset
-    # before any answer, which the store does not see).
-    assert ds.object_storage()["retries"] >= counts["GET"] // 20 - 2
+    # Retried by the store: at least half the faults. libcurl itself resends a request whose
+    # reused connection was dropped or reset before any answer (two kinds in six), which the
+    # store does not see, and a fault may hit a GET fetched ahead for the next epoch that the
+    # loader's end abandons before its retry.
+    assert ds.object_storage()["retries"] >= counts["GET"] // 20 // 2
 
 
 def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
