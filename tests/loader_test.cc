@@ -375,8 +375,7 @@ TEST(Loader, EachBatchIsHintedOnceFourPrefetchDepthsBeforeItOpens) {
   // only after batches up to b + kHintLead * depth - 1 were hinted.
   for (std::size_t b = 1; b < batches; ++b) {
     for (std::size_t index : delivered[b]) {
-      EXPECT_GE(ds->hints_at_first_read.at(index),
-                std::min(b + detail::kHintLead * depth, batches))
+      EXPECT_GE(ds->hints_at_first_read.at(index), std::min(b + detail::kHintLead * depth, batches))
           << b;
     }
   }

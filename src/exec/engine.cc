@@ -787,8 +787,8 @@ void Engine::hint_ahead() {
     hinted_resumes_ = resumes_;
     hinted_through_ = 0;
   }
-  const std::size_t end = std::min(batches_of(open_epoch_),
-                                   open_batch_ + std::max<std::size_t>(depth_, 1) * kHintLead);
+  const std::size_t end =
+      std::min(batches_of(open_epoch_), open_batch_ + std::max<std::size_t>(depth_, 1) * kHintLead);
   // A hint: fetches start before the reads. A batch the data set had no room for (what it may
   // fetch ahead is full until reads take some) is hinted again as the next batch opens.
   for (std::size_t b = std::max(hinted_through_, open_batch_); b < end; ++b) {
