@@ -28,6 +28,8 @@ Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 c
             collate_fn (the batch path; memory-bound), 2048 samples, batch 64
   short     the short cheap stream of issue 46: 4096 small tensors (~2 us a sample), batch 32,
             128 batches an epoch (the kind a user writes to test a pipeline)
+  fetch     a stream sharded by get_worker_info() whose samples each wait 200 us (a fetch:
+            a sleep, the GIL released) and then cost 5 us of Python, 2048 samples, batch 32
   streams   streams of small tensors sharded by get_worker_info(), each sample spinning on the
             clock for `--costs` microseconds (Python work that holds the GIL), sized for an
             epoch of each of `--epoch-s` seconds in-line, batch 32: one row per pair
@@ -128,6 +130,26 @@ class Workload:
         self.torch_dataset = torch_dataset  # the native workloads' torch equivalent
 
 
+class FetchStream(tud.IterableDataset):
+    """`samples` small tensors, each waiting `wait_us` microseconds (a fetch: a sleep, the GIL
+    released) and then costing `cost_us` of Python work, each worker reading its share."""
+
+    def __init__(self, samples: int, wait_us: float, cost_us: float) -> None:
+        self.samples, self.wait_us, self.cost_us = samples, wait_us, cost_us
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        base = torch.arange(32, dtype=torch.float32)
+        wait, cost, clock = self.wait_us * 1e-6, self.cost_us * 1e-6, time.perf_counter
+        for i in range(first, self.samples, step):
+            time.sleep(wait)
+            end = clock() + cost
+            while clock() < end:
+                pass
+            yield base * i, i
+
+
 def workloads(names, smoke, costs=(), epoch_s=(), seed=None, draws=0):
     scale = 8 if smoke else 1
     out = {}
@@ -149,6 +171,9 @@ def workloads(names, smoke, costs=(), epoch_s=(), seed=None, draws=0):
                 e = round(math.exp(rng.uniform(math.log(0.01), math.log(10))), 3)
                 w = cost_stream(c, e, rng.choice((16, 32, 64, 128, 256)), smoke)
                 out[w.name] = w
+        elif name == "fetch":
+            n = 2048 // scale
+            out[name] = Workload(name, FetchStream(n, 200, 5), 32, n, loader_args={})
         elif name == "index":
             n = 2048 // scale
             out[name] = Workload(name, Index(n), 64, n,
@@ -392,8 +417,8 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
 
 def main() -> None:
     names = ["stream", "padding", "gil", "sleep", "cheap", "tvfolder", "tvjitter", "tiny",
-             "jpeg", "index", "short", "streams", "drawn"]
-    default = names[:10] + ["short", "streams"]
+             "jpeg", "index", "short", "fetch", "streams", "drawn"]
+    default = names[:12] + ["streams"]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workload", nargs="+", default=default, choices=names)
     p.add_argument("--costs", nargs="+", type=float, default=[1, 10, 100],

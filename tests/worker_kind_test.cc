@@ -368,6 +368,45 @@ TEST(StreamWorkers, OneCoreStaysInLineEvenForAShardedStream) {
   EXPECT_TRUE(contains(c.reason, "fewer than 2 cores"));
 }
 
+TEST(StreamThreads, AStreamWhoseReadsWaitGetsWorkerThreadsThatOverlapTheWaits) {
+  // 32 samples a batch, each a 250 us wait (a fetch) and 10 us of Python: 8 ms a batch, 0.3 ms
+  // of it on the CPU. Eight threads overlap the waits until the GIL-held 0.4 ms (the reads' CPU
+  // and the loop's step) and the hand-over bound it; two processes on 2 cores halve it.
+  const StreamCosts fetch{.read = 8e-3, .step = 0.1e-3, .pack = 0.03e-3, .unpack = 0.02e-3};
+  auto t = choose_stream_threads(fetch, 7.7e-3, 2, true);
+  EXPECT_EQ(t.threads, 8u);
+  EXPECT_NEAR(t.seconds, 1e-3 + kThreadHandover, 1e-12);
+  EXPECT_TRUE(contains(t.reason, "auto: 8 worker threads from the next epoch"));
+  EXPECT_TRUE(contains(t.reason, "2 worker processes: 4.075 ms, and they take starting"));
+  // One core: no process would help (choose_stream_workers stays in-line), threads still do.
+  t = choose_stream_threads(fetch, 7.7e-3, 1, true);
+  EXPECT_EQ(t.threads, 8u);
+  // Not sharded: one thread, which overlaps only the 0.1 ms step: under kStreamGain.
+  t = choose_stream_threads(fetch, 7.7e-3, 2, false);
+  EXPECT_EQ(t.threads, 0u);
+  EXPECT_TRUE(contains(t.reason, "threads would save under 10% of the in-line time"));
+}
+
+TEST(StreamThreads, AStreamThatNeverWaitsGetsNoThreads) {
+  // All of the read on the CPU, holding the GIL: threads overlap nothing, whatever the step.
+  const StreamCosts cpu{.read = 4e-3, .step = 4e-3, .pack = 0.1e-3, .unpack = 0.1e-3};
+  EXPECT_EQ(choose_stream_threads(cpu, 0, 2, true).threads, 0u);
+  EXPECT_EQ(choose_stream_threads(cpu, 0, 8, true).threads, 0u);
+  // A wait longer than the read (clock noise) counts as the whole read: one thread overlaps
+  // it with the step, and more would wait on the step.
+  EXPECT_EQ(choose_stream_threads(cpu, 9e-3, 2, true).threads, 1u);
+}
+
+TEST(StreamThreads, ThreadsGiveWayToWorkerProcessesTheModelPutsFaster) {
+  // Half the read waits, half computes: on 8 cores, 8 processes spread the computing too
+  // (0.52 ms a batch); threads stop at the GIL-held 2.1 ms.
+  const StreamCosts half{.read = 4e-3, .step = 0.1e-3, .pack = 0.03e-3, .unpack = 0.02e-3};
+  const auto t = choose_stream_threads(half, 2e-3, 8, true);
+  EXPECT_EQ(t.threads, 0u);
+  EXPECT_TRUE(contains(t.reason, "8 worker processes (0.519 ms a batch) beat threads"));
+  EXPECT_EQ(choose_stream_workers(half, 8, true).workers, 8u);
+}
+
 // A window of `batches` delivered `seconds` apart, `jitter` less in one block of
 // kWindowBlock, more in the next, and so on.
 Window steady(std::size_t batches, double seconds, double jitter = 0) {

@@ -544,6 +544,18 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("cores"),
       py::arg("shards"),
       "A stream on auto, from epoch 1 read in-line: (workers from epoch 2, the reason).");
+  m.def(
+      "choose_stream_threads",
+      [](double read, double step, double pack, double unpack, double read_wait, std::size_t cores,
+         bool shards) {
+        const auto t = detail::choose_stream_threads(
+            {.read = read, .step = step, .pack = pack, .unpack = unpack}, read_wait, cores, shards);
+        return py::make_tuple(t.threads, t.reason);
+      },
+      py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("read_wait"),
+      py::arg("cores"), py::arg("shards"),
+      "A stream on auto whose reads wait, from epoch 1 read in-line: (worker threads from "
+      "epoch 2, 0 for none; the reason).");
   m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
   m.def(
       "stream_worth_starting",

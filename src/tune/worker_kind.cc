@@ -106,6 +106,49 @@ StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool
   return out;
 }
 
+StreamThreads choose_stream_threads(const StreamCosts& c, double read_wait, std::size_t cores,
+                                    bool shards) {
+  const double wait = std::clamp(read_wait, 0.0, c.read);
+  const auto on_threads = [&](std::size_t w) {
+    return std::max(c.read - wait + c.step, c.read / static_cast<double>(w)) + kThreadHandover;
+  };
+  const std::size_t most = shards ? kStreamMostThreads : 1;
+  std::size_t threads = 1;
+  while (on_threads(threads) > (1 + kStreamGain) * on_threads(most)) ++threads;
+  StreamThreads out;
+  out.seconds = on_threads(threads);
+  const double inline_s = stream_inline_seconds(c);
+  const StreamChoice processes = choose_stream_workers(c, cores, shards);
+  const std::string measured = format(
+      "read in-line, a batch took %.3f ms to read, %.3f ms of it off the CPU, and the training "
+      "loop spent %.3f ms between batches: %.3f ms a batch in-line against %.3f ms on %zu "
+      "thread%s",
+      1e3 * c.read, 1e3 * wait, 1e3 * c.step, 1e3 * inline_s, 1e3 * out.seconds, threads,
+      threads == 1 ? "" : "s");
+  if (out.seconds > (1 - kStreamGain) * inline_s) {
+    out.reason = "threads would save under " + format("%.0f%%", 100 * kStreamGain) +
+                 " of the in-line time (" + measured + ")";
+    return out;
+  }
+  if (processes.workers > 0 && out.seconds > (1 + kStreamGain) * processes.worker_s) {
+    out.reason = format("%zu worker process%s (%.3f ms a batch) beat threads (", processes.workers,
+                        processes.workers == 1 ? "" : "es", 1e3 * processes.worker_s) +
+                 measured + ")";
+    return out;
+  }
+  out.threads = threads;
+  out.reason = format("auto: %zu worker thread%s from the next epoch (", threads,
+                      threads == 1 ? "" : "s") +
+               measured +
+               (processes.workers > 0
+                    ? format("; %zu worker process%s: %.3f ms, and they take starting",
+                             processes.workers, processes.workers == 1 ? "" : "es",
+                             1e3 * processes.worker_s)
+                    : std::string()) +
+               (shards ? "" : "; it never asked get_worker_info(): one thread at most") + ")";
+  return out;
+}
+
 StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::size_t cores,
                             double batches_per_epoch, std::size_t epochs, double start_s) {
   const double per_epoch =

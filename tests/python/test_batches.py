@@ -214,7 +214,7 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
     loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
     loader.trace(str(tmp_path / "trace.json"))
     assert (loader.num_workers, loader.stats()["worker_type_reason"]) == (
-        0, "auto: epoch 1 read in-line and measured, to choose in-line or processes")
+        0, "auto: epoch 1 read in-line and measured, to choose in-line, threads or processes")
     whole = list(range(40))
     # Two workers: worker 0's batches [0, 2], [4, 6], ... in turn with worker 1's [1, 3], ...
     turns = [x for b in range(0, 40, 4) for x in (b, b + 2, b + 1, b + 3)]
@@ -230,8 +230,8 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
     assert asked[0][5] is True
     # With processes, the reason goes on with the start's cost against the saving.
     reason = loader.stats()["worker_type_reason"]
-    assert reason == f"auto: chose {workers} (forced)" + (
-        reason[len("auto: chose 1 (forced)"):] if workers else "")
+    assert reason.startswith(f"auto: chose {workers} (forced)")
+    assert ("threads would save under 10% of the in-line time" in reason) == (workers == 0)
     assert not workers or "and starting them costs about 0 ms" in reason
     report = loader.report()
     assert report["readers"] == (f"{workers} process worker(s)" if workers else "read in-line")
@@ -241,6 +241,34 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
 
     names = [e["name"] for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
     assert f"workers: {reason}" in names
+
+
+class _Fetching(torch.utils.data.IterableDataset):
+    """A stream that takes its worker's share and waits 2 ms for each sample (a fetch)."""
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, k = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(w, 40, k):
+            time.sleep(0.002)
+            yield np.full(2, i, dtype=np.int64)
+
+
+def test_a_stream_whose_reads_wait_moves_to_worker_threads_on_auto_and_keeps_them():
+    # choose_stream_threads (tests/worker_kind_test.cc) on real timings: epoch 1 in-line, its
+    # reads almost all off the CPU; then threads, at once (nothing to start), each overlapping
+    # its share's waits; checked like a move to processes, and kept.
+    loader = stoker.DataLoader(_Fetching(), batch_size=2)
+    assert sorted(x for b in loader for x in b[:, 0].tolist()) == list(range(40))
+    assert loader.num_workers == 0
+    for _ in range(6):
+        assert sorted(x for b in loader for x in b[:, 0].tolist()) == list(range(40))
+    reason = loader.stats()["worker_type_reason"]
+    assert loader.worker_type == "thread" and loader.num_workers == 8, reason
+    assert "auto: kept 8 worker threads: 8 worker threads delivered a batch every" in reason
+    assert "auto: 8 worker threads from the next epoch (read in-line, a batch took" in reason
+    assert loader.stats()["worker_pids"] == []
+    loader.close()
 
 
 class _NeverAsks(torch.utils.data.IterableDataset):

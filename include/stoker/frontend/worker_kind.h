@@ -167,6 +167,26 @@ std::pair<std::size_t, std::string> processes_to_keep(const StreamCosts& costs, 
 // asked get_worker_info() (so up to `cores` workers, else 1).
 StreamChoice choose_stream_workers(const StreamCosts& costs, std::size_t cores, bool shards);
 
+// Worker threads for a stream whose reads wait (a fetch over the network, a file's read, a
+// sleep: the reading thread off the CPU for `read_wait` of a batch's `read`). Threads start at
+// once (no process to spawn: nothing for worth_starting to win back) and hand a batch over by a
+// queue (no copy), but share the GIL: taken as held for all of a read's CPU time and all of the
+// loop's step, a batch on w threads costs max(read - read_wait + step, read / w) plus
+// kThreadHandover; a stream that never waits gains nothing from them. The fewest threads within
+// kStreamGain of kStreamMostThreads (one when the stream does not shard itself) are taken
+// where they save kStreamGain of the in-line time and come within kStreamGain of the worker
+// processes' model (choose_stream_workers), which they then replace; checked after the switch
+// as processes are (check_switch).
+inline constexpr std::size_t kStreamMostThreads = 8;
+inline constexpr double kThreadHandover = 20e-6;
+struct StreamThreads {
+  std::size_t threads = 0;  // 0: not threads (choose_stream_workers decides)
+  double seconds = 0;       // the model's seconds a batch on them
+  std::string reason;       // "auto: 4 worker threads from the next epoch (...)" or why not
+};
+StreamThreads choose_stream_threads(const StreamCosts& costs, double read_wait, std::size_t cores,
+                                    bool shards);
+
 // Starting worker processes is paid once (spawning them, importing the stream's modules,
 // unpickling it, its first iter()): a short run does not win it back. Auto starts them only
 // when the saving the model predicts, over the epochs read in-line so far, reaches that cost

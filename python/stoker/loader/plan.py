@@ -332,16 +332,17 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
     workers = 1 if num_workers == "auto" else int(num_workers)
     if worker_type == "process" and workers == 0:
         raise ValueError("worker_type='process' needs num_workers >= 1")
-    # Both auto: epoch 1 is read in-line and measured, and worker processes read from epoch 2
-    # on where they would save time (choose_stream_workers, src/tune/worker_kind.h): one, or
-    # one per core for a stream that asked get_worker_info() as it began (it shards itself).
+    # Both auto: epoch 1 is read in-line and measured, and from epoch 2 on worker threads read
+    # a stream whose reads wait (choose_stream_threads, src/tune/worker_kind.h), or worker
+    # processes where they would save time (choose_stream_workers): one, or one per core for a
+    # stream that asked get_worker_info() as it began (it shards itself).
     measure = num_workers == "auto" and worker_type == "auto"
     # auto: processes, as torch's workers: each iterates its own copy of the data set with its
     # own globals and seeded generators, and a stream's Python code (parsing, tokenizing) runs
     # on every core. Threads (asked for) suit streams that wait on I/O.
     if measure:
         workers, chosen = 0, "thread"
-        reason = "auto: epoch 1 read in-line and measured, to choose in-line or processes"
+        reason = "auto: epoch 1 read in-line and measured, to choose in-line, threads or processes"
     elif worker_type == "auto":
         chosen = "process" if workers > 0 else "thread"
         reason = ("auto: a stream is read by worker processes, each iterating its own copy, "

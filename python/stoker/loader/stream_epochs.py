@@ -369,6 +369,11 @@ class Streams:
         the base seed."""
         self._workers, self._processes = workers, processes
 
+    def use_threads(self, workers: int) -> None:
+        """From the next start() on, `workers` worker threads read (worker_type='auto' chose
+        them for a stream whose reads wait, after epochs read in-line)."""
+        self._workers, self._processes = workers, None
+
     def use_inline(self) -> None:
         """From the next start() on, read in-line again (worker_type='auto' measured the worker
         processes slower than in-line, stream_pipeline.py): the processes end now, between

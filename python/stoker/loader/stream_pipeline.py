@@ -87,13 +87,14 @@ class StreamPipeline(Pipeline):
 
     def next(self, timeout: float):
         asked = time.perf_counter()
+        cpu = time.thread_time() if self._choice is not None else 0.0
         batch = self._streams.next(timeout)
         if batch is not EPOCH_END:
             got = time.perf_counter()
             self._timing.batch(asked, got, self._trace)
             self._memory.batch(batch)
             if self._choice is not None:
-                self._choice.batch(asked, got, batch)
+                self._choice.batch(asked, got, batch, time.thread_time() - cpu)
             elif self._check is not None:
                 self._check.delivered.batch(asked, got)
         elif self._choice is not None:
@@ -104,25 +105,33 @@ class StreamPipeline(Pipeline):
 
     def _choose(self) -> None:
         """Between epochs, once epoch 1 (and more, if short) was measured in-line: in-line on,
-        or worker processes from now on (one, or more for a stream that takes its worker's
-        share), once the epochs read in-line lost by the model what starting them costs (else
-        in-line for the next epoch, and asked again after it)."""
+        worker threads from now on for a stream whose reads wait (they start at once), or
+        worker processes (one, or more for a stream that takes its worker's share) once the
+        epochs read in-line lost by the model what starting them costs (else in-line for the
+        next epoch, and asked again after it)."""
         decision = self._choice.decide()
         if decision is None:
             return
-        workers, reason, start = decision
+        kind, workers, reason, start = decision
         self.worker_type_reason = reason
         if not start:
             return
         self._decided()
-        if workers:
+        before = self._choice.delivered.window
+        if kind == "process":
             make = self._choice.make
             self._streams.use_processes(lambda seed: make(seed, workers), workers)
             self._memory.set_workers(workers, True)
             self.worker_type, self.num_workers = "process", workers
-            self._check = _Check(self._choice.delivered.window, "in-line",
+            self._check = _Check(before, "in-line",
                                  f"{workers} worker process{'es' if workers > 1 else ''}",
                                  self._choice.costs, workers)
+        elif kind == "thread":
+            self._streams.use_threads(workers)
+            self._memory.set_workers(workers, False)
+            self.worker_type, self.num_workers = "thread", workers
+            self._check = _Check(before, "in-line",
+                                 f"{workers} worker thread{'s' if workers > 1 else ''}")
         self._choice = None
 
     def _check_switch(self) -> None:
@@ -249,18 +258,26 @@ class _Choice:
         # In-line's first epochs (to Window.longest), for the check after a switch.
         self.delivered = Delivered(bounded=True)
         self._batches = 0
-        self._read = self._step = 0.0
+        self._read = self._step = self._read_cpu = 0.0
+        # The loop's thread's time runnable but off a CPU (ns) as the measured batches began:
+        # a preempted read is not a read that waits.
+        self._delay0: Optional[int] = None
         self._handover: Optional[tuple[float, float]] = None
         self._got: Optional[float] = None  # when the last batch of this epoch was handed out
         self._shards = False  # the stream asked get_worker_info() as an epoch began
         self._unpicklable = ""  # why its batches could not go to a worker process
         self.costs: Optional[tuple] = None  # per batch: read, step, pack, unpack (decide)
 
-    def batch(self, asked: float, got: float, batch) -> None:
+    def batch(self, asked: float, got: float, batch, cpu: float) -> None:
+        """A batch read in-line: asked for at `asked`, got at `got`, `cpu` seconds of the
+        loop's thread's CPU time in between (the rest of the read waited: I/O, sleeps)."""
         self.delivered.batch(asked, got)
+        if self._delay0 is None:
+            self._delay0 = _run_delay_ns()
         if self._got is not None:  # not the epoch's first: its time includes the start
             self._batches += 1
             self._read += got - asked
+            self._read_cpu += cpu
             self._step += asked - self._got
             if self._handover is None:
                 self._handover, self._unpicklable = handover(batch)
@@ -273,25 +290,47 @@ class _Choice:
         self._shards = self._shards or asked_worker_info
         self.delivered.epoch_end()
 
-    def decide(self) -> Optional[tuple[int, str, bool]]:
-        """None while measuring, else (workers, the reason, whether to switch now)."""
+    def decide(self) -> Optional[tuple[str, int, str, bool]]:
+        """None while measuring, else ('inline' | 'thread' | 'process', workers, the reason,
+        whether to switch now)."""
         if self._batches < _stoker.STREAM_MIN_BATCHES or self._handover is None:
             return None
-        if self._unpicklable:
-            return 0, f"auto: in-line ({self._unpicklable})", True
         n = self._batches
         costs = self.costs = (self._read / n, self._step / n, *self._handover)
         cores = cpu_share()
+        # The reads' time off the CPU, less all the time the loop's thread was runnable and
+        # not running meanwhile (a busy machine's preemption; none known: no waits).
+        now = _run_delay_ns()
+        waits = 0.0
+        if now is not None and self._delay0 is not None:
+            waits = max(0.0, self._read - self._read_cpu - (now - self._delay0) / 1e9)
+        # Threads need no pickling: a stream whose batches cannot go to a process may use them.
+        threads, why_threads = _stoker.choose_stream_threads(
+            *costs, waits / n, cores, self._shards)
+        if threads:
+            return "thread", threads, why_threads, True
+        if self._unpicklable:
+            return "inline", 0, f"auto: in-line ({self._unpicklable}; {why_threads})", True
         workers, reason = _stoker.choose_stream_workers(*costs, cores, self._shards)
         if not workers:
-            return 0, reason, True
+            return "inline", 0, f"{reason}; {why_threads}", True
         d = self.delivered
         start, why = _stoker.stream_worth_starting(
             *costs, workers, cores, d.batches / max(d.epochs, 1), d.epochs,
             _stoker.PROCESS_START_SECONDS)
         if not start:
-            return 0, f"auto: in-line for now ({why}); the model: {reason}", False
-        return workers, f"{reason}; {why}", True
+            return "inline", 0, f"auto: in-line for now ({why}); the model: {reason}", False
+        return "process", workers, f"{reason}; {why}", True
+
+
+def _run_delay_ns() -> Optional[int]:
+    """The calling thread's time runnable but waiting for a CPU, ns (Linux's schedstat), or
+    None where there is no such file."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class _Check:
