@@ -147,6 +147,8 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
       evidence.cache_bytes = layout.cache_bytes;
       evidence.cache = layout.cache;
       evidence.cache_option = layout.cache_option;
+      evidence.ahead_apart = layout.ahead_apart;
+      evidence.sharded = options.shard.world_size > 1;
     }
     detail::ShuffleChoice choice = detail::choose_shuffle(evidence);
     if (choice.window > 0) {

@@ -225,6 +225,23 @@ TEST(ShuffleChoice, SamplesReadAheadShrinkTheWindowAndACacheTheyFillLeavesOne) {
   EXPECT_NE(c.reason.find("would give a window of 512"), std::string::npos) << c.reason;
 }
 
+TEST(ShuffleChoice, SamplesReadAheadIntoAShareOfTheirOwnLeaveOneRanksWindowHalfTheCache) {
+  // An object cache holds the fetches ahead to its other half until read (RemoteFiles):
+  // however deep one loader reads ahead, the window keeps its half.
+  ShuffleEvidence e = evidence(10'000'000'000, 1'000'000'000, 10'000);  // 1 MB blocks
+  e.lookahead_samples = 6'000;
+  e.ahead_apart = true;
+  const auto c = choose_shuffle(e);
+  EXPECT_EQ(c.window, 500u);
+  EXPECT_EQ(c.reason.find("would give"), std::string::npos) << c.reason;
+  // Ranks read at their own pace: theirs still count, for the spread between them.
+  e.lookahead_samples = 500;
+  e.sharded = true;
+  EXPECT_EQ(choose_shuffle(e).window, 450u);
+  e.node_ranks = 4;
+  EXPECT_EQ(choose_shuffle(e).window, 300u);
+}
+
 TEST(ShuffleChoice, TheNodesRanksReadingAheadThroughOneCacheShrinkTheWindowTogether) {
   ShuffleEvidence e = evidence(10'000'000'000, 1'000'000'000, 10'000);  // 1 MB blocks
   e.lookahead_samples = 500;  // of 100 kB: 50 blocks' bytes a rank

@@ -170,6 +170,10 @@ class Dataset {
     std::shared_ptr<const StorageBlocks> blocks;
     std::uint64_t cache_bytes = 0;
     bool read_whole = false;
+    // What the data set fetches ahead of its reads (Dataset::will_read) is held to a share of
+    // the cache of its own, counted until a read takes it (an object cache: half of it over
+    // the node's ranks), so the samples read ahead take no room from the window's share.
+    bool ahead_apart = false;
     // The cache's name and the option that sizes it, for the choice's explanation.
     const char* cache = "object cache";
     const char* cache_option = "object_cache_bytes";

@@ -822,6 +822,7 @@ Dataset::StorageLayout WebDataset::storage_layout() const {
   layout.blocks = impl_->blocks;
   layout.cache_bytes = impl_->object_cache_bytes;
   layout.read_whole = impl_->remote();
+  layout.ahead_apart = static_cast<bool>(impl_->remote_files);  // RemoteFiles::room_ahead
   return layout;
 }
 

@@ -32,6 +32,11 @@ struct ShuffleEvidence {
   // when the order is sharded): their positions interleave, so each one's samples read ahead
   // are in the cache beside the others'.
   std::size_t node_ranks = 1;
+  // The data set holds what it fetches ahead to a share of the cache of its own
+  // (Dataset::StorageLayout::ahead_apart): the samples read ahead are not the window's, unless
+  // the order is `sharded` over ranks (they count then, for the spread between the ranks).
+  bool ahead_apart = false;
+  bool sharded = false;
   // The cache's name and its option (Dataset::StorageLayout), for the explanation.
   const char* cache = "object cache";
   const char* cache_option = "object_cache_bytes";
@@ -73,7 +78,8 @@ std::uint64_t storage_block_bytes(std::uint64_t cache_bytes);
 // fetched once in any order), else a window of as many blocks as half the cache holds beside
 // the bytes of the samples read ahead (about a block enters the window every block's worth of
 // samples, so the samples read ahead bring about their own bytes in new blocks; the node's
-// ranks' samples read ahead, when they share the cache, count each). Asked for:
+// ranks' samples read ahead, when they share the cache, count each; for an order not sharded,
+// none where the data set holds its fetches ahead to a share of their own). Asked for:
 // `global` always; `window` with a window of what half the cache holds (all blocks when that is
 // more). Throws std::invalid_argument for `window` asked of a data set that has no storage blocks
 // or no object cache, naming what to change.
