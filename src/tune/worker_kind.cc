@@ -137,15 +137,14 @@ StreamThreads choose_stream_threads(const StreamCosts& c, double read_wait, std:
     return out;
   }
   out.threads = threads;
-  out.reason = format("auto: %zu worker thread%s from the next epoch (", threads,
-                      threads == 1 ? "" : "s") +
-               measured +
-               (processes.workers > 0
-                    ? format("; %zu worker process%s: %.3f ms, and they take starting",
-                             processes.workers, processes.workers == 1 ? "" : "es",
-                             1e3 * processes.worker_s)
-                    : std::string()) +
-               (shards ? "" : "; it never asked get_worker_info(): one thread at most") + ")";
+  out.reason =
+      format("auto: %zu worker thread%s from the next epoch (", threads, threads == 1 ? "" : "s") +
+      measured +
+      (processes.workers > 0
+           ? format("; %zu worker process%s: %.3f ms, and they take starting", processes.workers,
+                    processes.workers == 1 ? "" : "es", 1e3 * processes.worker_s)
+           : std::string()) +
+      (shards ? "" : "; it never asked get_worker_info(): one thread at most") + ")";
   return out;
 }
 
