@@ -41,7 +41,7 @@ void index_and_read(const std::vector<std::uint8_t>& tar) {
     stoker::WebDatasetOptions o;
     o.shards = {file.path()};
     o.fields = {"cls", "npy"};
-    o.index_cache = false;
+    o.storage.index_cache = false;
     stoker::WebDataset d(o);
     const auto fields = d.fields();
     std::vector<std::vector<std::byte>> out;

@@ -27,7 +27,7 @@ void read_clips(const std::string& path, int stride, double fps,
     o.clips_per_video = 2;
     o.height = 8;
     o.width = 12;
-    o.index_cache = false;
+    o.storage.index_cache = false;
     o.index_threads = 1;
     stoker::VideoClips d(o);
     const auto fields = d.fields();

@@ -182,7 +182,7 @@ VideoClipsOptions small(std::vector<std::string> paths, const fs::path& cache) {
   o.frames = 8;
   o.height = 24;
   o.width = 40;
-  o.index_cache_dir = cache.string();
+  o.storage.index_cache_dir = cache.string();
   return o;
 }
 

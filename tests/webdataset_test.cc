@@ -233,7 +233,7 @@ WebDatasetOptions options(const fs::path& dir, std::vector<std::string> fields) 
   o.shards = {dir.string()};
   o.fields = std::move(fields);
   o.transform = ImageTransform::val(32, 32);
-  o.index_cache_dir = (dir / "index-cache").string();
+  o.storage.index_cache_dir = (dir / "index-cache").string();
   return o;
 }
 
@@ -334,7 +334,7 @@ TEST(WebDataset, IndexIsCachedByPathSizeAndMtime) {
   // A cache that cannot be written does not fail the load.
   auto o = options(dir.path(), {"cls"});
   write(dir / "not-a-dir", "x");
-  o.index_cache_dir = (dir / "not-a-dir" / "cache").string();
+  o.storage.index_cache_dir = (dir / "not-a-dir" / "cache").string();
   WebDataset d(o);
   EXPECT_EQ(d.size(), 3u);
 }

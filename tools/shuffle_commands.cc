@@ -18,7 +18,7 @@ struct ShuffleArgs {
   std::vector<std::string> webdataset;
   std::vector<std::string> fields = WebDatasetOptions{}.fields;
   std::string object_cache;
-  std::uint64_t object_cache_bytes = WebDatasetOptions{}.object_cache_bytes;
+  std::uint64_t object_cache_bytes = ObjectStorageOptions{}.object_cache_bytes;
   std::string shuffle = "auto";
   std::string labels;  // an integer field to read labels from
   detail::ShuffleReportOptions report;
@@ -29,7 +29,7 @@ struct ShuffleArgs {
 // each a range GET of its own bytes, fetched ahead a batch at a time).
 std::vector<std::int64_t> read_labels(WebDatasetOptions o, const std::string& field) {
   o.fields = {field};
-  o.object_cache_bytes = 0;
+  o.storage.object_cache_bytes = 0;
   const WebDataset ds(o);
   if (ds.fields().at(0).dtype != DType::i64 || ds.fields()[0].elements() != 1) {
     throw std::invalid_argument("--labels " + field + ": not an integer field (cls, id, ...)");
@@ -101,8 +101,8 @@ std::function<int()> add_shuffle_commands(CLI::App& app) {
     WebDatasetOptions o;
     o.shards = args->webdataset;
     o.fields = args->fields;
-    o.object_cache_dir = args->object_cache;
-    o.object_cache_bytes = args->object_cache_bytes;
+    o.storage.object_cache_dir = args->object_cache;
+    o.storage.object_cache_bytes = args->object_cache_bytes;
     const WebDataset ds(o);
     auto& r = args->report;
     r.asked = args->shuffle == "global"   ? ShuffleMode::global

@@ -18,7 +18,10 @@ struct ObjectVersion {
   std::string etag;
 };
 
-// Where a data set over URLs keeps what it fetched (the same settings as WebDatasetOptions').
+// Where a data set keeps what it read once and, over URLs, what it fetched: the options of
+// every data set over object storage (WebDatasetOptions::storage, ParquetOptions::storage,
+// VideoClipsOptions::storage; the record packs', image folders' and token corpora's
+// `remote`/`storage` argument).
 struct ObjectStorageOptions {
   // The chunks read from object storage, and the cache's byte cap (least recently used out; 0:
   // no cache, every read fetches its range). "" is $STOKER_CACHE_DIR/objects, else
@@ -28,8 +31,9 @@ struct ObjectStorageOptions {
   // Where what is read once per node is kept: a record shard's header and index (keyed by URL,
   // size and ETag), the listings shared by the ranks of a torchrun job, the lock files by which
   // the processes of a node take turns. "" is $STOKER_CACHE_DIR/indexes, else
-  // $XDG_CACHE_HOME/stoker/indexes, else ~/.cache/stoker/indexes. `index_cache` false: none
-  // (each process lists and reads the indexes itself).
+  // $XDG_CACHE_HOME/stoker/indexes, else ~/.cache/stoker/indexes (a WebDataset's: .../webdataset,
+  // VideoClips': .../video). `index_cache` false: none (each process lists and reads the
+  // indexes itself).
   std::string index_cache_dir;
   bool index_cache = true;
   // What another process resolved the same URL to (its source's objects()), taken as it is,

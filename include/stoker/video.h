@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "stoker/dataset.h"
+#include "stoker/object_storage.h"
 
 namespace stoker {
 
@@ -55,17 +56,12 @@ struct VideoClipsOptions {
   int width = 224;
   bool center_crop = false;
 
-  // The index cache: "" the default place ($STOKER_CACHE_DIR/video, else
-  // $XDG_CACHE_HOME/stoker/video, else ~/.cache/stoker/video); index_cache false: none.
-  std::string index_cache_dir;
-  bool index_cache = true;
   int index_threads = 0;  // threads that index the files at construction; 0: one per core
 
-  // URLs: where the chunks read from object storage are kept, and the cache's byte cap ("" is
-  // $STOKER_CACHE_DIR/objects, else $XDG_CACHE_HOME/stoker/objects, else ~/.cache/stoker/
-  // objects; 0: no cache, every read fetches its range).
-  std::string object_cache_dir;
-  std::uint64_t object_cache_bytes = 10ull << 30;
+  // The index cache (storage.index_cache_dir: "" the default place, $STOKER_CACHE_DIR/video,
+  // else $XDG_CACHE_HOME/stoker/video, else ~/.cache/stoker/video; storage.index_cache false:
+  // none) and, for URLs, the object cache (storage.object_cache_dir, object_cache_bytes).
+  ObjectStorageOptions storage;
 };
 
 // Fields: "clip" (u8 [frames, 3, height, width]), "label" (i64) and "start_pts" (f64: the

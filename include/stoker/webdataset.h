@@ -37,21 +37,13 @@ struct WebDatasetOptions {
   std::uint64_t max_pixels = kDefaultMaxPixels;
   // Keeps up to this many bytes of the samples' encoded bytes in RAM (cache_in_ram).
   std::size_t cache_bytes = 0;
-  // Where shard indexes are cached: "" is $STOKER_CACHE_DIR, else $XDG_CACHE_HOME/stoker, else
-  // ~/.cache/stoker (each in a "webdataset" subfolder). A cache that cannot be written is
-  // ignored.
-  std::string index_cache_dir;
-  bool index_cache = true;
-  // URL shards: where the chunks read from object storage are kept, and the cache's byte cap
-  // (least recently used out; 0: no cache, every read fetches its range). "" is
-  // $STOKER_CACHE_DIR/objects, else $XDG_CACHE_HOME/stoker/objects, else
-  // ~/.cache/stoker/objects.
-  std::string object_cache_dir;
-  std::uint64_t object_cache_bytes = 10ull << 30;
-  // URL shards already resolved (another process's WebDataset::objects()): a shard named by
-  // one of these URLs is taken as it is, with no request to find it (worker processes made from
-  // a pickled data set do not list the bucket again).
-  std::vector<ObjectVersion> known_objects;
+  // Where shard indexes are cached (storage.index_cache_dir: "" is $STOKER_CACHE_DIR, else
+  // $XDG_CACHE_HOME/stoker, else ~/.cache/stoker, each in a "webdataset" subfolder; a cache
+  // that cannot be written is ignored; storage.index_cache false: none); for URL shards, the
+  // object cache (storage.object_cache_dir, object_cache_bytes) and the shards already resolved
+  // (storage.known_objects: another process's WebDataset::objects(), taken as they are, with no
+  // request: worker processes made from a pickled data set do not list the bucket again).
+  ObjectStorageOptions storage;
 };
 
 // The data set. Samples are the runs of consecutive members of a shard with the same key (the

@@ -143,16 +143,13 @@ NativeDataset make_webdataset(
     std::uint64_t object_cache_bytes,
     const std::vector<std::tuple<std::string, std::uint64_t, std::string>>& known_objects) {
   WebDatasetOptions o;
-  for (const auto& [url, size, etag] : known_objects) o.known_objects.push_back({url, size, etag});
   o.shards = shards;
   o.fields = fields;
   o.transform = ImageTransform::parse(transform);  // std::invalid_argument: ValueError
   o.max_pixels = max_pixels;
   o.cache_bytes = cache_bytes;
-  o.index_cache_dir = index_cache_dir;
-  o.index_cache = index_cache;
-  o.object_cache_dir = object_cache_dir;
-  o.object_cache_bytes = object_cache_bytes;
+  o.storage = object_storage_options(index_cache_dir, index_cache, object_cache_dir,
+                                     object_cache_bytes, known_objects);
   NativeDataset out;
   {
     py::gil_scoped_release nogil;  // indexing the shards may take a while

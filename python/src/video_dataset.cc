@@ -43,10 +43,8 @@ NativeDataset make_video_clips(const std::vector<std::string>& paths, int frames
                           sampling + "'");
   }
   o.clips_per_video = clips_per_video;
-  o.index_cache_dir = index_cache_dir;
-  o.index_cache = index_cache;
-  o.object_cache_dir = object_cache_dir;
-  o.object_cache_bytes = object_cache_bytes;
+  o.storage =
+      object_storage_options(index_cache_dir, index_cache, object_cache_dir, object_cache_bytes);
   NativeDataset out;
   {
     py::gil_scoped_release nogil;  // indexing the files takes a while

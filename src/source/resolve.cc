@@ -44,9 +44,9 @@ std::vector<std::string> files_in(const std::string& dir, std::string_view suffi
   return out;
 }
 
-std::string index_cache_dir(const ObjectStorageOptions& o) {
+std::string index_cache_dir(const ObjectStorageOptions& o, const std::string& kind) {
   if (!o.index_cache) return {};
-  return o.index_cache_dir.empty() ? default_cache_dir("indexes") : o.index_cache_dir;
+  return o.index_cache_dir.empty() ? default_cache_dir(kind) : o.index_cache_dir;
 }
 
 Resolver::Resolver(const ObjectStorageOptions& o, std::string kind)

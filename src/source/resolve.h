@@ -36,8 +36,8 @@ std::vector<std::string> storage_urls(const std::vector<std::string>& paths,
 std::vector<std::string> files_in(const std::string& dir, std::string_view suffix);
 
 // The index cache directory of `o`: "" when o.index_cache is off, else o.index_cache_dir or
-// its default (default_cache_dir("indexes")).
-std::string index_cache_dir(const ObjectStorageOptions& o);
+// its default, default_cache_dir(`kind`) (a WebDataset's "webdataset", VideoClips' "video").
+std::string index_cache_dir(const ObjectStorageOptions& o, const std::string& kind = "indexes");
 
 // The files of one data set. Thread safety: one thread; index() runs its calls on several.
 class Resolver {

@@ -579,9 +579,7 @@ void VideoClips::Impl::add_file(std::string path, std::int64_t label) {
 // An object (a video, or a .tar shard), or an s3:// prefix: every video and .tar object below
 // it, at any depth, in key order.
 void VideoClips::Impl::add_url(const std::string& url) {
-  ObjectStorageOptions storage;
-  storage.object_cache_dir = o.object_cache_dir;
-  storage.object_cache_bytes = o.object_cache_bytes;
+  ObjectStorageOptions storage = o.storage;
   storage.index_cache = false;  // each process lists for itself (no node turn)
   detail::Resolver resolver(storage, "video");
   const std::string ext = fs::path(url).extension().string();
@@ -669,10 +667,7 @@ void VideoClips::Impl::add_tar(const std::string& tar, const io::FilePtr& shard)
 
 void VideoClips::Impl::make_indexes() {
   index.resize(paths.size());
-  std::string dir;
-  if (o.index_cache) {
-    dir = o.index_cache_dir.empty() ? detail::default_cache_dir("video") : o.index_cache_dir;
-  }
+  const std::string dir = detail::index_cache_dir(o.storage, "video");
   std::vector<std::string> errors(paths.size());
   std::vector<std::uint8_t> cached(paths.size(), 0);
   std::atomic<std::size_t> next{0};

@@ -84,10 +84,6 @@ bool is_meta(std::string_view name) {
 
 // ---------------------------------------------------------------------------- index cache
 
-std::string cache_dir(const WebDatasetOptions& o) {
-  return o.index_cache_dir.empty() ? detail::default_cache_dir("webdataset") : o.index_cache_dir;
-}
-
 constexpr std::string_view kCacheMagic = "STKWDS01";  // index_cache.h's entries of tar members
 
 struct ShardStat {
@@ -464,7 +460,7 @@ struct WebDataset::Impl final : EncodedSource {
     shard.file = io::open_local(path, shards.size() < kOpenShards);
     std::error_code ec;
     const std::string absolute = fs::absolute(path, ec).lexically_normal().string();
-    const std::string dir = o.index_cache ? cache_dir(o) : std::string();
+    const std::string dir = detail::index_cache_dir(o.storage, "webdataset");
     const std::string file = dir.empty() ? std::string() : cache_file(dir, absolute);
     if (!file.empty()) {
       if (auto members = load_index(file, absolute, ss)) {
@@ -485,7 +481,7 @@ struct WebDataset::Impl final : EncodedSource {
     if (in_storage == nullptr) throw std::logic_error(shard.name() + ": not an object");
     const detail::RemoteObject& object = *in_storage;
     const ShardStat ss{object.size, detail::etag_stamp(object.etag)};
-    const std::string dir = o.index_cache ? cache_dir(o) : std::string();
+    const std::string dir = detail::index_cache_dir(o.storage, "webdataset");
     const std::string file = dir.empty() ? std::string() : cache_file(dir, object.url);
     if (!file.empty()) {
       if (auto members = load_index(file, object.url, ss)) {
@@ -658,7 +654,7 @@ std::vector<std::string> webdataset_shards(const std::vector<std::string>& paths
 
 WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options)) {
   auto impl = std::make_shared<Impl>();
-  impl->object_cache_bytes = options_.object_cache_bytes;  // URL shards' cache; blocks' length
+  impl->object_cache_bytes = options_.storage.object_cache_bytes;  // URL shards; blocks' length
   if (options_.fields.empty()) throw std::invalid_argument("stoker.WebDataset: no fields");
   bool images = false;
   for (const auto& name : options_.fields) {
@@ -719,12 +715,8 @@ WebDataset::WebDataset(WebDatasetOptions options) : options_(std::move(options))
     // index cache take turns (the resolver's NodeTurn), so the first lists and indexes and the
     // others, the ranks of a torchrun job on this node, find the listing (shared within the
     // job) and the indexes (shared by URL, size and ETag) in the cache.
-    ObjectStorageOptions storage;
-    storage.object_cache_dir = options_.object_cache_dir;
-    storage.object_cache_bytes = options_.object_cache_bytes;
-    storage.index_cache = options_.index_cache;
-    storage.index_cache_dir = options_.index_cache ? cache_dir(options_) : std::string();
-    storage.known_objects = options_.known_objects;
+    ObjectStorageOptions storage = options_.storage;
+    storage.index_cache_dir = detail::index_cache_dir(options_.storage, "webdataset");
     detail::Resolver resolver(storage, "webdataset");
     objects = resolver.objects(urls, ".tar");
     impl->remote_files = resolver.remote();
