@@ -264,9 +264,12 @@ def test_a_stream_whose_reads_wait_moves_to_worker_threads_on_auto_and_keeps_the
     for _ in range(6):
         assert sorted(x for b in loader for x in b[:, 0].tolist()) == list(range(40))
     reason = loader.stats()["worker_type_reason"]
-    assert loader.worker_type == "thread" and loader.num_workers == 8, reason
-    assert "auto: kept 8 worker threads: 8 worker threads delivered a batch every" in reason
-    assert "auto: 8 worker threads from the next epoch (read in-line, a batch took" in reason
+    # 8 threads where the reads' CPU and the loop's step are under an eighth of the waits (a
+    # quiet machine); fewer where they are more.
+    n = loader.num_workers
+    assert loader.worker_type == "thread" and 2 <= n <= 8, reason
+    assert f"auto: kept {n} worker threads: {n} worker threads delivered a batch every" in reason
+    assert f"auto: {n} worker threads from the next epoch (read in-line, a batch took" in reason
     assert loader.stats()["worker_pids"] == []
     loader.close()
 
