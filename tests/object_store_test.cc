@@ -1483,6 +1483,24 @@ TEST_F(ObjectStoreS3, RecordPacksAndImageFoldersFromAPrefixReadAsTheLocalFiles) 
   EXPECT_EQ(io.prefetched, 6u);
   EXPECT_EQ(io.chunk_fetches, 6u);  // the reads made no GET of their own
 
+  // Without an object cache, what is fetched ahead is held in memory until its read takes it,
+  // and the memory cap sees it (ahead_bytes, in ImageDataset::resident_bytes).
+  ObjectStorageOptions memory = options("objects-none");
+  memory.object_cache_bytes = 0;
+  const auto uncached = open_image_folder(url("folder/train"), memory);
+  std::vector<std::size_t> rows(uncached->size());
+  std::uint64_t images = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = i;
+    images += fs::file_size(local_folder->name(i));
+  }
+  EXPECT_EQ(uncached->ahead_bytes(), 0u);
+  ASSERT_TRUE(uncached->will_read(rows));
+  EXPECT_EQ(uncached->ahead_bytes(), images);
+  EncodedBytes taken;
+  for (const std::size_t i : rows) uncached->read(i, taken);
+  EXPECT_EQ(uncached->ahead_bytes(), 0u);
+
   proxy_control(proxy_port_, "/__proxy/reset", "{}");
   const auto pack_url = url("folder/pack/");
   const auto records = open_records(pack_url, options("objects"));

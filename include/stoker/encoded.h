@@ -59,6 +59,9 @@ class EncodedSource {
   virtual bool will_read(std::span<const std::size_t> /*rows*/) const noexcept { return true; }
   virtual std::vector<ObjectVersion> objects() const { return {}; }
   virtual ObjectStorageCounters object_storage() const { return {}; }
+  // Bytes fetched ahead of their reads and held in memory until stored or read (the memory
+  // cap counts them: Dataset::resident_bytes).
+  virtual std::uint64_t ahead_bytes() const { return 0; }
   // Each sample is a file (or object) of its own: an image folder (record shards would help a
   // run that reads many small files).
   virtual bool file_per_sample() const { return false; }

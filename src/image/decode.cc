@@ -311,7 +311,8 @@ bool ImageDataset::will_read(std::span<const std::size_t> rows) const noexcept {
 }
 
 std::size_t ImageDataset::resident_bytes() const {
-  return static_cast<std::size_t>(options_.source->counters().cached_bytes);
+  return static_cast<std::size_t>(options_.source->counters().cached_bytes +
+                                  options_.source->ahead_bytes());
 }
 
 ObjectStorageCounters ImageDataset::object_storage_counters() const {

@@ -101,6 +101,7 @@ class ImageFolderSource final : public EncodedSource {
   }
 
   Counters counters() const override { return storage_reads_.counters(); }
+  std::uint64_t ahead_bytes() const override { return files_ ? files_->ahead_bytes() : 0; }
 
   bool will_read(std::span<const std::size_t> rows) const noexcept override {
     if (!files_) return true;

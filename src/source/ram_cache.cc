@@ -74,6 +74,7 @@ class RamCache final : public EncodedSource {
   }
   std::vector<ObjectVersion> objects() const override { return inner_->objects(); }
   ObjectStorageCounters object_storage() const override { return inner_->object_storage(); }
+  std::uint64_t ahead_bytes() const override { return inner_->ahead_bytes(); }
 
   Counters counters() const override {
     Counters c;
