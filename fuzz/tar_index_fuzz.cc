@@ -18,6 +18,7 @@
 #include "source/tar_index.h"
 #include "stoker/log.h"
 #include "stoker/webdataset.h"
+#include "support/read_sample.h"
 
 namespace {
 
@@ -43,20 +44,13 @@ void index_and_read(const std::vector<std::uint8_t>& tar) {
     o.fields = {"cls", "npy"};
     o.storage.index_cache = false;
     stoker::WebDataset d(o);
-    const auto fields = d.fields();
-    std::vector<std::vector<std::byte>> out;
-    std::vector<std::size_t> bytes;
-    std::vector<std::byte*> bases;
-    for (const auto& f : fields) {
+    for (const auto& f : d.fields()) {
       if (f.bytes() > (1u << 20)) throw std::runtime_error("too large for the fuzzer");
-      out.emplace_back(f.bytes());
-      bytes.push_back(f.bytes());
     }
-    for (auto& b : out) bases.push_back(b.data());
     for (std::size_t i = 0; i < d.size() && i < 64; ++i) {
       (void)d.sample_name(i);
       try {
-        d.read(i, stoker::SampleOut(bytes, bases.data(), 0, 1));
+        (void)stoker::testing::read_sample(d, i);
       } catch (const std::exception&) {
       }
     }
