@@ -275,6 +275,30 @@ int wrong_reads_from_four_threads(detail::RemoteFiles& files, const detail::Remo
   return wrong.load();
 }
 
+// Reads of `reads` random ranges of up to `longest` bytes of `object` from each of 8 threads
+// (thread t's generator seeded `seed + t`), compared with `content`: how many were wrong.
+int wrong_random_reads(detail::RemoteFiles& files, const detail::RemoteObject& object,
+                       const std::string& content, int reads, std::size_t longest,
+                       std::uint64_t seed) {
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (std::uint64_t t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(seed + t);
+      std::vector<std::byte> buf;
+      for (int i = 0; i < reads; ++i) {
+        const std::size_t n = 1 + rng() % longest;
+        const std::uint64_t at = rng() % (content.size() - n);
+        buf.resize(n);
+        files.read(object, at, buf.data(), n);
+        if (std::memcmp(buf.data(), content.data() + at, n) != 0) ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return wrong.load();
+}
+
 struct TempDir {
   TempDir() {
     char tmpl[] = "/tmp/stoker-cache-XXXXXX";
@@ -1135,23 +1159,7 @@ TEST_F(ObjectStoreS3, RemoteFilesFetchEachChunkOnceWhateverTheThreads) {
     ASSERT_EQ(objects[0].size(), 1u);
     const detail::RemoteObject object = objects[0][0];
     EXPECT_EQ(object.size, big.size());
-    std::vector<std::thread> threads;
-    std::atomic<int> wrong{0};
-    for (int t = 0; t < 8; ++t) {
-      threads.emplace_back([&, t] {
-        std::mt19937_64 rng(static_cast<std::uint64_t>(t));
-        std::vector<std::byte> buf;
-        for (int i = 0; i < 50; ++i) {
-          const std::size_t n = 1 + rng() % (3u << 20);  // some span two chunks
-          const std::uint64_t at = rng() % (big.size() - n);
-          buf.resize(n);
-          files.read(object, at, buf.data(), n);
-          if (std::memcmp(buf.data(), big.data() + at, n) != 0) ++wrong;
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
-    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(wrong_random_reads(files, object, big, 50, 3u << 20, 0), 0);  // some span two chunks
     std::vector<std::byte> past(2);
     EXPECT_THROW(files.read(object, big.size() - 1, past.data(), 2), std::runtime_error);
   };
@@ -1189,23 +1197,7 @@ TEST_F(ObjectStoreS3, RemoteFilesPrefetchFetchesChunksAheadOnceDespiteFaults) {
     proxy_control(proxy_port_, "/__proxy/faults", R"(["503", "drop"])");
     files.prefetch(object, 0, big.size());
     files.prefetch(object, 5, 10);  // a chunk being fetched already: nothing more
-    std::vector<std::thread> threads;
-    std::atomic<int> wrong{0};
-    for (int t = 0; t < 8; ++t) {
-      threads.emplace_back([&, t] {
-        std::mt19937_64 rng(static_cast<std::uint64_t>(t) + 100);
-        std::vector<std::byte> buf;
-        for (int i = 0; i < 20; ++i) {
-          const std::size_t n = 1 + rng() % (1u << 20);
-          const std::uint64_t at = rng() % (big.size() - n);
-          buf.resize(n);
-          files.read(object, at, buf.data(), n);
-          if (std::memcmp(buf.data(), big.data() + at, n) != 0) ++wrong;
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
-    EXPECT_EQ(wrong.load(), 0);
+    EXPECT_EQ(wrong_random_reads(files, object, big, 20, 1u << 20, 100), 0);
     // The reads need not touch every chunk (the last is 4,321 bytes): a chunk nobody read may
     // still be fetched (a retry's backoff) or on its way to the cache, and destroying `files`
     // would fail it. Wait until every chunk fetched ahead is stored.
