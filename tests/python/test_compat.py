@@ -329,7 +329,9 @@ def test_worker_init_fn_runs_once_per_worker(workers):
     loader = stoker.DataLoader(Pairs(), batch_size=4, num_workers=workers, worker_init_fn=init)
     for _ in range(2):
         list(loader)
-    assert sorted(seen) == list(range(len(seen))) and 1 <= len(seen) <= loader.num_workers
+    # Against the count asked for: worker_type='auto' may have moved the reads in-line since
+    # (its in-line trial, kept where the loop reads these cheap samples faster: num_workers 0).
+    assert sorted(seen) == list(range(len(seen))) and 1 <= len(seen) <= workers
 
 
 @pytest.mark.parametrize("error", [KeyError, ValueError, ZeroDivisionError])
