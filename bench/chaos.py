@@ -15,7 +15,6 @@ Prints one line per kind and exits 1 if any round failed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import signal
@@ -26,6 +25,7 @@ import time
 
 import numpy as np
 
+import bench_args
 import stoker
 
 
@@ -115,14 +115,8 @@ def parent_death_round(where):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=50)
-    parser.add_argument("--parent-rounds", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="2 rounds of each")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rounds, args.parent_rounds = 2, 2
+    args = bench_args.parse(bench_args.parser(__doc__, rounds=50, parent_rounds=20, seed=0),
+                            dict(rounds=2, parent_rounds=2), "2 rounds of each")
     rng = random.Random(args.seed)
     failed = 0
     for kind in ("map-style", "batch jobs"):
