@@ -16,6 +16,7 @@ Prints one line per kind and exits 1 if any round failed.
 from __future__ import annotations
 
 import os
+import pathlib
 import random
 import signal
 import subprocess
@@ -27,6 +28,9 @@ import numpy as np
 
 import bench_args
 import stoker
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
+from worker_harness import alive  # noqa: E402
 
 
 class Squares:
@@ -82,14 +86,6 @@ PARENT = textwrap.dedent("""
     else:
         run()
 """)
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def parent_death_round(where):
