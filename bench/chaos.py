@@ -15,8 +15,8 @@ Prints one line per kind and exits 1 if any round failed.
 
 from __future__ import annotations
 
-import argparse
 import os
+import pathlib
 import random
 import signal
 import subprocess
@@ -26,7 +26,11 @@ import time
 
 import numpy as np
 
+import bench_args
 import stoker
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
+from worker_harness import alive  # noqa: E402
 
 
 class Squares:
@@ -84,14 +88,6 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def parent_death_round(where):
     shm_before = set(os.listdir("/dev/shm"))
     fds_before = len(os.listdir("/proc/self/fd"))
@@ -115,14 +111,8 @@ def parent_death_round(where):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=50)
-    parser.add_argument("--parent-rounds", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="2 rounds of each")
-    args = parser.parse_args()
-    if args.smoke:
-        args.rounds, args.parent_rounds = 2, 2
+    args = bench_args.parse(bench_args.parser(__doc__, rounds=50, parent_rounds=20, seed=0),
+                            dict(rounds=2, parent_rounds=2), "2 rounds of each")
     rng = random.Random(args.seed)
     failed = 0
     for kind in ("map-style", "batch jobs"):

@@ -14,7 +14,6 @@ accelerate (pip install lightning accelerate)."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -22,6 +21,7 @@ import torch
 import torch.utils.data as tud
 from accelerate import Accelerator  # before the loader is made, as in a training script
 
+import bench_args
 import stoker
 
 
@@ -64,14 +64,8 @@ def workers_of(loader) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=8192)
-    parser.add_argument("--wait-ms", type=float, default=5.0)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--smoke", action="store_true", help="tiny, to check the harness")
-    args = parser.parse_args()
-    if args.smoke:
-        args.samples, args.rounds = 128, 1
+    args = bench_args.parse(bench_args.parser(__doc__, samples=8192, wait_ms=5.0, rounds=3),
+                            dict(samples=128, rounds=1), "tiny, to check the harness")
     data = Waits(args.samples, args.wait_ms / 1000)
     user = stoker.DataLoader(data, batch_size=32, shuffle=True)
     loaders = {

@@ -152,22 +152,23 @@ def torchvision_pipeline(s: Sizes) -> dict:
     return _compare_row("torchvision's ImageFolder pipeline, unchanged", "the same", r)
 
 
+def _same_data_set(s: Sizes, compare, samples: int, what: str) -> dict:
+    """The row of a python_bench comparison (`compare`) in which torch reads the same data set
+    as stoker."""
+    r = compare(s.runs, s.smoke, samples=samples, rounds=s.rounds, torch_workers=s.torch_workers)
+    return _compare_row(what, "the same", r)
+
+
 def python_gil(s: Sizes) -> dict:
-    r = pb.bytecode(s.runs, s.smoke, samples=s.bytecode, rounds=s.rounds,
-                    torch_workers=s.torch_workers)
-    return _compare_row("a Python data set, GIL-bound (~1.5 ms)", "the same", r)
+    return _same_data_set(s, pb.bytecode, s.bytecode, "a Python data set, GIL-bound (~1.5 ms)")
 
 
 def python_cheap(s: Sizes) -> dict:
-    r = pb.cheap(s.runs, s.smoke, samples=s.cheap, rounds=s.rounds,
-                 torch_workers=s.torch_workers)
-    return _compare_row("a Python data set, cheap dict samples", "the same", r)
+    return _same_data_set(s, pb.cheap, s.cheap, "a Python data set, cheap dict samples")
 
 
 def stream(s: Sizes) -> dict:
-    r = pb.stream(s.runs, s.smoke, samples=s.stream, rounds=s.rounds,
-                  torch_workers=s.torch_workers)
-    return _compare_row("a stream (IterableDataset, sharded)", "the same", r)
+    return _same_data_set(s, pb.stream, s.stream, "a stream (IterableDataset, sharded)")
 
 
 def side_by_side(ours, theirs, workers, rounds: int) -> dict:

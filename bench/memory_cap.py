@@ -28,7 +28,6 @@ if the capped peak went over the cap.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import threading
@@ -36,6 +35,7 @@ import time
 
 import numpy as np
 
+import bench_args
 import stoker
 
 MiB = 1 << 20
@@ -170,24 +170,14 @@ def run(args, limit: int) -> tuple:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--limit-gb", type=float, default=1.5)
-    p.add_argument("--batches", type=int, default=2000)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--sample-kb", type=int, default=256)
-    p.add_argument("--samples", type=int, default=4096)
+    p = bench_args.parser(__doc__, limit_gb=1.5, batches=2000, batch=64, sample_kb=256,
+                          samples=4096, workers=4, burst=50, pause=0.25, runs=3)
     p.add_argument("--cache-mb", type=int, default=192, help="per worker process")
-    p.add_argument("--workers", type=int, default=4)
     p.add_argument("--prefetch", type=int, default=16, help="prefetch_factor")
-    p.add_argument("--burst", type=int, default=50)
-    p.add_argument("--pause", type=float, default=0.25)
-    p.add_argument("--runs", type=int, default=3)
     p.add_argument("--stream", action="store_true",
                    help="a stream with a shuffle buffer of --cache-mb per worker")
-    p.add_argument("--smoke", action="store_true", help="a short run: checks it works only")
-    args = p.parse_args()
-    if args.smoke:
-        args.batches, args.runs, args.samples, args.burst, args.pause = 60, 1, 512, 20, 0.05
+    args = bench_args.parse(p, dict(batches=60, runs=1, samples=512, burst=20, pause=0.05),
+                            "a short run: checks it works only")
     limit = int(args.limit_gb * (1 << 30))
     kept = "stream, shuffle buffer" if args.stream else "RAM cache"
     print(f"memory_cap: {args.batches} batches of {args.batch} x {args.sample_kb} KiB, "

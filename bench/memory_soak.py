@@ -15,13 +15,13 @@ of warm-up, or anything was left behind.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import time
 
 import numpy as np
 
+import bench_args
 import stoker
 
 MiB = 1 << 20
@@ -86,18 +86,10 @@ def epoch(data, batch: int, workers: int, e: int, rng: random.Random) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--samples", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--sample-kb", type=int, default=16)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--tolerance", type=float, default=0.05)
-    p.add_argument("--smoke", action="store_true", help="a few epochs: checks it works only")
-    args = p.parse_args()
-    if args.smoke:
-        args.epochs, args.warmup, args.samples = 6, 2, 512
+    p = bench_args.parser(__doc__, epochs=200, warmup=10, samples=2048, batch=64, sample_kb=16,
+                          workers=2, tolerance=0.05)
+    args = bench_args.parse(p, dict(epochs=6, warmup=2, samples=512),
+                            "a few epochs: checks it works only")
     rng = random.Random(0)
     data = Samples(args.samples, args.sample_kb * 1024)
     fds, kids, shm = descriptors(), children(), shm_entries()

@@ -23,21 +23,19 @@ shuffle's, and a batch's distinct labels against i.i.d. draws.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import logging
 import pathlib
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
 
+import bench_args
 import stoker
-from s3_shuffle import quality_line
+from s3_shuffle import made_once, show_heading
 from stoker import transforms as T
 
 CLASSES, FILES, BATCH = 100, 4, 32
@@ -48,33 +46,29 @@ def make_files(kind: str, n: int, group: int) -> pathlib.Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-pq-shuffle-{kind}-{n}-{group}"
-    if (root / "done").exists():
-        return root
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    per = -(-n // FILES)
-    for f in range(FILES):
-        ids = np.arange(f * per, min(n, (f + 1) * per), dtype=np.int64)
-        if kind == "jpeg":
-            from PIL import Image
+    def write(root: pathlib.Path) -> None:
+        rng = np.random.default_rng(0)
+        per = -(-n // FILES)
+        for f in range(FILES):
+            ids = np.arange(f * per, min(n, (f + 1) * per), dtype=np.int64)
+            if kind == "jpeg":
+                from PIL import Image
 
-            images = []
-            for _ in ids:
-                pixels = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8).repeat(4, 0)
-                buf = io.BytesIO()
-                Image.fromarray(pixels.repeat(4, 1)).save(buf, "JPEG", quality=90)
-                images.append(buf.getvalue())
-            payload = pa.array(images, type=pa.binary())
-        else:
-            payload = pa.FixedSizeListArray.from_arrays(
-                pa.array(rng.integers(0, 255, len(ids) * 2000, dtype=np.uint8)), 2000)
-        table = pa.table({"x": payload, "label": pa.array(ids * CLASSES // n), "id": ids})
-        pq.write_table(table, root / f"part-{f:03d}.parquet", row_group_size=group,
-                       compression="none")
-    (root / "done").touch()
-    return root
+                images = []
+                for _ in ids:
+                    pixels = rng.integers(0, 255, (64, 64, 3), dtype=np.uint8).repeat(4, 0)
+                    buf = io.BytesIO()
+                    Image.fromarray(pixels.repeat(4, 1)).save(buf, "JPEG", quality=90)
+                    images.append(buf.getvalue())
+                payload = pa.array(images, type=pa.binary())
+            else:
+                payload = pa.FixedSizeListArray.from_arrays(
+                    pa.array(rng.integers(0, 255, len(ids) * 2000, dtype=np.uint8)), 2000)
+            table = pa.table({"x": payload, "label": pa.array(ids * CLASSES // n), "id": ids})
+            pq.write_table(table, root / f"part-{f:03d}.parquet", row_group_size=group,
+                           compression="none")
+
+    return made_once(f"stoker-bench-pq-shuffle-{kind}-{n}-{group}", write)
 
 
 def dataset(kind: str, root: pathlib.Path, cache_bytes: int):
@@ -135,14 +129,8 @@ def run(kind: str, n: int, group: int, ratios, rounds: int) -> dict:
 
 
 def show(kind: str, r: dict) -> None:
-    full = r["full"]
-
-    def q(x):
-        return quality_line(x, full)
-
-    print(f"\n{kind}: {r['samples']} rows, {r['data_bytes'] / 1e6:.1f} MB in {r['row_groups']} "
-          f"row groups")
-    print(f"  full shuffle: {q(full)}")
+    q = show_heading(f"\n{kind}: {r['samples']} rows, {r['data_bytes'] / 1e6:.1f} MB in "
+                     f"{r['row_groups']} row groups", r["full"])
     for ratio, row in r["ratios"].items():
         print(f"  cache_bytes = data / {ratio} ({row['cache_bytes'] / 1e6:.2f} MB)")
         for name in ("auto", "in_order", "global"):
@@ -157,19 +145,13 @@ def show(kind: str, r: dict) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--images", type=int, default=2000)
-    p.add_argument("--rows", type=int, default=50000)
-    p.add_argument("--jpeg-group", type=int, default=10)
-    p.add_argument("--rows-group", type=int, default=50)
+    p = bench_args.parser(__doc__, images=2000, rows=50000, jpeg_group=10, rows_group=50,
+                          rounds=3)
     p.add_argument("--ratios", type=int, nargs="+", default=[10, 100])
     p.add_argument("--sets", nargs="+", default=["jpeg", "rows"], choices=["jpeg", "rows"])
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
-    args = p.parse_args()
-    if args.smoke:
-        args.images, args.rows, args.ratios, args.rounds = 200, 2000, [10], 1
+    args = bench_args.parse(p, dict(images=200, rows=2000, ratios=[10], rounds=1),
+                            "tiny sizes: check that it runs")
     # The loaders' advice at fixed settings ("... would change ..."): not in the table.
     logging.getLogger("stoker").setLevel(logging.WARNING)
     groups = {"jpeg": args.jpeg_group, "rows": args.rows_group}

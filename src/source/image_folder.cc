@@ -104,16 +104,9 @@ class ImageFolderSource final : public EncodedSource {
   std::uint64_t ahead_bytes() const override { return files_ ? files_->ahead_bytes() : 0; }
 
   bool will_read(std::span<const std::size_t> rows) const noexcept override {
-    if (!files_) return true;
-    try {
-      for (const std::size_t index : rows) {
-        if (index < objects_.size() && !object(index)->will_read(0, objects_[index].size))
-          return false;
-      }
-    } catch (...) {
-      // A hint: each read fetches its own object and reports its error.
-    }
-    return true;
+    return detail::rows_at_hand(
+        rows, static_cast<bool>(files_), objects_.size(),
+        [&](std::size_t index) { return object(index)->will_read(0, objects_[index].size); });
   }
   bool file_per_sample() const override { return true; }
   std::vector<ObjectVersion> objects() const override {

@@ -226,18 +226,11 @@ class RecordSource final : public EncodedSource {
   std::uint64_t ahead_bytes() const override { return files_ ? files_->ahead_bytes() : 0; }
 
   bool will_read(std::span<const std::size_t> rows) const noexcept override {
-    if (!files_) return true;
-    try {
-      for (const std::size_t index : rows) {
-        if (index >= records_.size()) continue;
-        const Record& r = records_[index];
-        if (!shards_[r.shard]->will_read(r.offset, static_cast<std::size_t>(r.length)))
-          return false;
-      }
-    } catch (...) {
-      // A hint: each read fetches its own chunk and reports its error.
-    }
-    return true;
+    return detail::rows_at_hand(
+        rows, static_cast<bool>(files_), records_.size(), [&](std::size_t index) {
+          const Record& r = records_[index];
+          return shards_[r.shard]->will_read(r.offset, static_cast<std::size_t>(r.length));
+        });
   }
   std::vector<ObjectVersion> objects() const override {
     std::vector<ObjectVersion> out;

@@ -75,9 +75,27 @@ def test_the_dataloader_s_defaults_are_the_plan_s_and_the_engine_s():
     for name, parameter in planned.items():
         if name != "host":
             assert given[name].default == parameter.default, name
-    engine = stoker._stoker.LoaderOptions()
-    for name in ("max_skipped", "device_depth", "memory_limit", "pin_budget", "drop_last"):
-        assert given[name].default == getattr(engine, name), name
+
+
+def test_the_dataloaders_defaults_are_written_once_and_match_loader_options():
+    import dataclasses
+    import inspect
+
+    from stoker.loader.defaults import DEFAULTS
+
+    written = dataclasses.asdict(DEFAULTS)
+    for signature in (inspect.signature(stoker.DataLoader.__init__),
+                      inspect.signature(resolve)):
+        defaults = {name: p.default for name, p in signature.parameters.items()
+                    if p.default not in (None, inspect.Parameter.empty)}
+        assert defaults == written  # every default besides None is the record's
+    engine = stoker._stoker.LoaderOptions()  # include/stoker/options.h, as constructed
+    for name in ("batch_size", "drop_last", "max_skipped", "device_depth", "memory_limit",
+                 "pin_budget"):
+        assert getattr(DEFAULTS, name) == getattr(engine, name), name
+    assert DEFAULTS.on_error == engine.on_error.name
+    assert DEFAULTS.pin_memory == engine.pin_memory.name
+    assert list(DEFAULTS.keep_on_host) == list(engine.keep_on_host)
 
 
 def test_the_plan_is_frozen_and_its_repr_and_str_are_readable():

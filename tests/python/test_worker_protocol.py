@@ -4,16 +4,18 @@ python/stoker/workers/main.py) checked against docs/worker_protocol.md, read fro
 import mmap
 import os
 import pathlib
-import pickle
 import re
 import struct
+import sys
 
 import numpy as np
 import pytest
 
-import stoker
 from stoker import _stoker
 from stoker.workers import main as worker
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "support"))
+from worker_harness import writer_with_layout  # noqa: E402
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "worker_protocol.md"
 
@@ -93,13 +95,7 @@ def test_a_job_packed_from_the_spec_is_run_by_the_extension(timed):
     says, writes each row where its job field says, and its times as the spec's parts."""
     parts, flags = _spec()
     data = _Samples()
-    loader = stoker.DataLoader(data, batch_size=4, num_workers=0)
-    next(iter(loader))
-    description, slots = pickle.loads(loader._pipeline._handle.layout_message())
-    row_bytes = loader._pipeline._handle.row_bytes()
-    loader.close()
-    writer = _stoker.SampleWriter()
-    writer.set_layout(description, slots)
+    writer, row_bytes = writer_with_layout(data, 4)
     indices, region, gap = [5, 9, 2], 3, 64
     offsets, at = [], gap
     for b in row_bytes:

@@ -27,6 +27,9 @@ from torch.utils.data._utils.worker import _generate_state
 import stoker
 import worker_datasets as wd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from worker_harness import alive  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 CORES = len(os.sched_getaffinity(0))
 
@@ -49,14 +52,6 @@ def memfds():
         except OSError:
             pass
     return n
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def epochs(loader, n=2):

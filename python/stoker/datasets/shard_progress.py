@@ -21,6 +21,7 @@ whatever topology resumes it, as a fresh epoch deals all of them.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Iterable, Optional, Sequence
 
@@ -115,14 +116,26 @@ def deal_here(count: int, shuffle: bool, seed: int, epoch: int,
     return mine, [rank, world_size, worker, workers], info is not None
 
 
-def iterable_class(name: str, impl: type, module: str) -> type:
+def iterable_class(name: str, impl: type, module: str):
     """`impl` as a torch IterableDataset named `name` (so that torch's own DataLoader takes
-    it too), made when first asked for: stoker imports without importing torch."""
-    try:
-        from torch.utils.data import IterableDataset as base
-    except ImportError:  # pragma: no cover
-        base = object
-    return type(name, (impl, base), {"__module__": module, "__doc__": impl.__doc__})
+    it too), made when first asked for: stoker imports without importing torch. Returns the
+    module's ``stream_class()`` (the class, made on its first call) and its ``__getattr__``
+    (PEP 562: ``module.<name>`` is that class)."""
+
+    @functools.cache
+    def stream_class() -> type:
+        try:
+            from torch.utils.data import IterableDataset as base
+        except ImportError:  # pragma: no cover
+            base = object
+        return type(name, (impl, base), {"__module__": module, "__doc__": impl.__doc__})
+
+    def module_getattr(attribute: str):
+        if attribute != name:
+            raise AttributeError(f"module {module!r} has no attribute {attribute!r}")
+        return stream_class()
+
+    return stream_class, module_getattr
 
 
 def check(state: dict, **expected) -> None:

@@ -324,19 +324,5 @@ class _TextTokens(shard_progress.PassEpochs):
             this.ended.add(s)
 
 
-_stream_class = None
-
-
-def stream_class() -> type:
-    """TextTokens, made on first use: a torch IterableDataset without importing torch when
-    stoker is imported."""
-    global _stream_class
-    if _stream_class is None:
-        _stream_class = shard_progress.iterable_class("TextTokens", _TextTokens, __name__)
-    return _stream_class
-
-
-def __getattr__(name: str):
-    if name != "TextTokens":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return stream_class()
+# stoker.TextTokens, a torch IterableDataset made on first use.
+stream_class, __getattr__ = shard_progress.iterable_class("TextTokens", _TextTokens, __name__)

@@ -274,19 +274,5 @@ class _Base:
         return self._last is not None and ordinal > self._last
 
 
-_stream_class = None
-
-
-def stream_class() -> type:
-    """WebDatasetStream, made on first use: a torch IterableDataset (so that torch's own
-    DataLoader takes it too) without importing torch when stoker is imported."""
-    global _stream_class
-    if _stream_class is None:
-        _stream_class = shard_progress.iterable_class("WebDatasetStream", _Stream, __name__)
-    return _stream_class
-
-
-def __getattr__(name: str):
-    if name != "WebDatasetStream":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return stream_class()
+# stoker.WebDatasetStream, a torch IterableDataset made on first use.
+stream_class, __getattr__ = shard_progress.iterable_class("WebDatasetStream", _Stream, __name__)

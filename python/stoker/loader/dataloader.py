@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence, Unio
 
 from .. import _stoker, logs
 from . import compat, pipelines
+from .defaults import DEFAULTS
 from .iterator import EpochIterator
 from .plan import resolve, torch_attributes
 from .seeding import WorkerSetup
@@ -109,35 +110,35 @@ class DataLoader:
     def __init__(
         self,
         dataset,
-        batch_size: Optional[int] = 1,
+        batch_size: Optional[int] = DEFAULTS.batch_size,
         shuffle: Union[bool, str, None] = None,
         sampler=None,
         batch_sampler=None,
-        num_workers: Union[int, str] = "auto",
+        num_workers: Union[int, str] = DEFAULTS.num_workers,
         collate_fn: Optional[Callable] = None,
-        pin_memory: Union[bool, str] = "auto",
-        drop_last: bool = False,
-        timeout: float = 0,
+        pin_memory: Union[bool, str] = DEFAULTS.pin_memory,
+        drop_last: bool = DEFAULTS.drop_last,
+        timeout: float = DEFAULTS.timeout,
         worker_init_fn: Optional[Callable[[int], None]] = None,
         multiprocessing_context=None,
         generator=None,
         *,
         prefetch_factor: Optional[int] = None,
         persistent_workers: Optional[bool] = None,
-        pin_memory_device: str = "",
-        in_order: bool = True,
+        pin_memory_device: str = DEFAULTS.pin_memory_device,
+        in_order: bool = DEFAULTS.in_order,
         device=None,
-        on_error: str = "raise",
-        max_skipped: int = 1000,
+        on_error: str = DEFAULTS.on_error,
+        max_skipped: int = DEFAULTS.max_skipped,
         seed: Optional[int] = None,
-        pin_budget: int = 0,
-        memory_limit: int = 0,
-        device_depth: int = 2,
-        worker_type: str = "auto",
-        native: bool = True,
-        keep_on_host: Sequence[str] = (),
+        pin_budget: int = DEFAULTS.pin_budget,
+        memory_limit: int = DEFAULTS.memory_limit,
+        device_depth: int = DEFAULTS.device_depth,
+        worker_type: str = DEFAULTS.worker_type,
+        native: bool = DEFAULTS.native,
+        keep_on_host: Sequence[str] = DEFAULTS.keep_on_host,
         remote=None,
-        seed_per_sample: bool = False,
+        seed_per_sample: bool = DEFAULTS.seed_per_sample,
     ) -> None:
         # The arguments as given: what the loader pickles (never its running engine), and what
         # vars(loader) shows, as frameworks re-make loaders from it. A count or kind that

@@ -20,6 +20,7 @@ from ..workers.jobs import BatchJobs, is_datapipe, is_stream
 from ..workers.processes import mp_context
 from . import compat
 from .collate import default_collate
+from .defaults import DEFAULTS, PREFETCH_FACTOR
 from .host import Host, cores, cpu_share  # noqa: F401 (the plan's host; re-exported)
 from .sample_seeding import SeededReads
 from .seeding import TorchRandomOrder, reproducibility
@@ -99,16 +100,21 @@ class Plan:
         return "; ".join(f"{name}={getattr(self, name)!r}" for name in shown)
 
 
-def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = None,
-            sampler=None, batch_sampler=None, num_workers="auto", collate_fn=None,
-            pin_memory="auto", drop_last: bool = False, timeout: float = 0,
+def resolve(dataset, batch_size: Optional[int] = DEFAULTS.batch_size,
+            shuffle: Optional[bool] = None,
+            sampler=None, batch_sampler=None, num_workers=DEFAULTS.num_workers,
+            collate_fn=None, pin_memory=DEFAULTS.pin_memory,
+            drop_last: bool = DEFAULTS.drop_last, timeout: float = DEFAULTS.timeout,
             worker_init_fn=None, multiprocessing_context=None, generator=None, *,
             prefetch_factor: Optional[int] = None, persistent_workers: Optional[bool] = None,
-            pin_memory_device: str = "", in_order: bool = True, device=None,
-            on_error: str = "raise", max_skipped: int = 1000, seed: Optional[int] = None,
-            pin_budget: int = 0, memory_limit: int = 0, device_depth: int = 2,
-            worker_type: str = "auto",
-            native: bool = True, keep_on_host=(), remote=None, seed_per_sample: bool = False,
+            pin_memory_device: str = DEFAULTS.pin_memory_device,
+            in_order: bool = DEFAULTS.in_order, device=None,
+            on_error: str = DEFAULTS.on_error, max_skipped: int = DEFAULTS.max_skipped,
+            seed: Optional[int] = None, pin_budget: int = DEFAULTS.pin_budget,
+            memory_limit: int = DEFAULTS.memory_limit,
+            device_depth: int = DEFAULTS.device_depth, worker_type: str = DEFAULTS.worker_type,
+            native: bool = DEFAULTS.native, keep_on_host=DEFAULTS.keep_on_host, remote=None,
+            seed_per_sample: bool = DEFAULTS.seed_per_sample,
             host: Optional[Host] = None) -> Plan:
     """The plan of a DataLoader with these arguments (DataLoader's), or the ValueError (or
     TypeError) that torch's DataLoader, or stoker, raises for them."""
@@ -195,7 +201,7 @@ def resolve(dataset, batch_size: Optional[int] = 1, shuffle: Optional[bool] = No
     if tune:
         max_workers = _stoker.default_max_workers(host.cpu_share, python_reads=not is_native)
     remote_count = remote.count if remote is not None else 0
-    depth = (2 if prefetch_factor is None else int(prefetch_factor)) * max(
+    depth = (PREFETCH_FACTOR if prefetch_factor is None else int(prefetch_factor)) * max(
         1, workers + SLOTS * remote_count)
 
     # Which samples, in which order: natively (sequential, random, sharded), or a custom
@@ -362,7 +368,7 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
             "its workers seeded per worker as in torch"),
         measure_worker_type=measure, num_workers=workers, process_count=1 if measure else workers,
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
-        depth=2 if prefetch_factor is None else int(prefetch_factor),
+        depth=PREFETCH_FACTOR if prefetch_factor is None else int(prefetch_factor),
         batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
         shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0, rank=0,
         world_size=1, shard_drop_last=False, device=resolved,

@@ -91,7 +91,7 @@ int run_parquet(const BenchOptions& o, const std::string& files,
     std::fflush(stdout);
   }
   if (o.baseline) {
-    const std::string script = std::string(STOKER_SOURCE_DIR) + "/bench/parquet_bench.py";
+    const std::string script = source_file("bench/parquet_bench.py");
     const std::string cmd =
         fmt::format("{} {} --file {} --torch-only --runs {} --batch-size {} --json {}",
                     shell_quote(o.python), shell_quote(script), shell_quote(files), epochs,

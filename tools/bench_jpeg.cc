@@ -27,10 +27,6 @@
 #include "stoker/image.h"
 #include "stoker/loader.h"
 
-#ifndef STOKER_SOURCE_DIR
-#define STOKER_SOURCE_DIR "."
-#endif
-
 namespace stoker::bench {
 namespace {
 
@@ -312,9 +308,8 @@ json to_json(const Run& r) {
 std::optional<json> run_torchvision(const BenchOptions& o, const JpegBenchOptions& j,
                                     const DataSet& d, const std::string& pipeline,
                                     std::string& error) {
-  const std::string script = j.baseline_script.empty()
-                                 ? std::string(STOKER_SOURCE_DIR) + "/bench/torchvision_baseline.py"
-                                 : j.baseline_script;
+  const std::string script =
+      j.baseline_script.empty() ? source_file("bench/torchvision_baseline.py") : j.baseline_script;
   const std::string cmd = fmt::format(
       "{} {} --root {} --pipeline {} --workers {} --epochs {} {}", shell_quote(o.python),
       shell_quote(script), shell_quote(d.folder.string()), pipeline, o.smoke ? "0,2" : "0,1,2,4",

@@ -23,10 +23,6 @@
 #include "stoker/loader.h"
 #include "stoker/sources.h"
 
-#ifndef STOKER_SOURCE_DIR
-#define STOKER_SOURCE_DIR "."
-#endif
-
 namespace stoker::bench {
 namespace {
 
@@ -250,9 +246,8 @@ std::string read_file(const std::string& path) {
 // Runs the PyTorch side; returns its JSON, or an error message. Its progress on stderr is kept
 // in a temporary file and shown only if it fails (or with --verbose).
 std::optional<json> run_torch(const Workload& w, const BenchOptions& o, std::string& error) {
-  const std::string script = o.baseline_script.empty()
-                                 ? std::string(STOKER_SOURCE_DIR) + "/bench/torch_dataloader.py"
-                                 : o.baseline_script;
+  const std::string script =
+      o.baseline_script.empty() ? source_file("bench/torch_dataloader.py") : o.baseline_script;
   std::string log_path =
       (std::filesystem::temp_directory_path() / "stoker-baseline-XXXXXX").string();
   const int log_fd = mkstemp(log_path.data());

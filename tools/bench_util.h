@@ -22,6 +22,10 @@ void spin_for(double ms);
 // per run when a command makes several.
 std::string with_name(const std::string& path, const std::string& name);
 
+// `relative` (such as "bench/torch_dataloader.py") in the source tree this command was built
+// from: the baseline scripts and the chart it runs.
+std::string source_file(const std::string& relative);
+
 // `s` quoted for /bin/sh.
 std::string shell_quote(const std::string& s);
 

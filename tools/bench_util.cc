@@ -35,6 +35,10 @@ std::string with_name(const std::string& path, const std::string& name) {
   return (p.parent_path() / (p.stem().string() + "-" + name + p.extension().string())).string();
 }
 
+std::string source_file(const std::string& relative) {
+  return std::string(STOKER_SOURCE_DIR) + "/" + relative;
+}
+
 std::string shell_quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
