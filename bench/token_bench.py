@@ -298,8 +298,9 @@ def megatron_concat(d, seq_len, batch, batches, rounds, workers, min_seconds=2.0
 def megatron_many_files(prefixes, seq_len, batch, rounds):
     """megatron-core's way to the first batch over many files: a blend of every Megatron pair
     (equal weights) built by BlendedMegatronDatasetBuilder (each file's IndexedDataset and its
-    document, sample and shuffle indexes, then the blend), into torch's DataLoader; files out of
-    the page cache and an empty index cache each round."""
+    document, sample and shuffle indexes, then the blend; built in memory: its cache of
+    indexes asks for a torch.distributed process group), into torch's DataLoader; files out of
+    the page cache each round."""
     import torch
     from megatron.core.datasets.blended_megatron_dataset_builder import \
         BlendedMegatronDatasetBuilder
@@ -312,15 +313,14 @@ def megatron_many_files(prefixes, seq_len, batch, rounds):
     files = [p + e for p in prefixes for e in (".bin", ".idx")]
     took = []
     for r in range(rounds):
-        cache = tempfile.mkdtemp(prefix="megatron-cache-")
         evict(files)
         start = time.perf_counter()
         config = GPTDatasetConfig(
             random_seed=r, sequence_length=seq_len, blend=(prefixes, [1.0] * len(prefixes)),
             split="100,0,0", tokenizer=Tokenizer(), reset_position_ids=True,
             reset_attention_mask=False, eod_mask_loss=True, create_attention_mask=False,
-            path_to_cache=cache)
-        ds = BlendedMegatronDatasetBuilder(GPTDataset, [batch * 100, None, None],
+            path_to_cache=None)
+        ds = BlendedMegatronDatasetBuilder(GPTDataset, [batch * 100, 0, 0],
                                            lambda: True, config).build()[0]
         next(iter(torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True)))
         took.append(time.perf_counter() - start)
