@@ -556,6 +556,16 @@ PYBIND11_MODULE(_stoker, m) {
       py::arg("cores"), py::arg("shards"),
       "A stream on auto whose reads wait, from epoch 1 read in-line: (worker threads from "
       "epoch 2, 0 for none; the reason).");
+  m.def(
+      "deeper_stream_depth",
+      [](std::size_t depth, std::size_t batches, std::size_t blocked) {
+        const auto d = detail::deeper_stream_depth(depth, batches, blocked);
+        return py::make_tuple(d.depth, d.reason);
+      },
+      py::arg("depth"), py::arg("batches"), py::arg("blocked"),
+      "A stream's queue depth after a window of `batches` taken, `blocked` of them waited for "
+      "while another worker's queue was full: (depth from now on, why it grew or '').");
+  m.attr("STREAM_DEPTH_WINDOW") = detail::kStreamDepthWindow;
   m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
   m.def(
       "stream_worth_starting",
@@ -627,6 +637,9 @@ PYBIND11_MODULE(_stoker, m) {
            }),
            py::arg("limit"), py::arg("depth"), "limit 0: half of MemAvailable, as the engine's.")
       .def_property_readonly("limit", &detail::StreamMemoryCap::limit)
+      .def("want", &detail::StreamMemoryCap::want, py::arg("depth"),
+           "The depth asked for from now on (prefetch_factor, or deeper_stream_depth's); the "
+           "cap may hold each queue lower.")
       .def("due", &detail::StreamMemoryCap::due)
       .def("set_workers", &detail::StreamMemoryCap::set_workers, py::arg("workers"),
            py::arg("processes"))

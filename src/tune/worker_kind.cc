@@ -106,6 +106,20 @@ StreamChoice choose_stream_workers(const StreamCosts& c, std::size_t cores, bool
   return out;
 }
 
+StreamDepth deeper_stream_depth(std::size_t depth, std::size_t batches, std::size_t blocked) {
+  StreamDepth out{.depth = depth, .reason = {}};
+  if (batches == 0 || depth >= kStreamMostDepth ||
+      static_cast<double>(blocked) < kStreamBlockedShare * static_cast<double>(batches)) {
+    return out;
+  }
+  out.depth = std::min(2 * std::max<std::size_t>(depth, 1), kStreamMostDepth);
+  out.reason = format(
+      "the training loop waited for %zu of %zu batches while another worker's queue of %zu was "
+      "full: its batches come in bursts; each worker's queue holds %zu from now on",
+      blocked, batches, depth, out.depth);
+  return out;
+}
+
 StreamThreads choose_stream_threads(const StreamCosts& c, double read_wait, std::size_t cores,
                                     bool shards) {
   const double wait = std::clamp(read_wait, 0.0, c.read);

@@ -6,6 +6,7 @@ import logging
 import os
 import random
 import re
+import time
 
 import numpy as np
 import pytest
@@ -164,6 +165,42 @@ class BigRows(IterableDataset):
         w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         for i in range(w, self.n, workers):
             yield np.full(self.row_bytes, i & 255, np.uint8)
+
+
+class Bursts(IterableDataset):
+    """A stream that makes its batches in bursts, as a packing stream does (a block of texts
+    tokenized, then its rows): `burst` samples at once after a pause of `pause_s`, sharded over
+    the workers by get_worker_info()."""
+
+    def __init__(self, n, burst, pause_s):
+        self.n, self.burst, self.pause_s = n, burst, pause_s
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        for k, i in enumerate(range(w, self.n, workers)):
+            if k % self.burst == 0:  # worker 0 starts half a pause late: out of step
+                time.sleep(self.pause_s * (1.5 if k == 0 and w == 0 else 1))
+            yield np.full(4, i, np.int64)
+
+
+def test_a_stream_whose_batches_come_in_bursts_gets_deeper_queues_unless_prefetch_is_given(
+        caplog):
+    # Each worker makes 6 batches of 4 at once every 20 ms, the two out of step: taken in
+    # turn, the loop waits on one while the other has batches ready, and each queue doubles.
+    caplog.set_level(logging.INFO, logger="stoker")
+    loader = stoker.DataLoader(Bursts(2048, 24, 0.02), batch_size=4, num_workers=2,
+                               worker_type="thread")
+    firsts = [int(batch[0, 0]) for batch in loader]
+    assert firsts == [8 * (k // 2) + (k % 2) for k in range(512)]  # torch's order, all of it
+    assert loader.stats()["depth"] > 2
+    assert "its batches come in bursts" in caplog.text
+    loader.close()
+    given = stoker.DataLoader(Bursts(2048, 24, 0.02), batch_size=4, num_workers=2,
+                              worker_type="thread", prefetch_factor=2)
+    assert sum(1 for _ in given) == 512
+    assert given.stats()["depth"] == 2
+    given.close()
 
 
 def test_a_streams_queues_are_made_shallower_to_fit_the_cap():

@@ -158,6 +158,8 @@ class StreamMemoryCap {
   std::size_t limit() const { return guard_.limit(); }
   std::size_t peak() const { return guard_.peak(); }
   bool due() const { return guard_.due(); }
+  // The depth asked for from now on (a stream whose batches come in bursts: deeper_stream_depth).
+  void want(std::size_t depth) { wanted_ = depth; }
   // The readers from now on (worker_type='auto' moves a stream from in-line to processes).
   void set_workers(std::size_t workers, bool processes) {
     workers_ = workers;
@@ -183,7 +185,7 @@ class StreamMemoryCap {
 
  private:
   MemoryGuard guard_;
-  std::size_t wanted_;  // prefetch_factor: the depth asked for
+  std::size_t wanted_;  // prefetch_factor (or deeper): the depth asked for
   std::size_t workers_ = 0;
   bool processes_ = false;
 };

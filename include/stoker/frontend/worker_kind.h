@@ -187,6 +187,22 @@ struct StreamThreads {
 StreamThreads choose_stream_threads(const StreamCosts& costs, double read_wait, std::size_t cores,
                                     bool shards);
 
+// A stream's workers each fill a queue of `depth` batches and the training loop takes from them
+// in turn, so a worker whose batches come in bursts (a block of documents tokenized and packed
+// at once, a shuffle buffer refilled) stalls the loop while the others sit with full queues,
+// idle. Over a window of kStreamDepthWindow batches taken, `blocked` counts the batches the loop
+// waited for while another worker's queue was full: from kStreamBlockedShare of the window on,
+// each queue doubles (at most kStreamMostDepth; the memory cap may still hold it lower). Only
+// where the user left prefetch_factor to stoker.
+inline constexpr std::size_t kStreamDepthWindow = 64;
+inline constexpr double kStreamBlockedShare = 0.1;
+inline constexpr std::size_t kStreamMostDepth = 16;
+struct StreamDepth {
+  std::size_t depth = 0;  // each worker's queue from now on
+  std::string reason;     // why it grew; empty when it did not
+};
+StreamDepth deeper_stream_depth(std::size_t depth, std::size_t batches, std::size_t blocked);
+
 // Starting worker processes is paid once (spawning them, importing the stream's modules,
 // unpickling it, its first iter()): a short run does not win it back. Auto starts them only
 // when the saving the model predicts, over the epochs read in-line so far, reaches that cost

@@ -93,6 +93,9 @@ class Plan:
     # The engine's shuffle: 'auto' (global while a native data set fits its object cache, else
     # windowed over its storage blocks), 'global' or 'window' (shuffle='global' / 'window').
     shuffle_mode: str = "auto"
+    # A stream left to stoker's depth (prefetch_factor not given): each worker's queue grows
+    # where batches come in bursts (deeper_stream_depth, src/tune/worker_kind.cc).
+    tune_depth: bool = False
 
     def __str__(self) -> str:
         shown = ("mode", "pipeline", "order", "worker_type", "worker_type_reason",
@@ -369,6 +372,7 @@ def _stream(dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, c
         measure_worker_type=measure, num_workers=workers, process_count=1 if measure else workers,
         tune_workers=False, max_workers=0, remote_workers=0, tune_remote=False,
         depth=PREFETCH_FACTOR if prefetch_factor is None else int(prefetch_factor),
+        tune_depth=prefetch_factor is None,
         batch_size=None if batch_size is None else int(batch_size), drop_last=bool(drop_last),
         shuffle=bool(shuffle), engine_shuffle=False, seed=0, engine_seed=0, rank=0,
         world_size=1, shard_drop_last=False, device=resolved,

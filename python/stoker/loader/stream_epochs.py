@@ -66,6 +66,9 @@ class StreamEpoch:
         self.last = [False] * max(workers, 1)
         self.cursor = cursor
         self.depth = depth  # each worker's queue (and a worker process's batches made ahead)
+        # Batches the loop found not ready while another worker had batches ready (taken in
+        # turn, they wait): a stream whose batches come in bursts (deeper_stream_depth).
+        self.blocked = 0
         self._jobs: list[StreamJobs] = []  # the copies read on worker threads
         if workers == 0:  # the calling thread iterates (worker info stays None, as in torch)
             self._inline = StreamJobs(dataset, collate_fn, batch_size, drop_last)
@@ -209,6 +212,9 @@ class StreamEpoch:
             w = self.cursor
             while self.ended[w]:
                 w = (w + 1) % self.workers
+            if self._queues[w].empty() and any(
+                    q.qsize() for v, q in enumerate(self._queues) if v != w and not self.ended[v]):
+                self.blocked += 1
             try:
                 item = self._queues[w].get(timeout=timeout or None)
             except queue.Empty:
@@ -315,6 +321,10 @@ class Streams:
         self._depth = depth
         if self._epoch is not None:
             self._epoch.set_depth(depth)
+
+    def blocked(self) -> int:
+        """The current epoch's batches found not ready while another worker had batches ready."""
+        return self._epoch.blocked if self._epoch is not None and self._workers else 0
 
     def __len__(self) -> int:
         length = len(self._dataset)  # TypeError without __len__, as torch

@@ -47,6 +47,15 @@ class StreamMemory:
         streams.set_depth(1)
         self._said = False  # a lowered depth is said once
 
+    def want(self, depth: int) -> None:
+        """Each worker's queue asked to hold `depth` batches from now on (a bursty stream's,
+        deeper_stream_depth); the cap may hold it lower. Applied at once."""
+        self._cap.want(depth)
+        look = self._look()
+        if look["depth"] != self._depth:
+            self._depth = look["depth"]
+            self._streams.set_depth(self._depth)
+
     def set_workers(self, workers: int, processes: bool) -> None:
         self._cap.set_workers(workers, processes)
         self._processes = processes

@@ -73,6 +73,10 @@ class StreamPipeline(Pipeline):
                                     plan.num_workers, self.worker_type == "process")
         self.reported_len: Optional[int] = None  # len(dataset) when len(loader) was asked
         self._epoch = 0  # the epoch running
+        # Batches taken and waits beside a full queue since the depth was last looked at
+        # (plan.tune_depth: deeper_stream_depth).
+        self._depth_window = (0, 0)
+        self._depth_asked = plan.depth
         self._timing = _Timing()
         self._trace: Optional[_Trace] = None
         self.log_worker_type()
@@ -83,6 +87,7 @@ class StreamPipeline(Pipeline):
         if self._choice is not None:
             self._choose()
         self._streams.start(epoch)
+        self._depth_window = (0, 0)  # the new epoch counts its waits from 0
         self._epoch = epoch
 
     def next(self, timeout: float):
@@ -93,6 +98,8 @@ class StreamPipeline(Pipeline):
             got = time.perf_counter()
             self._timing.batch(asked, got, self._trace)
             self._memory.batch(batch)
+            if self.plan.tune_depth and self.num_workers > 1:
+                self._deepen()
             if self._choice is not None:
                 self._choice.batch(asked, got, batch, time.thread_time() - cpu)
             elif self._check is not None:
@@ -102,6 +109,22 @@ class StreamPipeline(Pipeline):
         elif self._check is not None:
             self._check.delivered.epoch_end()
         return batch
+
+    def _deepen(self) -> None:
+        """Every window of batches: where the loop waited on a worker while another's queue was
+        full, each queue doubles (deeper_stream_depth), as far as the memory cap lets it."""
+        start, blocked0 = self._depth_window
+        self._depth_window = (start + 1, blocked0)
+        if start + 1 < _stoker.STREAM_DEPTH_WINDOW:
+            return
+        blocked = self._streams.blocked()
+        depth, why = _stoker.deeper_stream_depth(self._depth_asked, start + 1,
+                                                 max(0, blocked - blocked0))
+        self._depth_window = (0, blocked)
+        if depth != self._depth_asked:
+            self._depth_asked = depth
+            self._memory.want(depth)
+            _log.info("stoker: %s", why)
 
     def _choose(self) -> None:
         """Between epochs, once epoch 1 (and more, if short) was measured in-line: in-line on,
