@@ -314,6 +314,25 @@ TEST(TokenMixIndex, StratifiedEveryGlobalBatchHoldsEachSourcesShareWithinOneRow)
   for (std::size_t i = 0; i < samples; ++i) ASSERT_LT(index.row[i], rows[index.source[i]]);
 }
 
+TEST(TokenMixIndex, AStratifiedMixOfWholeSharesHoldsExactlyEachSourcesRowsToItsPartialEnd) {
+  // A budget of rows a source (TokenMix's epochs= or tokens=): the weights are the rows, the
+  // samples their sum, not a multiple of the global batch; the last, partial batch makes up
+  // each source's count, and short of whole shares the whole mix stays within one sample.
+  const std::vector<double> budget = {226, 243, 110, 0};
+  const std::vector<std::uint64_t> rows = {452, 243, 44, 9};
+  const auto index = token_mix_index(rows, budget, TokenMixing::stratified, 8, 579, 2);
+  std::vector<std::size_t> n(budget.size(), 0);
+  for (const auto s : index.source) ++n[s];
+  EXPECT_EQ(n, (std::vector<std::size_t>{226, 243, 110, 0}));
+  const std::vector<double> weights = {0.6, 0.25, 0.1, 0.05};
+  const auto other = token_mix_index(rows, weights, TokenMixing::stratified, 48, 48 * 3 + 17, 4);
+  n.assign(weights.size(), 0);
+  for (const auto s : other.source) ++n[s];
+  for (std::size_t s = 0; s < weights.size(); ++s) {
+    EXPECT_LE(std::abs(static_cast<double>(n[s]) - weights[s] * (48 * 3 + 17)), 1.0) << s;
+  }
+}
+
 TEST(TokenMixIndex, IidDrawsStayWithinTheBinomialSpread) {
   const std::vector<double> weights = {5, 3, 2};
   const std::vector<std::uint64_t> rows = {1000, 1000, 1000};

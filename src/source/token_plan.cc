@@ -247,6 +247,42 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
   return out;
 }
 
+namespace {
+// A stratified mix's last, partial batch (batch `b`, the samples past the whole batches): each
+// source's samples so that the whole mix holds its share of `samples` as nearly as whole samples
+// can, exactly where the shares are whole (a budget of rows a source), in an order shuffled
+// as a whole batch's.
+void stratified_tail(std::span<const double> weights, std::size_t samples, std::size_t b,
+                     std::uint64_t seed, TokenBlend& blend) {
+  const std::size_t last = samples - blend.source.size();
+  if (last == 0) return;
+  const double sum = weight_sum(weights);
+  const std::size_t n = weights.size();
+  std::vector<std::uint64_t> count(n, 0);
+  for (const std::uint32_t s : blend.source) ++count[s];
+  std::vector<double> behind(n);  // the samples each source is short of its share at the end
+  for (std::size_t s = 0; s < n; ++s) {
+    behind[s] = weights[s] / sum * static_cast<double>(samples) - static_cast<double>(count[s]);
+  }
+  std::vector<std::uint32_t> slots;
+  while (slots.size() < last) {  // the one furthest behind (ties: the lower index), in turn
+    std::size_t pick = 0;
+    for (std::size_t s = 1; s < n; ++s) {
+      if (weights[s] > 0 && (weights[pick] <= 0 || behind[s] > behind[pick])) pick = s;
+    }
+    slots.push_back(static_cast<std::uint32_t>(pick));
+    behind[pick] -= 1;
+  }
+  std::vector<std::size_t> order;
+  detail::permutation(last, detail::mix(seed, b), order);
+  for (const std::size_t i : order) {
+    const std::uint32_t s = slots[i];
+    blend.source.push_back(s);
+    blend.draw.push_back(count[s]++);
+  }
+}
+}  // namespace
+
 TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed) {
   const double sum = weight_sum(weights);
   // Cumulative shares; the last source with a weight above 0 takes what rounding leaves (and
@@ -293,9 +329,8 @@ TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
   TokenBlend blend;
   if (mixing == TokenMixing::stratified) {
     if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
-    blend = stratified_blend(weights, batch, (samples + batch - 1) / batch, seed);
-    blend.source.resize(samples);
-    blend.draw.resize(samples);
+    blend = stratified_blend(weights, batch, samples / batch, seed);
+    stratified_tail(weights, samples, samples / batch, seed, blend);
   } else {
     blend = iid_blend(weights, samples, seed);
   }

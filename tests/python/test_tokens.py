@@ -347,6 +347,34 @@ def test_two_ranks_are_disjoint_and_cover_the_mix(tmp_path):
     assert got == whole
 
 
+def test_a_budget_of_epochs_or_tokens_gives_each_source_exactly_its_rows(tmp_path):
+    sources = mix_sources(tmp_path)
+    rows = [len(d) for d in sources]
+    # Epochs: half of source 0, all of source 1, two and a half of source 2 (it wraps around).
+    ds = stoker.TokenMix(sources, epochs=[0.5, 1, 2.5], global_batch=8, seed=2)
+    want = [round(0.5 * rows[0]), rows[1], round(2.5 * rows[2])]
+    assert len(ds) == sum(want)
+    src, row = ds.index()
+    assert np.bincount(src, minlength=3).tolist() == want
+    assert sorted(row[src == 1].tolist()) == list(range(rows[1]))  # each of its rows once
+    got = loader_rows(stoker.DataLoader(ds, batch_size=8, num_workers=2))
+    assert np.bincount(got["source"], minlength=3).tolist() == want
+    # Tokens: each source's budget in rows of seq_len (16), rounded up.
+    ds = stoker.TokenMix(sources, tokens=[160, 0, 33], global_batch=4)
+    assert np.bincount(ds.index()[0], minlength=3).tolist() == [10, 0, 3]
+    # A pickled budgeted mix is the same mix.
+    again = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(again.index()[0], ds.index()[0])
+    with pytest.raises(ValueError, match="one of weights, epochs or tokens, not weights and epochs"):
+        stoker.TokenMix(sources, WEIGHTS, epochs=[1, 1, 1], global_batch=4)
+    with pytest.raises(ValueError, match="2 epochs for 3 sources"):
+        stoker.TokenMix(sources, epochs=[1, 1], global_batch=4)
+    with pytest.raises(ValueError, match="samples follows from tokens"):
+        stoker.TokenMix(sources, tokens=[1, 1, 1], samples=10, global_batch=4)
+    with pytest.raises(ValueError, match="give no rows"):
+        stoker.TokenMix(sources, epochs=[0, 0, 0], global_batch=4)
+
+
 def test_a_mix_pickles_and_refuses_what_it_cannot_mix(tmp_path):
     sources = mix_sources(tmp_path)
     ds = stoker.TokenMix(sources, WEIGHTS, global_batch=4, samples=40, seed=2)
@@ -370,7 +398,7 @@ def test_a_mix_pickles_and_refuses_what_it_cannot_mix(tmp_path):
 # there is no threads-to-processes case here.
 @pytest.mark.parametrize("old_workers, new_workers, new_kind, cuts", [
     (2, 1, "thread", 100),
-    (3, 2, "thread", 30),  # the 4 ranks x 3 workers to 3 ranks x 2
+    (3, 2, "thread", 100),  # the 4 ranks x 3 workers to 3 ranks x 2
 ])
 def test_resume_at_random_cut_points_on_another_topology_gives_the_uninterrupted_rows(
         tmp_path, old_workers, new_workers, new_kind, cuts):

@@ -168,17 +168,26 @@ class TokenMix(NativeDataset):
     DataLoader's ``state_dict()`` resumes it (on another topology too, through
     ``stoker.merge_states``) like any map-style data set.
 
+    Instead of ``weights``, a budget per source: ``epochs=[...]`` (how many epochs of each
+    source, fractions allowed: ``round(epochs * len(source))`` rows) or ``tokens=[...]`` (each
+    source's tokens to the training loop: ``ceil(tokens / seq_len)`` rows). The weights are then
+    those row counts and ``samples`` their sum; with ``mixing="stratified"`` the mix holds
+    exactly each source's rows.
+
     The sources must make rows alike (``seq_len``); those whose ``max_segments`` was not given
     are made again with the largest any source needs, so that ``cu_seqlens`` match."""
 
-    def __init__(self, sources: Sequence[TokenDataset], weights: Sequence[float], *,
-                 mixing: str = "stratified", global_batch: Optional[int] = None,
-                 samples: Optional[int] = None, seed: int = 0) -> None:
+    def __init__(self, sources: Sequence[TokenDataset], weights: Optional[Sequence[float]] = None,
+                 *, mixing: str = "stratified", global_batch: Optional[int] = None,
+                 samples: Optional[int] = None, seed: int = 0,
+                 epochs: Optional[Sequence[float]] = None,
+                 tokens: Optional[Sequence[int]] = None) -> None:
         sources = list(sources)
-        self._made_with = ((sources, list(weights)), dict(
-            mixing=mixing, global_batch=global_batch, samples=samples, seed=seed))
         if not sources or not all(isinstance(d, TokenDataset) for d in sources):
             raise TypeError("stoker.TokenMix: sources must be one or more stoker.TokenDataset")
+        weights, samples = _budget(sources, weights, samples, epochs, tokens)
+        self._made_with = ((sources, list(weights)), dict(
+            mixing=mixing, global_batch=global_batch, samples=samples, seed=seed))
         if len(weights) != len(sources):
             raise ValueError(f"stoker.TokenMix: {len(weights)} weights for {len(sources)} sources")
         if mixing == "stratified" and global_batch is None:
@@ -218,6 +227,31 @@ class TokenMix(NativeDataset):
     def sample_name(self, index: int) -> str:
         """Sample `index` as errors name it: its source, and the source's row."""
         return self._handle.sample_name(index)
+
+
+def _budget(sources, weights, samples, epochs, tokens):
+    """TokenMix's (weights, samples): as given, or from a budget of epochs or tokens a source
+    (each source's rows: the weights; their sum: the samples)."""
+    given = [name for name, v in (("weights", weights), ("epochs", epochs), ("tokens", tokens))
+             if v is not None]
+    if len(given) != 1:
+        raise ValueError(f"stoker.TokenMix: give one of weights, epochs or tokens, not "
+                         f"{' and '.join(given) or 'none'}")
+    if weights is not None:
+        return weights, samples
+    budget = list(epochs if epochs is not None else tokens)
+    if len(budget) != len(sources):
+        raise ValueError(f"stoker.TokenMix: {len(budget)} {given[0]} for {len(sources)} sources")
+    if any(b < 0 for b in budget):
+        raise ValueError(f"stoker.TokenMix: {given[0]} must not be negative: {budget}")
+    if samples is not None:
+        raise ValueError(f"stoker.TokenMix: samples follows from {given[0]}; do not give both")
+    seq_len = sources[0].seq_len
+    rows = [round(e * len(d)) for e, d in zip(budget, sources)] if epochs is not None else [
+        -(-int(t) // seq_len) for t in budget]
+    if sum(rows) == 0:
+        raise ValueError(f"stoker.TokenMix: {given[0]} {budget} give no rows")
+    return [float(r) for r in rows], sum(rows)
 
 
 def token_mix_index(source_rows, weights, mixing: str = "stratified", global_batch: int = 1,
