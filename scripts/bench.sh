@@ -103,3 +103,11 @@ fi
 stage "full: video clips: stoker.VideoClips against PyAV, torchcodec and SPDL (bench/video_bench.py; spdl into .venv)"
 .venv/bin/python -m pip install -q spdl
 .venv/bin/python bench/video_bench.py
+
+stage "full: token data: stoker.TokenDataset and TokenMix against Grain, megatron-core and nanoGPT's memmap windows (bench/token_bench.py; the peers in .venv-peers)"
+python_venv .venv-peers grain megatron-core torch==2.13.0 numpy
+.venv/bin/python bench/token_bench.py --peers-python .venv-peers/bin/python
+
+stage "full: raw text tokenized on the fly: stoker.TextTokens on 1 and 2 workers against torch's DataLoader with a tokenizing collate_fn (bench/text_token_bench.py; tokenizers into .venv)"
+.venv/bin/python -m pip install -q tokenizers
+.venv/bin/python bench/text_token_bench.py
