@@ -29,11 +29,9 @@ SAMPLES, BATCH_JOBS, STREAM = "samples", "batch jobs", "stream"
 WORKER_TYPES = ("auto", "thread", "process")
 SHUFFLE_MODES = ("global", "window")  # shuffle= besides True/False (LoaderOptions::shuffle_mode)
 
-# num_workers='auto' starts with one worker per core of this rank's share and lets the
-# engine's tuner move the count and the batches in flight both ways (src/tune/tuner.h): many
-# workers at a time when they mostly wait (a Python __getitem__ on files, sleeps, or torch ops
-# that release the GIL), up to the CPU budget when they compute, fewer when they sit idle; at
-# most _stoker.default_max_workers (stoker/frontend/host_share.h).
+# num_workers='auto' starts with a worker per core of this rank's share; the engine's tuner
+# moves the count and the batches in flight both ways (src/tune/tuner.h): more while they wait,
+# up to the CPU budget while they compute, at most _stoker.default_max_workers (host_share.h).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +91,7 @@ class Plan:
     # The engine's shuffle: 'auto' (global while a native data set fits its object cache, else
     # windowed over its storage blocks), 'global' or 'window' (shuffle='global' / 'window').
     shuffle_mode: str = "auto"
-    # A stream left to stoker's depth (prefetch_factor not given): each worker's queue grows
-    # where batches come in bursts (deeper_stream_depth, src/tune/worker_kind.cc).
-    tune_depth: bool = False
+    tune_depth: bool = False  # a stream's prefetch_factor left to stoker (deeper_stream_depth)
 
     def __str__(self) -> str:
         shown = ("mode", "pipeline", "order", "worker_type", "worker_type_reason",
