@@ -414,12 +414,12 @@ TEST(StreamThreads, ThreadsGiveWayToWorkerProcessesTheModelPutsFaster) {
   EXPECT_EQ(choose_stream_workers(half, 8, true).workers, 8u);
 }
 
-TEST(StreamDepth, QueuesDoubleWhenTheLoopWaitsWhileAnotherWorkersQueueIsFull) {
+TEST(StreamDepth, QueuesDoubleWhenTheLoopWaitsWhileAnotherWorkerHasBatchesReady) {
   // A packing stream: each worker yields five batches at once after tokenizing a block, so the
   // loop waits on one worker while the other holds its two batches, 20 times in 64.
   auto d = deeper_stream_depth(2, kStreamDepthWindow, 20);
   EXPECT_EQ(d.depth, 4u);
-  EXPECT_TRUE(contains(d.reason, "waited for 20 of 64 batches while another worker's queue of 2"));
+  EXPECT_TRUE(contains(d.reason, "waited for 20 of 64 batches while another worker had batches"));
   EXPECT_TRUE(contains(d.reason, "holds 4 from now on"));
   // Again in the next window while still bursty; never past kStreamMostDepth.
   EXPECT_EQ(deeper_stream_depth(4, kStreamDepthWindow, 7).depth, 8u);
@@ -430,7 +430,7 @@ TEST(StreamDepth, QueuesDoubleWhenTheLoopWaitsWhileAnotherWorkersQueueIsFull) {
 }
 
 TEST(StreamDepth, AStreamWhoseWorkersKeepUpKeepsItsDepth) {
-  // Waits with no full queue beside them are a slow stream, not a bursty one: more depth would
+  // Waits with no batch ready beside them are a slow stream, not a bursty one: more depth would
   // not help (the workers' count is auto's, not this rule's).
   auto d = deeper_stream_depth(2, kStreamDepthWindow, 6);
   EXPECT_EQ(d.depth, 2u);

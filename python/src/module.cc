@@ -564,7 +564,7 @@ PYBIND11_MODULE(_stoker, m) {
       },
       py::arg("depth"), py::arg("batches"), py::arg("blocked"),
       "A stream's queue depth after a window of `batches` taken, `blocked` of them waited for "
-      "while another worker's queue was full: (depth from now on, why it grew or '').");
+      "while another worker had batches ready: (depth from now on, why it grew or '').");
   m.attr("STREAM_DEPTH_WINDOW") = detail::kStreamDepthWindow;
   m.attr("STREAM_MIN_BATCHES") = detail::kStreamMinBatches;
   m.def(

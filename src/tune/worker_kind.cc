@@ -114,8 +114,8 @@ StreamDepth deeper_stream_depth(std::size_t depth, std::size_t batches, std::siz
   }
   out.depth = std::min(2 * std::max<std::size_t>(depth, 1), kStreamMostDepth);
   out.reason = format(
-      "the training loop waited for %zu of %zu batches while another worker's queue of %zu was "
-      "full: its batches come in bursts; each worker's queue holds %zu from now on",
+      "the training loop waited for %zu of %zu batches while another worker had batches ready "
+      "in its queue of %zu: its batches come in bursts; each worker's queue holds %zu from now on",
       blocked, batches, depth, out.depth);
   return out;
 }

@@ -191,7 +191,7 @@ StreamThreads choose_stream_threads(const StreamCosts& costs, double read_wait, 
 // in turn, so a worker whose batches come in bursts (a block of documents tokenized and packed
 // at once, a shuffle buffer refilled) stalls the loop while the others sit with full queues,
 // idle. Over a window of kStreamDepthWindow batches taken, `blocked` counts the batches the loop
-// waited for while another worker's queue was full: from kStreamBlockedShare of the window on,
+// waited for while another worker had batches ready: from kStreamBlockedShare of the window on,
 // each queue doubles (at most kStreamMostDepth; the memory cap may still hold it lower). Only
 // where the user left prefetch_factor to stoker.
 inline constexpr std::size_t kStreamDepthWindow = 64;

@@ -73,8 +73,8 @@ class StreamPipeline(Pipeline):
                                     plan.num_workers, self.worker_type == "process")
         self.reported_len: Optional[int] = None  # len(dataset) when len(loader) was asked
         self._epoch = 0  # the epoch running
-        # Batches taken and waits beside a full queue since the depth was last looked at
-        # (plan.tune_depth: deeper_stream_depth).
+        # Batches taken since the depth was last looked at, and the epoch's waits beside ready
+        # batches then (plan.tune_depth: deeper_stream_depth).
         self._depth_window = (0, 0)
         self._depth_asked = plan.depth
         self._timing = _Timing()
@@ -111,8 +111,8 @@ class StreamPipeline(Pipeline):
         return batch
 
     def _deepen(self) -> None:
-        """Every window of batches: where the loop waited on a worker while another's queue was
-        full, each queue doubles (deeper_stream_depth), as far as the memory cap lets it."""
+        """Every window of batches: where the loop waited on a worker while another had batches
+        ready, each queue doubles (deeper_stream_depth), as far as the memory cap lets it."""
         start, blocked0 = self._depth_window
         self._depth_window = (start + 1, blocked0)
         if start + 1 < _stoker.STREAM_DEPTH_WINDOW:
