@@ -194,6 +194,19 @@ double weight_sum(std::span<const double> weights) {
   return sum;
 }
 
+// A batch's sources (`slots`, one a sample) into `blend` in an order shuffled by (seed, batch
+// `b`), each sample numbered among its source's so far (`count`); `order` is scratch.
+void append_batch(std::span<const std::uint32_t> slots, std::uint64_t seed, std::size_t b,
+                  std::vector<std::uint64_t>& count, std::vector<std::size_t>& order,
+                  TokenBlend& blend) {
+  detail::permutation(slots.size(), detail::mix(seed, b), order);
+  for (const std::size_t i : order) {
+    const std::uint32_t s = slots[i];
+    blend.source.push_back(s);
+    blend.draw.push_back(count[s]++);
+  }
+}
+
 }  // namespace
 
 TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
@@ -237,12 +250,7 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
       throw std::logic_error("stoker: stratified_blend filled " + std::to_string(slots.size()) +
                              " of a batch's " + std::to_string(batch) + " samples");
     }
-    detail::permutation(batch, detail::mix(seed, b), order);
-    for (const std::size_t i : order) {
-      const std::uint32_t s = slots[i];
-      out.source.push_back(s);
-      out.draw.push_back(count[s]++);
-    }
+    append_batch(slots, seed, b, count, order, out);
   }
   return out;
 }
@@ -274,12 +282,7 @@ void stratified_tail(std::span<const double> weights, std::size_t samples, std::
     behind[pick] -= 1;
   }
   std::vector<std::size_t> order;
-  detail::permutation(last, detail::mix(seed, b), order);
-  for (const std::size_t i : order) {
-    const std::uint32_t s = slots[i];
-    blend.source.push_back(s);
-    blend.draw.push_back(count[s]++);
-  }
+  append_batch(slots, seed, b, count, order, blend);
 }
 }  // namespace
 
