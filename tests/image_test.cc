@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -103,6 +104,127 @@ TEST(Resample, SimdRowPassEqualsTheScalarReference) {
     image::resample_row_reference(px.data(), c, b.data());
     EXPECT_EQ(a, b) << in << "->" << out;
   }
+}
+
+TEST(Resample, SimdPlaneRowEqualsTheScalarReferenceAndReadsNothingPastTheRow) {
+  // Downscales of 1x to 6x (taps 8 and 16), an upscale, boxes with fractional edges (a chroma
+  // plane's), each row's pixels from the box's first one with nothing readable past the row.
+  struct Case {
+    int in;
+    double in0, in1;
+    int out;
+  };
+  for (auto [in, in0, in1, out] : {Case{640, 0, 640, 224},
+                                   {320, 0.25, 320.25, 224},
+                                   {1280, 0, 1280, 224},
+                                   {224, 0, 224, 224},
+                                   {100, 0, 100, 224},
+                                   {1800, 0, 1800, 224},
+                                   {301, 10, 290, 97},
+                                   {37, 0, 37, 9}}) {
+    const int taps = image::plane_taps(in0, in1, out);
+    ASSERT_EQ(taps % 8, 0);
+    std::vector<std::int32_t> start(out), count(out), weights(out * taps);
+    image::AxisCoeffs c{taps, start, count, weights};
+    image::bilinear_axis(in, in0, in1, out, 0, c);
+    std::vector<std::int16_t> w16(weights.size());
+    image::plane_weights(c, w16);
+    const auto px = testing::pattern(in, 1, 1, static_cast<std::uint32_t>(in));
+    const auto avail = static_cast<std::size_t>(in - c.first);
+    // An exact-size copy from the box's first pixel: ASan reports any read past it.
+    const std::vector<std::uint8_t> row(px.begin() + c.first, px.begin() + c.first + avail);
+    std::vector<std::uint8_t> a(out), b(out);
+    image::resample_plane_row(row.data(), static_cast<int>(avail), c, w16, a.data());
+    image::resample_plane_row_reference(row.data(), c, w16, b.data());
+    EXPECT_EQ(a, b) << in << "->" << out;
+  }
+}
+
+TEST(Resample, PlanePassesStayWithinALevelOfTheRgbPassesOnAGrayImage) {
+  // A gray image through the RGB passes (Pillow's) and through the one-channel passes in the
+  // same order: the 16-bit horizontal weights move no value by more than one level.
+  const int in_w = 150, in_h = 90, out_w = 64, out_h = 40;
+  const auto gray = testing::pattern(in_w, in_h, 1, 7);
+  std::vector<std::uint8_t> rgb(gray.size() * 3 + 256);
+  for (std::size_t i = 0; i < gray.size(); ++i) std::memset(&rgb[i * 3], gray[i], 3);
+  auto axis = [](int in, int out, int taps, std::vector<std::int32_t>& s,
+                 std::vector<std::int32_t>& n, std::vector<std::int32_t>& w) {
+    s.resize(out), n.resize(out), w.resize(static_cast<std::size_t>(out) * taps);
+    image::AxisCoeffs c{taps, s, n, w};
+    image::bilinear_axis(in, 0, in, out, 0, c);
+    return c;
+  };
+  std::vector<std::int32_t> xs, xn, xw, ps, pn, pw, ys, yn, yw;
+  const auto cx = axis(in_w, out_w, image::bilinear_taps(0, in_w, out_w), xs, xn, xw);
+  const auto px = axis(in_w, out_w, image::plane_taps(0, in_w, out_w), ps, pn, pw);
+  const auto cy = axis(in_h, out_h, image::bilinear_taps(0, in_h, out_h), ys, yn, yw);
+  std::vector<std::int16_t> w16(pw.size());
+  image::plane_weights(px, w16);
+
+  std::vector<std::uint8_t> rows(static_cast<std::size_t>(in_h) * out_w * 4);
+  for (int y = 0; y < in_h; ++y) {
+    image::resample_row(&rgb[static_cast<std::size_t>(y) * in_w * 3], cx, &rows[y * out_w * 4]);
+  }
+  std::vector<std::uint8_t> want(static_cast<std::size_t>(3) * out_w * out_h), line(out_w * 4);
+  std::vector<std::int32_t> acc(out_w * 4);
+  image::OutputArgs args;
+  args.out = std::as_writable_bytes(std::span(want));
+  args.width = out_w;
+  args.height = out_h;
+  image::resample_columns(rows.data(), out_w * 4, cy, args, acc, line);
+
+  std::vector<std::uint8_t> prow(static_cast<std::size_t>(in_h) * out_w);
+  for (int y = 0; y < in_h; ++y) {
+    image::resample_plane_row(&gray[static_cast<std::size_t>(y) * in_w], in_w, px, w16,
+                              &prow[y * out_w]);
+  }
+  std::vector<std::uint8_t> got(static_cast<std::size_t>(out_w) * out_h);
+  image::resample_plane_columns(prow.data(), out_w, cy, out_w, got.data(), out_w, acc);
+  int most = 0;
+  for (std::size_t c = 0; c < 3; ++c) {
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      most = std::max(most, std::abs(got[i] - want[c * got.size() + i]));
+    }
+  }
+  EXPECT_LE(most, 1);
+}
+
+TEST(Resample, YuvToRgbRoundsLibswscalesMatrixToTheNearestLevel) {
+  // BT.601, limited range, as libswscale's table gives it (crv 104597, cbu 132201, cgu 25675,
+  // cgv 53279) with cy = 255/219: black, white, grays and saturated colours against the
+  // formula in doubles.
+  image::YuvMatrix m;
+  m.cy = (1 << 16) * 255 / 219, m.oy = 16;
+  m.crv = 104597, m.cbu = 132201, m.cgu = 25675, m.cgv = 53279;
+  std::vector<std::uint8_t> y, u, v;
+  for (int a = 0; a < 256; a += 5) {
+    for (int b = 0; b < 256; b += 17) {
+      y.push_back(static_cast<std::uint8_t>(a));
+      u.push_back(static_cast<std::uint8_t>(b));
+      v.push_back(static_cast<std::uint8_t>(255 - b));
+    }
+  }
+  const std::size_t n = y.size();
+  std::vector<std::uint8_t> r(n), g(n), bl(n);
+  const std::uint8_t* const in[3] = {y.data(), u.data(), v.data()};
+  std::uint8_t* const out[3] = {r.data(), g.data(), bl.data()};
+  image::yuv_to_rgb(in, n, m, out);
+  auto level = [](double x) { return std::clamp(std::round(x), 0.0, 255.0); };
+  for (std::size_t i = 0; i < n; ++i) {
+    const double l = 255.0 / 219 * (y[i] - 16), cu = u[i] - 128.0, cv = v[i] - 128.0;
+    EXPECT_NEAR(r[i], level(l + 104597 / 65536.0 * cv), 1) << i;
+    EXPECT_NEAR(g[i], level(l - 25675 / 65536.0 * cu - 53279 / 65536.0 * cv), 1) << i;
+    EXPECT_NEAR(bl[i], level(l + 132201 / 65536.0 * cu), 1) << i;
+  }
+  const std::uint8_t black[3] = {16, 128, 128}, white[3] = {235, 128, 128};
+  std::uint8_t px[3];
+  std::uint8_t* const one[3] = {&px[0], &px[1], &px[2]};
+  const std::uint8_t* const k[3] = {&black[0], &black[1], &black[2]};
+  image::yuv_to_rgb(k, 1, m, one);
+  EXPECT_EQ(px[0] + px[1] + px[2], 0);
+  const std::uint8_t* const w[3] = {&white[0], &white[1], &white[2]};
+  image::yuv_to_rgb(w, 1, m, one);
+  EXPECT_EQ(px[0] + px[1] + px[2], 3 * 255);
 }
 
 TEST(Resample, ColumnsPassWritesFlippedNormalizedLayouts) {

@@ -50,6 +50,40 @@ std::size_t row_padding(const AxisCoeffs& cx);
 // The portable scalar version, for checking the SIMD one.
 void resample_row_reference(const std::uint8_t* in, const AxisCoeffs& cx, std::uint8_t* out);
 
+// One-channel passes over an image plane (a video frame's Y, U or V before its colour
+// conversion), each output rounded to 8 bits as the RGB passes round theirs.
+// Horizontal weights are 16-bit with kPlaneBits fraction bits (Pillow's rounded: a weight is
+// off by at most 2^-15, a sum of eight by 2^-12 of a level's worth), so that two outputs go
+// through one 16-lane multiply-add.
+inline constexpr int kPlaneBits = 14;
+// bilinear_taps rounded up to a multiple of 8, for a plane's horizontal coefficients.
+int plane_taps(double in0, double in1, int out_size);
+// cx's weights as 16-bit ones (w16: cx.weights.size() values).
+void plane_weights(const AxisCoeffs& cx, std::span<std::int16_t> w16);
+// Horizontal: `in` holds a row's pixels from cx.first on, `avail` of them readable (at least
+// cx.last - cx.first); writes cx.start.size() bytes. Reads nothing past `avail`. Eight outputs
+// at a time (AVX2) where cx.taps is a multiple of 8 (plane_taps()).
+void resample_plane_row(const std::uint8_t* in, int avail, const AxisCoeffs& cx,
+                        std::span<const std::int16_t> w16, std::uint8_t* out);
+// The portable scalar version, for checking the SIMD one.
+void resample_plane_row_reference(const std::uint8_t* in, const AxisCoeffs& cx,
+                                  std::span<const std::int16_t> w16, std::uint8_t* out);
+// Vertical: row r of `rows` (input row cy.first + r, `width` bytes) at rows + r * row_stride;
+// writes cy.start.size() rows of `width` bytes at out + y * out_stride. `acc`: width values.
+void resample_plane_columns(const std::uint8_t* rows, std::size_t row_stride, const AxisCoeffs& cy,
+                            std::size_t width, std::uint8_t* out, std::size_t out_stride,
+                            std::span<std::int32_t> acc);
+
+// A YUV to RGB matrix in 16.16 fixed point: R = cy (Y - oy) + crv V', G = cy (Y - oy) - cgu U'
+// - cgv V', B = cy (Y - oy) + cbu U' (U' = U - 128, V' = V - 128), as libswscale derives it from
+// its coefficient tables and the range (sws_setColorspaceDetails).
+struct YuvMatrix {
+  std::int32_t cy = 1 << 16, oy = 0, crv = 0, cbu = 0, cgu = 0, cgv = 0;
+};
+// n pixels of Y, U and V planes to R, G and B planes, rounded to the nearest level.
+void yuv_to_rgb(const std::uint8_t* const yuv[3], std::size_t n, const YuvMatrix& m,
+                std::uint8_t* const rgb[3]);
+
 // Where and how the vertical pass writes: a width x height image of 3 channels into `out`,
 // u8 as is or f32 as v * scale[c] + bias[c], CHW or HWC, mirrored left-right if `flip`.
 struct OutputArgs {

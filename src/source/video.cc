@@ -1,7 +1,8 @@
 // VideoClips (include/stoker/video.h): the index of each file (demuxed packets, cached on
 // disk), the clips planned from it, and their reads: seek to the keyframe, decode to the last
-// frame, frames chosen by presentation timestamp, converted to RGB by libswscale at their own
-// size and resized by stoker's resampling straight into the batch slab.
+// frame, frames chosen by presentation timestamp, resized by stoker's resampling plane by plane
+// and converted to RGB at the output's size straight into the batch slab (libswscale converts
+// formats other than planar 8-bit YUV to RGB first).
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -407,6 +408,44 @@ std::span<T> sized(std::vector<T>& v, std::size_t n) {
   return {v.data(), n};
 }
 
+// One plane's resize: the filter of each axis over the crop's box, in the plane's own pixels.
+struct PlaneResize {
+  std::vector<std::int32_t> xs, xc, xw, ys, yc, yw;
+  std::vector<std::int16_t> xw16;  // a YUV plane's: cx's weights in 16 bits
+  image::AxisCoeffs cx, cy;
+  // The vertical pass first where it leaves fewer rows to the (costlier) horizontal one.
+  bool vertical_first = false;
+};
+
+// A libswscale context converting frames to RGB, with the YUV matrix and range it was set to.
+class ColourConverter {
+ public:
+  ColourConverter() = default;
+  ColourConverter(const ColourConverter&) = delete;
+  ColourConverter& operator=(const ColourConverter&) = delete;
+  ~ColourConverter() { sws_freeContext(ctx_); }
+
+  // The context for w x h frames of `from` to `to` (same size), with the YUV matrix `cs`
+  // (SWS_CS_*) and range (full or limited); nullptr where libswscale cannot convert `from`.
+  SwsContext* get(int w, int h, AVPixelFormat from, AVPixelFormat to, int cs, int full) {
+    ctx_ =
+        sws_getCachedContext(ctx_, w, h, from, w, h, to, SWS_BILINEAR, nullptr, nullptr, nullptr);
+    const std::array<int, 6> details{w, h, from, to, cs, full};
+    if (ctx_ != nullptr && (ctx_ != set_ || details != details_)) {
+      sws_setColorspaceDetails(ctx_, sws_getCoefficients(cs), full,
+                               sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
+      set_ = ctx_;
+      details_ = details;
+    }
+    return ctx_;
+  }
+
+ private:
+  SwsContext* ctx_ = nullptr;
+  const SwsContext* set_ = nullptr;  // the context the details below were set on
+  std::array<int, 6> details_{};
+};
+
 // An open file and its decoder, kept between the reads of its clips.
 struct Decoder {
   std::size_t video = 0;
@@ -414,27 +453,23 @@ struct Decoder {
   AVCodecContext* codec = nullptr;
   AVPacket* pkt = nullptr;
   AVFrame* frame = nullptr;
-  SwsContext* sws = nullptr;
-  const SwsContext* sws_set = nullptr;  // the context the colour details below were set on
-  std::array<int, 5> sws_details{};     // width, height, format, matrix, full range
+  ColourConverter to_rgb;  // a frame not in planar 8-bit YUV to RGB at its own size
   // The last frame output since the last seek (INT64_MIN: none; the next read seeks).
   std::int64_t last_pts = std::numeric_limits<std::int64_t>::min();
   bool drained = false;  // the end of the file was sent: only a seek goes on from here
   std::uint64_t used = 0;
 
-  // RGB frame and resampling scratch, reused.
-  std::vector<std::uint8_t> rgb;
-  int coeff_w = 0, coeff_h = 0;  // the frame size the coefficients are for
-  std::vector<std::int32_t> xs, xc, xw, ys, yc, yw;
-  image::AxisCoeffs cx, cy;
-  std::vector<std::uint8_t> rows, line;
+  // Resampling: the coefficients per plane (one: RGB; three: Y, U, V), for the frame's size,
+  // format and chroma siting in `resize_for`; scratch, reused.
+  std::array<PlaneResize, 3> planes;
+  std::array<int, 4> resize_for{};
+  std::vector<std::uint8_t> rgb, rows, line, yuv;
   std::vector<std::int32_t> acc;
 
   Decoder() = default;
   Decoder(const Decoder&) = delete;
   Decoder& operator=(const Decoder&) = delete;
   ~Decoder() {
-    sws_freeContext(sws);
     av_frame_free(&frame);
     av_packet_free(&pkt);
     avcodec_free_context(&codec);
@@ -815,79 +850,198 @@ int enum_value(const Enum& field) {
 }
 }  // namespace
 
+namespace {
+
+// An 8-bit planar YUV frame (what software H.264, HEVC, VP9 and AV1 decoders give), whose
+// planes are resized before the colour conversion: that then runs at the output's size.
+bool planar_yuv8(const AVPixFmtDescriptor* d, const AVFrame* f) {
+  constexpr auto kNot = AV_PIX_FMT_FLAG_RGB | AV_PIX_FMT_FLAG_BE | AV_PIX_FMT_FLAG_HWACCEL |
+                        AV_PIX_FMT_FLAG_PAL | AV_PIX_FMT_FLAG_ALPHA;
+  if (d == nullptr || d->nb_components != 3 || (d->flags & AV_PIX_FMT_FLAG_PLANAR) == 0 ||
+      (d->flags & kNot) != 0 || d->log2_chroma_w > 2 || d->log2_chroma_h > 2) {
+    return false;
+  }
+  for (int c = 0; c < 3; ++c) {
+    const AVComponentDescriptor& k = d->comp[c];
+    if (k.plane != c || k.depth != 8 || k.step != 1 || k.shift != 0 || k.offset != 0 ||
+        f->linesize[c] <= 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The box [x0, x1) x [y0, y1) of a w x h frame resized into a W x H output: the largest
+// centered box of the output's aspect ratio (a crop), or the whole frame.
+std::array<double, 4> source_box(int w, int h, int W, int H, bool crop) {
+  std::array<double, 4> box{0, static_cast<double>(w), 0, static_cast<double>(h)};
+  if (!crop) return box;
+  const double want = static_cast<double>(W) / H;
+  if (static_cast<double>(w) / h > want) {
+    const double cw = h * want;
+    box[0] = std::round((w - cw) / 2);
+    box[1] = box[0] + std::round(cw);
+  } else {
+    const double ch = w / want;
+    box[2] = std::round((h - ch) / 2);
+    box[3] = box[2] + std::round(ch);
+  }
+  return box;
+}
+
+// The box in a chroma plane's own pixels, where a chroma sample sits (AVChromaLocation) between
+// the `sub` luma samples it covers: at the first (co-sited; H.264's default horizontally), in
+// the middle (MPEG-2's vertically), or at the last. Pixel centers at +0.5 on either grid.
+std::array<double, 4> chroma_box(const std::array<double, 4>& box, int loc, int sub_x, int sub_y) {
+  // In 1/256 of a luma sample past the first one (FFmpeg's chroma positions); unnamed: left
+  // and center, H.264's and MPEG-2's 4:2:0.
+  const bool centered_x =
+      loc == AVCHROMA_LOC_CENTER || loc == AVCHROMA_LOC_TOP || loc == AVCHROMA_LOC_BOTTOM;
+  const int x = centered_x ? 128 : 0;
+  const int y = loc == AVCHROMA_LOC_TOPLEFT || loc == AVCHROMA_LOC_TOP         ? 0
+                : loc == AVCHROMA_LOC_BOTTOMLEFT || loc == AVCHROMA_LOC_BOTTOM ? 256
+                                                                               : 128;
+  auto to = [](double v, int pos, int sub) {
+    return sub == 1 ? v : (v - 0.5 - pos / 256.0) / sub + 0.5;
+  };
+  return {to(box[0], x, sub_x), to(box[1], x, sub_x), to(box[2], y, sub_y), to(box[3], y, sub_y)};
+}
+
+// r's filters for resizing `box` of a w x h plane to W x H; `one_channel`: a YUV plane.
+void plan_resize(PlaneResize& r, int w, int h, const std::array<double, 4>& box, int W, int H,
+                 bool one_channel) {
+  auto axis = [](std::vector<std::int32_t>& s, std::vector<std::int32_t>& c,
+                 std::vector<std::int32_t>& wt, int taps, int in, double a, double b, int outn) {
+    image::AxisCoeffs ax;
+    ax.taps = taps;
+    ax.start = sized(s, static_cast<std::size_t>(outn));
+    ax.count = sized(c, static_cast<std::size_t>(outn));
+    ax.weights = sized(wt, static_cast<std::size_t>(outn) * static_cast<std::size_t>(taps));
+    image::bilinear_axis(in, a, b, outn, 0, ax);
+    return ax;
+  };
+  const int x_taps =
+      one_channel ? image::plane_taps(box[0], box[1], W) : image::bilinear_taps(box[0], box[1], W);
+  r.cx = axis(r.xs, r.xc, r.xw, x_taps, w, box[0], box[1], W);
+  r.cy = axis(r.ys, r.yc, r.yw, image::bilinear_taps(box[2], box[3], H), h, box[2], box[3], H);
+  r.vertical_first = one_channel && H < r.cy.last - r.cy.first;
+  if (one_channel) image::plane_weights(r.cx, sized(r.xw16, r.cx.weights.size()));
+}
+
+// One plane (`linesize` bytes a row, `w` pixels wide) resized by r into `out` (W x H, W bytes a
+// row), its two passes in r's order.
+void resize_plane(const std::uint8_t* plane, std::size_t linesize, int w, const PlaneResize& r,
+                  std::uint8_t* out, std::vector<std::uint8_t>& tmp,
+                  std::vector<std::int32_t>& acc) {
+  const image::AxisCoeffs &cx = r.cx, &cy = r.cy;
+  const std::size_t W = cx.start.size(), H = cy.start.size();
+  const std::uint8_t* top = plane + static_cast<std::size_t>(cy.first) * linesize;
+  if (r.vertical_first) {
+    const auto span = static_cast<std::size_t>(cx.last - cx.first);
+    std::uint8_t* rows = sized(tmp, H * span).data();
+    image::resample_plane_columns(top + cx.first, linesize, cy, span, rows, span, sized(acc, span));
+    for (std::size_t y = 0; y < H; ++y) {
+      image::resample_plane_row(rows + y * span, static_cast<int>(span), cx, r.xw16, out + y * W);
+    }
+  } else {
+    const auto n = static_cast<std::size_t>(cy.last - cy.first);
+    std::uint8_t* rows = sized(tmp, n * W).data();
+    for (std::size_t y = 0; y < n; ++y) {
+      image::resample_plane_row(top + y * linesize + cx.first, w - cx.first, cx, r.xw16,
+                                rows + y * W);
+    }
+    image::resample_plane_columns(rows, W, cy, W, out, W, sized(acc, W));
+  }
+}
+
+// libswscale's YUV to RGB matrix `cs` (SWS_CS_*) for limited or full range, as
+// sws_setColorspaceDetails derives it (no brightness, contrast or saturation change).
+image::YuvMatrix yuv_matrix(int cs, bool full) {
+  const int* t = sws_getCoefficients(cs);  // crv, cbu, cgu, cgv: limited range's
+  image::YuvMatrix m;
+  std::int64_t k[4] = {t[0], t[1], t[2], t[3]};
+  if (full) {
+    for (auto& v : k) v = v * 224 / 255;
+  } else {
+    m.cy = (1 << 16) * 255 / 219;
+    m.oy = 16;
+  }
+  m.crv = static_cast<std::int32_t>(k[0]);
+  m.cbu = static_cast<std::int32_t>(k[1]);
+  m.cgu = static_cast<std::int32_t>(k[2]);
+  m.cgv = static_cast<std::int32_t>(k[3]);
+  return m;
+}
+
+}  // namespace
+
 void VideoClips::Impl::write_frame(Decoder& d, std::span<std::byte> out) {
   const AVFrame* f = d.frame;
   const int w = f->width, h = f->height;
   const std::string& path = paths[d.video];
   if (w <= 0 || h <= 0) throw std::runtime_error(path + ": a decoded frame has no pixels");
   const auto fmt = static_cast<AVPixelFormat>(f->format);
-  d.sws = sws_getCachedContext(d.sws, w, h, fmt, w, h, AV_PIX_FMT_RGB24, SWS_BILINEAR, nullptr,
-                               nullptr, nullptr);
-  if (d.sws == nullptr) {
-    const char* name = av_get_pix_fmt_name(fmt);
-    throw std::runtime_error(path + ": cannot convert its pixel format " +
-                             (name ? name : "unknown") + " to RGB");
-  }
+  const AVPixFmtDescriptor* desc = av_pix_fmt_desc_get(fmt);
+  const bool planar = planar_yuv8(desc, f);
   // YUV to RGB with the frame's own matrix and range (BT.601 where it names none or one this
-  // FFmpeg does not know), set when the context or they change.
+  // FFmpeg does not know).
   const int spc = enum_value(f->colorspace);
   const int cs =
       spc >= 0 && spc < AVCOL_SPC_NB && spc != AVCOL_SPC_UNSPECIFIED ? spc : SWS_CS_DEFAULT;
   const int full = enum_value(f->color_range) == AVCOL_RANGE_JPEG ? 1 : 0;
-  const std::array<int, 5> details{w, h, f->format, cs, full};
-  if (d.sws != d.sws_set || details != d.sws_details) {
-    sws_setColorspaceDetails(d.sws, sws_getCoefficients(cs), full,
-                             sws_getCoefficients(SWS_CS_DEFAULT), 1, 0, 1 << 16, 1 << 16);
-    d.sws_set = d.sws;
-    d.sws_details = details;
-  }
 
   const int W = o.width, H = o.height;
-  if (d.coeff_w != w || d.coeff_h != h) {
-    // The crop (the largest centered box of the output's aspect ratio) or the whole frame.
-    double x0 = 0, x1 = w, y0 = 0, y1 = h;
-    if (o.center_crop) {
-      const double want = static_cast<double>(W) / H;
-      if (static_cast<double>(w) / h > want) {
-        const double cw = h * want;
-        x0 = std::round((w - cw) / 2);
-        x1 = x0 + std::round(cw);
-      } else {
-        const double ch = w / want;
-        y0 = std::round((h - ch) / 2);
-        y1 = y0 + std::round(ch);
-      }
+  const std::array<int, 4> resize_for{w, h, f->format, enum_value(f->chroma_location)};
+  if (d.resize_for != resize_for) {
+    const auto box = source_box(w, h, W, H, o.center_crop);
+    plan_resize(d.planes[0], w, h, box, W, H, planar);
+    if (planar) {
+      const int sx = desc->log2_chroma_w, sy = desc->log2_chroma_h;
+      plan_resize(d.planes[1], AV_CEIL_RSHIFT(w, sx), AV_CEIL_RSHIFT(h, sy),
+                  chroma_box(box, resize_for[3], 1 << sx, 1 << sy), W, H, true);
     }
-    auto axis = [](std::vector<std::int32_t>& s, std::vector<std::int32_t>& c,
-                   std::vector<std::int32_t>& wt, int in, double a, double b, int outn) {
-      image::AxisCoeffs ax;
-      ax.taps = image::bilinear_taps(a, b, outn);
-      ax.start = sized(s, static_cast<std::size_t>(outn));
-      ax.count = sized(c, static_cast<std::size_t>(outn));
-      ax.weights = sized(wt, static_cast<std::size_t>(outn) * static_cast<std::size_t>(ax.taps));
-      image::bilinear_axis(in, a, b, outn, 0, ax);
-      return ax;
-    };
-    d.cx = axis(d.xs, d.xc, d.xw, w, x0, x1, W);
-    d.cy = axis(d.ys, d.yc, d.yw, h, y0, y1, H);
-    d.coeff_w = w;
-    d.coeff_h = h;
+    d.resize_for = resize_for;
   }
+
+  auto* rgb_out = reinterpret_cast<std::uint8_t*>(out.data());
+  const auto plane_out = static_cast<std::size_t>(W) * static_cast<std::size_t>(H);
+  if (planar) {
+    // Y, U and V resized to the output's size (4:4:4), then converted into its R, G, B planes.
+    std::uint8_t* yuv = sized(d.yuv, 3 * plane_out).data();
+    for (int c = 0; c < 3; ++c) {
+      const int pw = c == 0 ? w : AV_CEIL_RSHIFT(w, desc->log2_chroma_w);
+      resize_plane(f->data[c], static_cast<std::size_t>(f->linesize[c]), pw,
+                   d.planes[c == 0 ? 0 : 1], yuv + c * plane_out, d.rows, d.acc);
+    }
+    const std::uint8_t* const src[3] = {yuv, yuv + plane_out, yuv + 2 * plane_out};
+    std::uint8_t* const dst[3] = {rgb_out, rgb_out + plane_out, rgb_out + 2 * plane_out};
+    image::yuv_to_rgb(src, plane_out, yuv_matrix(cs, full != 0), dst);
+    return;
+  }
+
+  // Any other format: converted to RGB at its own size, then resized.
+  SwsContext* sws = d.to_rgb.get(w, h, fmt, AV_PIX_FMT_RGB24, cs, full);
+  if (sws == nullptr) {
+    const char* name = av_get_pix_fmt_name(fmt);
+    throw std::runtime_error(path + ": cannot convert its pixel format " +
+                             (name ? name : "unknown") + " to RGB");
+  }
+  const image::AxisCoeffs &cx = d.planes[0].cx, &cy = d.planes[0].cy;
   const int stride = FFALIGN(w * 3, 64);
-  const std::size_t rgb_bytes = static_cast<std::size_t>(stride) * static_cast<std::size_t>(h) +
-                                image::row_padding(d.cx) + 64;
+  const std::size_t rgb_bytes =
+      static_cast<std::size_t>(stride) * static_cast<std::size_t>(h) + image::row_padding(cx) + 64;
   std::uint8_t* dst[4] = {sized(d.rgb, rgb_bytes).data(), nullptr, nullptr, nullptr};
   const int dst_stride[4] = {stride, 0, 0, 0};
-  const int rows_out = sws_scale(d.sws, f->data, f->linesize, 0, h, dst, dst_stride);
-  if (rows_out != h) throw std::runtime_error(path + ": cannot convert a frame to RGB");
-
+  if (sws_scale(sws, f->data, f->linesize, 0, h, dst, dst_stride) != h) {
+    throw std::runtime_error(path + ": cannot convert a frame to RGB");
+  }
   const std::size_t row_bytes = static_cast<std::size_t>(W) * 4;  // RGBx
-  const auto rows_needed = static_cast<std::size_t>(d.cy.last - d.cy.first);
-  std::uint8_t* rows = sized(d.rows, rows_needed * row_bytes).data();
-  for (int y = d.cy.first; y < d.cy.last; ++y) {
+  std::uint8_t* rows =
+      sized(d.rows, static_cast<std::size_t>(cy.last - cy.first) * row_bytes).data();
+  for (int y = cy.first; y < cy.last; ++y) {
     image::resample_row(d.rgb.data() + static_cast<std::size_t>(y) * stride +
-                            static_cast<std::size_t>(d.cx.first) * 3,
-                        d.cx, rows + static_cast<std::size_t>(y - d.cy.first) * row_bytes);
+                            static_cast<std::size_t>(cx.first) * 3,
+                        cx, rows + static_cast<std::size_t>(y - cy.first) * row_bytes);
   }
   image::OutputArgs args;
   args.out = out;
@@ -895,7 +1049,7 @@ void VideoClips::Impl::write_frame(Decoder& d, std::span<std::byte> out) {
   args.layout = ImageLayout::chw;
   args.width = W;
   args.height = H;
-  image::resample_columns(rows, row_bytes, d.cy, args, sized(d.acc, row_bytes),
+  image::resample_columns(rows, row_bytes, cy, args, sized(d.acc, row_bytes),
                           sized(d.line, row_bytes));
 }
 
