@@ -459,9 +459,9 @@ struct Decoder {
   bool drained = false;  // the end of the file was sent: only a seek goes on from here
   std::uint64_t used = 0;
 
-  // Resampling: the coefficients per plane (one: RGB; three: Y, U, V), for the frame's size,
-  // format and chroma siting in `resize_for`; scratch, reused.
-  std::array<PlaneResize, 3> planes;
+  // Resampling: the coefficients for RGB or Y ([0]) and for U and V ([1]), for the frame's
+  // size, format and chroma siting in `resize_for`; scratch, reused.
+  std::array<PlaneResize, 2> planes;
   std::array<int, 4> resize_for{};
   std::vector<std::uint8_t> rgb, rows, line, yuv;
   std::vector<std::int32_t> acc;
@@ -848,9 +848,6 @@ int enum_value(const Enum& field) {
   std::memcpy(&v, &field, sizeof v);
   return v;
 }
-}  // namespace
-
-namespace {
 
 // An 8-bit planar YUV frame (what software H.264, HEVC, VP9 and AV1 decoders give), whose
 // planes are resized before the colour conversion: that then runs at the output's size.
