@@ -12,7 +12,10 @@ The server: SeaweedFS (`weed mini`, STOKER_WEED or PATH) behind nginx (`--proxy 
 default where Debian's nginx and libnginx-mod-http-lua are installed) or tests/support/
 fault_proxy.py (`--proxy fault`) adding `--latency-ms` (20) to every request. The Python proxy
 serves about 600 requests a second on two cores, so a shuffle that makes a GET a sample measures
-it rather than stoker; nginx serves over twice that on the same machine. Four data sets, sorted
+it rather than stoker; nginx serves over twice that on the same machine. `--static`: nginx
+serves the objects' GETs from files itself (SeaweedFS keeps the listings), a request costing
+the shared cores tens of microseconds instead of SeaweedFS's milliseconds: a remote bucket's
+cost to the node, which is the request's latency and the client's own work. Four data sets, sorted
 by label (100 classes, so that a batch's distinct labels say how well the order mixes), each
 sample with its id, in 20 files:
 - jpeg: `--images` generated 256x256 JPEGs (about 40 KB) in WebDataset shards, read with
@@ -358,6 +361,10 @@ def main() -> int:
                    default="nginx" if nginx_available() else "fault",
                    help="what adds the latency: nginx (default where installed) or the Python "
                         "fault proxy (about 600 requests/s on two cores: it binds a shuffle)")
+    p.add_argument("--static", action="store_true",
+                   help="objects' GETs served by nginx from files (tens of microseconds of CPU "
+                        "a request, where SeaweedFS takes milliseconds of the loader's cores): "
+                        "a bucket whose server is elsewhere, as a real one is; needs nginx")
     p.add_argument("--json", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: check that it runs")
     args = p.parse_args()
@@ -372,7 +379,8 @@ def main() -> int:
     os.environ.update({"no_proxy": "127.0.0.1,localhost", "NO_PROXY": "127.0.0.1,localhost"})
     work = pathlib.Path(tempfile.mkdtemp(prefix="stoker-s3-shuffle-"))
     (work / "server").mkdir()
-    server = Server(weed, work / "server", latency_ms=args.latency_ms, proxy=args.proxy)
+    server = Server(weed, work / "server", latency_ms=args.latency_ms, proxy=args.proxy,
+                    static=args.static)
     os.environ.update({
         "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.proxy_port}",
@@ -383,13 +391,16 @@ def main() -> int:
         result = {kind: run(kind, sizes[kind], args.ratios, server, work, args.smoke)
                   for kind in args.sets}
         result["proxy"] = args.proxy
+        result["static"] = args.static
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"SeaweedFS behind the {args.proxy} proxy adding {args.latency_ms:g} ms a request")
+        served = ("objects served by nginx from files (listings by SeaweedFS)" if args.static
+                  else "SeaweedFS")
+        print(f"{served} behind the {args.proxy} proxy adding {args.latency_ms:g} ms a request")
         for kind in args.sets:
             show(kind, result[kind])
     return 0

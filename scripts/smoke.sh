@@ -76,6 +76,7 @@ data_lane() {
   run $py bench/s3_bench.py --smoke # SeaweedFS, STOKER_WEED
   run $py bench/s3_images_bench.py --smoke
   run $py bench/s3_shuffle.py --smoke
+  run $py bench/s3_shuffle.py --smoke --static --sets rows  # objects served by nginx from files
   # the main job's table (bench/headline.py) without torchvision's rows (.venv-test has none)
   run $py bench/headline.py --smoke --out build-py/headline-smoke \
     --rows tensors seed gil cheap stream webdataset parquet s3 auto

@@ -36,9 +36,16 @@ def nginx_available():
 
 
 class Server:
-    def __init__(self, weed, root, latency_ms=0.0, proxy="fault"):
+    """SeaweedFS behind a proxy adding `latency_ms` to each request. `static` (with
+    proxy="nginx"): objects' GETs and HEADs are served by nginx from copies of what was put
+    (latency_proxy.nginx.conf): a server whose work per request is not on the client's cores."""
+
+    def __init__(self, weed, root, latency_ms=0.0, proxy="fault", static=False):
         if proxy not in ("fault", "nginx"):
             raise ValueError(f"proxy={proxy!r}: 'fault' or 'nginx'")
+        if static and proxy != "nginx":
+            raise ValueError("static=True serves objects from nginx: proxy='nginx'")
+        self.static = static
         if proxy == "nginx" and not nginx_available():
             raise RuntimeError("proxy='nginx' needs nginx with its Lua module "
                                "(apt-get install nginx libnginx-mod-http-lua)")
@@ -66,7 +73,8 @@ class Server:
             conf = NGINX_CONF.read_text()
             for name, value in (("ROOT", root), ("PORT", (root / "proxy.port").read_text()),
                                 ("UPSTREAM", f"127.0.0.1:{self.s3_port}"),
-                                ("LATENCY_S", f"{latency_ms / 1000:.6f}")):
+                                ("LATENCY_S", f"{latency_ms / 1000:.6f}"),
+                                ("STATIC", "true" if static else "false")):
                 conf = conf.replace(f"@{name}@", str(value))
             (root / "nginx.conf").write_text(conf)
             command = ["nginx", "-p", str(root), "-c", str(root / "nginx.conf")]
@@ -105,6 +113,10 @@ class Server:
     def put(self, key, data):
         with self.fs.open_output_stream(f"{BUCKET}/{key}") as f:
             f.write(data)
+        if self.static:
+            mirror = self.root / "mirror" / BUCKET / key
+            mirror.parent.mkdir(parents=True, exist_ok=True)
+            mirror.write_bytes(data)
 
     def control(self, path, body=None):
         if self.proxy_kind == "nginx" and path not in ("counts", "reset"):
