@@ -2,8 +2,13 @@
 // (stoker/tokens.h).
 #include "stoker/tokens.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <bit>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -11,7 +16,9 @@
 
 #include "io/file.h"
 #include "io/remote.h"
+#include "source/index_cache.h"
 #include "source/resolve.h"
+#include "stoker/frontend/log.h"
 
 namespace stoker {
 namespace {
@@ -556,6 +563,93 @@ std::string TokenRows::sample_name(std::size_t index) const {
 
 // ---- TokenMix ------------------------------------------------------------------------------
 
+namespace {
+
+// A mix's index in the index cache (index_cache.h's entries, kind "STKMIX01"), keyed by
+// mix_key(); body: the sources (u64), the samples (u64), each source's epochs (u64), each
+// sample's source (u32) and row (u64).
+constexpr std::string_view kMixMagic = "STKMIX01";
+
+// What a mix's index is made from, as text: the index is a function of the sources' row counts
+// and the mix's options; the sources' files (size and mtime where local), documents, tokens
+// and packing are in it too, so that an entry says what it was made from and a source changed
+// in any way builds the index again.
+std::string mix_key(const std::vector<std::shared_ptr<const TokenRows>>& sources,
+                    const TokenMixOptions& o, std::size_t samples) {
+  auto hex = [](std::string& to, std::uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, " %016llx", static_cast<unsigned long long>(v));
+    to += b;
+  };
+  std::string k = "TokenMix index v1: mixing ";
+  k += o.mixing == TokenMixing::stratified ? "stratified" : "iid";
+  k += ", batch " + std::to_string(o.batch) + ", samples " + std::to_string(samples) + ", seed " +
+       std::to_string(o.seed) + ", weights";
+  for (const double w : o.weights) hex(k, std::bit_cast<std::uint64_t>(w));
+  for (std::size_t s = 0; s < sources.size(); ++s) {
+    const TokenRows& r = *sources[s];
+    const TokenPackOptions& p = r.options().pack;
+    const TokenCorpus& c = r.corpus();
+    k += "; source " + std::to_string(s) + ": rows " + std::to_string(r.size()) + ", seq_len " +
+         std::to_string(p.seq_len) + ", pack " +
+         (p.mode == TokenPackOptions::Mode::concat ? "concat" : "best_fit") + ", long " +
+         (p.long_documents == TokenPackOptions::Long::split ? "split" : "truncate") +
+         ", shuffled " + std::to_string(p.shuffle_documents ? 1 : 0) + ", seed " +
+         std::to_string(p.seed) + ", documents " + std::to_string(c.documents()) + ", tokens " +
+         std::to_string(c.tokens()) + ", files";
+    for (std::size_t f = 0; f < c.files(); ++f) {
+      const std::string& name = c.file(f);
+      k += ' ';
+      k += name;
+      struct stat st {};
+      if (::stat(name.c_str(), &st) == 0) {
+        k += " (" + std::to_string(st.st_size) + " bytes, mtime " +
+             std::to_string(static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
+                            st.st_mtim.tv_nsec) +
+             ")";
+      }
+    }
+  }
+  return k;
+}
+
+void save_mix(const std::string& file, const std::string& key, const TokenMixIndex& x) {
+  detail::IndexWriter w;
+  w.put(static_cast<std::uint64_t>(x.epochs.size()));
+  w.put(static_cast<std::uint64_t>(x.source.size()));
+  w.put_bytes(x.epochs.data(), x.epochs.size() * sizeof(std::uint64_t));
+  w.put_bytes(x.source.data(), x.source.size() * sizeof(std::uint32_t));
+  w.put_bytes(x.row.data(), x.row.size() * sizeof(std::uint64_t));
+  detail::save_index_entry(file, kMixMagic, {key, x.source.size(), 0}, w.data);
+}
+
+// The index in `file` when it is an entry for `key` that holds `samples` samples of sources of
+// `rows` rows (each sample's source and row in range); else false.
+bool load_mix(const std::string& file, const std::string& key, std::size_t samples,
+              std::span<const std::uint64_t> rows, TokenMixIndex& x) {
+  const auto body = detail::load_index_entry(file, kMixMagic, {key, samples, 0});
+  if (!body) return false;
+  detail::IndexReader in(*body);
+  std::uint64_t n = 0, count = 0;
+  if (!in.get(n) || !in.get(count) || n != rows.size() || count != samples ||
+      in.left() != n * 8 + count * 12) {
+    return false;
+  }
+  const char* at = body->data() + (body->size() - in.left());
+  x.epochs.resize(n);
+  x.source.resize(samples);
+  x.row.resize(samples);
+  std::memcpy(x.epochs.data(), at, n * 8);
+  std::memcpy(x.source.data(), at + n * 8, samples * 4);
+  std::memcpy(x.row.data(), at + n * 8 + samples * 4, samples * 8);
+  for (std::size_t i = 0; i < samples; ++i) {
+    if (x.source[i] >= n || x.row[i] >= rows[x.source[i]]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenMixOptions options)
     : sources_(std::move(sources)) {
   if (sources_.empty()) throw std::invalid_argument("stoker::TokenMix: no sources");
@@ -577,8 +671,29 @@ TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenM
     total += a.size();
   }
   const std::size_t samples = options.samples == 0 ? total : options.samples;
-  index_ =
-      token_mix_index(rows, options.weights, options.mixing, options.batch, samples, options.seed);
+  std::string dir;
+  if (options.index_cache && samples >= kTokenMixCacheSamples) {
+    ObjectStorageOptions where;
+    where.index_cache_dir = options.index_cache_dir;
+    dir = detail::index_cache_dir(where);
+  }
+  std::string key, file;
+  if (!dir.empty()) {
+    key = mix_key(sources_, options, samples);
+    file = detail::index_cache_file(dir, key, "mix");
+    index_from_cache_ = load_mix(file, key, samples, rows, index_);
+    std::error_code ec;
+    if (!index_from_cache_ && std::filesystem::exists(file, ec)) {
+      detail::log(LogLevel::warning, "TokenMix: the index cache entry " + file +
+                                         " is damaged or cut short (or made by another version "
+                                         "of stoker): building the mix's index again");
+    }
+  }
+  if (!index_from_cache_) {
+    index_ = token_mix_index(rows, options.weights, options.mixing, options.batch, samples,
+                             options.seed);
+    if (!file.empty()) save_mix(file, key, index_);
+  }
   fields_ = sources_[0]->fields();
   fields_.push_back({"source", DType::i64, {}});
 }
