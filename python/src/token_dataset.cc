@@ -273,7 +273,8 @@ void bind_tokens(py::module_& m) {
   m.def(
       "token_mix_index",
       [](const std::vector<std::uint64_t>& source_rows, const std::vector<double>& weights,
-         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed) {
+         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
+         const std::string& index_cache_dir, bool index_cache) {
         const auto kind = mixing_of(mixing);
         TokenMixIndex index;
         {
@@ -283,11 +284,18 @@ void bind_tokens(py::module_& m) {
         return py::make_tuple(to_numpy(index.source), to_numpy(index.row), to_numpy(index.epochs));
       },
       py::arg("source_rows"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
-      py::arg("samples"), py::arg("seed"));
+      py::arg("samples"), py::arg("seed"), py::arg("index_cache_dir") = "",
+      py::arg("index_cache") = true);
+  m.def("token_mix_from_cache", [](const NativeDataset& d) {
+    const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
+    if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");
+    return mix->index_from_cache();
+  });
   m.def(
       "token_mix",
       [](const std::vector<NativeDataset>& sources, const std::vector<double>& weights,
-         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed) {
+         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
+         const std::string& index_cache_dir, bool index_cache) {
         std::vector<std::shared_ptr<const TokenRows>> rows;
         for (const auto& d : sources) {
           auto r = std::dynamic_pointer_cast<const TokenRows>(d.dataset);
@@ -300,6 +308,8 @@ void bind_tokens(py::module_& m) {
         o.batch = batch;
         o.samples = samples;
         o.seed = seed;
+        o.index_cache_dir = index_cache_dir;
+        o.index_cache = index_cache;
         NativeDataset out;
         {
           py::gil_scoped_release nogil;
@@ -309,7 +319,13 @@ void bind_tokens(py::module_& m) {
         return out;
       },
       py::arg("sources"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
-      py::arg("samples"), py::arg("seed"));
+      py::arg("samples"), py::arg("seed"), py::arg("index_cache_dir") = "",
+      py::arg("index_cache") = true);
+  m.def("token_mix_from_cache", [](const NativeDataset& d) {
+    const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
+    if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");
+    return mix->index_from_cache();
+  });
   m.def("token_mix_epochs", [](const NativeDataset& d) {
     const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
     if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");
