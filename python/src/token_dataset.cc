@@ -274,23 +274,17 @@ void bind_tokens(py::module_& m) {
       "token_mix_index",
       [](const std::vector<std::uint64_t>& source_rows, const std::vector<double>& weights,
          const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
-         const std::string& index_cache_dir, bool index_cache) {
+         std::size_t threads) {
         const auto kind = mixing_of(mixing);
         TokenMixIndex index;
         {
           py::gil_scoped_release nogil;
-          index = token_mix_index(source_rows, weights, kind, batch, samples, seed);
+          index = token_mix_index(source_rows, weights, kind, batch, samples, seed, threads);
         }
         return py::make_tuple(to_numpy(index.source), to_numpy(index.row), to_numpy(index.epochs));
       },
       py::arg("source_rows"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
-      py::arg("samples"), py::arg("seed"), py::arg("index_cache_dir") = "",
-      py::arg("index_cache") = true);
-  m.def("token_mix_from_cache", [](const NativeDataset& d) {
-    const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
-    if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");
-    return mix->index_from_cache();
-  });
+      py::arg("samples"), py::arg("seed"), py::arg("threads") = 0);
   m.def(
       "token_mix",
       [](const std::vector<NativeDataset>& sources, const std::vector<double>& weights,

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "source/index_cache.h"
 #include "source/resolve.h"
 #include "stoker/frontend/log.h"
+#include "util/parallel.h"
 
 namespace stoker {
 namespace {
@@ -567,7 +569,8 @@ namespace {
 
 // A mix's index in the index cache (index_cache.h's entries, kind "STKMIX01"), keyed by
 // mix_key(); body: the sources (u64), the samples (u64), each source's epochs (u64), each
-// sample's source (u32) and row (u64).
+// sample's source and row, each in the fewest bytes (1, 2, 4 or 8: two u8 before the arrays)
+// that hold every value.
 constexpr std::string_view kMixMagic = "STKMIX01";
 
 // What a mix's index is made from, as text: the index is a function of the sources' row counts
@@ -613,13 +616,61 @@ std::string mix_key(const std::vector<std::shared_ptr<const TokenRows>>& sources
   return k;
 }
 
-void save_mix(const std::string& file, const std::string& key, const TokenMixIndex& x) {
+// The narrowest of 1, 2, 4 and 8 bytes that holds every value below `bound`.
+std::uint8_t width_below(std::uint64_t bound) {
+  if (bound <= 0x100) return 1;
+  if (bound <= 0x10000) return 2;
+  if (bound <= 0x100000000ULL) return 4;
+  return 8;
+}
+
+template <class T>
+void put_narrow(detail::IndexWriter& w, std::span<const T> values, std::uint8_t width) {
+  const std::size_t at = w.data.size();
+  w.data.resize(at + values.size() * width);
+  char* out = w.data.data() + at;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto v = static_cast<std::uint64_t>(values[i]);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(out + i * width, &v, width);  // the low bytes
+    } else {
+      for (std::uint8_t b = 0; b < width; ++b) out[i * width + b] = static_cast<char>(v >> (8 * b));
+    }
+  }
+}
+
+template <class T>
+void get_narrow(const char* in, std::span<T> values, std::uint8_t width) {
+  detail::parallel_for((values.size() + (1 << 20) - 1) >> 20,
+                       std::max(1u, std::thread::hardware_concurrency()), [&](std::size_t t) {
+                         const std::size_t end = std::min(values.size(), (t + 1) << 20);
+                         for (std::size_t i = t << 20; i < end; ++i) {
+                           std::uint64_t v = 0;
+                           if constexpr (std::endian::native == std::endian::little) {
+                             std::memcpy(&v, in + i * width, width);
+                           } else {
+                             for (std::uint8_t b = 0; b < width; ++b)
+                               v |= std::uint64_t{static_cast<unsigned char>(in[i * width + b])}
+                                    << (8 * b);
+                           }
+                           values[i] = static_cast<T>(v);
+                         }
+                       });
+}
+
+void save_mix(const std::string& file, const std::string& key, std::span<const std::uint64_t> rows,
+              const TokenMixIndex& x) {
+  const std::uint8_t source_width = width_below(rows.size());
+  const std::uint8_t row_width = width_below(*std::max_element(rows.begin(), rows.end()));
   detail::IndexWriter w;
+  w.data.reserve(16 + 2 + x.epochs.size() * 8 + x.source.size() * (source_width + row_width));
   w.put(static_cast<std::uint64_t>(x.epochs.size()));
   w.put(static_cast<std::uint64_t>(x.source.size()));
+  w.put(source_width);
+  w.put(row_width);
   w.put_bytes(x.epochs.data(), x.epochs.size() * sizeof(std::uint64_t));
-  w.put_bytes(x.source.data(), x.source.size() * sizeof(std::uint32_t));
-  w.put_bytes(x.row.data(), x.row.size() * sizeof(std::uint64_t));
+  put_narrow<std::uint32_t>(w, x.source, source_width);
+  put_narrow<std::uint64_t>(w, x.row, row_width);
   detail::save_index_entry(file, kMixMagic, {key, x.source.size(), 0}, w.data);
 }
 
@@ -631,17 +682,20 @@ bool load_mix(const std::string& file, const std::string& key, std::size_t sampl
   if (!body) return false;
   detail::IndexReader in(*body);
   std::uint64_t n = 0, count = 0;
-  if (!in.get(n) || !in.get(count) || n != rows.size() || count != samples ||
-      in.left() != n * 8 + count * 12) {
+  std::uint8_t source_width = 0, row_width = 0;
+  if (!in.get(n) || !in.get(count) || !in.get(source_width) || !in.get(row_width) ||
+      n != rows.size() || count != samples || source_width != width_below(n) ||
+      row_width != width_below(*std::max_element(rows.begin(), rows.end())) ||
+      in.left() != n * 8 + count * (source_width + row_width)) {
     return false;
   }
   const char* at = body->data() + (body->size() - in.left());
   x.epochs.resize(n);
+  std::memcpy(x.epochs.data(), at, n * 8);
   x.source.resize(samples);
   x.row.resize(samples);
-  std::memcpy(x.epochs.data(), at, n * 8);
-  std::memcpy(x.source.data(), at + n * 8, samples * 4);
-  std::memcpy(x.row.data(), at + n * 8 + samples * 4, samples * 8);
+  get_narrow<std::uint32_t>(at + n * 8, x.source, source_width);
+  get_narrow<std::uint64_t>(at + n * 8 + samples * source_width, x.row, row_width);
   for (std::size_t i = 0; i < samples; ++i) {
     if (x.source[i] >= n || x.row[i] >= rows[x.source[i]]) return false;
   }
@@ -692,7 +746,7 @@ TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenM
   if (!index_from_cache_) {
     index_ = token_mix_index(rows, options.weights, options.mixing, options.batch, samples,
                              options.seed);
-    if (!file.empty()) save_mix(file, key, index_);
+    if (!file.empty()) save_mix(file, key, rows, index_);
   }
   fields_ = sources_[0]->fields();
   fields_.push_back({"source", DType::i64, {}});

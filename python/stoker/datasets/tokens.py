@@ -266,12 +266,14 @@ def _budget(sources, weights, samples, epochs, tokens):
 
 
 def token_mix_index(source_rows, weights, mixing: str = "stratified", global_batch: int = 1,
-                    samples: Optional[int] = None, seed: int = 0):
+                    samples: Optional[int] = None, seed: int = 0, threads: int = 0):
     """TokenMix's index without files: ``(source, row, epochs)`` numpy arrays for sources of
-    ``source_rows`` rows. A pure function of its arguments, built in C++."""
+    ``source_rows`` rows. A pure function of its arguments, built in C++ on ``threads`` (0:
+    every core; the same index on any number)."""
     rows = [int(r) for r in source_rows]
     return _stoker.token_mix_index(rows, [float(w) for w in weights], str(mixing),
-                                   int(global_batch), int(samples or sum(rows)), int(seed))
+                                   int(global_batch), int(samples or sum(rows)), int(seed),
+                                   int(threads))
 
 
 def plan_token_rows(lengths, seq_len: int, pack: str = "concat", long_documents: str = "split",
