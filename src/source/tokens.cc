@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdio>
 #include <cstring>
@@ -624,38 +625,78 @@ std::uint8_t width_below(std::uint64_t bound) {
   return 8;
 }
 
+// Values in `width` bytes each (1, 2, 4 or 8), little-endian, to and from their type.
+template <class T, std::size_t W>
+void narrow_as(std::span<const T> values, char* out) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto v = static_cast<std::uint64_t>(values[i]);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(out + i * W, &v, W);  // the low bytes
+    } else {
+      for (std::size_t b = 0; b < W; ++b) out[i * W + b] = static_cast<char>(v >> (8 * b));
+    }
+  }
+}
+
+template <class T, std::size_t W>
+void widen_as(const char* in, std::span<T> values) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::uint64_t v = 0;
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, in + i * W, W);
+    } else {
+      for (std::size_t b = 0; b < W; ++b)
+        v |= std::uint64_t{static_cast<unsigned char>(in[i * W + b])} << (8 * b);
+    }
+    values[i] = static_cast<T>(v);
+  }
+}
+
+// Runs fn(first, count) over runs of a million of `n` values on every core.
+template <class Fn>
+void by_runs(std::size_t n, const Fn& fn) {
+  constexpr std::size_t kRun = std::size_t{1} << 20;
+  detail::parallel_for((n + kRun - 1) / kRun, std::max(1u, std::thread::hardware_concurrency()),
+                       [&](std::size_t t) { fn(t * kRun, std::min(n - t * kRun, kRun)); });
+}
+
 template <class T>
 void put_narrow(detail::IndexWriter& w, std::span<const T> values, std::uint8_t width) {
   const std::size_t at = w.data.size();
   w.data.resize(at + values.size() * width);
   char* out = w.data.data() + at;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const auto v = static_cast<std::uint64_t>(values[i]);
-    if constexpr (std::endian::native == std::endian::little) {
-      std::memcpy(out + i * width, &v, width);  // the low bytes
-    } else {
-      for (std::uint8_t b = 0; b < width; ++b) out[i * width + b] = static_cast<char>(v >> (8 * b));
+  by_runs(values.size(), [&](std::size_t first, std::size_t count) {
+    const auto part = values.subspan(first, count);
+    char* to = out + first * width;
+    switch (width) {
+      case 1:
+        return narrow_as<T, 1>(part, to);
+      case 2:
+        return narrow_as<T, 2>(part, to);
+      case 4:
+        return narrow_as<T, 4>(part, to);
+      default:
+        return narrow_as<T, 8>(part, to);
     }
-  }
+  });
 }
 
 template <class T>
 void get_narrow(const char* in, std::span<T> values, std::uint8_t width) {
-  detail::parallel_for((values.size() + (1 << 20) - 1) >> 20,
-                       std::max(1u, std::thread::hardware_concurrency()), [&](std::size_t t) {
-                         const std::size_t end = std::min(values.size(), (t + 1) << 20);
-                         for (std::size_t i = t << 20; i < end; ++i) {
-                           std::uint64_t v = 0;
-                           if constexpr (std::endian::native == std::endian::little) {
-                             std::memcpy(&v, in + i * width, width);
-                           } else {
-                             for (std::uint8_t b = 0; b < width; ++b)
-                               v |= std::uint64_t{static_cast<unsigned char>(in[i * width + b])}
-                                    << (8 * b);
-                           }
-                           values[i] = static_cast<T>(v);
-                         }
-                       });
+  by_runs(values.size(), [&](std::size_t first, std::size_t count) {
+    const auto part = values.subspan(first, count);
+    const char* from = in + first * width;
+    switch (width) {
+      case 1:
+        return widen_as<T, 1>(from, part);
+      case 2:
+        return widen_as<T, 2>(from, part);
+      case 4:
+        return widen_as<T, 4>(from, part);
+      default:
+        return widen_as<T, 8>(from, part);
+    }
+  });
 }
 
 void save_mix(const std::string& file, const std::string& key, std::span<const std::uint64_t> rows,
@@ -696,10 +737,13 @@ bool load_mix(const std::string& file, const std::string& key, std::size_t sampl
   x.row.resize(samples);
   get_narrow<std::uint32_t>(at + n * 8, x.source, source_width);
   get_narrow<std::uint64_t>(at + n * 8 + samples * source_width, x.row, row_width);
-  for (std::size_t i = 0; i < samples; ++i) {
-    if (x.source[i] >= n || x.row[i] >= rows[x.source[i]]) return false;
-  }
-  return true;
+  std::atomic<bool> in_range{true};
+  by_runs(samples, [&](std::size_t first, std::size_t run) {
+    for (std::size_t i = first; i < first + run; ++i) {
+      if (x.source[i] >= n || x.row[i] >= rows[x.source[i]]) in_range = false;
+    }
+  });
+  return in_range;
 }
 
 }  // namespace
