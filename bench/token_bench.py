@@ -19,7 +19,8 @@ Megatron indexed data set (.bin/.idx, uint16) and as a flat uint16 file (nanoGPT
     batch 1,024): stoker.token_mix_index (the blend, stratified or iid, and each sample's row in
     its source, sources wrapping around to further epochs; what stoker.TokenMix builds) and
     stoker.stratified_blend alone, beside megatron-core's build_blending_indices (its C++
-    helper, what its BlendedDataset builds) on the same weights.
+    helper, what its BlendedDataset builds) on the same weights; and stoker.TokenMix's index
+    built and saved, and loaded from the index cache.
 
 Every figure is the median of --rounds rounds. The baselines run in their own virtual
 environment (--peers-python; make it with
@@ -409,6 +410,8 @@ def stoker_mix(sources, samples, rounds):
                                                                 1024, samples, 1)),
             ("index_iid", lambda: stoker.token_mix_index(rows, weights, "iid", 1024, samples,
                                                          1)),
+            ("index_stratified_one_thread", lambda: stoker.token_mix_index(
+                rows, weights, "stratified", 1024, samples, 1, threads=1)),
             ("blend_stratified", lambda: stoker.stratified_blend(weights, 1024,
                                                                  samples // 1024, 1))):
         times = []
@@ -417,6 +420,54 @@ def stoker_mix(sources, samples, rounds):
             build()
             times.append(time.perf_counter() - t)
         out[name] = statistics.median(times)
+    return out
+
+
+def stoker_mix_cache(sources, samples, rounds):
+    """Seconds for stoker.TokenMix to have its index (median of rounds; the sources opened
+    before, not timed): built and saved, in a fresh index cache, and loaded from the entry the build left, in the page cache and out of it. The sources are
+    flat token files of samples // (2 * sources) rows each (rows of 8 tokens: the index depends
+    on the sources' row counts, not their sizes), so that each wraps around as in
+    stoker_mix."""
+    import shutil
+
+    import stoker
+
+    weights = MIX_WEIGHTS[:sources]
+    rows, seq_len = samples // (2 * sources), 8
+    out = {"built_s": [], "loaded_s": [], "loaded_cold_s": []}
+    with tempfile.TemporaryDirectory(prefix="token-mix-") as d:
+        data = []
+        for s in range(sources):
+            tokens = np.full(rows * seq_len, 11 + s, dtype=np.uint16)
+            tokens[seq_len - 1::seq_len] = EOD  # a document a row
+            path = os.path.join(d, f"source{s}.bin")
+            tokens.tofile(path)
+            data.append(stoker.TokenDataset(path, seq_len, eod=EOD, max_segments=2))
+        cache = os.path.join(d, "cache")
+
+        def mix():
+            t = time.perf_counter()
+            m = stoker.TokenMix(data, weights, global_batch=1024, samples=samples, seed=1,
+                                index_cache=cache)
+            return time.perf_counter() - t, m.index_from_cache()
+
+        for _ in range(rounds):
+            shutil.rmtree(cache, ignore_errors=True)
+            seconds, cached = mix()
+            assert not cached
+            out["built_s"].append(seconds)
+            seconds, cached = mix()
+            assert cached
+            out["loaded_s"].append(seconds)
+            entries = [os.path.join(cache, f) for f in os.listdir(cache)]
+            evict(entries)
+            seconds, cached = mix()
+            assert cached
+            out["loaded_cold_s"].append(seconds)
+        out = {k: statistics.median(v) for k, v in out.items()}
+        out["entry_bytes"] = sum(os.path.getsize(p) for p in entries)
+        out["cores"] = len(os.sched_getaffinity(0))
     return out
 
 
@@ -613,7 +664,8 @@ def run_loaders_and_mix(a, have_peers, out):
             out["cpu_per_token"] = stoker_cpu_per_token(d, a.concat_seq_len, a.seq_len, a.batch)
     # (c) the blend index of a mix
     mix = {"sources": a.mix_sources, "samples": a.mix_samples,
-           "stoker": stoker_mix(a.mix_sources, a.mix_samples, a.rounds)}
+           "stoker": stoker_mix(a.mix_sources, a.mix_samples, a.rounds),
+           "stoker_cache": stoker_mix_cache(a.mix_sources, a.mix_samples, a.rounds)}
     mix["megatron"] = (run_peer(a.peers_python, "megatron_blend", dict(
         sources=a.mix_sources, samples=a.mix_samples, rounds=a.rounds)) if have_peers
         else {"error": "--no-peers" if a.no_peers else f"no peers python at {a.peers_python}"})
@@ -628,8 +680,14 @@ def print_loaders_and_mix(a, out):
     print(f"(c) blend index, {m['sources']} sources, {m['samples']:,} samples, global batch 1024:")
     sm = m["stoker"]
     print(f"  stoker   token_mix_index stratified {sm['index_stratified']:.3f} s, iid "
-          f"{sm['index_iid']:.3f} s (blend + each sample's row, sources wrapping around); "
+          f"{sm['index_iid']:.3f} s (blend + each sample's row, sources wrapping around; "
+          f"stratified on one thread {sm['index_stratified_one_thread']:.3f} s); "
           f"stratified_blend alone {sm['blend_stratified']:.3f} s")
+    sc = m["stoker_cache"]
+    print(f"  stoker   TokenMix's index built and saved {sc['built_s']:.3f} s on {sc['cores']} "
+          f"cores, loaded from the index cache "
+          f"{sc['loaded_s']:.3f} s (entry in the page cache), {sc['loaded_cold_s']:.3f} s (out "
+          f"of it); entry {sc['entry_bytes'] / 1e6:.0f} MB")
     mm = m["megatron"]
     print("  megatron " + (f"build_blending_indices {mm['build_blending_indices']:.3f} s "
                            "(its C++ helper; the blend only)" if "build_blending_indices" in mm

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "stoker/log.h"
 #include "support/errors.h"
 
 namespace stoker {
@@ -412,6 +413,56 @@ TEST(TokenMixIndex, RefusesMissingWeightsAndAWeightedSourceWithoutRows) {
   const auto zeros =
       token_mix_index(three, std::vector<double>{0, 1, 0}, TokenMixing::iid, 1, 1000, 3);
   EXPECT_EQ(zeros.epochs, (std::vector<std::uint64_t>{0, 200, 0}));
+}
+
+// FNV-1a over an index's sources, rows and epochs, byte by byte.
+std::uint64_t index_digest(const TokenMixIndex& x) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto add = [&](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  };
+  for (const auto v : x.source) add(v);
+  for (const auto v : x.row) add(v);
+  for (const auto v : x.epochs) add(v);
+  return h;
+}
+
+TEST(TokenMixIndex, BuiltInParallelItIsTheOrderTheSequentialBuildGave) {
+  // The digests of the indexes the one-thread build (before the parallel one) gave: the order
+  // is part of what a saved state resumes, so it never changes with the build.
+  const std::vector<double> weights = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  const std::vector<std::uint64_t> rows = {1000, 7, 50000, 3, 20000, 90000, 1, 40000, 333, 12345};
+  const std::map<std::pair<TokenMixing, std::size_t>, std::uint64_t> expected = {
+      {{TokenMixing::stratified, 1}, 0xd9cc55094945a264ull},
+      {{TokenMixing::stratified, 48}, 0x11cecd70419906f8ull},
+      {{TokenMixing::stratified, 1024}, 0x99afa123f59edd50ull},
+      {{TokenMixing::iid, 48}, 0x3962607cadb242faull}};
+  for (const auto& [what, digest] : expected) {
+    for (const std::size_t threads : {1, 2, 7}) {
+      const auto index =
+          token_mix_index(rows, weights, what.first, what.second, 1'000'003, 11, threads);
+      EXPECT_EQ(index_digest(index), digest)
+          << "mixing " << static_cast<int>(what.first) << ", batch " << what.second << ", "
+          << threads << " threads";
+    }
+  }
+}
+
+TEST(TokenBlend, IsTheSameOnAnyNumberOfThreads) {
+  const std::vector<double> weights = {0.5, 0.3, 0.2, 0.7};
+  const auto one = stratified_blend(weights, 100, 3000, 5, 1);
+  const auto iid = iid_blend(weights, 300'001, 5, 1);
+  for (const std::size_t threads : {2, 3, 16}) {
+    const auto many = stratified_blend(weights, 100, 3000, 5, threads);
+    EXPECT_EQ(many.source, one.source);
+    EXPECT_EQ(many.draw, one.draw);
+    const auto iid_many = iid_blend(weights, 300'001, 5, threads);
+    EXPECT_EQ(iid_many.source, iid.source);
+    EXPECT_EQ(iid_many.draw, iid.draw);
+  }
 }
 
 TEST(TokenMixIndex, IndexesTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {
@@ -841,6 +892,140 @@ TEST_F(TokenFiles, AMixReadsEachSamplesRowFromItsSourceAndSaysWhichSource) {
   auto other =
       std::make_shared<const TokenRows>(TokenCorpus::flat({b}, TokenCorpus::FlatDType::u16, 0), o);
   EXPECT_THROW(TokenMix({ra, other}, m), std::invalid_argument);  // unlike rows
+}
+
+// ---- The mix's index cache -----------------------------------------------------------------
+
+class TokenMixCache : public TokenFiles {
+ protected:
+  // Two flat sources (50 and 12 rows of seq_len 8; with seq_len 4, 100 and 25).
+  void SetUp() override {
+    TokenFiles::SetUp();
+    std::vector<std::uint16_t> ta, tb;
+    for (int i = 0; i < 400; ++i)
+      ta.push_back(static_cast<std::uint16_t>(i % 7 == 6 ? 0 : 100 + i % 7));
+    for (int i = 0; i < 100; ++i)
+      tb.push_back(static_cast<std::uint16_t>(i % 5 == 4 ? 0 : 200 + i % 5));
+    a_ = flat<std::uint16_t>("a.bin", ta);
+    b_ = flat<std::uint16_t>("b.bin", tb);
+  }
+
+  struct Inputs {
+    std::size_t seq_len = 8;
+    std::vector<double> weights = {2, 1};
+    TokenMixing mixing = TokenMixing::stratified;
+    std::uint64_t seed = 3;
+    bool cache = true;
+  };
+  // A mix of 70,000 samples (enough to be cached) of the two sources.
+  TokenMix mix(const Inputs& in) const {
+    TokenRowsOptions o;
+    o.pack.seq_len = in.seq_len;
+    o.max_segments = 4;
+    std::vector<std::shared_ptr<const TokenRows>> sources;
+    for (const auto& f : {a_, b_}) {
+      sources.push_back(std::make_shared<const TokenRows>(
+          TokenCorpus::flat({f}, TokenCorpus::FlatDType::u16, 0), o));
+    }
+    TokenMixOptions m;
+    m.weights = in.weights;
+    m.mixing = in.mixing;
+    m.batch = 64;
+    m.samples = 70'000;
+    m.seed = in.seed;
+    m.index_cache_dir = cache_dir();
+    m.index_cache = in.cache;
+    return TokenMix(std::move(sources), m);
+  }
+  std::string cache_dir() const { return path("cache"); }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    if (!fs::exists(cache_dir())) return out;
+    for (const auto& e : fs::directory_iterator(cache_dir())) {
+      if (e.path().extension() == ".mix") out.push_back(e.path().string());
+    }
+    return out;
+  }
+  static void expect_same(const TokenMix& got, const TokenMix& want) {
+    EXPECT_EQ(got.index().source, want.index().source);
+    EXPECT_EQ(got.index().row, want.index().row);
+    EXPECT_EQ(got.index().epochs, want.index().epochs);
+  }
+
+  std::string a_, b_;
+};
+
+TEST_F(TokenMixCache, ASecondMixWithTheSameInputsLoadsItsBlendIndexFromTheCache) {
+  const TokenMix first = mix({});
+  EXPECT_FALSE(first.index_from_cache());
+  ASSERT_EQ(entries().size(), 1u);
+  const TokenMix second = mix({});
+  EXPECT_TRUE(second.index_from_cache());
+  Inputs fresh;
+  fresh.cache = false;
+  const TokenMix built = mix(fresh);
+  EXPECT_FALSE(built.index_from_cache());
+  expect_same(second, built);
+  expect_same(first, built);
+  EXPECT_EQ(entries().size(), 1u);
+}
+
+TEST_F(TokenMixCache, AChangedWeightSeedSeqLenMixingOrSourceFileBuildsTheIndexAgain) {
+  mix({});
+  std::vector<Inputs> changed(4);
+  changed[0].weights = {2, 1.5};
+  changed[1].seed = 4;
+  changed[2].seq_len = 4;
+  changed[3].mixing = TokenMixing::iid;
+  for (std::size_t k = 0; k < changed.size(); ++k) {
+    const TokenMix m = mix(changed[k]);
+    EXPECT_FALSE(m.index_from_cache()) << "change " << k;
+    Inputs fresh = changed[k];
+    fresh.cache = false;
+    expect_same(m, mix(fresh));
+    EXPECT_TRUE(mix(changed[k]).index_from_cache()) << "change " << k << ", made again";
+  }
+  // The same rows from a source file written again (its mtime, and here its size, differ).
+  std::vector<std::uint16_t> tb;
+  for (int i = 0; i < 101; ++i)
+    tb.push_back(static_cast<std::uint16_t>(i % 5 == 4 ? 0 : 300 + i % 5));
+  flat<std::uint16_t>("b.bin", tb);
+  EXPECT_FALSE(mix({}).index_from_cache());
+  EXPECT_TRUE(mix({}).index_from_cache());
+  EXPECT_EQ(entries().size(), 6u);
+}
+
+TEST_F(TokenMixCache, ADamagedOrTruncatedCacheEntryIsBuiltAgainAndNamedInALogLine) {
+  Inputs fresh;
+  fresh.cache = false;
+  const TokenMix want = mix(fresh);
+  mix({});
+  const auto files = entries();
+  ASSERT_EQ(files.size(), 1u);
+  const std::string file = files[0];
+  std::vector<std::string> lines;
+  set_log_handler([&](LogLevel, std::string_view line) { lines.emplace_back(line); });
+  const auto size = fs::file_size(file);
+  fs::resize_file(file, size / 2);  // cut short
+  const TokenMix truncated = mix({});
+  EXPECT_FALSE(truncated.index_from_cache());
+  expect_same(truncated, want);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find(file), std::string::npos) << lines[0];
+  EXPECT_TRUE(mix({}).index_from_cache());  // written again whole
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size / 2));
+    const char c = static_cast<char>(f.get());
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.put(static_cast<char>(~c));  // a byte of the rows flipped
+  }
+  const TokenMix damaged = mix({});
+  EXPECT_FALSE(damaged.index_from_cache());
+  expect_same(damaged, want);
+  EXPECT_EQ(lines.size(), 2u);
+  set_log_handler({});
+  EXPECT_TRUE(mix({}).index_from_cache());
 }
 
 }  // namespace

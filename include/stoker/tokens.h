@@ -173,7 +173,8 @@ TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptio
 // over their sum), the sources that get the one more chosen by how far each is behind its
 // share so far, so that over the stream each source's count stays within one sample of its
 // share at every batch's end. Within a batch the samples are in an order shuffled by the seed
-// and the batch's number. A pure function of (weights, batch, batches, seed).
+// and the batch's number. A pure function of (weights, batch, batches, seed): the same on any
+// number of `threads` (0: the machine's), which build it in parallel.
 struct TokenBlend {
   std::vector<std::uint32_t> source;  // each sample's source
   std::vector<std::uint64_t> draw;    // each sample's number among its source's samples so far
@@ -181,12 +182,14 @@ struct TokenBlend {
 // Throws std::invalid_argument for no sources, a negative or non-finite weight, all weights 0,
 // or batch 0.
 TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
-                            std::uint64_t seed);
+                            std::uint64_t seed, std::size_t threads = 0);
 
 // The same stream drawn i.i.d.: sample i's source is drawn by weight from a generator seeded by
 // (seed, i), so the counts of a source follow the binomial spread around its share. A pure
-// function of (weights, samples, seed). Throws as stratified_blend does.
-TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed);
+// function of (weights, samples, seed), built on `threads` as stratified_blend is. Throws as
+// stratified_blend does.
+TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed,
+                     std::size_t threads = 0);
 
 enum class TokenMixing : std::uint8_t { stratified, iid };
 
@@ -196,7 +199,8 @@ enum class TokenMixing : std::uint8_t { stratified, iid };
 // position k = d % R; epoch 0 reads row k (the source's own order: its plan, shuffled by its
 // seed), each later epoch a permutation of its R rows seeded by (seed, source, e). A source
 // that runs out of rows thus wraps around to a new epoch, and the mix keeps its weights.
-// A pure function of its arguments, O(samples + the rows of the epochs started).
+// A pure function of its arguments, O(samples + the rows of the epochs started), built on
+// `threads` (0: the machine's) with the same result on any number.
 struct TokenMixIndex {
   std::vector<std::uint32_t> source;  // each sample's source
   std::vector<std::uint64_t> row;     // each sample's row in its source
@@ -206,7 +210,8 @@ struct TokenMixIndex {
 // of no rows with a weight above 0.
 TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
                               std::span<const double> weights, TokenMixing mixing,
-                              std::size_t batch, std::size_t samples, std::uint64_t seed);
+                              std::size_t batch, std::size_t samples, std::uint64_t seed,
+                              std::size_t threads = 0);
 
 // ---- The data set -------------------------------------------------------------------------
 
@@ -256,6 +261,7 @@ class TokenRows final : public Dataset {
   }
 
   const TokenPlan& plan() const { return plan_; }
+  const TokenRowsOptions& options() const { return options_; }
   const TokenCorpus& corpus() const { return *corpus_; }
   std::size_t max_segments() const { return max_segments_; }
 
@@ -275,7 +281,22 @@ struct TokenMixOptions {
   std::size_t batch = 1;
   std::size_t samples = 0;  // the mix's size; 0: the sum of the sources' rows
   std::uint64_t seed = 0;
+  // The index cache (docs/formats.md, "Token data": the mix's index cache): a mix of
+  // kTokenMixCacheSamples samples or more keeps its index there (index_cache.h's entries, kind
+  // "STKMIX01", DIR/<XXH3-64 of its key>.mix), keyed by everything the index is made from (the
+  // sources' files, their sizes and mtimes, documents, tokens, packing and rows; the weights,
+  // mixing, batch, samples and seed), so that the next mix of the same inputs (another rank or
+  // worker, a later run) loads it instead of building it; any input changed builds it again,
+  // and so does an entry damaged or cut short (named in a warning). `index_cache_dir`: "" is
+  // the index caches' default place ($STOKER_CACHE_DIR/indexes, ...: ObjectStorageOptions);
+  // `index_cache` false: none.
+  std::string index_cache_dir;
+  bool index_cache = true;
 };
+
+// The smallest mix whose index is kept in the index cache (smaller ones build faster than a
+// file is read).
+inline constexpr std::size_t kTokenMixCacheSamples = std::size_t{1} << 16;
 
 // Several TokenRows mixed by weight (token_mix_index): sample i is row index().row[i] of source
 // index().source[i]. Fields: the sources' (which must be the same: seq_len and max_segments)
@@ -292,12 +313,15 @@ class TokenMix final : public Dataset {
   std::string sample_name(std::size_t index) const override;
 
   const TokenMixIndex& index() const { return index_; }
+  // Whether the index was loaded from the index cache (false: built here).
+  bool index_from_cache() const { return index_from_cache_; }
   const TokenRows& source(std::size_t s) const { return *sources_.at(s); }
   std::size_t sources() const { return sources_.size(); }
 
  private:
   std::vector<std::shared_ptr<const TokenRows>> sources_;
   TokenMixIndex index_;
+  bool index_from_cache_ = false;
   std::vector<FieldSpec> fields_;
 };
 

@@ -273,21 +273,23 @@ void bind_tokens(py::module_& m) {
   m.def(
       "token_mix_index",
       [](const std::vector<std::uint64_t>& source_rows, const std::vector<double>& weights,
-         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed) {
+         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
+         std::size_t threads) {
         const auto kind = mixing_of(mixing);
         TokenMixIndex index;
         {
           py::gil_scoped_release nogil;
-          index = token_mix_index(source_rows, weights, kind, batch, samples, seed);
+          index = token_mix_index(source_rows, weights, kind, batch, samples, seed, threads);
         }
         return py::make_tuple(to_numpy(index.source), to_numpy(index.row), to_numpy(index.epochs));
       },
       py::arg("source_rows"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
-      py::arg("samples"), py::arg("seed"));
+      py::arg("samples"), py::arg("seed"), py::arg("threads") = 0);
   m.def(
       "token_mix",
       [](const std::vector<NativeDataset>& sources, const std::vector<double>& weights,
-         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed) {
+         const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
+         const std::string& index_cache_dir, bool index_cache) {
         std::vector<std::shared_ptr<const TokenRows>> rows;
         for (const auto& d : sources) {
           auto r = std::dynamic_pointer_cast<const TokenRows>(d.dataset);
@@ -300,6 +302,8 @@ void bind_tokens(py::module_& m) {
         o.batch = batch;
         o.samples = samples;
         o.seed = seed;
+        o.index_cache_dir = index_cache_dir;
+        o.index_cache = index_cache;
         NativeDataset out;
         {
           py::gil_scoped_release nogil;
@@ -309,7 +313,13 @@ void bind_tokens(py::module_& m) {
         return out;
       },
       py::arg("sources"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
-      py::arg("samples"), py::arg("seed"));
+      py::arg("samples"), py::arg("seed"), py::arg("index_cache_dir") = "",
+      py::arg("index_cache") = true);
+  m.def("token_mix_from_cache", [](const NativeDataset& d) {
+    const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
+    if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");
+    return mix->index_from_cache();
+  });
   m.def("token_mix_epochs", [](const NativeDataset& d) {
     const auto* mix = dynamic_cast<const TokenMix*>(d.dataset.get());
     if (mix == nullptr) throw py::type_error("stoker: not a TokenMix");

@@ -5,10 +5,12 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "sampler/sampler.h"
 #include "stoker/tokens.h"
+#include "util/parallel.h"
 
 namespace stoker {
 namespace {
@@ -178,6 +180,14 @@ namespace stoker {
 
 namespace {
 
+// The threads a blend is built on (0: the machine's).
+std::size_t threads_of(std::size_t threads) {
+  return threads != 0 ? threads : std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Samples a parallel task of a blend takes at least, so that handing them out costs nothing.
+constexpr std::size_t kTaskSamples = std::size_t{1} << 16;
+
 // The weights' sum; throws std::invalid_argument for no weights, a negative or non-finite
 // one, or all of them 0.
 double weight_sum(std::span<const double> weights) {
@@ -194,23 +204,29 @@ double weight_sum(std::span<const double> weights) {
   return sum;
 }
 
-// A batch's sources (`slots`, one a sample) into `blend` in an order shuffled by (seed, batch
-// `b`), each sample numbered among its source's so far (`count`); `order` is scratch.
-void append_batch(std::span<const std::uint32_t> slots, std::uint64_t seed, std::size_t b,
-                  std::vector<std::uint64_t>& count, std::vector<std::size_t>& order,
-                  TokenBlend& blend) {
+// A batch's sources (`slots`, one a sample) into `source` and `draw` from sample `at`, in an
+// order shuffled by (seed, batch `b`), each sample numbered among its source's so far
+// (`count`); `order` is scratch.
+void put_batch(std::span<const std::uint32_t> slots, std::uint64_t seed, std::size_t b,
+               std::uint64_t* count, std::vector<std::size_t>& order, std::size_t at,
+               TokenBlend& blend) {
   detail::permutation(slots.size(), detail::mix(seed, b), order);
   for (const std::size_t i : order) {
     const std::uint32_t s = slots[i];
-    blend.source.push_back(s);
-    blend.draw.push_back(count[s]++);
+    blend.source[at] = s;
+    blend.draw[at] = count[s]++;
+    ++at;
   }
 }
 
 }  // namespace
 
+// Two passes. The first, in order, picks each batch's extra samples (a few per batch: they
+// depend on every batch before) and notes each source's count at the start of each run of
+// batches; the second shuffles and numbers the batches' samples, the runs on several threads,
+// each from its noted counts. The same stream as one pass in order, on any number of threads.
 TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
-                            std::uint64_t seed) {
+                            std::uint64_t seed, std::size_t threads) {
   const double sum = weight_sum(weights);
   if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
   const std::size_t n = weights.size();
@@ -218,18 +234,35 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
   std::vector<double> share(n);
   std::vector<std::size_t> whole(n);
   std::vector<std::size_t> fractional;  // the sources whose share is not whole
+  std::size_t wholes = 0;
   for (std::size_t s = 0; s < n; ++s) {
     share[s] = weights[s] / sum * static_cast<double>(batch);
     whole[s] = static_cast<std::size_t>(std::floor(share[s]));
+    wholes += whole[s];
     if (share[s] > static_cast<double>(whole[s])) fractional.push_back(s);
   }
-  TokenBlend out;
-  out.source.reserve(batch * batches);
-  out.draw.reserve(batch * batches);
+  if (batches > 0 && wholes > batch) {
+    throw std::logic_error("stoker: stratified_blend's whole shares fill " +
+                           std::to_string(wholes) + " of a batch's " + std::to_string(batch) +
+                           " samples");
+  }
+  const std::size_t need = batches > 0 ? batch - wholes : 0;  // each batch's extra samples
+  // Fewer extras than such sources: their fractions sum to the extras, each below 1.
+  if (batches > 0 && need > fractional.size()) {
+    throw std::logic_error("stoker: stratified_blend filled " +
+                           std::to_string(wholes + fractional.size()) + " of a batch's " +
+                           std::to_string(batch) + " samples");
+  }
+  // Pass 1: the extras of each batch (batch b's are extras[b * need ...]) and each source's
+  // count at the start of each run of `run` batches.
+  const std::size_t run = std::max<std::size_t>(1, kTaskSamples / batch);
+  const std::size_t runs = (batches + run - 1) / run;
+  std::vector<std::uint32_t> extras(batches * need);
+  std::vector<std::uint64_t> run_counts(runs * n);
   std::vector<std::uint64_t> count(n, 0);  // samples of each source so far
-  std::vector<std::size_t> by_deficit, order;
-  std::vector<std::uint32_t> slots;
+  std::vector<std::size_t> by_deficit;
   for (std::size_t b = 0; b < batches; ++b) {
+    if (b % run == 0) std::copy(count.begin(), count.end(), run_counts.begin() + (b / run) * n);
     // The extras go to the sources furthest behind their share at this batch's end after
     // their whole samples (a source with a fractional share only; ties: the lower index).
     const double end = static_cast<double>(b + 1);
@@ -239,35 +272,61 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
     by_deficit = fractional;
     std::stable_sort(by_deficit.begin(), by_deficit.end(),
                      [&](std::size_t x, std::size_t y) { return deficit(x) > deficit(y); });
-    slots.clear();
-    for (std::size_t s = 0; s < n; ++s)
-      slots.insert(slots.end(), whole[s], static_cast<std::uint32_t>(s));
-    // Fewer extras than such sources: their fractions sum to the extras, each below 1.
-    for (std::size_t k = 0; slots.size() < batch && k < by_deficit.size(); ++k) {
-      slots.push_back(static_cast<std::uint32_t>(by_deficit[k]));
+    for (std::size_t k = 0; k < need; ++k) {
+      extras[b * need + k] = static_cast<std::uint32_t>(by_deficit[k]);
+      ++count[by_deficit[k]];
     }
-    if (slots.size() != batch) {
-      throw std::logic_error("stoker: stratified_blend filled " + std::to_string(slots.size()) +
-                             " of a batch's " + std::to_string(batch) + " samples");
-    }
-    append_batch(slots, seed, b, count, order, out);
+    for (std::size_t s = 0; s < n; ++s) count[s] += whole[s];
   }
+  // Pass 2: each run's batches, shuffled and numbered.
+  TokenBlend out;
+  out.source.resize(batch * batches);
+  out.draw.resize(batch * batches);
+  detail::parallel_for(runs, threads_of(threads), [&](std::size_t r) {
+    std::vector<std::uint64_t> c(run_counts.begin() + r * n, run_counts.begin() + (r + 1) * n);
+    std::vector<std::uint32_t> slots;
+    std::vector<std::size_t> order;
+    for (std::size_t b = r * run; b < std::min(batches, (r + 1) * run); ++b) {
+      slots.clear();
+      for (std::size_t s = 0; s < n; ++s)
+        slots.insert(slots.end(), whole[s], static_cast<std::uint32_t>(s));
+      slots.insert(slots.end(), extras.begin() + b * need, extras.begin() + (b + 1) * need);
+      put_batch(slots, seed, b, c.data(), order, b * batch, out);
+    }
+  });
   return out;
 }
 
 namespace {
+
+// How many samples of each of `n` sources `source` holds.
+std::vector<std::uint64_t> source_counts(std::span<const std::uint32_t> source, std::size_t n,
+                                         std::size_t threads) {
+  const std::size_t tasks = (source.size() + kTaskSamples - 1) / kTaskSamples;
+  std::vector<std::uint64_t> per_task(tasks * n, 0);
+  detail::parallel_for(tasks, threads_of(threads), [&](std::size_t t) {
+    const std::size_t end = std::min(source.size(), (t + 1) * kTaskSamples);
+    for (std::size_t i = t * kTaskSamples; i < end; ++i) ++per_task[t * n + source[i]];
+  });
+  std::vector<std::uint64_t> out(n, 0);
+  for (std::size_t t = 0; t < tasks; ++t) {
+    for (std::size_t s = 0; s < n; ++s) out[s] += per_task[t * n + s];
+  }
+  return out;
+}
+
 // A stratified mix's last, partial batch (batch `b`, the samples past the whole batches): each
 // source's samples so that the whole mix holds its share of `samples` as nearly as whole samples
 // can, exactly where the shares are whole (a budget of rows a source), in an order shuffled
 // as a whole batch's.
 void stratified_tail(std::span<const double> weights, std::size_t samples, std::size_t b,
-                     std::uint64_t seed, TokenBlend& blend) {
-  const std::size_t last = samples - blend.source.size();
+                     std::uint64_t seed, std::size_t threads, TokenBlend& blend) {
+  const std::size_t at = blend.source.size();
+  const std::size_t last = samples - at;
   if (last == 0) return;
   const double sum = weight_sum(weights);
   const std::size_t n = weights.size();
-  std::vector<std::uint64_t> count(n, 0);
-  for (const std::uint32_t s : blend.source) ++count[s];
+  std::vector<std::uint64_t> count = source_counts(blend.source, n, threads);
   std::vector<double> behind(n);  // the samples each source is short of its share at the end
   for (std::size_t s = 0; s < n; ++s) {
     behind[s] = weights[s] / sum * static_cast<double>(samples) - static_cast<double>(count[s]);
@@ -282,18 +341,25 @@ void stratified_tail(std::span<const double> weights, std::size_t samples, std::
     behind[pick] -= 1;
   }
   std::vector<std::size_t> order;
-  append_batch(slots, seed, b, count, order, blend);
+  blend.source.resize(samples);
+  blend.draw.resize(samples);
+  put_batch(slots, seed, b, count.data(), order, at, blend);
 }
 }  // namespace
 
-TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed) {
+// Each sample's source is its own draw; its number among its source's samples is counted in
+// two passes: within runs of samples (in parallel), then each run's counts offset by the runs
+// before it.
+TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed,
+                     std::size_t threads) {
   const double sum = weight_sum(weights);
+  const std::size_t n = weights.size();
   // Cumulative shares; the last source with a weight above 0 takes what rounding leaves (and
   // the sources weighted 0 after it none).
-  std::vector<double> upto(weights.size());
+  std::vector<double> upto(n);
   double acc = 0;
   std::size_t last = 0;
-  for (std::size_t s = 0; s < weights.size(); ++s) {
+  for (std::size_t s = 0; s < n; ++s) {
     acc += weights[s] / sum;
     upto[s] = acc;
     if (weights[s] > 0) last = s;
@@ -302,28 +368,53 @@ TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::
   TokenBlend out;
   out.source.resize(samples);
   out.draw.resize(samples);
-  std::vector<std::uint64_t> count(weights.size(), 0);
   constexpr std::uint64_t kSalt = 0x6969645f626c656eULL;  // "iid_blen"
-  for (std::size_t i = 0; i < samples; ++i) {
-    // 53 random bits as a double in [0, 1).
-    const double u = static_cast<double>(detail::mix(seed, i, kSalt) >> 11) * 0x1.0p-53;
-    const auto s =
-        static_cast<std::size_t>(std::upper_bound(upto.begin(), upto.end(), u) - upto.begin());
-    out.source[i] = static_cast<std::uint32_t>(s);
-    out.draw[i] = count[s]++;
+  const std::size_t tasks = (samples + kTaskSamples - 1) / kTaskSamples;
+  std::vector<std::uint64_t> counts(tasks * n, 0);  // each run's samples of each source
+  detail::parallel_for(tasks, threads_of(threads), [&](std::size_t t) {
+    std::uint64_t* count = counts.data() + t * n;
+    const std::size_t end = std::min(samples, (t + 1) * kTaskSamples);
+    for (std::size_t i = t * kTaskSamples; i < end; ++i) {
+      // 53 random bits as a double in [0, 1).
+      const double u = static_cast<double>(detail::mix(seed, i, kSalt) >> 11) * 0x1.0p-53;
+      const auto s =
+          static_cast<std::size_t>(std::upper_bound(upto.begin(), upto.end(), u) - upto.begin());
+      out.source[i] = static_cast<std::uint32_t>(s);
+      out.draw[i] = count[s]++;
+    }
+  });
+  // Each run's counts become the counts before it.
+  std::vector<std::uint64_t> before(n, 0);
+  for (std::size_t t = 0; t < tasks; ++t) {
+    for (std::size_t s = 0; s < n; ++s) {
+      const std::uint64_t c = counts[t * n + s];
+      counts[t * n + s] = before[s];
+      before[s] += c;
+    }
   }
+  detail::parallel_for(tasks, threads_of(threads), [&](std::size_t t) {
+    if (t == 0) return;
+    const std::uint64_t* offset = counts.data() + t * n;
+    const std::size_t end = std::min(samples, (t + 1) * kTaskSamples);
+    for (std::size_t i = t * kTaskSamples; i < end; ++i) out.draw[i] += offset[out.source[i]];
+  });
   return out;
 }
 
+// The blend (stratified_blend or iid_blend, in parallel), then the permutations of every
+// epoch after a source's first (each a task; together fewer entries than the samples, as each
+// is started by a draw past the epochs before), then each sample's row, in parallel runs.
 TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
                               std::span<const double> weights, TokenMixing mixing,
-                              std::size_t batch, std::size_t samples, std::uint64_t seed) {
+                              std::size_t batch, std::size_t samples, std::uint64_t seed,
+                              std::size_t threads) {
   if (weights.size() != source_rows.size()) {
     throw std::invalid_argument("stoker: " + std::to_string(weights.size()) + " weights for " +
                                 std::to_string(source_rows.size()) + " sources");
   }
   weight_sum(weights);
-  for (std::size_t s = 0; s < weights.size(); ++s) {
+  const std::size_t n = source_rows.size();
+  for (std::size_t s = 0; s < n; ++s) {
     if (weights[s] > 0 && source_rows[s] == 0) {
       throw std::invalid_argument("stoker: source " + std::to_string(s) +
                                   " has no rows but a weight of " + std::to_string(weights[s]));
@@ -332,34 +423,69 @@ TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
   TokenBlend blend;
   if (mixing == TokenMixing::stratified) {
     if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
-    blend = stratified_blend(weights, batch, samples / batch, seed);
-    stratified_tail(weights, samples, samples / batch, seed, blend);
+    blend = stratified_blend(weights, batch, samples / batch, seed, threads);
+    stratified_tail(weights, samples, samples / batch, seed, threads, blend);
   } else {
-    blend = iid_blend(weights, samples, seed);
+    blend = iid_blend(weights, samples, seed, threads);
   }
   TokenMixIndex out;
   out.source = std::move(blend.source);
-  out.row.resize(samples);
-  out.epochs.assign(source_rows.size(), 0);
-  // Each source's draws come in increasing order, so one permutation per source is live: the
-  // one of its current epoch (epoch 0 needs none).
-  std::vector<std::vector<std::size_t>> perm(source_rows.size());
-  constexpr std::uint64_t kSalt = 0x65706f6368ULL;  // "epoch"
-  for (std::size_t i = 0; i < samples; ++i) {
-    const std::uint32_t s = out.source[i];
-    const std::uint64_t rows = source_rows[s];
-    const std::uint64_t d = blend.draw[i];
-    const std::uint64_t e = d / rows;
-    const std::uint64_t k = d % rows;
-    if (e + 1 > out.epochs[s]) {
-      out.epochs[s] = e + 1;
-      if (e > 0) {
-        detail::permutation(static_cast<std::size_t>(rows), detail::mix(seed, s, e ^ kSalt),
-                            perm[s]);
-      }
+  out.row = std::move(blend.draw);  // each sample's draw, made its row below
+  out.epochs.assign(n, 0);
+  const std::vector<std::uint64_t> draws = source_counts(out.source, n, threads);
+  // The permutations of epochs 1 ... epochs - 1 of each source, end to end from first[s].
+  struct Epoch {
+    std::uint32_t source;
+    std::uint64_t epoch;
+  };
+  std::vector<Epoch> epochs;
+  std::vector<std::uint64_t> first(n, 0);
+  std::uint64_t entries = 0;
+  for (std::size_t s = 0; s < n; ++s) {
+    if (draws[s] == 0) continue;
+    out.epochs[s] = (draws[s] - 1) / source_rows[s] + 1;
+    first[s] = entries;
+    for (std::uint64_t e = 1; e < out.epochs[s]; ++e) {
+      epochs.push_back({static_cast<std::uint32_t>(s), e});
+      entries += source_rows[s];
     }
-    out.row[i] = e == 0 ? k : perm[s][static_cast<std::size_t>(k)];
   }
+  std::vector<std::size_t> perm(static_cast<std::size_t>(entries));
+  // Tasks of whole permutations, kTaskSamples entries or more each (a source of few rows has
+  // many epochs).
+  std::vector<std::size_t> task_starts = {0};
+  for (std::size_t k = 0, size = 0; k < epochs.size(); ++k) {
+    size += static_cast<std::size_t>(source_rows[epochs[k].source]);
+    if (size >= kTaskSamples || k + 1 == epochs.size()) {
+      task_starts.push_back(k + 1);
+      size = 0;
+    }
+  }
+  constexpr std::uint64_t kSalt = 0x65706f6368ULL;  // "epoch"
+  detail::parallel_for(task_starts.size() - 1, threads_of(threads), [&](std::size_t t) {
+    std::vector<std::size_t> p;
+    for (std::size_t k = task_starts[t]; k < task_starts[t + 1]; ++k) {
+      const std::uint32_t s = epochs[k].source;
+      const std::uint64_t e = epochs[k].epoch;
+      const std::uint64_t rows = source_rows[s];
+      detail::permutation(static_cast<std::size_t>(rows), detail::mix(seed, s, e ^ kSalt), p);
+      std::copy(p.begin(), p.end(),
+                perm.begin() + static_cast<std::ptrdiff_t>(first[s] + (e - 1) * rows));
+    }
+  });
+  // Draw d of a source of R rows: epoch e = d / R reads row d % R, epoch 0 in the source's order.
+  const std::size_t tasks = (samples + kTaskSamples - 1) / kTaskSamples;
+  detail::parallel_for(tasks, threads_of(threads), [&](std::size_t t) {
+    const std::size_t end = std::min(samples, (t + 1) * kTaskSamples);
+    for (std::size_t i = t * kTaskSamples; i < end; ++i) {
+      const std::uint32_t s = out.source[i];
+      const std::uint64_t rows = source_rows[s];
+      const std::uint64_t d = out.row[i];
+      const std::uint64_t e = d / rows;
+      const std::uint64_t k = d % rows;
+      out.row[i] = e == 0 ? k : perm[static_cast<std::size_t>(first[s] + (e - 1) * rows + k)];
+    }
+  });
   return out;
 }
 

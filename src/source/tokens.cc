@@ -2,16 +2,26 @@
 // (stoker/tokens.h).
 #include "stoker/tokens.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "io/file.h"
 #include "io/remote.h"
+#include "source/index_cache.h"
 #include "source/resolve.h"
+#include "stoker/frontend/log.h"
+#include "util/parallel.h"
 
 namespace stoker {
 namespace {
@@ -556,6 +566,188 @@ std::string TokenRows::sample_name(std::size_t index) const {
 
 // ---- TokenMix ------------------------------------------------------------------------------
 
+namespace {
+
+// A mix's index in the index cache (index_cache.h's entries, kind "STKMIX01"), keyed by
+// mix_key(); body: the sources (u64), the samples (u64), each source's epochs (u64), each
+// sample's source and row, each in the fewest bytes (1, 2, 4 or 8: two u8 before the arrays)
+// that hold every value.
+constexpr std::string_view kMixMagic = "STKMIX01";
+
+// What a mix's index is made from, as text: the index is a function of the sources' row counts
+// and the mix's options; the sources' files (size and mtime where local), documents, tokens
+// and packing are in it too, so that an entry says what it was made from and a source changed
+// in any way builds the index again.
+std::string mix_key(const std::vector<std::shared_ptr<const TokenRows>>& sources,
+                    const TokenMixOptions& o, std::size_t samples) {
+  auto hex = [](std::string& to, std::uint64_t v) {
+    char b[24];
+    std::snprintf(b, sizeof b, " %016llx", static_cast<unsigned long long>(v));
+    to += b;
+  };
+  std::string k = "TokenMix index v1: mixing ";
+  k += o.mixing == TokenMixing::stratified ? "stratified" : "iid";
+  k += ", batch " + std::to_string(o.batch) + ", samples " + std::to_string(samples) + ", seed " +
+       std::to_string(o.seed) + ", weights";
+  for (const double w : o.weights) hex(k, std::bit_cast<std::uint64_t>(w));
+  for (std::size_t s = 0; s < sources.size(); ++s) {
+    const TokenRows& r = *sources[s];
+    const TokenPackOptions& p = r.options().pack;
+    const TokenCorpus& c = r.corpus();
+    k += "; source " + std::to_string(s) + ": rows " + std::to_string(r.size()) + ", seq_len " +
+         std::to_string(p.seq_len) + ", pack " +
+         (p.mode == TokenPackOptions::Mode::concat ? "concat" : "best_fit") + ", long " +
+         (p.long_documents == TokenPackOptions::Long::split ? "split" : "truncate") +
+         ", shuffled " + std::to_string(p.shuffle_documents ? 1 : 0) + ", seed " +
+         std::to_string(p.seed) + ", documents " + std::to_string(c.documents()) + ", tokens " +
+         std::to_string(c.tokens()) + ", files";
+    for (std::size_t f = 0; f < c.files(); ++f) {
+      const std::string& name = c.file(f);
+      k += ' ';
+      k += name;
+      struct stat st {};
+      if (::stat(name.c_str(), &st) == 0) {
+        k += " (" + std::to_string(st.st_size) + " bytes, mtime " +
+             std::to_string(static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
+                            st.st_mtim.tv_nsec) +
+             ")";
+      }
+    }
+  }
+  return k;
+}
+
+// The narrowest of 1, 2, 4 and 8 bytes that holds every value below `bound`.
+std::uint8_t width_below(std::uint64_t bound) {
+  if (bound <= 0x100) return 1;
+  if (bound <= 0x10000) return 2;
+  if (bound <= 0x100000000ULL) return 4;
+  return 8;
+}
+
+// Values in `width` bytes each (1, 2, 4 or 8), little-endian, to and from their type.
+template <class T, std::size_t W>
+void narrow_as(std::span<const T> values, char* out) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const auto v = static_cast<std::uint64_t>(values[i]);
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(out + i * W, &v, W);  // the low bytes
+    } else {
+      for (std::size_t b = 0; b < W; ++b) out[i * W + b] = static_cast<char>(v >> (8 * b));
+    }
+  }
+}
+
+template <class T, std::size_t W>
+void widen_as(const char* in, std::span<T> values) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    std::uint64_t v = 0;
+    if constexpr (std::endian::native == std::endian::little) {
+      std::memcpy(&v, in + i * W, W);
+    } else {
+      for (std::size_t b = 0; b < W; ++b)
+        v |= std::uint64_t{static_cast<unsigned char>(in[i * W + b])} << (8 * b);
+    }
+    values[i] = static_cast<T>(v);
+  }
+}
+
+// Runs fn(first, count) over runs of a million of `n` values on every core.
+template <class Fn>
+void by_runs(std::size_t n, const Fn& fn) {
+  constexpr std::size_t kRun = std::size_t{1} << 20;
+  detail::parallel_for((n + kRun - 1) / kRun, std::max(1u, std::thread::hardware_concurrency()),
+                       [&](std::size_t t) { fn(t * kRun, std::min(n - t * kRun, kRun)); });
+}
+
+template <class T>
+void put_narrow(detail::IndexWriter& w, std::span<const T> values, std::uint8_t width) {
+  const std::size_t at = w.data.size();
+  w.data.resize(at + values.size() * width);
+  char* out = w.data.data() + at;
+  by_runs(values.size(), [&](std::size_t first, std::size_t count) {
+    const auto part = values.subspan(first, count);
+    char* to = out + first * width;
+    switch (width) {
+      case 1:
+        return narrow_as<T, 1>(part, to);
+      case 2:
+        return narrow_as<T, 2>(part, to);
+      case 4:
+        return narrow_as<T, 4>(part, to);
+      default:
+        return narrow_as<T, 8>(part, to);
+    }
+  });
+}
+
+template <class T>
+void get_narrow(const char* in, std::span<T> values, std::uint8_t width) {
+  by_runs(values.size(), [&](std::size_t first, std::size_t count) {
+    const auto part = values.subspan(first, count);
+    const char* from = in + first * width;
+    switch (width) {
+      case 1:
+        return widen_as<T, 1>(from, part);
+      case 2:
+        return widen_as<T, 2>(from, part);
+      case 4:
+        return widen_as<T, 4>(from, part);
+      default:
+        return widen_as<T, 8>(from, part);
+    }
+  });
+}
+
+void save_mix(const std::string& file, const std::string& key, std::span<const std::uint64_t> rows,
+              const TokenMixIndex& x) {
+  const std::uint8_t source_width = width_below(rows.size());
+  const std::uint8_t row_width = width_below(*std::max_element(rows.begin(), rows.end()));
+  detail::IndexWriter w;
+  w.data.reserve(16 + 2 + x.epochs.size() * 8 + x.source.size() * (source_width + row_width));
+  w.put(static_cast<std::uint64_t>(x.epochs.size()));
+  w.put(static_cast<std::uint64_t>(x.source.size()));
+  w.put(source_width);
+  w.put(row_width);
+  w.put_bytes(x.epochs.data(), x.epochs.size() * sizeof(std::uint64_t));
+  put_narrow<std::uint32_t>(w, x.source, source_width);
+  put_narrow<std::uint64_t>(w, x.row, row_width);
+  detail::save_index_entry(file, kMixMagic, {key, x.source.size(), 0}, w.data);
+}
+
+// The index in `file` when it is an entry for `key` that holds `samples` samples of sources of
+// `rows` rows (each sample's source and row in range); else false.
+bool load_mix(const std::string& file, const std::string& key, std::size_t samples,
+              std::span<const std::uint64_t> rows, TokenMixIndex& x) {
+  const auto body = detail::load_index_entry(file, kMixMagic, {key, samples, 0});
+  if (!body) return false;
+  detail::IndexReader in(*body);
+  std::uint64_t n = 0, count = 0;
+  std::uint8_t source_width = 0, row_width = 0;
+  if (!in.get(n) || !in.get(count) || !in.get(source_width) || !in.get(row_width) ||
+      n != rows.size() || count != samples || source_width != width_below(n) ||
+      row_width != width_below(*std::max_element(rows.begin(), rows.end())) ||
+      in.left() != n * 8 + count * (source_width + row_width)) {
+    return false;
+  }
+  const char* at = body->data() + (body->size() - in.left());
+  x.epochs.resize(n);
+  std::memcpy(x.epochs.data(), at, n * 8);
+  x.source.resize(samples);
+  x.row.resize(samples);
+  get_narrow<std::uint32_t>(at + n * 8, x.source, source_width);
+  get_narrow<std::uint64_t>(at + n * 8 + samples * source_width, x.row, row_width);
+  std::atomic<bool> in_range{true};
+  by_runs(samples, [&](std::size_t first, std::size_t run) {
+    for (std::size_t i = first; i < first + run; ++i) {
+      if (x.source[i] >= n || x.row[i] >= rows[x.source[i]]) in_range = false;
+    }
+  });
+  return in_range;
+}
+
+}  // namespace
+
 TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenMixOptions options)
     : sources_(std::move(sources)) {
   if (sources_.empty()) throw std::invalid_argument("stoker::TokenMix: no sources");
@@ -577,8 +769,29 @@ TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenM
     total += a.size();
   }
   const std::size_t samples = options.samples == 0 ? total : options.samples;
-  index_ =
-      token_mix_index(rows, options.weights, options.mixing, options.batch, samples, options.seed);
+  std::string dir;
+  if (options.index_cache && samples >= kTokenMixCacheSamples) {
+    ObjectStorageOptions where;
+    where.index_cache_dir = options.index_cache_dir;
+    dir = detail::index_cache_dir(where);
+  }
+  std::string key, file;
+  if (!dir.empty()) {
+    key = mix_key(sources_, options, samples);
+    file = detail::index_cache_file(dir, key, "mix");
+    index_from_cache_ = load_mix(file, key, samples, rows, index_);
+    std::error_code ec;
+    if (!index_from_cache_ && std::filesystem::exists(file, ec)) {
+      detail::log(LogLevel::warning, "TokenMix: the index cache entry " + file +
+                                         " is damaged or cut short (or made by another version "
+                                         "of stoker): building the mix's index again");
+    }
+  }
+  if (!index_from_cache_) {
+    index_ = token_mix_index(rows, options.weights, options.mixing, options.batch, samples,
+                             options.seed);
+    if (!file.empty()) save_mix(file, key, rows, index_);
+  }
   fields_ = sources_[0]->fields();
   fields_.push_back({"source", DType::i64, {}});
 }

@@ -394,6 +394,17 @@ def test_a_mix_pickles_and_refuses_what_it_cannot_mix(tmp_path):
         stoker.TokenMix(sources, [0, 0, 0], global_batch=4)
 
 
+def test_a_second_mix_of_the_same_inputs_loads_its_index_from_the_cache(tmp_path):
+    sources, cache = mix_sources(tmp_path), tmp_path / "cache"
+    made = [stoker.TokenMix(sources, w, global_batch=64, samples=70_000, index_cache=cache)
+            for w in (WEIGHTS, WEIGHTS, WEIGHTS[::-1])]
+    assert [m.index_from_cache() for m in made] == [False, True, False]
+    fresh = stoker.TokenMix(sources, WEIGHTS, global_batch=64, samples=70_000, index_cache=False)
+    assert all((a == b).all() for a, b in zip(made[1].index(), fresh.index()))
+    assert pickle.loads(pickle.dumps(made[0])).index_from_cache()
+    assert len(list(cache.glob("*.mix"))) == 2
+
+
 # A native data set reads on threads whatever worker_type says (stats()["worker_type"]), so
 # there is no threads-to-processes case here.
 @pytest.mark.parametrize("old_workers, new_workers, new_kind, cuts", [

@@ -175,19 +175,25 @@ class TokenMix(NativeDataset):
     exactly each source's rows.
 
     The sources must make rows alike (``seq_len``); those whose ``max_segments`` was not given
-    are made again with the largest any source needs, so that ``cu_seqlens`` match."""
+    are made again with the largest any source needs, so that ``cu_seqlens`` match.
+
+    The index is built in C++ on every core and, for 65,536 samples or more, kept in the index
+    cache (``index_cache``: None or True the default place, False none, else a directory),
+    keyed by everything it is made from, so that the next mix of the same sources and options
+    (each rank and worker, a later run) loads it; ``index_from_cache()`` says which."""
 
     def __init__(self, sources: Sequence[TokenDataset], weights: Optional[Sequence[float]] = None,
                  *, mixing: str = "stratified", global_batch: Optional[int] = None,
                  samples: Optional[int] = None, seed: int = 0,
                  epochs: Optional[Sequence[float]] = None,
-                 tokens: Optional[Sequence[int]] = None) -> None:
+                 tokens: Optional[Sequence[int]] = None, index_cache=None) -> None:
         sources = list(sources)
         if not sources or not all(isinstance(d, TokenDataset) for d in sources):
             raise TypeError("stoker.TokenMix: sources must be one or more stoker.TokenDataset")
         weights, samples = _budget(sources, weights, samples, epochs, tokens)
         self._made_with = ((sources, list(weights)), dict(
-            mixing=mixing, global_batch=global_batch, samples=samples, seed=seed))
+            mixing=mixing, global_batch=global_batch, samples=samples, seed=seed,
+            index_cache=index_cache))
         if len(weights) != len(sources):
             raise ValueError(f"stoker.TokenMix: {len(weights)} weights for {len(sources)} sources")
         if mixing == "stratified" and global_batch is None:
@@ -210,7 +216,8 @@ class TokenMix(NativeDataset):
         self._names = FIELDS + ("source",)
         self._as_dict = True
         self._handle = _stoker.token_mix([d._handle for d in sources], self.weights, str(mixing),
-                                         int(global_batch or 1), int(samples or 0), int(seed))
+                                         int(global_batch or 1), int(samples or 0), int(seed),
+                                         *object_storage_args(index_cache, None, 0)[:2])
 
     def index(self):
         """``(source, row)``: numpy arrays, each sample's source and its row in that source."""
@@ -219,6 +226,10 @@ class TokenMix(NativeDataset):
             int(self._made_with[1]["global_batch"] or 1), len(self),
             int(self._made_with[1]["seed"]))
         return src, row
+
+    def index_from_cache(self) -> bool:
+        """Whether the index was loaded from the index cache (False: built here)."""
+        return _stoker.token_mix_from_cache(self._handle)
 
     def epochs(self):
         """How many epochs of each source the mix reads (numpy uint64; 0: none of it)."""
@@ -255,12 +266,14 @@ def _budget(sources, weights, samples, epochs, tokens):
 
 
 def token_mix_index(source_rows, weights, mixing: str = "stratified", global_batch: int = 1,
-                    samples: Optional[int] = None, seed: int = 0):
+                    samples: Optional[int] = None, seed: int = 0, threads: int = 0):
     """TokenMix's index without files: ``(source, row, epochs)`` numpy arrays for sources of
-    ``source_rows`` rows. A pure function of its arguments, built in C++."""
+    ``source_rows`` rows. A pure function of its arguments, built in C++ on ``threads`` (0:
+    every core; the same index on any number)."""
     rows = [int(r) for r in source_rows]
     return _stoker.token_mix_index(rows, [float(w) for w in weights], str(mixing),
-                                   int(global_batch), int(samples or sum(rows)), int(seed))
+                                   int(global_batch), int(samples or sum(rows)), int(seed),
+                                   int(threads))
 
 
 def plan_token_rows(lengths, seq_len: int, pack: str = "concat", long_documents: str = "split",
