@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -26,19 +25,6 @@ namespace stoker {
 namespace {
 
 namespace fs = std::filesystem;
-
-// Sanitizer builds (GCC says so with __SANITIZE_*__, clang with __has_feature) run several times
-// slower: the timing tests allow them more.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define STOKER_TEST_SANITIZED 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define STOKER_TEST_SANITIZED 1
-#endif
-#endif
-#ifndef STOKER_TEST_SANITIZED
-#define STOKER_TEST_SANITIZED 0
-#endif
 
 // ---- The plan -----------------------------------------------------------------------------
 
@@ -192,20 +178,13 @@ TEST(TokenPlan, IsAPureFunctionOfLengthsModeSeqLenAndSeed) {
   }
 }
 
-TEST(TokenPlan, ReplansAMillionDocumentsWellUnderASecond) {
+TEST(TokenPlan, ReplansAMillionDocumentsInEitherMode) {
+  // How fast: bench/token_bench.py (tests do not assert on time).
   const auto lengths = log_normal_lengths(1'000'000, 300, 1.2, 5);
-#if STOKER_TEST_SANITIZED
-  constexpr double kLimit = 20.0;  // sanitizers slow everything several times over
-#else
-  constexpr double kLimit = 1.0;
-#endif
   for (auto mode : {TokenPackOptions::Mode::concat, TokenPackOptions::Mode::best_fit}) {
-    const auto start = std::chrono::steady_clock::now();
     const auto plan = plan_rows(lengths, options(mode, 4096));
-    const double s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    EXPECT_GT(plan.rows(), 100000u);
-    EXPECT_LT(s, kLimit) << (mode == TokenPackOptions::Mode::concat ? "concat" : "best_fit");
+    EXPECT_GT(plan.rows(), 100000u)
+        << (mode == TokenPackOptions::Mode::concat ? "concat" : "best_fit");
   }
 }
 
@@ -280,18 +259,10 @@ TEST(TokenBlend, IsAPureFunctionAndShufflesWithinBatches) {
   EXPECT_THROW(stratified_blend(std::vector<double>{}, 4, 1, 0), std::invalid_argument);
 }
 
-TEST(TokenBlend, BlendsTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {
+TEST(TokenBlend, BlendsTenMillionSamplesOfTenSources) {
   const std::vector<double> weights = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
-#if STOKER_TEST_SANITIZED
-  constexpr double kLimit = 40.0;
-#else
-  constexpr double kLimit = 2.0;
-#endif
-  const auto start = std::chrono::steady_clock::now();
   const auto blend = stratified_blend(weights, 1024, 10'000'000 / 1024, 7);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(blend.source.size(), 1024u * (10'000'000 / 1024));
-  EXPECT_LT(s, kLimit);
 }
 
 TEST(TokenMixIndex, StratifiedEveryGlobalBatchHoldsEachSourcesShareWithinOneRow) {
@@ -465,19 +436,11 @@ TEST(TokenBlend, IsTheSameOnAnyNumberOfThreads) {
   }
 }
 
-TEST(TokenMixIndex, IndexesTenMillionSamplesOfTenSourcesInUnderTwoSeconds) {
+TEST(TokenMixIndex, IndexesTenMillionSamplesOfTenSources) {
   const std::vector<double> weights = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
   const std::vector<std::uint64_t> rows(10, 400'000);  // sources wrap around several times
-#if STOKER_TEST_SANITIZED
-  constexpr double kLimit = 60.0;
-#else
-  constexpr double kLimit = 2.0;
-#endif
-  const auto start = std::chrono::steady_clock::now();
   const auto index = token_mix_index(rows, weights, TokenMixing::stratified, 1024, 10'000'000, 7);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(index.row.size(), 10'000'000u);
-  EXPECT_LT(s, kLimit);
 }
 
 // ---- Sources ------------------------------------------------------------------------------
