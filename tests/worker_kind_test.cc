@@ -632,6 +632,61 @@ TEST(CheckedSwitch, TheStandardErrorOfAWindowIsTheSpreadOfItsBlocksMeans) {
   EXPECT_DOUBLE_EQ(bursts.error(), 0);
 }
 
+// A setting's epochs as it delivered them: `epochs` of `batches` each, the first one's
+// `cold` seconds a batch, the later ones' `warm`, each with `jitter` (as steady()).
+SettingWindows epochs_of(std::size_t epochs, std::size_t batches, double cold, double warm,
+                         double jitter = 0) {
+  SettingWindows s;
+  for (std::size_t e = 0; e < epochs; ++e) {
+    for (std::size_t i = 0; i < batches; ++i) {
+      s.add((e ? warm : cold) + ((i / kWindowBlock) % 2 ? jitter : -jitter));
+    }
+    s.epoch_end();
+  }
+  return s;
+}
+
+TEST(WarmWithWarm, ProcessesSlowerThanWarmInLineGoBackWhereColdInLineLookedSlower) {
+  // The `stream 1us 0.1s` row's shape: in-line's first epoch cold (0.150 ms a batch), its
+  // second warm (0.079 ms); 2 processes deliver one every 0.100 ms. Over both in-line epochs
+  // (0.115 ms a batch) the processes look faster; against in-line's warm epoch they are not.
+  const SettingWindows inline_ = epochs_of(2, 128, 150e-6, 79e-6, 2e-6);
+  const Window processes = steady(256, 100e-6, 2e-6);
+  ASSERT_EQ(check_switch(inline_.all, processes, "in-line", "2 worker processes").verdict,
+            SwitchVerdict::keep);
+  const SwitchCheck c = check_switch(inline_, processes, "in-line", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::go_back);
+  EXPECT_TRUE(contains(c.reason,
+                       "back to in-line: 2 worker processes delivered a batch every 0.100 ms "
+                       "over 256 batches, in-line every 0.079 ms over 128"));
+  EXPECT_TRUE(contains(c.reason,
+                       "in-line measured from its second epoch on (128 batches), its first "
+                       "(cold) left out"));
+}
+
+TEST(WarmWithWarm, ProcessesFasterThanWarmInLineAreKept) {
+  // The converse: in-line warm at 0.120 ms a batch, the processes at 0.100: kept.
+  const SettingWindows inline_ = epochs_of(2, 128, 150e-6, 120e-6, 2e-6);
+  const SwitchCheck c =
+      check_switch(inline_, steady(256, 100e-6, 2e-6), "in-line", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::keep);
+  EXPECT_TRUE(contains(c.reason, "in-line every 0.120 ms over 128"));
+}
+
+TEST(WarmWithWarm, ASettingLeftAfterOneEpochIsComparedOverAllItsBatches) {
+  // One in-line epoch of 625 batches (a long epoch: the processes start after it): nothing
+  // warm to compare with, so all of it.
+  const SettingWindows one = epochs_of(1, 625, 4e-3, 4e-3);
+  EXPECT_FALSE(one.warm_enough());
+  EXPECT_EQ(one.compared().batches, 625u);
+  const SwitchCheck c = check_switch(one, steady(64, 2.1e-3), "in-line", "2 worker processes");
+  EXPECT_EQ(c.verdict, SwitchVerdict::keep);
+  EXPECT_TRUE(contains(c.reason, "in-line measured over its first epoch too (0 batches after it"));
+  // A second epoch of fewer than kCheckMinBatches batches is not yet enough on its own.
+  const SettingWindows short_second = epochs_of(2, kCheckMinBatches - 1, 1e-3, 1e-3);
+  EXPECT_EQ(short_second.compared().batches, 2 * (kCheckMinBatches - 1));
+}
+
 TEST(InlineTrial, CheapGilBoundSamplesTryInLineAfterTheProcessesTheyWereMovedTo) {
   // The headline's cheap dict samples, batches of 256: the reads took 0.579 ms of CPU a batch
   // on the threads, the loop 0.018 ms between batches; 2 processes delivered one every 0.684.

@@ -581,6 +581,7 @@ PYBIND11_MODULE(_stoker, m) {
       "Whether the epochs read in-line lost, by the model, what starting `workers` processes "
       "costs: (start, the reason's clause).");
   m.attr("PROCESS_START_SECONDS") = detail::kProcessStartSeconds;
+  m.attr("BACKGROUND_START_SECONDS") = detail::kBackgroundStartSeconds;
   m.attr("CHECK_MIN_BATCHES") = detail::kCheckMinBatches;
   m.attr("CHECK_MIN_SECONDS") = detail::kCheckMinSeconds;
   m.attr("CHECK_START_SECONDS") = detail::kCheckStartSeconds;
@@ -606,19 +607,41 @@ PYBIND11_MODULE(_stoker, m) {
       .def("mean", &detail::Window::mean)
       .def("longest", &detail::Window::longest,
            "kCheckMostWindows windows: a setting left is measured no further.");
+  py::class_<detail::SettingWindows>(m, "SettingWindows")
+      .def(py::init<>())
+      .def("add", &detail::SettingWindows::add, py::arg("seconds"))
+      .def("epoch_end", &detail::SettingWindows::epoch_end)
+      .def_readonly("epochs", &detail::SettingWindows::epochs)
+      .def_property_readonly(
+          "warm", [](const detail::SettingWindows& s) { return s.warm; },
+          "Its batches after its first epoch (a copy).")
+      .def_property_readonly(
+          "compared", [](const detail::SettingWindows& s) { return s.compared(); },
+          "The window a check compares with: from the second epoch on once it holds enough "
+          "batches, else all (a copy).");
+  const auto verdict_tuple = [](const detail::SwitchCheck& c) {
+    const char* verdict = c.verdict == detail::SwitchVerdict::measuring ? "measuring"
+                          : c.verdict == detail::SwitchVerdict::keep    ? "keep"
+                                                                        : "go back";
+    return py::make_tuple(verdict, c.reason);
+  };
   m.def(
       "check_switch",
-      [](const detail::Window& before, const detail::Window& after, const std::string& left,
-         const std::string& now) {
-        const auto c = detail::check_switch(before, after, left, now);
-        const char* verdict = c.verdict == detail::SwitchVerdict::measuring ? "measuring"
-                              : c.verdict == detail::SwitchVerdict::keep    ? "keep"
-                                                                            : "go back";
-        return py::make_tuple(verdict, c.reason);
+      [verdict_tuple](const detail::Window& before, const detail::Window& after,
+                      const std::string& left, const std::string& now) {
+        return verdict_tuple(detail::check_switch(before, after, left, now));
       },
       py::arg("before"), py::arg("after"), py::arg("left"), py::arg("now"),
       "After a switch from `left` to `now`: ('measuring' | 'keep' | 'go back', the reason, "
       "naming both measured times a batch).");
+  m.def(
+      "check_switch",
+      [verdict_tuple](const detail::SettingWindows& before, const detail::Window& after,
+                      const std::string& left, const std::string& now) {
+        return verdict_tuple(detail::check_switch(before, after, left, now));
+      },
+      py::arg("before"), py::arg("after"), py::arg("left"), py::arg("now"),
+      "The same, `left` compared warm: from its second epoch on (SettingWindows).");
   m.def(
       "inline_trial",
       [](double read_s, double step_s, const detail::Window& now, const std::string& now_name) {

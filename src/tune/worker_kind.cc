@@ -196,6 +196,11 @@ void Window::add(double s) {
   }
 }
 
+void SettingWindows::add(double s) {
+  all.add(s);
+  if (epochs > 0) warm.add(s);
+}
+
 double Window::error() const {
   if (blocks < 2) return 0;
   const auto n = static_cast<double>(blocks);
@@ -274,6 +279,23 @@ SwitchCheck check_switch(const Window& before, const Window& after, const std::s
                     format(" (%.2fx the time after %zu windows, within the noise of %.0f%% but "
                            "slower by over %.0f%%)",
                            a / b, kCheckMostWindows, 100 * noise / b, 100 * kSwitchNoise)};
+}
+
+SwitchCheck check_switch(const SettingWindows& before, const Window& after, const std::string& left,
+                         const std::string& now) {
+  SwitchCheck c = check_switch(before.compared(), after, left, now);
+  if (c.verdict != SwitchVerdict::measuring) {
+    c.reason += before.warm_enough()
+                    ? format(
+                          "; %s measured from its second epoch on (%zu batches), its first "
+                          "(cold) left out",
+                          left.c_str(), before.warm.batches)
+                    : format(
+                          "; %s measured over its first epoch too (%zu batches after it, "
+                          "under %zu)",
+                          left.c_str(), before.warm.batches, kCheckMinBatches);
+  }
+  return c;
 }
 
 std::size_t next_remote_workers(std::size_t active, std::size_t count, double wait_fraction,

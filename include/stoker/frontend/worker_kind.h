@@ -212,6 +212,16 @@ StreamDepth deeper_stream_depth(std::size_t depth, std::size_t batches, std::siz
 // worker processes over a stream of small tensors (fork), the median of six starts on a busy
 // 2-core machine: 24-211 ms (docs/BENCHMARKS.md, 2026-12-02).
 inline constexpr double kProcessStartSeconds = 0.08;
+// A stream's worker processes start in the background: forked at an epoch's start (from the
+// training loop's thread, before that epoch's in-line pass begins), they start up (a forked
+// worker's set-up, worker_init_fn) while that epoch is read in-line, and the stream moves to
+// them at the first epoch boundary at which all of them answered; processes started and never
+// used are stopped with the loader. What the training loop still pays is the forks themselves
+// and the start-up's CPU beside it on a busy machine: kBackgroundStartSeconds, the ski-rental
+// rule's start cost then. Measured: the forks of 2 worker processes from a training process
+// that imported torch, on the loop's thread, 18-29 ms, median 23 (8 starts, `nice -n 19` on a
+// shared 2-core machine, load 2.1, 2026-12-03); both answered 36-51 ms after the first fork.
+inline constexpr double kBackgroundStartSeconds = 0.025;
 
 struct StartVerdict {
   bool start = false;
@@ -272,6 +282,24 @@ struct Window {
   }
 };
 
+// Compare warm with warm. A setting's first epoch is cold (its first pass over the stream:
+// page faults, the interpreter's first runs of the stream's code, and read in-line, the
+// model's own timing of each batch): on the matrix's `stream 1us 0.1s` row in-line's window,
+// holding its first epochs, made 2 worker processes look 0.67x its time a batch where whole
+// alternated epochs put in-line ahead (docs/BENCHMARKS.md, 2026-12-03). So the setting left is
+// compared from its second epoch on (`warm`) once that holds kCheckMinBatches batches; before
+// that (a setting left after one epoch), from all its batches (`all`).
+struct SettingWindows {
+  Window all;              // every batch measured on the setting
+  Window warm;             // those after its first epoch
+  std::size_t epochs = 0;  // ended
+  void add(double s);
+  void epoch_end() { ++epochs; }
+  bool warm_enough() const { return warm.batches >= kCheckMinBatches; }
+  // What a check compares the new setting with.
+  const Window& compared() const { return warm_enough() ? warm : all; }
+};
+
 enum class SwitchVerdict { measuring, keep, go_back };
 struct SwitchCheck {
   SwitchVerdict verdict = SwitchVerdict::measuring;
@@ -280,6 +308,10 @@ struct SwitchCheck {
 // `before`: the window of the setting left (`left`, e.g. "in-line"); `after`: the new one's
 // (`now`, e.g. "2 worker processes") so far.
 SwitchCheck check_switch(const Window& before, const Window& after, const std::string& left,
+                         const std::string& now);
+// The same with the setting left's windows: compared from its second epoch on where that holds
+// enough batches (SettingWindows::compared), and the reason says which.
+SwitchCheck check_switch(const SettingWindows& before, const Window& after, const std::string& left,
                          const std::string& now);
 // The standard error of `before`'s mean that check_switch uses: its own with 2 blocks or more;
 // with fewer (the engine pipeline's threads are measured over the few batches before auto

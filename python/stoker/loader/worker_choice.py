@@ -109,12 +109,15 @@ class Delivered:
     the threads' start-up, a few milliseconds, is far from the processes'); `skip_s`: none in
     this many seconds after the setting began, nor the gap to the first batch after them (the
     engine pipeline's processes' start, kCheckStartSeconds); `skip_batches`: none for this
-    many batches first (those read ahead before a switch to in-line, handed out at once).
+    many batches first (those read ahead before a switch to in-line, handed out at once);
+    `warm`: `window` is the one a check compares with, from the setting's second epoch on
+    (SettingWindows: compare warm with warm), and `bounded` ends it when that one is longest.
     Beside the window, the loop's own time between batches (`step`)."""
 
     def __init__(self, bounded: bool = False, from_start: bool = False,
-                 skip_s: float = 0.0, skip_batches: int = 0) -> None:
-        self.window = _stoker.Window()
+                 skip_s: float = 0.0, skip_batches: int = 0, warm: bool = False) -> None:
+        self._windows = _stoker.SettingWindows() if warm else None
+        self._window = _stoker.Window()
         self._bounded = bounded
         self._from_start = from_start
         self._closed = False  # bounded, and longest as an epoch ended
@@ -125,6 +128,23 @@ class Delivered:
         self._skip_until: Optional[float] = self._first + skip_s if skip_s else None
         self._skip_batches = skip_batches
         self._steps, self._step_s = 0, 0.0  # the loop's time from a batch to its next ask
+
+    @property
+    def window(self):
+        """What a check compares with (a copy, with `warm`)."""
+        return self._windows.compared if self._windows is not None else self._window
+
+    @property
+    def before(self):
+        """What a check after leaving this setting compares with: its SettingWindows (with
+        `warm`: check_switch says which part it compared), else its Window."""
+        return self._windows if self._windows is not None else self._window
+
+    def _add(self, seconds: float) -> None:
+        if self._windows is not None:
+            self._windows.add(seconds)
+        else:
+            self._window.add(seconds)
 
     @property
     def seconds(self) -> float:
@@ -147,16 +167,19 @@ class Delivered:
         elif self._skip_until is not None:  # measured from the next batch after it on
             self._skip_until = None if got >= self._skip_until else self._skip_until
         elif self.last is not None:
-            self.window.add(got - self.last)
+            self._add(got - self.last)
         elif self.epochs or self._from_start:
-            self.window.add(got - asked)
+            self._add(got - asked)
         self.last = got
         self.batches += 1
 
     def epoch_end(self) -> None:
         self.last = None
         self.epochs += 1
-        self._closed = self._bounded and self.window.longest()
+        if self._windows is not None:
+            self._windows.epoch_end()
+        warm = self._windows.warm if self._windows is not None else self._window
+        self._closed = self._bounded and warm.longest()
 
     def left(self, setting: str) -> dict:
         """What was spent on this setting, left: stats()["worker_type_left"]'s entry; `windows`,
