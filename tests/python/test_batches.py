@@ -197,10 +197,9 @@ def test_a_stateful_stream_resumes_mid_epoch(workers, worker_type):
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_path, workers):
     # The choice itself is choose_stream_workers' (tests/worker_kind_test.cc); here it is
-    # forced (the processes' start free, their check never done), and each epoch must still
-    # read the whole stream once, in order (with 2 workers taking turns, torch's order: the
-    # stream takes its share by get_worker_info()), as the processes start in the background
-    # while an epoch is read in-line and take over at an epoch's start.
+    # forced (the processes' start paid for at once, their check never done), and each epoch
+    # must still read the whole stream once, in order (with 2 workers taking turns, torch's
+    # order: the stream takes its share by get_worker_info()).
     from stoker.loader import stream_pipeline
 
     asked = []
@@ -210,7 +209,7 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
         return workers, f"auto: chose {workers} (forced)"
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers", choose)
-    monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", 0.0)
+    monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
     monkeypatch.setattr(stream_pipeline._stoker, "check_switch", lambda *a: ("measuring", ""))
     loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
     loader.trace(str(tmp_path / "trace.json"))
@@ -219,17 +218,11 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
     whole = list(range(40))
     # Two workers: worker 0's batches [0, 2], [4, 6], ... in turn with worker 1's [1, 3], ...
     turns = [x for b in range(0, 40, 4) for x in (b, b + 2, b + 1, b + 3)]
-    ran = []  # the workers each epoch ran on (a switch happens as an epoch starts)
-    for epoch in range(40):
-        values = [x for b in loader for x in b[:, 0].tolist()]
-        ran.append(loader.num_workers)
-        assert values == (turns if ran[-1] == 2 else whole)
-        assert len(loader.stats()["worker_pids"]) == ran[-1]
-        if epoch >= 2 and ran[-1] == workers:
-            break
-    # Epoch 1 in-line, measured; with processes, epoch 2 in-line too (they start meanwhile),
-    # and the epochs until they are up; then on them, to the end.
-    assert ran[:2] == [0, 0] and ran[-1] == workers and ran == sorted(ran), ran
+    for epoch in range(3):
+        assert [x for b in loader for x in b[:, 0].tolist()] == (
+            turns if epoch and workers == 2 else whole)
+        assert loader.num_workers == (0 if epoch == 0 else workers)
+        assert len(loader.stats()["worker_pids"]) == (0 if epoch == 0 else workers)
     # Decided once, at epoch 2's start, on times measured over epoch 1's batches after its
     # first: read, step and the hand-over's two sides, none negative; Counting asks
     # get_worker_info() as it begins (it takes its worker's share).

@@ -140,29 +140,3 @@ def test_ctrl_c_stops_a_loop_promptly_and_leaves_no_worker(tmp_path, what):
     pids = [int(p) for p in out["pids"].split()]
     assert "interrupted" in out and len(pids) == 2
     assert not any(alive(p) for p in pids)
-
-
-def test_ctrl_c_while_processes_start_in_the_background_leaves_no_worker(tmp_path):
-    # A stream on auto, forced to 2 worker processes whose start is free: epoch 2's start
-    # forks them and epoch 2 is read in-line meanwhile; Ctrl-C in it ends the loop, and the
-    # processes, never used, are stopped as the interpreter exits (the loader left open).
-    out = child_lines("""
-        import threading, torch, stoker, interrupts as ix, worker_datasets as wd
-        from stoker.loader import stream_pipeline
-        stream_pipeline._stoker.choose_stream_threads = lambda *a: (0, "no threads (forced)")
-        stream_pipeline._stoker.choose_stream_workers = lambda *a: (2, "auto: 2 (forced)")
-        stream_pipeline._stoker.BACKGROUND_START_SECONDS = 0.0
-        loader = stoker.DataLoader(wd.Counting(4000), batch_size=2)
-        assert sum(len(b) for b in loader) == 4000
-        try:
-            for i, batch in enumerate(loader):
-                if i == 0:  # mid-loop: the signal lands in next() or in the loop's body
-                    print("pids", *[p.pid for p in loader._pipeline._made[0].processes()],
-                          flush=True)
-                    threading.Thread(target=ix.interrupt_main).start()
-        except KeyboardInterrupt:
-            print("interrupted", loader.num_workers, flush=True)
-    """, tmp_path)
-    pids = [int(p) for p in out["pids"].split()]
-    assert out["interrupted"] == "0" and len(pids) == 2
-    assert not any(alive(p) for p in pids)

@@ -21,7 +21,6 @@ from ..workers import arena as _arena
 from ..workers import startup
 from ..workers.jobs import END, StreamJobs, is_datapipe
 from ..workers.processes import rebuild_error
-from .stream_start import BackgroundStart
 
 # How long a stream worker waits to hand a batch over before it looks whether it was stopped.
 _PUT_POLL_S = 0.1
@@ -291,10 +290,6 @@ class Streams:
         self._finish = finish
         self._stateful = (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict"))
         self._pool = None
-        # worker_type='auto': processes to start in the background at the next start()
-        # (their ProcessWorkers' maker, given the base seed, and count), then starting.
-        self._background: Optional[tuple] = None
-        self._starting: Optional[BackgroundStart] = None
         self._epoch: Optional[StreamEpoch] = None
         self.pending: Optional[dict] = None  # a loaded position, for the next start()
         # Passes started: worker processes tell a new pass from an abandoned one's last
@@ -355,9 +350,6 @@ class Streams:
             self._pool = self._processes(base_seed).make_pool()
             self._processes = None
             self._pool.start()
-        if self._background is not None:  # forked before this pass begins in-line
-            (make, count), self._background = self._background, None
-            self._starting = BackgroundStart(make(base_seed), count)
         self._passes += 1
         pending, self.pending = self.pending, None
         # In-line and one worker iterate the same one copy (auto moves from one to the other).
@@ -381,25 +373,11 @@ class Streams:
         """Whether the epoch running, read in-line, asked get_worker_info() as it began."""
         return self._epoch is not None and self._epoch.asked_worker_info
 
-    def start_in_background(self, processes, workers: int) -> None:
-        """At the next start(), once its base seed is drawn and before its pass begins
-        in-line, `workers` worker processes are started (worker_type='auto' chose them after
-        epochs read in-line; `processes` makes their ProcessWorkers, given the base seed);
-        use_started() moves the stream to them at a later start, once they are up."""
-        self._background = (processes, workers)
-
-    @property
-    def starting(self) -> bool:
-        return self._background is not None or self._starting is not None
-
-    def use_started(self) -> bool:
-        """From the next start() on, the processes started in the background read, if
-        they are all up (else False: the next epoch is read in-line too)."""
-        if self._starting is None or not self._starting.ready():
-            return False
-        started, self._starting = self._starting, None
-        self._pool, self._workers, self._processes = started.pool, started.count, None
-        return True
+    def use_processes(self, processes, workers: int) -> None:
+        """From the next start() on, `workers` worker processes read (worker_type='auto'
+        chose them after epochs read in-line); `processes` makes their ProcessWorkers, given
+        the base seed."""
+        self._workers, self._processes = workers, processes
 
     def use_threads(self, workers: int) -> None:
         """From the next start() on, `workers` worker threads read (worker_type='auto' chose
@@ -457,10 +435,6 @@ class Streams:
         if self.closed:
             return
         self.closed = True
-        self._background = None
-        if self._starting is not None:  # started, never used
-            self._starting.stop()
-            self._starting = None
         if self._pool is not None:
             self._pool.stop()  # producers waiting on their workers return at once
         self.stop(wait=self._pool is not None)  # they end before the pool closes their sockets

@@ -45,7 +45,6 @@ class StreamPipeline(Pipeline):
         processes = None
         self._choice: Optional[_Choice] = None
         self._check: Optional[_Check] = None  # after a switch: is it faster (_Check)?
-        self._starting = 0  # processes starting in the background (_choose)
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -131,13 +130,8 @@ class StreamPipeline(Pipeline):
         """Between epochs, once epoch 1 (and more, if short) was measured in-line: in-line on,
         worker threads from now on for a stream whose reads wait (they start at once), or
         worker processes (one, or more for a stream that takes its worker's share) once the
-        epochs read in-line lost by the model what starting them in the background costs
-        (else in-line for the next epoch, and asked again after it): they start as this epoch
-        begins, read in-line, and read from the first epoch after it at which they are up."""
-        if self._streams.starting:
-            if self._streams.use_started():
-                self._use_processes(self._starting)
-            return
+        epochs read in-line lost by the model what starting them costs (else in-line for the
+        next epoch, and asked again after it)."""
         decision = self._choice.decide()
         if decision is None:
             return
@@ -145,35 +139,23 @@ class StreamPipeline(Pipeline):
         self.worker_type_reason = reason
         if not start:
             return
-        before = self._choice.delivered.before
+        self._decided()
+        before = self._choice.delivered.window
         if kind == "process":
             make = self._choice.make
-            self._streams.start_in_background(lambda seed: make(seed, workers), workers)
-            self._starting = workers
-            self.worker_type_reason = (f"{reason}, in the background as the next epoch is "
-                                       f"read in-line, and read from the first epoch after "
-                                       f"it at which they are up")
-            self._decided()
-            return
-        self._decided()
-        if kind == "thread":
+            self._streams.use_processes(lambda seed: make(seed, workers), workers)
+            self._memory.set_workers(workers, True)
+            self.worker_type, self.num_workers = "process", workers
+            self._check = _Check(before, "in-line",
+                                 f"{workers} worker process{'es' if workers > 1 else ''}",
+                                 self._choice.costs, workers)
+        elif kind == "thread":
             self._streams.use_threads(workers)
             self._memory.set_workers(workers, False)
             self.worker_type, self.num_workers = "thread", workers
             self._check = _Check(before, "in-line",
                                  f"{workers} worker thread{'s' if workers > 1 else ''}")
         self._choice = None
-
-    def _use_processes(self, workers: int) -> None:
-        """The processes started in the background read from this epoch on, checked against
-        in-line's warm epochs (_Check)."""
-        self._memory.set_workers(workers, True)
-        self.worker_type, self.num_workers = "process", workers
-        self._check = _Check(self._choice.delivered.before, "in-line",
-                             f"{workers} worker process{'es' if workers > 1 else ''}",
-                             self._choice.costs, workers)
-        self._choice = None
-        self._decided()
 
     def _check_switch(self) -> None:
         """Between epochs, after a switch: once a window of batches was delivered on the new
@@ -246,8 +228,7 @@ class StreamPipeline(Pipeline):
         return self._streams.pids()
 
     def processes(self) -> list:
-        # Not those starting in the background while the stream is read in-line.
-        return self._made[0].processes() if self._made and self.worker_type == "process" else []
+        return self._made[0].processes() if self._made else []
 
     def _report(self) -> dict:
         stats = self._timing.stats()
@@ -297,9 +278,8 @@ class _Choice:
 
     def __init__(self, make) -> None:
         self.make = make  # the worker processes' ProcessWorkers, given the base seed, count
-        # In-line's first epochs, from its second on (to Window.longest; warm with warm), for
-        # the check after a switch.
-        self.delivered = Delivered(bounded=True, warm=True)
+        # In-line's first epochs (to Window.longest), for the check after a switch.
+        self.delivered = Delivered(bounded=True)
         self._batches = 0
         self._read = self._step = self._read_cpu = 0.0
         # The loop's thread's time runnable but off a CPU (ns) as the measured batches began:
@@ -360,7 +340,7 @@ class _Choice:
         d = self.delivered
         start, why = _stoker.stream_worth_starting(
             *costs, workers, cores, d.batches / max(d.epochs, 1), d.epochs,
-            _stoker.BACKGROUND_START_SECONDS)
+            _stoker.PROCESS_START_SECONDS)
         if not start:
             return "inline", 0, f"auto: in-line for now ({why}); the model: {reason}", False
         return "process", workers, f"{reason}; {why}", True
