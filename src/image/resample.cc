@@ -17,8 +17,10 @@ double triangle(double x) {
   return x < 1.0 ? 1.0 - x : 0.0;
 }
 
+// A sum of weighted 8-bit values with `Bits` fraction bits, rounded down to a level in 0..255.
+template <int Bits = kPrecisionBits>
 std::uint8_t clip8(std::int32_t v) {
-  v >>= kPrecisionBits;
+  v >>= Bits;
   return static_cast<std::uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
@@ -174,11 +176,6 @@ __attribute__((target("avx2"))) void resample_row_avx2(const std::uint8_t* in, c
 // whose taps would reach past it).
 constexpr std::int32_t kPlaneHalf = 1 << (kPlaneBits - 1);
 
-std::uint8_t clip_plane(std::int32_t v) {
-  v >>= kPlaneBits;
-  return static_cast<std::uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
-}
-
 void plane_row_scalar(const std::uint8_t* in, const AxisCoeffs& cx, const std::int16_t* w16,
                       std::size_t from, std::uint8_t* out) {
   const auto n = cx.start.size();
@@ -188,7 +185,7 @@ void plane_row_scalar(const std::uint8_t* in, const AxisCoeffs& cx, const std::i
     const std::uint8_t* p = in + (cx.start[o] - cx.first);
     std::int32_t v = kPlaneHalf;
     for (int k = 0; k < cx.count[o]; ++k) v += p[k] * w[k];
-    out[o] = clip_plane(v);
+    out[o] = clip8<kPlaneBits>(v);
   }
 }
 
@@ -207,8 +204,8 @@ __attribute__((target("avx2"))) std::size_t plane_row_avx2(const std::uint8_t* i
   const auto taps = static_cast<std::size_t>(cx.taps);
   if (taps % 8 != 0) return 0;
   const std::int32_t* start = cx.start.data();
-  const std::uint8_t* row = in - cx.first;
-  const std::int32_t last = avail + cx.first - cx.taps;  // the last start with taps readable
+  const std::int32_t first = cx.first;
+  const std::int32_t last = avail + first - cx.taps;  // the last start with taps readable
   // Lanes come out as outputs 0 2 4 6 1 3 5 7.
   const __m128i order = _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
   const __m256i half = _mm256_set1_epi32(kPlaneHalf);
@@ -216,8 +213,8 @@ __attribute__((target("avx2"))) std::size_t plane_row_avx2(const std::uint8_t* i
   for (; o + 8 <= n && start[o + 7] <= last; o += 8) {
     __m256i m[4];
     for (std::size_t j = 0; j < 4; ++j) {
-      const std::uint8_t* p0 = row + start[o + 2 * j];
-      const std::uint8_t* p1 = row + start[o + 2 * j + 1];
+      const std::uint8_t* p0 = in + (start[o + 2 * j] - first);
+      const std::uint8_t* p1 = in + (start[o + 2 * j + 1] - first);
       const std::int16_t* w0 = w16 + (o + 2 * j) * taps;
       __m256i acc = _mm256_setzero_si256();
       for (std::size_t k = 0; k < taps; k += 8) {
