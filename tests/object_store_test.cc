@@ -1308,6 +1308,76 @@ TEST_F(ObjectStoreS3, RemoteFilesCountBlocksFetchedAheadUntilTheyAreRead) {
   EXPECT_EQ(files.counters().prefetched, 7u);
 }
 
+// Blocks whose reader lets each go after its last read (RemoteObject::done_with_each: a
+// windowed shuffle's, read once an epoch) are held in memory by a process that alone reads its
+// cache: read with no GET of their own and no file in the disk cache, and let go, stored
+// nowhere, by done_with(). Past the cache's bytes the blocks held longest go to the disk cache
+// and are still read with no GET. A node's ranks sharing the cache keep them on disk.
+TEST_F(ObjectStoreS3, RemoteFilesHoldBlocksReadOnceInMemoryUntilTheirLastRead) {
+  const std::size_t block = 100000, blocks = 12;
+  const std::string big = object_bytes(blocks * block, 23);
+  direct()->put(url("remote/held.bin"), big);
+  const ProxyEnvironment aws(proxy_port_);
+  TempDir dir;
+  const auto cache_files = [](const fs::path& cache) {
+    std::size_t n = 0;
+    for (const auto& e : fs::directory_iterator(cache)) n += e.path().extension() == ".bin";
+    return n;
+  };
+  const auto blocks_of = [&](detail::RemoteFiles& files) {
+    detail::RemoteObject object = files.resolve({url("remote/held.bin")}, ".bin")[0][0];
+    auto starts = std::make_shared<std::vector<std::uint64_t>>();
+    for (std::size_t b = 0; b < blocks; ++b) starts->push_back(b * block);
+    object.chunk_starts = starts;
+    object.done_with_each = true;
+    return object;
+  };
+  std::vector<std::byte> part(block);
+  const auto read = [&](detail::RemoteFiles& files, const detail::RemoteObject& object,
+                        std::size_t b) {
+    files.read(object, b * block, part.data(), block);
+    EXPECT_EQ(as_string(part), big.substr(b * block, block)) << "block " << b;
+  };
+  const fs::path cache = dir.path / "cache";
+  detail::RemoteFiles files(cache.string(), 8 * block);  // eight blocks held at most
+  const detail::RemoteObject object = blocks_of(files);
+  proxy_control(proxy_port_, "/__proxy/reset", "{}");
+  std::vector<detail::RemoteFiles::Range> ranges;
+  for (std::size_t b = 0; b < 4; ++b) ranges.push_back({b * block, block});
+  files.prefetch(object, ranges);  // four blocks: half the cache, what may be fetched ahead
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (files.ahead_bytes() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(files.held_bytes(), 4 * block);
+  for (std::size_t b = 0; b < 4; ++b) read(files, object, b);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 4);  // a quarter of what may be ahead a GET
+  EXPECT_EQ(cache_files(cache), 0u);
+  for (std::size_t b = 0; b < 4; ++b) files.done_with(object, b * block);
+  EXPECT_EQ(files.held_bytes(), 0u);
+  EXPECT_EQ(files.memory_bytes(), 0u);
+
+  for (std::size_t b = 0; b < blocks; ++b) read(files, object, b);  // a GET each
+  files.flush_stores();
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 4 + static_cast<int>(blocks));
+  EXPECT_EQ(files.held_bytes(), 8 * block);
+  EXPECT_EQ(cache_files(cache), 4u);  // the four held longest
+  for (std::size_t b = 0; b < blocks; ++b) read(files, object, b);
+  EXPECT_EQ(proxy_count(proxy_port_, "GET"), 4 + static_cast<int>(blocks));
+  for (std::size_t b = 0; b < blocks; ++b) files.done_with(object, b * block);
+  EXPECT_EQ(files.held_bytes(), 0u);
+
+  TempDir shared_dir;
+  setenv("LOCAL_WORLD_SIZE", "2", 1);
+  detail::RemoteFiles rank((shared_dir.path / "cache").string(), 8 * block);
+  unsetenv("LOCAL_WORLD_SIZE");
+  const detail::RemoteObject theirs = blocks_of(rank);
+  for (std::size_t b = 0; b < 2; ++b) read(rank, theirs, b);
+  rank.flush_stores();
+  EXPECT_EQ(rank.held_bytes(), 0u);
+  EXPECT_EQ(cache_files(shared_dir.path / "cache"), 2u);
+}
+
 // Without a cache, RemoteFiles::prefetch fetches exactly the ranges named and holds them until
 // a read of exactly that range takes each: the reads (from four threads) make no GET of their
 // own and get the bytes, a 503 among the fetches ahead is retried, a range read twice or never

@@ -39,6 +39,7 @@
 #include "stoker/frontend/host_share.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/memory_cap.h"
+#include "stoker/frontend/object_files.h"
 #include "stoker/frontend/shared_memory.h"
 #include "stoker/frontend/shuffle_choice.h"
 #include "stoker/frontend/stream_copy.h"
@@ -514,6 +515,9 @@ PYBIND11_MODULE(_stoker, m) {
       "(the cores this process may run on, its share of them among LOCAL_WORLD_SIZE ranks).");
   m.def("default_max_workers", &detail::default_max_workers, py::arg("cpu_share"),
         py::arg("python_reads"), "The most worker threads num_workers='auto' may grow to.");
+  m.def("share_object_caches", &detail::share_object_caches,
+        "This process reads its object caches beside others that read the same blocks "
+        "(stoker/frontend/object_files.h).");
 
   // The front end's decisions about kinds of worker (src/tune/worker_kind.cc).
   m.def(

@@ -77,6 +77,15 @@ class ObjectFile final : public File {
  public:
   ObjectFile(detail::RemoteObject object, detail::RemoteHandle files)
       : File(object.url, object.size), object_(std::move(object)), files_(std::move(files)) {}
+  ~ObjectFile() override {
+    if (!object_.done_with_each) return;
+    try {
+      files_->let_go(object_);  // its reader is gone: no last reads to come
+    } catch (...) {             // a forked worker that never read: nothing of its own to let go
+    }
+  }
+  ObjectFile(const ObjectFile&) = delete;
+  ObjectFile& operator=(const ObjectFile&) = delete;
 
   std::size_t read_at(std::uint64_t offset, std::byte* dst, std::size_t n) const override {
     if (offset >= size()) return 0;

@@ -155,7 +155,7 @@ struct ObjectInfo {
 struct ObjectStoreOptions {
   S3Overrides s3;  // over the environment and ~/.aws (load_s3_settings)
   RetryPolicy retry;
-  int max_in_flight = 64;  // transfers running at once; more wait their turn (Priority)
+  int max_in_flight = 128;  // transfers running at once; more wait their turn (Priority)
   double connect_timeout_s = 10;
   // A transfer that moves no byte for this long is aborted (and retried).
   double stall_timeout_s = 30;

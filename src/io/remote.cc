@@ -28,6 +28,7 @@
 #include "source/file_util.h"
 #include "stoker/frontend/host_share.h"
 #include "stoker/frontend/log.h"
+#include "stoker/frontend/object_files.h"
 
 namespace stoker::detail {
 namespace {
@@ -114,7 +115,20 @@ void save_listing(const std::string& file, const std::string& header,
   detail::replace_file(file, out.str());
 }
 
+// Whether this process shares its object caches with others reading the same blocks
+// (share_object_caches(); every forked process).
+std::atomic<bool>& caches_shared() {
+  static std::atomic<bool> shared{false};
+  return shared;
+}
+[[maybe_unused]] const bool kForkedShares = [] {
+  pthread_atfork(nullptr, nullptr, [] { caches_shared().store(true); });
+  return true;
+}();
+
 }  // namespace
+
+void share_object_caches() { caches_shared().store(true); }
 
 bool is_url(std::string_view path) {
   return path.starts_with("s3://") || path.starts_with("http://") || path.starts_with("https://");
@@ -138,13 +152,16 @@ RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes
       store_(std::make_unique<io::ObjectStore>()),
       cache_bytes_(cache_bytes) {
   if (cache_bytes > 0) {
-    ahead_limit_ = std::min<std::uint64_t>(kAheadBytes, cache_bytes / 2 / host_share().local_ranks);
+    const std::size_t ranks = host_share().local_ranks;
+    ahead_limit_ = std::min<std::uint64_t>(kAheadBytes, cache_bytes / 2 / ranks);
+    if (ranks == 1 && cache_bytes <= kHeldBytes) held_ = std::make_unique<HeldBlocks>(cache_bytes);
   }
   if (!cache_dir_.empty()) {
     try {
       cache_ = std::make_unique<io::DiskCache>(cache_dir_, cache_bytes);
     } catch (const std::exception&) {
       cache_dir_.clear();  // a cache that cannot be made is no cache: reads fetch their ranges
+      held_.reset();
     }
   }
 }
@@ -330,6 +347,13 @@ void RemoteFiles::read(const RemoteObject& object, std::uint64_t offset, std::by
     std::byte* to = dst + (lo - offset);
     const auto part = static_cast<std::size_t>(hi - lo);
     const std::string key = io::DiskCache::key(object.url, c, length, object.etag);
+    if (const Chunk held = held_ ? held_->find(key) : nullptr) {
+      std::memcpy(to, held.get() + (lo - c), part);
+      ++hits_;
+      hit_bytes_ += part;
+      forget_unread(key);
+      continue;
+    }
     if (cache_->get_range(key, length, lo - c, to, part)) {
       ++hits_;
       hit_bytes_ += part;
@@ -348,8 +372,38 @@ void RemoteFiles::done_with(const RemoteObject& object, std::uint64_t offset) {
   if (!cache_ || offset >= object.size) return;
   const auto [c, length] = chunk_at(object, offset);
   const std::string key = io::DiskCache::key(object.url, c, length, object.etag);
-  forget_unread(key);
+  let_go(key);
   cache_->demote(key);
+}
+
+void RemoteFiles::let_go(const RemoteObject& object) {
+  if (!held_ || object.chunk_starts == nullptr) return;
+  for (const std::uint64_t start : *object.chunk_starts) {
+    if (start >= object.size) break;
+    const auto [c, length] = chunk_at(object, start);
+    let_go(io::DiskCache::key(object.url, c, length, object.etag));
+  }
+}
+
+void RemoteFiles::let_go(const std::string& key) {
+  {
+    MutexLock lock(mu_);  // read to its end before the finisher kept it: not to be kept
+    if (auto it = ahead_.find(key); it != ahead_.end()) it->second.finished = true;
+  }
+  forget_unread(key);
+  if (held_) held_->release(key);
+}
+
+bool RemoteFiles::holds(const RemoteObject& object) const {
+  return held_ && object.done_with_each && !caches_shared().load(std::memory_order_relaxed);
+}
+
+void RemoteFiles::keep(const std::string& key, const std::shared_ptr<std::byte[]>& data,
+                       std::size_t length, bool hold) {
+  const auto spill = [this](const std::string& k, const std::byte* d, std::size_t n) {
+    cache_->put(k, d, n);
+  };
+  if (!hold || !held_->hold(key, data, length, spill)) cache_->put(key, data.get(), length);
 }
 
 void RemoteFiles::forget_unread(const std::string& key) {
@@ -363,7 +417,7 @@ void RemoteFiles::forget_unread(const std::string& key) {
 bool RemoteFiles::room_ahead(std::uint64_t bytes) {
   if (ahead_bytes_ + unread_bytes_ + bytes > ahead_limit_) {
     for (auto it = unread_.begin(); it != unread_.end();) {
-      if (cache_->contains(it->first)) {
+      if (cache_->contains(it->first) || (held_ && held_->find(it->first))) {
         ++it;
       } else {  // let go unread (pushed out, or another process's turn): no longer held
         unread_bytes_ -= it->second;
@@ -409,7 +463,9 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
   try {
     std::shared_ptr<std::byte[]> buf = std::make_shared_for_overwrite<std::byte[]>(length);
     // Another thread may have fetched and stored it between our miss and now.
-    if (!cache_->get(key, buf.get(), length)) {
+    if (const Chunk held = held_ ? held_->find(key) : nullptr) {
+      std::memcpy(buf.get(), held.get(), length);
+    } else if (!cache_->get(key, buf.get(), length)) {
       const auto started = std::chrono::steady_clock::now();
       store_->read(object.url, offset, length, buf.get());
       fetch_ns_ += elapsed_ns(started);
@@ -417,7 +473,7 @@ RemoteFiles::Chunk RemoteFiles::fetch_chunk(const RemoteObject& object, std::uin
       // Not stored here: a cache write costs 0.1-1 ms of file system work, and 1,000 shards
       // indexed at once waited for theirs (a cold first batch 1.6-2.5 s with the cache on ext4,
       // 0.9 s on tmpfs).
-      store_later(key, buf, length);
+      store_later(key, buf, length, holds(object));
     }
     promise.set_value(std::move(buf));
   } catch (...) {
@@ -493,7 +549,8 @@ bool RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
       }
       std::string key = io::DiskCache::key(object.url, c, length, object.etag);
       // Under mu_: the finisher stores a chunk in the cache before it forgets it here.
-      if (ahead_.contains(key) || in_flight_.contains(key) || cache_->contains(key)) {
+      if (ahead_.contains(key) || in_flight_.contains(key) || cache_->contains(key) ||
+          (held_ && held_->find(key))) {
         if (j == i) continue;  // not part of a run: the next chunk may start one
         break;
       }
@@ -508,6 +565,7 @@ bool RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
     if (ahead_.size() + keys.size() > kAheadChunks || !room_ahead(run_bytes)) return false;
     const auto data = std::make_shared_for_overwrite<std::byte[]>(run_bytes);
     std::shared_future<void> done;
+    const bool hold = holds(object);
     try {
       // Its on_done waits for mu_, held until the chunks are in ahead_.
       done = store_
@@ -530,6 +588,7 @@ bool RemoteFiles::prefetch(const RemoteObject& object, std::span<const Range> ra
       ahead.done = done;
       ahead.started = started;
       ahead.timed = k == 0;
+      ahead.hold = hold;
       at += ahead.length;
       ahead_bytes_ += ahead.length;
       ahead_.emplace(std::move(keys[k]), std::move(ahead));
@@ -654,7 +713,7 @@ void RemoteFiles::start_finisher() {
 }
 
 void RemoteFiles::store_later(const std::string& key, const std::shared_ptr<std::byte[]>& data,
-                              std::size_t length) {
+                              std::size_t length, bool hold) {
   bool held = false;
   {
     MutexLock lock(mu_);
@@ -666,6 +725,7 @@ void RemoteFiles::store_later(const std::string& key, const std::shared_ptr<std:
       chunk.length = length;
       chunk.done = fetched.get_future().share();
       chunk.fetched_ahead = false;
+      chunk.hold = hold;
       start_finisher();
       ahead_bytes_ += length;
       ahead_.emplace(key, std::move(chunk));
@@ -677,7 +737,7 @@ void RemoteFiles::store_later(const std::string& key, const std::shared_ptr<std:
   if (held) {
     ahead_cv_.notify_all();
   } else {
-    cache_->put(key, data.get(), length);
+    keep(key, data, length, hold);
   }
 }
 
@@ -714,9 +774,15 @@ void RemoteFiles::finish_ahead() {
     }
     if (ok) {
       if (ahead.fetched_ahead && ahead.timed) fetch_ns_ += elapsed_ns(ahead.started);
-      cache_->put(key, ahead.data.get(), ahead.length);
+      bool finished = false;
+      {
+        MutexLock lock(mu_);
+        finished = ahead_.at(key).finished;
+      }
+      if (!(ahead.hold && finished)) keep(key, ahead.data, ahead.length, ahead.hold);
     }
     MutexLock lock(mu_);
+    if (ahead.hold && ahead_.at(key).finished) held_->release(key);  // finished while kept
     if (ok && ahead.fetched_ahead && !ahead_.at(key).read &&
         unread_.try_emplace(key, ahead.length).second) {
       unread_bytes_ += ahead.length;  // counted until a read takes it
@@ -734,6 +800,8 @@ std::uint64_t RemoteFiles::ahead_bytes() const {
   MutexLock lock(mu_);
   return ahead_bytes_;
 }
+
+std::uint64_t RemoteFiles::held_bytes() const { return held_ ? held_->bytes() : 0; }
 
 RemoteFiles::Counters RemoteFiles::counters() const {
   const io::IoStats s = store_->stats();

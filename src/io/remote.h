@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/held_blocks.h"
 #include "stoker/frontend/mutex.h"
 #include "stoker/object_storage.h"
 #include "util/node_lock.h"
@@ -48,6 +49,10 @@ struct RemoteObject {
   // its samples (the storage blocks of a windowed shuffle: no sample straddles two, each is
   // fetched whole by one GET); null: aligned chunks of kRemoteChunkBytes.
   std::shared_ptr<const std::vector<std::uint64_t>> chunk_starts = nullptr;
+  // The reader calls RemoteFiles::done_with() after each chunk's last read (a windowed
+  // shuffle's blocks, each read once an epoch): a process that is the only reader of its cache
+  // holds the chunks in memory from their GET to then, not in the disk cache (kHeldBytes).
+  bool done_with_each = false;
 };
 
 // The default directory of the object cache: $STOKER_CACHE_DIR/objects, else
@@ -68,6 +73,15 @@ inline constexpr std::size_t kRemoteChunkBytes = 8u << 20;
 // runs dry.
 inline constexpr std::size_t kAheadChunks = 1024;
 inline constexpr std::uint64_t kAheadBytes = 256ull << 20;
+
+// The largest object cache whose blocks (RemoteObject::done_with_each) a process holds in
+// memory between their GET and their last read instead of the disk cache, at most the cache's
+// bytes (what the window and the blocks fetched ahead of it fill; past that, the blocks held
+// longest go to the disk cache). A larger cache cuts blocks of 256 KiB and more, whose files
+// cost little beside their bytes. Not in a process that shares its cache with others that read
+// the same blocks (the node's ranks, LOCAL_WORLD_SIZE > 1; a worker process, forked or given
+// its data set by pickle): they find each other's blocks in the disk cache.
+inline constexpr std::uint64_t kHeldBytes = 256ull << 20;
 
 // One per process and cache directory (remote_files()): an ObjectStore (its settings from the
 // environment and ~/.aws) and the disk cache. Thread safety: every member from any thread.
@@ -103,9 +117,9 @@ class RemoteFiles {
   // which has no listing).
   std::vector<RemoteObject> list_all(const std::string& prefix, const SharedListings& shared = {});
 
-  // Reads bytes [offset, offset + n) of the object into dst: from the disk cache where it holds
-  // the chunks, else with one range GET per chunk (kRemoteChunkBytes, aligned), each stored in
-  // the cache. Without a cache (cache_bytes 0) exactly the range is fetched. Throws
+  // Reads bytes [offset, offset + n) of the object into dst: from the chunks held in memory or
+  // the disk cache where they are, else with one range GET per chunk (kRemoteChunkBytes, aligned),
+  // each stored in the cache. Without a cache (cache_bytes 0) exactly the range is fetched. Throws
   // io::ObjectStoreError (the URL and the HTTP status in its message) or std::runtime_error for
   // a range past the object's end.
   void read(const RemoteObject& object, std::uint64_t offset, std::byte* dst, std::size_t n);
@@ -140,8 +154,13 @@ class RemoteFiles {
   bool prefetch(const RemoteObject& object, std::span<const Range> ranges);
 
   // A hint that the chunk holding byte `offset` of the object will not be read again soon (a
-  // windowed shuffle read every sample of its block this epoch): it is the cache's first out.
+  // windowed shuffle read every sample of its block this epoch): held in memory, it is let go;
+  // in the disk cache, it is the first out.
   void done_with(const RemoteObject& object, std::uint64_t offset);
+
+  // The object's reader is gone (its data set destroyed), and with it the done_with() calls
+  // to come: its chunks held in memory are let go, read to their end or not.
+  void let_go(const RemoteObject& object);
 
   // Waits until every chunk a read fetched so far is in the cache (they are stored in the
   // background): before another process of the node takes its turn (NodeTurn) and looks there.
@@ -152,6 +171,10 @@ class RemoteFiles {
   // Bytes of the chunks held in memory until they reach the cache (being fetched ahead, or
   // fetched by a read and not yet stored): at most kAheadBytes.
   std::uint64_t ahead_bytes() const;
+  // Bytes of the blocks held in memory until their last read (kHeldBytes).
+  std::uint64_t held_bytes() const;
+  // What this holds in memory: ahead_bytes() + held_bytes(), for the memory cap.
+  std::uint64_t memory_bytes() const { return ahead_bytes() + held_bytes(); }
   const std::string& cache_dir() const { return cache_dir_; }
 
  private:
@@ -167,13 +190,19 @@ class RemoteFiles {
   // A chunk a read fetched: into ahead_ for the finisher to store (the read goes on; later
   // reads take it from memory meanwhile), or stored here when kAheadBytes are held already.
   void store_later(const std::string& key, const std::shared_ptr<std::byte[]>& data,
-                   std::size_t length);
+                   std::size_t length, bool hold);
+  // Whether the object's chunks are held in memory until their last read (kHeldBytes).
+  bool holds(const RemoteObject& object) const;
+  // A fetched chunk into memory (`hold`, while held_ has room) or the disk cache.
+  void keep(const std::string& key, const std::shared_ptr<std::byte[]>& data, std::size_t length,
+            bool hold);
   void start_finisher() STOKER_REQUIRES(mu_);
   // Whether `bytes` more may be fetched ahead: what is being fetched ahead or stored, and what
   // was fetched ahead into the cache and not read since, within ahead_limit_ (unread chunks
   // the cache let go first no longer count).
   bool room_ahead(std::uint64_t bytes) STOKER_REQUIRES(mu_);
   void forget_unread(const std::string& key);  // a read or done_with() took it
+  void let_go(const std::string& key);         // done_with() without the disk cache's demotion
   // Without a cache: prefetch() and read() of exact ranges (ranges_). prefetch_run() fetches
   // the ranges `run` (sorted, not held, within `span` of the object) by one GET of `span`.
   bool prefetch_range(const RemoteObject& object, std::uint64_t offset, std::size_t n);
@@ -194,12 +223,15 @@ class RemoteFiles {
     bool fetched_ahead = true;  // its fetch time is counted as it is stored
     bool timed = true;          // the first chunk of its GET: the GET's time counted once
     bool read = false;          // a read took it before it reached the cache
+    bool hold = false;          // kept in held_, not the disk cache (holds())
+    bool finished = false;      // done_with() came before it was kept: held no longer
     std::uint64_t number = 0;   // ranges_: which range fetched ahead (ranges_order_)
   };
 
   std::string cache_dir_;
   std::unique_ptr<io::ObjectStore> store_;
   std::unique_ptr<io::DiskCache> cache_;  // null: no cache
+  std::unique_ptr<HeldBlocks> held_;      // null: no cache, over kHeldBytes, or the node's ranks
   std::atomic<std::uint64_t> hits_{0}, hit_bytes_{0}, misses_{0};
   std::atomic<std::uint64_t> chunk_fetches_{0}, fetch_ns_{0}, wait_ns_{0}, prefetched_{0};
   mutable Mutex mu_;

@@ -402,6 +402,7 @@ struct WebDataset::Impl final : EncodedSource {
           detail::RemoteObject cut = *object;
           cut.chunk_starts =
               std::make_shared<const std::vector<std::uint64_t>>(std::move(starts[k]));
+          cut.done_with_each = true;  // read_of_block()
           shards[k].file = io::open_object(std::move(cut), remote_files);
         }
       }
@@ -823,7 +824,7 @@ ObjectStorageCounters WebDataset::object_storage_counters() const {
 }
 
 std::size_t WebDataset::resident_bytes() const {
-  const std::uint64_t ahead = impl_->remote_files ? impl_->files().ahead_bytes() : 0;
+  const std::uint64_t ahead = impl_->remote_files ? impl_->files().memory_bytes() : 0;
   return static_cast<std::size_t>(source_->counters().cached_bytes + ahead);
 }
 

@@ -506,6 +506,33 @@ def test_reading_in_order_through_a_small_cache_fetches_each_byte_once(env, big_
     assert ds.object_storage()["bytes_fetched"] - before <= 1.05 * total
 
 
+def test_a_window_s_blocks_are_held_in_memory_and_a_worker_process_keeps_them_on_disk(
+        env, big_shards, tmp_path):
+    total = big_bytes(tmp_path)
+    n = BIG_SHARDS * BIG_PER_SHARD
+    ds = big_dataset(tmp_path, total // 4, "objects-held")
+    before = ds.object_storage()["bytes_fetched"]
+    loader = stoker.DataLoader(ds, batch_size=16, shuffle=True, seed=3, num_workers=2)
+    assert sorted(ids_of(loader)) == list(range(n))
+    loader.close()
+    assert ds.object_storage()["bytes_fetched"] - before <= 1.15 * total
+    # The only reader of its cache: the blocks read from memory, no file made for them (but for
+    # a few the window and the fetches ahead, filling the cache's bytes, pushed out).
+    blocks = len(ds.storage_layout()["block_ends"])
+    assert len(list((tmp_path / "objects-held").glob("*.bin"))) <= blocks // 20, blocks
+    # Unpickled in another process (a worker of a loader there), which shares the cache with
+    # that loader's other workers: the blocks go to the disk cache, where they find them.
+    script = ("import pickle, sys, stoker\n"
+              "ds = pickle.loads(sys.stdin.buffer.read())\n"
+              "loader = stoker.DataLoader(ds, batch_size=16, num_workers=1)\n"
+              "print(sum(len(b[2]) for b in loader))\n")
+    worker = big_dataset(tmp_path, total // 4, "objects-worker")
+    out = subprocess.run([sys.executable, "-c", script], input=pickle.dumps(worker),
+                         capture_output=True, check=True, timeout=120)
+    assert int(out.stdout) == n
+    assert list((tmp_path / "objects-worker").glob("*.bin"))
+
+
 def test_the_window_order_resumes_exactly_and_refuses_a_state_of_another_window(
         env, big_shards, tmp_path):
     total = big_bytes(tmp_path)

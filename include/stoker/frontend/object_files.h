@@ -49,4 +49,10 @@ std::vector<std::shared_ptr<ObjectFile>> open_object_files(const std::vector<std
                                                            const std::string& suffix,
                                                            const ObjectStorageOptions& options);
 
+// This process reads its object caches beside other processes that read the same blocks (a
+// worker given its data set by pickle): the blocks a windowed shuffle reads once go to the disk
+// cache, where the others find them, not into this process's memory (src/io/remote.h,
+// kHeldBytes). A forked process counts as one by itself.
+void share_object_caches();
+
 }  // namespace stoker::detail

@@ -38,7 +38,7 @@ class NativeDataset:
     def __reduce__(self):
         # Made again where it is unpickled (a remote worker): the handle is a C++ object.
         args, kwargs = self._made_with
-        return (_make, (type(self), args, kwargs))
+        return (_make, (type(self), args, kwargs, os.getpid()))
 
     def __len__(self) -> int:
         return len(self._handle)
@@ -67,7 +67,11 @@ class NativeDataset:
         return ("seq", tuple, leaves)
 
 
-def _make(cls, args, kwargs):
+def _make(cls, args, kwargs, pickled_in=None):
+    if pickled_in is not None and pickled_in != os.getpid():
+        # A worker of another process's loader: the blocks it reads once go to the object
+        # cache on disk, where that loader's other workers find them (docs/storage.md).
+        _stoker.share_object_caches()
     return cls(*args, **kwargs)
 
 
