@@ -312,7 +312,7 @@ class TokenRows final : public Dataset {
 };
 
 struct TokenMixOptions {
-  std::vector<double> weights;  // one per source, >= 0, not all 0
+  std::vector<double> weights;  // one per source, >= 0, not all 0 (empty with a schedule)
   // Weights that change at given steps (global batches of `batch` samples), instead of
   // `weights` (give one of them): see TokenWeightStep and stratified_blend. The samples before
   // a segment's step do not depend on it or any later segment, so a run resumed with a
