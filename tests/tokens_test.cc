@@ -876,6 +876,7 @@ class TokenMixCache : public TokenFiles {
   struct Inputs {
     std::size_t seq_len = 8;
     std::vector<double> weights = {2, 1};
+    std::vector<TokenWeightStep> schedule;  // instead of the weights, where given
     TokenMixing mixing = TokenMixing::stratified;
     std::uint64_t seed = 3;
     bool cache = true;
@@ -891,7 +892,11 @@ class TokenMixCache : public TokenFiles {
           TokenCorpus::flat({f}, TokenCorpus::FlatDType::u16, 0), o));
     }
     TokenMixOptions m;
-    m.weights = in.weights;
+    if (in.schedule.empty()) {
+      m.weights = in.weights;
+    } else {
+      m.schedule = in.schedule;
+    }
     m.mixing = in.mixing;
     m.batch = 64;
     m.samples = 70'000;
@@ -956,6 +961,37 @@ TEST_F(TokenMixCache, AChangedWeightSeedSeqLenMixingOrSourceFileBuildsTheIndexAg
   EXPECT_FALSE(mix({}).index_from_cache());
   EXPECT_TRUE(mix({}).index_from_cache());
   EXPECT_EQ(entries().size(), 6u);
+}
+
+TEST_F(TokenMixCache, AScheduleIsInTheKeyAndOneOfASingleSegmentIsThePlainWeights) {
+  mix({});
+  Inputs one;  // the plain weights as a schedule (its later segment changes nothing)
+  one.schedule = {{0, {2, 1}}, {300, {2, 1}}};
+  EXPECT_TRUE(mix(one).index_from_cache());
+  Inputs changed;
+  changed.schedule = {{0, {2, 1}}, {300, {1, 1}}};
+  const TokenMix m = mix(changed);
+  EXPECT_FALSE(m.index_from_cache());
+  EXPECT_TRUE(mix(changed).index_from_cache());
+  Inputs later = changed;  // the same segments, the change at another step
+  later.schedule[1].step = 301;
+  EXPECT_FALSE(mix(later).index_from_cache());
+  Inputs fresh = changed;
+  fresh.cache = false;
+  expect_same(m, mix(fresh));
+  EXPECT_EQ(entries().size(), 3u);
+  // Weights and a schedule both: which holds is not clear.
+  TokenRowsOptions o;
+  o.pack.seq_len = 8;
+  std::vector<std::shared_ptr<const TokenRows>> sources;
+  for (const auto& f : {a_, b_}) {
+    sources.push_back(std::make_shared<const TokenRows>(
+        TokenCorpus::flat({f}, TokenCorpus::FlatDType::u16, 0), o));
+  }
+  TokenMixOptions opt;
+  opt.weights = {2, 1};
+  opt.schedule = {{0, {2, 1}}};
+  EXPECT_THROW(TokenMix(sources, opt), std::invalid_argument);
 }
 
 TEST_F(TokenMixCache, ADamagedOrTruncatedCacheEntryIsBuiltAgainAndNamedInALogLine) {

@@ -168,6 +168,23 @@ TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptio
 
 // ---- Mixing -------------------------------------------------------------------------------
 
+// A weight schedule: the weights (one per source, >= 0, not all 0) from global batch `step`
+// on, until the next segment's step. A schedule's first segment is at step 0 and its steps
+// increase; a segment whose weights equal the one before it is no change (it is dropped, so
+// it splits nothing). A step is a global batch: `batch` samples (for iid mixing too; with a
+// batch of 1 a step is a sample).
+struct TokenWeightStep {
+  std::size_t step = 0;
+  std::vector<double> weights;
+  friend bool operator==(const TokenWeightStep&, const TokenWeightStep&) = default;
+};
+// The schedule checked and with its no-change segments dropped. Throws std::invalid_argument,
+// naming the segment by its step, for no segments, a first segment not at step 0, steps that
+// do not increase, a segment whose weights are not `sources` in number (sources 0: the first
+// segment's number), a negative or non-finite weight, or all of a segment's weights 0.
+std::vector<TokenWeightStep> checked_schedule(std::span<const TokenWeightStep> schedule,
+                                              std::size_t sources = 0);
+
 // A mixed stream of samples from several sources by weight, `stratified`: every global batch of
 // `batch` samples holds floor(w_s * batch) or that plus one samples of source s (w_s its weight
 // over their sum), the sources that get the one more chosen by how far each is behind its
@@ -175,21 +192,36 @@ TokenPlan plan_rows(std::span<const std::uint32_t> lengths, const TokenPackOptio
 // share at every batch's end. Within a batch the samples are in an order shuffled by the seed
 // and the batch's number. A pure function of (weights, batch, batches, seed): the same on any
 // number of `threads` (0: the machine's), which build it in parallel.
+//
+// With a schedule, each batch holds its own segment's shares so (floor or floor + 1 of
+// w_s * batch, w the weights of the batch's step), and each segment is mixed as a stream of
+// its own from its first batch: "behind its share so far" counts the samples since the
+// segment's first batch against the segment's shares, so within a segment each source's count
+// since its start stays within one sample of its share of the segment's batches so far (over
+// the whole stream: within one sample per segment begun). The draws go on counting each
+// source's samples from the stream's start, across segments. The batches before a segment's
+// step depend on no later segment (the schedule's prefix gives the stream's prefix), so a run
+// whose later schedule changes continues from the samples already drawn.
 struct TokenBlend {
   std::vector<std::uint32_t> source;  // each sample's source
   std::vector<std::uint64_t> draw;    // each sample's number among its source's samples so far
 };
 // Throws std::invalid_argument for no sources, a negative or non-finite weight, all weights 0,
-// or batch 0.
+// or batch 0; a bad schedule as checked_schedule does.
 TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
                             std::uint64_t seed, std::size_t threads = 0);
+TokenBlend stratified_blend(std::span<const TokenWeightStep> schedule, std::size_t batch,
+                            std::size_t batches, std::uint64_t seed, std::size_t threads = 0);
 
 // The same stream drawn i.i.d.: sample i's source is drawn by weight from a generator seeded by
 // (seed, i), so the counts of a source follow the binomial spread around its share. A pure
 // function of (weights, samples, seed), built on `threads` as stratified_blend is. Throws as
-// stratified_blend does.
+// stratified_blend does. With a schedule, sample i draws by the weights of its step,
+// i / batch (the same draw of the same generator: only the weights change).
 TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed,
                      std::size_t threads = 0);
+TokenBlend iid_blend(std::span<const TokenWeightStep> schedule, std::size_t batch,
+                     std::size_t samples, std::uint64_t seed, std::size_t threads = 0);
 
 enum class TokenMixing : std::uint8_t { stratified, iid };
 
@@ -206,10 +238,17 @@ struct TokenMixIndex {
   std::vector<std::uint64_t> row;     // each sample's row in its source
   std::vector<std::uint64_t> epochs;  // per source: the epochs the mix starts (0: none read)
 };
+// With a schedule, the blend follows it (stratified_blend's and iid_blend's schedules); the
+// rows of a source's draws do not depend on the weights, so the index's samples before a
+// segment's step are the same whatever the segments from it on say.
 // Throws std::invalid_argument as the blends do, for a weight per source missing, or a source
-// of no rows with a weight above 0.
+// of no rows with a weight above 0 (in any segment).
 TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
                               std::span<const double> weights, TokenMixing mixing,
+                              std::size_t batch, std::size_t samples, std::uint64_t seed,
+                              std::size_t threads = 0);
+TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
+                              std::span<const TokenWeightStep> schedule, TokenMixing mixing,
                               std::size_t batch, std::size_t samples, std::uint64_t seed,
                               std::size_t threads = 0);
 
@@ -273,7 +312,12 @@ class TokenRows final : public Dataset {
 };
 
 struct TokenMixOptions {
-  std::vector<double> weights;  // one per source, >= 0, not all 0
+  std::vector<double> weights;  // one per source, >= 0, not all 0 (empty with a schedule)
+  // Weights that change at given steps (global batches of `batch` samples), instead of
+  // `weights` (give one of them): see TokenWeightStep and stratified_blend. The samples before
+  // a segment's step do not depend on it or any later segment, so a run resumed with a
+  // schedule whose later segments changed continues from the rows already read.
+  std::vector<TokenWeightStep> schedule;
   TokenMixing mixing = TokenMixing::stratified;
   // The global batch (samples per step over all ranks) that stratified mixing keeps each
   // source's share in, within one sample; read the mix in order (no shuffling sampler) so that
@@ -285,11 +329,11 @@ struct TokenMixOptions {
   // kTokenMixCacheSamples samples or more keeps its index there (index_cache.h's entries, kind
   // "STKMIX01", DIR/<XXH3-64 of its key>.mix), keyed by everything the index is made from (the
   // sources' files, their sizes and mtimes, documents, tokens, packing and rows; the weights,
-  // mixing, batch, samples and seed), so that the next mix of the same inputs (another rank or
-  // worker, a later run) loads it instead of building it; any input changed builds it again,
-  // and so does an entry damaged or cut short (named in a warning). `index_cache_dir`: "" is
-  // the index caches' default place ($STOKER_CACHE_DIR/indexes, ...: ObjectStorageOptions);
-  // `index_cache` false: none.
+  // mixing, batch, samples and seed; a schedule's segments), so that the next mix of the same
+  // inputs (another rank or worker, a later run) loads it instead of building it; any input changed
+  // builds it again, and so does an entry damaged or cut short (named in a warning).
+  // `index_cache_dir`: "" is the index caches' default place ($STOKER_CACHE_DIR/indexes, ...:
+  // ObjectStorageOptions); `index_cache` false: none.
   std::string index_cache_dir;
   bool index_cache = true;
 };

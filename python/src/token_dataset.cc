@@ -175,6 +175,14 @@ py::array_t<T> to_numpy(const std::vector<T>& v) {
   return a;
 }
 
+// A weight schedule from Python's [(step, weights), ...] (stoker.TokenMix's, normalized there).
+using PySchedule = std::vector<std::pair<std::size_t, std::vector<double>>>;
+std::vector<TokenWeightStep> schedule_of(const PySchedule& schedule) {
+  std::vector<TokenWeightStep> out;
+  for (const auto& [step, weights] : schedule) out.push_back({step, weights});
+  return out;
+}
+
 TokenMixing mixing_of(const std::string& mixing) {
   if (mixing == "stratified") return TokenMixing::stratified;
   if (mixing == "iid") return TokenMixing::iid;
@@ -249,16 +257,18 @@ void bind_tokens(py::module_& m) {
   });
   m.def(
       "stratified_blend",
-      [](const std::vector<double>& weights, std::size_t batch, std::size_t batches,
-         std::uint64_t seed) {
+      [](const PySchedule& schedule, std::size_t batch, std::size_t batches, std::uint64_t seed) {
+        const auto steps = schedule_of(schedule);
         TokenBlend blend;
         {
           py::gil_scoped_release nogil;
-          blend = stratified_blend(weights, batch, batches, seed);
+          blend = steps.size() == 1 && steps[0].step == 0
+                      ? stratified_blend(steps[0].weights, batch, batches, seed)
+                      : stratified_blend(steps, batch, batches, seed);
         }
         return py::make_tuple(to_numpy(blend.source), to_numpy(blend.draw));
       },
-      py::arg("weights"), py::arg("batch"), py::arg("batches"), py::arg("seed"));
+      py::arg("schedule"), py::arg("batch"), py::arg("batches"), py::arg("seed"));
   m.def(
       "iid_blend",
       [](const std::vector<double>& weights, std::size_t samples, std::uint64_t seed) {
@@ -272,22 +282,26 @@ void bind_tokens(py::module_& m) {
       py::arg("weights"), py::arg("samples"), py::arg("seed"));
   m.def(
       "token_mix_index",
-      [](const std::vector<std::uint64_t>& source_rows, const std::vector<double>& weights,
+      [](const std::vector<std::uint64_t>& source_rows, const PySchedule& schedule,
          const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
          std::size_t threads) {
         const auto kind = mixing_of(mixing);
+        const auto steps = schedule_of(schedule);
         TokenMixIndex index;
         {
           py::gil_scoped_release nogil;
-          index = token_mix_index(source_rows, weights, kind, batch, samples, seed, threads);
+          index = steps.size() == 1 && steps[0].step == 0
+                      ? token_mix_index(source_rows, steps[0].weights, kind, batch, samples, seed,
+                                        threads)
+                      : token_mix_index(source_rows, steps, kind, batch, samples, seed, threads);
         }
         return py::make_tuple(to_numpy(index.source), to_numpy(index.row), to_numpy(index.epochs));
       },
-      py::arg("source_rows"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
+      py::arg("source_rows"), py::arg("schedule"), py::arg("mixing"), py::arg("batch"),
       py::arg("samples"), py::arg("seed"), py::arg("threads") = 0);
   m.def(
       "token_mix",
-      [](const std::vector<NativeDataset>& sources, const std::vector<double>& weights,
+      [](const std::vector<NativeDataset>& sources, const PySchedule& schedule,
          const std::string& mixing, std::size_t batch, std::size_t samples, std::uint64_t seed,
          const std::string& index_cache_dir, bool index_cache) {
         std::vector<std::shared_ptr<const TokenRows>> rows;
@@ -297,7 +311,12 @@ void bind_tokens(py::module_& m) {
           rows.push_back(std::move(r));
         }
         TokenMixOptions o;
-        o.weights = weights;
+        auto steps = schedule_of(schedule);
+        if (steps.size() == 1 && steps[0].step == 0) {
+          o.weights = std::move(steps[0].weights);
+        } else {
+          o.schedule = std::move(steps);
+        }
         o.mixing = mixing_of(mixing);
         o.batch = batch;
         o.samples = samples;
@@ -312,7 +331,7 @@ void bind_tokens(py::module_& m) {
         out.element_types = {"int64", "int64", "int64", "int64", "int32", "int64"};
         return out;
       },
-      py::arg("sources"), py::arg("weights"), py::arg("mixing"), py::arg("batch"),
+      py::arg("sources"), py::arg("schedule"), py::arg("mixing"), py::arg("batch"),
       py::arg("samples"), py::arg("seed"), py::arg("index_cache_dir") = "",
       py::arg("index_cache") = true);
   m.def("token_mix_from_cache", [](const NativeDataset& d) {

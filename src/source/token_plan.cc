@@ -189,19 +189,72 @@ std::size_t threads_of(std::size_t threads) {
 constexpr std::size_t kTaskSamples = std::size_t{1} << 16;
 
 // The weights' sum; throws std::invalid_argument for no weights, a negative or non-finite
-// one, or all of them 0.
-double weight_sum(std::span<const double> weights) {
-  if (weights.empty()) throw std::invalid_argument("stoker: no sources to blend");
+// one, or all of them 0, the message ending with `where` (e.g. " in the schedule's segment at
+// step 100").
+double weight_sum(std::span<const double> weights, const std::string& where = {}) {
+  if (weights.empty()) throw std::invalid_argument("stoker: no sources to blend" + where);
   double sum = 0;
   for (std::size_t s = 0; s < weights.size(); ++s) {
     if (!std::isfinite(weights[s]) || weights[s] < 0) {
       throw std::invalid_argument("stoker: source " + std::to_string(s) + "'s weight " +
-                                  std::to_string(weights[s]) + " is not a non-negative number");
+                                  std::to_string(weights[s]) + " is not a non-negative number" +
+                                  where);
     }
     sum += weights[s];
   }
-  if (sum <= 0) throw std::invalid_argument("stoker: every source's weight is 0");
+  if (sum <= 0) throw std::invalid_argument("stoker: every source's weight is 0" + where);
   return sum;
+}
+
+// " in the schedule's segment at step S", or nothing for a schedule of one segment given as
+// plain weights (`name_steps` false).
+std::string segment_name(const TokenWeightStep& segment, bool name_steps) {
+  return name_steps ? " in the weight schedule's segment at step " + std::to_string(segment.step)
+                    : std::string();
+}
+
+// checked_schedule(), naming segments by their steps or (plain weights) not.
+std::vector<TokenWeightStep> check_schedule(std::span<const TokenWeightStep> schedule,
+                                            std::size_t sources, bool name_steps) {
+  if (schedule.empty()) {
+    throw std::invalid_argument("stoker: a weight schedule needs a segment at step 0");
+  }
+  if (schedule[0].step != 0) {
+    throw std::invalid_argument(
+        "stoker: a weight schedule starts at step 0 (its first segment's weights hold from the "
+        "first global batch), not at step " +
+        std::to_string(schedule[0].step));
+  }
+  const std::size_t n = sources != 0 ? sources : schedule[0].weights.size();
+  std::vector<TokenWeightStep> out;
+  for (std::size_t k = 0; k < schedule.size(); ++k) {
+    const TokenWeightStep& seg = schedule[k];
+    if (k > 0 && seg.step <= schedule[k - 1].step) {
+      throw std::invalid_argument("stoker: a weight schedule's steps must increase: step " +
+                                  std::to_string(seg.step) + " follows step " +
+                                  std::to_string(schedule[k - 1].step));
+    }
+    if (seg.weights.size() != n) {
+      throw std::invalid_argument("stoker: " + std::to_string(seg.weights.size()) +
+                                  " weights for " + std::to_string(n) + " sources" +
+                                  segment_name(seg, name_steps || k > 0));
+    }
+    weight_sum(seg.weights, segment_name(seg, name_steps || k > 0));
+    if (k > 0 && seg.weights == out.back().weights) continue;  // no change
+    out.push_back(seg);
+  }
+  return out;
+}
+
+// The one-segment schedule of plain weights.
+std::vector<TokenWeightStep> plain(std::span<const double> weights) {
+  return {TokenWeightStep{0, std::vector<double>(weights.begin(), weights.end())}};
+}
+
+// The first sample of step `step` of `batch` samples, or `samples` when that is past them.
+std::size_t step_start(std::size_t step, std::size_t batch, std::size_t samples) {
+  if (step == 0) return 0;
+  return batch == 0 || step > samples / batch ? samples : std::min(samples, step * batch);
 }
 
 // A batch's sources (`slots`, one a sample) into `source` and `draw` from sample `at`, in an
@@ -221,62 +274,94 @@ void put_batch(std::span<const std::uint32_t> slots, std::uint64_t seed, std::si
 
 }  // namespace
 
-// Two passes. The first, in order, picks each batch's extra samples (a few per batch: they
-// depend on every batch before) and notes each source's count at the start of each run of
-// batches; the second shuffles and numbers the batches' samples, the runs on several threads,
-// each from its noted counts. The same stream as one pass in order, on any number of threads.
-TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
-                            std::uint64_t seed, std::size_t threads) {
-  const double sum = weight_sum(weights);
-  if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
-  const std::size_t n = weights.size();
-  // Each source's share of a batch, its whole samples and the sum of the whole samples.
-  std::vector<double> share(n);
-  std::vector<std::size_t> whole(n);
-  std::vector<std::size_t> fractional;  // the sources whose share is not whole
+namespace {
+
+// A segment of a stratified blend: batches [start, end), each source's share of a batch, its
+// whole samples, the sources whose share is not whole and the extras each batch takes (batch
+// b's at extras[at + (b - start) * need ...]).
+struct Stratum {
+  std::size_t start = 0, end = 0;
+  std::vector<double> share;
+  std::vector<std::size_t> whole;
+  std::vector<std::size_t> fractional;
+  std::size_t need = 0;
+  std::size_t at = 0;
+};
+
+Stratum stratum(const TokenWeightStep& seg, std::size_t end, std::size_t batch) {
+  const double sum = weight_sum(seg.weights);
+  const std::size_t n = seg.weights.size();
+  Stratum t;
+  t.start = seg.step;
+  t.end = end;
+  t.share = std::vector<double>(n);
+  t.whole = std::vector<std::size_t>(n);
   std::size_t wholes = 0;
   for (std::size_t s = 0; s < n; ++s) {
-    share[s] = weights[s] / sum * static_cast<double>(batch);
-    whole[s] = static_cast<std::size_t>(std::floor(share[s]));
-    wholes += whole[s];
-    if (share[s] > static_cast<double>(whole[s])) fractional.push_back(s);
+    t.share[s] = seg.weights[s] / sum * static_cast<double>(batch);
+    t.whole[s] = static_cast<std::size_t>(std::floor(t.share[s]));
+    wholes += t.whole[s];
+    if (t.share[s] > static_cast<double>(t.whole[s])) t.fractional.push_back(s);
   }
-  if (batches > 0 && wholes > batch) {
+  if (wholes > batch) {
     throw std::logic_error("stoker: stratified_blend's whole shares fill " +
                            std::to_string(wholes) + " of a batch's " + std::to_string(batch) +
                            " samples");
   }
-  const std::size_t need = batches > 0 ? batch - wholes : 0;  // each batch's extra samples
+  t.need = batch - wholes;  // each batch's extra samples
   // Fewer extras than such sources: their fractions sum to the extras, each below 1.
-  if (batches > 0 && need > fractional.size()) {
+  if (t.need > t.fractional.size()) {
     throw std::logic_error("stoker: stratified_blend filled " +
-                           std::to_string(wholes + fractional.size()) + " of a batch's " +
+                           std::to_string(wholes + t.fractional.size()) + " of a batch's " +
                            std::to_string(batch) + " samples");
   }
-  // Pass 1: the extras of each batch (batch b's are extras[b * need ...]) and each source's
-  // count at the start of each run of `run` batches.
+  return t;
+}
+
+// stratified_blend() of a checked schedule.
+TokenBlend stratified_blend_of(const std::vector<TokenWeightStep>& segs, std::size_t batch,
+                               std::size_t batches, std::uint64_t seed, std::size_t threads) {
+  if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
+  const std::size_t n = segs[0].weights.size();
+  // The segments that hold batches, each a stratum.
+  std::vector<Stratum> strata;
+  std::size_t extras_size = 0;
+  for (std::size_t k = 0; k < segs.size() && segs[k].step < batches; ++k) {
+    const std::size_t end = k + 1 < segs.size() ? std::min(batches, segs[k + 1].step) : batches;
+    strata.push_back(stratum(segs[k], end, batch));
+    strata.back().at = extras_size;
+    extras_size += (end - segs[k].step) * strata.back().need;
+  }
+  // Pass 1: the extras of each batch and each source's count at the start of each run of
+  // `run` batches.
   const std::size_t run = std::max<std::size_t>(1, kTaskSamples / batch);
   const std::size_t runs = (batches + run - 1) / run;
-  std::vector<std::uint32_t> extras(batches * need);
+  std::vector<std::uint32_t> extras(extras_size);
   std::vector<std::uint64_t> run_counts(runs * n);
   std::vector<std::uint64_t> count(n, 0);  // samples of each source so far
+  std::vector<std::uint64_t> since(n, 0);  // ... at the start of the batch's segment
   std::vector<std::size_t> by_deficit;
-  for (std::size_t b = 0; b < batches; ++b) {
-    if (b % run == 0) std::copy(count.begin(), count.end(), run_counts.begin() + (b / run) * n);
-    // The extras go to the sources furthest behind their share at this batch's end after
-    // their whole samples (a source with a fractional share only; ties: the lower index).
-    const double end = static_cast<double>(b + 1);
-    auto deficit = [&](std::size_t s) {
-      return share[s] * end - static_cast<double>(count[s] + whole[s]);
-    };
-    by_deficit = fractional;
-    std::stable_sort(by_deficit.begin(), by_deficit.end(),
-                     [&](std::size_t x, std::size_t y) { return deficit(x) > deficit(y); });
-    for (std::size_t k = 0; k < need; ++k) {
-      extras[b * need + k] = static_cast<std::uint32_t>(by_deficit[k]);
-      ++count[by_deficit[k]];
+  for (const Stratum& t : strata) {
+    std::copy(count.begin(), count.end(), since.begin());
+    for (std::size_t b = t.start; b < t.end; ++b) {
+      if (b % run == 0) std::copy(count.begin(), count.end(), run_counts.begin() + (b / run) * n);
+      // The extras go to the sources furthest behind their share at this batch's end (since
+      // the segment's start) after their whole samples (a source with a fractional share
+      // only; ties: the lower index).
+      const double end = static_cast<double>(b - t.start + 1);
+      auto deficit = [&](std::size_t s) {
+        return t.share[s] * end - static_cast<double>(count[s] - since[s] + t.whole[s]);
+      };
+      by_deficit = t.fractional;
+      std::stable_sort(by_deficit.begin(), by_deficit.end(),
+                       [&](std::size_t x, std::size_t y) { return deficit(x) > deficit(y); });
+      std::uint32_t* put = extras.data() + t.at + (b - t.start) * t.need;
+      for (std::size_t k = 0; k < t.need; ++k) {
+        put[k] = static_cast<std::uint32_t>(by_deficit[k]);
+        ++count[by_deficit[k]];
+      }
+      for (std::size_t s = 0; s < n; ++s) count[s] += t.whole[s];
     }
-    for (std::size_t s = 0; s < n; ++s) count[s] += whole[s];
   }
   // Pass 2: each run's batches, shuffled and numbered.
   TokenBlend out;
@@ -286,15 +371,37 @@ TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, 
     std::vector<std::uint64_t> c(run_counts.begin() + r * n, run_counts.begin() + (r + 1) * n);
     std::vector<std::uint32_t> slots;
     std::vector<std::size_t> order;
+    std::size_t k = 0;  // the stratum of batch b
     for (std::size_t b = r * run; b < std::min(batches, (r + 1) * run); ++b) {
+      while (strata[k].end <= b) ++k;
+      const Stratum& t = strata[k];
       slots.clear();
       for (std::size_t s = 0; s < n; ++s)
-        slots.insert(slots.end(), whole[s], static_cast<std::uint32_t>(s));
-      slots.insert(slots.end(), extras.begin() + b * need, extras.begin() + (b + 1) * need);
+        slots.insert(slots.end(), t.whole[s], static_cast<std::uint32_t>(s));
+      const auto from = extras.begin() + static_cast<std::ptrdiff_t>(t.at + (b - t.start) * t.need);
+      slots.insert(slots.end(), from, from + static_cast<std::ptrdiff_t>(t.need));
       put_batch(slots, seed, b, c.data(), order, b * batch, out);
     }
   });
   return out;
+}
+
+}  // namespace
+
+// Two passes. The first, in order, picks each batch's extra samples (a few per batch: they
+// depend on every batch before in its segment) and notes each source's count at the start of
+// each run of batches; the second shuffles and numbers the batches' samples, the runs on
+// several threads, each from its noted counts. The same stream as one pass in order, on any
+// number of threads.
+TokenBlend stratified_blend(std::span<const TokenWeightStep> schedule, std::size_t batch,
+                            std::size_t batches, std::uint64_t seed, std::size_t threads) {
+  return stratified_blend_of(check_schedule(schedule, 0, true), batch, batches, seed, threads);
+}
+
+TokenBlend stratified_blend(std::span<const double> weights, std::size_t batch, std::size_t batches,
+                            std::uint64_t seed, std::size_t threads) {
+  return stratified_blend_of(check_schedule(plain(weights), 0, false), batch, batches, seed,
+                             threads);
 }
 
 namespace {
@@ -316,20 +423,29 @@ std::vector<std::uint64_t> source_counts(std::span<const std::uint32_t> source, 
 }
 
 // A stratified mix's last, partial batch (batch `b`, the samples past the whole batches): each
-// source's samples so that the whole mix holds its share of `samples` as nearly as whole samples
-// can, exactly where the shares are whole (a budget of rows a source), in an order shuffled
-// as a whole batch's.
-void stratified_tail(std::span<const double> weights, std::size_t samples, std::size_t b,
-                     std::uint64_t seed, std::size_t threads, TokenBlend& blend) {
+// source's samples so that its segment (the schedule's last that starts at or before `b`)
+// holds its share of the segment's samples as nearly as whole samples can, exactly where the
+// shares are whole (a budget of rows a source), in an order shuffled as a whole batch's.
+void stratified_tail(const std::vector<TokenWeightStep>& segs, std::size_t batch,
+                     std::size_t samples, std::size_t b, std::uint64_t seed, std::size_t threads,
+                     TokenBlend& blend) {
   const std::size_t at = blend.source.size();
   const std::size_t last = samples - at;
   if (last == 0) return;
+  std::size_t k = 0;
+  while (k + 1 < segs.size() && segs[k + 1].step <= b) ++k;
+  const std::span<const double> weights = segs[k].weights;
+  const std::size_t start = segs[k].step * batch;  // <= at: the segment's first sample
   const double sum = weight_sum(weights);
   const std::size_t n = weights.size();
   std::vector<std::uint64_t> count = source_counts(blend.source, n, threads);
+  std::vector<std::uint64_t> before =
+      start == 0 ? std::vector<std::uint64_t>(n, 0)
+                 : source_counts(std::span(blend.source).first(start), n, threads);
   std::vector<double> behind(n);  // the samples each source is short of its share at the end
   for (std::size_t s = 0; s < n; ++s) {
-    behind[s] = weights[s] / sum * static_cast<double>(samples) - static_cast<double>(count[s]);
+    behind[s] = weights[s] / sum * static_cast<double>(samples - start) -
+                static_cast<double>(count[s] - before[s]);
   }
   std::vector<std::uint32_t> slots;
   while (slots.size() < last) {  // the one furthest behind (ties: the lower index), in turn
@@ -345,26 +461,32 @@ void stratified_tail(std::span<const double> weights, std::size_t samples, std::
   blend.draw.resize(samples);
   put_batch(slots, seed, b, count.data(), order, at, blend);
 }
-}  // namespace
 
-// Each sample's source is its own draw; its number among its source's samples is counted in
-// two passes: within runs of samples (in parallel), then each run's counts offset by the runs
-// before it.
-TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed,
-                     std::size_t threads) {
-  const double sum = weight_sum(weights);
-  const std::size_t n = weights.size();
-  // Cumulative shares; the last source with a weight above 0 takes what rounding leaves (and
-  // the sources weighted 0 after it none).
-  std::vector<double> upto(n);
-  double acc = 0;
-  std::size_t last = 0;
-  for (std::size_t s = 0; s < n; ++s) {
-    acc += weights[s] / sum;
-    upto[s] = acc;
-    if (weights[s] > 0) last = s;
+// iid_blend() of a checked schedule.
+TokenBlend iid_blend_of(const std::vector<TokenWeightStep>& segs, std::size_t batch,
+                        std::size_t samples, std::uint64_t seed, std::size_t threads) {
+  if (batch == 0 && segs.size() > 1) {
+    throw std::invalid_argument("stoker: a weight schedule's steps need a batch of samples");
   }
-  std::fill(upto.begin() + static_cast<std::ptrdiff_t>(last), upto.end(), 2.0);  // sorted still
+  const std::size_t n = segs[0].weights.size();
+  // Per segment, its first sample and the cumulative shares; the last source with a weight
+  // above 0 takes what rounding leaves (and the sources weighted 0 after it none).
+  std::vector<std::size_t> starts;
+  std::vector<std::vector<double>> uptos;
+  for (const TokenWeightStep& seg : segs) {
+    const double sum = weight_sum(seg.weights);
+    std::vector<double> upto(n);
+    double acc = 0;
+    std::size_t last = 0;
+    for (std::size_t s = 0; s < n; ++s) {
+      acc += seg.weights[s] / sum;
+      upto[s] = acc;
+      if (seg.weights[s] > 0) last = s;
+    }
+    std::fill(upto.begin() + static_cast<std::ptrdiff_t>(last), upto.end(), 2.0);  // sorted
+    starts.push_back(step_start(seg.step, batch, samples));
+    uptos.push_back(std::move(upto));
+  }
   TokenBlend out;
   out.source.resize(samples);
   out.draw.resize(samples);
@@ -373,8 +495,15 @@ TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::
   std::vector<std::uint64_t> counts(tasks * n, 0);  // each run's samples of each source
   detail::parallel_for(tasks, threads_of(threads), [&](std::size_t t) {
     std::uint64_t* count = counts.data() + t * n;
+    const std::size_t first = t * kTaskSamples;
     const std::size_t end = std::min(samples, (t + 1) * kTaskSamples);
-    for (std::size_t i = t * kTaskSamples; i < end; ++i) {
+    // The segment of sample i, and the first sample of the one after it.
+    std::size_t k = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), first) -
+                                             starts.begin() - 1);
+    std::size_t next = k + 1 < starts.size() ? starts[k + 1] : samples;
+    for (std::size_t i = first; i < end; ++i) {
+      while (i >= next) next = ++k + 1 < starts.size() ? starts[k + 1] : samples;
+      const std::vector<double>& upto = uptos[k];
       // 53 random bits as a double in [0, 1).
       const double u = static_cast<double>(detail::mix(seed, i, kSalt) >> 11) * 0x1.0p-53;
       const auto s =
@@ -401,6 +530,36 @@ TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::
   return out;
 }
 
+}  // namespace
+
+std::vector<TokenWeightStep> checked_schedule(std::span<const TokenWeightStep> schedule,
+                                              std::size_t sources) {
+  return check_schedule(schedule, sources, true);
+}
+
+// Each sample's source is its own draw; its number among its source's samples is counted in
+// two passes: within runs of samples (in parallel), then each run's counts offset by the runs
+// before it.
+TokenBlend iid_blend(std::span<const double> weights, std::size_t samples, std::uint64_t seed,
+                     std::size_t threads) {
+  return iid_blend_of(check_schedule(plain(weights), 0, false), 1, samples, seed, threads);
+}
+
+TokenBlend iid_blend(std::span<const TokenWeightStep> schedule, std::size_t batch,
+                     std::size_t samples, std::uint64_t seed, std::size_t threads) {
+  return iid_blend_of(check_schedule(schedule, 0, true), batch, samples, seed, threads);
+}
+
+namespace {
+
+// token_mix_index() of a checked schedule (`name_steps`: whether errors name its steps).
+TokenMixIndex mix_index_of(std::span<const std::uint64_t> source_rows,
+                           const std::vector<TokenWeightStep>& segs, bool name_steps,
+                           TokenMixing mixing, std::size_t batch, std::size_t samples,
+                           std::uint64_t seed, std::size_t threads);
+
+}  // namespace
+
 // The blend (stratified_blend or iid_blend, in parallel), then the permutations of every
 // epoch after a source's first (each a task; together fewer entries than the samples, as each
 // is started by a draw past the epochs before), then each sample's row, in parallel runs.
@@ -412,21 +571,41 @@ TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
     throw std::invalid_argument("stoker: " + std::to_string(weights.size()) + " weights for " +
                                 std::to_string(source_rows.size()) + " sources");
   }
-  weight_sum(weights);
+  return mix_index_of(source_rows, check_schedule(plain(weights), source_rows.size(), false), false,
+                      mixing, batch, samples, seed, threads);
+}
+
+TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
+                              std::span<const TokenWeightStep> schedule, TokenMixing mixing,
+                              std::size_t batch, std::size_t samples, std::uint64_t seed,
+                              std::size_t threads) {
+  return mix_index_of(source_rows, check_schedule(schedule, source_rows.size(), true), true, mixing,
+                      batch, samples, seed, threads);
+}
+
+namespace {
+
+TokenMixIndex mix_index_of(std::span<const std::uint64_t> source_rows,
+                           const std::vector<TokenWeightStep>& segs, bool name_steps,
+                           TokenMixing mixing, std::size_t batch, std::size_t samples,
+                           std::uint64_t seed, std::size_t threads) {
   const std::size_t n = source_rows.size();
-  for (std::size_t s = 0; s < n; ++s) {
-    if (weights[s] > 0 && source_rows[s] == 0) {
-      throw std::invalid_argument("stoker: source " + std::to_string(s) +
-                                  " has no rows but a weight of " + std::to_string(weights[s]));
+  for (const TokenWeightStep& seg : segs) {
+    for (std::size_t s = 0; s < n; ++s) {
+      if (seg.weights[s] > 0 && source_rows[s] == 0) {
+        throw std::invalid_argument("stoker: source " + std::to_string(s) +
+                                    " has no rows but a weight of " +
+                                    std::to_string(seg.weights[s]) + segment_name(seg, name_steps));
+      }
     }
   }
   TokenBlend blend;
   if (mixing == TokenMixing::stratified) {
     if (batch == 0) throw std::invalid_argument("stoker: a blend's batch must hold a sample");
-    blend = stratified_blend(weights, batch, samples / batch, seed, threads);
-    stratified_tail(weights, samples, samples / batch, seed, threads, blend);
+    blend = stratified_blend_of(segs, batch, samples / batch, seed, threads);
+    stratified_tail(segs, batch, samples, samples / batch, seed, threads, blend);
   } else {
-    blend = iid_blend(weights, samples, seed, threads);
+    blend = iid_blend_of(segs, batch, samples, seed, threads);
   }
   TokenMixIndex out;
   out.source = std::move(blend.source);
@@ -488,5 +667,7 @@ TokenMixIndex token_mix_index(std::span<const std::uint64_t> source_rows,
   });
   return out;
 }
+
+}  // namespace
 
 }  // namespace stoker

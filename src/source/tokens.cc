@@ -578,8 +578,11 @@ constexpr std::string_view kMixMagic = "STKMIX01";
 // and the mix's options; the sources' files (size and mtime where local), documents, tokens
 // and packing are in it too, so that an entry says what it was made from and a source changed
 // in any way builds the index again.
+// A schedule of more than one segment adds its segments (one segment is its weights: the key
+// of the plain weights, whose entries stay valid).
 std::string mix_key(const std::vector<std::shared_ptr<const TokenRows>>& sources,
-                    const TokenMixOptions& o, std::size_t samples) {
+                    const TokenMixOptions& o, const std::vector<TokenWeightStep>& schedule,
+                    std::size_t samples) {
   auto hex = [](std::string& to, std::uint64_t v) {
     char b[24];
     std::snprintf(b, sizeof b, " %016llx", static_cast<unsigned long long>(v));
@@ -589,7 +592,14 @@ std::string mix_key(const std::vector<std::shared_ptr<const TokenRows>>& sources
   k += o.mixing == TokenMixing::stratified ? "stratified" : "iid";
   k += ", batch " + std::to_string(o.batch) + ", samples " + std::to_string(samples) + ", seed " +
        std::to_string(o.seed) + ", weights";
-  for (const double w : o.weights) hex(k, std::bit_cast<std::uint64_t>(w));
+  for (const double w : schedule[0].weights) hex(k, std::bit_cast<std::uint64_t>(w));
+  if (schedule.size() > 1) {
+    k += ", schedule";
+    for (const TokenWeightStep& seg : schedule) {
+      k += " step " + std::to_string(seg.step) + ":";
+      for (const double w : seg.weights) hex(k, std::bit_cast<std::uint64_t>(w));
+    }
+  }
   for (std::size_t s = 0; s < sources.size(); ++s) {
     const TokenRows& r = *sources[s];
     const TokenPackOptions& p = r.options().pack;
@@ -769,6 +779,17 @@ TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenM
     total += a.size();
   }
   const std::size_t samples = options.samples == 0 ? total : options.samples;
+  if (!options.weights.empty() && !options.schedule.empty()) {
+    throw std::invalid_argument("stoker::TokenMix: give weights or a schedule, not both");
+  }
+  if (options.schedule.empty() && options.weights.size() != rows.size()) {
+    throw std::invalid_argument("stoker::TokenMix: " + std::to_string(options.weights.size()) +
+                                " weights for " + std::to_string(rows.size()) + " sources");
+  }
+  // The schedule checked (a bad one throws here, before the index cache is looked at).
+  const std::vector<TokenWeightStep> schedule =
+      options.schedule.empty() ? std::vector<TokenWeightStep>{{0, options.weights}}
+                               : checked_schedule(options.schedule, rows.size());
   std::string dir;
   if (options.index_cache && samples >= kTokenMixCacheSamples) {
     ObjectStorageOptions where;
@@ -777,7 +798,7 @@ TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenM
   }
   std::string key, file;
   if (!dir.empty()) {
-    key = mix_key(sources_, options, samples);
+    key = mix_key(sources_, options, schedule, samples);
     file = detail::index_cache_file(dir, key, "mix");
     index_from_cache_ = load_mix(file, key, samples, rows, index_);
     std::error_code ec;
@@ -788,8 +809,10 @@ TokenMix::TokenMix(std::vector<std::shared_ptr<const TokenRows>> sources, TokenM
     }
   }
   if (!index_from_cache_) {
-    index_ = token_mix_index(rows, options.weights, options.mixing, options.batch, samples,
-                             options.seed);
+    index_ = options.schedule.empty() ? token_mix_index(rows, options.weights, options.mixing,
+                                                        options.batch, samples, options.seed)
+                                      : token_mix_index(rows, schedule, options.mixing,
+                                                        options.batch, samples, options.seed);
     if (!file.empty()) save_mix(file, key, rows, index_);
   }
   fields_ = sources_[0]->fields();

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Union
 
 from .. import _stoker
 from .native import NativeDataset, object_storage_args
+from .token_schedule import check_data_state, data_state, schedule_of
 from .shards import is_url
 
 _PathLike = Union[str, "os.PathLike[str]"]
@@ -168,6 +169,18 @@ class TokenMix(NativeDataset):
     DataLoader's ``state_dict()`` resumes it (on another topology too, through
     ``stoker.merge_states``) like any map-style data set.
 
+    Weights that change at given steps: ``weights`` as a schedule, ``{step: weights}`` or a
+    list of ``(step, weights)`` pairs, the first at step 0 and the steps increasing, each
+    segment's weights holding from its step until the next. A step is a global batch
+    (``global_batch`` samples; with ``mixing="iid"`` and no ``global_batch``, a sample). With
+    ``"stratified"`` every global batch holds its own step's shares within one row, each
+    segment mixed from its own first batch; with ``"iid"`` each sample draws by its step's
+    weights. The samples before a step do not depend on the segments from it on, and each
+    source's rows go on from those already drawn, so a run resumed (``load_state_dict``) with
+    a schedule changed from the step it stands at on continues from the rows it has read; a
+    state saved with other weights for a step already read is refused, naming the step.
+    ``schedule`` holds it as ``[(step, weights), ...]``; ``weights`` is step 0's.
+
     Instead of ``weights``, a budget per source: ``epochs=[...]`` (how many epochs of each
     source, fractions allowed: ``round(epochs * len(source))`` rows) or ``tokens=[...]`` (each
     source's tokens to the training loop: ``ceil(tokens / seq_len)`` rows). The weights are then
@@ -190,12 +203,19 @@ class TokenMix(NativeDataset):
         sources = list(sources)
         if not sources or not all(isinstance(d, TokenDataset) for d in sources):
             raise TypeError("stoker.TokenMix: sources must be one or more stoker.TokenDataset")
-        weights, samples = _budget(sources, weights, samples, epochs, tokens)
-        self._made_with = ((sources, list(weights)), dict(
+        schedule = schedule_of(weights) if weights is not None else None
+        if schedule is None:
+            weights, samples = _budget(sources, weights, samples, epochs, tokens)
+            schedule = [(0, [float(w) for w in weights])]
+        elif epochs is not None or tokens is not None:
+            raise ValueError("stoker.TokenMix: give one of weights, epochs or tokens, not a "
+                             "weight schedule and a budget")
+        self._made_with = ((sources, schedule if len(schedule) > 1 else schedule[0][1]), dict(
             mixing=mixing, global_batch=global_batch, samples=samples, seed=seed,
             index_cache=index_cache))
-        if len(weights) != len(sources):
-            raise ValueError(f"stoker.TokenMix: {len(weights)} weights for {len(sources)} sources")
+        if len(schedule) == 1 and len(schedule[0][1]) != len(sources):
+            raise ValueError(f"stoker.TokenMix: {len(schedule[0][1])} weights for {len(sources)} "
+                             f"sources")
         if mixing == "stratified" and global_batch is None:
             raise ValueError("stoker.TokenMix: stratified mixing needs global_batch (batch_size "
                              "x world size), the batch each source's share is kept in")
@@ -209,20 +229,21 @@ class TokenMix(NativeDataset):
             if d.max_segments != most and kwargs.get("max_segments") is None:
                 sources[i] = TokenDataset(*args, **dict(kwargs, max_segments=most))
         self.sources = sources
-        self.weights = [float(w) for w in weights]
+        self.schedule = schedule
+        self.weights = list(schedule[0][1])
         self.mixing = mixing
         self.seq_len = sources[0].seq_len
         self.max_segments = sources[0].max_segments
         self._names = FIELDS + ("source",)
         self._as_dict = True
-        self._handle = _stoker.token_mix([d._handle for d in sources], self.weights, str(mixing),
+        self._handle = _stoker.token_mix([d._handle for d in sources], schedule, str(mixing),
                                          int(global_batch or 1), int(samples or 0), int(seed),
                                          *object_storage_args(index_cache, None, 0)[:2])
 
     def index(self):
         """``(source, row)``: numpy arrays, each sample's source and its row in that source."""
         src, row, _ = _stoker.token_mix_index(
-            [len(d) for d in self.sources], self.weights, self.mixing,
+            [len(d) for d in self.sources], self.schedule, self.mixing,
             int(self._made_with[1]["global_batch"] or 1), len(self),
             int(self._made_with[1]["seed"]))
         return src, row
@@ -238,6 +259,14 @@ class TokenMix(NativeDataset):
     def sample_name(self, index: int) -> str:
         """Sample `index` as errors name it: its source, and the source's row."""
         return self._handle.sample_name(index)
+
+    def _state_of_data(self) -> dict:
+        """What a DataLoader's state_dict() keeps of the mix (token_schedule.data_state)."""
+        return data_state(self)
+
+    def _check_state_of_data(self, saved: dict, past: int) -> None:
+        """A resume's check that the `past` samples read are this mix's too."""
+        check_data_state(self, saved, past)
 
 
 def _budget(sources, weights, samples, epochs, tokens):
@@ -268,10 +297,11 @@ def _budget(sources, weights, samples, epochs, tokens):
 def token_mix_index(source_rows, weights, mixing: str = "stratified", global_batch: int = 1,
                     samples: Optional[int] = None, seed: int = 0, threads: int = 0):
     """TokenMix's index without files: ``(source, row, epochs)`` numpy arrays for sources of
-    ``source_rows`` rows. A pure function of its arguments, built in C++ on ``threads`` (0:
-    every core; the same index on any number)."""
+    ``source_rows`` rows, ``weights`` plain or a schedule as TokenMix takes them. A pure
+    function of its arguments, built in C++ on ``threads`` (0: every core; the same index on
+    any number)."""
     rows = [int(r) for r in source_rows]
-    return _stoker.token_mix_index(rows, [float(w) for w in weights], str(mixing),
+    return _stoker.token_mix_index(rows, _schedule(weights), str(mixing),
                                    int(global_batch), int(samples or sum(rows)), int(seed),
                                    int(threads))
 
@@ -293,10 +323,16 @@ def stratified_blend(weights, batch: int, batches: int, seed: int = 0):
     draw)``, numpy arrays of ``batch * batches`` entries (``draw``: the sample's number among its
     source's samples so far). Every global batch of ``batch`` samples holds each source's share
     (``weight / sum(weights) * batch``) within one sample, and so does the stream up to each
-    batch's end; the order within a batch is shuffled by ``seed``. A pure function of its
-    arguments, computed in C++ (docs/formats.md, "Token data")."""
-    return _stoker.stratified_blend([float(w) for w in weights], int(batch), int(batches),
-                                    int(seed))
+    batch's end; the order within a batch is shuffled by ``seed``. ``weights`` may be a
+    schedule as TokenMix takes it: each batch then holds its step's shares, each segment mixed
+    from its first batch. A pure function of its arguments, computed in C++ (docs/formats.md,
+    "Token data")."""
+    return _stoker.stratified_blend(_schedule(weights), int(batch), int(batches), int(seed))
+
+
+def _schedule(weights) -> list:
+    """Plain weights or a schedule, as the C++ functions take them: [(step, weights), ...]."""
+    return schedule_of(weights) or [(0, [float(w) for w in weights])]
 
 
 def _is_arrow(obj) -> bool:

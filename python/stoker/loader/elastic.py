@@ -78,10 +78,38 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
     epoch = first["epoch"]
     if consumed == [(0, samples)] or samples == 0:  # the epoch is over: the next one, fresh
         epoch, consumed = epoch + 1, []
-    return {"version": VERSION, "merged": True, "epoch": int(epoch), "seed": first["seed"],
-            "samples": samples, "shuffle": first["shuffle"],
-            "shuffle_window": int(first.get("shuffle_window", 0)),
-            "consumed": [list(r) for r in consumed]}
+    merged = {"version": VERSION, "merged": True, "epoch": int(epoch), "seed": first["seed"],
+              "samples": samples, "shuffle": first["shuffle"],
+              "shuffle_window": int(first.get("shuffle_window", 0)),
+              "consumed": [list(r) for r in consumed]}
+    if "data" in first:  # what the data set's rows follow from (a TokenMix's schedule)
+        merged["data"] = first["data"]
+    return merged
+
+
+def samples_read(state: dict) -> int:
+    """How far into the data set's index a state's run has read, at most: the end of the
+    positions consumed in its epoch (in index order: not shuffled), every sample after an
+    epoch or when shuffled (positions anywhere), 0 before the first batch."""
+    everything = 1 << 62
+    epoch = int(state.get("epoch", 0))
+    if "world_size" not in state and not state.get("merged"):  # the batch alone: its order
+        return everything if epoch > 0 or int(state.get("batch", 0)) > 0 else 0  # unknown
+    samples = int(state["samples"])
+    consumed = [tuple(r) for r in state.get("consumed", [])]
+    if not state.get("merged"):  # every rank taken as far as this one (one checkpoint's step)
+        taken = [int(state["taken"])] * int(state["world_size"])
+        try:
+            consumed = _stoker.consumed_positions(samples, consumed, taken,
+                                                  bool(state["shard_drop_last"]))
+        except ValueError:  # the last rank's share is shorter: at most the whole epoch
+            return samples
+    read = max((int(end) for begin, end in consumed if end > begin), default=0)
+    if epoch > 0:
+        return everything
+    if read > 0 and bool(state.get("shuffle")):
+        return everything
+    return read
 
 
 def merged_for(state: dict, plan, samples: Optional[int], own_order: bool,

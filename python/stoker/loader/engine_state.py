@@ -22,6 +22,9 @@ class EngineStates:
         else:
             epoch, batch = self._loader.position()
         state = self._position_state(epoch, batch)
+        of_data = getattr(self.plan.dataset, "_state_of_data", None)
+        if of_data is not None:  # what a TokenMix's rows follow from (its weight schedule)
+            state["data"] = of_data()
         if self._sources is not None:
             state["draws"] = (self._loaded_draws if resume is not None
                               else self._sources.state(begun=next_epoch is None))
@@ -53,6 +56,9 @@ class EngineStates:
                              "state has no batch number)" if "stream" in state else
                              "stoker: the state has no batch number")
         plan = self.plan
+        check = getattr(plan.dataset, "_check_state_of_data", None)
+        if check is not None and state.get("data") is not None:
+            check(state["data"], elastic.samples_read(state))
         if state.get("merged") or ("world_size" in state and (
                 state["world_size"], state["rank"], state["batch_size"], state["samples"]) != (
                 plan.world_size, plan.rank, plan.batch_size, self._samples)):
