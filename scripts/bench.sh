@@ -86,7 +86,7 @@ echo "   (SeaweedFS behind a proxy adding 20 ms a request)"
 stage "full: ImageFolder and record packs over s3:// against local disk (bench/s3_images_bench.py)"
 .venv/bin/python bench/s3_images_bench.py
 stage "full: shards 10x and 100x the object cache, shuffled in a window (bench/s3_shuffle.py)"
-.venv/bin/python bench/s3_shuffle.py
+.venv/bin/python bench/s3_shuffle.py --static  # objects served by nginx from files: the server off the cores
 
 stage "full: remote workers on Ray (bench/ray_bench.py; ray installed into .venv)"
 echo "   (local-only against local + a Ray node on the other core)"
