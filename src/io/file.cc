@@ -78,10 +78,10 @@ class ObjectFile final : public File {
   ObjectFile(detail::RemoteObject object, detail::RemoteHandle files)
       : File(object.url, object.size), object_(std::move(object)), files_(std::move(files)) {}
   ~ObjectFile() override {
-    if (!object_.done_with_each) return;
-    try {
-      files_->let_go(object_);  // its reader is gone: no last reads to come
-    } catch (...) {             // a forked worker that never read: nothing of its own to let go
+    // Its reader is gone: no last reads to come. A forked worker holds no blocks (they go to
+    // the disk cache there), and makes no RemoteFiles of its own to say so.
+    if (detail::RemoteFiles* files = files_.made_here(); files && object_.done_with_each) {
+      files->let_go(object_);
     }
   }
   ObjectFile(const ObjectFile&) = delete;

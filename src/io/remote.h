@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -274,6 +275,8 @@ class RemoteHandle {
   explicit operator bool() const { return files_ != nullptr; }
   RemoteFiles& operator*() const;
   RemoteFiles* operator->() const { return &**this; }
+  // Its RemoteFiles in the process that made it, null in another (a forked worker).
+  RemoteFiles* made_here() const { return ::getpid() == owner_ ? files_.get() : nullptr; }
 
  private:
   std::string cache_dir_;
