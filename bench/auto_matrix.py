@@ -301,12 +301,15 @@ def rules_before():
     """auto as before issue 46 (a stream's processes start as soon as the model predicts a
     saving, and the switch is never checked): the start free, the check never done."""
     ext = stoker._stoker
-    saved = ext.PROCESS_START_SECONDS, ext.check_switch
-    ext.PROCESS_START_SECONDS, ext.check_switch = 0.0, lambda *a: ("measuring", "")
+    names = ("PROCESS_START_SECONDS", "BACKGROUND_START_SECONDS", "check_switch")
+    saved = {name: getattr(ext, name) for name in names if hasattr(ext, name)}
+    for name in saved:
+        setattr(ext, name, (lambda *a: ("measuring", "")) if name == "check_switch" else 0.0)
     try:
         yield
     finally:
-        ext.PROCESS_START_SECONDS, ext.check_switch = saved
+        for name, value in saved.items():
+            setattr(ext, name, value)
 
 
 def left_of(stats: dict) -> str:

@@ -140,3 +140,35 @@ def test_ctrl_c_stops_a_loop_promptly_and_leaves_no_worker(tmp_path, what):
     pids = [int(p) for p in out["pids"].split()]
     assert "interrupted" in out and len(pids) == 2
     assert not any(alive(p) for p in pids)
+
+
+def test_ctrl_c_while_processes_start_in_the_background_leaves_no_worker(tmp_path):
+    # A stream on auto, forced to 2 worker processes whose forks are free: they are forked
+    # during epoch 1 (a stream that is not Stateful), which goes on in-line meanwhile; Ctrl-C
+    # in it ends the loop, and the processes, never used, are stopped as the interpreter
+    # exits (the loader left open).
+    out = child_lines("""
+        import threading, torch, stoker, interrupts as ix
+        from stoker.loader import stream_pipeline
+        stream_pipeline._stoker.choose_stream_threads = lambda *a: (0, "no threads (forced)")
+        stream_pipeline._stoker.choose_stream_workers = lambda *a: (2, "auto: 2 (forced)")
+        stream_pipeline._stoker.BACKGROUND_START_SECONDS = 0.0
+        stream_pipeline._stoker.PROCESS_START_SECONDS = float("inf")
+        class Stream(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                info = torch.utils.data.get_worker_info()
+                first, step = (info.id, info.num_workers) if info else (0, 1)
+                return iter(range(first, 4000, step))
+        loader = stoker.DataLoader(Stream(), batch_size=2)
+        try:
+            for i, batch in enumerate(loader):
+                if i == 100:  # mid-loop: the signal lands in next() or in the loop's body
+                    print("pids", *[p.pid for p in loader._pipeline._made[0].processes()],
+                          flush=True)
+                    threading.Thread(target=ix.interrupt_main).start()
+        except KeyboardInterrupt:
+            print("interrupted", loader.num_workers, flush=True)
+    """, tmp_path)
+    pids = [int(p) for p in out["pids"].split()]
+    assert out["interrupted"] == "0" and len(pids) == 2
+    assert not any(alive(p) for p in pids)

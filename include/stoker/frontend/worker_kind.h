@@ -212,15 +212,16 @@ StreamDepth deeper_stream_depth(std::size_t depth, std::size_t batches, std::siz
 // worker processes over a stream of small tensors (fork), the median of six starts on a busy
 // 2-core machine: 24-211 ms (docs/BENCHMARKS.md, 2026-12-02).
 inline constexpr double kProcessStartSeconds = 0.08;
-// A stream's worker processes start in the background: forked at an epoch's start (from the
-// training loop's thread, before that epoch's in-line pass begins), they start up (a forked
-// worker's set-up, worker_init_fn) while that epoch is read in-line, and the stream moves to
-// them at the first epoch boundary at which all of them answered; processes started and never
-// used are stopped with the loader. What the training loop still pays is the forks themselves
-// and the start-up's CPU beside it on a busy machine: kBackgroundStartSeconds, the ski-rental
-// rule's start cost then. Measured: the forks of 2 worker processes from a training process
-// that imported torch, on the loop's thread, 18-29 ms, median 23 (8 starts, `nice -n 19` on a
-// shared 2-core machine, load 2.1, 2026-12-03); both answered 36-51 ms after the first fork.
+// While a stream's choice is first measured, its worker processes may start in the
+// background: forked mid-epoch (from the training loop's thread, between two in-line batches),
+// they start up (a forked worker's set-up, worker_init_fn) while that epoch goes on in-line,
+// and the stream moves to them at the first epoch boundary at which all of them answered;
+// processes started and never used are stopped with the loader. What the training loop still
+// pays is the forks themselves and the start-up's CPU beside it on a busy machine:
+// kBackgroundStartSeconds, the ski-rental rule's start cost then (python/stoker/loader/
+// stream_pipeline.py, _Choice.early). Measured: the forks of 2 worker processes from a training
+// process that imported torch, on the loop's thread, 18-29 ms, median 23 (8 starts, `nice -n 19` on
+// a shared 2-core machine, load 2.1, 2026-12-03); both answered 36-51 ms after the first fork.
 inline constexpr double kBackgroundStartSeconds = 0.025;
 
 struct StartVerdict {

@@ -21,6 +21,7 @@ from ..workers import arena as _arena
 from ..workers import startup
 from ..workers.jobs import END, StreamJobs, is_datapipe
 from ..workers.processes import rebuild_error
+from .stream_start import BackgroundStart
 
 # How long a stream worker waits to hand a batch over before it looks whether it was stopped.
 _PUT_POLL_S = 0.1
@@ -290,6 +291,9 @@ class Streams:
         self._finish = finish
         self._stateful = (hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict"))
         self._pool = None
+        self._base_seed = 0  # the pass's, drawn at start()
+        # worker_type='auto': processes starting in the background, not yet read from.
+        self._starting: Optional[BackgroundStart] = None
         self._epoch: Optional[StreamEpoch] = None
         self.pending: Optional[dict] = None  # a loaded position, for the next start()
         # Passes started: worker processes tell a new pass from an abandoned one's last
@@ -345,7 +349,7 @@ class Streams:
         self.stop()
         # torch's iterator draws an IterDataPipe's shared seed, then the workers' base seed.
         pipe_seed = self._epoch_seed()
-        base_seed = self._setup.begin_epoch()
+        base_seed = self._base_seed = self._setup.begin_epoch()
         if self._processes is not None:
             self._pool = self._processes(base_seed).make_pool()
             self._processes = None
@@ -378,6 +382,33 @@ class Streams:
         chose them after epochs read in-line); `processes` makes their ProcessWorkers, given
         the base seed."""
         self._workers, self._processes = workers, processes
+
+    def start_in_background_now(self, processes, workers: int) -> None:
+        """`workers` worker processes (worker_type='auto' chose them while a pass is read
+        in-line; `processes` makes their ProcessWorkers, given the base seed) are forked now,
+        in the middle of this pass, with its base seed (not for a `Stateful` stream: see
+        `stateful`); use_started() moves the stream to them at a later start, once they are
+        up."""
+        self._starting = BackgroundStart(processes(self._base_seed), workers)
+
+    @property
+    def stateful(self) -> bool:
+        """The stream has state_dict()/load_state_dict(): a copy of it forked mid-pass would
+        carry that pass's position."""
+        return self._stateful
+
+    @property
+    def starting(self) -> bool:
+        return self._starting is not None
+
+    def use_started(self, wait: float = 0.0) -> bool:
+        """From the next start() on, the processes started in the background read, if they
+        are all up within `wait` seconds (else False: the next epoch is read in-line too)."""
+        if self._starting is None or not self._starting.ready(wait):
+            return False
+        started, self._starting = self._starting, None
+        self._pool, self._workers, self._processes = started.pool, started.count, None
+        return True
 
     def use_threads(self, workers: int) -> None:
         """From the next start() on, `workers` worker threads read (worker_type='auto' chose
@@ -435,6 +466,9 @@ class Streams:
         if self.closed:
             return
         self.closed = True
+        if self._starting is not None:  # started, never used
+            self._starting.stop()
+            self._starting = None
         if self._pool is not None:
             self._pool.stop()  # producers waiting on their workers return at once
         self.stop(wait=self._pool is not None)  # they end before the pool closes their sockets

@@ -22,9 +22,10 @@ from . import elastic
 from .collate import mover, pinned
 from .plan import Plan, cpu_share
 from .protocol import EPOCH_END, Pipeline
+from .stream_choice import Check, Choice
 from .stream_epochs import Streams
 from .stream_memory import StreamMemory
-from .worker_choice import Delivered, handover
+from .worker_choice import Delivered
 
 _log = logging.getLogger("stoker")
 
@@ -43,8 +44,9 @@ class StreamPipeline(Pipeline):
         made: list[ProcessWorkers] = []
         self._made = made
         processes = None
-        self._choice: Optional[_Choice] = None
-        self._check: Optional[_Check] = None  # after a switch: is it faster (_Check)?
+        self._choice: Optional[Choice] = None
+        self._check: Optional[Check] = None  # after a switch: is it faster (Check)?
+        self._starting = 0  # processes starting in the background (_choose)
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -53,14 +55,14 @@ class StreamPipeline(Pipeline):
                                            setup.worker_init_fn))
                 return made[0]
             processes = make
-        elif plan.measure_worker_type:  # epoch 1 in-line, measured (_Choice)
+        elif plan.measure_worker_type:  # epoch 1 in-line, measured (Choice)
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
             def make(base_seed: int, count: int) -> ProcessWorkers:
                 made.append(ProcessWorkers(jobs, count, plan.context, base_seed,
                                            setup.worker_init_fn))
                 return made[0]
-            self._choice = _Choice(make)
+            self._choice = Choice(make)
             self._inline = (self.worker_type, self.num_workers)
         if pin and self.worker_type != "process":
             collate = pinned(collate)
@@ -102,6 +104,7 @@ class StreamPipeline(Pipeline):
                 self._deepen()
             if self._choice is not None:
                 self._choice.batch(asked, got, batch, time.thread_time() - cpu)
+                self._start_early()
             elif self._check is not None:
                 self._check.delivered.batch(asked, got)
         elif self._choice is not None:
@@ -131,7 +134,15 @@ class StreamPipeline(Pipeline):
         worker threads from now on for a stream whose reads wait (they start at once), or
         worker processes (one, or more for a stream that takes its worker's share) once the
         epochs read in-line lost by the model what starting them costs (else in-line for the
-        next epoch, and asked again after it)."""
+        next epoch, and asked again after it). Processes started in the background while the
+        choice was first measured (_start_early) read from the first epoch boundary at which
+        they are up; the loop waits for them there where an epoch read in-line would lose
+        more, by the model, than the whole start costs."""
+        if self._streams.starting:
+            wait = self._choice.wait_for(self._starting)
+            if self._streams.use_started(wait):
+                self._use_processes(self._starting)
+            return
         decision = self._choice.decide()
         if decision is None:
             return
@@ -139,28 +150,55 @@ class StreamPipeline(Pipeline):
         self.worker_type_reason = reason
         if not start:
             return
-        self._decided()
-        before = self._choice.delivered.window
+        before = self._choice.delivered.before
         if kind == "process":
             make = self._choice.make
             self._streams.use_processes(lambda seed: make(seed, workers), workers)
-            self._memory.set_workers(workers, True)
-            self.worker_type, self.num_workers = "process", workers
-            self._check = _Check(before, "in-line",
-                                 f"{workers} worker process{'es' if workers > 1 else ''}",
-                                 self._choice.costs, workers)
-        elif kind == "thread":
+            self._use_processes(workers)
+            return
+        self._decided()
+        if kind == "thread":
             self._streams.use_threads(workers)
             self._memory.set_workers(workers, False)
             self.worker_type, self.num_workers = "thread", workers
-            self._check = _Check(before, "in-line",
+            self._check = Check(before, "in-line",
                                  f"{workers} worker thread{'s' if workers > 1 else ''}")
         self._choice = None
+
+    def _start_early(self) -> None:
+        """Mid-epoch, on in-line's batches while the choice is first measured (every
+        _EARLY_EVERY once measured): where the model picks processes and the batches read
+        in-line lost by it what their forks cost, they start in the background now, so that
+        they may read the very next epoch (decided at the epoch's end, they would start then
+        and that epoch pay their start). Not for a `Stateful` stream (a copy forked mid-pass
+        would carry the pass's position), nor while processes start already."""
+        if self._streams.starting or self._streams.stateful:
+            return
+        early = self._choice.early(self._streams.asked_worker_info)
+        if early is None:
+            return
+        workers, reason = early
+        make = self._choice.make
+        self._streams.start_in_background_now(lambda seed: make(seed, workers), workers)
+        self._starting = workers
+        self.worker_type_reason = reason
+        self._decided()
+
+    def _use_processes(self, workers: int) -> None:
+        """The processes started in the background read from this epoch on, checked against
+        in-line's warm epochs (Check)."""
+        self._memory.set_workers(workers, True)
+        self.worker_type, self.num_workers = "process", workers
+        self._check = Check(self._choice.delivered.before, "in-line",
+                             f"{workers} worker process{'es' if workers > 1 else ''}",
+                             self._choice.costs, workers)
+        self._choice = None
+        self._decided()
 
     def _check_switch(self) -> None:
         """Between epochs, after a switch: once a window of batches was delivered on the new
         setting, keep it or go back in-line (check_switch, src/tune/worker_kind.h); a
-        setting left is not tried again (no _Choice is made anew)."""
+        setting left is not tried again (no Choice is made anew)."""
         c = self._check
         verdict, why = _stoker.check_switch(c.before, c.delivered.window, c.left, c.now)
         if verdict == "measuring":
@@ -228,7 +266,8 @@ class StreamPipeline(Pipeline):
         return self._streams.pids()
 
     def processes(self) -> list:
-        return self._made[0].processes() if self._made else []
+        # Not those starting in the background while the stream is read in-line.
+        return self._made[0].processes() if self._made and self.worker_type == "process" else []
 
     def _report(self) -> dict:
         stats = self._timing.stats()
@@ -267,114 +306,6 @@ class StreamPipeline(Pipeline):
 
     def release(self) -> None:
         self.close()
-
-
-class _Choice:
-    """A stream on num_workers='auto' and worker_type='auto', read in-line: its batches after
-    each epoch's first, timed in the training loop (the read: the time in next(); the step:
-    the time between batches), one batch handed over on the worker's code, and whether the
-    stream asked get_worker_info() as it began (it shards itself), then choose_stream_workers
-    (src/tune/worker_kind.h) at the next epoch's start."""
-
-    def __init__(self, make) -> None:
-        self.make = make  # the worker processes' ProcessWorkers, given the base seed, count
-        # In-line's first epochs (to Window.longest), for the check after a switch.
-        self.delivered = Delivered(bounded=True)
-        self._batches = 0
-        self._read = self._step = self._read_cpu = 0.0
-        # The loop's thread's time runnable but off a CPU (ns) as the measured batches began:
-        # a preempted read is not a read that waits.
-        self._delay0: Optional[int] = None
-        self._handover: Optional[tuple[float, float]] = None
-        self._got: Optional[float] = None  # when the last batch of this epoch was handed out
-        self._shards = False  # the stream asked get_worker_info() as an epoch began
-        self._unpicklable = ""  # why its batches could not go to a worker process
-        self.costs: Optional[tuple] = None  # per batch: read, step, pack, unpack (decide)
-
-    def batch(self, asked: float, got: float, batch, cpu: float) -> None:
-        """A batch read in-line: asked for at `asked`, got at `got`, `cpu` seconds of the
-        loop's thread's CPU time in between (the rest of the read waited: I/O, sleeps)."""
-        self.delivered.batch(asked, got)
-        if self._delay0 is None:
-            self._delay0 = _run_delay_ns()
-        if self._got is not None:  # not the epoch's first: its time includes the start
-            self._batches += 1
-            self._read += got - asked
-            self._read_cpu += cpu
-            self._step += asked - self._got
-            if self._handover is None:
-                self._handover, self._unpicklable = handover(batch)
-                got = time.perf_counter()  # the timing is not the loop's step
-                self.delivered.last = got
-        self._got = got
-
-    def epoch_end(self, asked_worker_info: bool) -> None:
-        self._got = None
-        self._shards = self._shards or asked_worker_info
-        self.delivered.epoch_end()
-
-    def decide(self) -> Optional[tuple[str, int, str, bool]]:
-        """None while measuring, else ('inline' | 'thread' | 'process', workers, the reason,
-        whether to switch now)."""
-        if self._batches < _stoker.STREAM_MIN_BATCHES or self._handover is None:
-            return None
-        n = self._batches
-        costs = self.costs = (self._read / n, self._step / n, *self._handover)
-        cores = cpu_share()
-        # The reads' time off the CPU, less all the time the loop's thread was runnable and
-        # not running meanwhile (a busy machine's preemption; none known: no waits).
-        now = _run_delay_ns()
-        waits = 0.0
-        if now is not None and self._delay0 is not None:
-            waits = max(0.0, self._read - self._read_cpu - (now - self._delay0) / 1e9)
-        # Threads need no pickling: a stream whose batches cannot go to a process may use them.
-        threads, why_threads = _stoker.choose_stream_threads(
-            *costs, waits / n, cores, self._shards)
-        if threads:
-            return "thread", threads, why_threads, True
-        if self._unpicklable:
-            return "inline", 0, f"auto: in-line ({self._unpicklable}; {why_threads})", True
-        workers, reason = _stoker.choose_stream_workers(*costs, cores, self._shards)
-        if not workers:
-            return "inline", 0, f"{reason}; {why_threads}", True
-        d = self.delivered
-        start, why = _stoker.stream_worth_starting(
-            *costs, workers, cores, d.batches / max(d.epochs, 1), d.epochs,
-            _stoker.PROCESS_START_SECONDS)
-        if not start:
-            return "inline", 0, f"auto: in-line for now ({why}); the model: {reason}", False
-        return "process", workers, f"{reason}; {why}", True
-
-
-def _run_delay_ns() -> Optional[int]:
-    """The calling thread's time runnable but waiting for a CPU, ns (Linux's schedstat), or
-    None where there is no such file."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class _Check:
-    """After auto switched a stream from `left` to `now`: `before`, the window measured on
-    `left`; `delivered`, the new setting's, until check_switch keeps it or goes back."""
-
-    def __init__(self, before, left: str, now: str, costs: Optional[tuple] = None,
-                 workers: int = 0) -> None:
-        self.before, self.left, self.now = before, left, now
-        self.costs, self.workers = costs, workers  # what the model predicted `now` from
-        self.delivered = Delivered()
-
-    def learned(self) -> str:
-        """The reason's clause for a switch left: the hand-over a batch that would explain
-        what `now` delivered (learn_handover, src/tune/worker_kind.h), against the one timed."""
-        if self.costs is None:
-            return ""
-        pack, unpack = _stoker.learn_handover(*self.costs, self.workers, cpu_share(),
-                                              self.delivered.window.mean())
-        return (f"; so a hand-over cost about {1e3 * (pack + unpack):.3f} ms a batch, not the "
-                f"{1e3 * (self.costs[2] + self.costs[3]):.3f} ms timed")
 
 
 class _Timing:

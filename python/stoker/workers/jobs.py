@@ -307,7 +307,10 @@ class StreamJobs:
         END. The first request of an epoch starts the pass (from the state in `args`).
         Requests of an older epoch (an abandoned one's last) get [END]. If the worker's
         worker_init_fn failed, the first request of an epoch gets INIT_FAILED (the worker
-        reports that error) and the stream ends there."""
+        reports that error) and the stream ends there. An empty `args` asks whether the
+        worker is up (a stream's processes started in the background): [] at once."""
+        if not args:
+            return []
         state, self._want_state, self._ahead, seed, loader_epoch = pickle.loads(args)
         if epoch < self._epoch:
             return [END]
