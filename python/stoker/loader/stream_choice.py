@@ -59,6 +59,13 @@ class Choice:
                 self.delivered.last = got
         self._got = got
 
+    def unmeasured(self) -> None:
+        """What the loop's thread did since the last batch (a fork) is not the loop's step."""
+        now = time.perf_counter()
+        if self._got is not None:
+            self._got = now
+        self.delivered.last = now
+
     def epoch_end(self, asked_worker_info: bool) -> None:
         self._got = None
         self._shards = self._shards or asked_worker_info

@@ -180,6 +180,7 @@ class StreamPipeline(Pipeline):
         workers, reason = early
         make = self._choice.make
         self._streams.start_in_background_now(lambda seed: make(seed, workers), workers)
+        self._choice.unmeasured()  # the forks are not in-line's time between batches
         self._starting = workers
         self.worker_type_reason = reason
         self._decided()
