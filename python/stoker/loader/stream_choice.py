@@ -23,7 +23,8 @@ class Choice:
     each epoch's first, timed in the training loop (the read: the time in next(); the step:
     the time between batches), one batch handed over on the worker's code, and whether the
     stream asked get_worker_info() as it began (it shards itself), then choose_stream_workers
-    (src/tune/worker_kind.h) at the next epoch's start."""
+    (src/tune/worker_kind.h) at the next epoch's start (decide), and, until that first
+    decision, every _EARLY_EVERY batches whether processes start mid-epoch (early)."""
 
     def __init__(self, make) -> None:
         self.make = make  # the worker processes' ProcessWorkers, given the base seed, count

@@ -20,12 +20,11 @@ from ..workers.jobs import StreamJobs
 from ..workers.processes import ProcessWorkers
 from . import elastic
 from .collate import mover, pinned
-from .plan import Plan, cpu_share
+from .plan import Plan
 from .protocol import EPOCH_END, Pipeline
 from .stream_choice import Check, Choice
 from .stream_epochs import Streams
 from .stream_memory import StreamMemory
-from .worker_choice import Delivered
 
 _log = logging.getLogger("stoker")
 
@@ -162,7 +161,7 @@ class StreamPipeline(Pipeline):
             self._memory.set_workers(workers, False)
             self.worker_type, self.num_workers = "thread", workers
             self._check = Check(before, "in-line",
-                                 f"{workers} worker thread{'s' if workers > 1 else ''}")
+                                f"{workers} worker thread{'s' if workers > 1 else ''}")
         self._choice = None
 
     def _start_early(self) -> None:
@@ -191,8 +190,8 @@ class StreamPipeline(Pipeline):
         self._memory.set_workers(workers, True)
         self.worker_type, self.num_workers = "process", workers
         self._check = Check(self._choice.delivered.before, "in-line",
-                             f"{workers} worker process{'es' if workers > 1 else ''}",
-                             self._choice.costs, workers)
+                            f"{workers} worker process{'es' if workers > 1 else ''}",
+                            self._choice.costs, workers)
         self._choice = None
         self._decided()
 
