@@ -301,15 +301,19 @@ def rules_before():
     """auto as before issue 46 (a stream's processes start as soon as the model predicts a
     saving, and the switch is never checked): the start free, the check never done."""
     ext = stoker._stoker
-    names = ("PROCESS_START_SECONDS", "BACKGROUND_START_SECONDS", "check_switch")
-    saved = {name: getattr(ext, name) for name in names if hasattr(ext, name)}
-    for name in saved:
-        setattr(ext, name, (lambda *a: ("measuring", "")) if name == "check_switch" else 0.0)
+    saved = ext.PROCESS_START_SECONDS, ext.check_switch
+    ext.PROCESS_START_SECONDS, ext.check_switch = 0.0, lambda *a: ("measuring", "")
+    # Nor started mid-epoch in the background (the early start came with issue 46 too).
+    choice = getattr(stoker.loader, "stream_choice", None)
+    early = choice._EARLY_EVERY if choice is not None else None
+    if choice is not None:
+        choice._EARLY_EVERY = sys.maxsize
     try:
         yield
     finally:
-        for name, value in saved.items():
-            setattr(ext, name, value)
+        ext.PROCESS_START_SECONDS, ext.check_switch = saved
+        if choice is not None:
+            choice._EARLY_EVERY = early
 
 
 def left_of(stats: dict) -> str:

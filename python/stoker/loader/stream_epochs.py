@@ -398,8 +398,9 @@ class Streams:
         return self._stateful
 
     @property
-    def starting(self) -> bool:
-        return self._starting is not None
+    def starting(self) -> int:
+        """The worker processes starting in the background (0: none)."""
+        return self._starting.count if self._starting is not None else 0
 
     def use_started(self, wait: float = 0.0) -> bool:
         """From the next start() on, the processes started in the background read, if they

@@ -45,7 +45,6 @@ class StreamPipeline(Pipeline):
         processes = None
         self._choice: Optional[Choice] = None
         self._check: Optional[Check] = None  # after a switch: is it faster (Check)?
-        self._starting = 0  # processes starting in the background (_choose)
         if self.worker_type == "process":
             jobs = StreamJobs(plan.dataset, collate, plan.batch_size, plan.drop_last)
 
@@ -137,10 +136,10 @@ class StreamPipeline(Pipeline):
         choice was first measured (_start_early) read from the first epoch boundary at which
         they are up; the loop waits for them there where an epoch read in-line would lose
         more, by the model, than the whole start costs."""
-        if self._streams.starting:
-            wait = self._choice.wait_for(self._starting)
-            if self._streams.use_started(wait):
-                self._use_processes(self._starting)
+        starting = self._streams.starting
+        if starting:
+            if self._streams.use_started(self._choice.wait_for(starting)):
+                self._use_processes(starting)
             return
         decision = self._choice.decide()
         if decision is None:
@@ -180,7 +179,6 @@ class StreamPipeline(Pipeline):
         make = self._choice.make
         self._streams.start_in_background_now(lambda seed: make(seed, workers), workers)
         self._choice.unmeasured()  # the forks are not in-line's time between batches
-        self._starting = workers
         self.worker_type_reason = reason
         self._decided()
 

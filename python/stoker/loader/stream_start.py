@@ -14,7 +14,6 @@ class BackgroundStart:
     call: StreamJobs.call answers it once the worker set itself up and ran worker_init_fn)."""
 
     def __init__(self, workers, count: int) -> None:
-        self.workers = workers
         self.count = count
         self.pool = workers.make_pool()
         self.pool.start()  # the forks, on this thread (the main thread: PR_SET_PDEATHSIG)
