@@ -139,7 +139,8 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     detail::ShuffleEvidence evidence;
     evidence.asked = options.shuffle_mode;
     evidence.samples = options.dataset->size();
-    evidence.lookahead_samples = detail::lookahead_samples(options.batch_size, options.depth);
+    evidence.lookahead_samples =
+        detail::lookahead_samples(options.batch_size, options.depth, layout.fetches_ahead);
     evidence.node_ranks = std::min(detail::host_share().local_ranks, options.shard.world_size);
     if (layout.blocks != nullptr && layout.read_whole) {
       evidence.blocks = layout.blocks->ends.size();

@@ -47,37 +47,34 @@ SampleOrder windowed(std::shared_ptr<const StorageBlocks> blocks, std::size_t wi
 }
 
 // Bytes fetched reading `order` through an LRU cache of `cache_bytes` that fetches a sample's
-// whole block on a miss (RemoteFiles over a data set's storage blocks), the block of the sample
-// `lookahead` positions on fetched into it first (the batches the loader opens ahead).
+// whole block on a miss (RemoteFiles over a data set's storage blocks, Parquet's row-group
+// cache). With `lookahead`, the positions [p, p + lookahead) are being read at once (the
+// batches the workers are reading): at each step the sample `lookahead` on is read as the one
+// at p, the slowest read, is still using its block.
 std::uint64_t fetched_through_lru(const std::vector<std::size_t>& order, const StorageBlocks& b,
                                   std::uint64_t cache_bytes, std::size_t lookahead = 0) {
   std::list<std::size_t> lru;  // most recent first
   std::map<std::size_t, std::list<std::size_t>::iterator> held;
   std::uint64_t held_bytes = 0, fetched = 0;
-  for (std::size_t p = 0; p < order.size(); ++p) {
-    const std::size_t block = b.block_of(order[p]);
-    if (p + lookahead < order.size() && lookahead > 0) {
-      const std::size_t ahead = b.block_of(order[p + lookahead]);
-      if (!held.contains(ahead)) {
-        fetched += b.bytes[ahead];
-        held_bytes += b.bytes[ahead];
-        lru.push_front(ahead);
-        held[ahead] = lru.begin();
-      }
-    }
+  const auto use = [&](std::size_t block) {
     if (auto it = held.find(block); it != held.end()) {
       lru.splice(lru.begin(), lru, it->second);
-      continue;
+      return;
     }
     fetched += b.bytes[block];
     held_bytes += b.bytes[block];
     lru.push_front(block);
     held[block] = lru.begin();
-    while (held_bytes > cache_bytes) {
+    while (held_bytes > cache_bytes && lru.size() > 1) {
       held_bytes -= b.bytes[lru.back()];
       held.erase(lru.back());
       lru.pop_back();
     }
+  };
+  for (std::size_t p = 0; p < std::min(lookahead, order.size()); ++p) use(b.block_of(order[p]));
+  for (std::size_t p = 0; p < order.size(); ++p) {
+    if (p + lookahead < order.size()) use(b.block_of(order[p + lookahead]));
+    use(b.block_of(order[p]));
   }
   return fetched;
 }
@@ -240,6 +237,27 @@ TEST(ShuffleChoice, SamplesReadAheadIntoAShareOfTheirOwnLeaveOneRanksWindowHalfT
   EXPECT_EQ(choose_shuffle(e).window, 450u);
   e.node_ranks = 4;
   EXPECT_EQ(choose_shuffle(e).window, 300u);
+}
+
+TEST(ShuffleChoice, ACacheFilledOnlyByReadsKeepsRoomForTheBatchesBeingReadNotThoseOpenedAhead) {
+  // A Parquet set of 100 kB images in row groups of 100 (10 MB), 2,000 of them, through the
+  // default 256 MiB row-group cache, batches of 256 at the default depth: the row groups come
+  // in only as the workers read from them, so the batches being read (two) hold blocks beside
+  // the window, not the batches the loader has opened ahead.
+  const auto blocks = blocks_of(std::vector<std::size_t>(2000, 100), 100'000);
+  const std::uint64_t total = blocks->total_bytes(), cache = std::uint64_t{256} << 20;
+  ShuffleEvidence e{ShuffleMode::automatic, blocks->ends.back(), blocks->ends.size(), total, cache};
+  const std::size_t depth = LoaderOptions{}.depth;
+  e.lookahead_samples = lookahead_samples(256, depth, false);
+  EXPECT_EQ(e.lookahead_samples, 512u);
+  const auto c = choose_shuffle(e);
+  EXPECT_EQ(c.window, 8u) << c.reason;  // (134 MB - 51 MB) / 10 MB
+  // Read so, each row group is decoded once an epoch through an LRU cache.
+  const auto order = epoch_order(windowed(blocks, c.window), 0);
+  EXPECT_EQ(fetched_through_lru(order, *blocks, cache, e.lookahead_samples), total);
+  // Counted as if it fetched the opened batches ahead, the same set got a window of one.
+  e.lookahead_samples = lookahead_samples(256, depth, true);
+  EXPECT_EQ(choose_shuffle(e).window, 1u);
 }
 
 TEST(ShuffleChoice, TheNodesRanksReadingAheadThroughOneCacheShrinkTheWindowTogether) {

@@ -174,6 +174,10 @@ class Dataset {
     // the cache of its own, counted until a read takes it (an object cache: half of it over
     // the node's ranks), so the samples read ahead take no room from the window's share.
     bool ahead_apart = false;
+    // The data set fetches the blocks of the rows the loader hints (will_read) before their
+    // reads. One that does not brings a block in only as a worker reads one of its samples
+    // (Parquet's row groups): then only the batches being read hold blocks beside the window.
+    bool fetches_ahead = false;
     // The cache's name and the option that sizes it, for the choice's explanation.
     const char* cache = "object cache";
     const char* cache_option = "object_cache_bytes";

@@ -816,6 +816,7 @@ Dataset::StorageLayout WebDataset::storage_layout() const {
   layout.cache_bytes = impl_->object_cache_bytes;
   layout.read_whole = impl_->remote();
   layout.ahead_apart = static_cast<bool>(impl_->remote_files);  // RemoteFiles::room_ahead
+  layout.fetches_ahead = layout.ahead_apart;                    // will_read
   return layout;
 }
 

@@ -118,7 +118,7 @@ ShuffleReport shuffle_report(const Dataset::StorageLayout& layout, std::size_t s
   e.blocks = judged ? r.blocks : 0;
   e.data_bytes = r.data_bytes;
   e.cache_bytes = r.cache_bytes;
-  e.lookahead_samples = lookahead_samples(o.batch_size, o.depth);
+  e.lookahead_samples = lookahead_samples(o.batch_size, o.depth, layout.fetches_ahead);
   e.ahead_apart = layout.ahead_apart;
   e.cache = layout.cache;
   e.cache_option = layout.cache_option;

@@ -42,10 +42,17 @@ struct ShuffleEvidence {
   const char* cache_option = "object_cache_bytes";
 };
 
-// The samples a loader reads ahead with `depth` batches of `batch_size` in flight, and as many
-// again for the tuner's deeper queue (ShuffleEvidence::lookahead_samples).
-inline std::size_t lookahead_samples(std::size_t batch_size, std::size_t depth) {
-  return batch_size * 2 * (depth + 1);
+// The samples whose blocks a loader brings into the cache ahead of the one being read
+// (ShuffleEvidence::lookahead_samples). A data set that fetches what the loader hints
+// (StorageLayout::fetches_ahead): those of the `depth` batches in flight, and as many again for
+// the tuner's deeper queue. One that brings a block in only as a worker reads from it: those of
+// the batches being read, the oldest open one and the next (each batch is cut into a chunk a
+// worker, and idle workers take the oldest unclaimed chunk: src/exec/engine.h), whatever the
+// depth; counting the depth there left a Parquet set of 100 kB images in 10 MB row groups, with
+// batches of 256 through the default 256 MiB row-group cache, a window of one row group.
+inline std::size_t lookahead_samples(std::size_t batch_size, std::size_t depth,
+                                     bool fetches_ahead) {
+  return fetches_ahead ? batch_size * 2 * (depth + 1) : batch_size * 2;
 }
 
 struct ShuffleChoice {
