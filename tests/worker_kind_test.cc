@@ -414,6 +414,33 @@ TEST(StreamThreads, ThreadsGiveWayToWorkerProcessesTheModelPutsFaster) {
   EXPECT_EQ(choose_stream_workers(half, 8, true).workers, 8u);
 }
 
+TEST(StreamThreads, AStreamBesideALongStepTriesOneThreadThatReadsDuringItBeforeProcesses) {
+  // The main matrix's short stream beside a 0.3 ms step of torch.mm, as auto measured it: the
+  // processes' model picks one, the threads' (the step holding the GIL) none.
+  const StreamCosts step{.read = 0.268e-3, .step = 0.526e-3, .pack = 0.031e-3, .unpack = 0.024e-3};
+  EXPECT_EQ(choose_stream_workers(step, 2, true).workers, 1u);
+  EXPECT_EQ(choose_stream_threads(step, 0, 2, true).threads, 0u);
+  const auto t = stream_thread_trial(step, 2, 1);
+  EXPECT_EQ(t.threads, 1u) << t.reason;
+  EXPECT_NEAR(t.seconds, 0.546e-3, 1e-9);  // max(read, step) + the hand-over
+  EXPECT_TRUE(contains(t.reason, "auto: 1 worker thread from the next epoch, on trial"));
+  EXPECT_TRUE(contains(t.reason, "if the step releases the GIL"));
+  EXPECT_TRUE(contains(t.reason, "0.794 ms in-line and 0.550 ms on 1 worker process"));
+  // Kept in-line by the models, it is tried too; on one core there is nothing to read on.
+  EXPECT_EQ(stream_thread_trial(step, 2, 0).threads, 1u);
+  EXPECT_TRUE(contains(stream_thread_trial(step, 1, 1).reason, "no thread tried: one core"));
+  // With no step to speak of, a thread overlaps nothing.
+  const StreamCosts bare{.read = 1.547e-3, .step = 0.087e-3, .pack = 0.035e-3, .unpack = 0.024e-3};
+  const auto none = stream_thread_trial(bare, 2, 2);
+  EXPECT_EQ(none.threads, 0u);
+  EXPECT_TRUE(contains(none.reason, "it would save under 10% of in-line even so"));
+  // Processes that spread a long read over the cores beat the one thread by far.
+  const StreamCosts wide{.read = 8e-3, .step = 1e-3, .pack = 0.05e-3, .unpack = 0.05e-3};
+  const auto beaten = stream_thread_trial(wide, 8, 8);
+  EXPECT_EQ(beaten.threads, 0u);
+  EXPECT_TRUE(contains(beaten.reason, "the processes would beat it by over 10%"));
+}
+
 TEST(StreamDepth, QueuesDoubleWhenTheLoopWaitsWhileAnotherWorkerHasBatchesReady) {
   // A packing stream: each worker yields five batches at once after tokenizing a block, so the
   // loop waits on one worker while the other holds its two batches, 20 times in 64.

@@ -561,6 +561,18 @@ PYBIND11_MODULE(_stoker, m) {
       "A stream on auto whose reads wait, from epoch 1 read in-line: (worker threads from "
       "epoch 2, 0 for none; the reason).");
   m.def(
+      "stream_thread_trial",
+      [](double read, double step, double pack, double unpack, std::size_t cores,
+         std::size_t workers) {
+        const auto t = detail::stream_thread_trial(
+            {.read = read, .step = step, .pack = pack, .unpack = unpack}, cores, workers);
+        return py::make_tuple(t.threads, t.reason);
+      },
+      py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("cores"),
+      py::arg("workers"),
+      "Before the setting the models chose for a stream (in-line: workers 0, else that many "
+      "processes): (1 to try one worker thread from the next epoch, else 0; the reason).");
+  m.def(
       "deeper_stream_depth",
       [](std::size_t depth, std::size_t batches, std::size_t blocked) {
         const auto d = detail::deeper_stream_depth(depth, batches, blocked);

@@ -162,6 +162,38 @@ StreamThreads choose_stream_threads(const StreamCosts& c, double read_wait, std:
   return out;
 }
 
+StreamThreads stream_thread_trial(const StreamCosts& c, std::size_t cores, std::size_t workers) {
+  StreamThreads out;
+  out.seconds = std::max(c.read, c.step) + kThreadHandover;
+  const double inline_s = stream_inline_seconds(c);
+  const double processes_s = workers > 0 ? stream_batch_seconds(c, workers, cores) : 0.0;
+  std::string measured = format(
+      "a batch took %.3f ms to read in-line and the training loop spent %.3f ms between "
+      "batches: %.3f ms a batch on one thread reading while the step runs, if the step releases "
+      "the GIL as torch's operations do, against %.3f ms in-line",
+      1e3 * c.read, 1e3 * c.step, 1e3 * out.seconds, 1e3 * inline_s);
+  if (workers > 0) {
+    measured += format(" and %.3f ms on %zu worker process%s", 1e3 * processes_s, workers,
+                       workers == 1 ? "" : "es");
+  }
+  const std::string gain = format("%.0f%%", 100 * kStreamGain);
+  if (cores < 2) {
+    out.reason = "no thread tried: one core";
+  } else if (out.seconds > (1 - kStreamGain) * inline_s) {
+    out.reason =
+        "no thread tried: it would save under " + gain + " of in-line even so (" + measured + ")";
+  } else if (workers > 0 && out.seconds > (1 + kStreamGain) * processes_s) {
+    out.reason =
+        "no thread tried: the processes would beat it by over " + gain + " (" + measured + ")";
+  } else {
+    out.threads = 1;
+    out.reason = "auto: 1 worker thread from the next epoch, on trial (" + measured +
+                 "; it starts at once; checked against in-line's measured rate, and left if "
+                 "slower)";
+  }
+  return out;
+}
+
 StartVerdict worth_starting(const StreamCosts& costs, std::size_t workers, std::size_t cores,
                             double batches_per_epoch, std::size_t epochs, double start_s) {
   const double per_epoch =

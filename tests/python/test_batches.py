@@ -8,9 +8,6 @@ import errno
 import gc
 import multiprocessing
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -209,6 +206,8 @@ def test_a_stream_on_auto_reads_epoch_1_in_line_then_as_chosen(monkeypatch, tmp_
         return workers, f"auto: chose {workers} (forced)"
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers", choose)
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
     monkeypatch.setattr(stream_pipeline._stoker, "check_switch", lambda *a: ("measuring", ""))
     loader = stoker.DataLoader(wd.Counting(40), batch_size=2)
@@ -301,6 +300,8 @@ def test_a_stream_on_auto_is_told_whether_it_asked_get_worker_info(monkeypatch, 
     asked = []
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
                         lambda *a: asked.append(a[5]) or (0, "auto: in-line (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     loader = stoker.DataLoader(dataset, batch_size=2)
     assert [x for b in loader for x in b[:, 0].tolist()] == list(range(40))
     list(loader)
@@ -330,6 +331,8 @@ def test_a_short_stream_on_auto_measures_over_epochs_until_enough_batches(monkey
     asked = []
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
                         lambda *a: asked.append(a) or (0, "auto: in-line (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     loader = stoker.DataLoader(wd.Counting(12), batch_size=2)  # 6 batches: 5 measured each
     list(loader)
     list(loader)

@@ -152,6 +152,7 @@ def test_ctrl_c_while_processes_start_in_the_background_leaves_no_worker(tmp_pat
         from stoker.loader import stream_pipeline
         stream_pipeline._stoker.choose_stream_threads = lambda *a: (0, "no threads (forced)")
         stream_pipeline._stoker.choose_stream_workers = lambda *a: (2, "auto: 2 (forced)")
+        stream_pipeline._stoker.stream_thread_trial = lambda *a: (0, "no thread tried (forced)")
         stream_pipeline._stoker.BACKGROUND_START_SECONDS = 0.0
         stream_pipeline._stoker.PROCESS_START_SECONDS = float("inf")
         class Stream(torch.utils.data.IterableDataset):

@@ -474,12 +474,17 @@ class _SmallTensors(torch.utils.data.IterableDataset):
 
 
 @pytest.mark.skipif(CORES < 2, reason="processes pay only with two cores or more")
-def test_a_short_cheap_stream_is_not_spent_on_processes_it_cannot_win_back():
+def test_a_short_cheap_stream_is_not_spent_on_processes_it_cannot_win_back(monkeypatch):
     # 128 batches of 32 an epoch: whatever the model predicts 2 processes save an epoch, the
     # first epoch has not lost the processes' start by it (kProcessStartSeconds), so the
     # second runs in-line and the reason says what is waited for; nor, on a quiet machine,
     # their forks (kBackgroundStartSeconds: reads of ~0.1 ms a batch), so none started
-    # during it (a busy machine's slower reads may have lost that: then they start).
+    # during it (a busy machine's slower reads may have lost that: then they start). A
+    # thread's trial, which a busy machine's preempted loop may earn, is left out.
+    from stoker.loader import stream_pipeline
+
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
     for _ in range(2):
         assert [int(i) for _, b in loader for i in b] == list(range(4096))
@@ -503,6 +508,8 @@ def test_auto_ends_on_a_stream_setting_not_slower_than_the_one_it_left(monkeypat
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
                         lambda *a: (2, "auto: 2 worker processes (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
     monkeypatch.setattr(stream_choice, "_EARLY_EVERY", 10**9)  # none mid-epoch
     loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
@@ -556,6 +563,8 @@ def test_processes_started_in_the_background_and_never_used_stop_with_the_loader
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
                         lambda *a: (2, "auto: 2 worker processes (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", math.inf)
     monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", 0.0)
     loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
@@ -596,6 +605,8 @@ def test_a_stream_s_processes_start_during_epoch_1_and_read_epoch_2_once_up(monk
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
                         lambda *a: (2, "auto: 2 worker processes (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (0, "no thread tried (forced)"))
     monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", math.inf)
     monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", 0.0)
     monkeypatch.setattr(stream_pipeline._stoker, "check_switch", lambda *a: ("measuring", ""))
@@ -624,6 +635,47 @@ def test_a_stream_s_processes_start_during_epoch_1_and_read_epoch_2_once_up(monk
     assert second == (list(range(4096)) if stateful else turns)
     assert len(loader.stats()["worker_pids"]) == loader.num_workers
     assert not streams.starting
+    loader.close()
+
+
+@pytest.mark.skipif(CORES < 2, reason="a thread reads beside the step only with two cores")
+@pytest.mark.parametrize("verdict", ["keep", "go back"])
+def test_a_thread_tried_before_processes_is_kept_or_left_for_them(monkeypatch, verdict):
+    # The models pick 2 processes; a thread that reads while the step runs (forced) is tried
+    # first, from epoch 2, and nothing is forked meanwhile. Kept, the stream stays on it. Left,
+    # the stream is back in-line and the choice goes on without threads: the processes (their
+    # start free) read from the next epoch. Every epoch each sample once in its setting's order.
+    from stoker.loader import stream_pipeline
+
+    monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
+                        lambda *a: (2, "auto: 2 worker processes (forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
+                        lambda *a: (1, "auto: 1 worker thread from the next epoch, on trial "
+                                       "(forced)"))
+    monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
+    monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", 0.0)
+    monkeypatch.setattr(stream_pipeline._stoker, "check_switch", _verdicts(verdict, "keep"))
+    loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
+    assert [int(i) for _, b in loader for i in b] == list(range(4096))
+    assert not loader._pipeline._streams.starting  # the trial comes first: no fork
+    settings = []
+    for _ in range(3):
+        values = [int(i) for _, b in loader for i in b]
+        settings.append((loader.worker_type, loader.num_workers))
+        turns = [x for b in range(0, 4096, 64)
+                 for x in [*range(b, b + 64, 2), *range(b + 1, b + 64, 2)]]
+        assert values == (turns if settings[-1] == ("process", 2) else list(range(4096)))
+    stats = loader.stats()
+    if verdict == "keep":
+        assert settings == [("thread", 1)] * 3 and stats["worker_type_left"] == []
+        assert stats["worker_type_reason"].startswith("auto: kept 1 worker thread: forced; ")
+        assert "on trial (forced)" in stats["worker_type_reason"]
+    else:
+        assert settings == [("thread", 1), ("process", 2), ("process", 2)]
+        (left,) = stats["worker_type_left"]
+        assert left["setting"] == "1 worker thread" and left["batches"] >= 5
+        assert stats["worker_type_reason"].startswith("auto: kept 2 worker processes: forced; ")
+        assert len(stats["worker_pids"]) == 2
     loader.close()
 
 

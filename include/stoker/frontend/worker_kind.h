@@ -187,6 +187,20 @@ struct StreamThreads {
 StreamThreads choose_stream_threads(const StreamCosts& costs, double read_wait, std::size_t cores,
                                     bool shards);
 
+// A trial of one worker thread before the setting the models chose for a stream (in-line, or
+// `workers` worker processes). choose_stream_threads takes the loop's step as holding the GIL
+// all along; a training step of torch operations releases it for most of its time, and then
+// one thread reads the next batch while the step runs: a batch costs max(read, step) +
+// kThreadHandover, with no process to start and no batch to copy. Where that saves kStreamGain
+// of the in-line time, comes within kStreamGain of the processes' model (stream_batch_seconds)
+// and a second core is there, auto tries one thread from the next epoch, checked against
+// in-line's measured rate as any switch is (check_switch); a step that holds the GIL costs one
+// measuring window, then the stream is back in-line and the choice goes on without threads.
+// Measured: a stream of 2 us samples beside a 0.3 ms step of torch.mm read 1.24x faster on one
+// thread than on the process auto chose, 1.15x faster than in-line (docs/BENCHMARKS.md,
+// 2026-12-04).
+StreamThreads stream_thread_trial(const StreamCosts& costs, std::size_t cores, std::size_t workers);
+
 // A stream's workers each fill a queue of `depth` batches and the training loop takes from them
 // in turn, so a worker whose batches come in bursts (a block of documents tokenized and packed
 // at once, a shuffle buffer refilled) stalls the loop while the others sit with full queues,

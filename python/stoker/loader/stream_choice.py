@@ -42,6 +42,8 @@ class Choice:
         self._unpicklable = ""  # why its batches could not go to a worker process
         self.costs: Optional[tuple] = None  # per batch: read, step, pack, unpack (decide)
         self._decided = False  # decide() gave a choice once (early() asks no more)
+        self.trial = False  # decide() gave a thread's trial (stream_thread_trial)
+        self.threads_tried = False  # that trial was left: the choice goes on without it
 
     def batch(self, asked: float, got: float, batch, cpu: float) -> None:
         """A batch read in-line: asked for at `asked`, got at `got`, `cpu` seconds of the
@@ -85,6 +87,8 @@ class Choice:
         if model is None or model[0] != "process":
             return None
         _, workers, reason = model
+        if self._thread_trial("process", workers) is not None:
+            return None  # a thread, tried at the epoch's end, starts at once
         # The batches so far as one epoch: the saving a batch times the batches measured.
         start, _ = _stoker.stream_worth_starting(
             *self.costs, workers, cpu_share(), self._batches, 1,
@@ -116,6 +120,10 @@ class Choice:
             return None
         self._decided = True
         kind, workers, reason = model
+        trial = self._thread_trial(kind, workers)
+        if trial is not None:
+            self.trial = True
+            return "thread", 1, f"{trial}; the model: {reason}", True
         if kind != "process":
             return kind, workers, reason, True
         d = self.delivered
@@ -125,6 +133,14 @@ class Choice:
         if not start:
             return "inline", 0, f"auto: in-line for now ({why}); the model: {reason}", False
         return "process", workers, f"{reason}; {why}", True
+
+    def _thread_trial(self, kind: str, workers: int) -> Optional[str]:
+        """Before in-line or processes, one thread that reads while the step runs, once
+        (stream_thread_trial): its reason, else None."""
+        if kind == "thread" or self.threads_tried:
+            return None
+        trial, why = _stoker.stream_thread_trial(*self.costs, cpu_share(), workers)
+        return why if trial else None
 
     def _model(self, shards: bool) -> Optional[tuple[str, int, str]]:
         """None while measuring, else what the times so far pick before any start's cost:
@@ -171,10 +187,12 @@ class Check:
     `left`; `delivered`, the new setting's, until check_switch keeps it or goes back."""
 
     def __init__(self, before, left: str, now: str, costs: Optional[tuple] = None,
-                 workers: int = 0) -> None:
+                 workers: int = 0, trial: Optional[Choice] = None) -> None:
         self.before, self.left, self.now = before, left, now
         self.costs, self.workers = costs, workers  # what the model predicted `now` from
         self.delivered = Delivered()
+        # A thread's trial: the choice it was tried before, which goes on if it is left.
+        self.trial = trial
 
     def learned(self) -> str:
         """The reason's clause for a switch left: the hand-over a batch that would explain

@@ -160,7 +160,8 @@ class StreamPipeline(Pipeline):
             self._memory.set_workers(workers, False)
             self.worker_type, self.num_workers = "thread", workers
             self._check = Check(before, "in-line",
-                                f"{workers} worker thread{'s' if workers > 1 else ''}")
+                                f"{workers} worker thread{'s' if workers > 1 else ''}",
+                                trial=self._choice if self._choice.trial else None)
         self._choice = None
 
     def _start_early(self) -> None:
@@ -196,7 +197,8 @@ class StreamPipeline(Pipeline):
     def _check_switch(self) -> None:
         """Between epochs, after a switch: once a window of batches was delivered on the new
         setting, keep it or go back in-line (check_switch, src/tune/worker_kind.h); a
-        setting left is not tried again (no Choice is made anew)."""
+        setting left is not tried again (no Choice is made anew; a thread's trial left, the
+        Choice it was tried before goes on without threads)."""
         c = self._check
         verdict, why = _stoker.check_switch(c.before, c.delivered.window, c.left, c.now)
         if verdict == "measuring":
@@ -209,6 +211,9 @@ class StreamPipeline(Pipeline):
             d = c.delivered
             self.left.append(d.left(c.now))
             why += c.learned()
+            if c.trial is not None:
+                self._choice = c.trial
+                self._choice.trial, self._choice.threads_tried = False, True
         self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
         self._check = None
         self._decided()
