@@ -247,10 +247,12 @@ class Step:
         return Step(max(1, round(seconds / per)))
 
 
-def run(loader, samples: int, epochs: int, step, each=None) -> tuple[float, int]:
-    """Samples/s over epochs 2..epochs as one span, and the batches of one epoch; `each`, a
-    list, gets each of those epochs' samples/s (a switch's cost shows in one of them)."""
+def run(loader, samples: int, epochs: int, step, each=None) -> tuple[float, int, float]:
+    """Samples/s over epochs 2..epochs as one span, the batches of one epoch, and samples/s
+    over all the epochs, epoch 1's start-up counted (what a run of `epochs` takes); `each`, a
+    list, gets each of epochs 2..'s samples/s (a switch's cost shows in one of them)."""
     batches = 0
+    first = time.perf_counter()
     for batch in loader:  # epoch 1: start-up, not timed
         _touch(batch)
         batches += 1
@@ -266,7 +268,8 @@ def run(loader, samples: int, epochs: int, step, each=None) -> tuple[float, int]
             now = time.perf_counter()
             each.append(samples / (now - last))
             last = now
-    return (epochs - 1) * samples / (time.perf_counter() - start), batches
+    end = time.perf_counter()
+    return (epochs - 1) * samples / (end - start), batches, epochs * samples / (end - first)
 
 
 # A measurement of epochs 2..E shorter than this is repeated (a new loader each round, at most
@@ -351,7 +354,7 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
         loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, num_workers=2,
                                    **({} if w.native else {"worker_type": "thread"}),
                                    **w.loader_args)
-        rate, batches = run(loader, w.samples, 2, None)
+        rate, batches, _ = run(loader, w.samples, 2, None)
         loader.close()
         calibrate = w.samples / rate / max(batches, 1)
         step = step_factory(calibrate)
@@ -362,7 +365,8 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
                 loader = stoker.DataLoader(w.dataset, batch_size=w.batch_size, **args,
                                            **w.loader_args)
                 try:
-                    return run(loader, w.samples, epochs, step, each_round)[0], loader.stats()
+                    rate, _, whole = run(loader, w.samples, epochs, step, each_round)
+                    return rate, (loader.stats(), whole)
                 finally:
                     loader.close()
         return median_of_rounds(once, w.samples * (epochs - 1), each)
@@ -374,11 +378,19 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
             return run(loader, w.samples, epochs, step)[0], None
         return median_of_rounds(once, w.samples * (epochs - 1))[0]
 
+    # With epoch 1 counted (the median round's): whether a start-up auto did not pay, or
+    # paid later, was worth it over a run this long.
+    whole_rates = {}
+
+    def swept(key: str, args: dict, each=None) -> tuple:
+        rate, (stats, whole_rates[key]) = stoker_rate(args, each)
+        return rate, stats
+
     rate_of = {f"stoker {name}": (lambda args=args: stoker_rate(args)[0]) for name, args in fixed}
-    for key, rate in rate_of.items():
-        results[key] = rate()
+    for name, args in fixed:
+        results[f"stoker {name}"] = swept(f"stoker {name}", args)[0]
     auto_epochs: list = []
-    results["stoker auto"], stats = stoker_rate({}, auto_epochs)
+    results["stoker auto"], stats = swept("stoker auto", {}, auto_epochs)
     rate_of["stoker auto"] = lambda: stoker_rate({})[0]
     left = left_of(stats)
     if before:
@@ -410,6 +422,7 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
     # machine's noise, not auto's choice (more so where auto chose that very setting).
     best_rounds = rounds[best_fixed]
     spread = (max(best_rounds) - min(best_rounds)) / final[best_fixed]
+    best_whole = max((k for k in whole_rates if k != "stoker auto"), key=whole_rates.get)
     return {"workload": w.name, "step_ms": None if calibrate is None else 1e3 * calibrate,
             "samples_per_s": results, "rematch": rounds, "auto_epochs": auto_epochs,
             "auto_chose": chosen, "auto_reason": stats.get("worker_type_reason"),
@@ -419,6 +432,8 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
             "best_fixed": best_fixed, "torch_best": torch_best,
             "same_setting": best_fixed == f"stoker {chosen}", "best_fixed_spread": spread,
             "auto_over_best_fixed": auto / final[best_fixed],
+            "with_epoch_1": whole_rates, "best_fixed_with_epoch_1": best_whole,
+            "auto_over_best_with_epoch_1": whole_rates["stoker auto"] / whole_rates[best_whole],
             "auto_over_torch_best": auto / final[torch_best] if torch_best else None}
 
 
@@ -463,7 +478,7 @@ def main() -> None:
           f"or steps x batch with a step)")
     print(f"  {'workload':<36} {'auto chose':<12} {'best fixed':<18} {'auto/best':>9} "
           f"{'spread':>6} {'torch best':<10} {'auto/torch':>10}"
-          + (f" {'before/best':>11}" if a.before else "") + "  left")
+          + (f" {'before/best':>11}" if a.before else "") + f" {'with ep 1':>9}  left")
     for r in rows:
         name = r["workload"] + (f" +step {r['step_ms']:.1f}ms" if r["step_ms"] else "")
         best = ("= " if r["same_setting"] else "") + r["best_fixed"]
@@ -471,14 +486,15 @@ def main() -> None:
               f"{mark(r['auto_over_best_fixed'], TARGET_BEST):>9} {r['best_fixed_spread']:6.2f} "
               f"{r['torch_best'] or '-':<10} {mark(r['auto_over_torch_best'], TARGET_TORCH):>10}"
               + (f" {r['before_over_best_fixed']:11.2f}" if a.before else "")
-              + f"  {r['auto_left']}")
+              + f" {r['auto_over_best_with_epoch_1']:9.2f}  {r['auto_left']}")
     misses = [r for r in rows if r["auto_over_best_fixed"] < TARGET_BEST
               or (r["auto_over_torch_best"] or TARGET_TORCH) < TARGET_TORCH]
     print(f"  targets (auto/best >= {TARGET_BEST}, auto/torch >= {TARGET_TORCH}): "
           f"{len(rows) - len(misses)} of {len(rows)} rows hold")
     print("  (best fixed '= ...': auto chose that very setting; spread: (max - min) / median "
-          "of the best fixed setting's own rounds; left: the windows a check took on a "
-          "setting then left, target <= 1)")
+          "of the best fixed setting's own rounds; with ep 1: auto over the best fixed setting "
+          f"with epoch 1's start-up counted, epochs 1-{a.epochs} of the sweep's rounds; left: "
+          "the windows a check took on a setting then left, target <= 1)")
 
 
 def show(r: dict) -> None:
@@ -486,8 +502,10 @@ def show(r: dict) -> None:
     print(f"{head}: auto chose {r['auto_chose']} ({r['auto_reason']})")
     print(f"  left: {r['auto_left']}")
     print("  auto by epoch from 2: " + " ".join(f"{v:.0f}" for v in r["auto_epochs"]))
+    whole = r["with_epoch_1"]
     for k, v in sorted(r["samples_per_s"].items(), key=lambda kv: -kv[1]):
-        print(f"  {k:<18} {v:10.0f}")
+        print(f"  {k:<18} {v:10.0f}" + (f"   with epoch 1: {whole[k]:10.0f}" if k in whole
+                                        else ""))
     if len(next(iter(r["rematch"].values()))) > 1:
         print("  rematch (all rounds, the median compared): " + "; ".join(
             f"{k} " + " ".join(f"{v:.0f}" for v in vs) for k, vs in r["rematch"].items()))

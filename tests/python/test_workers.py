@@ -640,11 +640,13 @@ def test_a_stream_s_processes_start_during_epoch_1_and_read_epoch_2_once_up(monk
 
 @pytest.mark.skipif(CORES < 2, reason="a thread reads beside the step only with two cores")
 @pytest.mark.parametrize("verdict", ["keep", "go back"])
-def test_a_thread_tried_before_processes_is_kept_or_left_for_them(monkeypatch, verdict):
-    # The models pick 2 processes; a thread that reads while the step runs (forced) is tried
-    # first, from epoch 2, and nothing is forked meanwhile. Kept, the stream stays on it. Left,
-    # the stream is back in-line and the choice goes on without threads: the processes (their
-    # start free) read from the next epoch. Every epoch each sample once in its setting's order.
+def test_a_thread_tried_while_processes_are_not_worth_their_start_is_kept_or_left(monkeypatch,
+                                                                                 verdict):
+    # The models pick 2 processes, not yet worth their start; a thread that reads while the
+    # step runs (forced) is tried from epoch 2 meanwhile. Kept, the stream stays on it. Left,
+    # the stream is back in-line and the choice goes on without threads: the processes, once
+    # their start is won back (made free here after epoch 2), read from the next epoch. Every
+    # epoch each sample once in its setting's order.
     from stoker.loader import stream_pipeline
 
     monkeypatch.setattr(stream_pipeline._stoker, "choose_stream_workers",
@@ -652,14 +654,16 @@ def test_a_thread_tried_before_processes_is_kept_or_left_for_them(monkeypatch, v
     monkeypatch.setattr(stream_pipeline._stoker, "stream_thread_trial",
                         lambda *a: (1, "auto: 1 worker thread from the next epoch, on trial "
                                        "(forced)"))
-    monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
-    monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", 0.0)
+    monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", math.inf)
+    monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", math.inf)
     monkeypatch.setattr(stream_pipeline._stoker, "check_switch", _verdicts(verdict, "keep"))
     loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
     assert [int(i) for _, b in loader for i in b] == list(range(4096))
-    assert not loader._pipeline._streams.starting  # the trial comes first: no fork
+    assert not loader._pipeline._streams.starting
     settings = []
-    for _ in range(3):
+    for epoch in range(3):
+        if epoch == 1:
+            monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", 0.0)
         values = [int(i) for _, b in loader for i in b]
         settings.append((loader.worker_type, loader.num_workers))
         turns = [x for b in range(0, 4096, 64)

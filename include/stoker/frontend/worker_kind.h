@@ -187,18 +187,19 @@ struct StreamThreads {
 StreamThreads choose_stream_threads(const StreamCosts& costs, double read_wait, std::size_t cores,
                                     bool shards);
 
-// A trial of one worker thread before the setting the models chose for a stream (in-line, or
-// `workers` worker processes). choose_stream_threads takes the loop's step as holding the GIL
-// all along; a training step of torch operations releases it for most of its time, and then
-// one thread reads the next batch while the step runs: a batch costs max(read, step) +
-// kThreadHandover, with no process to start and no batch to copy. Where that saves kStreamGain
-// of the in-line time, comes within kStreamGain of the processes' model (stream_batch_seconds)
-// and a second core is there, auto tries one thread from the next epoch, checked against
-// in-line's measured rate as any switch is (check_switch); a step that holds the GIL costs one
-// measuring window, then the stream is back in-line and the choice goes on without threads.
-// Measured: a stream of 2 us samples beside a 0.3 ms step of torch.mm read 1.24x faster on one
-// thread than on the process auto chose, 1.15x faster than in-line (docs/BENCHMARKS.md,
-// 2026-12-04).
+// A trial of one worker thread where the models leave a stream in-line, for good or for now
+// (`workers` worker processes not yet worth their start: worth_starting).
+// choose_stream_threads takes the loop's step as holding the GIL all along; a training step of
+// torch operations releases it for most of its time, and then one thread reads the next batch
+// while the step runs: a batch costs max(read, step) + kThreadHandover, with no process to
+// start and no batch to copy. Where that saves kStreamGain of the in-line time, comes within
+// kStreamGain of the processes' model (stream_batch_seconds) and a second core is there, auto
+// tries one thread from the next epoch, checked against in-line's measured rate as any switch
+// is (check_switch); a step that holds the GIL costs one measuring window, then the stream is
+// back in-line and the choice goes on without threads. Not instead of processes worth their
+// start: beside a 2 ms step of torch.mm, a stream's 1 ms reads on one thread delay the step's
+// every return to the GIL, and it ran at 0.53-1.0 of one process (docs/BENCHMARKS.md,
+// 2026-12-04); a short stream's 0.14 ms reads beside a 0.4 ms step ran 1.25x in-line.
 StreamThreads stream_thread_trial(const StreamCosts& costs, std::size_t cores, std::size_t workers);
 
 // A stream's workers each fill a queue of `depth` batches and the training loop takes from them

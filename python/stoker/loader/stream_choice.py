@@ -87,8 +87,6 @@ class Choice:
         if model is None or model[0] != "process":
             return None
         _, workers, reason = model
-        if self._thread_trial("process", workers) is not None:
-            return None  # a thread, tried at the epoch's end, starts at once
         # The batches so far as one epoch: the saving a batch times the batches measured.
         start, _ = _stoker.stream_worth_starting(
             *self.costs, workers, cpu_share(), self._batches, 1,
@@ -120,23 +118,27 @@ class Choice:
             return None
         self._decided = True
         kind, workers, reason = model
+        if kind == "process":
+            d = self.delivered
+            start, why = _stoker.stream_worth_starting(
+                *self.costs, workers, cpu_share(), d.batches / max(d.epochs, 1), d.epochs,
+                _stoker.PROCESS_START_SECONDS)
+            if start:
+                return "process", workers, f"{reason}; {why}", True
+            reason = f"auto: in-line for now ({why}); the model: {reason}"
+        # In-line, for good or for now: one thread that reads while the step runs, tried.
         trial = self._thread_trial(kind, workers)
         if trial is not None:
             self.trial = True
-            return "thread", 1, f"{trial}; the model: {reason}", True
-        if kind != "process":
-            return kind, workers, reason, True
-        d = self.delivered
-        start, why = _stoker.stream_worth_starting(
-            *self.costs, workers, cpu_share(), d.batches / max(d.epochs, 1), d.epochs,
-            _stoker.PROCESS_START_SECONDS)
-        if not start:
-            return "inline", 0, f"auto: in-line for now ({why}); the model: {reason}", False
-        return "process", workers, f"{reason}; {why}", True
+            return "thread", 1, f"{trial}; else {reason}", True
+        if kind == "process":
+            return "inline", 0, reason, False
+        return kind, workers, reason, True
 
     def _thread_trial(self, kind: str, workers: int) -> Optional[str]:
-        """Before in-line or processes, one thread that reads while the step runs, once
-        (stream_thread_trial): its reason, else None."""
+        """Instead of in-line (for good, or for now: processes not yet worth their start), one
+        thread that reads while the step runs, once (stream_thread_trial): its reason, else
+        None."""
         if kind == "thread" or self.threads_tried:
             return None
         trial, why = _stoker.stream_thread_trial(*self.costs, cpu_share(), workers)
