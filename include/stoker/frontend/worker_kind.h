@@ -198,8 +198,8 @@ StreamThreads choose_stream_threads(const StreamCosts& costs, double read_wait, 
 // is (check_switch); a step that holds the GIL costs one measuring window, then the stream is
 // back in-line and the choice goes on without threads. Not instead of processes worth their
 // start: beside a 2 ms step of torch.mm, a stream's 1 ms reads on one thread delay the step's
-// every return to the GIL, and it ran at 0.53-1.0 of one process (docs/BENCHMARKS.md,
-// 2026-12-04); a short stream's 0.14 ms reads beside a 0.4 ms step ran 1.25x in-line.
+// every return to the GIL, and it ran at 0.77-1.0 of one process (docs/BENCHMARKS.md,
+// 2026-12-04); a short stream's 0.14 ms reads beside a 0.4 ms step ran 1.15-1.23x in-line.
 StreamThreads stream_thread_trial(const StreamCosts& costs, std::size_t cores, std::size_t workers);
 
 // A stream's workers each fill a queue of `depth` batches and the training loop takes from them
