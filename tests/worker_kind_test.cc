@@ -414,7 +414,7 @@ TEST(StreamThreads, ThreadsGiveWayToWorkerProcessesTheModelPutsFaster) {
   EXPECT_EQ(choose_stream_workers(half, 8, true).workers, 8u);
 }
 
-TEST(StreamThreads, AStreamBesideALongStepTriesOneThreadThatReadsDuringItBeforeProcesses) {
+TEST(StreamThreads, AStreamBesideALongStepTriesOneThreadThatReadsDuringIt) {
   // The main matrix's short stream beside a 0.3 ms step of torch.mm, as auto measured it: the
   // processes' model picks one, the threads' (the step holding the GIL) none.
   const StreamCosts step{.read = 0.268e-3, .step = 0.526e-3, .pack = 0.031e-3, .unpack = 0.024e-3};

@@ -570,8 +570,9 @@ PYBIND11_MODULE(_stoker, m) {
       },
       py::arg("read"), py::arg("step"), py::arg("pack"), py::arg("unpack"), py::arg("cores"),
       py::arg("workers"),
-      "Before the setting the models chose for a stream (in-line: workers 0, else that many "
-      "processes): (1 to try one worker thread from the next epoch, else 0; the reason).");
+      "Where the models leave a stream in-line, for good (workers 0) or for now (`workers` "
+      "processes not yet worth their start): (1 to try one worker thread from the next epoch, "
+      "else 0; the reason).");
   m.def(
       "deeper_stream_depth",
       [](std::size_t depth, std::size_t batches, std::size_t blocked) {
