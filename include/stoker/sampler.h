@@ -44,7 +44,8 @@ struct SampleOrder {
   Shard shard;
   // A shuffle that knows where the bytes are (docs/storage.md, "Data larger than the cache"):
   // with `blocks` and `window` >= 1, a shuffled epoch visits the blocks in a random order and
-  // spreads each block's samples at random over the span of `window` blocks from its place, so
+  // spreads each block's samples at random over the span of `window` blocks from its place (one
+  // in each of as many equal parts of the span as it has samples), so
   // that about `window` blocks are being read at any time (the object cache holds them) and
   // each is fetched once an epoch; samples of neighbouring blocks interleave, so no sample's
   // neighbours are fixed by its block. Null or 0: the global permutation.

@@ -75,8 +75,13 @@ void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t
   }
   const std::size_t n = count > 0 ? blocks.ends.back() : 0;
   // The blocks in a random order; block k of it starts at position `at` (the samples of the
-  // blocks before it) and its samples take uniform places in [at, at + span): a span of
-  // `window` blocks of the mean size, so about `window` blocks are open at any position.
+  // blocks before it) and its samples take places in [at, at + span): a span of `window`
+  // blocks of the mean size, so about `window` blocks are open at any position. The places are
+  // stratified: a block's k samples, in a random order, take one each of the span's k equal
+  // parts, uniform within it, so a block's samples lie about `window` places apart and a batch
+  // draws its samples from as many distinct blocks as the window allows (uniform places
+  // would put two of a block in a batch of 32 from a window of 143 blocks about 3 times a
+  // batch; on a data set sorted by label that is 3 labels fewer).
   std::vector<std::size_t> visit;
   permutation(count, detail::mix(seed, 0x626c6f636b73ULL), visit);  // "blocks"
   const double span =
@@ -84,14 +89,19 @@ void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t
                 : 0.0;
   std::vector<std::pair<double, std::size_t>> placed;
   placed.reserve(n);
+  std::vector<std::size_t> strata;
   double at = 0;
   for (const std::size_t b : visit) {
     const std::size_t begin = b > 0 ? blocks.ends[b - 1] : 0;
-    detail::SplitMix64 spread(detail::mix(seed, b, 0x7370726561640000ULL));  // "spread"
-    for (std::size_t i = begin; i < blocks.ends[b]; ++i) {
-      placed.emplace_back(at + span * spread.uniform(), i);
+    const std::size_t k = blocks.ends[b] - begin;
+    permutation(k, detail::mix(seed, b, 0x7370726561640000ULL), strata);  // "spread"
+    detail::SplitMix64 spread(detail::mix(seed, b, 0x6a69747465720000ULL));  // "jitter"
+    const double part = span / static_cast<double>(k);
+    for (std::size_t j = 0; j < k; ++j) {
+      placed.emplace_back(at + part * (static_cast<double>(strata[j]) + spread.uniform()),
+                          begin + j);
     }
-    at += static_cast<double>(blocks.ends[b] - begin);
+    at += static_cast<double>(k);
   }
   std::sort(placed.begin(), placed.end());
   out.resize(n);
