@@ -141,7 +141,13 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     evidence.samples = options.dataset->size();
     evidence.lookahead_samples =
         detail::lookahead_samples(options.batch_size, options.depth, layout.fetches_ahead);
-    evidence.node_ranks = std::min(detail::host_share().local_ranks, options.shard.world_size);
+    // The ranks that share the cache, and the runs of blocks a windowed order is laid out for.
+    const std::size_t world = options.shard.world_size;
+    const NodeLayout nodes = layout.cache_per_process
+                                 ? NodeLayout{world, 1}
+                                 : detail::node_layout(world, detail::host_share().local_ranks);
+    evidence.node_ranks =
+        layout.cache_per_process ? 1 : std::min(detail::host_share().local_ranks, world);
     if (layout.blocks != nullptr && layout.read_whole) {
       evidence.blocks = layout.blocks->ends.size();
       evidence.data_bytes = layout.blocks->total_bytes();
@@ -155,6 +161,11 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
     if (choice.window > 0) {
       config.order.blocks = layout.blocks;
       config.order.window = choice.window;
+      config.order.nodes = nodes;
+      if (nodes.nodes > 1) {
+        choice.reason += "; each of the " + std::to_string(nodes.nodes) +
+                         (nodes.ranks > 1 ? " nodes" : " ranks") + " reads its own blocks";
+      }
     }
     shuffle_ = std::move(choice.reason);
   }

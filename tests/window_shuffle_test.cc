@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <list>
 #include <map>
 #include <numeric>
@@ -143,6 +144,115 @@ TEST(WindowShuffle, AResumedEpochOnAnotherTopologyReadsEachRemainingSampleOnce) 
   }
   for (std::size_t i = 0; i < n; ++i) EXPECT_LE(seen.count(i), 1u) << i;
   EXPECT_GE(seen.size(), n - 2);  // drop_last cuts at most world - 1 of the rest
+}
+
+// The blocks a node's ranks read in epoch `epoch` of `o` (o.shard.world_size ranks, node by node).
+std::set<std::size_t> node_blocks(SampleOrder o, std::size_t node, std::uint64_t epoch) {
+  std::set<std::size_t> blocks;
+  for (std::size_t l = 0; l < o.nodes.ranks; ++l) {
+    o.shard.rank = node * o.nodes.ranks + l;
+    for (const std::size_t i : epoch_order(o, epoch)) blocks.insert(o.blocks->block_of(i));
+  }
+  return blocks;
+}
+
+TEST(WindowShuffle, OverTwoNodesEachNodesRanksReadTheirOwnBlocksAndTogetherEachSampleOnce) {
+  const auto blocks = uneven_blocks(400);
+  const std::size_t n = blocks->ends.back();
+  SampleOrder o = windowed(blocks, 20, Shard{0, 4, true});
+  o.nodes = node_layout(4, 2);
+  ASSERT_EQ(o.nodes, (NodeLayout{2, 2}));
+  std::multiset<std::size_t> seen;
+  for (std::size_t r = 0; r < 4; ++r) {
+    o.shard.rank = r;
+    const auto mine = epoch_order(o, 3);
+    EXPECT_EQ(mine.size(), n / 4);
+    seen.insert(mine.begin(), mine.end());
+  }
+  EXPECT_EQ(seen.size(), n / 4 * 4);
+  for (const std::size_t i : seen) EXPECT_EQ(seen.count(i), 1u) << i;
+  // Each node reads about half the blocks; only the block where the two runs meet is read by
+  // both (and a block of the 3 samples drop_last cuts may be read by neither).
+  const auto first = node_blocks(o, 0, 3), second = node_blocks(o, 1, 3);
+  std::vector<std::size_t> both;
+  std::set_intersection(first.begin(), first.end(), second.begin(), second.end(),
+                        std::back_inserter(both));
+  EXPECT_LE(both.size(), 1u);
+  EXPECT_GE(first.size() + second.size(), 399u);
+  // Laid out for one node, ranks 0 and 1 of the 4 read from nearly every block.
+  SampleOrder one = o;
+  one.nodes = {};
+  std::set<std::size_t> strided;
+  for (std::size_t r = 0; r < 2; ++r) {
+    one.shard.rank = r;
+    for (const std::size_t i : epoch_order(one, 3)) strided.insert(blocks->block_of(i));
+  }
+  EXPECT_GT(strided.size(), 390u);
+  // One node's layout is the order of before (the ranks a node has do not change it).
+  std::vector<std::size_t> a, b;
+  window_order(*blocks, 20, 7, a);
+  window_order(*blocks, 20, 7, b, NodeLayout{1, 4});
+  EXPECT_EQ(a, b);
+}
+
+TEST(WindowShuffle, ANodesRanksReadEachOfItsBlocksOnceThroughTheNodesCache) {
+  const auto blocks = uneven_blocks(2000);
+  const std::uint64_t total = blocks->total_bytes();
+  const std::uint64_t cache = total / 20;  // a tenth of each node's half
+  const auto choice = choose_shuffle(
+      {ShuffleMode::automatic, blocks->ends.back(), blocks->ends.size(), total, cache});
+  ASSERT_GT(choice.window, 0u) << choice.reason;
+  SampleOrder o = windowed(blocks, choice.window, Shard{0, 8, false});
+  o.nodes = node_layout(8, 4);
+  // Node 1's reads in the order its four ranks read them together: its run of the order.
+  std::vector<std::size_t> global;
+  SampleOrder whole = o;
+  whole.shard = {};
+  epoch_order(whole, 0, global);
+  std::vector<std::size_t> run;
+  std::uint64_t bytes = 0;
+  std::set<std::size_t> mine;
+  for (std::size_t p = 0; p < global.size(); ++p) {
+    if (p % 8 / 4 != 1) continue;
+    run.push_back(global[p]);
+    if (mine.insert(blocks->block_of(global[p])).second) {
+      bytes += blocks->bytes[blocks->block_of(global[p])];
+    }
+  }
+  EXPECT_LT(bytes, total / 2 + total / 500);  // half the data set, and a block where runs meet
+  EXPECT_EQ(fetched_through_lru(run, *blocks, cache), bytes);
+}
+
+TEST(WindowShuffle, AnEpochBegunOverTwoNodesResumesOnThreeRanksReadingEachRemainingSampleOnce) {
+  const auto blocks = uneven_blocks(120);
+  const std::size_t n = blocks->ends.back();
+  const auto consumed = consumed_positions(n, {}, std::vector<std::size_t>(4, 80), false);
+  SampleOrder o = windowed(blocks, 12, Shard{0, 4, false});
+  o.nodes = {2, 2};
+  std::multiset<std::size_t> seen;
+  for (std::size_t r = 0; r < 4; ++r) {
+    o.shard.rank = r;
+    const auto mine = epoch_order(o, 1);
+    seen.insert(mine.begin(), mine.begin() + 80);
+  }
+  // The rest, on one node of 3 ranks, in the order the epoch began with (its layout saved).
+  for (std::size_t r = 0; r < 3; ++r) {
+    o.shard = {r, 3, true};
+    std::vector<std::size_t> rest;
+    resumed_order(o, 1, consumed, rest);
+    seen.insert(rest.begin(), rest.end());
+  }
+  for (std::size_t i = 0; i < n; ++i) EXPECT_LE(seen.count(i), 1u) << i;
+  EXPECT_GE(seen.size(), n - 2);
+}
+
+TEST(ShuffleChoice, TheNodeLayoutIsLocalWorldSizesNodesWhereTheyDivideTheRanks) {
+  EXPECT_EQ(node_layout(8, 4), (NodeLayout{2, 4}));
+  EXPECT_EQ(node_layout(16, 8), (NodeLayout{2, 8}));
+  EXPECT_EQ(node_layout(4, 4), (NodeLayout{1, 1}));  // one node: the order of before
+  EXPECT_EQ(node_layout(6, 4), (NodeLayout{1, 1}));  // uneven nodes: one layout for all
+  EXPECT_EQ(node_layout(8, 0), (NodeLayout{1, 1}));
+  EXPECT_EQ(node_layout(1, 1), (NodeLayout{1, 1}));
 }
 
 TEST(WindowShuffle, MixesNearlyAsWellAsAFullShuffleOnTheEntropyMeasure) {

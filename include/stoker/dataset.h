@@ -178,6 +178,10 @@ class Dataset {
     // reads. One that does not brings a block in only as a worker reads one of its samples
     // (Parquet's row groups): then only the batches being read hold blocks beside the window.
     bool fetches_ahead = false;
+    // The cache is this process's own (Parquet's row-group cache, in memory), not the node's
+    // (the object cache's directory): the node's other ranks read none of it, so a windowed
+    // order gives each rank a run of blocks of its own (SampleOrder::nodes).
+    bool cache_per_process = false;
     // The cache's name and the option that sizes it, for the choice's explanation.
     const char* cache = "object cache";
     const char* cache_option = "object_cache_bytes";

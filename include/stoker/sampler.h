@@ -37,6 +37,14 @@ struct StorageBlocks {
   std::size_t block_of(std::size_t index) const;
 };
 
+// The nodes an order is laid out for (SampleOrder::nodes): `nodes` nodes of `ranks` ranks
+// each, ranks numbered node by node (torchrun's RANK = node * LOCAL_WORLD_SIZE + LOCAL_RANK).
+struct NodeLayout {
+  std::size_t nodes = 1;
+  std::size_t ranks = 1;
+  bool operator==(const NodeLayout&) const = default;
+};
+
 struct SampleOrder {
   std::size_t samples = 0;  // data set size
   bool shuffle = false;
@@ -51,13 +59,19 @@ struct SampleOrder {
   // neighbours are fixed by its block. Null or 0: the global permutation.
   std::shared_ptr<const StorageBlocks> blocks = nullptr;
   std::size_t window = 0;
+  // A windowed order over several nodes: the blocks, in their random order, are cut into one
+  // run per node, each spread over its own window, and the global order interleaves the runs
+  // so that the positions strided to a node's ranks are its run: each node reads its own
+  // blocks (a block where two runs meet is read by both), not every block. A pure function of
+  // the layout too: a state records it (resumed_order needs the layout the epoch began on).
+  NodeLayout nodes = {};
 };
 
-// The windowed shuffle's global order of an epoch (world size 1) into `out`: a pure function of
-// (blocks, window, seed + epoch). Throws std::invalid_argument for blocks that do not cover
+// The windowed shuffle's global order of an epoch into `out` (its positions, which ranks take
+// strided): a pure function of (blocks, window, seed + epoch, nodes). Throws std::invalid_argument for blocks that do not cover
 // `samples` or a window of 0.
 void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t seed,
-                  std::vector<std::size_t>& out);
+                  std::vector<std::size_t>& out, NodeLayout nodes = {});
 
 // A stream's order, for comparison (stoker shuffle-report): the objects (shards; the samples
 // of object k end at object_ends[k]) in a random order, read in order each, through a buffer

@@ -794,15 +794,26 @@ PYBIND11_MODULE(_stoker, m) {
            "Samples (or batch jobs) read on this process's threads so far.")
       .def("batches_in", &PyLoader::batches_in, py::arg("epoch"))
       .def_property_readonly("shuffle_window", &PyLoader::shuffle_window)
+      .def_property_readonly("shuffle_nodes",
+                             [](const PyLoader& l) {
+                               const NodeLayout n = l.shuffle_nodes();
+                               return py::make_tuple(n.nodes, n.ranks);
+                             })
       .def(
           "resumed_order",
-          [](PyLoader& l, std::uint64_t epoch, const PositionRanges& consumed) {
-            const auto order = l.resumed_order(epoch, consumed);
+          [](PyLoader& l, std::uint64_t epoch, const PositionRanges& consumed,
+             std::pair<std::size_t, std::size_t> nodes) {
+            if (nodes.first == 0 || nodes.second == 0) {
+              throw py::value_error("stoker: a state's shuffle_nodes must be positive");
+            }
+            const auto order = l.resumed_order(epoch, consumed, {nodes.first, nodes.second});
             py::array_t<std::int64_t> out(static_cast<py::ssize_t>(order.size()));
             std::copy(order.begin(), order.end(), out.mutable_data());
             return out;
           },
-          py::arg("epoch"), py::arg("consumed"))
+          py::arg("epoch"), py::arg("consumed"), py::arg("nodes"),
+          "This rank's rest of `epoch` after `consumed`, the order laid out over `nodes` "
+          "(nodes, ranks a node): the layout the epoch began on.")
       .def("position", &PyLoader::position)
       .def("set_order",
            [](PyLoader& l, const py::object& order) {

@@ -89,6 +89,7 @@ class ParquetRows final : public Dataset {
     layout.blocks = blocks_;
     layout.cache_bytes = cache_bytes_;
     layout.read_whole = true;
+    layout.cache_per_process = true;
     layout.cache = "row-group cache";
     layout.cache_option = "cache_bytes";
     return layout;

@@ -235,10 +235,13 @@ bool PyLoader::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) 
 std::size_t PyLoader::batches_in(std::uint64_t epoch) const { return loader_->batches_in(epoch); }
 
 std::vector<std::size_t> PyLoader::resumed_order(std::uint64_t epoch,
-                                                 const PositionRanges& consumed) {
+                                                 const PositionRanges& consumed,
+                                                 NodeLayout nodes) {
   return released([&](Loader& loader) {
     std::vector<std::size_t> out;
-    stoker::resumed_order(loader.order(), epoch, consumed, out);
+    SampleOrder order = loader.order();
+    order.nodes = nodes;
+    stoker::resumed_order(order, epoch, consumed, out);
     return out;
   });
 }

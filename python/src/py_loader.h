@@ -104,10 +104,14 @@ class PyLoader {
   bool order_ahead(std::uint64_t epoch, std::vector<std::size_t> order);  // Loader::order_ahead
   std::size_t batches_in(std::uint64_t epoch) const;
   // This rank's samples for the rest of `epoch` after `consumed`, in the loader's own order
-  // (its shuffle resolved: Loader::order()), as resumed_order() gives them.
-  std::vector<std::size_t> resumed_order(std::uint64_t epoch, const PositionRanges& consumed);
-  // The windowed shuffle's blocks (SampleOrder::window; 0: global or no shuffle), for states.
+  // (its shuffle resolved: Loader::order()) laid out over `nodes` (the layout the epoch began
+  // on, from its state), as resumed_order() gives them.
+  std::vector<std::size_t> resumed_order(std::uint64_t epoch, const PositionRanges& consumed,
+                                         NodeLayout nodes);
+  // The windowed shuffle's blocks (SampleOrder::window; 0: global or no shuffle) and the nodes
+  // its order is laid out for (SampleOrder::nodes), for states.
   std::size_t shuffle_window() const { return loader_->order().window; }
+  NodeLayout shuffle_nodes() const { return loader_->order().nodes; }
   py::tuple position();
 
   std::size_t batches_per_epoch() const { return batches_per_epoch_; }

@@ -64,8 +64,11 @@ std::size_t StorageBlocks::block_of(std::size_t index) const {
 }
 
 void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t seed,
-                  std::vector<std::size_t>& out) {
+                  std::vector<std::size_t>& out, NodeLayout nodes) {
   if (window == 0) throw std::invalid_argument("stoker: a shuffle window of 0 blocks");
+  if (nodes.nodes == 0 || nodes.ranks == 0) {
+    throw std::invalid_argument("stoker: an order over 0 nodes or 0 ranks a node");
+  }
   const std::size_t count = blocks.ends.size();
   for (std::size_t b = 0; b < count; ++b) {
     if (blocks.ends[b] <= (b > 0 ? blocks.ends[b - 1] : 0)) {
@@ -74,7 +77,8 @@ void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t
     }
   }
   const std::size_t n = count > 0 ? blocks.ends.back() : 0;
-  // The blocks in a random order; block k of it starts at position `at` (the samples of the
+  // The blocks in a random order, cut into one run per node (a block may end one run and
+  // begin the next); in its run a block starts at position `at` (the samples of the run's
   // blocks before it) and its samples take places in [at, at + span): a span of `window`
   // blocks of the mean size, so about `window` blocks are open at any position. The places are
   // stratified: a block's k samples, in a random order, take one each of the span's k equal
@@ -87,25 +91,45 @@ void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t
   const double span =
       count > 0 ? static_cast<double>(window) * static_cast<double>(n) / static_cast<double>(count)
                 : 0.0;
-  std::vector<std::pair<double, std::size_t>> placed;
-  placed.reserve(n);
+  // Position p belongs to node (p / ranks) % nodes (rank p % world reads it, strided as
+  // DistributedSampler strides): node v's run is as long as its positions.
+  const std::size_t group = nodes.nodes * nodes.ranks;
+  std::vector<std::vector<std::pair<double, std::size_t>>> runs(nodes.nodes);
+  std::vector<std::size_t> run_length(nodes.nodes);
+  for (std::size_t v = 0; v < nodes.nodes; ++v) {
+    const std::size_t rest = n % group;
+    run_length[v] = n / group * nodes.ranks +
+                    std::min(nodes.ranks, rest > v * nodes.ranks ? rest - v * nodes.ranks : 0);
+    runs[v].reserve(run_length[v]);
+  }
   std::vector<std::size_t> strata;
+  std::size_t v = 0;
   double at = 0;
   for (const std::size_t b : visit) {
-    const std::size_t begin = b > 0 ? blocks.ends[b - 1] : 0;
-    const std::size_t k = blocks.ends[b] - begin;
-    permutation(k, detail::mix(seed, b, 0x7370726561640000ULL), strata);  // "spread"
-    detail::SplitMix64 spread(detail::mix(seed, b, 0x6a69747465720000ULL));  // "jitter"
-    const double part = span / static_cast<double>(k);
-    for (std::size_t j = 0; j < k; ++j) {
-      placed.emplace_back(at + part * (static_cast<double>(strata[j]) + spread.uniform()),
-                          begin + j);
+    std::size_t begin = b > 0 ? blocks.ends[b - 1] : 0;
+    for (std::uint64_t piece = 0; begin < blocks.ends[b]; ++piece) {
+      while (runs[v].size() == run_length[v]) {  // the next node's run
+        ++v;
+        at = 0;
+      }
+      const std::size_t k = std::min(blocks.ends[b] - begin, run_length[v] - runs[v].size());
+      permutation(k, detail::mix(seed, b, 0x7370726561640000ULL + piece), strata);  // "spread"
+      detail::SplitMix64 spread(detail::mix(seed, b, 0x6a69747465720000ULL + piece));  // "jitter"
+      const double part = span / static_cast<double>(k);
+      for (std::size_t j = 0; j < k; ++j) {
+        runs[v].emplace_back(at + part * (static_cast<double>(strata[j]) + spread.uniform()),
+                             begin + j);
+      }
+      at += static_cast<double>(k);
+      begin += k;
     }
-    at += static_cast<double>(k);
   }
-  std::sort(placed.begin(), placed.end());
+  for (auto& run : runs) std::sort(run.begin(), run.end());
   out.resize(n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = placed[i].second;
+  for (std::size_t p = 0; p < n; ++p) {
+    const std::size_t node = p / nodes.ranks % nodes.nodes;
+    out[p] = runs[node][p / group * nodes.ranks + p % nodes.ranks].second;
+  }
 }
 
 void stream_order(std::span<const std::size_t> object_ends, std::size_t buffer, std::uint64_t seed,
@@ -146,7 +170,7 @@ void shuffled(const SampleOrder& spec, std::uint64_t epoch, std::vector<std::siz
           std::to_string(spec.blocks->ends.empty() ? 0 : spec.blocks->ends.back()) +
           " samples of a data set of " + std::to_string(spec.samples));
     }
-    window_order(*spec.blocks, spec.window, spec.seed + epoch, out);
+    window_order(*spec.blocks, spec.window, spec.seed + epoch, out, spec.nodes);
   } else {
     permutation(spec.samples, spec.seed + epoch, out);
   }

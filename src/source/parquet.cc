@@ -630,6 +630,7 @@ Dataset::StorageLayout ParquetDataset::storage_layout() const {
   layout.blocks = impl_->blocks;
   layout.cache_bytes = impl_->cache_bytes;
   layout.read_whole = true;
+  layout.cache_per_process = true;
   layout.cache = "row-group cache";
   layout.cache_option = "cache_bytes";
   return layout;

@@ -420,3 +420,23 @@ def test_shard_progress_union_and_deal():
     start = {0: [4, True, []], 1: [4, True, [2]], 3: [1, False, []]}
     assert sp.deal([3, 0, 1, 2, 4], start, 0, 1, 0, 1) == [3, 1, 2, 4]
     assert sp.deal([3, 0, 1, 2, 4], start, 1, 2, 1, 2) == [4]
+
+
+def test_a_ranks_state_whose_windowed_order_was_laid_out_for_other_nodes_says_so():
+    from types import SimpleNamespace
+
+    from stoker.loader import elastic
+
+    state = elastic.rank_state(
+        (0, 3), seed=1, batches_per_epoch=10, samples=320, shuffle=True, shuffle_window=12,
+        shuffle_nodes=(2, 2), batch_size=8, rank=1, world_size=4, shard_drop_last=False,
+        epoch_samples=80, consumed=[])
+    plan = SimpleNamespace(rank=1, world_size=4, batch_size=8, engine_shuffle=True,
+                           engine_seed=1)
+    with pytest.raises(ValueError, match=r"laid out for 2 node\(s\) of 2 rank\(s\); this "
+                                         r"loader is rank 1 of 4 with batch size 8, laid out "
+                                         r"for 1 of 1\. Resume .*merge_states"):
+        elastic.merged_for(state, plan, 320, True, 12, (1, 1))
+    # Merged, the rest of the epoch keeps the layout it began with.
+    merged = elastic.merge_states([dict(state, rank=r) for r in range(4)])
+    assert merged["shuffle_nodes"] == [2, 2] and merged["shuffle_window"] == 12

@@ -305,6 +305,66 @@ def test_row_groups_larger_than_the_cache_are_shuffled_over_a_window_read_once_e
     assert loader.stats()["shuffle"] == "global: asked for (shuffle='global')"
 
 
+def test_each_rank_reads_its_own_row_groups_through_its_own_cache_and_resumes_elsewhere(
+        tmp_path, monkeypatch):
+    total = wide_files(tmp_path)  # 240 row groups of 20 rows
+    layout = stoker.ParquetDataset(tmp_path, columns=["id", "vec"]).storage_layout()
+    cache = sum(layout["block_bytes"]) // 16
+
+    def loader_for(rank, world):
+        ds = stoker.ParquetDataset(tmp_path, columns=["id", "vec"], cache_bytes=cache)
+        sampler = stoker.DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True,
+                                            seed=4)
+        return stoker.DataLoader(ds, batch_size=8, sampler=sampler, num_workers=1), ds
+
+    # Four ranks, two a node: the row-group cache is each process's own, so each rank gets a
+    # run of row groups of its own whatever the node's ranks.
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    rows, reads, states = [], [], []
+    for rank in range(4):
+        loader, ds = loader_for(rank, 4)
+        assert "each of the 4 ranks reads its own blocks" in loader.stats()["shuffle"]
+        rows.append(collect(loader))
+        reads.append(ds.counters()["row_group_reads"])
+        loader.close()
+        loader, _ = loader_for(rank, 4)  # the same epoch, stopped after 5 batches
+        it = iter(loader)
+        assert np.asarray(next(it)[0]).tolist() == rows[-1][:8]
+        for _ in range(4):
+            next(it)
+        states.append(loader.state_dict())
+        assert states[-1]["shuffle_nodes"] == [4, 1]
+        loader.close()
+    assert sorted(sum(rows, [])) == list(range(total))
+    groups = [{r // 20 for r in mine} for mine in rows]
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert len(groups[a] & groups[b]) <= 1  # where two ranks' runs meet
+    # Each rank decodes its quarter once (and a row group where runs meet), not all 240.
+    assert all(r <= 62 for r in reads), reads
+    # Resumed on three ranks: the rest of the epoch in the order laid out for four, each
+    # remaining row once.
+    merged = stoker.merge_states(states)
+    assert merged["shuffle_nodes"] == [4, 1]
+    rest = []
+    for rank in range(3):
+        loader, _ = loader_for(rank, 3)
+        loader.load_state_dict(merged)
+        rest += collect(loader)
+        assert "each of the 3 ranks" in loader.stats()["shuffle"]
+        loader.close()
+    taken = {r for k in range(4) for r in rows[k][:5 * 8]}
+    assert not taken & set(rest) and sorted(taken | set(rest)) == list(range(total))
+    assert len(rest) - len(set(rest)) <= 2  # the padding's repeats
+    # A state of an older stoker, whose windowed order placed the samples otherwise, is refused
+    # rather than resumed into another order.
+    old = {k: v for k, v in states[2].items() if k != "shuffle_nodes"}
+    loader, _ = loader_for(2, 4)
+    with pytest.raises(ValueError, match="older stoker"):
+        loader.load_state_dict(old)
+    loader.close()
+
+
 def test_a_cache_that_holds_the_row_groups_keeps_the_global_shuffle(tmp_path):
     wide_files(tmp_path, files=1, groups=10)
     ds = stoker.ParquetDataset(tmp_path, columns=["id", "vec"])

@@ -18,23 +18,24 @@ from .. import _stoker
 
 VERSION = 2
 # Keys that every rank's state of one checkpoint shares.
-_SHARED = ("epoch", "seed", "samples", "shuffle", "shuffle_window", "world_size",
-           "shard_drop_last", "consumed")
+_SHARED = ("epoch", "seed", "samples", "shuffle", "shuffle_window", "shuffle_nodes",
+           "world_size", "shard_drop_last", "consumed")
 
 
 def rank_state(position: tuple[int, int], *, seed: int, batches_per_epoch: int, samples: int,
-               shuffle: bool, shuffle_window: int, batch_size: int, rank: int,
-               world_size: int, shard_drop_last: bool, epoch_samples: int,
+               shuffle: bool, shuffle_window: int, shuffle_nodes: tuple, batch_size: int,
+               rank: int, world_size: int, shard_drop_last: bool, epoch_samples: int,
                consumed: list) -> dict[str, Any]:
     """One rank's state at `position` (epoch, batches handed out in it). `shuffle_window`:
-    the windowed shuffle's blocks (0: global); `epoch_samples`: the samples this rank reads in
+    the windowed shuffle's blocks (0: global); `shuffle_nodes`: (nodes, ranks a node) its
+    order is laid out for; `epoch_samples`: the samples this rank reads in
     that epoch; `consumed`: the positions consumed before this rank's order of that epoch
     began (an elastic resume), else []."""
     epoch, batch = position
     return {"version": VERSION, "epoch": int(epoch), "batch": int(batch), "seed": int(seed),
             "batches_per_epoch": int(batches_per_epoch), "samples": int(samples),
             "shuffle": bool(shuffle), "shuffle_window": int(shuffle_window),
-            "batch_size": int(batch_size), "rank": int(rank),
+            "shuffle_nodes": [int(n) for n in shuffle_nodes], "batch_size": int(batch_size), "rank": int(rank),
             "world_size": int(world_size), "shard_drop_last": bool(shard_drop_last),
             "taken": min(int(batch) * int(batch_size), int(epoch_samples)),
             "consumed": [list(r) for r in consumed]}
@@ -81,6 +82,7 @@ def merge_states(states: Iterable[dict]) -> dict[str, Any]:
     merged = {"version": VERSION, "merged": True, "epoch": int(epoch), "seed": first["seed"],
               "samples": samples, "shuffle": first["shuffle"],
               "shuffle_window": int(first.get("shuffle_window", 0)),
+              "shuffle_nodes": list(first.get("shuffle_nodes", (1, 1))),
               "consumed": [list(r) for r in consumed]}
     if "data" in first:  # what the data set's rows follow from (a TokenMix's schedule)
         merged["data"] = first["data"]
@@ -113,11 +115,12 @@ def samples_read(state: dict) -> int:
 
 
 def merged_for(state: dict, plan, samples: Optional[int], own_order: bool,
-               shuffle_window: int = 0) -> dict:
-    """A map-style loader's state from another topology (ranks, batch size), merged or of one
-    rank, checked against this loader's `plan` (of a data set of `samples`; `own_order`:
-    stoker's own order, which alone can be split over other ranks; `shuffle_window`: its
-    windowed shuffle's blocks): the merged state."""
+               shuffle_window: int = 0, shuffle_nodes: tuple = (1, 1)) -> dict:
+    """A map-style loader's state from another topology (ranks, batch size, the nodes a
+    windowed shuffle is laid out for), merged or of one rank, checked against this loader's
+    `plan` (of a data set of `samples`; `own_order`: stoker's own order, which alone can be
+    split over other ranks; `shuffle_window`, `shuffle_nodes`: its windowed shuffle's blocks
+    and layout): the merged state."""
     if not own_order:
         raise ValueError(
             "stoker: this loader resumes only on the topology its state was saved on: "
@@ -125,14 +128,20 @@ def merged_for(state: dict, plan, samples: Optional[int], own_order: bool,
             "torch draws them, e.g. shuffle=True without seed=, or batch jobs), so the "
             "rest of the epoch cannot be split over other ranks; stoker.DistributedSampler "
             "or seed= gives stoker's order")
+    check_window(state, shuffle_window)
     if not state.get("merged"):
         if state["world_size"] != 1:
+            saved, mine = ("", "")
+            if state.get("shuffle_window"):  # the layout may be all that differs
+                saved = ", its windowed order laid out for {} node(s) of {} rank(s)".format(
+                    *state["shuffle_nodes"])
+                mine = ", laid out for {} of {}".format(*shuffle_nodes)
             raise ValueError(
                 f"stoker: the state was saved on rank {state['rank']} of "
-                f"{state['world_size']} with batch size {state['batch_size']}; this loader "
-                f"is rank {plan.rank} of {plan.world_size} with batch size "
-                f"{plan.batch_size}. Resume on another topology from every rank's state "
-                f"merged: stoker.merge_states(states), or loader.global_state_dict() "
+                f"{state['world_size']} with batch size {state['batch_size']}{saved}; this "
+                f"loader is rank {plan.rank} of {plan.world_size} with batch size "
+                f"{plan.batch_size}{mine}. Resume on another topology from every rank's "
+                f"state merged: stoker.merge_states(states), or loader.global_state_dict() "
                 f"when saving")
         state = merge_states([state])
     if state["samples"] != samples:
@@ -144,7 +153,6 @@ def merged_for(state: dict, plan, samples: Optional[int], own_order: bool,
             f"stoker: the state was saved with shuffle={state['shuffle']} and seed "
             f"{state['seed']}; this loader has shuffle={plan.engine_shuffle} and seed "
             f"{plan.engine_seed}: pass the same shuffle and seed= to resume")
-    check_window(state, shuffle_window)
     return state
 
 
@@ -152,6 +160,11 @@ def check_window(state: dict, shuffle_window: int) -> None:
     """Raises ValueError when `state` was saved with another windowed shuffle than this
     loader's (`shuffle_window` blocks; 0: global): its order would not be the saved one."""
     saved = int(state.get("shuffle_window", 0))
+    if saved and "shuffle_nodes" not in state:
+        raise ValueError(
+            "stoker: the state was saved by an older stoker, whose windowed shuffle placed the "
+            "samples otherwise: it cannot be resumed mid-epoch into the same order; start the "
+            "epoch again (load_state_dict of a state at its start) or resume with that stoker")
     if bool(state.get("shuffle", True)) and saved != shuffle_window:
         def name(window):
             return f"a window of {window} blocks" if window else "the global shuffle"

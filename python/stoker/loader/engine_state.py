@@ -45,7 +45,7 @@ class EngineStates:
         return elastic.rank_state(
             (epoch, batch), seed=plan.seed, batches_per_epoch=len(self), samples=self._samples,
             shuffle=plan.engine_shuffle, shuffle_window=self._loader.shuffle_window,
-            batch_size=plan.batch_size, rank=plan.rank,
+            shuffle_nodes=self._loader.shuffle_nodes, batch_size=plan.batch_size, rank=plan.rank,
             world_size=plan.world_size, shard_drop_last=plan.shard_drop_last,
             epoch_samples=epoch_samples, consumed=consumed)
 
@@ -61,7 +61,9 @@ class EngineStates:
             check(state["data"], elastic.samples_read(state))
         if state.get("merged") or ("world_size" in state and (
                 state["world_size"], state["rank"], state["batch_size"], state["samples"]) != (
-                plan.world_size, plan.rank, plan.batch_size, self._samples)):
+                plan.world_size, plan.rank, plan.batch_size, self._samples)) or (
+                state.get("shuffle_window") and tuple(state.get("shuffle_nodes", ())) !=
+                tuple(self._loader.shuffle_nodes)):  # laid out for other nodes: as elsewhere
             return self._load_elsewhere(state)
         if int(state.get("batches_per_epoch", len(self))) != len(self):
             raise ValueError(f"the state is for {state['batches_per_epoch']} batches per epoch, "
@@ -87,7 +89,7 @@ class EngineStates:
     def _load_elsewhere(self, state: dict) -> tuple[int, int]:
         """A state from another topology (ranks, batch size), merged or of one rank."""
         state = elastic.merged_for(state, self.plan, self._samples, self._elastic,
-                                   self._loader.shuffle_window)
+                                   self._loader.shuffle_window, self._loader.shuffle_nodes)
         epoch = int(state["epoch"])
         self._pending = None
         if state["consumed"]:
@@ -96,5 +98,7 @@ class EngineStates:
 
     def _resumed_order(self, epoch: int, state: dict):
         # The loader's own order (its shuffle resolved: windowed over storage blocks where the
-        # data set does not fit its object cache), less what was consumed.
-        return self._loader.resumed_order(epoch, [tuple(r) for r in state["consumed"]])
+        # data set does not fit its object cache, laid out over the nodes the epoch began on),
+        # less what was consumed.
+        return self._loader.resumed_order(epoch, [tuple(r) for r in state["consumed"]],
+                                          tuple(state.get("shuffle_nodes", (1, 1))))
