@@ -68,8 +68,8 @@ struct SampleOrder {
 };
 
 // The windowed shuffle's global order of an epoch into `out` (its positions, which ranks take
-// strided): a pure function of (blocks, window, seed + epoch, nodes). Throws std::invalid_argument for blocks that do not cover
-// `samples` or a window of 0.
+// strided): a pure function of (blocks, window, seed + epoch, nodes). Throws std::invalid_argument
+// for blocks that do not cover `samples` or a window of 0.
 void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t seed,
                   std::vector<std::size_t>& out, NodeLayout nodes = {});
 

@@ -235,8 +235,7 @@ bool PyLoader::order_ahead(std::uint64_t epoch, std::vector<std::size_t> order) 
 std::size_t PyLoader::batches_in(std::uint64_t epoch) const { return loader_->batches_in(epoch); }
 
 std::vector<std::size_t> PyLoader::resumed_order(std::uint64_t epoch,
-                                                 const PositionRanges& consumed,
-                                                 NodeLayout nodes) {
+                                                 const PositionRanges& consumed, NodeLayout nodes) {
   return released([&](Loader& loader) {
     std::vector<std::size_t> out;
     SampleOrder order = loader.order();

@@ -113,7 +113,7 @@ void window_order(const StorageBlocks& blocks, std::size_t window, std::uint64_t
         at = 0;
       }
       const std::size_t k = std::min(blocks.ends[b] - begin, run_length[v] - runs[v].size());
-      permutation(k, detail::mix(seed, b, 0x7370726561640000ULL + piece), strata);  // "spread"
+      permutation(k, detail::mix(seed, b, 0x7370726561640000ULL + piece), strata);     // "spread"
       detail::SplitMix64 spread(detail::mix(seed, b, 0x6a69747465720000ULL + piece));  // "jitter"
       const double part = span / static_cast<double>(k);
       for (std::size_t j = 0; j < k; ++j) {
