@@ -2,6 +2,7 @@
 #include "stoker/loader.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 #include <string>
 #include <utility>
@@ -143,11 +144,13 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
         detail::lookahead_samples(options.batch_size, options.depth, layout.fetches_ahead);
     // The ranks that share the cache, and the runs of blocks a windowed order is laid out for.
     const std::size_t world = options.shard.world_size;
-    const NodeLayout nodes = layout.cache_per_process
-                                 ? NodeLayout{world, 1}
-                                 : detail::node_layout(world, detail::host_share().local_ranks);
-    evidence.node_ranks =
-        layout.cache_per_process ? 1 : std::min(detail::host_share().local_ranks, world);
+    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+    const std::size_t local_ranks = detail::local_ranks(local_world);  // 1 where not set
+    const NodeLayout nodes =
+        layout.cache_per_process
+            ? NodeLayout{world, 1}
+            : detail::node_layout(world, local_world != nullptr ? local_ranks : 0);
+    evidence.node_ranks = layout.cache_per_process ? 1 : std::min(local_ranks, world);
     if (layout.blocks != nullptr && layout.read_whole) {
       evidence.blocks = layout.blocks->ends.size();
       evidence.data_bytes = layout.blocks->total_bytes();

@@ -251,7 +251,8 @@ TEST(ShuffleChoice, TheNodeLayoutIsLocalWorldSizesNodesWhereTheyDivideTheRanks) 
   EXPECT_EQ(node_layout(16, 8), (NodeLayout{2, 8}));
   EXPECT_EQ(node_layout(4, 4), (NodeLayout{1, 1}));  // one node: the order of before
   EXPECT_EQ(node_layout(6, 4), (NodeLayout{1, 1}));  // uneven nodes: one layout for all
-  EXPECT_EQ(node_layout(8, 0), (NodeLayout{1, 1}));
+  EXPECT_EQ(node_layout(8, 0), (NodeLayout{1, 1}));  // LOCAL_WORLD_SIZE not set
+  EXPECT_EQ(node_layout(8, 1), (NodeLayout{8, 1}));  // a rank a node
   EXPECT_EQ(node_layout(1, 1), (NodeLayout{1, 1}));
 }
 

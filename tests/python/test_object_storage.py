@@ -3,6 +3,7 @@
 tests/support/fault_proxy.py, which injects faults and counts requests by kind. Skipped
 without `weed`."""
 
+import concurrent.futures
 import io
 import os
 import pickle
@@ -494,6 +495,35 @@ def test_a_data_set_larger_than_its_cache_is_shuffled_in_a_window_each_block_fet
     q = stoker.shuffle_quality(ids, [BIG_PER_SHARD * (s + 1) for s in range(BIG_SHARDS)],
                                labels=labels, batch_size=16)
     assert q["labels_per_batch"] >= 0.8 * q["iid_labels_per_batch"], q
+
+
+def test_two_nodes_each_fetch_their_share_of_a_data_set_larger_than_their_caches(
+        env, big_shards, tmp_path, monkeypatch):
+    total = big_bytes(tmp_path)
+    n = BIG_SHARDS * BIG_PER_SHARD
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 4 ranks: 2 nodes of 2, as torchrun says
+    seen, fetched = [], []
+    for node in range(2):
+        ds = big_dataset(tmp_path, total // 8, f"objects-node-{node}")  # each node's own cache
+        before = ds.object_storage()["bytes_fetched"]
+        loaders = []
+        for local in range(2):
+            sampler = stoker.DistributedSampler(ds, num_replicas=4, rank=node * 2 + local,
+                                                shuffle=True, seed=3)
+            loaders.append(stoker.DataLoader(ds, batch_size=16, sampler=sampler,
+                                             num_workers=1))
+            assert "each of the 2 nodes reads its own blocks" in loaders[-1].stats()["shuffle"]
+        # The node's two ranks read at once, through the node's cache.
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            for ids in pool.map(ids_of, loaders):
+                seen += ids
+        for loader in loaders:
+            loader.close()
+        fetched.append(ds.object_storage()["bytes_fetched"] - before)
+    assert sorted(seen) == list(range(n))  # each sample once over the 4 ranks
+    # Each node fetches its half (one block where the runs meet, and a few read ahead), not
+    # the whole data set, as strided ranks over one order would.
+    assert all(f <= 0.6 * total for f in fetched), (fetched, total)
 
 
 def test_reading_in_order_through_a_small_cache_fetches_each_byte_once(env, big_shards, tmp_path):

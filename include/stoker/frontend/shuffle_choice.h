@@ -57,8 +57,10 @@ inline std::size_t lookahead_samples(std::size_t batch_size, std::size_t depth,
 
 // The nodes a windowed order is laid out for (SampleOrder::nodes): `world` ranks in nodes of
 // `local_ranks` (LOCAL_WORLD_SIZE) each, where that divides them, else one node (each rank
-// then reads blocks from the whole data set, as before 2026-12-04: correct, only not local).
-// The same on every rank wherever LOCAL_WORLD_SIZE is, so every rank builds the same order.
+// then reads blocks from the whole data set, as before 2026-12-04: correct, only not local);
+// one node too where LOCAL_WORLD_SIZE is not set (`local_ranks` 0), since the ranks may share
+// one cache (whose window is sized for them all). The same on every rank wherever
+// LOCAL_WORLD_SIZE is the same, so every rank builds the same order.
 inline NodeLayout node_layout(std::size_t world, std::size_t local_ranks) {
   if (local_ranks == 0 || local_ranks >= world || world % local_ranks != 0) return {1, 1};
   return {world / local_ranks, local_ranks};
