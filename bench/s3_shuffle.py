@@ -33,6 +33,11 @@ and in order alternate `--rounds` times (3; the median rate):
 - in order: shuffle=False;
 - 4 ranks: stoker.DistributedSampler(num_replicas=4) for ranks 0-3, four loaders read at once
   from threads of one process (one node's ranks, one object cache);
+- two nodes: 4 ranks as 2 nodes of 2, each node its own object cache (each Parquet rank its
+  own row-group cache), told their node (LOCAL_WORLD_SIZE=2: each node a run of blocks of its
+  own) and not (`two_nodes_strided`: the order strided over all ranks as one node's, so each
+  node reads from every block); each node's bytes against its half of the data set
+  (WebDataset sets);
 - no object cache (object_cache_bytes=0; WebDataset sets): in order and shuffled, each sample
   its own range, the neighbours a batch names in a shard fetched by one GET.
 Figures: bytes fetched / the data set's bytes, GETs counted at the proxy / the data set's
@@ -195,35 +200,66 @@ def measure(server: Server, kind: str, urls, work: pathlib.Path, cache: int, nam
     return out
 
 
-def four_ranks(server: Server, kind: str, urls, work: pathlib.Path, cache: int) -> dict:
-    """Ranks 0-3 of a node at once (threads of one process, one object cache)."""
-    shutil.rmtree(work / "objects-ranks", ignore_errors=True)
-    ds = dataset(kind, urls, work, cache, "objects-ranks")
-    before = ds.object_storage()["bytes_fetched"]
+def ranks_at_once(server: Server, kind: str, urls, work: pathlib.Path, cache: int,
+                  nodes: int = 1, per_node: int = 4, laid_out: bool = True) -> dict:
+    """`nodes` x `per_node` ranks reading one epoch at once, from threads of one process: each
+    node's WebDataset ranks share its object cache (a data set object of its own), each Parquet
+    rank has its own row-group cache (as each process of a real job). `laid_out`: the ranks
+    are told their node (LOCAL_WORLD_SIZE, as torchrun sets it), so the order gives each node
+    a run of blocks of its own; else the order is strided over all ranks as one node's."""
+    world = nodes * per_node
+    per_rank_cache = kind.startswith("pq-")  # (four_ranks only: see run())
+    datasets = {}
+
+    def dataset_of(r):
+        key = r if per_rank_cache else r // per_node
+        if key not in datasets:
+            shutil.rmtree(work / f"objects-ranks-{key}", ignore_errors=True)
+            datasets[key] = dataset(kind, urls, work, cache, f"objects-ranks-{key}")
+        return datasets[key]
+
+    loaders = []
+    saved = os.environ.pop("LOCAL_WORLD_SIZE", None)
+    if laid_out and nodes > 1:
+        os.environ["LOCAL_WORLD_SIZE"] = str(per_node)  # read as each loader is made
+    try:
+        for r in range(world):
+            ds = dataset_of(r)
+            sampler = stoker.DistributedSampler(ds, num_replicas=world, rank=r, shuffle=True,
+                                                seed=7)
+            loaders.append(stoker.DataLoader(ds, batch_size=BATCH, sampler=sampler,
+                                             num_workers=2))
+    finally:
+        os.environ.pop("LOCAL_WORLD_SIZE", None)
+        if saved is not None:
+            os.environ["LOCAL_WORLD_SIZE"] = saved
+    before = {k: d.object_storage()["bytes_fetched"] for k, d in datasets.items()}
     server.reset()
-    results: list = [None] * 4
+    results: list = [None] * world
     cpu = cpu_now(server)
 
     def rank(r):
-        sampler = stoker.DistributedSampler(ds, num_replicas=4, rank=r, shuffle=True, seed=7)
-        loader = stoker.DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=2)
-        results[r] = epoch(loader)[0]
-        loader.close()
+        results[r] = epoch(loaders[r])[0]
+        loaders[r].close()
 
     start = time.perf_counter()
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(4)]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(world)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     seconds = time.perf_counter() - start
+    fetched = {k: d.object_storage()["bytes_fetched"] - before[k] for k, d in datasets.items()}
+    per_node_bytes = [sum(f for k, f in fetched.items()
+                          if (k // per_node if per_rank_cache else k) == v) for v in range(nodes)]
     seen = [i for ids in results for i in ids]
-    n = len(ds)
+    n = len(dataset_of(0))
     padding = len(seen) - n
-    shutil.rmtree(work / "objects-ranks", ignore_errors=True)
+    for k in datasets:
+        shutil.rmtree(work / f"objects-ranks-{k}", ignore_errors=True)
     return {"samples_per_s": len(seen) / seconds, "GET": server.counts()["GET"],
-            "bytes_fetched": ds.object_storage()["bytes_fetched"] - before,
-            "each_once": sorted(set(seen)) == list(range(n)) and 0 <= padding < 4,
+            "bytes_fetched": sum(per_node_bytes), "node_bytes": per_node_bytes,
+            "each_once": sorted(set(seen)) == list(range(n)) and 0 <= padding < world,
             "per_rank": [len(ids) for ids in results], **cpu_since(server, cpu)}
 
 
@@ -290,8 +326,17 @@ def run(kind: str, n: int, ratios, server: Server, work: pathlib.Path, smoke: bo
         row["auto_over_in_order"] = (row["auto"]["samples_per_s"] /
                                      row["in_order"]["samples_per_s"])
         if not smoke and four:
-            row["four_ranks"] = four_ranks(server, kind, urls, work, cache)
-            row["four_ranks"]["bytes_over_data"] = row["four_ranks"]["bytes_fetched"] / data_bytes
+            # One node of 4 ranks; two nodes of 2, told their node and not (each node's bytes
+            # against its half of the data set).
+            # (Parquet's ranks each have a row-group cache of their own, laid out per rank
+            # whatever the node: tests/python/test_parquet.py counts their row-group reads.)
+            nodes = [] if kind.startswith("pq-") else [
+                ("two_nodes", {"nodes": 2, "per_node": 2}),
+                ("two_nodes_strided", {"nodes": 2, "per_node": 2, "laid_out": False})]
+            for name, kw in [("four_ranks", {})] + nodes:
+                x = row[name] = ranks_at_once(server, kind, urls, work, cache, **kw)
+                x["bytes_over_data"] = x["bytes_fetched"] / data_bytes
+                x["node_over_share"] = max(x["node_bytes"]) / (data_bytes / len(x["node_bytes"]))
         out["ratios"][ratio] = row
     if not kind.startswith("pq-"):
         # No object cache (object_cache_bytes=0): each sample its own range, the neighbours a
@@ -347,15 +392,18 @@ def show(kind: str, r: dict) -> None:
     for ratio, row in r["ratios"].items():
         print(f"  object cache = data / {ratio} ({row['cache_bytes'] / 1e6:.2f} MB, "
               f"{row['blocks']} blocks)")
-        for name in ("auto", "in_order", "global", "four_ranks"):
+        for name in ("auto", "in_order", "global", "four_ranks", "two_nodes",
+                     "two_nodes_strided"):
             if name not in row:
                 continue
             x = row[name]
             of = f" (median of {x['rounds']})" if x.get("rounds", 1) > 1 else ""
-            line = (f"    {name:10s} {x['samples_per_s']:8.0f} samples/s{of}  bytes "
+            line = (f"    {name:17s} {x['samples_per_s']:8.0f} samples/s{of}  bytes "
                     f"{x['bytes_over_data']:5.2f}x data  GETs {x['GET']:6d}")
             if "GET_over_blocks" in x:
                 line += f" ({x['GET_over_blocks']:.2f}x blocks)"
+            if len(x.get("node_bytes", ())) > 1:
+                line += f" (a node {x['node_over_share']:.2f}x its share)"
             line += (f"  each once: {x['each_once']}  CPU s: loader {x['loader_cpu_s']:.1f}, "
                      f"server {x['server_cpu_s']:.1f}")
             print(line)
