@@ -20,7 +20,7 @@ import logging
 from typing import Optional
 
 from .plan import Plan
-from .stream_epochs import EPOCH_END
+from .stream_producers import EPOCH_END
 
 __all__ = ["EPOCH_END", "Pipeline"]
 

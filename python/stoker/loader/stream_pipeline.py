@@ -27,6 +27,9 @@ from .stream_epochs import Streams
 from .stream_memory import StreamMemory
 
 _log = logging.getLogger("stoker")
+# How often, in batches, a check that can go back mid-epoch (Check.mid_epoch) asks whether its
+# window is measured: check_switch's call every batch would be a cheap stream's read's share.
+_MID_EPOCH_EVERY = 4
 
 
 class StreamPipeline(Pipeline):
@@ -105,6 +108,8 @@ class StreamPipeline(Pipeline):
                 self._start_early()
             elif self._check is not None:
                 self._check.delivered.batch(asked, got)
+                if self._check.mid_epoch and not self._check.delivered.batches % _MID_EPOCH_EVERY:
+                    self._check_switch(mid_epoch=True)
         elif self._choice is not None:
             self._choice.epoch_end(self._streams.asked_worker_info)
         elif self._check is not None:
@@ -161,7 +166,8 @@ class StreamPipeline(Pipeline):
             self.worker_type, self.num_workers = "thread", workers
             self._check = Check(before, "in-line",
                                 f"{workers} worker thread{'s' if workers > 1 else ''}",
-                                trial=self._choice if self._choice.trial else None)
+                                trial=self._choice if self._choice.trial else None,
+                                mid_epoch=workers == 1)
         self._choice = None
 
     def _start_early(self) -> None:
@@ -194,17 +200,24 @@ class StreamPipeline(Pipeline):
         self._choice = None
         self._decided()
 
-    def _check_switch(self) -> None:
+    def _check_switch(self, mid_epoch: bool = False) -> None:
         """Between epochs, after a switch: once a window of batches was delivered on the new
         setting, keep it or go back in-line (check_switch, src/tune/worker_kind.h); a
         setting left is not tried again (no Choice is made anew; a thread's trial left, the
-        Choice it was tried before goes on without threads)."""
+        Choice it was tried before goes on without threads). `mid_epoch`: asked after a
+        batch, for one worker thread (Check.mid_epoch), which hands the stream back to the
+        loop's thread where it stands, so that leaving it costs one window, not the epoch."""
         c = self._check
         verdict, why = _stoker.check_switch(c.before, c.delivered.window, c.left, c.now)
         if verdict == "measuring":
             return
         if verdict == "go back":
-            self._streams.use_inline()
+            if not mid_epoch:
+                self._streams.use_inline()
+            elif not self._streams.inline_now():
+                return  # decided at the epoch's end
+            else:
+                why += " in the middle of the epoch"
             self._made.clear()
             self.worker_type, self.num_workers = self._inline
             self._memory.set_workers(self.num_workers, False)
