@@ -641,7 +641,7 @@ def test_a_stream_s_processes_start_during_epoch_1_and_read_epoch_2_once_up(monk
 @pytest.mark.skipif(CORES < 2, reason="a thread reads beside the step only with two cores")
 @pytest.mark.parametrize("verdict", ["keep", "go back"])
 def test_a_thread_tried_while_processes_are_not_worth_their_start_is_kept_or_left(monkeypatch,
-                                                                                 verdict):
+                                                                                 caplog, verdict):
     # The models pick 2 processes, not yet worth their start; a thread that reads while the
     # step runs (forced) is tried from epoch 2 meanwhile. Kept, the stream stays on it. Left,
     # the stream is back in-line and the choice goes on without threads: the processes, once
@@ -658,6 +658,7 @@ def test_a_thread_tried_while_processes_are_not_worth_their_start_is_kept_or_lef
     monkeypatch.setattr(stream_pipeline._stoker, "PROCESS_START_SECONDS", math.inf)
     monkeypatch.setattr(stream_pipeline._stoker, "BACKGROUND_START_SECONDS", math.inf)
     monkeypatch.setattr(stream_pipeline._stoker, "check_switch", _verdicts(verdict, "keep"))
+    caplog.set_level(logging.INFO, logger="stoker")
     loader = stoker.DataLoader(_SmallTensors(), batch_size=32)
     assert [int(i) for _, b in loader for i in b] == list(range(4096))
     assert not loader._pipeline._streams.starting
@@ -682,6 +683,8 @@ def test_a_thread_tried_while_processes_are_not_worth_their_start_is_kept_or_lef
         (left,) = stats["worker_type_left"]
         assert left["setting"] == "1 worker thread" and 5 <= left["batches"] < 16, left
         assert left["epochs"] == 0, left
+        assert any("auto: back to in-line mid-epoch: forced" in rec.getMessage()
+                   for rec in caplog.records)
         assert stats["worker_type_reason"].startswith("auto: kept 2 worker processes: forced; ")
         assert len(stats["worker_pids"]) == 2
     loader.close()

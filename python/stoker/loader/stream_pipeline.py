@@ -217,7 +217,7 @@ class StreamPipeline(Pipeline):
             elif not self._streams.inline_now():
                 return  # decided at the epoch's end
             else:
-                why += " in the middle of the epoch"
+                why = why.replace(f"back to {c.left}:", f"back to {c.left} mid-epoch:", 1)
             self._made.clear()
             self.worker_type, self.num_workers = self._inline
             self._memory.set_workers(self.num_workers, False)
