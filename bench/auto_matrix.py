@@ -10,9 +10,9 @@ loader; a switch auto makes later is counted); a setting whose epochs 2..E take 
 MIN_MEASURED_S is run again with a new loader, up to MOST_ROUNDS times, and the median round
 kept. Then the best fixed setting, auto and torch's best run REMATCH_ROUNDS more times,
 alternated, and the summary compares their medians. With `--step`, each batch is followed by
-a training step of matrix products on one thread whose cost is calibrated to the workload's
-per-batch time on stoker's 2 threads, so the loop is balanced, and the figure is steps per
-second (the consumer's CPU competes with the workers', as in training).
+a training step of matrix products on one thread (`--python-step`: Python bytecode that holds
+the GIL) whose cost is calibrated to the workload's per-batch time on stoker's 2 threads, so
+the loop is balanced, and the figure is steps per second (the consumer's CPU competes with the workers', as in training).
 
 Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 cores):
   stream    small tensors from an IterableDataset sharded by get_worker_info(), batch 256
@@ -247,6 +247,29 @@ class Step:
         return Step(max(1, round(seconds / per)))
 
 
+class PythonStep:
+    """A training step in Python bytecode that holds the GIL all along (an environment stepped
+    in Python, per-batch bookkeeping): `count` iterations of arithmetic. A worker thread
+    reading beside it competes for the GIL rather than running while it does."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __call__(self) -> None:
+        x = 0
+        for i in range(self.count):
+            x = (x + i * 7) % 1000003
+
+    @staticmethod
+    def calibrated(seconds: float) -> "PythonStep":
+        probe = PythonStep(20000)
+        probe()
+        start = time.perf_counter()
+        probe()
+        per = (time.perf_counter() - start) / 20000
+        return PythonStep(max(1, round(seconds / per)))
+
+
 def run(loader, samples: int, epochs: int, step, each=None) -> tuple[float, int, float]:
     """Samples/s over epochs 2..epochs as one span, the batches of one epoch, and samples/s
     over all the epochs, epoch 1's start-up counted (what a run of `epochs` takes); `each`, a
@@ -424,6 +447,7 @@ def measure_workload(w: Workload, epochs: int, step_factory, smoke: bool,
     spread = (max(best_rounds) - min(best_rounds)) / final[best_fixed]
     best_whole = max((k for k in whole_rates if k != "stoker auto"), key=whole_rates.get)
     return {"workload": w.name, "step_ms": None if calibrate is None else 1e3 * calibrate,
+            "step": "python" if step_factory is PythonStep.calibrated else "torch",
             "samples_per_s": results, "rematch": rounds, "auto_epochs": auto_epochs,
             "auto_chose": chosen, "auto_reason": stats.get("worker_type_reason"),
             "auto_left": left,
@@ -453,6 +477,9 @@ def main() -> None:
                    help="also auto with the rules of before issue 46, alternated")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--no-step", action="store_true", help="skip the training-step variants")
+    p.add_argument("--python-step", action="store_true",
+                   help="the training step in Python bytecode, holding the GIL (PythonStep), "
+                        "instead of torch's matrix products")
     p.add_argument("--smoke", action="store_true")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
@@ -467,7 +494,8 @@ def main() -> None:
     logging.getLogger("stoker").setLevel(logging.WARNING)
     rows = []
     for w in workloads(a.workload, a.smoke, a.costs, a.epoch_s, a.seed, a.draws).values():
-        for step_factory in (None,) if a.no_step else (None, Step.calibrated):
+        stepped = PythonStep.calibrated if a.python_step else Step.calibrated
+        for step_factory in (None,) if a.no_step else (None, stepped):
             rows.append(measure_workload(w, a.epochs, step_factory, a.smoke, before=a.before))
             if not a.json:
                 show(rows[-1])
@@ -480,7 +508,8 @@ def main() -> None:
           f"{'spread':>6} {'torch best':<10} {'auto/torch':>10}"
           + (f" {'before/best':>11}" if a.before else "") + f" {'with ep 1':>9}  left")
     for r in rows:
-        name = r["workload"] + (f" +step {r['step_ms']:.1f}ms" if r["step_ms"] else "")
+        kind = "pystep" if r["step"] == "python" else "step"
+        name = r["workload"] + (f" +{kind} {r['step_ms']:.1f}ms" if r["step_ms"] else "")
         best = ("= " if r["same_setting"] else "") + r["best_fixed"]
         print(f"  {name:<36} {r['auto_chose']:<12} {best:<18} "
               f"{mark(r['auto_over_best_fixed'], TARGET_BEST):>9} {r['best_fixed_spread']:6.2f} "
@@ -498,7 +527,8 @@ def main() -> None:
 
 
 def show(r: dict) -> None:
-    head = r["workload"] + (f" + a {r['step_ms']:.1f} ms step" if r["step_ms"] else "")
+    kind = " Python" if r["step"] == "python" else ""
+    head = r["workload"] + (f" + a {r['step_ms']:.1f} ms{kind} step" if r["step_ms"] else "")
     print(f"{head}: auto chose {r['auto_chose']} ({r['auto_reason']})")
     print(f"  left: {r['auto_left']}")
     print("  auto by epoch from 2: " + " ".join(f"{v:.0f}" for v in r["auto_epochs"]))
