@@ -189,13 +189,13 @@ class Check:
     `left`; `delivered`, the new setting's, until check_switch keeps it or goes back."""
 
     def __init__(self, before, left: str, now: str, costs: Optional[tuple] = None,
-                 workers: int = 0, trial: Optional[Choice] = None,
+                 workers: int = 0, resume: Optional[Choice] = None,
                  mid_epoch: bool = False) -> None:
         self.before, self.left, self.now = before, left, now
         self.costs, self.workers = costs, workers  # what the model predicted `now` from
         self.delivered = Delivered()
         # A thread's trial: the choice it was tried before, which goes on if it is left.
-        self.trial = trial
+        self.resume = resume
         # Checked after batches too, not only between epochs: one worker thread, which can
         # hand the stream back to the loop's thread mid-epoch (Streams.inline_now).
         self.mid_epoch = mid_epoch

@@ -166,7 +166,7 @@ class StreamPipeline(Pipeline):
             self.worker_type, self.num_workers = "thread", workers
             self._check = Check(before, "in-line",
                                 f"{workers} worker thread{'s' if workers > 1 else ''}",
-                                trial=self._choice if self._choice.trial else None,
+                                resume=self._choice if self._choice.trial else None,
                                 mid_epoch=workers == 1)
         self._choice = None
 
@@ -224,8 +224,8 @@ class StreamPipeline(Pipeline):
             d = c.delivered
             self.left.append(d.left(c.now))
             why += c.learned()
-            if c.trial is not None:
-                self._choice = c.trial
+            if c.resume is not None:
+                self._choice = c.resume
                 self._choice.trial, self._choice.threads_tried = False, True
         self.worker_type_reason = f"auto: {why}; the switch: {self.worker_type_reason}"
         self._check = None
