@@ -12,7 +12,8 @@ kept. Then the best fixed setting, auto and torch's best run REMATCH_ROUNDS more
 alternated, and the summary compares their medians. With `--step`, each batch is followed by
 a training step of matrix products on one thread (`--python-step`: Python bytecode that holds
 the GIL) whose cost is calibrated to the workload's per-batch time on stoker's 2 threads, so
-the loop is balanced, and the figure is steps per second (the consumer's CPU competes with the workers', as in training).
+the loop is balanced, and the figure is steps per second (the consumer's CPU competes with
+the workers', as in training).
 
 Workloads (python_bench.py's data sets, sized for about a second an epoch on 2 cores):
   stream    small tensors from an IterableDataset sharded by get_worker_info(), batch 256

@@ -37,8 +37,9 @@ class StreamEpoch:
 
     Producers run on threads of their own: with worker threads a producer iterates its copy
     of the data set; with worker processes it asks its worker for the batches it made since
-    the last request (ProcessPool.call, the GIL released while it waits) and decodes them. Nothing here
-    holds the loader, so an abandoned epoch never keeps a loader alive; stop() ends it.
+    the last request (ProcessPool.call, the GIL released while it waits) and decodes them.
+    Nothing here holds the loader, so an abandoned epoch never keeps a loader alive; stop()
+    ends it.
     """
 
     def __init__(self, *, dataset, workers: int, depth: int, collate_fn, batch_size,
