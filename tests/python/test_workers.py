@@ -810,7 +810,10 @@ def test_a_batch_jobs_move_whose_warm_up_outlasts_the_wait_is_checked_from_its_h
             break
     assert loader.stats()["worker_type_reason"].startswith(
         "auto: kept 2 worker processes: forced; the switch: auto: forced")
-    assert afters and afters[0] == 0  # measured from the hand-over: nothing before it
+    # Measured from the hand-over: nothing the threads read before it. (1 where the hand-over
+    # came with an epoch's last batch: the next epoch's first wait is then the processes'
+    # first measured time, as any later epoch's first wait is: Delivered.batch.)
+    assert afters and afters[0] <= 1, afters
     loader.close()
 
 
