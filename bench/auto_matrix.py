@@ -240,12 +240,17 @@ class Step:
 
     @staticmethod
     def calibrated(seconds: float) -> "Step":
-        probe = Step(20)
-        probe()
-        start = time.perf_counter()
-        probe()
-        per = (time.perf_counter() - start) / 20
-        return Step(max(1, round(seconds / per)))
+        return _calibrated(Step, 20, seconds)
+
+
+def _calibrated(make, probe: int, seconds: float):
+    """`make(count)` whose call takes about `seconds`, timed on a warm call of `probe` counts."""
+    step = make(probe)
+    step()
+    start = time.perf_counter()
+    step()
+    per = (time.perf_counter() - start) / probe
+    return make(max(1, round(seconds / per)))
 
 
 class PythonStep:
@@ -263,12 +268,7 @@ class PythonStep:
 
     @staticmethod
     def calibrated(seconds: float) -> "PythonStep":
-        probe = PythonStep(20000)
-        probe()
-        start = time.perf_counter()
-        probe()
-        per = (time.perf_counter() - start) / 20000
-        return PythonStep(max(1, round(seconds / per)))
+        return _calibrated(PythonStep, 20000, seconds)
 
 
 def run(loader, samples: int, epochs: int, step, each=None) -> tuple[float, int, float]:
