@@ -45,6 +45,11 @@ build build-tsan "${SANITIZER_BUILD[@]}" -DSTOKER_SANITIZE=thread \
 # machine). The system pool goes through malloc, which the sanitizers see.
 ARROW_DEFAULT_MEMORY_POOL=system ctest --test-dir build-tsan --output-on-failure -j "$JOBS"
 
+# From here on, a Python process of the tests that crashes prints every thread's native stack
+# (gdb) after faulthandler's Python ones: the release build's tests/support/crash_report.cc,
+# preloaded (it installs itself in Python processes only).
+export LD_PRELOAD="$PWD/build/tests/support/libstoker_crash_report.so"
+
 stage "Python test environment (.venv-test: torch 2.13.0 CPU, numpy, pillow, pytest, webdataset, pyarrow; the wheel's build tools;"
 echo "   lightning, accelerate, datasets for bench/frameworks_bench.py; tokenizers for stoker.TextTokens)"
 python_venv .venv-test torch==2.13.0 numpy braceexpand pillow pytest scikit-build-core pybind11 \
