@@ -161,6 +161,7 @@ struct Transfer {
 struct ObjectStore::Impl {
   S3Settings settings;
   ObjectStoreOptions options;
+  ProxySettings proxies = load_proxy_settings();  // read here, not by libcurl on the driver
 
   std::atomic<std::uint64_t> list_requests{0}, head_requests{0}, get_requests{0}, put_requests{0},
       bytes_fetched{0}, retries{0}, resumed_bodies{0}, failures{0}, connections{0};
@@ -414,6 +415,10 @@ struct ObjectStore::Impl {
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME,
                      std::max(1L, static_cast<long>(options.stall_timeout_s)));
+    // Given, so that libcurl reads no environment on this thread (ProxySettings).
+    curl_easy_setopt(e, CURLOPT_PROXY,
+                     (t->http_url.starts_with("https:") ? proxies.https : proxies.http).c_str());
+    curl_easy_setopt(e, CURLOPT_NOPROXY, proxies.no_proxy.c_str());
     if (!t->s3) {
       curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
       curl_easy_setopt(e, CURLOPT_MAXREDIRS, 5L);

@@ -83,6 +83,27 @@ std::string s3_bucket_url(const S3Settings& settings, const std::string& bucket)
 std::string s3_object_url(const S3Settings& settings, const std::string& bucket,
                           const std::string& key);
 
+// ---- proxies ------------------------------------------------------------------------------------
+
+// The proxies libcurl would take from the environment, as libcurl reads them: `http_proxy`
+// (lower case only) for http URLs, `https_proxy` or `HTTPS_PROXY` for https ones, else
+// `all_proxy` / `ALL_PROXY`; the hosts in `no_proxy` / `NO_PROXY` go direct. Empty: none.
+// A store reads them once, when it is made, and gives them to every request: left to libcurl,
+// they are read again for each request on the store's thread, where a getenv races with a
+// setenv elsewhere in the process (a fixture's or a training script's os.environ: glibc may
+// free the array being read, and the transfer thread died of it). A redirect keeps the
+// proxy of the URL asked for.
+struct ProxySettings {
+  std::string http;
+  std::string https;
+  std::string no_proxy;
+};
+
+// From an environment (pure).
+ProxySettings resolve_proxy_settings(const std::map<std::string, std::string>& env);
+// From this process's environment, now.
+ProxySettings load_proxy_settings();
+
 // ---- retries ------------------------------------------------------------------------------------
 
 struct RetryPolicy {

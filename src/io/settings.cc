@@ -1,8 +1,10 @@
 // The pure parts of object-storage I/O: URLs, settings resolution, the retry policy.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 
 #include "io/object_store.h"
@@ -185,6 +187,35 @@ S3Settings load_s3_settings(const S3Overrides& overrides) {
   std::string config_path = file("AWS_CONFIG_FILE", "config");
   return resolve_s3_settings(env, credentials_path.empty() ? "" : read_text(credentials_path),
                              config_path.empty() ? "" : read_text(config_path), overrides);
+}
+
+ProxySettings resolve_proxy_settings(const std::map<std::string, std::string>& env) {
+  auto first = [&](std::initializer_list<const char*> names) {
+    for (const char* name : names) {
+      if (const std::string* v = find(env, name)) return *v;
+    }
+    return std::string();
+  };
+  ProxySettings out;
+  out.http = first({"http_proxy", "all_proxy", "ALL_PROXY"});  // not HTTP_PROXY (CGI's Proxy:)
+  out.https = first({"https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"});
+  out.no_proxy = first({"no_proxy", "NO_PROXY"});
+  return out;
+}
+
+ProxySettings load_proxy_settings() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view entry(*e);
+    std::size_t eq = entry.find('=');
+    if (eq == std::string_view::npos) continue;
+    std::string name(entry.substr(0, eq));
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (lower.ends_with("_proxy")) env.emplace(std::move(name), std::string(entry.substr(eq + 1)));
+  }
+  return resolve_proxy_settings(env);
 }
 
 double retry_delay(const RetryPolicy& policy, int retry, double uniform01) {
