@@ -12,6 +12,7 @@
 #include "memory/batch_owner.h"
 #include "memory/slab_pool.h"
 #include "stoker/device.h"
+#include "stoker/frontend/environment.h"
 #include "stoker/frontend/host_allocator.h"
 #include "stoker/frontend/loader_internals.h"
 #include "stoker/frontend/log.h"
@@ -144,12 +145,12 @@ Loader::Loader(LoaderOptions options, const detail::LoaderInternals& internals)
         detail::lookahead_samples(options.batch_size, options.depth, layout.fetches_ahead);
     // The ranks that share the cache, and the runs of blocks a windowed order is laid out for.
     const std::size_t world = options.shard.world_size;
-    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-    const std::size_t local_ranks = detail::local_ranks(local_world);  // 1 where not set
-    const NodeLayout nodes =
-        layout.cache_per_process
-            ? NodeLayout{world, 1}
-            : detail::node_layout(world, local_world != nullptr ? local_ranks : 0);
+    const std::optional<std::string> local_world = detail::env_var("LOCAL_WORLD_SIZE");
+    const std::size_t local_ranks =
+        detail::local_ranks(local_world ? local_world->c_str() : nullptr);  // 1 where not set
+    const NodeLayout nodes = layout.cache_per_process
+                                 ? NodeLayout{world, 1}
+                                 : detail::node_layout(world, local_world ? local_ranks : 0);
     evidence.node_ranks = layout.cache_per_process ? 1 : std::min(local_ranks, world);
     if (layout.blocks != nullptr && layout.read_whole) {
       evidence.blocks = layout.blocks->ends.size();

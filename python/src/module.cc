@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "gil.h"
 #include "native_datasets.h"
 #include "parquet_dataset.h"
 #ifdef STOKER_HAVE_VIDEO
@@ -35,6 +36,7 @@
 #include "stoker/device.h"
 #include "stoker/encoded.h"
 #include "stoker/frontend/cuda_runtime.h"
+#include "stoker/frontend/environment.h"
 #include "stoker/frontend/host_allocator.h"
 #include "stoker/frontend/host_share.h"
 #include "stoker/frontend/log.h"
@@ -268,6 +270,20 @@ py::list fields_of(const Dataset& d, const std::vector<std::string>& types) {
 
 PYBIND11_MODULE(_stoker, m) {
   m.doc() = "stoker's C++ bindings; use the `stoker` package.";
+
+  // os.environ is written with the GIL held, from any thread: the library's reads of the
+  // environment take it where the reading thread is a Python thread that released it (a data
+  // set's constructor resolving URLs). Threads that never ran Python read as they are (taking
+  // the GIL there could wait on a thread that waits for them).
+  detail::set_environment_guard([](const std::function<void()>& read) {
+    if (!Py_IsInitialized() || interpreter_finalizing() || PyGILState_Check() ||
+        PyGILState_GetThisThreadState() == nullptr) {
+      read();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    read();
+  });
 
   py::object sample_error = py::reinterpret_steal<py::object>(PyErr_NewExceptionWithDoc(
       "stoker.SampleError",

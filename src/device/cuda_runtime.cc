@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "stoker/frontend/environment.h"
 #include "stoker/frontend/mutex.h"
 
 namespace stoker::detail {
@@ -124,13 +125,11 @@ std::shared_ptr<const CudaRuntime> load_cuda_runtime(const std::vector<std::stri
 }
 
 std::vector<std::string> default_cuda_runtime_places(const std::vector<std::string>& hint_dirs) {
-  if (const char* only = std::getenv("STOKER_CUDA_RUNTIME"); only && *only) return {only};
+  if (auto only = detail::env_nonempty("STOKER_CUDA_RUNTIME")) return {*only};
   std::vector<std::string> places = hint_dirs;
   places.emplace_back();  // the system library path
   for (const char* var : {"CUDA_HOME", "CUDA_PATH"}) {
-    if (const char* root = std::getenv(var); root && *root) {
-      places.push_back(std::string(root) + "/lib64");
-    }
+    if (auto root = detail::env_nonempty(var)) places.push_back(*root + "/lib64");
   }
   places.emplace_back("/usr/local/cuda/lib64");
   return places;

@@ -26,6 +26,7 @@
 #include "io/disk_cache.h"
 #include "io/object_store.h"
 #include "source/file_util.h"
+#include "stoker/frontend/environment.h"
 #include "stoker/frontend/host_share.h"
 #include "stoker/frontend/log.h"
 #include "stoker/frontend/object_files.h"
@@ -134,18 +135,7 @@ bool is_url(std::string_view path) {
   return path.starts_with("s3://") || path.starts_with("http://") || path.starts_with("https://");
 }
 
-std::string default_object_cache_dir() {
-  if (const char* d = std::getenv("STOKER_CACHE_DIR"); d && *d) {
-    return (fs::path(d) / "objects").string();
-  }
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
-    return (fs::path(d) / "stoker" / "objects").string();
-  }
-  if (const char* d = std::getenv("HOME"); d && *d) {
-    return (fs::path(d) / ".cache" / "stoker" / "objects").string();
-  }
-  return {};
-}
+std::string default_object_cache_dir() { return default_cache_dir("objects"); }
 
 RemoteFiles::RemoteFiles(const std::string& cache_dir, std::uint64_t cache_bytes)
     : cache_dir_(cache_bytes > 0 ? cache_dir : std::string()),
@@ -835,13 +825,9 @@ RemoteFiles& RemoteHandle::operator*() const {
 }
 
 std::string default_cache_dir(std::string_view sub) {
-  if (const char* d = std::getenv("STOKER_CACHE_DIR"); d && *d) return (fs::path(d) / sub).string();
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) {
-    return (fs::path(d) / "stoker" / sub).string();
-  }
-  if (const char* d = std::getenv("HOME"); d && *d) {
-    return (fs::path(d) / ".cache" / "stoker" / sub).string();
-  }
+  if (auto d = env_nonempty("STOKER_CACHE_DIR")) return (fs::path(*d) / sub).string();
+  if (auto d = env_nonempty("XDG_CACHE_HOME")) return (fs::path(*d) / "stoker" / sub).string();
+  if (auto d = env_nonempty("HOME")) return (fs::path(*d) / ".cache" / "stoker" / sub).string();
   return {};
 }
 

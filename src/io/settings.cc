@@ -8,8 +8,7 @@
 #include <sstream>
 
 #include "io/object_store.h"
-
-extern char** environ;
+#include "stoker/frontend/environment.h"
 
 namespace stoker::io {
 
@@ -171,14 +170,9 @@ std::string read_text(const std::string& path) {
 }  // namespace
 
 S3Settings load_s3_settings(const S3Overrides& overrides) {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view entry(*e);
-    std::size_t eq = entry.find('=');
-    if (eq == std::string_view::npos || !entry.starts_with("AWS_")) continue;
-    env.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
-  }
-  std::string home = std::getenv("HOME") ? std::getenv("HOME") : "";
+  const std::map<std::string, std::string> env =
+      detail::env_vars([](std::string_view name) { return name.starts_with("AWS_"); });
+  const std::string home = detail::env_var("HOME").value_or("");
   auto file = [&](const char* var, const char* name) {
     if (const std::string* p = find(env, var)) return *p;
     return home.empty() ? std::string() : home + "/.aws/" + name;
@@ -204,18 +198,12 @@ ProxySettings resolve_proxy_settings(const std::map<std::string, std::string>& e
 }
 
 ProxySettings load_proxy_settings() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view entry(*e);
-    std::size_t eq = entry.find('=');
-    if (eq == std::string_view::npos) continue;
-    std::string name(entry.substr(0, eq));
-    std::string lower = name;
+  return resolve_proxy_settings(detail::env_vars([](std::string_view name) {
+    std::string lower(name);
     std::transform(lower.begin(), lower.end(), lower.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (lower.ends_with("_proxy")) env.emplace(std::move(name), std::string(entry.substr(eq + 1)));
-  }
-  return resolve_proxy_settings(env);
+    return lower.ends_with("_proxy");
+  }));
 }
 
 double retry_delay(const RetryPolicy& policy, int retry, double uniform01) {

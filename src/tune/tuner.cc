@@ -9,6 +9,7 @@
 #include <cstring>
 #include <thread>
 
+#include "stoker/frontend/environment.h"
 #include "stoker/frontend/log.h"
 #include "util/format.h"
 
@@ -181,8 +182,9 @@ HostShare host_share() {
   h.cores = sched_getaffinity(0, sizeof set, &set) == 0
                 ? static_cast<std::size_t>(std::max(1, CPU_COUNT(&set)))
                 : std::max(1u, std::thread::hardware_concurrency());
-  h.local_ranks = local_ranks(std::getenv("LOCAL_WORLD_SIZE"));
-  h.cpu_share = cpu_share(h.cores, std::getenv("LOCAL_WORLD_SIZE"));
+  const std::optional<std::string> local_world = env_var("LOCAL_WORLD_SIZE");
+  h.local_ranks = local_ranks(local_world ? local_world->c_str() : nullptr);
+  h.cpu_share = cpu_share(h.cores, local_world ? local_world->c_str() : nullptr);
   return h;
 }
 

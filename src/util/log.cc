@@ -9,6 +9,8 @@
 #include <string_view>
 #include <utility>
 
+#include "stoker/frontend/environment.h"
+
 namespace stoker {
 namespace {
 
@@ -32,8 +34,7 @@ std::function<void(LogLevel, std::string_view)>& log_handler() {
 
 LogLevel& min_level() {
   static LogLevel level = [] {
-    const char* env = std::getenv("STOKER_LOG");
-    return env != nullptr && std::string_view(env) == "debug" ? LogLevel::debug : LogLevel::info;
+    return detail::env_var("STOKER_LOG") == "debug" ? LogLevel::debug : LogLevel::info;
   }();
   return level;
 }

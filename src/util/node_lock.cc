@@ -11,12 +11,14 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "stoker/frontend/environment.h"
+
 namespace stoker::detail {
 
 std::string torchrun_job() {
-  const char* run = std::getenv("TORCHELASTIC_RUN_ID");
-  if (run == nullptr || *run == '\0') return {};
-  return std::string(run) + "/" + std::to_string(::getppid());
+  const std::optional<std::string> run = env_nonempty("TORCHELASTIC_RUN_ID");
+  if (!run) return {};
+  return *run + "/" + std::to_string(::getppid());
 }
 
 NodeLock::NodeLock(const std::string& path) {

@@ -241,6 +241,38 @@ def test_stats_and_report_count_the_stores_traffic_from_the_loaders_start(
     assert local.report()["storage_wait"] == 0 and local.report()["storage"] == ""
 
 
+_CHURN = """
+import os, sys, threading
+import stoker
+stop = False
+def churn():  # os.environ written from another thread, as a fixture or a training script does
+    k = 0
+    while not stop:
+        for i in range(200):
+            os.environ[f"STOKER_CHURN_{k}_{i}"] = "x"
+        for i in range(200):
+            del os.environ[f"STOKER_CHURN_{k}_{i}"]
+        k += 1
+threading.Thread(target=churn, daemon=True).start()
+for n in range(40):  # each with its own object cache: a new store, which reads the environment
+    stoker.WebDataset(sys.argv[1], fields=("cls",), object_cache=f"{sys.argv[2]}/c{n}",
+                      index_cache=False)
+stop = True
+print("made 40")
+"""
+
+
+def test_a_thread_writing_os_environ_while_s3_data_sets_are_made_crashes_nothing(
+        env, local_shards, tmp_path):
+    # The environment is read (settings, proxies, cache directories) while the GIL is released
+    # to resolve the URLs; another Python thread's os.environ writes could move the array being
+    # read (2 of 3 runs died of a SIGSEGV before the reads took the GIL). In a process of its
+    # own, so that a crash fails this test and not the run.
+    run = subprocess.run([sys.executable, "-c", _CHURN, f"s3://{BUCKET}/shards/train-000000.tar",
+                          str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "made 40" in run.stdout, run.stderr[-3000:]
+
+
 def test_http_urls(env, local_shards, tmp_path):
     base = f"http://127.0.0.1:{env.filer_port}/buckets/{BUCKET}/shards"
     remote = dataset([f"{base}/train-000002.tar", f"{base}/train-000003.tar"], tmp_path)
