@@ -143,15 +143,25 @@ void add_cuda_runtime_hints(const std::vector<std::string>& dirs) {
 
 std::shared_ptr<const CudaRuntime> cuda_runtime() {
   // Never destroyed, like the library itself: loaders may ask during static destruction.
-  static const auto* runtime = new std::shared_ptr<const CudaRuntime>([] {
-    Hints& h = hints();
-    std::vector<std::string> dirs;
-    {
-      MutexLock lock(h.mu);
-      dirs = h.dirs;
-    }
-    return load_cuda_runtime(default_cuda_runtime_places(dirs));
-  }());
+  static Mutex mu;
+  static const std::shared_ptr<const CudaRuntime>* runtime STOKER_GUARDED_BY(mu) = nullptr;
+  {
+    MutexLock lock(mu);
+    if (runtime != nullptr) return *runtime;
+  }
+  Hints& h = hints();
+  std::vector<std::string> dirs;
+  {
+    MutexLock lock(h.mu);
+    dirs = h.dirs;
+  }
+  // The places read the environment, which in Python may wait for the GIL (environment.h):
+  // with no lock held that a thread holding the GIL could wait on.
+  const std::vector<std::string> places = default_cuda_runtime_places(dirs);
+  MutexLock lock(mu);
+  if (runtime == nullptr) {
+    runtime = new std::shared_ptr<const CudaRuntime>(load_cuda_runtime(places));
+  }
   return *runtime;
 }
 

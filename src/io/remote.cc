@@ -833,6 +833,7 @@ std::string default_cache_dir(std::string_view sub) {
 
 NodeTurn::NodeTurn(const std::string& index_dir, std::string_view what) {
   if (index_dir.empty()) return;
+  shared = {(fs::path(index_dir) / "listings").string(), torchrun_job()};  // before the lock
   char name[40];
   std::snprintf(name, sizeof name, "%016llx.lock", static_cast<unsigned long long>(fnv1a(what)));
   try {
@@ -840,7 +841,6 @@ NodeTurn::NodeTurn(const std::string& index_dir, std::string_view what) {
   } catch (const std::exception& e) {  // e.g. a read-only cache: each process does it all
     log(LogLevel::warning, std::string(e.what()) + " (processes not serialised)");
   }
-  shared = {(fs::path(index_dir) / "listings").string(), torchrun_job()};
 }
 
 namespace {
@@ -872,9 +872,17 @@ std::shared_ptr<RemoteFiles> remote_files(const std::string& cache_dir, std::uin
   const std::string dir = cache_dir.empty() ? default_object_cache_dir() : cache_dir;
   if (dir.empty()) cache_bytes = 0;
   Stores& s = stores();
+  const Stores::Key key{::getpid(), dir, cache_bytes};
+  {
+    std::lock_guard lock(*s.mu);
+    if (auto it = s.made->find(key); it != s.made->end()) return it->second;
+  }
+  // Made with no lock held: it reads the environment, which in Python may wait for the GIL
+  // (environment.h), held perhaps by a thread waiting here. Made twice at once, one is kept.
+  auto made = std::make_shared<RemoteFiles>(dir, cache_bytes);
   std::lock_guard lock(*s.mu);
-  auto& slot = (*s.made)[{::getpid(), dir, cache_bytes}];
-  if (!slot) slot = std::make_shared<RemoteFiles>(dir, cache_bytes);
+  auto& slot = (*s.made)[key];
+  if (!slot) slot = std::move(made);
   return slot;
 }
 

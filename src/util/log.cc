@@ -39,6 +39,10 @@ LogLevel& min_level() {
   return level;
 }
 
+// Read once as the library loads (a Python import holds the GIL; a program starts with one
+// thread), not at the first log line, which may come on any thread while another waits.
+[[maybe_unused]] const LogLevel initial_level = min_level();
+
 }  // namespace
 
 void set_log_level(LogLevel level) {
