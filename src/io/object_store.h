@@ -91,8 +91,8 @@ std::string s3_object_url(const S3Settings& settings, const std::string& bucket,
 // A store reads them once, when it is made, and gives them to every request: left to libcurl,
 // they are read again for each request on the store's thread, where a getenv races with a
 // setenv elsewhere in the process (a fixture's or a training script's os.environ: glibc may
-// free the array being read, and the transfer thread died of it). A redirect keeps the
-// proxy of the URL asked for.
+// free the array being read; the likely death of a CI run's test process). A redirect keeps
+// the proxy of the URL asked for.
 struct ProxySettings {
   std::string http;
   std::string https;
