@@ -143,7 +143,7 @@ void add_cuda_runtime_hints(const std::vector<std::string>& dirs) {
 
 std::shared_ptr<const CudaRuntime> cuda_runtime() {
   // Never destroyed, like the library itself: loaders may ask during static destruction.
-  static Mutex mu;
+  static Mutex& mu = *new Mutex;
   static const std::shared_ptr<const CudaRuntime>* runtime STOKER_GUARDED_BY(mu) = nullptr;
   {
     MutexLock lock(mu);
