@@ -143,28 +143,21 @@ TEST(ObjectStoreUnit, SettingsFromTheEnvironment) {
 }
 
 TEST(ObjectStoreUnit, ProxiesFromTheEnvironmentAsLibcurlReadsThem) {
-  ProxySettings p = resolve_proxy_settings({});
-  EXPECT_EQ(p.http, "");
-  EXPECT_EQ(p.https, "");
-  EXPECT_EQ(p.no_proxy, "");
+  EXPECT_EQ(resolve_proxy_settings({}), ProxySettings{});
   // HTTP_PROXY in upper case is not taken (a CGI request's Proxy: header sets it).
-  p = resolve_proxy_settings({{"HTTP_PROXY", "http://cgi:1"},
-                              {"HTTPS_PROXY", "http://up:2"},
-                              {"ALL_PROXY", "http://all:3"},
-                              {"NO_PROXY", "internal"}});
-  EXPECT_EQ(p.http, "http://all:3");
-  EXPECT_EQ(p.https, "http://up:2");
-  EXPECT_EQ(p.no_proxy, "internal");
+  EXPECT_EQ(resolve_proxy_settings({{"HTTP_PROXY", "http://cgi:1"},
+                                    {"HTTPS_PROXY", "http://up:2"},
+                                    {"ALL_PROXY", "http://all:3"},
+                                    {"NO_PROXY", "internal"}}),
+            (ProxySettings{"http://all:3", "http://up:2", "internal"}));
   // Lower case before upper case; the scheme's own before all_proxy.
-  p = resolve_proxy_settings({{"http_proxy", "http://h:4"},
-                              {"https_proxy", "http://s:5"},
-                              {"HTTPS_PROXY", "http://up:2"},
-                              {"all_proxy", "http://all:6"},
-                              {"no_proxy", "127.0.0.1"},
-                              {"NO_PROXY", "internal"}});
-  EXPECT_EQ(p.http, "http://h:4");
-  EXPECT_EQ(p.https, "http://s:5");
-  EXPECT_EQ(p.no_proxy, "127.0.0.1");
+  EXPECT_EQ(resolve_proxy_settings({{"http_proxy", "http://h:4"},
+                                    {"https_proxy", "http://s:5"},
+                                    {"HTTPS_PROXY", "http://up:2"},
+                                    {"all_proxy", "http://all:6"},
+                                    {"no_proxy", "127.0.0.1"},
+                                    {"NO_PROXY", "internal"}}),
+            (ProxySettings{"http://h:4", "http://s:5", "127.0.0.1"}));
 }
 
 TEST(ObjectStoreUnit, SettingsFromProfiles) {

@@ -97,6 +97,7 @@ struct ProxySettings {
   std::string http;
   std::string https;
   std::string no_proxy;
+  bool operator==(const ProxySettings&) const = default;
 };
 
 // From an environment (pure).
